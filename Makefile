@@ -1,0 +1,37 @@
+# Two commands: `make demo` and `make test`. Both create .venv if missing and install the
+# project into it. Torch is installed first from an exact pin (CPU build here, via pip's
+# find-links) and then held by a constraints file, so no later step can swap in a CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= cpu,dev
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# Keep whatever torch the venv (or a --system-site-packages venv) already has.
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
+	PIP_CONSTRAINT=$(VENV)/torch-constraint.txt $(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	RAY_AUTH_MODE=disabled $(PY) jobs/train.py --config jobs/configs/demo.yaml
+
+test: $(STAMP)
+	RAY_AUTH_MODE=disabled $(PY) -m pytest -q tests
+
+test-fast: $(STAMP)
+	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -m "not slow" tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check pipeline jobs tests bench
+	$(PY) -m ruff format --check pipeline jobs tests bench
+
+clean:
+	rm -rf runs mlruns.db mlartifacts

@@ -1,0 +1,345 @@
+"""Typed run configuration: defaults, YAML loading, ``--set a.b=c`` overrides, validation.
+
+Every section is a dataclass; loading walks the YAML mapping against the dataclass fields so
+that an unknown key, a value of the wrong type or an impossible value stops the job with a
+:class:`ConfigError` whose message names the dotted key (``train.temperature must be > 0``).
+All of this happens before Ray or MLflow are touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+@dataclass
+class RunSection:
+    name: str | None = None
+    """Run name. A job started again with the same name resumes that run's latest checkpoint
+    and continues its MLflow run. ``None`` generates a fresh name."""
+    output_dir: str = "runs"
+    """Local folder for the run's files: ``output_dir/name/model`` (the exported model), the
+    initial model and a generated corpus."""
+    storage_path: str | None = None
+    """Where Ray Train keeps checkpoints (``storage_path/name``): a local folder or any pyarrow
+    filesystem URI (``s3://...``, ``gs://...``). Must be shared storage on a multi-node
+    cluster. ``None``: ``output_dir``."""
+    seed: int = 42
+
+
+@dataclass
+class RaySection:
+    address: str | None = None
+    """Cluster to join. ``None``: ``RAY_ADDRESS`` if set (as under ``ray job submit``), else start
+    a local Ray."""
+    num_cpus: float | None = None
+    """Logical CPUs of a locally started Ray (``None``: the machine's count)."""
+    progress_bars: bool = False
+    """Ray Data progress bars; off by default so logs stay readable."""
+
+
+@dataclass
+class GeneratedCorpusSection:
+    """A synthetic corpus of paraphrase groups, used when ``data.path`` is unset."""
+
+    num_groups: int = 300
+    group_size: int = 4
+    seed: int = 0
+
+
+@dataclass
+class DataSection:
+    path: str | None = None
+    """Corpus file, directory or URI. ``None`` generates a corpus (see ``data.generated``)."""
+    format: Literal["auto", "text", "csv", "tsv", "jsonl", "parquet"] = "auto"
+    text_column: str = "text"
+    """Column holding the sentence for csv/tsv/jsonl/parquet."""
+    max_seq_len: int = 32
+    tokenize_batch_size: int = 1024
+    tokenize_num_cpus: float = 0.25
+    """CPUs reserved per Ray Data tokenization task (fractional works on small machines)."""
+    generated: GeneratedCorpusSection = field(default_factory=GeneratedCorpusSection)
+
+
+@dataclass
+class TinyModelSection:
+    """Shape of the randomly initialised BERT built when ``model.name_or_path`` is unset."""
+
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    intermediate_size: int = 128
+    vocab_size: int = 2000
+
+
+@dataclass
+class ModelSection:
+    name_or_path: str | None = None
+    """HF hub name or model directory. ``None`` builds a tiny BERT and trains a WordPiece
+    tokenizer on the corpus (no network needed)."""
+    pooler: Literal["cls", "cls_before_pooler", "mean"] = "cls"
+    mlp: bool | None = None
+    """SimCSE's MLP head over the pooled output, used in training only. ``None``: on for ``cls``."""
+    dropout: float = 0.1
+    """Hidden and attention dropout: the only augmentation in unsupervised SimCSE."""
+    tiny: TinyModelSection = field(default_factory=TinyModelSection)
+
+
+@dataclass
+class TrainSection:
+    epochs: int = 1
+    batch_size: int = 64
+    """Global batch size: sentences per optimizer step across all workers. Every sentence in
+    it is a negative for every other."""
+    lr: float = 3e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    max_grad_norm: float = 1.0
+    temperature: float = 0.05
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    use_gpu: bool = False
+    log_every: int = 10
+    """Steps between MLflow metric flushes from rank 0."""
+
+
+@dataclass
+class MiningSection:
+    enabled: bool = True
+    """Refresh the batch plan from the newest weights between epochs (epoch 1 is random)."""
+    top_k: int = 32
+    """Neighbours searched per row."""
+    encode_batch_size: int = 256
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    """GPUs for the miner actor; with a GPU it encodes there and searches with a GPU index."""
+    timeout_s: float = 3600.0
+    """Longest a training worker waits for one refresh before failing with a clear error."""
+
+
+@dataclass
+class TrackingSection:
+    uri: str | None = None
+    """MLflow tracking URI. ``MLFLOW_TRACKING_URI`` wins; default: ``sqlite:///mlruns.db`` in the
+    working directory with artifacts in ``./mlartifacts``."""
+    experiment: str = "simcse"
+
+
+@dataclass
+class Config:
+    run: RunSection = field(default_factory=RunSection)
+    ray: RaySection = field(default_factory=RaySection)
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    mining: MiningSection = field(default_factory=MiningSection)
+    tracking: TrackingSection = field(default_factory=TrackingSection)
+
+    @property
+    def use_mlp(self) -> bool:
+        return self.model.pooler == "cls" if self.model.mlp is None else self.model.mlp
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted-key view of the whole config (for MLflow params)."""
+        return flatten(self.to_dict())
+
+    def validate(self) -> Config:
+        checks: list[tuple[str, bool, str]] = [
+            ("train.temperature", self.train.temperature > 0, "must be > 0"),
+            ("train.epochs", self.train.epochs >= 1, "must be >= 1"),
+            ("train.batch_size", self.train.batch_size >= 2, "must be >= 2 (in-batch negatives)"),
+            ("train.lr", self.train.lr > 0, "must be > 0"),
+            ("train.warmup_ratio", 0 <= self.train.warmup_ratio < 1, "must be in [0, 1)"),
+            ("train.max_grad_norm", self.train.max_grad_norm > 0, "must be > 0"),
+            ("train.num_workers", self.train.num_workers >= 1, "must be >= 1"),
+            ("train.cpus_per_worker", self.train.cpus_per_worker > 0, "must be > 0"),
+            ("train.log_every", self.train.log_every >= 1, "must be >= 1"),
+            (
+                "train.batch_size",
+                self.train.batch_size >= 2 * self.train.num_workers,
+                f"must be >= 2 x train.num_workers ({2 * self.train.num_workers}) so every worker gets rows",
+            ),
+            ("data.max_seq_len", self.data.max_seq_len >= 4, "must be >= 4"),
+            ("data.tokenize_batch_size", self.data.tokenize_batch_size >= 1, "must be >= 1"),
+            ("data.tokenize_num_cpus", self.data.tokenize_num_cpus > 0, "must be > 0"),
+            ("data.generated.num_groups", self.data.generated.num_groups >= 1, "must be >= 1"),
+            ("data.generated.group_size", self.data.generated.group_size >= 1, "must be >= 1"),
+            ("model.dropout", 0 <= self.model.dropout < 1, "must be in [0, 1)"),
+            ("mining.top_k", self.mining.top_k >= 1, "must be >= 1"),
+            ("mining.encode_batch_size", self.mining.encode_batch_size >= 1, "must be >= 1"),
+            ("mining.num_cpus", self.mining.num_cpus >= 0, "must be >= 0"),
+            ("mining.num_gpus", self.mining.num_gpus >= 0, "must be >= 0"),
+            ("mining.timeout_s", self.mining.timeout_s > 0, "must be > 0"),
+            ("tracking.experiment", bool(self.tracking.experiment.strip()), "must not be empty"),
+        ]
+        if self.run.name is not None:
+            checks.append(
+                (
+                    "run.name",
+                    bool(self.run.name) and all(c.isalnum() or c in "-_." for c in self.run.name),
+                    "may hold only letters, digits, '-', '_' and '.'",
+                )
+            )
+        for key, ok, message in checks:
+            if not ok:
+                raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
+        if self.data.path is None and self.data.format != "auto":
+            raise ConfigError("data.format is set but data.path is not")
+        return self
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def get_dotted(tree: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check ``value`` against a field annotation, converting only lossless cases (int->float)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key} has the wrong type")
+    if origin is Literal:
+        allowed = typing.get_args(annotation)
+        if value not in allowed:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, allowed))} (got {value!r})")
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false (got {value!r})")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be an integer (got {value!r})")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key} must be a number (got {value!r})")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key} must be a string (got {value!r})")
+    if dataclasses.is_dataclass(annotation):
+        return _build(annotation, value, key)
+    raise ConfigError(f"{key}: unsupported field type {annotation!r}")
+
+
+def _build(cls: type, mapping: Any, prefix: str) -> Any:
+    where = prefix or "config"
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{where} must be a mapping (got {mapping!r})")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in mapping:
+        if key not in names:
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            raise ConfigError(
+                f"unknown config key {dotted!r} (known under {where}: {', '.join(sorted(names))})"
+            )
+    kwargs = {}
+    for name in names:
+        if name in mapping:
+            dotted = f"{prefix}.{name}" if prefix else name
+            kwargs[name] = _coerce(mapping[name], hints[name], dotted)
+    return cls(**kwargs)
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=c`` -> (``a.b``, YAML-parsed ``c``), so ``3`` is an int and ``null`` is None."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value (got {text!r})")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set expects key=value (got {text!r})")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load defaults <- YAML file <- ``--set`` overrides, then type-check and validate.
+
+    Raises:
+        ConfigError: naming the first bad key.
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+        tree = loaded or {}
+    for item in overrides:
+        key, value = parse_override(item)
+        nested: dict[str, Any] = {}
+        cursor = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            cursor = cursor.setdefault(part, {})
+        cursor[parts[-1]] = value
+        _merge(tree, nested)
+    return _build(Config, tree, "").validate()
+
+
+def config_from_dict(tree: dict[str, Any]) -> Config:
+    """Rebuild a Config from :meth:`Config.to_dict` output (e.g. inside a Ray worker)."""
+    return _build(Config, tree, "")
+
+
+def dump_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

@@ -1,0 +1,220 @@
+"""Corpus stage: Ray Data readers, cleaning, exact dedup, stable ids, tokenization.
+
+Flow: read (txt/csv/tsv/jsonl/parquet, local or any pyarrow filesystem URI) -> clean
+(strip, content-hash id) -> drop empty and duplicate rows -> tokenize in ``map_batches``
+-> one Arrow table ``(id, text, input_ids)`` sorted by id, put in the object store once and
+shared by the train workers and the miner. Training addresses rows by position in that
+table, which is why the corpus is materialised rather than streamed into the train loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from pipeline.config import DataSection
+
+_EXTENSIONS = {
+    ".txt": "text",
+    ".text": "text",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+
+class DataError(ValueError):
+    """The corpus cannot be used; the message says why and names the config key."""
+
+
+@dataclass
+class CorpusStats:
+    rows_read: int
+    empty_dropped: int
+    duplicates_dropped: int
+    sentences: int
+
+    def describe(self) -> str:
+        return (
+            f"read {self.rows_read} rows; dropped {self.empty_dropped} empty and "
+            f"{self.duplicates_dropped} exact duplicates; {self.sentences} sentences remain"
+        )
+
+
+def infer_format(path: str, configured: str) -> str:
+    if configured != "auto":
+        return configured
+    base = path.rstrip("/")
+    for suffix in (".gz", ".bz2", ".zst"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    ext = os.path.splitext(base)[1].lower()
+    if ext in _EXTENSIONS:
+        return _EXTENSIONS[ext]
+    raise DataError(
+        f"data.format: cannot tell the format of {path!r} from its extension; "
+        "set data.format to text, csv, tsv, jsonl or parquet"
+    )
+
+
+def check_corpus_path(path: str) -> None:
+    """Fail fast, before Ray starts, when the corpus path does not exist."""
+    try:
+        filesystem, inner = pafs.FileSystem.from_uri(path)
+    except (pa.ArrowInvalid, ValueError):
+        filesystem, inner = pafs.LocalFileSystem(), os.path.abspath(path)
+    try:
+        info = filesystem.get_file_info(inner)
+    except OSError as exc:
+        raise DataError(f"data.path: cannot access {path}: {str(exc).splitlines()[0]}") from None
+    if info.type == pafs.FileType.NotFound:
+        raise DataError(f"data.path: {path} does not exist")
+
+
+def stable_row_id(text: str) -> int:
+    """63-bit content hash: the same sentence gets the same id in every run and on every node."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def read_corpus(section: DataSection) -> Any:
+    """A Ray Dataset with one string column ``text`` (unclean)."""
+    import ray.data
+
+    assert section.path is not None
+    fmt = infer_format(section.path, section.format)
+    column = section.text_column
+    if fmt == "text":
+        ds = ray.data.read_text(section.path, drop_empty_lines=False)
+        column = "text"
+    elif fmt in ("csv", "tsv"):
+        import pyarrow.csv as pacsv
+
+        parse = pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",")
+        ds = ray.data.read_csv(section.path, parse_options=parse)
+    elif fmt == "jsonl":
+        ds = ray.data.read_json(section.path, lines=True)
+    else:
+        ds = ray.data.read_parquet(section.path)
+    names = ds.schema().names
+    if column not in names:
+        raise DataError(
+            f"data.text_column: column {column!r} not in {section.path} (columns: {', '.join(names)})"
+        )
+    return (
+        ds.select_columns([column]).rename_columns({column: "text"})
+        if column != "text"
+        else ds.select_columns(["text"])
+    )
+
+
+def _clean_batch(batch: pa.Table) -> pa.Table:
+    text = batch.column("text")
+    if not pa.types.is_string(text.type) and not pa.types.is_large_string(text.type):
+        text = pc.cast(text, pa.string())
+    text = pc.fill_null(pc.utf8_trim_whitespace(text), "")
+    ids = pa.array([stable_row_id(t) if t else 0 for t in text.to_pylist()], type=pa.int64())
+    return pa.table({"id": ids, "text": text})
+
+
+def load_clean_corpus(section: DataSection) -> tuple[pa.Table, CorpusStats]:
+    """Read and clean the corpus with Ray Data; return ``(id, text)`` sorted by id, unique.
+
+    Raises:
+        DataError: nothing usable is left after cleaning.
+    """
+    import ray
+
+    ds = read_corpus(section).map_batches(
+        _clean_batch, batch_format="pyarrow", num_cpus=section.tokenize_num_cpus
+    )
+    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+    raw = (
+        pa.concat_tables(tables)
+        if tables
+        else pa.table({"id": pa.array([], pa.int64()), "text": pa.array([], pa.string())})
+    )
+    rows_read = raw.num_rows
+    non_empty = raw.filter(pc.not_equal(pc.utf8_length(raw.column("text")), 0))
+    ids = non_empty.column("id").to_numpy()
+    unique_ids, first = np.unique(ids, return_index=True)
+    corpus = non_empty.take(pa.array(first))  # np.unique sorts, so the table is sorted by id
+    stats = CorpusStats(
+        rows_read=rows_read,
+        empty_dropped=rows_read - non_empty.num_rows,
+        duplicates_dropped=non_empty.num_rows - len(unique_ids),
+        sentences=corpus.num_rows,
+    )
+    if corpus.num_rows == 0:
+        raise DataError(f"data.path: {section.path} has no non-empty sentences ({stats.describe()})")
+    return corpus.combine_chunks(), stats
+
+
+def _tokenize_batch(batch: pa.Table, tokenizer: Any, max_seq_len: int) -> pa.Table:
+    encoded = tokenizer(
+        batch.column("text").to_pylist(),
+        truncation=True,
+        max_length=max_seq_len,
+        padding=False,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )["input_ids"]
+    return batch.append_column("input_ids", pa.array(encoded, type=pa.list_(pa.int32())))
+
+
+def tokenize_corpus(corpus: pa.Table, tokenizer: Any, section: DataSection) -> pa.Table:
+    """Tokenize ``(id, text)`` with Ray Data ``map_batches``; returns ``(id, text, input_ids)``
+    in the input's row order (sorted by id)."""
+    import ray.data
+
+    rows_per_block = max(section.tokenize_batch_size, 1)
+    blocks = [corpus.slice(start, rows_per_block) for start in range(0, corpus.num_rows, rows_per_block)]
+    ds = ray.data.from_arrow(blocks).map_batches(
+        _tokenize_batch,
+        batch_format="pyarrow",
+        batch_size=section.tokenize_batch_size,
+        num_cpus=section.tokenize_num_cpus,
+        fn_kwargs={"tokenizer": tokenizer, "max_seq_len": section.max_seq_len},
+    )
+    tokenized = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    # Blocks may finish out of order; ids are unique, so sorting restores the input order.
+    return tokenized.sort_by("id").combine_chunks()
+
+
+class TokenizedCorpus:
+    """Position-addressed view of the tokenized table, shared by training and mining.
+
+    Holds numpy views of the Arrow buffers (no copy when the table came from the object
+    store) and pads any set of rows into a batch.
+    """
+
+    def __init__(self, table: pa.Table, pad_token_id: int):
+        tokens = table.column("input_ids").combine_chunks()
+        self.ids = table.column("id").to_numpy()
+        self.offsets = tokens.offsets.to_numpy()
+        self.values = tokens.values.to_numpy()
+        self.lengths = np.diff(self.offsets)
+        self.pad_token_id = pad_token_id
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, attention_mask)`` of shape ``(len(rows), longest)``, right-padded."""
+        lengths = self.lengths[rows]
+        width = int(lengths.max())
+        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        starts = self.offsets[rows]
+        input_ids[mask] = self.values[(starts[:, None] + np.arange(width)[None, :])[mask]]
+        return input_ids, mask.astype(np.int64)

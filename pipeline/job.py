@@ -1,0 +1,328 @@
+"""The training job as the driver runs it: config in, trained model and MLflow run out.
+
+Order matters for failing fast: paths and the tracking store are checked before Ray starts;
+the corpus is read and the batch size checked before any worker starts; everything after
+the MLflow run exists is inside a try block that marks the run FAILED on any error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config, ConfigError, dump_yaml
+from pipeline.data import check_corpus_path, load_clean_corpus, tokenize_corpus
+from pipeline.model import (
+    build_tiny_model_dir,
+    fetch_pretrained_dir,
+    load_tokenizer,
+    pack_dir,
+    quiet_libraries,
+)
+from pipeline.synthetic import write_generated_corpus
+from pipeline.tracking import resolve_tracking_uri, start_or_resume_run, ui_command
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass
+class JobSummary:
+    run_name: str
+    run_id: str
+    tracking_uri: str
+    experiment: str
+    model_dir: str | None = None
+    epochs: int = 0
+    steps: int = 0
+    epoch_losses: list[float] = field(default_factory=list)
+    plan_versions: list[int] = field(default_factory=list)
+    mining_seconds: list[float] = field(default_factory=list)
+    corpus: str = ""
+    wall_seconds: float = 0.0
+    already_finished: bool = False
+
+    def render(self) -> str:
+        if self.already_finished:
+            return (
+                f"run {self.run_name!r} already finished (MLflow run {self.run_id}); nothing to do.\n"
+                f"  review with   {ui_command(self.tracking_uri)}"
+            )
+        refreshes = [
+            s for s, v in zip(self.mining_seconds, self.plan_versions[1:] + [None], strict=False) if s > 0
+        ]
+        plans = ", ".join(f"v{v}" + (" (random)" if v == 0 else " (mined)") for v in self.plan_versions)
+        loss = (
+            f"{self.epoch_losses[0]:.4f} -> {self.epoch_losses[-1]:.4f} (epoch means)"
+            if self.epoch_losses
+            else "n/a"
+        )
+        lines = [
+            f"SimCSE run {self.run_name!r} finished in {self.wall_seconds:.0f}s",
+            f"  epochs        {self.epochs} ({self.steps} steps)",
+            f"  loss          {loss}",
+            f"  batch plans   {plans}",
+            f"  mining        {len(refreshes)} refreshes, {sum(refreshes):.1f}s in total",
+            f"  corpus        {self.corpus}",
+            f"  model         {self.model_dir}",
+            f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
+            f"  review with   {ui_command(self.tracking_uri)}",
+        ]
+        return "\n".join(lines)
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def init_ray(cfg: Config) -> bool:
+    """Join the configured cluster, or start a local Ray. Returns True when started here."""
+    import ray
+    from ray.data import DataContext
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Train's print patch re-emits every worker print through its logger: each line twice.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if ray.is_initialized():
+        started = False
+    elif address:
+        ray.init(address=address, logging_level=logging.WARNING)
+        started = False
+    else:
+        ray.init(
+            num_cpus=cfg.ray.num_cpus,
+            # Ray Train's placement-group cleaner polls the state API, which the dashboard
+            # serves; bound to loopback so nothing is exposed.
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            logging_level=logging.WARNING,
+        )
+        started = True
+    context = DataContext.get_current()
+    context.enable_progress_bars = cfg.ray.progress_bars
+    context.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    return started
+
+
+def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
+    """Fail with a clear error instead of waiting forever for resources that cannot exist.
+
+    Only for a Ray started here: an autoscaling cluster may still grow to fit.
+    """
+    import ray
+
+    total = ray.cluster_resources()
+    cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + (
+        cfg.mining.num_cpus if cfg.mining.enabled else 0
+    )
+    gpu_need = (cfg.train.num_workers if cfg.train.use_gpu else 0) + (
+        cfg.mining.num_gpus if cfg.mining.enabled else 0
+    )
+    problems = []
+    if cpu_need > total.get("CPU", 0):
+        problems.append(
+            f"train.num_workers x train.cpus_per_worker + mining.num_cpus = {cpu_need:g} CPUs, "
+            f"but the cluster has {total.get('CPU', 0):g}"
+        )
+    if gpu_need > total.get("GPU", 0):
+        problems.append(
+            f"{gpu_need:g} GPUs needed (train.use_gpu / mining.num_gpus), the cluster has {total.get('GPU', 0):g}"
+        )
+    if problems and started_locally:
+        raise ConfigError("; ".join(problems))
+    for problem in problems:
+        log.warning("resources may not fit yet (waiting for the autoscaler?): %s", problem)
+
+
+def prepare_model_dir(cfg: Config, texts: list[str], run_dir: Path) -> Path:
+    """The initial model folder: the configured one, or a tiny BERT with a tokenizer trained
+    on the corpus. Reused as-is when a resumed run already made it."""
+    if cfg.model.name_or_path:
+        return fetch_pretrained_dir(cfg.model.name_or_path, run_dir / "initial_model")
+    target = run_dir / "initial_model"
+    if (target / "config.json").exists():
+        return target
+    tiny = cfg.model.tiny
+    return build_tiny_model_dir(
+        texts,
+        target,
+        hidden_size=tiny.hidden_size,
+        num_layers=tiny.num_layers,
+        num_heads=tiny.num_heads,
+        intermediate_size=tiny.intermediate_size,
+        vocab_size=tiny.vocab_size,
+        max_seq_len=cfg.data.max_seq_len,
+        dropout=cfg.model.dropout,
+        seed=cfg.run.seed,
+    )
+
+
+def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummary:
+    """Run the whole training job described by ``cfg`` and return its summary.
+
+    Raises:
+        ConfigError, DataError, ValueError, TimeoutError, RuntimeError: with a one-line
+        message; the MLflow run (if created) is marked FAILED first.
+    """
+    started_at = time.perf_counter()
+    run_name = cfg.run.name or datetime.now().strftime("simcse-%Y%m%d-%H%M%S")
+    cfg.run.name = run_name
+    run_dir = Path(cfg.run.output_dir).resolve() / run_name
+    storage_root = cfg.run.storage_path or cfg.run.output_dir
+    storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
+    if cfg.data.path is not None:
+        check_corpus_path(cfg.data.path)
+
+    tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
+    tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)
+    summary = JobSummary(run_name, tracked.run_id, tracking_uri, cfg.tracking.experiment)
+    if tracked.already_finished:
+        summary.already_finished = True
+        return summary
+    echo(
+        f"[run] {'resuming' if tracked.resumed else 'starting'} {run_name!r}: MLflow run {tracked.run_id} at {tracking_uri}"
+    )
+
+    started_ray = False
+    miner = None
+    quiet_libraries()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resolved = run_dir / "resolved_config.yaml"
+        resolved.write_text(dump_yaml(cfg))
+        tracked.log_params(cfg.flat())
+        tracked.log_artifact(resolved)
+        started_ray = init_ray(cfg)
+        check_cluster_fits(cfg, started_ray)
+
+        if cfg.data.path is None:
+            generated = run_dir / "generated_corpus.txt"
+            gen = cfg.data.generated
+            write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
+            cfg.data.path = str(generated)
+        corpus, stats = load_clean_corpus(cfg.data)
+        echo(f"[data] {cfg.data.path}: {stats.describe()}")
+        summary.corpus = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"
+        if stats.sentences < cfg.train.batch_size:
+            raise ConfigError(
+                f"train.batch_size ({cfg.train.batch_size}) is larger than the corpus ({stats.sentences} sentences)"
+            )
+        tracked.set_tags(
+            {
+                "data.rows_read": stats.rows_read,
+                "data.empty_dropped": stats.empty_dropped,
+                "data.duplicates_dropped": stats.duplicates_dropped,
+                "data.sentences": stats.sentences,
+            }
+        )
+
+        model_dir = prepare_model_dir(cfg, corpus.column("text").to_pylist(), run_dir)
+        tokenizer = load_tokenizer(model_dir)
+        t0 = time.perf_counter()
+        tokenized = tokenize_corpus(corpus, tokenizer, cfg.data)
+        echo(
+            f"[data] tokenized {tokenized.num_rows} sentences (max_seq_len {cfg.data.max_seq_len}) in {time.perf_counter() - t0:.1f}s"
+        )
+
+        import ray
+
+        corpus_ref = ray.put(tokenized)
+        model_ref = ray.put(pack_dir(model_dir))
+        if cfg.mining.enabled and cfg.train.epochs > 1:
+            from pipeline.mining import start_miner_actor
+
+            miner = start_miner_actor(
+                cfg.mining.num_cpus,
+                cfg.mining.num_gpus,
+                corpus_table=corpus_ref,
+                model_blob=model_ref,
+                pooler=cfg.model.pooler,
+                batch_size=cfg.train.batch_size,
+                top_k=cfg.mining.top_k,
+                encode_batch_size=cfg.mining.encode_batch_size,
+                seed=cfg.run.seed,
+                tracking_uri=tracking_uri,
+                run_id=tracked.run_id,
+            )
+            try:
+                ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(
+                    f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "
+                    f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
+                ) from None
+
+        from pipeline.train import MODEL_SUBDIR, build_trainer
+
+        loop_config: dict[str, Any] = {
+            "config": cfg.to_dict(),
+            "corpus_ref": corpus_ref,
+            "model_ref": model_ref,
+            "miner": miner,
+            "tracking_uri": tracking_uri,
+            "run_id": tracked.run_id,
+        }
+        echo(
+            f"[train] {cfg.train.epochs} epochs on {cfg.train.num_workers} worker(s), global batch {cfg.train.batch_size}; "
+            f"checkpoints in {storage_root}/{run_name}"
+        )
+        result = build_trainer(cfg, loop_config, storage_root, run_name).fit()
+        if result.error is not None:
+            raise result.error
+        metrics = result.metrics or {}
+        summary.epochs = int(metrics.get("epoch", 0))
+        summary.steps = int(metrics.get("step", 0))
+        summary.epoch_losses = list(metrics.get("epoch_losses", []))
+        summary.plan_versions = list(metrics.get("plan_versions", []))
+        summary.mining_seconds = list(metrics.get("mining_seconds", []))
+
+        export_dir = run_dir / "model"
+        if export_dir.exists():
+            shutil.rmtree(export_dir)
+        with result.checkpoint.as_directory() as ckpt_dir:
+            shutil.copytree(Path(ckpt_dir) / MODEL_SUBDIR, export_dir)
+        tracked.log_artifacts(export_dir, "model")
+        summary.model_dir = str(export_dir)
+        summary.wall_seconds = time.perf_counter() - started_at
+        tracked.finish()
+        return summary
+    except BaseException as exc:
+        tracked.fail(describe_error(exc))
+        raise
+    finally:
+        if miner is not None:
+            import ray
+
+            ray.kill(miner)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a failure, unwrapping Ray's wrappers to the worker's own exception."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        # Ray Train wraps worker errors (TrainingFailedError -> WorkerGroupError -> worker errors)
+        worker_failures = getattr(exc, "worker_failures", None)
+        if isinstance(worker_failures, dict) and worker_failures:
+            inner = next(iter(worker_failures.values()))
+        if inner is None or inner is exc:
+            break
+        exc = inner
+    text = str(exc).strip().splitlines()
+    message = text[0] if text else ""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

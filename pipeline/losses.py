@@ -1,0 +1,96 @@
+"""SimCSE's InfoNCE loss and the cross-worker gather that makes its negatives global.
+
+``simcse_loss`` is a public contract (see README): other code and users call it directly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def simcse_loss(
+    anchors: torch.Tensor,
+    positives: torch.Tensor,
+    temperature: float = 0.05,
+    hard_negatives: torch.Tensor | None = None,
+    hard_negative_weight: float = 0.0,
+    row_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """InfoNCE over cosine similarities, as in SimCSE.
+
+    Args:
+        anchors: ``(n, d)`` embeddings of the first view (or the anchor sentence).
+        positives: ``(n, d)``; ``positives[i]`` is the positive of ``anchors[i]``.
+        temperature: softmax temperature (> 0); SimCSE uses 0.05.
+        hard_negatives: optional ``(n, d)``; ``hard_negatives[i]`` is row i's own hard negative,
+            and every row's hard negative is also a candidate for every other row.
+        hard_negative_weight: added to the logit (after dividing by the temperature) of row i's
+            own hard negative, SimCSE's formulation; 0.0 adds no extra weight.
+        row_ids: optional ``(n,)`` integer corpus ids. Candidate ``positives[j]`` with
+            ``row_ids[j] == row_ids[i]`` and ``j != i`` is masked out of row i's softmax, so a
+            sentence that occurs twice in a batch is never its own negative.
+
+    Returns:
+        Scalar tensor: the mean over the n rows of ``-log softmax(logits_i)[i]`` where
+        ``logits_i = [cos(a_i, p_j) / t for all j] ++ [cos(a_i, h_j) / t for all j]``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if anchors.shape != positives.shape:
+        raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ")
+    n = anchors.shape[0]
+    a = F.normalize(anchors.float(), dim=-1)
+    logits = a @ F.normalize(positives.float(), dim=-1).T / temperature
+    if row_ids is not None:
+        same = row_ids.view(-1, 1) == row_ids.view(1, -1)
+        same.fill_diagonal_(False)
+        logits = logits.masked_fill(same, float("-inf"))
+    if hard_negatives is not None:
+        if hard_negatives.shape != anchors.shape:
+            raise ValueError(
+                f"hard_negatives {tuple(hard_negatives.shape)} must match anchors {tuple(anchors.shape)}"
+            )
+        negative_logits = a @ F.normalize(hard_negatives.float(), dim=-1).T / temperature
+        if hard_negative_weight:
+            negative_logits = negative_logits + hard_negative_weight * torch.eye(
+                n, device=negative_logits.device, dtype=negative_logits.dtype
+            )
+        logits = torch.cat([logits, negative_logits], dim=1)
+    targets = torch.arange(n, device=anchors.device)
+    return F.cross_entropy(logits, targets)
+
+
+def gather_across_workers(local: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Concatenate every worker's rows in rank order, keeping the gradient of this worker's.
+
+    ``all_gather`` carries no gradient, so the gathered copy of this worker's own rows is
+    replaced with ``local`` itself. Every worker then computes the loss on the whole global
+    batch; each backpropagates through its own rows only, and DDP's gradient averaging turns
+    the sum into ``1/world_size`` of the single-process gradient (the caller scales the loss
+    by the world size to undo that).
+
+    Args:
+        local: ``(sizes[rank], ...)`` this worker's rows.
+        sizes: rows held by each rank; they may differ by a few rows when the global batch
+            does not divide evenly.
+
+    Returns:
+        ``(sum(sizes), ...)`` tensor, rank 0's rows first.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return local
+    rank = dist.get_rank()
+    if local.shape[0] != sizes[rank]:
+        raise ValueError(f"rank {rank} holds {local.shape[0]} rows, expected {sizes[rank]}")
+    longest = max(sizes)
+    padded = local.detach()
+    if padded.shape[0] < longest:
+        pad = padded.new_zeros((longest - padded.shape[0], *padded.shape[1:]))
+        padded = torch.cat([padded, pad])
+    buffers = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(buffers, padded.contiguous())
+    parts = [buf[:size] for buf, size in zip(buffers, sizes, strict=True)]
+    parts[rank] = local
+    return torch.cat(parts)

@@ -1,0 +1,277 @@
+"""Encoder, pooling, SimCSE's train-only MLP head, and the on-disk model folder.
+
+A model folder is a Hugging Face folder (``config.json``, safetensors weights, tokenizer)
+plus ``simcse_pooling.json`` and the sentence-transformers module files, so it loads with
+``AutoModel``/``AutoTokenizer`` and with ``SentenceTransformer``.
+
+Model folders travel between Ray processes as tar bytes in the object store
+(:func:`pack_dir` / :func:`unpack_dir`), so a cluster needs no shared filesystem and a
+hub model is downloaded once, by the driver.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+POOLING_FILE = "simcse_pooling.json"
+POOLERS = ("cls", "cls_before_pooler", "mean")
+_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+class SentenceEncoder(nn.Module):
+    """A Hugging Face encoder with SimCSE pooling.
+
+    ``cls`` and ``cls_before_pooler`` take the first token's last hidden state; ``mean``
+    averages the non-padding tokens. With ``use_mlp`` a dense+tanh head (SimCSE's MLP) is
+    applied on top during training only: :meth:`forward` with ``train_head=False`` (used
+    for evaluation, mining and export) never applies it.
+    """
+
+    def __init__(self, encoder: nn.Module, pooler: str, use_mlp: bool):
+        super().__init__()
+        if pooler not in POOLERS:
+            raise ValueError(f"model.pooler must be one of {', '.join(POOLERS)} (got {pooler!r})")
+        self.encoder = encoder
+        self.pooler = pooler
+        hidden = encoder.config.hidden_size
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if use_mlp else None
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, train_head: bool = True
+    ) -> torch.Tensor:
+        """Embeddings of shape ``(batch, hidden)``."""
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.pooler == "mean":
+            weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        else:
+            pooled = hidden[:, 0]
+        if train_head and self.mlp is not None:
+            pooled = self.mlp(pooled)
+        return pooled
+
+
+def quiet_libraries() -> None:
+    """Silence per-process chatter (weight-loading reports, progress bars) in Ray workers."""
+    import logging
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    for name in ("ray.train", "ray.data"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:  # Train V2 logs every report at INFO through a logger named by its file path
+        from ray.train.v2._internal.execution import context as train_context
+
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+    except ImportError:
+        pass
+
+
+def load_encoder(model_dir: str | Path, dropout: float | None = None) -> nn.Module:
+    """``AutoModel`` from a local folder, with dropout set and the HF pooler dropped.
+
+    SimCSE pooling never uses the HF pooler layer; left in place its parameters get no
+    gradient, which DDP treats as an error.
+    """
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if dropout is not None:
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+            if hasattr(config, name):
+                setattr(config, name, dropout)
+    encoder = AutoModel.from_pretrained(model_dir, config=config)
+    if getattr(encoder, "pooler", None) is not None:
+        encoder.pooler = None
+    return encoder
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"model.name_or_path: {model_dir} has no fast tokenizer (tokenizer.json)")
+    return tokenizer
+
+
+def build_tiny_model_dir(
+    texts: list[str],
+    out_dir: str | Path,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    intermediate_size: int,
+    vocab_size: int,
+    max_seq_len: int,
+    dropout: float,
+    seed: int,
+) -> Path:
+    """Train a WordPiece tokenizer on ``texts`` and save it with a randomly initialised BERT."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
+    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    wordpiece.decoder = decoders.WordPiece()
+    wordpiece.train_from_iterator(
+        texts,
+        trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=_SPECIAL_TOKENS, show_progress=False),
+    )
+    cls_id, sep_id = wordpiece.token_to_id("[CLS]"), wordpiece.token_to_id("[SEP]")
+    wordpiece.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tokenizer = BertTokenizerFast(tokenizer_object=wordpiece, model_max_length=max_seq_len)
+    tokenizer.save_pretrained(out)
+    config = BertConfig(
+        vocab_size=wordpiece.get_vocab_size(),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max(64, max_seq_len + 2),
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        pad_token_id=wordpiece.token_to_id("[PAD]"),
+    )
+    torch.manual_seed(seed)
+    BertModel(config, add_pooling_layer=False).save_pretrained(out)
+    return out
+
+
+def fetch_pretrained_dir(name_or_path: str, out_dir: str | Path) -> Path:
+    """A local folder for a model given as a folder or a hub name (downloaded once, here)."""
+    if Path(name_or_path).is_dir():
+        return Path(name_or_path)
+    from transformers import AutoModel, AutoTokenizer
+
+    out = Path(out_dir)
+    try:
+        AutoTokenizer.from_pretrained(name_or_path).save_pretrained(out)
+        AutoModel.from_pretrained(name_or_path).save_pretrained(out)
+    except OSError as exc:
+        raise ValueError(
+            f"model.name_or_path: {name_or_path!r} is neither a model folder nor a reachable hub model "
+            f"({str(exc).splitlines()[0]})"
+        ) from None
+    return out
+
+
+def save_model_dir(model: SentenceEncoder, tokenizer: Any, out_dir: str | Path, max_seq_len: int) -> Path:
+    """Write the inference model: HF encoder + tokenizer + pooling files.
+
+    The training-only MLP head is not part of it (SimCSE evaluates without it).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    encoder = model.encoder
+    encoder.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / POOLING_FILE).write_text(json.dumps({"pooler": model.pooler}, indent=2))
+    _write_sentence_transformers_files(out, model.pooler, encoder.config.hidden_size, max_seq_len)
+    return out
+
+
+def _write_sentence_transformers_files(out: Path, pooler: str, hidden: int, max_seq_len: int) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_len, "do_lower_case": False})
+    )
+    pooling_dir = out / "1_Pooling"
+    pooling_dir.mkdir(exist_ok=True)
+    mode = "mean" if pooler == "mean" else "cls"
+    (pooling_dir / "config.json").write_text(
+        json.dumps(
+            {"word_embedding_dimension": hidden, "pooling_mode": mode, "include_prompt": True}, indent=2
+        )
+    )
+
+
+def load_sentence_encoder(
+    model_dir: str | Path, pooler: str | None = None, use_mlp: bool = False, dropout: float | None = None
+) -> SentenceEncoder:
+    """A :class:`SentenceEncoder` from a model folder; the pooler defaults to the folder's own."""
+    model_dir = Path(model_dir)
+    if pooler is None:
+        pooling_file = model_dir / POOLING_FILE
+        pooler = json.loads(pooling_file.read_text())["pooler"] if pooling_file.exists() else "cls"
+    return SentenceEncoder(load_encoder(model_dir, dropout), pooler, use_mlp)
+
+
+@torch.no_grad()
+def encode_rows(
+    model: SentenceEncoder,
+    corpus: Any,
+    rows: np.ndarray,
+    batch_size: int,
+    device: torch.device,
+) -> np.ndarray:
+    """L2-normalised float32 embeddings of corpus rows, in the order of ``rows``.
+
+    Rows are encoded in order of length so batches carry little padding; eval mode, no
+    gradient, bf16 autocast on CUDA.
+    """
+    was_training = model.training
+    model.eval()
+    order = np.argsort(corpus.lengths[rows], kind="stable")
+    out = np.empty((len(rows), model.encoder.config.hidden_size), dtype=np.float32)
+    use_bf16 = device.type == "cuda"
+    for start in range(0, len(rows), batch_size):
+        chunk = order[start : start + batch_size]
+        input_ids, mask = corpus.batch(rows[chunk])
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            emb = model(
+                torch.from_numpy(input_ids).to(device, non_blocking=True),
+                torch.from_numpy(mask).to(device, non_blocking=True),
+                train_head=False,
+            )
+        out[chunk] = torch.nn.functional.normalize(emb.float(), dim=-1).cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+def pack_dir(path: str | Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(str(path), arcname=".")
+    return buffer.getvalue()
+
+
+_UNPACKED: dict[int, Path] = {}
+
+
+def unpack_dir(blob: bytes) -> Path:
+    """Extract a :func:`pack_dir` archive into a private temp folder (once per process)."""
+    key = hash(blob)
+    if key not in _UNPACKED or not _UNPACKED[key].exists():
+        target = Path(tempfile.mkdtemp(prefix="simcse-model-"))
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
+            tar.extractall(target, filter="data")
+        _UNPACKED[key] = target
+    return _UNPACKED[key]
+
+
+def cpu_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}

@@ -1,0 +1,165 @@
+"""MLflow: one run per job, created by the driver; workers and the miner log to it by run id.
+
+The fluent ``mlflow.start_run`` API keeps per-process state, so two Ray processes using it
+create two runs. Here only the driver creates (or resumes) the run; rank 0 and the miner get
+the run id and log through :class:`MetricLogger`, a thin buffer over ``MlflowClient``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from mlflow.entities import Metric, Param, RunStatus
+from mlflow.tracking import MlflowClient
+
+RUN_NAME_TAG = "simcse.run_name"
+STATE_TAG = "simcse.state"
+ERROR_TAG = "simcse.error"
+DEFAULT_DB = "mlruns.db"
+DEFAULT_ARTIFACTS = "mlartifacts"
+
+
+def resolve_tracking_uri(configured: str | None, workdir: Path | None = None) -> str:
+    """``MLFLOW_TRACKING_URI`` > config > embedded sqlite store in the working directory."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    if configured:
+        return configured
+    workdir = (workdir or Path.cwd()).resolve()
+    return f"sqlite:///{workdir / DEFAULT_DB}"
+
+
+def artifact_location_for(tracking_uri: str) -> str | None:
+    """Artifacts of an sqlite store go beside the database file.
+
+    Without an explicit location MLflow writes them relative to the process's working
+    directory, which for a Ray job is a temporary session folder that disappears.
+    Tracking servers choose their own artifact store, so ``None`` for anything else.
+    """
+    if tracking_uri.startswith("sqlite:///"):
+        db_path = Path(tracking_uri[len("sqlite:///") :])
+        return (db_path.parent / DEFAULT_ARTIFACTS).resolve().as_uri()
+    return None
+
+
+def ui_command(tracking_uri: str) -> str:
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme in ("http", "https"):
+        return f"open {tracking_uri}"
+    return f"mlflow ui --backend-store-uri {tracking_uri}"
+
+
+@dataclass
+class TrackedRun:
+    """The job's MLflow run, as the driver holds it."""
+
+    client: MlflowClient
+    tracking_uri: str
+    run_id: str
+    experiment_id: str
+    resumed: bool
+    already_finished: bool = False
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        # MLflow rejects re-logging a param with a different value; a resumed run keeps its
+        # original params (the config that created it), so only new keys are logged.
+        existing = self.client.get_run(self.run_id).data.params
+        items = [Param(k, _param_value(v)) for k, v in params.items() if k not in existing]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, str(value))
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(local_path), artifact_path)
+
+    def finish(self) -> None:
+        self.client.set_tag(self.run_id, STATE_TAG, "finished")
+        self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+    def fail(self, reason: str) -> None:
+        self.client.set_tag(self.run_id, ERROR_TAG, reason[:5000])
+        self.client.set_tag(self.run_id, STATE_TAG, "failed")
+        self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FAILED))
+
+
+def _param_value(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text[:6000]
+
+
+def start_or_resume_run(tracking_uri: str, experiment: str, run_name: str) -> TrackedRun:
+    """Create the job's run, or reopen the run an earlier job with the same name created.
+
+    Raises:
+        RuntimeError: the tracking store cannot be reached or used.
+    """
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            experiment_id = client.create_experiment(
+                experiment, artifact_location=artifact_location_for(tracking_uri)
+            )
+        else:
+            experiment_id = found.experiment_id
+        previous = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+    except Exception as exc:  # MLflow raises many types for an unusable store
+        raise RuntimeError(f"MLflow tracking store {tracking_uri} is not usable: {_first_line(exc)}") from exc
+    if previous:
+        run_id = previous[0].info.run_id
+        if previous[0].data.tags.get(STATE_TAG) == "finished":
+            return TrackedRun(
+                client, tracking_uri, run_id, experiment_id, resumed=True, already_finished=True
+            )
+        client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        client.set_tag(run_id, STATE_TAG, "running")
+        return TrackedRun(client, tracking_uri, run_id, experiment_id, resumed=True)
+    run = client.create_run(
+        experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, STATE_TAG: "running"}
+    )
+    return TrackedRun(client, tracking_uri, run.info.run_id, experiment_id, resumed=False)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+class MetricLogger:
+    """Buffered metric logging to an existing run, for rank 0 and the miner.
+
+    Metrics are sent in one ``log_batch`` call per :meth:`flush`, which keeps a busy train
+    loop from making a request per step. A failed flush keeps the buffer for the next try.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str):
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.run_id = run_id
+        self._buffer: list[Metric] = []
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now, int(step)) for k, v in metrics.items())
+
+    def flush(self) -> None:
+        while self._buffer:
+            chunk = self._buffer[:1000]
+            self.client.log_batch(self.run_id, metrics=chunk)
+            del self._buffer[: len(chunk)]

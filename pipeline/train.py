@@ -1,0 +1,342 @@
+"""The per-worker SimCSE train loop and its Ray Train ``TorchTrainer``.
+
+One ``fit()`` runs every epoch (each ``fit`` costs ~20 s of start-up). At each epoch end
+rank 0 hands the newest encoder weights to the miner actor, broadcasts the returned plan to
+the other ranks, and every rank reports a checkpoint holding the model, optimizer,
+scheduler, step, RNG states and the next epoch's plan. A restarted run resumes from it.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.config import Config, config_from_dict
+from pipeline.data import TokenizedCorpus
+from pipeline.losses import gather_across_workers, simcse_loss
+from pipeline.model import (
+    SentenceEncoder,
+    cpu_state_dict,
+    load_sentence_encoder,
+    load_tokenizer,
+    quiet_libraries,
+    save_model_dir,
+    unpack_dir,
+)
+from pipeline.plans import BatchPlan, random_plan, worker_slices
+
+STATE_FILE = "train_state.pt"
+MODEL_SUBDIR = "model"
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint carries besides the model folder."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    step: int = 0
+    plan: BatchPlan | None = None
+    """Plan for the next epoch (``epoch + 1``)."""
+    epoch_losses: list[float] = field(default_factory=list)
+    mining_seconds: list[float] = field(default_factory=list)
+    plan_versions: list[int] = field(default_factory=list)
+    """Version of the plan each completed epoch trained on."""
+
+
+def save_checkpoint(
+    directory: Path,
+    model: SentenceEncoder,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: TrainState,
+    max_seq_len: int,
+) -> None:
+    save_model_dir(model, tokenizer, directory / MODEL_SUBDIR, max_seq_len)
+    assert state.plan is not None
+    torch.save(
+        {
+            "epoch": state.epoch,
+            "step": state.step,
+            "plan_version": state.plan.version,
+            "plan_rows": torch.tensor(state.plan.rows),
+            "plan_sizes": torch.tensor(state.plan.sizes),
+            "epoch_losses": state.epoch_losses,
+            "mining_seconds": state.mining_seconds,
+            "plan_versions": state.plan_versions,
+            "mlp": model.mlp.state_dict() if model.mlp is not None else None,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+        },
+        directory / STATE_FILE,
+    )
+
+
+def load_train_state(directory: Path) -> dict[str, Any]:
+    return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def _seed_epoch(seed: int, rank: int, epoch: int) -> None:
+    """Dropout randomness from (seed, rank, epoch): ranks differ, and a run resumed at an
+    epoch boundary draws exactly what the uninterrupted run would have drawn."""
+    torch.manual_seed(seed + 1_000_003 * rank + 7919 * epoch)
+    random.seed(seed + rank + epoch)
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point: runs on every worker."""
+    import ray
+    import ray.train
+    import ray.train.torch
+    import torch.distributed as dist
+    from transformers import get_linear_schedule_with_warmup
+
+    quiet_libraries()
+    cfg: Config = config_from_dict(loop_config["config"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    torch.manual_seed(cfg.run.seed + rank)
+
+    model_dir = unpack_dir(ray.get(loop_config["model_ref"]))
+    tokenizer = load_tokenizer(model_dir)
+    corpus = TokenizedCorpus(ray.get(loop_config["corpus_ref"]), tokenizer.pad_token_id)
+    miner = loop_config["miner"]
+
+    checkpoint = ray.train.get_checkpoint()
+    saved: dict[str, Any] | None = None
+    start_dir = model_dir
+    if checkpoint is not None:
+        with checkpoint.as_directory() as ckpt_dir:
+            saved = load_train_state(Path(ckpt_dir))
+            local_copy = Path(tempfile.mkdtemp(prefix="simcse-resume-"))
+            shutil.copytree(Path(ckpt_dir) / MODEL_SUBDIR, local_copy, dirs_exist_ok=True)
+            start_dir = local_copy
+
+    # Same initial weights on every rank: they come from one folder (and the MLP head from
+    # one seed), so DDP starts consistent without a broadcast.
+    torch.manual_seed(cfg.run.seed)
+    model = load_sentence_encoder(
+        start_dir, pooler=cfg.model.pooler, use_mlp=cfg.use_mlp, dropout=cfg.model.dropout
+    )
+    model.to(device)
+
+    batches_per_epoch = random_plan(len(corpus), cfg.train.batch_size, seed=0).num_batches
+    total_steps = batches_per_epoch * cfg.train.epochs
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
+    fused = device.type == "cuda"
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.train.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=cfg.train.lr,
+        fused=fused,
+    )
+    scheduler = get_linear_schedule_with_warmup(
+        optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps
+    )
+
+    state = TrainState(plan=random_plan(len(corpus), cfg.train.batch_size, seed=cfg.run.seed, version=0))
+    if saved is not None:
+        if model.mlp is not None and saved["mlp"] is not None:
+            model.mlp.load_state_dict(saved["mlp"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        state = TrainState(
+            epoch=saved["epoch"],
+            step=saved["step"],
+            plan=BatchPlan(saved["plan_version"], saved["plan_rows"].numpy(), saved["plan_sizes"].numpy()),
+            epoch_losses=list(saved["epoch_losses"]),
+            mining_seconds=list(saved["mining_seconds"]),
+            plan_versions=list(saved["plan_versions"]),
+        )
+        if rank == 0:
+            print(
+                f"[train] resumed after epoch {state.epoch} at step {state.step} (plan v{state.plan.version})",
+                flush=True,
+            )
+
+    ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
+    logger = None
+    if rank == 0 and loop_config.get("run_id"):
+        from pipeline.tracking import MetricLogger
+
+        logger = MetricLogger(loop_config["tracking_uri"], loop_config["run_id"])
+
+    use_bf16 = device.type == "cuda"
+    ids_all = torch.tensor(corpus.ids)
+    for epoch in range(state.epoch, cfg.train.epochs):
+        assert state.plan is not None
+        plan = state.plan
+        _seed_epoch(cfg.run.seed, rank, epoch)
+        model.train()
+        epoch_start = time.perf_counter()
+        loss_sum, loss_count = 0.0, 0
+        for batch_index in range(plan.num_batches):
+            step_start = time.perf_counter()
+            global_rows = plan.batch(batch_index)
+            sizes = worker_slices(len(global_rows), world)
+            lo = sum(sizes[:rank])
+            local_rows = global_rows[lo : lo + sizes[rank]]
+            input_ids, mask = corpus.batch(local_rows)
+            input_ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
+            mask = torch.from_numpy(mask).to(device, non_blocking=True)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                # Both dropout views in one forward pass: the batch twice, stacked.
+                embeddings = ddp_model(torch.cat([input_ids, input_ids]), torch.cat([mask, mask]))
+            views = torch.stack(embeddings.float().split(len(local_rows)), dim=1)  # (n, 2, d)
+            global_views = gather_across_workers(views, sizes)
+            row_ids = ids_all[torch.from_numpy(global_rows)].to(device)
+            loss = simcse_loss(
+                global_views[:, 0],
+                global_views[:, 1],
+                temperature=cfg.train.temperature,
+                row_ids=row_ids,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            # DDP averages gradients over ranks; each rank's loss covers the whole global
+            # batch but carries gradient only through its own rows, so scale back by world.
+            (loss * world).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            state.step += 1
+            loss_value = float(loss.detach())
+            loss_sum += loss_value
+            loss_count += 1
+            if logger is not None:
+                elapsed = time.perf_counter() - step_start
+                logger.log(
+                    {
+                        "train_loss": loss_value,
+                        "learning_rate": scheduler.get_last_lr()[0],
+                        "sentences_per_s": len(global_rows) / max(elapsed, 1e-9),
+                    },
+                    state.step,
+                )
+                if state.step % cfg.train.log_every == 0:
+                    logger.flush()
+
+        epoch_loss = loss_sum / max(loss_count, 1)
+        state.epoch_losses.append(epoch_loss)
+        state.plan_versions.append(plan.version)
+        epoch_seconds = time.perf_counter() - epoch_start
+        next_plan, mining_seconds = _plan_next_epoch(cfg, epoch, state, model, miner, rank, corpus)
+        state.mining_seconds.append(mining_seconds)
+        state.plan = next_plan
+        state.epoch = epoch + 1
+        if rank == 0:
+            print(
+                f"[train] epoch {epoch + 1}/{cfg.train.epochs}: loss {epoch_loss:.4f} over {loss_count} steps "
+                f"on plan v{plan.version}, {epoch_seconds:.1f}s; refresh {mining_seconds:.1f}s",
+                flush=True,
+            )
+        if logger is not None:
+            logger.log(
+                {
+                    "epoch_loss": epoch_loss,
+                    "epoch_plan_version": float(plan.version),
+                    "epoch_seconds": epoch_seconds,
+                    "epoch": float(epoch + 1),
+                    "refresh_wait_s": mining_seconds,
+                },
+                state.step,
+            )
+            logger.flush()
+        metrics = {
+            "epoch": state.epoch,
+            "step": state.step,
+            "epoch_loss": epoch_loss,
+            "epoch_losses": list(state.epoch_losses),
+            "plan_versions": list(state.plan_versions),
+            "mining_seconds": list(state.mining_seconds),
+            "next_plan_version": next_plan.version,
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = None
+            if rank == 0:
+                save_checkpoint(
+                    Path(tmp), model, tokenizer, optimizer, scheduler, state, cfg.data.max_seq_len
+                )
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=ckpt)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _plan_next_epoch(
+    cfg: Config,
+    epoch: int,
+    state: TrainState,
+    model: SentenceEncoder,
+    miner: Any,
+    rank: int,
+    corpus: TokenizedCorpus,
+) -> tuple[BatchPlan, float]:
+    """Rank 0 asks the miner for the next plan; every rank gets it by broadcast.
+
+    After the last epoch, or with mining off, the next plan is a fresh random one.
+    """
+    import ray
+    import torch.distributed as dist
+
+    version = (state.plan.version if state.plan else 0) + 1
+    last_epoch = epoch + 1 >= cfg.train.epochs
+    if last_epoch or not cfg.mining.enabled or miner is None:
+        # Random plans are computed identically on every rank: no communication needed.
+        seed = cfg.run.seed + epoch + 1
+        return random_plan(
+            len(corpus), cfg.train.batch_size, seed=seed, version=state.plan.version if state.plan else 0
+        ), 0.0
+    start = time.perf_counter()
+    payload: list[Any] = [None]
+    if rank == 0:
+        weights = ray.put(cpu_state_dict(model.encoder))
+        try:
+            report = ray.get(miner.refresh.remote(weights, version, state.step), timeout=cfg.mining.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"the miner did not return plan v{version} within mining.timeout_s={cfg.mining.timeout_s:g}s"
+            ) from None
+        payload[0] = report.plan.to_dict()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(payload, src=0)
+    return BatchPlan.from_dict(payload[0]), time.perf_counter() - start
+
+
+def build_trainer(cfg: Config, loop_config: dict[str, Any], storage_path: str, run_name: str) -> Any:
+    """A ``TorchTrainer`` over :func:`train_loop_per_worker` with resources from config."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    resources = {"CPU": cfg.train.cpus_per_worker}
+    if cfg.train.use_gpu:
+        resources["GPU"] = 1
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu, resources_per_worker=resources
+        ),
+        torch_config=TorchConfig(
+            backend="nccl" if cfg.train.use_gpu else "gloo",
+            # Ranks other than 0 wait in a collective while rank 0 waits on the miner.
+            timeout_s=int(cfg.mining.timeout_s) + 600,
+        ),
+        run_config=ray.train.RunConfig(
+            name=run_name,
+            storage_path=storage_path,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+        ),
+    )
