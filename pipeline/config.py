@@ -196,6 +196,12 @@ class Config:
         for key, ok, message in checks:
             if not ok:
                 raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
+        generated = self.data.generated.num_groups * self.data.generated.group_size
+        if self.data.path is None and generated < self.train.batch_size:
+            raise ConfigError(
+                f"train.batch_size ({self.train.batch_size}) is larger than the generated corpus "
+                f"(data.generated: {generated} sentences)"
+            )
         if self.data.path is None and self.data.format != "auto":
             raise ConfigError("data.format is set but data.path is not")
         return self
@@ -250,6 +256,12 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):
+            # YAML 1.1 reads 1e-4 (no dot) as a string; it is plainly meant as a number.
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{key} must be a number (got {value!r})")
     if annotation is str:
         if isinstance(value, str):

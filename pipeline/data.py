@@ -160,7 +160,8 @@ def load_clean_corpus(section: DataSection) -> tuple[pa.Table, CorpusStats]:
     return corpus.combine_chunks(), stats
 
 
-def _tokenize_batch(batch: pa.Table, tokenizer: Any, max_seq_len: int) -> pa.Table:
+def tokenize_table(batch: pa.Table, tokenizer: Any, max_seq_len: int) -> pa.Table:
+    """Append ``input_ids`` (list<int32>, special tokens included, truncated) to a ``text`` table."""
     encoded = tokenizer(
         batch.column("text").to_pylist(),
         truncation=True,
@@ -180,7 +181,7 @@ def tokenize_corpus(corpus: pa.Table, tokenizer: Any, section: DataSection) -> p
     rows_per_block = max(section.tokenize_batch_size, 1)
     blocks = [corpus.slice(start, rows_per_block) for start in range(0, corpus.num_rows, rows_per_block)]
     ds = ray.data.from_arrow(blocks).map_batches(
-        _tokenize_batch,
+        tokenize_table,
         batch_format="pyarrow",
         batch_size=section.tokenize_batch_size,
         num_cpus=section.tokenize_num_cpus,

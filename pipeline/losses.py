@@ -94,3 +94,28 @@ def gather_across_workers(local: torch.Tensor, sizes: list[int]) -> torch.Tensor
     parts = [buf[:size] for buf, size in zip(buffers, sizes, strict=True)]
     parts[rank] = local
     return torch.cat(parts)
+
+
+def global_batch_simcse_loss(
+    local_view1: torch.Tensor,
+    local_view2: torch.Tensor,
+    sizes: list[int],
+    global_row_ids: torch.Tensor | None,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unsupervised SimCSE loss over the global batch of all DDP workers.
+
+    Args:
+        local_view1, local_view2: ``(sizes[rank], d)`` this worker's two dropout views.
+        sizes: rows per rank of this global batch.
+        global_row_ids: ``(sum(sizes),)`` corpus ids of the global batch, rank order.
+        temperature: InfoNCE temperature.
+
+    Returns:
+        ``(loss, loss_to_backward)``: the global-batch loss (the same value on every rank),
+        and that loss times the world size, whose DDP-averaged gradient equals the gradient
+        of one process computing ``loss`` on the concatenated batch.
+    """
+    views = gather_across_workers(torch.stack([local_view1, local_view2], dim=1), sizes)
+    loss = simcse_loss(views[:, 0], views[:, 1], temperature=temperature, row_ids=global_row_ids)
+    return loss, loss * len(sizes)

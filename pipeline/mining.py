@@ -95,7 +95,9 @@ class HardNegativeMiner:
         knn = knn_search(embeddings, self.top_k + 1, use_gpu=self.use_gpu)
         neighbours, removed = exclude_self_and_same_text(knn.indices, self.corpus.ids)
         t1 = time.perf_counter()
-        plan = neighbourhood_plan(neighbours, self.batch_size, seed=self.seed + version, version=version)
+        plan = neighbourhood_plan(
+            neighbours, knn.scores, self.batch_size, seed=self.seed + version, version=version
+        )
         t_plan = time.perf_counter() - t1
         top1 = _first_valid_scores(knn.scores, neighbours)
         baseline = random_plan(len(rows), self.batch_size, seed=self.seed + 10_000 + version)

@@ -11,7 +11,7 @@ negatives are hard ones.
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,17 +72,23 @@ def random_plan(num_rows: int, batch_size: int, seed: int, version: int = 0) -> 
     )
 
 
-def neighbourhood_plan(neighbours: np.ndarray, batch_size: int, seed: int, version: int) -> BatchPlan:
+def neighbourhood_plan(
+    neighbours: np.ndarray, scores: np.ndarray, batch_size: int, seed: int, version: int
+) -> BatchPlan:
     """Group rows into batches of mutual near neighbours, covering every row once.
 
-    Each batch starts from a random unassigned seed row and grows breadth-first through the
-    k-NN graph (the seed's nearest neighbours first, then theirs), taking only unassigned
-    rows. When a neighbourhood is exhausted before the batch is full, it is topped up with
-    unassigned rows in random order. Batch order is shuffled.
+    Each batch starts from a random unassigned seed row and grows like Prim's algorithm on
+    the k-NN graph: the next row is always the unassigned candidate most similar to any row
+    already in the batch. A tight group of paraphrases therefore enters a batch whole before
+    the batch reaches for weaker neighbours (breadth-first growth would take the seed's 10th
+    neighbour before its first neighbour's nearest and split groups across batches). When
+    the neighbourhood runs out, the batch is topped up with unassigned rows in random order.
+    Batch order is shuffled.
 
     Args:
         neighbours: ``(n, k)`` neighbour positions per row, nearest first, with the row
             itself and rows with the same text already removed (marked -1).
+        scores: ``(n, k)`` similarity of each neighbour.
         batch_size: target global batch size.
         seed: makes the plan deterministic.
         version: plan version to record.
@@ -95,6 +101,7 @@ def neighbourhood_plan(neighbours: np.ndarray, batch_size: int, seed: int, versi
     cursor = 0
     batches: list[list[int]] = []
     neighbour_lists = neighbours.tolist()
+    score_lists = scores.tolist()
 
     def next_free() -> int:
         nonlocal cursor
@@ -102,19 +109,24 @@ def neighbourhood_plan(neighbours: np.ndarray, batch_size: int, seed: int, versi
             cursor += 1
         return int(visit_order[cursor])
 
+    def push_neighbours(heap: list[tuple[float, int]], row: int) -> None:
+        for candidate, score in zip(neighbour_lists[row], score_lists[row], strict=True):
+            if candidate >= 0 and not assigned[candidate]:
+                heapq.heappush(heap, (-score, candidate))
+
     for size in sizes.tolist():
         seed_row = next_free()
         assigned[seed_row] = True
         members = [seed_row]
-        frontier = deque(members)
-        while frontier and len(members) < size:
-            for candidate in neighbour_lists[frontier.popleft()]:
-                if candidate >= 0 and not assigned[candidate]:
-                    assigned[candidate] = True
-                    members.append(candidate)
-                    frontier.append(candidate)
-                    if len(members) == size:
-                        break
+        heap: list[tuple[float, int]] = []
+        push_neighbours(heap, seed_row)
+        while heap and len(members) < size:
+            _, candidate = heapq.heappop(heap)
+            if assigned[candidate]:
+                continue
+            assigned[candidate] = True
+            members.append(candidate)
+            push_neighbours(heap, candidate)
         while len(members) < size:
             row = next_free()
             assigned[row] = True

@@ -20,7 +20,7 @@ import torch
 
 from pipeline.config import Config, config_from_dict
 from pipeline.data import TokenizedCorpus
-from pipeline.losses import gather_across_workers, simcse_loss
+from pipeline.losses import global_batch_simcse_loss
 from pipeline.model import (
     SentenceEncoder,
     cpu_state_dict,
@@ -195,19 +195,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
                 # Both dropout views in one forward pass: the batch twice, stacked.
                 embeddings = ddp_model(torch.cat([input_ids, input_ids]), torch.cat([mask, mask]))
-            views = torch.stack(embeddings.float().split(len(local_rows)), dim=1)  # (n, 2, d)
-            global_views = gather_across_workers(views, sizes)
-            row_ids = ids_all[torch.from_numpy(global_rows)].to(device)
-            loss = simcse_loss(
-                global_views[:, 0],
-                global_views[:, 1],
-                temperature=cfg.train.temperature,
-                row_ids=row_ids,
+            view1, view2 = embeddings.float().split(len(local_rows))
+            loss, loss_to_backward = global_batch_simcse_loss(
+                view1, view2, sizes, ids_all[torch.from_numpy(global_rows)].to(device), cfg.train.temperature
             )
             optimizer.zero_grad(set_to_none=True)
-            # DDP averages gradients over ranks; each rank's loss covers the whole global
-            # batch but carries gradient only through its own rows, so scale back by world.
-            (loss * world).backward()
+            loss_to_backward.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
             optimizer.step()
             scheduler.step()

@@ -1,0 +1,92 @@
+"""Config loading: defaults, YAML, --set overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+from conftest import PYTHON, REPO, job_env
+
+from pipeline.config import ConfigError, load_config
+
+
+def test_demo_config_loads_with_overrides():
+    cfg = load_config(
+        REPO / "jobs/configs/demo.yaml",
+        ["train.epochs=5", "train.lr=1e-4", "run.name=abc", "mining.enabled=false"],
+    )
+    assert cfg.train.epochs == 5 and cfg.train.lr == pytest.approx(1e-4)
+    assert cfg.run.name == "abc" and cfg.mining.enabled is False
+    assert cfg.model.pooler == "mean" and cfg.use_mlp is False
+    flat = cfg.flat()
+    assert flat["train.temperature"] == 0.05 and flat["data.generated.num_groups"] == 400
+
+
+def test_defaults_follow_simcse():
+    cfg = load_config(None)
+    assert cfg.train.temperature == 0.05 and cfg.data.max_seq_len == 32 and cfg.model.dropout == 0.1
+    assert cfg.model.pooler == "cls" and cfg.use_mlp is True  # MLP on by default for cls
+    assert load_config(None, ["model.pooler=cls_before_pooler"]).use_mlp is False
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("train.temprature=0.1", "train.temprature"),
+        ("trainer.epochs=1", "trainer"),
+        ("train.epochs=two", "train.epochs"),
+        ("train.epochs=1.5", "train.epochs"),
+        ("train.use_gpu=maybe", "train.use_gpu"),
+        ("train.temperature=0", "train.temperature"),
+        ("train.temperature=-0.05", "train.temperature"),
+        ("model.pooler=max", "model.pooler"),
+        ("train.batch_size=5000", "train.batch_size"),
+        ("train.num_workers=0", "train.num_workers"),
+        ("model.dropout=1.5", "model.dropout"),
+        ("run.name=a/b", "run.name"),
+    ],
+)
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "jobs/configs/demo.yaml", [override])
+    assert key in str(info.value)
+
+
+def test_yaml_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  epochs: 2\n  batch_sise: 8\n")
+    with pytest.raises(ConfigError, match="train.batch_sise"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--set", "train.temperature=-1"], "train.temperature must be > 0"),
+        (["--set", "train.bogus=1"], "unknown config key 'train.bogus'"),
+        (["--set", "train.epochs=abc"], "train.epochs must be an integer"),
+        (["--set", "data.path=/nonexistent/corpus.txt"], "data.path: /nonexistent/corpus.txt does not exist"),
+    ],
+)
+def test_cli_fails_fast_with_one_line(tmp_path, args, needle):
+    start = time.monotonic()
+    proc = subprocess.run(
+        [PYTHON, str(REPO / "jobs/train.py"), "--config", str(REPO / "jobs/configs/demo.yaml"), *args],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "mlflow" not in line.lower()]
+    assert lines == [f"error: {lines[0][7:]}"] and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+    assert time.monotonic() - start < 60

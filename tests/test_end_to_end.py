@@ -1,0 +1,150 @@
+"""The training job as a user runs it: jobs/train.py in a fresh working directory, a local
+Ray started by the job, a real sqlite MLflow store, real FAISS."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO, job_env
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+
+DEMO = str(REPO / "jobs/configs/demo.yaml")
+
+
+def _run_job(cwd: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    args = [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO]
+    for item in overrides:
+        args += ["--set", item]
+    return subprocess.run(args, cwd=cwd, env=job_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _client(cwd: Path) -> MlflowClient:
+    return MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlruns.db'}")
+
+
+def _only_run(client: MlflowClient, experiment: str = "simcse-demo"):
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    return runs[0]
+
+
+def test_demo_trains_mines_and_logs(tmp_path):
+    proc = _run_job(tmp_path, "train.epochs=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "SimCSE run 'demo' finished" in out
+    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlruns.db'}" in out
+    assert "batch plans   v0 (random), v1 (mined), v2 (mined)" in out
+
+    client = _client(tmp_path)
+    run = _only_run(client)
+    run_id = run.info.run_id
+    assert run_id in out and run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["train.temperature"] == "0.05" and params["train.num_workers"] == "2"
+    assert params["model.pooler"] == "mean" and "mining.top_k" in params and len(params) > 40
+    assert int(run.data.tags["data.sentences"]) > 1500 and int(run.data.tags["data.duplicates_dropped"]) > 0
+
+    losses = client.get_metric_history(run_id, "train_loss")
+    steps = sorted(m.step for m in losses)
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) == 3 * 25  # 1600 rows / 64
+    assert {"learning_rate", "sentences_per_s"} <= set(run.data.metrics)
+    epoch_loss = [
+        m.value for m in sorted(client.get_metric_history(run_id, "epoch_loss"), key=lambda m: m.step)
+    ]
+    assert len(epoch_loss) == 3 and epoch_loss[-1] < 0.5 * epoch_loss[0]  # the loss fell
+    versions = [
+        m.value for m in sorted(client.get_metric_history(run_id, "epoch_plan_version"), key=lambda m: m.step)
+    ]
+    assert versions == [0.0, 1.0, 2.0]  # epochs 2 and 3 trained on mined plans
+    for key in (
+        "mining_encode_s",
+        "mining_index_s",
+        "mining_search_s",
+        "mining_corpus_size",
+        "mining_top1_similarity_mean",
+    ):
+        assert len(client.get_metric_history(run_id, key)) == 2, key  # one per refresh
+    mined = client.get_metric_history(run_id, "mining_batch_similarity_mean")
+    baseline = client.get_metric_history(run_id, "mining_random_batch_similarity_mean")
+    assert all(m.value > b.value for m, b in zip(mined, baseline, strict=True))  # mined batches are harder
+
+    # The model artifact loads as a Hugging Face model and gives the pipeline's embeddings.
+    import mlflow.artifacts
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from pipeline.data import TokenizedCorpus, tokenize_table
+    from pipeline.model import encode_rows, load_sentence_encoder
+
+    local = mlflow.artifacts.download_artifacts(
+        run_id=run_id, artifact_path="model", tracking_uri=client.tracking_uri
+    )
+    tokenizer = AutoTokenizer.from_pretrained(local)
+    model = AutoModel.from_pretrained(local).eval()
+    assert Path(local, "resolved_config.yaml").exists() is False
+    assert "resolved_config.yaml" in [a.path for a in client.list_artifacts(run_id)]
+    sentences = ["Zonouku pai nabrou.", "Truvikai voze noura."]
+    with torch.no_grad():
+        batch = tokenizer(sentences, padding=True, return_tensors="pt")
+        hidden = model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        hf = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()
+    import pyarrow as pa
+
+    table = tokenize_table(pa.table({"id": [1, 2], "text": sentences}), tokenizer, 32)
+    ours = encode_rows(
+        load_sentence_encoder(local),
+        TokenizedCorpus(table, tokenizer.pad_token_id),
+        np.arange(2),
+        8,
+        torch.device("cpu"),
+    )
+    assert np.abs(ours - hf).max() < 1e-5
+
+    # Started again with the same name: it says so and does nothing.
+    again = _run_job(tmp_path, "train.epochs=3", timeout=120)
+    assert again.returncode == 0 and "already finished" in again.stdout
+    assert len(client.get_metric_history(run_id, "train_loss")) == 75
+
+
+def test_interrupted_run_resumes_from_checkpoint(tmp_path):
+    overrides = ["run.name=resume", "data.generated.num_groups=1500", "train.epochs=3", "train.log_every=25"]
+    args = [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO] + [
+        a for o in overrides for a in ("--set", o)
+    ]
+    first = subprocess.Popen(
+        args, cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    run_dir = tmp_path / "runs" / "resume"
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and first.poll() is None:
+        # A checkpoint counts once Ray Train's snapshot lists it; files alone are not enough.
+        if (run_dir / "checkpoint_manager_snapshot.json").exists():
+            break
+        time.sleep(0.2)
+    assert first.poll() is None, "the job ended before it could be interrupted"
+    first.send_signal(signal.SIGINT)
+    out, _ = first.communicate(timeout=180)
+    assert first.returncode != 0
+    client = _client(tmp_path)
+    interrupted = _only_run(client)
+    assert interrupted.info.status == "FAILED"
+
+    second = _run_job(tmp_path, *overrides)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    assert "resuming 'resume'" in second.stdout
+    assert "[train] resumed after epoch" in second.stdout + second.stderr
+    run = _only_run(client)  # the same MLflow run continued, not a new one
+    assert run.info.run_id == interrupted.info.run_id and run.info.status == "FINISHED"
+    steps_per_epoch = -(-6000 // 64)
+    assert f"epochs        3 ({3 * steps_per_epoch} steps)" in second.stdout
+    history = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch_plan_version")}
+    assert {(steps_per_epoch * (e + 1), float(e)) for e in range(3)} <= history

@@ -1,0 +1,91 @@
+"""simcse_loss against hand computation and an independent numpy implementation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.losses import simcse_loss
+
+
+def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None):
+    """Independent reference: explicit per-row softmax in float64."""
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    p = p / np.linalg.norm(p, axis=1, keepdims=True)
+    n = len(a)
+    total = 0.0
+    for i in range(n):
+        logits = []
+        for j in range(n):
+            if ids is not None and j != i and ids[j] == ids[i]:
+                continue
+            logits.append((j == i, a[i] @ p[j] / t))
+        if h is not None:
+            hn = h / np.linalg.norm(h, axis=1, keepdims=True)
+            for j in range(n):
+                logits.append((False, a[i] @ hn[j] / t + (w if j == i else 0.0)))
+        values = np.array([v for _, v in logits])
+        target = next(v for is_pos, v in logits if is_pos)
+        total += -(target - np.log(np.exp(values - values.max()).sum()) - values.max())
+    return total / n
+
+
+def test_two_by_two_by_hand():
+    a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    # cos(a_i, p_i) = 1, cos(a_i, p_j) = 0; with t = 1 each row is -log(e / (e + 1)).
+    expected = math.log(1 + math.exp(-1))
+    assert simcse_loss(a, a.clone(), temperature=1.0).item() == pytest.approx(expected, rel=1e-6)
+    # Temperature 0.5 doubles the logits: -log(e^2 / (e^2 + 1)).
+    assert simcse_loss(a, a.clone(), temperature=0.5).item() == pytest.approx(
+        math.log(1 + math.exp(-2)), rel=1e-6
+    )
+    # Scaling a vector does not change cosine similarity.
+    assert simcse_loss(a * 3, a * 0.2, temperature=1.0).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_two_by_two_hard_negative_by_hand():
+    a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    h = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # row 0's negative is row 1's direction and vice versa
+    # Row 0 logits: [1, 0 | 0 + w, 1]; target 1.
+    for w in (0.0, 0.7):
+        row = -(1 - math.log(math.exp(1) + math.exp(0) + math.exp(w) + math.exp(1)))
+        got = simcse_loss(a, a.clone(), temperature=1.0, hard_negatives=h, hard_negative_weight=w).item()
+        assert got == pytest.approx(row, rel=1e-6)
+
+
+@pytest.mark.parametrize("with_negatives,weight", [(False, 0.0), (True, 0.0), (True, 1.5)])
+def test_matches_numpy_reference(with_negatives, weight):
+    rng = np.random.default_rng(0)
+    a, p, h = (rng.normal(size=(7, 5)) for _ in range(3))
+    got = simcse_loss(
+        torch.tensor(a),
+        torch.tensor(p),
+        temperature=0.05,
+        hard_negatives=torch.tensor(h) if with_negatives else None,
+        hard_negative_weight=weight,
+    ).item()
+    want = _numpy_infonce(a, p, 0.05, h if with_negatives else None, weight)
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_same_id_rows_are_not_negatives():
+    rng = np.random.default_rng(1)
+    a, p = rng.normal(size=(6, 4)), rng.normal(size=(6, 4))
+    ids = np.array([10, 11, 10, 12, 13, 11])
+    got = simcse_loss(torch.tensor(a), torch.tensor(p), temperature=0.1, row_ids=torch.tensor(ids)).item()
+    assert got == pytest.approx(_numpy_infonce(a, p, 0.1, ids=ids), rel=1e-6)
+    unmasked = simcse_loss(torch.tensor(a), torch.tensor(p), temperature=0.1).item()
+    assert got != pytest.approx(unmasked, rel=1e-3)
+
+
+def test_gradient_flows_and_bad_inputs_are_rejected():
+    a = torch.randn(4, 3, requires_grad=True)
+    simcse_loss(a, torch.randn(4, 3)).backward()
+    assert a.grad is not None and torch.isfinite(a.grad).all()
+    with pytest.raises(ValueError, match="temperature"):
+        simcse_loss(torch.randn(2, 3), torch.randn(2, 3), temperature=0.0)
+    with pytest.raises(ValueError, match="differ"):
+        simcse_loss(torch.randn(2, 3), torch.randn(3, 3))
