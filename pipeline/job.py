@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config, ConfigError, dump_yaml
-from pipeline.data import check_corpus_path, load_clean_corpus, tokenize_corpus
+from pipeline.data import DataError, check_corpus_path, load_clean_corpus, tokenize_corpus
 from pipeline.model import (
     build_tiny_model_dir,
     fetch_pretrained_dir,
@@ -325,4 +325,6 @@ def describe_error(exc: BaseException) -> str:
     message = text[0] if text else ""
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
+    if isinstance(exc, (ConfigError, DataError, TimeoutError)) and message:
+        return message  # already names the key or the thing waited for
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -34,6 +34,7 @@ from pipeline.plans import BatchPlan, random_plan, worker_slices
 
 STATE_FILE = "train_state.pt"
 MODEL_SUBDIR = "model"
+PROGRESS_EVERY_S = 30.0
 
 
 @dataclass
@@ -183,6 +184,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         model.train()
         epoch_start = time.perf_counter()
         loss_sum, loss_count = 0.0, 0
+        last_progress = epoch_start
         for batch_index in range(plan.num_batches):
             step_start = time.perf_counter()
             global_rows = plan.batch(batch_index)
@@ -220,6 +222,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 )
                 if state.step % cfg.train.log_every == 0:
                     logger.flush()
+            if rank == 0 and time.perf_counter() - last_progress > PROGRESS_EVERY_S:
+                last_progress = time.perf_counter()
+                rate = (batch_index + 1) * cfg.train.batch_size / (last_progress - epoch_start)
+                print(
+                    f"[train] epoch {epoch + 1}/{cfg.train.epochs} step {batch_index + 1}/{plan.num_batches}: "
+                    f"loss {loss_sum / loss_count:.4f}, {rate:.0f} sentences/s",
+                    flush=True,
+                )
 
         epoch_loss = loss_sum / max(loss_count, 1)
         state.epoch_losses.append(epoch_loss)

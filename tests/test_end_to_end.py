@@ -148,3 +148,53 @@ def test_interrupted_run_resumes_from_checkpoint(tmp_path):
     assert f"epochs        3 ({3 * steps_per_epoch} steps)" in second.stdout
     history = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch_plan_version")}
     assert {(steps_per_epoch * (e + 1), float(e)) for e in range(3)} <= history
+
+
+def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corpus):
+    """`model.name_or_path` = a HF model folder and `data.path` = a jsonl file with a text column."""
+    import json
+
+    texts, _ = paraphrase_corpus
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"sentence": t, "source": "gen"}) + "\n" for t in texts))
+    proc = _run_job(
+        tmp_path,
+        "run.name=folder",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.path={corpus}",
+        "data.text_column=sentence",
+        "train.epochs=2",
+        "train.batch_size=32",
+        "tracking.experiment=folder",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{len(texts)} sentences (0 empty, 0 duplicates dropped)" in proc.stdout
+    run = _only_run(_client(tmp_path), "folder")
+    assert run.info.status == "FINISHED" and run.data.params["model.name_or_path"] == str(tiny_model_dir)
+    # Fine-tuned from the given weights: same architecture and vocabulary as the folder.
+    from transformers import AutoConfig, AutoTokenizer
+
+    exported = tmp_path / "runs" / "folder" / "model"
+    assert (
+        AutoConfig.from_pretrained(exported).hidden_size
+        == AutoConfig.from_pretrained(tiny_model_dir).hidden_size
+    )
+    assert (
+        AutoTokenizer.from_pretrained(exported).get_vocab()
+        == AutoTokenizer.from_pretrained(tiny_model_dir).get_vocab()
+    )
+
+
+def test_batch_larger_than_file_corpus_fails_the_run(tmp_path):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("".join(f"sentence number {i}\n" for i in range(10)))
+    proc = _run_job(
+        tmp_path, "run.name=small", f"data.path={corpus}", "tracking.experiment=small", timeout=300
+    )
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: train.batch_size (64) is larger than the corpus (10 sentences)"]
+    assert "Traceback" not in proc.stderr
+    run = _only_run(_client(tmp_path), "small")
+    assert run.info.status == "FAILED"
+    assert "train.batch_size" in run.data.tags["simcse.error"]
