@@ -67,7 +67,11 @@ class DataSection:
     max_seq_len: int = 32
     tokenize_batch_size: int = 1024
     tokenize_num_cpus: float = 0.25
-    """CPUs reserved per Ray Data tokenization task (fractional works on small machines)."""
+    """CPUs reserved per Ray Data cleaning task and tokenizer actor (fractions work on small
+    machines)."""
+    tokenize_actors: int = 2
+    """Most tokenizer actors in the Ray Data pool. Each loads the tokenizer once; raise it
+    with the cluster's CPUs."""
     generated: GeneratedCorpusSection = field(default_factory=GeneratedCorpusSection)
 
 
@@ -175,6 +179,7 @@ class Config:
             ("data.max_seq_len", self.data.max_seq_len >= 4, "must be >= 4"),
             ("data.tokenize_batch_size", self.data.tokenize_batch_size >= 1, "must be >= 1"),
             ("data.tokenize_num_cpus", self.data.tokenize_num_cpus > 0, "must be > 0"),
+            ("data.tokenize_actors", self.data.tokenize_actors >= 1, "must be >= 1"),
             ("data.generated.num_groups", self.data.generated.num_groups >= 1, "must be >= 1"),
             ("data.generated.group_size", self.data.generated.group_size >= 1, "must be >= 1"),
             ("model.dropout", 0 <= self.model.dropout < 1, "must be in [0, 1)"),

@@ -173,19 +173,36 @@ def tokenize_table(batch: pa.Table, tokenizer: Any, max_seq_len: int) -> pa.Tabl
     return batch.append_column("input_ids", pa.array(encoded, type=pa.list_(pa.int32())))
 
 
+class _TokenizeBatches:
+    """Ray Data actor: loads the tokenizer once, then tokenizes batch after batch.
+
+    Plain tasks would each start a worker that imports transformers and unpickles the
+    tokenizer, which costs far more than the tokenization of a batch.
+    """
+
+    def __init__(self, tokenizer: Any, max_seq_len: int):
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return tokenize_table(batch, self.tokenizer, self.max_seq_len)
+
+
 def tokenize_corpus(corpus: pa.Table, tokenizer: Any, section: DataSection) -> pa.Table:
-    """Tokenize ``(id, text)`` with Ray Data ``map_batches``; returns ``(id, text, input_ids)``
-    in the input's row order (sorted by id)."""
+    """Tokenize ``(id, text)`` with Ray Data ``map_batches`` over a pool of tokenizer actors;
+    returns ``(id, text, input_ids)`` in the input's row order (sorted by id)."""
+    import ray
     import ray.data
 
     rows_per_block = max(section.tokenize_batch_size, 1)
     blocks = [corpus.slice(start, rows_per_block) for start in range(0, corpus.num_rows, rows_per_block)]
-    ds = ray.data.from_arrow(blocks).map_batches(
-        tokenize_table,
+    ds = ray.data.from_arrow_refs([ray.put(block) for block in blocks]).map_batches(
+        _TokenizeBatches,
         batch_format="pyarrow",
         batch_size=section.tokenize_batch_size,
         num_cpus=section.tokenize_num_cpus,
-        fn_kwargs={"tokenizer": tokenizer, "max_seq_len": section.max_seq_len},
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=section.tokenize_actors),
+        fn_constructor_kwargs={"tokenizer": tokenizer, "max_seq_len": section.max_seq_len},
     )
     tokenized = pa.concat_tables(ray.get(ds.to_arrow_refs()))
     # Blocks may finish out of order; ids are unique, so sorting restores the input order.

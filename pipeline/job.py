@@ -68,7 +68,7 @@ class JobSummary:
             f"  epochs        {self.epochs} ({self.steps} steps)",
             f"  loss          {loss}",
             f"  batch plans   {plans}",
-            f"  mining        {len(refreshes)} refreshes, {sum(refreshes):.1f}s in total",
+            f"  mining        {len(refreshes)} refresh{'es' if len(refreshes) != 1 else ''}, {sum(refreshes):.1f}s in total",
             f"  corpus        {self.corpus}",
             f"  model         {self.model_dir}",
             f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",

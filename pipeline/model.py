@@ -79,10 +79,12 @@ def quiet_libraries() -> None:
 
 
 def load_encoder(model_dir: str | Path, dropout: float | None = None) -> nn.Module:
-    """``AutoModel`` from a local folder, with dropout set and the HF pooler dropped.
+    """``AutoModel`` from a local folder, with dropout set and the HF pooler frozen.
 
-    SimCSE pooling never uses the HF pooler layer; left in place its parameters get no
-    gradient, which DDP treats as an error.
+    SimCSE pooling never uses the HF pooler layer. Trainable but unused, its parameters
+    would get no gradient, which DDP treats as an error; removed, the saved model would
+    lack them and every later load would warn about newly initialised weights. Frozen, it
+    is skipped by DDP and saved unchanged.
     """
     from transformers import AutoConfig, AutoModel
 
@@ -93,7 +95,7 @@ def load_encoder(model_dir: str | Path, dropout: float | None = None) -> nn.Modu
                 setattr(config, name, dropout)
     encoder = AutoModel.from_pretrained(model_dir, config=config)
     if getattr(encoder, "pooler", None) is not None:
-        encoder.pooler = None
+        encoder.pooler.requires_grad_(False)
     return encoder
 
 
@@ -153,7 +155,7 @@ def build_tiny_model_dir(
         pad_token_id=wordpiece.token_to_id("[PAD]"),
     )
     torch.manual_seed(seed)
-    BertModel(config, add_pooling_layer=False).save_pretrained(out)
+    BertModel(config).save_pretrained(out)
     return out
 
 

@@ -134,6 +134,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     total_steps = batches_per_epoch * cfg.train.epochs
     decay, no_decay = [], []
     for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
         (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
     fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(
@@ -176,7 +178,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         logger = MetricLogger(loop_config["tracking_uri"], loop_config["run_id"])
 
     use_bf16 = device.type == "cuda"
-    ids_all = torch.tensor(corpus.ids)
     for epoch in range(state.epoch, cfg.train.epochs):
         assert state.plan is not None
         plan = state.plan
@@ -199,7 +200,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 embeddings = ddp_model(torch.cat([input_ids, input_ids]), torch.cat([mask, mask]))
             view1, view2 = embeddings.float().split(len(local_rows))
             loss, loss_to_backward = global_batch_simcse_loss(
-                view1, view2, sizes, ids_all[torch.from_numpy(global_rows)].to(device), cfg.train.temperature
+                view1,
+                view2,
+                sizes,
+                torch.from_numpy(corpus.ids[global_rows]).to(device),
+                cfg.train.temperature,
             )
             optimizer.zero_grad(set_to_none=True)
             loss_to_backward.backward()

@@ -108,6 +108,10 @@ def test_demo_trains_mines_and_logs(tmp_path):
         torch.device("cpu"),
     )
     assert np.abs(ours - hf).max() < 1e-5
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(local, device="cpu").encode(sentences, normalize_embeddings=True)
+    assert np.abs(ours - st).max() < 1e-5
 
     # Started again with the same name: it says so and does nothing.
     again = _run_job(tmp_path, "train.epochs=3", timeout=120)
