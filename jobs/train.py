@@ -19,7 +19,7 @@ from pipeline.cli import job_main  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     from pipeline.job import run_train_job
 
-    return job_main(__doc__, argv, lambda cfg, echo: echo(run_train_job(cfg, echo=echo).render()))
+    return job_main(__doc__, argv, lambda cfg, echo, _args: echo(run_train_job(cfg, echo=echo).render()))
 
 
 if __name__ == "__main__":

@@ -18,9 +18,18 @@ EXIT_FAILED = 1
 
 
 def job_main(
-    doc: str | None, argv: list[str] | None, body: Callable[[Config, Callable[[str], None]], None]
+    doc: str | None,
+    argv: list[str] | None,
+    body: Callable[[Config, Callable[[str], None], argparse.Namespace], None],
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    to_overrides: Callable[[argparse.Namespace], list[str]] | None = None,
 ) -> int:
+    """Parse the common arguments (plus ``add_arguments``), load the config with the
+    overrides ``to_overrides`` derives from job-specific flags and then the ``--set`` ones,
+    run ``body``, and turn failures into one line and an exit code."""
     parser = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0] if doc else None)
+    if add_arguments is not None:
+        add_arguments(parser)
     parser.add_argument("--config", help="YAML config file (defaults are used for anything it omits)")
     parser.add_argument(
         "--set",
@@ -39,12 +48,13 @@ def job_main(
         print(line, flush=True)
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        extra = to_overrides(args) if to_overrides is not None else []
+        cfg = load_config(args.config, extra + args.overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        body(cfg, echo)
+        body(cfg, echo, args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

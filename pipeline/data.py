@@ -87,35 +87,44 @@ def stable_row_id(text: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def read_corpus(section: DataSection) -> Any:
-    """A Ray Dataset with one string column ``text`` (unclean)."""
+def read_dataset(path: str, fmt: str) -> Any:
+    """A Ray Dataset over a file, folder or URI in one of the supported formats.
+
+    Text files give one column, ``text``; the others keep their own columns.
+    """
     import ray.data
 
-    assert section.path is not None
-    fmt = infer_format(section.path, section.format)
-    column = section.text_column
     if fmt == "text":
-        ds = ray.data.read_text(section.path, drop_empty_lines=False)
-        column = "text"
-    elif fmt in ("csv", "tsv"):
+        return ray.data.read_text(path, drop_empty_lines=False)
+    if fmt in ("csv", "tsv"):
         import pyarrow.csv as pacsv
 
-        parse = pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",")
-        ds = ray.data.read_csv(section.path, parse_options=parse)
-    elif fmt == "jsonl":
-        ds = ray.data.read_json(section.path, lines=True)
-    else:
-        ds = ray.data.read_parquet(section.path)
-    names = ds.schema().names
-    if column not in names:
-        raise DataError(
-            f"data.text_column: column {column!r} not in {section.path} (columns: {', '.join(names)})"
+        return ray.data.read_csv(
+            path, parse_options=pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",")
         )
-    return (
-        ds.select_columns([column]).rename_columns({column: "text"})
-        if column != "text"
-        else ds.select_columns(["text"])
-    )
+    if fmt == "jsonl":
+        return ray.data.read_json(path, lines=True)
+    return ray.data.read_parquet(path)
+
+
+def require_columns(ds: Any, path: str, wanted: dict[str, str]) -> None:
+    """Fail with the config key when a column is missing; ``wanted`` maps key -> column."""
+    names = ds.schema().names
+    for key, column in wanted.items():
+        if column not in names:
+            raise DataError(f"{key}: column {column!r} not in {path} (columns: {', '.join(names)})")
+
+
+def read_corpus(section: DataSection) -> Any:
+    """A Ray Dataset with one string column ``text`` (unclean)."""
+    assert section.path is not None
+    fmt = infer_format(section.path, section.format)
+    ds = read_dataset(section.path, fmt)
+    if fmt == "text":
+        return ds
+    require_columns(ds, section.path, {"data.text_column": section.text_column})
+    ds = ds.select_columns([section.text_column])
+    return ds.rename_columns({section.text_column: "text"}) if section.text_column != "text" else ds
 
 
 def _clean_batch(batch: pa.Table) -> pa.Table:
@@ -218,7 +227,7 @@ class TokenizedCorpus:
 
     def __init__(self, table: pa.Table, pad_token_id: int):
         tokens = table.column("input_ids").combine_chunks()
-        self.ids = table.column("id").to_numpy()
+        self.ids = table.column("id").to_numpy() if "id" in table.column_names else np.arange(table.num_rows)
         self.offsets = tokens.offsets.to_numpy()
         self.values = tokens.values.to_numpy()
         self.lengths = np.diff(self.offsets)

@@ -1,20 +1,70 @@
-"""Exact inner-product k-nearest-neighbour search behind one function, three backends.
+"""Inner-product k-nearest-neighbour search behind one function.
 
-* ``faiss-gpu``: a FAISS flat IP index on the GPUs, when faiss was built with GPU support.
-* ``torch-cuda``: the same computation as chunked matrix products and ``topk`` on a CUDA
-  device, for GPU machines whose faiss build has no GPU support (faiss-gpu wheels need
-  CUDA 12 while current torch wheels are CUDA 13).
-* ``faiss-cpu``: a FAISS flat IP index on the CPU.
+Index kinds: ``flat`` (exact), ``ivf`` (inverted lists over k-means cells, exact
+distances inside the ``nprobe`` cells searched) and ``ivfpq`` (the same with product-
+quantised vectors: ~``pq_m`` bytes a vector, approximate distances). ``auto`` is flat up to
+``flat_max_rows`` and IVF above.
+
+Backends, chosen by :func:`choose_backend`:
+
+* ``faiss-gpu``: FAISS on the GPUs, when faiss was built with GPU support.
+* ``torch-cuda``: exact search as chunked matrix products and ``topk`` on a CUDA device,
+  for GPU machines whose faiss build has no GPU support (faiss-gpu wheels need CUDA 12
+  while current torch wheels are CUDA 13). Flat only; IVF kinds fall back to faiss-cpu.
+* ``faiss-cpu``: FAISS on the CPU.
 
 Vectors must be L2-normalised, so inner product is cosine similarity.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
+
+INDEX_KINDS = ("auto", "flat", "ivf", "ivfpq")
+
+
+@dataclass
+class IndexSpec:
+    kind: str = "auto"
+    flat_max_rows: int = 1_000_000
+    nlist: int | None = None
+    """IVF cells; ``None``: 4 x sqrt(n), the usual FAISS rule of thumb."""
+    nprobe: int = 32
+    pq_m: int = 16
+    """Bytes per vector for ``ivfpq`` (must divide the dimension)."""
+
+    def resolve(self, n: int) -> str:
+        if self.kind not in INDEX_KINDS:
+            raise ValueError(f"mining.index must be one of {', '.join(INDEX_KINDS)} (got {self.kind!r})")
+        if self.kind == "auto":
+            return "flat" if n <= self.flat_max_rows else "ivf"
+        return self.kind
+
+    def cells(self, n: int) -> int:
+        # At least 39 training points per cell (FAISS warns below that), at most 65536 cells.
+        wanted = self.nlist or int(4 * math.sqrt(n))
+        return max(1, min(wanted, n // 39, 65536))
+
+
+def estimate_index_bytes(n: int, dim: int, k: int, kind: str, spec: IndexSpec | None = None) -> int:
+    """Memory an index over n vectors and its all-rows k-NN result need, in bytes.
+
+    The embeddings themselves (n x dim float32) are counted once, as the caller holds them.
+    """
+    spec = spec or IndexSpec()
+    embeddings = n * dim * 4
+    result = n * k * (4 + 8)
+    if kind == "flat":
+        index = n * dim * 4
+    elif kind == "ivf":
+        index = n * dim * 4 + n * 8 + spec.cells(n) * dim * 4
+    else:
+        index = n * (spec.pq_m + 8) + spec.cells(n) * dim * 4 + 256 * dim * 4
+    return embeddings + index + result
 
 
 @dataclass
@@ -41,47 +91,77 @@ def choose_backend(use_gpu: bool) -> str:
     return "faiss-cpu"
 
 
-def knn_search(vectors: np.ndarray, k: int, use_gpu: bool = False, query_chunk: int = 8192) -> KnnResult:
-    """Top-``k`` neighbours of every row of ``vectors`` among all rows (itself included).
+def knn_search(
+    vectors: np.ndarray,
+    k: int,
+    use_gpu: bool = False,
+    spec: IndexSpec | None = None,
+    query_chunk: int = 8192,
+    seed: int = 0,
+    queries: np.ndarray | None = None,
+) -> KnnResult:
+    """Top-``k`` neighbours among the rows of ``vectors`` for each query.
 
     Args:
-        vectors: ``(n, d)`` float32, L2-normalised.
-        k: neighbours per row; capped at ``n``.
+        vectors: ``(n, d)`` float32, L2-normalised: the searched corpus.
+        k: neighbours per query; capped at ``n``.
         use_gpu: search on a GPU when one is usable (see module docstring).
+        spec: index kind and IVF parameters (default: flat up to 1M rows, else IVF).
         query_chunk: queries per GPU matrix product (bounds GPU memory to ``chunk x n``).
+        seed: for the IVF training sample.
+        queries: ``(m, d)`` float32, L2-normalised; ``None`` searches every row of
+            ``vectors`` (each finds itself first).
     """
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    queries = vectors if queries is None else np.ascontiguousarray(queries, dtype=np.float32)
     n, dim = vectors.shape
     k = min(k, n)
+    spec = spec or IndexSpec()
+    kind = spec.resolve(n)
     backend = choose_backend(use_gpu)
+    if backend == "torch-cuda" and kind == "flat":
+        return _torch_search(vectors, queries, k, query_chunk)
     if backend == "torch-cuda":
-        return _torch_search(vectors, k, query_chunk)
+        backend = "faiss-cpu"
     import faiss
 
     start = time.perf_counter()
-    index = faiss.IndexFlatIP(dim)
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    else:
+        cells = spec.cells(n)
+        quantizer = faiss.IndexFlatIP(dim)
+        if kind == "ivf":
+            index = faiss.IndexIVFFlat(quantizer, dim, cells, faiss.METRIC_INNER_PRODUCT)
+        else:
+            if dim % spec.pq_m:
+                raise ValueError(f"mining.pq_m ({spec.pq_m}) must divide the embedding size ({dim})")
+            index = faiss.IndexIVFPQ(quantizer, dim, cells, spec.pq_m, 8, faiss.METRIC_INNER_PRODUCT)
+        sample = np.random.default_rng(seed).choice(n, size=min(n, cells * 256), replace=False)
+        index.train(vectors[np.sort(sample)])
+        index.nprobe = min(spec.nprobe, cells)
     if backend == "faiss-gpu":
         index = faiss.index_cpu_to_all_gpus(index)
     index.add(vectors)
     built = time.perf_counter()
-    scores, indices = index.search(vectors, k)
+    scores, indices = index.search(queries, k)
     done = time.perf_counter()
-    return KnnResult(scores, indices.astype(np.int64), backend, built - start, done - built)
+    return KnnResult(scores, indices.astype(np.int64), f"{backend}/{kind}", built - start, done - built)
 
 
-def _torch_search(vectors: np.ndarray, k: int, query_chunk: int) -> KnnResult:
+def _torch_search(vectors: np.ndarray, queries: np.ndarray, k: int, query_chunk: int) -> KnnResult:
     import torch
 
     start = time.perf_counter()
     base = torch.from_numpy(vectors).to("cuda")
     torch.cuda.synchronize()
     built = time.perf_counter()
-    scores = np.empty((len(vectors), k), dtype=np.float32)
-    indices = np.empty((len(vectors), k), dtype=np.int64)
-    for lo in range(0, len(vectors), query_chunk):
-        sims = base[lo : lo + query_chunk] @ base.T
+    scores = np.empty((len(queries), k), dtype=np.float32)
+    indices = np.empty((len(queries), k), dtype=np.int64)
+    for lo in range(0, len(queries), query_chunk):
+        sims = torch.from_numpy(queries[lo : lo + query_chunk]).to("cuda") @ base.T
         top = torch.topk(sims, k, dim=1)
         scores[lo : lo + query_chunk] = top.values.cpu().numpy()
         indices[lo : lo + query_chunk] = top.indices.cpu().numpy()
     done = time.perf_counter()
-    return KnnResult(scores, indices, "torch-cuda", built - start, done - built)
+    return KnnResult(scores, indices, "torch-cuda/flat", built - start, done - built)

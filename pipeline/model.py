@@ -254,6 +254,24 @@ def encode_rows(
     return out
 
 
+def encode_texts(
+    model: SentenceEncoder,
+    tokenizer: Any,
+    texts: list[str],
+    max_seq_len: int,
+    batch_size: int,
+    device: torch.device,
+) -> np.ndarray:
+    """L2-normalised embeddings of raw texts (tokenized here, then :func:`encode_rows`)."""
+    import pyarrow as pa
+
+    from pipeline.data import TokenizedCorpus, tokenize_table
+
+    table = tokenize_table(pa.table({"text": texts}), tokenizer, max_seq_len)
+    corpus = TokenizedCorpus(table, tokenizer.pad_token_id)
+    return encode_rows(model, corpus, np.arange(len(texts)), batch_size, device)
+
+
 def pack_dir(path: str | Path) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:

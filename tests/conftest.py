@@ -78,3 +78,32 @@ def job_env(extra: dict | None = None) -> dict:
     env.update({"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
     env.update(extra or {})
     return env
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_model_dir(tmp_path_factory, tiny_model_dir, paraphrase_corpus):
+    """The tiny model after 3 quick SimCSE epochs in-process: a random BERT is anisotropic
+    (all cosines ~0.98), which makes every similarity-based check meaningless."""
+    import torch
+
+    from pipeline.data import TokenizedCorpus, tokenize_table
+    from pipeline.losses import simcse_loss
+    from pipeline.model import load_sentence_encoder, load_tokenizer, save_model_dir
+    from pipeline.plans import random_plan
+
+    texts, _ = paraphrase_corpus
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = load_sentence_encoder(tiny_model_dir, pooler="mean", dropout=0.1)
+    corpus = TokenizedCorpus(tokenize_table(pa.table({"text": texts}), tokenizer, 32), tokenizer.pad_token_id)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    torch.manual_seed(0)
+    model.train()
+    for epoch in range(3):
+        for rows in random_plan(len(texts), 48, seed=epoch).batches():
+            ids, mask = (torch.from_numpy(a) for a in corpus.batch(rows))
+            view1, view2 = model(torch.cat([ids, ids]), torch.cat([mask, mask])).split(len(rows))
+            loss = simcse_loss(view1, view2)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("trained_tiny"), 32)

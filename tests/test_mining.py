@@ -40,7 +40,7 @@ def test_knn_matches_brute_force():
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     result = knn_search(x, 10)
     brute = np.argsort(-(x @ x.T), axis=1)[:, :10]
-    assert result.backend == "faiss-cpu"
+    assert result.backend == "faiss-cpu/flat"
     assert np.array_equal(result.indices[:, 0], np.arange(300))  # itself first
     assert (result.indices == brute).mean() > 0.99  # ties aside, identical
     np.testing.assert_allclose(result.scores, np.take_along_axis(x @ x.T, brute, 1), atol=1e-5)
@@ -114,3 +114,36 @@ def test_miner_on_paraphrase_groups(tiny_model_dir, tokenized_corpus):
     # Embeddings reflect the weights given: zeroing the word embeddings changes the plan.
     changed = {k: torch.zeros_like(v) if "word_embeddings" in k else v for k, v in weights.items()}
     assert miner.refresh(changed, version=2, step=0).metrics["mining_top1_similarity_mean"] > 0.999
+
+
+def _clustered_random(n=20000, dim=48, per_cluster=50, noise=0.8, seed=0):
+    """Random data shaped like embeddings: a Gaussian mixture on the unit sphere."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(n // per_cluster, dim))
+    x = centres[rng.integers(len(centres), size=n)] + noise * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_ivf_agrees_with_flat_at_default_nprobe():
+    from pipeline.index import IndexSpec
+
+    x = _clustered_random()
+    flat = knn_search(x, 10, spec=IndexSpec(kind="flat"))
+    ivf = knn_search(x, 10, spec=IndexSpec(kind="ivf"))
+    assert ivf.backend == "faiss-cpu/ivf"
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ivf.indices, flat.indices, strict=True)])
+    assert recall >= 0.95
+    # auto switches to IVF above flat_max_rows
+    assert knn_search(x[:2000], 5, spec=IndexSpec(flat_max_rows=1000)).backend == "faiss-cpu/ivf"
+    pq = knn_search(x, 10, spec=IndexSpec(kind="ivfpq", pq_m=16))
+    assert np.mean(pq.indices[:, 0] == np.arange(len(x))) > 0.5  # approximate, but finds itself often
+
+
+def test_memory_estimate_counts_vectors_and_results():
+    from pipeline.index import IndexSpec, estimate_index_bytes
+
+    n, d, k = 1_000_000, 384, 33
+    flat = estimate_index_bytes(n, d, k, "flat")
+    assert flat == 2 * n * d * 4 + n * k * 12
+    assert estimate_index_bytes(n, d, k, "ivfpq", IndexSpec(pq_m=16)) < 0.6 * flat
+    assert estimate_index_bytes(n, d, k, "ivf") > flat

@@ -1,0 +1,45 @@
+"""Mine hard negatives for a dataset with a given model, offline.
+
+    python jobs/mine.py --model DIR_OR_NAME --input FILE --output FILE.parquet|.jsonl \\
+        [--config FILE] [--set mining.num_negatives=3 ...] [--debug]
+
+Input: a text file (one sentence per line; each is its own positive) or pairs in
+csv/tsv/jsonl/parquet (columns ``data.anchor_column``/``data.positive_column``, default
+``anchor``/``positive``). Output columns: anchor, positive, negative_1 ... negative_n.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pipeline.cli import job_main  # noqa: E402
+
+
+def _arguments(parser):
+    parser.add_argument("--model", required=True, help="model folder or hub name (model.name_or_path)")
+    parser.add_argument("--input", required=True, help="text file or pairs file (data.path)")
+    parser.add_argument("--output", required=True, help="where to write the triplets (.parquet or .jsonl)")
+
+
+def _overrides(args) -> list[str]:
+    return [
+        f"model.name_or_path={args.model}",
+        f"data.path={args.input}",
+        "tracking.experiment=simcse-mining",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.offline import run_mine_job
+
+    def body(cfg, echo, args):
+        echo(run_mine_job(cfg, args.output, echo=echo).render(args.output))
+
+    return job_main(__doc__, argv, body, add_arguments=_arguments, to_overrides=_overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Hard-negative selection with false-negative control, over k-NN candidate lists.
+
+The knobs carry sentence-transformers' ``mine_hard_negatives`` names so that users can
+move settings over: ``range_min`` / ``range_max`` (rank window), ``max_score``
+(similarity ceiling), ``relative_margin`` (NV-Retriever's TopK-PercPos: keep a candidate
+only if its similarity is below ``(1 - margin) x`` the anchor-positive similarity),
+``num_negatives`` and ``sampling``. Filters are applied in that order and each one's
+removals are counted, so a run can say where its candidates went.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+
+import numpy as np
+
+FILTERS = ("duplicate", "rank_window", "max_score", "relative_margin")
+
+
+@dataclass
+class NegativeFilters:
+    """What makes a neighbour an acceptable negative (see module docstring)."""
+
+    range_min: int = 0
+    """Skip this many of the nearest candidates (after removing duplicates)."""
+    range_max: int | None = None
+    """Consider only candidates ranked below this (``None``: all searched)."""
+    max_score: float | None = None
+    """Drop candidates more similar than this to the anchor."""
+    relative_margin: float | None = 0.05
+    """Drop candidates with similarity >= ``(1 - margin) x sim(anchor, positive)``."""
+    num_negatives: int = 1
+    sampling: str = "top"
+    """``top``: the nearest that pass; ``random``: a seeded uniform draw among those that pass."""
+
+
+@dataclass
+class SelectedNegatives:
+    indices: np.ndarray
+    """``(n, num_negatives)`` candidate positions, -1 where an anchor has too few."""
+    scores: np.ndarray
+    """``(n, num_negatives)`` anchor-negative similarity, NaN where missing."""
+    removed: dict[str, int] = field(default_factory=dict)
+    """Candidates removed by each filter, in order: ``duplicate``, ``rank_window``,
+    ``max_score``, ``relative_margin``."""
+    candidates: int = 0
+    """Candidates looked at, over all anchors (valid k-NN entries)."""
+    kept: int = 0
+    """Candidates that passed every filter, before sampling."""
+    anchors_short: int = 0
+    """Anchors left with fewer than ``num_negatives`` negatives (anchors, not negatives)."""
+
+
+def normalize_text(text: str) -> str:
+    """Key for "the same sentence up to case, accents, whitespace and punctuation"."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = re.sub(r"[^\w\s]", "", text)
+    return " ".join(text.split())
+
+
+def select_negatives(
+    candidates: np.ndarray,
+    candidate_scores: np.ndarray,
+    positive_scores: np.ndarray,
+    duplicate: np.ndarray,
+    filters: NegativeFilters,
+    seed: int = 0,
+) -> SelectedNegatives:
+    """Apply the filters to each anchor's candidate list and pick its negatives.
+
+    Args:
+        candidates: ``(n, k)`` candidate positions per anchor, most similar first; -1 for
+            an empty slot.
+        candidate_scores: ``(n, k)`` similarity of each candidate to its anchor.
+        positive_scores: ``(n,)`` similarity of each anchor to its positive (for the
+            relative margin). In unsupervised use the positive is the anchor itself: 1.0.
+        duplicate: ``(n, k)`` bool, True where the candidate is the anchor, the positive, or
+            the same text as either (exactly or after :func:`normalize_text`).
+        filters: the settings.
+        seed: for ``sampling="random"``.
+
+    Returns:
+        The chosen negatives and how many candidates each filter removed.
+    """
+    if filters.sampling not in ("top", "random"):
+        raise ValueError(f"mining.sampling must be top or random (got {filters.sampling!r})")
+    n, k = candidates.shape
+    alive = candidates >= 0
+    removed: dict[str, int] = {}
+    total = int(alive.sum())
+
+    def drop(name: str, mask: np.ndarray) -> None:
+        nonlocal alive
+        hit = alive & mask
+        removed[name] = int(hit.sum())
+        alive = alive & ~hit
+
+    drop("duplicate", duplicate)
+    # Rank among the candidates that are not duplicates, as sentence-transformers counts it.
+    rank = np.cumsum(alive, axis=1) - 1
+    upper = k if filters.range_max is None else filters.range_max
+    drop("rank_window", (rank < filters.range_min) | (rank >= upper))
+    if filters.max_score is not None:
+        drop("max_score", candidate_scores > filters.max_score)
+    else:
+        removed["max_score"] = 0
+    if filters.relative_margin is not None:
+        ceiling = (1.0 - filters.relative_margin) * positive_scores[:, None]
+        drop("relative_margin", candidate_scores >= ceiling)
+    else:
+        removed["relative_margin"] = 0
+
+    kept = int(alive.sum())
+    m = filters.num_negatives
+    if filters.sampling == "random":
+        # Random keys for kept candidates, +inf for the rest; the m smallest are a uniform draw.
+        keys = np.where(alive, np.random.default_rng(seed).random((n, k)), np.inf)
+    else:
+        keys = np.where(alive, np.arange(k)[None, :], np.inf)  # list order = similarity order
+    order = np.argsort(keys, axis=1, kind="stable")[:, :m]
+    taken = np.take_along_axis(alive, order, axis=1)
+    indices = np.where(taken, np.take_along_axis(candidates, order, axis=1), -1)
+    scores = np.where(taken, np.take_along_axis(candidate_scores, order, axis=1), np.nan)
+    if filters.sampling == "random":
+        # Present each anchor's draw nearest first, like the top strategy.
+        by_score = np.argsort(np.where(taken, -scores, np.inf), axis=1, kind="stable")
+        indices = np.take_along_axis(indices, by_score, axis=1)
+        scores = np.take_along_axis(scores, by_score, axis=1)
+    if indices.shape[1] < m:  # fewer candidates searched than negatives asked for
+        pad = m - indices.shape[1]
+        indices = np.pad(indices, ((0, 0), (0, pad)), constant_values=-1)
+        scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=np.nan)
+    anchors_short = int(((indices >= 0).sum(axis=1) < m).sum())
+    return SelectedNegatives(indices, scores, removed, total, kept, anchors_short)
+
+
+def duplicate_mask(
+    candidates: np.ndarray,
+    anchor_keys: np.ndarray,
+    positive_keys: np.ndarray,
+    candidate_keys: np.ndarray,
+) -> np.ndarray:
+    """True where a candidate's text key equals its anchor's or its positive's.
+
+    Keys are non-negative integers, one per distinct text (e.g. an index of the
+    :func:`normalize_text` values), in one key space for all three arrays.
+    ``candidates`` index ``candidate_keys``.
+    """
+    valid = candidates >= 0
+    keys = np.where(valid, candidate_keys[np.where(valid, candidates, 0)], -1)
+    return valid & ((keys == anchor_keys[:, None]) | (keys == positive_keys[:, None]))

@@ -1,0 +1,108 @@
+"""Negative filters against an independent per-anchor computation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.negatives import NegativeFilters, duplicate_mask, normalize_text, select_negatives
+
+
+def _reference(cands, scores, pos, dup, f: NegativeFilters):
+    """Straight-line version: walk each anchor's list and apply the rules one by one."""
+    out, removed, short = [], {"duplicate": 0, "rank_window": 0, "max_score": 0, "relative_margin": 0}, 0
+    for i in range(len(cands)):
+        rank, kept = 0, []
+        for j in range(cands.shape[1]):
+            c, s = cands[i, j], scores[i, j]
+            if c < 0:
+                continue
+            if dup[i, j]:
+                removed["duplicate"] += 1
+                continue
+            r, rank = rank, rank + 1
+            hi = cands.shape[1] if f.range_max is None else f.range_max
+            if not (f.range_min <= r < hi):
+                removed["rank_window"] += 1
+            elif f.max_score is not None and s > f.max_score:
+                removed["max_score"] += 1
+            elif f.relative_margin is not None and s >= (1 - f.relative_margin) * pos[i]:
+                removed["relative_margin"] += 1
+            else:
+                kept.append((c, s))
+        out.append(kept)
+        short += len(kept) < f.num_negatives
+    return out, removed, short
+
+
+def _arrays(seed=0, n=40, k=12, pool=200):
+    rng = np.random.default_rng(seed)
+    scores = -np.sort(-rng.uniform(0.1, 0.99, size=(n, k)), axis=1)
+    cands = np.stack([rng.choice(pool, size=k, replace=False) for _ in range(n)])
+    cands[rng.random((n, k)) < 0.05] = -1
+    dup = (rng.random((n, k)) < 0.15) & (cands >= 0)
+    pos = rng.uniform(0.5, 1.0, size=n)
+    return cands, scores, pos, dup
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        NegativeFilters(relative_margin=None, num_negatives=3),
+        NegativeFilters(range_min=2, range_max=8, relative_margin=None, num_negatives=2),
+        NegativeFilters(max_score=0.6, relative_margin=None, num_negatives=4),
+        NegativeFilters(relative_margin=0.05, num_negatives=3),
+        NegativeFilters(range_min=1, range_max=10, max_score=0.9, relative_margin=0.1, num_negatives=5),
+    ],
+)
+def test_filters_match_reference(filters):
+    cands, scores, pos, dup = _arrays()
+    got = select_negatives(cands, scores, pos, dup, filters)
+    kept, removed, short = _reference(cands, scores, pos, dup, filters)
+    assert got.removed == removed
+    assert got.kept == sum(len(k) for k in kept)
+    assert got.candidates == int((cands >= 0).sum())
+    assert got.candidates == got.kept + sum(got.removed.values())
+    assert got.anchors_short == short  # counts anchors, not negatives
+    for i, anchor_kept in enumerate(kept):
+        want = [c for c, _ in anchor_kept[: filters.num_negatives]]
+        row = got.indices[i]
+        assert row[row >= 0].tolist() == want
+        assert (row[len(want) :] == -1).all() and np.isnan(got.scores[i, len(want) :]).all()
+
+
+def test_random_sampling_draws_from_the_kept_set_uniformly():
+    cands, scores, pos, dup = _arrays(seed=1, n=400, k=12)
+    filters = NegativeFilters(range_max=10, relative_margin=None, num_negatives=2, sampling="random")
+    kept, _, short = _reference(cands, scores, pos, dup, filters)
+    got = select_negatives(cands, scores, pos, dup, filters, seed=3)
+    counts_by_rank = np.zeros(12)
+    for i, anchor_kept in enumerate(kept):
+        allowed = [c for c, _ in anchor_kept]
+        chosen = got.indices[i][got.indices[i] >= 0].tolist()
+        assert set(chosen) <= set(allowed) and len(chosen) == min(2, len(allowed))
+        assert len(set(chosen)) == len(chosen)
+        for c in chosen:
+            counts_by_rank[allowed.index(c)] += 1
+    assert got.anchors_short == short
+    # Not just the top ones: later ranks are drawn about as often as the first.
+    assert counts_by_rank[5] > 0.5 * counts_by_rank[0]
+    again = select_negatives(cands, scores, pos, dup, filters, seed=3)
+    assert np.array_equal(got.indices, again.indices)
+
+
+def test_duplicates_by_normalized_text():
+    texts = ["A cat sat.", "a  CAT sat", "Dogs bark!", "Birds fly", "dogs bark"]
+    keys_by_text: dict[str, int] = {}
+    keys = np.array([keys_by_text.setdefault(normalize_text(t), len(keys_by_text)) for t in texts])
+    assert keys[0] == keys[1] and keys[2] == keys[4] and len(set(keys.tolist())) == 3
+    cands = np.array([[1, 2, 3, -1], [0, 4, 3, 2]])
+    anchors, positives = np.array([0, 2]), np.array([3, 3])  # anchor 0's positive is text 3
+    mask = duplicate_mask(cands, keys[anchors], keys[positives], keys)
+    assert mask.tolist() == [[True, False, True, False], [False, True, True, True]]
+
+
+def test_bad_sampling_is_rejected():
+    cands, scores, pos, dup = _arrays()
+    with pytest.raises(ValueError, match="sampling"):
+        select_negatives(cands, scores, pos, dup, NegativeFilters(sampling="best"))

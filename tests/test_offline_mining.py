@@ -1,0 +1,139 @@
+"""jobs/mine.py end to end on both input kinds, and mine_pairs against its contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import PYTHON, REPO, job_env
+from mlflow.tracking import MlflowClient
+
+from pipeline.config import load_config
+from pipeline.model import load_sentence_encoder, load_tokenizer
+from pipeline.negatives import normalize_text
+from pipeline.offline import mine_pairs
+
+
+def _pairs(texts, groups):
+    """(anchor, positive) = two members of one paraphrase group."""
+    members: dict[int, list[str]] = {}
+    for text, group in zip(texts, groups, strict=True):
+        members.setdefault(int(group), []).append(text)
+    anchors, positives = [], []
+    for group_members in members.values():
+        for i, anchor in enumerate(group_members):
+            anchors.append(anchor)
+            positives.append(group_members[(i + 1) % len(group_members)])
+    return anchors, positives
+
+
+def _assert_clean(rows, num_negatives):
+    for row in rows:
+        negatives = [row[f"negative_{j + 1}"] for j in range(num_negatives)]
+        forbidden = {normalize_text(row["anchor"]), normalize_text(row["positive"])}
+        assert all(isinstance(n, str) and n for n in negatives)
+        assert not forbidden & {normalize_text(n) for n in negatives}
+        assert len(set(negatives)) == num_negatives
+
+
+def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus):
+    texts, groups = paraphrase_corpus
+    anchors, positives = _pairs(texts, groups)
+    # A case/punctuation variant of a positive in the pool must never be mined for its anchor.
+    anchors.append(anchors[0])
+    positives.append(positives[0].upper().rstrip("."))
+    model, tokenizer = load_sentence_encoder(trained_tiny_model_dir), load_tokenizer(trained_tiny_model_dir)
+    cfg = load_config(None, ["mining.num_negatives=3", "mining.top_k=20"])
+    table, report = mine_pairs(anchors, positives, model, tokenizer, cfg)
+    assert table.column_names == ["anchor", "positive", "negative_1", "negative_2", "negative_3"]
+    _assert_clean(table.to_pylist(), 3)
+    assert report.rows_out == table.num_rows == len(anchors) - report.anchors_short
+    assert report.candidates == report.kept_before_sampling + sum(report.removed.values())
+    assert report.removed["duplicate"] >= len(anchors)  # each anchor's positive is its top hit
+    # Kept negatives are hard: far nearer to the anchor than random pool sentences.
+    assert report.negative_similarity["mean"] > 0.3 + _random_pair_similarity(model, tokenizer, texts)
+
+
+def _random_pair_similarity(model, tokenizer, texts):
+    import torch
+
+    from pipeline.model import encode_texts
+
+    vectors = encode_texts(model, tokenizer, texts, 32, 64, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(len(texts), size=(2, 500))
+    return float(np.einsum("ij,ij->i", vectors[a], vectors[b]).mean())
+
+
+def _mine(tmp_path, model_dir, input_path, output, *sets):
+    args = [
+        PYTHON,
+        str(REPO / "jobs/mine.py"),
+        "--model",
+        str(model_dir),
+        "--input",
+        str(input_path),
+        "--output",
+        str(output),
+    ]
+    for item in sets:
+        args += ["--set", item]
+    env = job_env({"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"})
+    return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_mine_job_on_text_and_pairs(tmp_path, trained_tiny_model_dir, paraphrase_corpus):
+    texts, groups = paraphrase_corpus
+    text_file = tmp_path / "sentences.txt"
+    text_file.write_text("\n".join(texts + ["", texts[0]]) + "\n")
+    out_parquet = tmp_path / "out" / "triplets.parquet"
+    proc = _mine(
+        tmp_path,
+        trained_tiny_model_dir,
+        text_file,
+        out_parquet,
+        "mining.num_negatives=2",
+        "model.pooler=mean",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "too few" in proc.stdout and "removed: duplicate" in proc.stdout
+    table = pq.read_table(out_parquet)
+    assert table.column_names == ["anchor", "positive", "negative_1", "negative_2"]
+    rows = table.to_pylist()
+    assert all(r["anchor"] == r["positive"] for r in rows)
+    _assert_clean(rows, 2)
+    assert table.num_rows >= 0.9 * len(texts)
+    from datasets import load_dataset
+
+    assert load_dataset("parquet", data_files=str(out_parquet), split="train").num_rows == table.num_rows
+
+    anchors, positives = _pairs(texts, groups)
+    pairs_file = tmp_path / "pairs.jsonl"
+    pairs_file.write_text(
+        "".join(json.dumps({"q": a, "p": b}) + "\n" for a, b in zip(anchors, positives, strict=True))
+    )
+    out_jsonl = tmp_path / "triplets.jsonl"
+    proc = _mine(
+        tmp_path, trained_tiny_model_dir, pairs_file, out_jsonl,
+        "data.anchor_column=q", "data.positive_column=p", "mining.num_negatives=1", "model.pooler=mean",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out_jsonl.read_text().splitlines()]
+    assert rows and set(rows[0]) == {"anchor", "positive", "negative_1"}
+    _assert_clean(rows, 1)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("simcse-mining").experiment_id])
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    assert {r.data.metrics["mining_rows_out"] for r in runs} == {table.num_rows, len(rows)}
+
+    missing = _mine(tmp_path, trained_tiny_model_dir, pairs_file, tmp_path / "x.parquet", "model.pooler=mean")
+    assert missing.returncode != 0
+    assert (
+        missing.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: data.anchor_column: column 'anchor' not in")
+    )
