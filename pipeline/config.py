@@ -119,6 +119,8 @@ class TrainSection:
     use_gpu: bool = False
     log_every: int = 10
     """Steps between MLflow metric flushes from rank 0."""
+    dup_rate: float = 0.0
+    """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
 
 
 @dataclass
@@ -212,6 +214,7 @@ class Config:
             ("train.num_workers", self.train.num_workers >= 1, "must be >= 1"),
             ("train.cpus_per_worker", self.train.cpus_per_worker > 0, "must be > 0"),
             ("train.log_every", self.train.log_every >= 1, "must be >= 1"),
+            ("train.dup_rate", 0 <= self.train.dup_rate <= 1, "must be in [0, 1]"),
             (
                 "train.batch_size",
                 self.train.batch_size >= 2 * self.train.num_workers,

@@ -251,6 +251,7 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
                 seed=cfg.run.seed,
                 tracking_uri=tracking_uri,
                 run_id=tracked.run_id,
+                index_spec=cfg.mining.index_spec(),
             )
             try:
                 ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)

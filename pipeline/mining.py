@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pipeline.data import TokenizedCorpus
-from pipeline.index import knn_search
+from pipeline.index import IndexSpec, estimate_index_bytes, knn_search
 from pipeline.model import (
     SentenceEncoder,
     encode_rows,
@@ -62,6 +62,7 @@ class HardNegativeMiner:
         use_gpu: bool = False,
         tracking_uri: str | None = None,
         run_id: str | None = None,
+        index_spec: IndexSpec | None = None,
     ):
         quiet_libraries()
         model_dir = unpack_dir(model_blob)
@@ -75,6 +76,7 @@ class HardNegativeMiner:
         self.encode_batch_size = encode_batch_size
         self.seed = seed
         self.use_gpu = use_gpu
+        self.index_spec = index_spec or IndexSpec()
         self.logger = None
         if tracking_uri and run_id:
             from pipeline.tracking import MetricLogger
@@ -92,7 +94,14 @@ class HardNegativeMiner:
         rows = np.arange(len(self.corpus))
         embeddings = encode_rows(self.model, self.corpus, rows, self.encode_batch_size, self.device)
         t_encode = time.perf_counter() - t0
-        knn = knn_search(embeddings, self.top_k + 1, use_gpu=self.use_gpu)
+        k = min(self.top_k + 1, len(rows))
+        kind = self.index_spec.resolve(len(rows))
+        estimate = estimate_index_bytes(len(rows), embeddings.shape[1], k, kind, self.index_spec)
+        print(
+            f"[mining] v{version}: {kind} index over {len(rows)} x {embeddings.shape[1]}, about {estimate / 2**20:.0f} MiB",
+            flush=True,
+        )
+        knn = knn_search(embeddings, k, use_gpu=self.use_gpu, spec=self.index_spec, seed=self.seed + version)
         neighbours, removed = exclude_self_and_same_text(knn.indices, self.corpus.ids)
         t1 = time.perf_counter()
         plan = neighbourhood_plan(
@@ -108,6 +117,7 @@ class HardNegativeMiner:
             "mining_plan_s": t_plan,
             "mining_total_s": time.perf_counter() - t0,
             "mining_corpus_size": float(len(rows)),
+            "mining_index_estimated_mib": estimate / 2**20,
             "mining_top1_similarity_mean": float(top1.mean()) if len(top1) else float("nan"),
             "mining_self_or_same_text_removed": float(removed),
             "mining_batch_similarity_mean": mean_in_batch_similarity(embeddings, plan),

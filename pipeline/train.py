@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from pipeline.augment import repeat_words
 from pipeline.config import Config, config_from_dict
 from pipeline.data import TokenizedCorpus
 from pipeline.losses import global_batch_simcse_loss
@@ -182,6 +184,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         assert state.plan is not None
         plan = state.plan
         _seed_epoch(cfg.run.seed, rank, epoch)
+        augment_rng = np.random.default_rng([cfg.run.seed, rank, epoch])
         model.train()
         epoch_start = time.perf_counter()
         loss_sum, loss_count = 0.0, 0
@@ -192,12 +195,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             sizes = worker_slices(len(global_rows), world)
             lo = sum(sizes[:rank])
             local_rows = global_rows[lo : lo + sizes[rank]]
-            input_ids, mask = corpus.batch(local_rows)
+            input_ids, mask = two_views(corpus, local_rows, cfg.train.dup_rate, augment_rng)
             input_ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
             mask = torch.from_numpy(mask).to(device, non_blocking=True)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
                 # Both dropout views in one forward pass: the batch twice, stacked.
-                embeddings = ddp_model(torch.cat([input_ids, input_ids]), torch.cat([mask, mask]))
+                embeddings = ddp_model(input_ids, mask)
             view1, view2 = embeddings.float().split(len(local_rows))
             loss, loss_to_backward = global_batch_simcse_loss(
                 view1,
@@ -281,6 +284,22 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             ray.train.report(metrics, checkpoint=ckpt)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def two_views(
+    corpus: TokenizedCorpus, rows: np.ndarray, dup_rate: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(2n, width)`` ids and mask: the rows, then the rows again (with ESimCSE word
+    repetition when ``dup_rate > 0``), padded to one width for a single forward pass."""
+    input_ids, mask = corpus.batch(rows)
+    if dup_rate <= 0:
+        return np.concatenate([input_ids, input_ids]), np.concatenate([mask, mask])
+    second_ids, second_mask = repeat_words(input_ids, mask, dup_rate, rng, corpus.pad_token_id)
+    width = second_ids.shape[1]  # repetition only lengthens rows
+    pad = width - input_ids.shape[1]
+    input_ids = np.pad(input_ids, ((0, 0), (0, pad)), constant_values=corpus.pad_token_id)
+    mask = np.pad(mask, ((0, 0), (0, pad)))
+    return np.concatenate([input_ids, second_ids]), np.concatenate([mask, second_mask])
 
 
 def _plan_next_epoch(

@@ -169,12 +169,14 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         "data.text_column=sentence",
         "train.epochs=2",
         "train.batch_size=32",
+        "train.dup_rate=0.32",  # ESimCSE word repetition on the second view
         "tracking.experiment=folder",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{len(texts)} sentences (0 empty, 0 duplicates dropped)" in proc.stdout
     run = _only_run(_client(tmp_path), "folder")
     assert run.info.status == "FINISHED" and run.data.params["model.name_or_path"] == str(tiny_model_dir)
+    assert run.data.params["train.dup_rate"] == "0.32"
     # Fine-tuned from the given weights: same architecture and vocabulary as the folder.
     from transformers import AutoConfig, AutoTokenizer
 
