@@ -127,10 +127,12 @@ class TrainSection:
 class MiningSection:
     enabled: bool = True
     """Refresh the batch plan from the newest weights between epochs (epoch 1 is random)."""
-    top_k: int = 32
+    top_k: int = 64
     """Neighbours searched per row (the candidate list every filter works on)."""
-    range_min: int = 0
-    """Skip this many nearest candidates (after duplicates are removed)."""
+    range_min: int = 10
+    """Skip this many nearest candidates (after duplicates are removed): the top ranks of a
+    natural corpus are mostly paraphrases, i.e. false negatives. 10 is where FlagEmbedding's
+    hn_mine window starts and what the sentence-transformers mining example uses."""
     range_max: int | None = None
     """Consider candidates ranked below this only (``None``: all ``top_k``)."""
     max_score: float | None = None

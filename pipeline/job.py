@@ -252,6 +252,7 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
                 tracking_uri=tracking_uri,
                 run_id=tracked.run_id,
                 index_spec=cfg.mining.index_spec(),
+                filters=cfg.mining.negative_filters(),
             )
             try:
                 ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)

@@ -24,27 +24,14 @@ from pipeline.model import (
     quiet_libraries,
     unpack_dir,
 )
-from pipeline.plans import BatchPlan, mean_in_batch_similarity, neighbourhood_plan, random_plan
+from pipeline.negatives import NegativeFilters, duplicate_mask, filter_candidates, normalize_text
+from pipeline.plans import BatchPlan, neighbourhood_plan, random_plan
 
 
 @dataclass
 class RefreshReport:
     plan: BatchPlan
     metrics: dict[str, float]
-
-
-def exclude_self_and_same_text(indices: np.ndarray, row_ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """Mark with -1 each neighbour that is the row itself or has the same text (same id).
-
-    Returns the cleaned copy and how many entries were removed.
-    """
-    cleaned = indices.copy()
-    valid = cleaned >= 0
-    same = np.zeros_like(valid)
-    same[valid] = row_ids[cleaned[valid]] == np.broadcast_to(row_ids[:, None], cleaned.shape)[valid]
-    same |= cleaned == np.arange(len(cleaned))[:, None]
-    cleaned[same] = -1
-    return cleaned, int(same.sum())
 
 
 class HardNegativeMiner:
@@ -63,6 +50,7 @@ class HardNegativeMiner:
         tracking_uri: str | None = None,
         run_id: str | None = None,
         index_spec: IndexSpec | None = None,
+        filters: NegativeFilters | None = None,
     ):
         quiet_libraries()
         model_dir = unpack_dir(model_blob)
@@ -77,11 +65,29 @@ class HardNegativeMiner:
         self.seed = seed
         self.use_gpu = use_gpu
         self.index_spec = index_spec or IndexSpec()
+        self.filters = filters or NegativeFilters()
+        keys: dict[str, int] = {}
+        texts = corpus_table.column("text").to_pylist()
+        self.text_keys = np.array(
+            [keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64
+        )
+        self.previous_plan: BatchPlan | None = None
         self.logger = None
         if tracking_uri and run_id:
             from pipeline.tracking import MetricLogger
 
             self.logger = MetricLogger(tracking_uri, run_id)
+
+    def _log_histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int) -> None:
+        if self.logger is None:
+            return
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(Path(tmp) / f"negative_similarity_v{version}.png")
+            _histogram_png(mined, random_pairs, version, path)
+            self.logger.client.log_artifact(self.logger.run_id, path, "mining")
 
     def ready(self) -> int:
         """Corpus size; answering proves the actor was placed and loaded."""
@@ -102,32 +108,91 @@ class HardNegativeMiner:
             flush=True,
         )
         knn = knn_search(embeddings, k, use_gpu=self.use_gpu, spec=self.index_spec, seed=self.seed + version)
-        neighbours, removed = exclude_self_and_same_text(knn.indices, self.corpus.ids)
         t1 = time.perf_counter()
+        n = len(rows)
+        duplicate = duplicate_mask(knn.indices, self.text_keys, self.text_keys, self.text_keys)
+        # Unsupervised: each row is its own positive, so the margin is relative to 1.0.
+        filtered = filter_candidates(
+            knn.indices, knn.scores, np.ones(n, dtype=np.float32), duplicate, self.filters
+        )
+        neighbours = np.where(filtered.allowed, knn.indices, -1)
+        itself = knn.indices == np.arange(n)[:, None]
+        false_negatives = np.where(filtered.false_negative & ~itself, knn.indices, -1)
         plan = neighbourhood_plan(
-            neighbours, knn.scores, self.batch_size, seed=self.seed + version, version=version
+            neighbours, knn.scores, self.batch_size, self.seed + version, version, false_negatives
         )
         t_plan = time.perf_counter() - t1
-        top1 = _first_valid_scores(knn.scores, neighbours)
-        baseline = random_plan(len(rows), self.batch_size, seed=self.seed + 10_000 + version)
+        top1 = _first_valid_scores(knn.scores, np.where(duplicate, -1, knn.indices))
+        baseline = random_plan(n, self.batch_size, seed=self.seed + 10_000 + version)
+        pair_sims = in_batch_pair_similarities(embeddings, plan, self.seed)
+        random_sims = in_batch_pair_similarities(embeddings, baseline, self.seed)
         metrics = {
             "mining_encode_s": t_encode,
             "mining_index_s": knn.index_seconds,
             "mining_search_s": knn.search_seconds,
             "mining_plan_s": t_plan,
             "mining_total_s": time.perf_counter() - t0,
-            "mining_corpus_size": float(len(rows)),
+            "mining_corpus_size": float(n),
             "mining_index_estimated_mib": estimate / 2**20,
             "mining_top1_similarity_mean": float(top1.mean()) if len(top1) else float("nan"),
-            "mining_self_or_same_text_removed": float(removed),
-            "mining_batch_similarity_mean": mean_in_batch_similarity(embeddings, plan),
-            "mining_random_batch_similarity_mean": mean_in_batch_similarity(embeddings, baseline),
+            "mining_candidates": float(filtered.candidates),
+            "mining_kept": float(filtered.allowed.sum()),
+            **{f"mining_removed_{name}": float(count) for name, count in filtered.removed.items()},
+            "mining_batch_similarity_mean": float(pair_sims.mean()),
+            "mining_batch_similarity_p10": float(np.percentile(pair_sims, 10)),
+            "mining_batch_similarity_p50": float(np.percentile(pair_sims, 50)),
+            "mining_batch_similarity_p90": float(np.percentile(pair_sims, 90)),
+            "mining_random_batch_similarity_mean": float(random_sims.mean()),
+            "mining_false_negatives_flagged": float((false_negatives >= 0).sum()),
+            "mining_false_negative_pairs_in_batches": float(false_negative_pairs(plan, false_negatives)),
             "mining_plan_version": float(version),
         }
+        if self.previous_plan is not None:
+            metrics["mining_churn"] = plan_churn(self.previous_plan, plan)
+        self.previous_plan = plan
+        self._log_histogram(pair_sims, random_sims, version)
         if self.logger is not None:
             self.logger.log(metrics, step)
             self.logger.flush()
         return RefreshReport(plan, metrics)
+
+
+def in_batch_pair_similarities(
+    embeddings: np.ndarray, plan: BatchPlan, seed: int, max_batches: int = 2000
+) -> np.ndarray:
+    """Cosine similarity of every distinct pair inside the plan's batches (a seeded sample
+    of at most ``max_batches`` batches): the similarity of the negatives the loss sees."""
+    batches = plan.batches()
+    if len(batches) > max_batches:
+        picked = np.random.default_rng(seed).choice(len(batches), size=max_batches, replace=False)
+        batches = [batches[i] for i in picked]
+    parts = []
+    for rows in batches:
+        e = embeddings[rows]
+        upper = np.triu_indices(len(rows), k=1)
+        parts.append((e @ e.T)[upper])
+    return np.concatenate(parts)
+
+
+def false_negative_pairs(plan: BatchPlan, false_negatives: np.ndarray) -> int:
+    """How many (row, flagged false negative) pairs ended up in the same batch."""
+    batch_of = np.empty(len(plan.rows), dtype=np.int64)
+    batch_of[plan.rows] = np.repeat(np.arange(plan.num_batches), plan.sizes)
+    valid = false_negatives >= 0
+    rows = np.broadcast_to(np.arange(len(false_negatives))[:, None], false_negatives.shape)[valid]
+    return int((batch_of[rows] == batch_of[false_negatives[valid]]).sum())
+
+
+def plan_churn(previous: BatchPlan, current: BatchPlan) -> float:
+    """Share of in-batch negative pairs in ``current`` that were not together in ``previous``."""
+    previous_batch = np.empty(len(previous.rows), dtype=np.int64)
+    previous_batch[previous.rows] = np.repeat(np.arange(previous.num_batches), previous.sizes)
+    kept_pairs = total_pairs = 0
+    for rows in current.batches():
+        _, counts = np.unique(previous_batch[rows], return_counts=True)
+        kept_pairs += int((counts * (counts - 1)).sum())
+        total_pairs += len(rows) * (len(rows) - 1)
+    return 1.0 - kept_pairs / max(total_pairs, 1)
 
 
 def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
@@ -135,6 +200,24 @@ def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
     has = valid.any(axis=1)
     first = valid.argmax(axis=1)
     return scores[np.arange(len(scores)), first][has]
+
+
+def _histogram_png(mined: np.ndarray, random_pairs: np.ndarray, version: int, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    bins = np.linspace(min(mined.min(), random_pairs.min()), 1.0, 60)
+    ax.hist(random_pairs, bins=bins, alpha=0.6, density=True, label="random batches")
+    ax.hist(mined, bins=bins, alpha=0.6, density=True, label=f"mined plan v{version}")
+    ax.set_xlabel("cosine similarity of in-batch negatives")
+    ax.set_ylabel("density")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def start_miner_actor(num_cpus: float, num_gpus: float, name: str | None = None, **kwargs: Any) -> Any:

@@ -23,7 +23,7 @@ FILTERS = ("duplicate", "rank_window", "max_score", "relative_margin")
 class NegativeFilters:
     """What makes a neighbour an acceptable negative (see module docstring)."""
 
-    range_min: int = 0
+    range_min: int = 10
     """Skip this many of the nearest candidates (after removing duplicates)."""
     range_max: int | None = None
     """Consider only candidates ranked below this (``None``: all searched)."""
@@ -60,6 +60,58 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 
+@dataclass
+class FilteredCandidates:
+    allowed: np.ndarray
+    """``(n, k)`` bool: the candidate passed every filter."""
+    false_negative: np.ndarray
+    """``(n, k)`` bool: removed as a likely false negative (a duplicate, ranked above
+    ``range_min``, above ``max_score`` or inside the relative margin). Candidates ranked at
+    or past ``range_max`` are not false negatives, only too far."""
+    removed: dict[str, int]
+    candidates: int
+
+
+def filter_candidates(
+    candidates: np.ndarray,
+    candidate_scores: np.ndarray,
+    positive_scores: np.ndarray,
+    duplicate: np.ndarray,
+    filters: NegativeFilters,
+) -> FilteredCandidates:
+    """Apply the filters in order and count what each removes (arguments as in
+    :func:`select_negatives`)."""
+    k = candidates.shape[1]
+    valid = candidates >= 0
+    alive = valid.copy()
+    false_negative = np.zeros_like(valid)
+    removed: dict[str, int] = {}
+
+    def drop(name: str, mask: np.ndarray, is_false_negative: bool = True) -> None:
+        nonlocal alive, false_negative
+        hit = alive & mask
+        removed[name] = removed.get(name, 0) + int(hit.sum())
+        alive = alive & ~hit
+        if is_false_negative:
+            false_negative = false_negative | hit
+
+    drop("duplicate", duplicate)
+    # Rank among the candidates that are not duplicates, as sentence-transformers counts it.
+    rank = np.cumsum(alive, axis=1) - 1
+    upper = k if filters.range_max is None else filters.range_max
+    drop("rank_window", rank < filters.range_min)
+    drop("rank_window", rank >= upper, is_false_negative=False)
+    removed.setdefault("max_score", 0)
+    if filters.max_score is not None:
+        drop("max_score", candidate_scores > filters.max_score)
+    removed.setdefault("relative_margin", 0)
+    if filters.relative_margin is not None:
+        drop(
+            "relative_margin", candidate_scores >= (1.0 - filters.relative_margin) * positive_scores[:, None]
+        )
+    return FilteredCandidates(alive, false_negative, removed, int(valid.sum()))
+
+
 def select_negatives(
     candidates: np.ndarray,
     candidate_scores: np.ndarray,
@@ -87,31 +139,8 @@ def select_negatives(
     if filters.sampling not in ("top", "random"):
         raise ValueError(f"mining.sampling must be top or random (got {filters.sampling!r})")
     n, k = candidates.shape
-    alive = candidates >= 0
-    removed: dict[str, int] = {}
-    total = int(alive.sum())
-
-    def drop(name: str, mask: np.ndarray) -> None:
-        nonlocal alive
-        hit = alive & mask
-        removed[name] = int(hit.sum())
-        alive = alive & ~hit
-
-    drop("duplicate", duplicate)
-    # Rank among the candidates that are not duplicates, as sentence-transformers counts it.
-    rank = np.cumsum(alive, axis=1) - 1
-    upper = k if filters.range_max is None else filters.range_max
-    drop("rank_window", (rank < filters.range_min) | (rank >= upper))
-    if filters.max_score is not None:
-        drop("max_score", candidate_scores > filters.max_score)
-    else:
-        removed["max_score"] = 0
-    if filters.relative_margin is not None:
-        ceiling = (1.0 - filters.relative_margin) * positive_scores[:, None]
-        drop("relative_margin", candidate_scores >= ceiling)
-    else:
-        removed["relative_margin"] = 0
-
+    filtered = filter_candidates(candidates, candidate_scores, positive_scores, duplicate, filters)
+    alive = filtered.allowed
     kept = int(alive.sum())
     m = filters.num_negatives
     if filters.sampling == "random":
@@ -133,7 +162,7 @@ def select_negatives(
         indices = np.pad(indices, ((0, 0), (0, pad)), constant_values=-1)
         scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=np.nan)
     anchors_short = int(((indices >= 0).sum(axis=1) < m).sum())
-    return SelectedNegatives(indices, scores, removed, total, kept, anchors_short)
+    return SelectedNegatives(indices, scores, filtered.removed, filtered.candidates, kept, anchors_short)
 
 
 def duplicate_mask(

@@ -73,25 +73,33 @@ def random_plan(num_rows: int, batch_size: int, seed: int, version: int = 0) -> 
 
 
 def neighbourhood_plan(
-    neighbours: np.ndarray, scores: np.ndarray, batch_size: int, seed: int, version: int
+    neighbours: np.ndarray,
+    scores: np.ndarray,
+    batch_size: int,
+    seed: int,
+    version: int,
+    false_negatives: np.ndarray | None = None,
 ) -> BatchPlan:
     """Group rows into batches of mutual near neighbours, covering every row once.
 
     Each batch starts from a random unassigned seed row and grows like Prim's algorithm on
     the k-NN graph: the next row is always the unassigned candidate most similar to any row
-    already in the batch. A tight group of paraphrases therefore enters a batch whole before
-    the batch reaches for weaker neighbours (breadth-first growth would take the seed's 10th
-    neighbour before its first neighbour's nearest and split groups across batches). When
-    the neighbourhood runs out, the batch is topped up with unassigned rows in random order.
-    Batch order is shuffled.
+    already in the batch. A tight neighbourhood therefore enters a batch whole before the
+    batch reaches for weaker neighbours (breadth-first growth would take the seed's 10th
+    neighbour before its first neighbour's nearest, and scatter neighbourhoods across
+    batches). When the neighbourhood runs out, the batch is topped up with unassigned rows
+    in random order. Batch order is shuffled.
 
     Args:
-        neighbours: ``(n, k)`` neighbour positions per row, nearest first, with the row
-            itself and rows with the same text already removed (marked -1).
+        neighbours: ``(n, k)`` acceptable negatives per row, nearest first, -1 elsewhere
+            (the row itself and rows with the same text already removed).
         scores: ``(n, k)`` similarity of each neighbour.
         batch_size: target global batch size.
         seed: makes the plan deterministic.
         version: plan version to record.
+        false_negatives: optional ``(n, k)`` rows that must not share a batch with the row
+            (likely paraphrases), -1 elsewhere. Checked both ways: a row joins a batch only
+            if it is no member's false negative and no member is its false negative.
     """
     num_rows = neighbours.shape[0]
     sizes = balanced_batch_sizes(num_rows, batch_size)
@@ -102,48 +110,64 @@ def neighbourhood_plan(
     batches: list[list[int]] = []
     neighbour_lists = neighbours.tolist()
     score_lists = scores.tolist()
-
-    def next_free() -> int:
-        nonlocal cursor
-        while assigned[visit_order[cursor]]:
-            cursor += 1
-        return int(visit_order[cursor])
-
-    def push_neighbours(heap: list[tuple[float, int]], row: int) -> None:
-        for candidate, score in zip(neighbour_lists[row], score_lists[row], strict=True):
-            if candidate >= 0 and not assigned[candidate]:
-                heapq.heappush(heap, (-score, candidate))
+    blocked_lists = (
+        [[c for c in row if c >= 0] for row in false_negatives.tolist()]
+        if false_negatives is not None
+        else None
+    )
 
     for size in sizes.tolist():
-        seed_row = next_free()
-        assigned[seed_row] = True
-        members = [seed_row]
+        members: list[int] = []
+        member_set: set[int] = set()
+        blocked: set[int] = set()
         heap: list[tuple[float, int]] = []
-        push_neighbours(heap, seed_row)
-        while heap and len(members) < size:
-            _, candidate = heapq.heappop(heap)
-            if assigned[candidate]:
-                continue
-            assigned[candidate] = True
-            members.append(candidate)
-            push_neighbours(heap, candidate)
-        while len(members) < size:
-            row = next_free()
+
+        def can_join(row: int, member_set: set[int] = member_set, blocked: set[int] = blocked) -> bool:
+            if blocked_lists is None:
+                return True
+            return row not in blocked and member_set.isdisjoint(blocked_lists[row])
+
+        def add(
+            row: int,
+            members: list[int] = members,
+            member_set: set[int] = member_set,
+            blocked: set[int] = blocked,
+            heap: list = heap,
+        ) -> None:
             assigned[row] = True
             members.append(row)
+            member_set.add(row)
+            if blocked_lists is not None:
+                blocked.update(blocked_lists[row])
+            for candidate, score in zip(neighbour_lists[row], score_lists[row], strict=True):
+                if candidate >= 0 and not assigned[candidate]:
+                    heapq.heappush(heap, (-score, candidate))
+
+        while assigned[visit_order[cursor]]:
+            cursor += 1
+        add(int(visit_order[cursor]))
+        while heap and len(members) < size:
+            _, candidate = heapq.heappop(heap)
+            if not assigned[candidate] and can_join(candidate):
+                add(candidate)
+        # Top up from the random order, preferring rows that are nobody's false negative here;
+        # when none is left (tiny corpora), any unassigned row.
+        scan = cursor
+        fallback: list[int] = []
+        while len(members) < size and scan < num_rows:
+            row = int(visit_order[scan])
+            scan += 1
+            if assigned[row]:
+                continue
+            if can_join(row):
+                add(row)
+            else:
+                fallback.append(row)
+        for row in fallback:
+            if len(members) == size:
+                break
+            add(row)
         batches.append(members)
     order = rng.permutation(len(batches))
     rows = np.fromiter((r for b in order for r in batches[b]), dtype=np.int64, count=num_rows)
     return BatchPlan(version, rows, sizes[order])
-
-
-def mean_in_batch_similarity(embeddings: np.ndarray, plan: BatchPlan) -> float:
-    """Mean cosine similarity over distinct pairs inside each batch (normalised inputs)."""
-    total, pairs = 0.0, 0
-    for rows in plan.batches():
-        e = embeddings[rows]
-        gram = e @ e.T
-        m = len(rows)
-        total += float(gram.sum() - np.trace(gram))
-        pairs += m * (m - 1)
-    return total / max(pairs, 1)

@@ -22,7 +22,7 @@ PYTHON = sys.executable
 def paraphrase_corpus():
     from pipeline.synthetic import generate_paraphrase_corpus
 
-    return generate_paraphrase_corpus(num_groups=60, group_size=4, seed=3)
+    return generate_paraphrase_corpus(num_groups=300, group_size=4, seed=3)
 
 
 @pytest.fixture(scope="session")

@@ -74,6 +74,16 @@ def test_demo_trains_mines_and_logs(tmp_path):
     mined = client.get_metric_history(run_id, "mining_batch_similarity_mean")
     baseline = client.get_metric_history(run_id, "mining_random_batch_similarity_mean")
     assert all(m.value > b.value for m, b in zip(mined, baseline, strict=True))  # mined batches are harder
+    assert len(client.get_metric_history(run_id, "mining_churn")) == 1  # second refresh vs the first
+    for key in (
+        "mining_removed_duplicate",
+        "mining_removed_rank_window",
+        "mining_kept",
+        "mining_batch_similarity_p90",
+    ):
+        assert len(client.get_metric_history(run_id, key)) == 2, key
+    histograms = sorted(a.path for a in client.list_artifacts(run_id, "mining"))
+    assert histograms == ["mining/negative_similarity_v1.png", "mining/negative_similarity_v2.png"]
 
     # The model artifact loads as a Hugging Face model and gives the pipeline's embeddings.
     import mlflow.artifacts

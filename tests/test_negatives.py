@@ -73,7 +73,9 @@ def test_filters_match_reference(filters):
 
 def test_random_sampling_draws_from_the_kept_set_uniformly():
     cands, scores, pos, dup = _arrays(seed=1, n=400, k=12)
-    filters = NegativeFilters(range_max=10, relative_margin=None, num_negatives=2, sampling="random")
+    filters = NegativeFilters(
+        range_min=0, range_max=10, relative_margin=None, num_negatives=2, sampling="random"
+    )
     kept, _, short = _reference(cands, scores, pos, dup, filters)
     got = select_negatives(cands, scores, pos, dup, filters, seed=3)
     counts_by_rank = np.zeros(12)
@@ -106,3 +108,9 @@ def test_bad_sampling_is_rejected():
     cands, scores, pos, dup = _arrays()
     with pytest.raises(ValueError, match="sampling"):
         select_negatives(cands, scores, pos, dup, NegativeFilters(sampling="best"))
+
+
+def test_config_defaults_are_the_filter_defaults():
+    from pipeline.config import load_config
+
+    assert load_config(None).mining.negative_filters() == NegativeFilters()

@@ -53,6 +53,15 @@ def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus
     assert report.rows_out == table.num_rows == len(anchors) - report.anchors_short
     assert report.candidates == report.kept_before_sampling + sum(report.removed.values())
     assert report.removed["duplicate"] >= len(anchors)  # each anchor's positive is its top hit
+    # False negatives: the anchor's other paraphrases are (almost) never mined as negatives.
+    group_of = {normalize_text(t): g for t, g in zip(texts, groups.tolist(), strict=True)}
+    mined_same = sum(
+        group_of[normalize_text(row[f"negative_{j}"])] == group_of[normalize_text(row["anchor"])]
+        for row in table.to_pylist()
+        for j in (1, 2, 3)
+    )
+    other_paraphrases = 2 * table.num_rows  # groups of 4: anchor, positive and two others
+    assert mined_same <= 0.05 * other_paraphrases
     # Kept negatives are hard: far nearer to the anchor than random pool sentences.
     assert report.negative_similarity["mean"] > 0.3 + _random_pair_similarity(model, tokenizer, texts)
 
