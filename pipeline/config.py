@@ -152,9 +152,21 @@ class MiningSection:
     pq_m: int = 16
     """Bytes per vector for ``ivfpq``."""
     encode_batch_size: int = 256
+    encode_actors: int = 0
+    """0: the miner actor encodes the corpus itself. N: the re-encode fans out over a Ray
+    Data pool of up to N actors (each with ``encode_num_cpus``/``encode_num_gpus``); they
+    need resources beyond those the train workers and the miner hold."""
+    encode_num_cpus: float = 1.0
+    encode_num_gpus: float = 0.0
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     """GPUs for the miner actor; with a GPU it encodes there and searches with a GPU index."""
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: refresh at the epoch boundary while training waits. ``async``: the miner
+    works while training goes on, from weights at most ``max_staleness_steps`` old at the
+    boundary; training never waits for it."""
+    max_staleness_steps: int = 50
+    """Async: steps before an epoch's end at which the weights are snapshotted for the refresh."""
     timeout_s: float = 3600.0
     """Longest a training worker waits for one refresh before failing with a clear error."""
 
@@ -252,9 +264,13 @@ class Config:
             ("mining.nprobe", self.mining.nprobe >= 1, "must be >= 1"),
             ("mining.pq_m", self.mining.pq_m >= 1, "must be >= 1"),
             ("mining.encode_batch_size", self.mining.encode_batch_size >= 1, "must be >= 1"),
+            ("mining.encode_actors", self.mining.encode_actors >= 0, "must be >= 0"),
+            ("mining.encode_num_cpus", self.mining.encode_num_cpus > 0, "must be > 0"),
+            ("mining.encode_num_gpus", self.mining.encode_num_gpus >= 0, "must be >= 0"),
             ("mining.num_cpus", self.mining.num_cpus >= 0, "must be >= 0"),
             ("mining.num_gpus", self.mining.num_gpus >= 0, "must be >= 0"),
             ("mining.timeout_s", self.mining.timeout_s > 0, "must be > 0"),
+            ("mining.max_staleness_steps", self.mining.max_staleness_steps >= 0, "must be >= 0"),
             ("tracking.experiment", bool(self.tracking.experiment.strip()), "must not be empty"),
         ]
         if self.run.name is not None:

@@ -43,7 +43,8 @@ class JobSummary:
     steps: int = 0
     epoch_losses: list[float] = field(default_factory=list)
     plan_versions: list[int] = field(default_factory=list)
-    mining_seconds: list[float] = field(default_factory=list)
+    wait_seconds: list[float] = field(default_factory=list)
+    refresh_seconds: list[float] = field(default_factory=list)
     corpus: str = ""
     wall_seconds: float = 0.0
     already_finished: bool = False
@@ -54,9 +55,7 @@ class JobSummary:
                 f"run {self.run_name!r} already finished (MLflow run {self.run_id}); nothing to do.\n"
                 f"  review with   {ui_command(self.tracking_uri)}"
             )
-        refreshes = [
-            s for s, v in zip(self.mining_seconds, self.plan_versions[1:] + [None], strict=False) if s > 0
-        ]
+        refreshes = [s for s in self.refresh_seconds if s > 0]  # 0 where no new plan was adopted
         plans = ", ".join(f"v{v}" + (" (random)" if v == 0 else " (mined)") for v in self.plan_versions)
         loss = (
             f"{self.epoch_losses[0]:.4f} -> {self.epoch_losses[-1]:.4f} (epoch means)"
@@ -68,7 +67,8 @@ class JobSummary:
             f"  epochs        {self.epochs} ({self.steps} steps)",
             f"  loss          {loss}",
             f"  batch plans   {plans}",
-            f"  mining        {len(refreshes)} refresh{'es' if len(refreshes) != 1 else ''}, {sum(refreshes):.1f}s in total",
+            f"  mining        {len(refreshes)} refresh{'es' if len(refreshes) != 1 else ''}, {sum(refreshes):.1f}s of "
+            f"miner time; training waited {sum(self.wait_seconds):.1f}s",
             f"  corpus        {self.corpus}",
             f"  model         {self.model_dir}",
             f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
@@ -253,6 +253,9 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
                 run_id=tracked.run_id,
                 index_spec=cfg.mining.index_spec(),
                 filters=cfg.mining.negative_filters(),
+                encode_actors=cfg.mining.encode_actors,
+                encode_num_cpus=cfg.mining.encode_num_cpus,
+                encode_num_gpus=cfg.mining.encode_num_gpus,
             )
             try:
                 ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
@@ -284,7 +287,8 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
         summary.steps = int(metrics.get("step", 0))
         summary.epoch_losses = list(metrics.get("epoch_losses", []))
         summary.plan_versions = list(metrics.get("plan_versions", []))
-        summary.mining_seconds = list(metrics.get("mining_seconds", []))
+        summary.wait_seconds = list(metrics.get("wait_seconds", []))
+        summary.refresh_seconds = list(metrics.get("refresh_seconds", []))
 
         export_dir = run_dir / "model"
         if export_dir.exists():

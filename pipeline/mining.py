@@ -51,8 +51,15 @@ class HardNegativeMiner:
         run_id: str | None = None,
         index_spec: IndexSpec | None = None,
         filters: NegativeFilters | None = None,
+        encode_actors: int = 0,
+        encode_num_cpus: float = 1.0,
+        encode_num_gpus: float = 0.0,
     ):
         quiet_libraries()
+        self.model_blob = model_blob
+        self.pooler = pooler
+        self.encode_pool = (encode_actors, encode_num_cpus, encode_num_gpus)
+        self.corpus_table = corpus_table
         model_dir = unpack_dir(model_blob)
 
         tokenizer = load_tokenizer(model_dir)
@@ -89,6 +96,18 @@ class HardNegativeMiner:
             _histogram_png(mined, random_pairs, version, path)
             self.logger.client.log_artifact(self.logger.run_id, path, "mining")
 
+    def encode(self, encoder_state: dict[str, torch.Tensor]) -> np.ndarray:
+        """Normalised embeddings of the whole corpus under the given encoder weights."""
+        actors, num_cpus, num_gpus = self.encode_pool
+        if actors == 0:
+            self.model.encoder.load_state_dict(encoder_state)
+            rows = np.arange(len(self.corpus))
+            return encode_rows(self.model, self.corpus, rows, self.encode_batch_size, self.device)
+        return encode_with_actor_pool(
+            self.corpus_table, self.corpus.lengths, self.model_blob, self.pooler, encoder_state,
+            self.encode_batch_size, actors, num_cpus, num_gpus,
+        )  # fmt: skip
+
     def ready(self) -> int:
         """Corpus size; answering proves the actor was placed and loaded."""
         return len(self.corpus)
@@ -96,9 +115,8 @@ class HardNegativeMiner:
     def refresh(self, encoder_state: dict[str, torch.Tensor], version: int, step: int) -> RefreshReport:
         """Mine with the given encoder weights and return the plan tagged ``version``."""
         t0 = time.perf_counter()
-        self.model.encoder.load_state_dict(encoder_state)
+        embeddings = self.encode(encoder_state)
         rows = np.arange(len(self.corpus))
-        embeddings = encode_rows(self.model, self.corpus, rows, self.encode_batch_size, self.device)
         t_encode = time.perf_counter() - t0
         k = min(self.top_k + 1, len(rows))
         kind = self.index_spec.resolve(len(rows))
@@ -155,6 +173,83 @@ class HardNegativeMiner:
             self.logger.log(metrics, step)
             self.logger.flush()
         return RefreshReport(plan, metrics)
+
+
+class _EncodeBatches:
+    """Ray Data actor for :func:`encode_with_actor_pool`: loads the model and the weights
+    once, then encodes batch after batch."""
+
+    def __init__(self, model_blob: Any, weights: Any, pooler: str, batch_size: int, use_gpu: bool):
+        import ray
+
+        from pipeline.model import load_tokenizer
+
+        quiet_libraries()
+        model_dir = unpack_dir(ray.get(model_blob) if isinstance(model_blob, ray.ObjectRef) else model_blob)
+        self.pad = load_tokenizer(model_dir).pad_token_id
+        self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+        self.model = load_sentence_encoder(model_dir, pooler=pooler)
+        self.model.encoder.load_state_dict(
+            ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights
+        )
+        self.model.to(self.device)
+        self.batch_size = batch_size
+
+    def __call__(self, batch: Any) -> dict[str, np.ndarray]:
+        corpus = TokenizedCorpus(batch, self.pad)
+        rows = np.arange(batch.num_rows)
+        embeddings = encode_rows(self.model, corpus, rows, self.batch_size, self.device)
+        return {"position": batch.column("position").to_numpy(), "embedding": embeddings}
+
+
+def encode_with_actor_pool(
+    corpus_table: Any,
+    lengths: np.ndarray,
+    model_blob: bytes,
+    pooler: str,
+    encoder_state: dict[str, torch.Tensor],
+    batch_size: int,
+    actors: int,
+    num_cpus: float,
+    num_gpus: float,
+) -> np.ndarray:
+    """Encode the corpus with a Ray Data pool of up to ``actors`` encoder actors.
+
+    Rows are fed in order of token length, so each batch pads little; results are placed
+    back by position.
+    """
+    import pyarrow as pa
+    import ray
+    import ray.data
+
+    order = np.argsort(lengths, kind="stable")
+    table = corpus_table.select(["input_ids"]).append_column("position", pa.array(np.arange(len(lengths))))
+    rows_per_block = batch_size * 8
+    blocks = [
+        ray.put(table.take(order[i : i + rows_per_block])) for i in range(0, len(order), rows_per_block)
+    ]
+    ds = ray.data.from_arrow_refs(blocks).map_batches(
+        _EncodeBatches,
+        batch_format="pyarrow",
+        batch_size=batch_size,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
+        fn_constructor_kwargs={
+            "model_blob": ray.put(model_blob),
+            "weights": ray.put(encoder_state),
+            "pooler": pooler,
+            "batch_size": batch_size,
+            "use_gpu": num_gpus > 0,
+        },
+    )
+    out: np.ndarray | None = None
+    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+        if out is None:
+            out = np.empty((len(lengths), batch["embedding"].shape[1]), dtype=np.float32)
+        out[batch["position"]] = batch["embedding"]
+    assert out is not None
+    return out
 
 
 def in_batch_pair_similarities(

@@ -37,6 +37,12 @@ class BatchPlan:
     def batches(self) -> list[np.ndarray]:
         return np.split(self.rows, np.cumsum(self.sizes)[:-1])
 
+    def reordered(self, seed: int) -> BatchPlan:
+        """The same batches in a seeded random order (same version)."""
+        batches = self.batches()
+        order = np.random.default_rng(seed).permutation(len(batches))
+        return BatchPlan(self.version, np.concatenate([batches[i] for i in order]), self.sizes[order])
+
     def to_dict(self) -> dict:
         return {"version": self.version, "rows": self.rows, "sizes": self.sizes}
 

@@ -35,19 +35,20 @@ def generate_paraphrase_corpus(
         Sentences are shuffled so that groups are not contiguous.
     """
     rng = np.random.default_rng(seed)
-    vocab = _vocabulary(max(400, num_groups * 3), rng)
+    vocab = np.array(_vocabulary(max(400, num_groups * 3), rng))
+    fillers = np.array(_FILLERS)
     sentences: list[str] = []
     groups: list[int] = []
     seen: set[str] = set()
     for g in range(num_groups):
-        base = list(rng.choice(vocab, size=words_per_sentence, replace=False))
+        base = vocab[rng.choice(len(vocab), size=words_per_sentence, replace=False)].tolist()
         made = 0
         while made < group_size:
             words = list(base)
             for _ in range(rng.integers(1, 3)):
-                words[rng.integers(len(words))] = str(rng.choice(vocab))
+                words[rng.integers(len(words))] = vocab[rng.integers(len(vocab))]
             if rng.random() < 0.5:
-                words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(_FILLERS)))
+                words.insert(int(rng.integers(len(words) + 1)), fillers[rng.integers(len(fillers))])
             text = " ".join(words).capitalize() + "."
             if text in seen:
                 continue

@@ -49,9 +49,14 @@ class TrainState:
     plan: BatchPlan | None = None
     """Plan for the next epoch (``epoch + 1``)."""
     epoch_losses: list[float] = field(default_factory=list)
-    mining_seconds: list[float] = field(default_factory=list)
     plan_versions: list[int] = field(default_factory=list)
     """Version of the plan each completed epoch trained on."""
+    wait_seconds: list[float] = field(default_factory=list)
+    """Per epoch boundary: how long training waited for the next plan."""
+    refresh_seconds: list[float] = field(default_factory=list)
+    """Per epoch boundary: the miner's time for the plan adopted there (0 if none)."""
+    staleness_steps: list[int] = field(default_factory=list)
+    """Per epoch boundary: steps between the weights snapshot and the adopted plan's first use."""
 
 
 def save_checkpoint(
@@ -73,8 +78,10 @@ def save_checkpoint(
             "plan_rows": torch.tensor(state.plan.rows),
             "plan_sizes": torch.tensor(state.plan.sizes),
             "epoch_losses": state.epoch_losses,
-            "mining_seconds": state.mining_seconds,
             "plan_versions": state.plan_versions,
+            "wait_seconds": state.wait_seconds,
+            "refresh_seconds": state.refresh_seconds,
+            "staleness_steps": state.staleness_steps,
             "mlp": model.mlp.state_dict() if model.mlp is not None else None,
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
@@ -163,8 +170,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             step=saved["step"],
             plan=BatchPlan(saved["plan_version"], saved["plan_rows"].numpy(), saved["plan_sizes"].numpy()),
             epoch_losses=list(saved["epoch_losses"]),
-            mining_seconds=list(saved["mining_seconds"]),
             plan_versions=list(saved["plan_versions"]),
+            wait_seconds=list(saved["wait_seconds"]),
+            refresh_seconds=list(saved["refresh_seconds"]),
+            staleness_steps=list(saved["staleness_steps"]),
         )
         if rank == 0:
             print(
@@ -179,6 +188,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
         logger = MetricLogger(loop_config["tracking_uri"], loop_config["run_id"])
 
+    refresher = PlanRefresher(cfg, miner, rank, len(corpus))
     use_bf16 = device.type == "cuda"
     for epoch in range(state.epoch, cfg.train.epochs):
         assert state.plan is not None
@@ -189,6 +199,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         epoch_start = time.perf_counter()
         loss_sum, loss_count = 0.0, 0
         last_progress = epoch_start
+        refresher.after_step(epoch, 0, plan, state.step, model)
         for batch_index in range(plan.num_batches):
             step_start = time.perf_counter()
             global_rows = plan.batch(batch_index)
@@ -215,6 +226,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             optimizer.step()
             scheduler.step()
             state.step += 1
+            refresher.after_step(epoch, batch_index + 1, plan, state.step, model)
             loss_value = float(loss.detach())
             loss_sum += loss_value
             loss_count += 1
@@ -243,14 +255,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         state.epoch_losses.append(epoch_loss)
         state.plan_versions.append(plan.version)
         epoch_seconds = time.perf_counter() - epoch_start
-        next_plan, mining_seconds = _plan_next_epoch(cfg, epoch, state, model, miner, rank, corpus)
-        state.mining_seconds.append(mining_seconds)
+        next_plan, boundary = refresher.next_plan(epoch, state, model)
+        state.wait_seconds.append(boundary.wait_seconds)
+        state.refresh_seconds.append(boundary.refresh_seconds)
+        state.staleness_steps.append(boundary.staleness_steps)
         state.plan = next_plan
         state.epoch = epoch + 1
         if rank == 0:
             print(
                 f"[train] epoch {epoch + 1}/{cfg.train.epochs}: loss {epoch_loss:.4f} over {loss_count} steps "
-                f"on plan v{plan.version}, {epoch_seconds:.1f}s; refresh {mining_seconds:.1f}s",
+                f"on plan v{plan.version}, {epoch_seconds:.1f}s; next plan v{next_plan.version} "
+                f"(waited {boundary.wait_seconds:.1f}s, staleness {boundary.staleness_steps} steps)",
                 flush=True,
             )
         if logger is not None:
@@ -260,7 +275,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                     "epoch_plan_version": float(plan.version),
                     "epoch_seconds": epoch_seconds,
                     "epoch": float(epoch + 1),
-                    "refresh_wait_s": mining_seconds,
+                    "refresh_wait_s": boundary.wait_seconds,
+                    "next_plan_version": float(next_plan.version),
+                    "next_plan_staleness_steps": float(boundary.staleness_steps),
+                    "refresh_late": float(boundary.late),
                 },
                 state.step,
             )
@@ -271,7 +289,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             "epoch_loss": epoch_loss,
             "epoch_losses": list(state.epoch_losses),
             "plan_versions": list(state.plan_versions),
-            "mining_seconds": list(state.mining_seconds),
+            "wait_seconds": list(state.wait_seconds),
+            "refresh_seconds": list(state.refresh_seconds),
+            "staleness_steps": list(state.staleness_steps),
             "next_plan_version": next_plan.version,
         }
         with tempfile.TemporaryDirectory() as tmp:
@@ -302,44 +322,120 @@ def two_views(
     return np.concatenate([input_ids, second_ids]), np.concatenate([mask, second_mask])
 
 
-def _plan_next_epoch(
-    cfg: Config,
-    epoch: int,
-    state: TrainState,
-    model: SentenceEncoder,
-    miner: Any,
-    rank: int,
-    corpus: TokenizedCorpus,
-) -> tuple[BatchPlan, float]:
-    """Rank 0 asks the miner for the next plan; every rank gets it by broadcast.
+@dataclass
+class Boundary:
+    """What happened at one epoch boundary."""
 
-    After the last epoch, or with mining off, the next plan is a fresh random one.
+    wait_seconds: float = 0.0
+    refresh_seconds: float = 0.0
+    staleness_steps: int = 0
+    late: bool = False
+    """Async: a refresh was under way but not finished, so the current plan was kept."""
+
+
+class PlanRefresher:
+    """Gets each next epoch's plan from the miner (rank 0 talks to it) for every rank.
+
+    ``sync``: at the epoch boundary rank 0 snapshots the weights, waits for the refresh
+    and broadcasts the plan; every rank waits for it.
+    ``async``: ``mining.max_staleness_steps`` steps before the boundary rank 0 snapshots the
+    weights and submits the refresh, and training goes on while the miner works. At the
+    boundary the newest finished plan is adopted without waiting; if the refresh has not
+    finished, the current plan is kept (its batches reshuffled) and the refresh's plan is
+    adopted at the next boundary, with its larger staleness logged.
     """
-    import ray
-    import torch.distributed as dist
 
-    version = (state.plan.version if state.plan else 0) + 1
-    last_epoch = epoch + 1 >= cfg.train.epochs
-    if last_epoch or not cfg.mining.enabled or miner is None:
-        # Random plans are computed identically on every rank: no communication needed.
-        seed = cfg.run.seed + epoch + 1
-        return random_plan(
-            len(corpus), cfg.train.batch_size, seed=seed, version=state.plan.version if state.plan else 0
-        ), 0.0
-    start = time.perf_counter()
-    payload: list[Any] = [None]
-    if rank == 0:
-        weights = ray.put(cpu_state_dict(model.encoder))
+    def __init__(self, cfg: Config, miner: Any, rank: int, num_rows: int):
+        self.cfg = cfg
+        self.miner = miner if cfg.mining.enabled else None
+        self.rank = rank
+        self.num_rows = num_rows
+        self.pending: tuple[Any, int, float] | None = None  # (ref, snapshot step, submit time)
+
+    def _last_epoch(self, epoch: int) -> bool:
+        return epoch + 1 >= self.cfg.train.epochs
+
+    def _submit(self, model: SentenceEncoder, version: int, step: int) -> Any:
+        import ray
+
+        return self.miner.refresh.remote(ray.put(cpu_state_dict(model.encoder)), version, step)
+
+    def after_step(
+        self, epoch: int, steps_done: int, plan: BatchPlan, step: int, model: SentenceEncoder
+    ) -> None:
+        """Async only: submit the refresh once ``max_staleness_steps`` remain in the epoch.
+
+        Its plan becomes version ``plan.version + 1``: no other plan can be adopted before it.
+        """
+        if (
+            self.rank != 0
+            or self.miner is None
+            or self.cfg.mining.mode != "async"
+            or self.pending is not None
+        ):
+            return
+        if self._last_epoch(epoch):
+            return
+        if steps_done == max(0, plan.num_batches - self.cfg.mining.max_staleness_steps):
+            self.pending = (self._submit(model, plan.version + 1, step), step, time.perf_counter())
+
+    def next_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> tuple[BatchPlan, Boundary]:
+        import ray
+        import torch.distributed as dist
+
+        assert state.plan is not None
+        current = state.plan
+        if self._last_epoch(epoch) or self.miner is None:
+            # No refresh: a reshuffled plan, computed identically on every rank, no communication.
+            return self._reshuffled(current, epoch), Boundary()
+        start = time.perf_counter()
+        payload: list[Any] = [None]
+        if self.rank == 0:
+            boundary = Boundary()
+            report, snapshot_step = None, state.step
+            if self.cfg.mining.mode == "sync":
+                report = self._get(self._submit(model, current.version + 1, state.step), current.version + 1)
+            elif self.pending is not None:
+                ref, snapshot_step, submitted = self.pending
+                if ray.wait([ref], timeout=0)[0]:
+                    report = self._get(ref, current.version + 1)
+                    self.pending = None
+                elif time.perf_counter() - submitted > self.cfg.mining.timeout_s:
+                    raise TimeoutError(
+                        f"the miner did not return a plan within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
+                    )
+                else:
+                    boundary.late = True
+            if report is not None:
+                plan = BatchPlan(current.version + 1, report.plan.rows, report.plan.sizes)
+                boundary.refresh_seconds = float(report.metrics["mining_total_s"])
+                boundary.staleness_steps = state.step - snapshot_step
+            else:
+                plan = self._reshuffled(current, epoch)
+            boundary.wait_seconds = time.perf_counter() - start
+            payload[0] = (plan.to_dict(), boundary)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(payload, src=0)
+        plan_dict, boundary = payload[0]
+        boundary.wait_seconds = time.perf_counter() - start  # every rank's own wait
+        return BatchPlan.from_dict(plan_dict), boundary
+
+    def _get(self, ref: Any, version: int) -> Any:
+        import ray
+
         try:
-            report = ray.get(miner.refresh.remote(weights, version, state.step), timeout=cfg.mining.timeout_s)
+            return ray.get(ref, timeout=self.cfg.mining.timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(
-                f"the miner did not return plan v{version} within mining.timeout_s={cfg.mining.timeout_s:g}s"
+                f"the miner did not return plan v{version} within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
             ) from None
-        payload[0] = report.plan.to_dict()
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(payload, src=0)
-    return BatchPlan.from_dict(payload[0]), time.perf_counter() - start
+
+    def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
+        """The same batches (or a fresh random plan for a random one) in a new order."""
+        seed = self.cfg.run.seed + epoch + 1
+        if plan.version == 0:
+            return random_plan(self.num_rows, self.cfg.train.batch_size, seed=seed, version=0)
+        return plan.reordered(seed)
 
 
 def build_trainer(cfg: Config, loop_config: dict[str, Any], storage_path: str, run_name: str) -> Any:

@@ -214,3 +214,41 @@ def test_batch_larger_than_file_corpus_fails_the_run(tmp_path):
     run = _only_run(_client(tmp_path), "small")
     assert run.info.status == "FAILED"
     assert "train.batch_size" in run.data.tags["simcse.error"]
+
+
+def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
+    max_staleness = 20
+    proc = _run_job(
+        tmp_path, "run.name=async", "train.epochs=3", "mining.mode=async",
+        f"mining.max_staleness_steps={max_staleness}", "tracking.experiment=async",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = _client(tmp_path)
+    run = _only_run(client, "async")
+    assert run.info.status == "FINISHED"
+    run_id = run.info.run_id
+    steps_per_epoch = 25
+
+    def history(key):
+        return {int(m.step): m.value for m in client.get_metric_history(run_id, key)}
+
+    trained_on = [v for _, v in sorted(history("epoch_plan_version").items())]
+    assert trained_on == sorted(trained_on) and trained_on[-1] >= 1  # mined plans were adopted
+    adopted = history("next_plan_version")
+    staleness = history("next_plan_staleness_steps")
+    late = history("refresh_late")
+    assert set(history("refresh_wait_s")) == set(adopted)  # the wait is logged at every boundary
+    # The miner logs each plan at the step of its weights snapshot: an independent record.
+    snapshot_step = {v: s for s, v in history("mining_plan_version").items()}
+    previous = 0.0
+    for boundary in sorted(adopted):
+        version = adopted[boundary]
+        if version > previous:  # a new plan was adopted here
+            assert staleness[boundary] == boundary - snapshot_step[version]
+            # Submitted max_staleness steps before an epoch end; used there, or a boundary later.
+            assert staleness[boundary] in (max_staleness, max_staleness + steps_per_epoch)
+            assert (staleness[boundary] == max_staleness) == (late.get(boundary - steps_per_epoch, 0) == 0)
+        else:
+            assert staleness[boundary] == 0
+        previous = version
+    assert "training waited" in proc.stdout

@@ -1,0 +1,183 @@
+"""One hard-negative refresh at scale: time and peak memory per stage, tiny model on CPU.
+
+    python bench/mining_refresh.py --rows 100000 --rows 1000000 [--index flat --index ivf]
+
+Generates a corpus of paraphrase groups, tokenizes it, builds the tiny BERT the demo uses,
+and runs the miner's stages (encode, index + search, filters + plan) exactly as a refresh
+does, measuring each. Prints one table and appends it with machine info to
+docs/benchmarks.md (``--no-record`` to skip). Peak memory is the process's RSS high-water
+mark sampled every 50 ms during the stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.data import TokenizedCorpus, stable_row_id, tokenize_table  # noqa: E402
+from pipeline.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
+from pipeline.model import build_tiny_model_dir, encode_rows, load_sentence_encoder, load_tokenizer  # noqa: E402
+from pipeline.negatives import NegativeFilters, duplicate_mask, filter_candidates, normalize_text  # noqa: E402
+from pipeline.plans import neighbourhood_plan  # noqa: E402
+from pipeline.synthetic import generate_paraphrase_corpus  # noqa: E402
+
+GIB = 2**30
+
+
+class PeakRss:
+    """Samples this process's RSS in a thread; ``peak`` is the high-water mark since start."""
+
+    def __init__(self, interval: float = 0.05):
+        self.process = psutil.Process(os.getpid())
+        self.interval = interval
+        self.peak = 0
+
+    def __enter__(self) -> PeakRss:
+        self.peak = self.process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def stage(name: str, results: dict, fn):
+    with PeakRss() as rss:
+        start = time.perf_counter()
+        value = fn()
+        results[name] = (time.perf_counter() - start, rss.peak)
+    print(f"  {name:<18} {results[name][0]:8.1f}s  peak RSS {rss.peak / GIB:5.2f} GiB", flush=True)
+    return value
+
+
+def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path) -> dict:
+    import pyarrow as pa
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    results: dict = {}
+    print(f"rows={rows} index={index_kind}", flush=True)
+    texts = stage("generate", results, lambda: generate_paraphrase_corpus(rows // 4, 4, seed=1)[0])
+    tokenizer = load_tokenizer(model_dir)
+
+    def tokenize():
+        ids = np.array([stable_row_id(t) for t in texts], dtype=np.int64)
+        table = tokenize_table(pa.table({"id": ids, "text": texts}), tokenizer, 32)
+        return TokenizedCorpus(table, tokenizer.pad_token_id)
+
+    corpus = stage("tokenize", results, tokenize)
+    model = load_sentence_encoder(model_dir, pooler="mean")
+    embeddings = stage(
+        "encode", results, lambda: encode_rows(model, corpus, np.arange(rows), 1024, torch.device("cpu"))
+    )
+    spec = IndexSpec(kind=index_kind)
+    estimate = estimate_index_bytes(rows, embeddings.shape[1], top_k + 1, spec.resolve(rows), spec)
+    knn = stage("index+search", results, lambda: knn_search(embeddings, top_k + 1, spec=spec))
+    results["index_s"], results["search_s"] = knn.index_seconds, knn.search_seconds
+
+    def filter_and_plan():
+        keys: dict[str, int] = {}
+        text_keys = np.array([keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64)
+        duplicate = duplicate_mask(knn.indices, text_keys, text_keys, text_keys)
+        filtered = filter_candidates(
+            knn.indices, knn.scores, np.ones(rows, dtype=np.float32), duplicate, NegativeFilters()
+        )
+        itself = knn.indices == np.arange(rows)[:, None]
+        return neighbourhood_plan(
+            np.where(filtered.allowed, knn.indices, -1),
+            knn.scores,
+            batch_size,
+            seed=0,
+            version=1,
+            false_negatives=np.where(filtered.false_negative & ~itself, knn.indices, -1),
+        )
+
+    stage("filter+plan", results, filter_and_plan)
+    results["estimate_bytes"] = estimate
+    results["dim"] = embeddings.shape[1]
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, action="append", help="corpus sizes (repeatable)")
+    parser.add_argument(
+        "--index", action="append", choices=["flat", "ivf", "ivfpq"], help="index kinds (repeatable)"
+    )
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--top-k", type=int, default=64)
+    parser.add_argument(
+        "--no-record", action="store_true", help="print only; do not append to docs/benchmarks.md"
+    )
+    args = parser.parse_args()
+    sizes = args.rows or [100_000]
+    kinds = args.index or ["flat"]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sample, _ = generate_paraphrase_corpus(2000, 4, seed=1)
+        model_dir = build_tiny_model_dir(
+            sample, Path(tmp) / "tiny", hidden_size=64, num_layers=2, num_heads=2,
+            intermediate_size=128, vocab_size=2000, max_seq_len=32, dropout=0.1, seed=0,
+        )  # fmt: skip
+        rows_out = []
+        for rows in sizes:
+            for kind in kinds:
+                r = run(rows, kind, args.batch_size, args.top_k, model_dir)
+                rows_out.append((rows, kind, r))
+
+    header = (
+        "| rows | index | tokenize s | encode s | index s | search s | filter+plan s | refresh s "
+        "| peak RSS GiB | index estimate GiB |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [header]
+    for rows, kind, r in rows_out:
+        refresh = r["encode"][0] + r["index+search"][0] + r["filter+plan"][0]
+        peak = max(v[1] for k, v in r.items() if isinstance(v, tuple))
+        lines.append(
+            f"| {rows:,} | {kind} | {r['tokenize'][0]:.1f} | {r['encode'][0]:.1f} | {r['index_s']:.1f} | "
+            f"{r['search_s']:.1f} | {r['filter+plan'][0]:.1f} | {refresh:.1f} | {peak / GIB:.2f} | "
+            f"{r['estimate_bytes'] / GIB:.2f} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if not args.no_record:
+        machine = (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / GIB:.0f} GiB RAM"
+        )
+        command = "python bench/mining_refresh.py " + " ".join(sys.argv[1:])
+        section = (
+            f"\n### Mining refresh, tiny model on CPU ({date.today()})\n\n"
+            f"Machine: {machine}. Command: `{command}`. Tiny BERT (64 hidden, 2 layers), "
+            f"top_k={args.top_k}, batch {args.batch_size}, default filters.\n\n{table}\n"
+        )
+        path = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+        if not path.exists():
+            path.write_text(
+                "# Benchmarks\n\nEach section is appended by a script in `bench/`; rerun it to reproduce.\n"
+            )
+        with path.open("a") as fh:
+            fh.write(section)
+
+
+if __name__ == "__main__":
+    main()
