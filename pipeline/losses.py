@@ -17,6 +17,7 @@ def simcse_loss(
     hard_negatives: torch.Tensor | None = None,
     hard_negative_weight: float = 0.0,
     row_ids: torch.Tensor | None = None,
+    hard_negative_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """InfoNCE over cosine similarities, as in SimCSE.
 
@@ -24,17 +25,21 @@ def simcse_loss(
         anchors: ``(n, d)`` embeddings of the first view (or the anchor sentence).
         positives: ``(n, d)``; ``positives[i]`` is the positive of ``anchors[i]``.
         temperature: softmax temperature (> 0); SimCSE uses 0.05.
-        hard_negatives: optional ``(n, d)``; ``hard_negatives[i]`` is row i's own hard negative,
-            and every row's hard negative is also a candidate for every other row.
-        hard_negative_weight: added to the logit (after dividing by the temperature) of row i's
-            own hard negative, SimCSE's formulation; 0.0 adds no extra weight.
+        hard_negatives: optional ``(n, d)``, or ``(n, m, d)`` for m per row;
+            ``hard_negatives[i]`` are row i's own hard negatives, and every row's hard
+            negatives are also candidates for every other row.
+        hard_negative_weight: added to the logits (after dividing by the temperature) of
+            row i's own hard negatives, SimCSE's formulation; 0.0 adds no extra weight.
         row_ids: optional ``(n,)`` integer corpus ids. Candidate ``positives[j]`` with
             ``row_ids[j] == row_ids[i]`` and ``j != i`` is masked out of row i's softmax, so a
             sentence that occurs twice in a batch is never its own negative.
+        hard_negative_mask: optional ``(n, m)`` bool, False where a row has no negative in
+            that slot (rows may have different numbers); absent slots are no candidate for
+            any row.
 
     Returns:
         Scalar tensor: the mean over the n rows of ``-log softmax(logits_i)[i]`` where
-        ``logits_i = [cos(a_i, p_j) / t for all j] ++ [cos(a_i, h_j) / t for all j]``.
+        ``logits_i = [cos(a_i, p_j) / t for all j] ++ [cos(a_i, h_jk) / t for all j, k]``.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -48,15 +53,21 @@ def simcse_loss(
         same.fill_diagonal_(False)
         logits = logits.masked_fill(same, float("-inf"))
     if hard_negatives is not None:
-        if hard_negatives.shape != anchors.shape:
+        negatives = hard_negatives.unsqueeze(1) if hard_negatives.dim() == 2 else hard_negatives
+        if negatives.shape[0] != n or negatives.shape[-1] != anchors.shape[-1]:
             raise ValueError(
-                f"hard_negatives {tuple(hard_negatives.shape)} must match anchors {tuple(anchors.shape)}"
+                f"hard_negatives {tuple(hard_negatives.shape)} must be (n, d) or (n, m, d) "
+                f"for anchors {tuple(anchors.shape)}"
             )
-        negative_logits = a @ F.normalize(hard_negatives.float(), dim=-1).T / temperature
+        m = negatives.shape[1]
+        flat = F.normalize(negatives.float().reshape(n * m, -1), dim=-1)
+        negative_logits = a @ flat.T / temperature  # column j*m + k: row j's k-th negative
         if hard_negative_weight:
-            negative_logits = negative_logits + hard_negative_weight * torch.eye(
-                n, device=negative_logits.device, dtype=negative_logits.dtype
-            )
+            own = torch.arange(n * m, device=a.device) // m == torch.arange(n, device=a.device)[:, None]
+            negative_logits = negative_logits + hard_negative_weight * own.to(negative_logits.dtype)
+        if hard_negative_mask is not None:
+            absent = ~hard_negative_mask.reshape(1, n * m).to(torch.bool)
+            negative_logits = negative_logits.masked_fill(absent, float("-inf"))
         logits = torch.cat([logits, negative_logits], dim=1)
     targets = torch.arange(n, device=anchors.device)
     return F.cross_entropy(logits, targets)

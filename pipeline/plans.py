@@ -114,13 +114,13 @@ def neighbourhood_plan(
     assigned = np.zeros(num_rows, dtype=bool)
     cursor = 0
     batches: list[list[int]] = []
-    neighbour_lists = neighbours.tolist()
-    score_lists = scores.tolist()
-    blocked_lists = (
-        [[c for c in row if c >= 0] for row in false_negatives.tolist()]
-        if false_negatives is not None
-        else None
-    )
+    # Rows are converted to Python lists on demand, not all at once: every row joins exactly
+    # one batch, so the work is the same, and memory stays O(batch x k) instead of holding
+    # n x k Python objects (about 4.5 GB at a million rows with k = 65).
+
+    def blocked_of(row: int) -> list[int]:
+        assert false_negatives is not None
+        return [c for c in false_negatives[row].tolist() if c >= 0]
 
     for size in sizes.tolist():
         members: list[int] = []
@@ -129,9 +129,9 @@ def neighbourhood_plan(
         heap: list[tuple[float, int]] = []
 
         def can_join(row: int, member_set: set[int] = member_set, blocked: set[int] = blocked) -> bool:
-            if blocked_lists is None:
+            if false_negatives is None:
                 return True
-            return row not in blocked and member_set.isdisjoint(blocked_lists[row])
+            return row not in blocked and member_set.isdisjoint(blocked_of(row))
 
         def add(
             row: int,
@@ -143,9 +143,9 @@ def neighbourhood_plan(
             assigned[row] = True
             members.append(row)
             member_set.add(row)
-            if blocked_lists is not None:
-                blocked.update(blocked_lists[row])
-            for candidate, score in zip(neighbour_lists[row], score_lists[row], strict=True):
+            if false_negatives is not None:
+                blocked.update(blocked_of(row))
+            for candidate, score in zip(neighbours[row].tolist(), scores[row].tolist(), strict=True):
                 if candidate >= 0 and not assigned[candidate]:
                     heapq.heappush(heap, (-score, candidate))
 

@@ -32,7 +32,7 @@ from pipeline.model import (
     save_model_dir,
     unpack_dir,
 )
-from pipeline.plans import BatchPlan, random_plan, worker_slices
+from pipeline.plans import BatchPlan, balanced_batch_sizes, random_plan, worker_slices
 
 STATE_FILE = "train_state.pt"
 MODEL_SUBDIR = "model"
@@ -114,7 +114,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    torch.manual_seed(cfg.run.seed + rank)
 
     model_dir = unpack_dir(ray.get(loop_config["model_ref"]))
     tokenizer = load_tokenizer(model_dir)
@@ -139,8 +138,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     )
     model.to(device)
 
-    batches_per_epoch = random_plan(len(corpus), cfg.train.batch_size, seed=0).num_batches
-    total_steps = batches_per_epoch * cfg.train.epochs
+    total_steps = len(balanced_batch_sizes(len(corpus), cfg.train.batch_size)) * cfg.train.epochs
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:

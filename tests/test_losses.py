@@ -11,8 +11,9 @@ import torch
 from pipeline.losses import simcse_loss
 
 
-def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None):
-    """Independent reference: explicit per-row softmax in float64."""
+def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None, present=None):
+    """Independent reference: explicit per-row softmax in float64. ``h`` is (n, d) or
+    (n, m, d); ``present`` (n, m) marks which negatives exist."""
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     p = p / np.linalg.norm(p, axis=1, keepdims=True)
     n = len(a)
@@ -24,9 +25,13 @@ def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None):
                 continue
             logits.append((j == i, a[i] @ p[j] / t))
         if h is not None:
-            hn = h / np.linalg.norm(h, axis=1, keepdims=True)
+            h3 = h[:, None, :] if h.ndim == 2 else h
             for j in range(n):
-                logits.append((False, a[i] @ hn[j] / t + (w if j == i else 0.0)))
+                for k in range(h3.shape[1]):
+                    if present is not None and not present[j, k]:
+                        continue
+                    hv = h3[j, k] / np.linalg.norm(h3[j, k])
+                    logits.append((False, a[i] @ hv / t + (w if j == i else 0.0)))
         values = np.array([v for _, v in logits])
         target = next(v for is_pos, v in logits if is_pos)
         total += -(target - np.log(np.exp(values - values.max()).sum()) - values.max())
@@ -89,3 +94,24 @@ def test_gradient_flows_and_bad_inputs_are_rejected():
         simcse_loss(torch.randn(2, 3), torch.randn(2, 3), temperature=0.0)
     with pytest.raises(ValueError, match="differ"):
         simcse_loss(torch.randn(2, 3), torch.randn(3, 3))
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.8])
+def test_several_negatives_per_row_with_absent_slots(weight):
+    rng = np.random.default_rng(4)
+    a, p = rng.normal(size=(5, 6)), rng.normal(size=(5, 6))
+    h = rng.normal(size=(5, 3, 6))
+    present = rng.random((5, 3)) < 0.6
+    present[0] = False  # a row with no negative at all
+    got = simcse_loss(
+        torch.tensor(a),
+        torch.tensor(p),
+        temperature=0.07,
+        hard_negatives=torch.tensor(h),
+        hard_negative_weight=weight,
+        hard_negative_mask=torch.tensor(present),
+    ).item()
+    assert got == pytest.approx(_numpy_infonce(a, p, 0.07, h, weight, present=present), rel=1e-5)
+    # (n, d) is the m = 1 case.
+    single = simcse_loss(torch.tensor(a), torch.tensor(p), 0.07, torch.tensor(h[:, 0]), weight).item()
+    assert single == pytest.approx(_numpy_infonce(a, p, 0.07, h[:, 0], weight), rel=1e-5)
