@@ -68,6 +68,9 @@ class DataSection:
     """Pair inputs (``jobs/mine.py``): the anchor column."""
     positive_column: str = "positive"
     """Pair inputs: the positive column."""
+    negative_column: str | None = None
+    """Triplet inputs: a column of given hard negatives (e.g. NLI contradictions); empty
+    cells mean none for that row."""
     max_seq_len: int = 32
     tokenize_batch_size: int = 1024
     tokenize_num_cpus: float = 0.25
@@ -119,6 +122,8 @@ class TrainSection:
     use_gpu: bool = False
     log_every: int = 10
     """Steps between MLflow metric flushes from rank 0."""
+    hard_negative_weight: float = 0.0
+    """Triplet mode: added to the logit of a row's own hard negatives (SimCSE's weight)."""
     dup_rate: float = 0.0
     """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
 
@@ -161,6 +166,11 @@ class MiningSection:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     """GPUs for the miner actor; with a GPU it encodes there and searches with a GPU index."""
+    negative_mode: Literal["neighbourhood", "triplet"] = "neighbourhood"
+    """``neighbourhood`` (unsupervised SimCSE on ``data.text_column``): each epoch's batches
+    are groups of near sentences. ``triplet`` (supervised SimCSE on anchor/positive
+    [/negative] columns): each anchor gets ``num_negatives`` mined negatives, used with any
+    given negative and ``train.hard_negative_weight``."""
     mode: Literal["sync", "async"] = "sync"
     """``sync``: refresh at the epoch boundary while training waits. ``async``: the miner
     works while training goes on, from weights at most ``max_staleness_steps`` old at the
@@ -285,10 +295,18 @@ class Config:
             if not ok:
                 raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
         generated = self.data.generated.num_groups * self.data.generated.group_size
-        if self.data.path is None and generated < self.train.batch_size:
+        if (
+            self.data.path is None
+            and self.mining.negative_mode == "neighbourhood"
+            and generated < self.train.batch_size
+        ):
             raise ConfigError(
                 f"train.batch_size ({self.train.batch_size}) is larger than the generated corpus "
                 f"(data.generated: {generated} sentences)"
+            )
+        if self.mining.negative_mode == "triplet" and self.data.path is None:
+            raise ConfigError(
+                "mining.negative_mode=triplet needs data.path: a file with anchor/positive columns"
             )
         if self.data.path is None and self.data.format != "auto":
             raise ConfigError("data.format is set but data.path is not")

@@ -182,6 +182,90 @@ def tokenize_table(batch: pa.Table, tokenizer: Any, max_seq_len: int) -> pa.Tabl
     return batch.append_column("input_ids", pa.array(encoded, type=pa.list_(pa.int32())))
 
 
+def _clean_text(column: Any) -> Any:
+    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+        column = pc.cast(column, pa.string())
+    return pc.utf8_trim_whitespace(pc.fill_null(column, ""))
+
+
+def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | None, int]:
+    """``(anchors, positives, negatives, rows read)``, stripped, rows with an empty anchor or
+    positive dropped.
+
+    A text file gives each sentence as its own positive. Pair files use
+    ``data.anchor_column`` / ``data.positive_column``, and ``data.negative_column`` when set
+    (an empty cell: no given negative for that row; ``negatives`` is None when unset).
+    """
+    import ray
+
+    assert section.path is not None
+    fmt = infer_format(section.path, section.format)
+    ds = read_dataset(section.path, fmt)
+    negatives = None
+    if fmt == "text":
+        table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+        anchors = positives = _clean_text(table.column("text"))
+    else:
+        columns = {
+            "data.anchor_column": section.anchor_column,
+            "data.positive_column": section.positive_column,
+        }
+        if section.negative_column:
+            columns["data.negative_column"] = section.negative_column
+        require_columns(ds, section.path, columns)
+        wanted = list(dict.fromkeys(columns.values()))
+        table = pa.concat_tables(ray.get(ds.select_columns(wanted).to_arrow_refs()))
+        anchors = _clean_text(table.column(section.anchor_column))
+        positives = _clean_text(table.column(section.positive_column))
+        if section.negative_column:
+            negatives = _clean_text(table.column(section.negative_column))
+    keep = pc.and_(pc.greater(pc.utf8_length(anchors), 0), pc.greater(pc.utf8_length(positives), 0))
+    rows = len(anchors)
+    anchors_list = pc.filter(anchors, keep).to_pylist()
+    if not anchors_list:
+        raise DataError(f"data.path: {section.path} has no non-empty (anchor, positive) pairs")
+    positives_list = pc.filter(positives, keep).to_pylist()
+    negatives_list = pc.filter(negatives, keep).to_pylist() if negatives is not None else None
+    return anchors_list, positives_list, negatives_list, rows
+
+
+@dataclass
+class Triplets:
+    """Supervised rows as positions into one de-duplicated text corpus."""
+
+    anchor: np.ndarray
+    positive: np.ndarray
+    negative: np.ndarray
+    """Given negative per row, -1 where none."""
+
+    def __len__(self) -> int:
+        return len(self.anchor)
+
+
+def index_triplets(
+    anchors: list[str], positives: list[str], negatives: list[str] | None
+) -> tuple[pa.Table, Triplets]:
+    """One ``(id, text)`` table of every distinct text, sorted by id, and the rows as positions
+    in it: each text is tokenized and encoded once however often it occurs."""
+    texts = set(anchors) | set(positives) | ({t for t in negatives if t} if negatives else set())
+    ids = np.array([stable_row_id(t) for t in texts], dtype=np.int64)
+    text_list = list(texts)
+    order = np.argsort(ids)
+    table = pa.table({"id": ids[order], "text": [text_list[i] for i in order]})
+    position = {text_list[i]: rank for rank, i in enumerate(order.tolist())}
+    negative = (
+        np.array([position[t] if t else -1 for t in negatives], dtype=np.int64)
+        if negatives is not None
+        else np.full(len(anchors), -1, dtype=np.int64)
+    )
+    triplets = Triplets(
+        np.array([position[t] for t in anchors], dtype=np.int64),
+        np.array([position[t] for t in positives], dtype=np.int64),
+        negative,
+    )
+    return table, triplets
+
+
 class _TokenizeBatches:
     """Ray Data actor: loads the tokenizer once, then tokenizes batch after batch.
 

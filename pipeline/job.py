@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config, ConfigError, dump_yaml
-from pipeline.data import DataError, check_corpus_path, load_clean_corpus, tokenize_corpus
+from pipeline.data import (
+    DataError,
+    check_corpus_path,
+    index_triplets,
+    load_clean_corpus,
+    read_pairs,
+    tokenize_corpus,
+)
 from pipeline.model import (
     build_tiny_model_dir,
     fetch_pretrained_dir,
@@ -203,26 +210,44 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
         started_ray = init_ray(cfg)
         check_cluster_fits(cfg, started_ray)
 
-        if cfg.data.path is None:
-            generated = run_dir / "generated_corpus.txt"
-            gen = cfg.data.generated
-            write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
-            cfg.data.path = str(generated)
-        corpus, stats = load_clean_corpus(cfg.data)
-        echo(f"[data] {cfg.data.path}: {stats.describe()}")
-        summary.corpus = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"
-        if stats.sentences < cfg.train.batch_size:
-            raise ConfigError(
-                f"train.batch_size ({cfg.train.batch_size}) is larger than the corpus ({stats.sentences} sentences)"
+        triplets = None
+        if cfg.mining.negative_mode == "triplet":
+            anchors, positives, negatives, rows = read_pairs(cfg.data)
+            corpus, triplets = index_triplets(anchors, positives, negatives)
+            given = int((triplets.negative >= 0).sum())
+            echo(
+                f"[data] {cfg.data.path}: {len(triplets)} (anchor, positive) rows of {rows} "
+                f"({rows - len(triplets)} with an empty field dropped), {given} with a given negative, "
+                f"{corpus.num_rows} distinct texts"
             )
-        tracked.set_tags(
-            {
-                "data.rows_read": stats.rows_read,
-                "data.empty_dropped": stats.empty_dropped,
-                "data.duplicates_dropped": stats.duplicates_dropped,
-                "data.sentences": stats.sentences,
-            }
-        )
+            summary.corpus = f"{len(triplets)} triplet rows over {corpus.num_rows} distinct texts"
+            num_rows = len(triplets)
+            tracked.set_tags(
+                {"data.rows_read": rows, "data.triplets": num_rows, "data.texts": corpus.num_rows}
+            )
+        else:
+            if cfg.data.path is None:
+                generated = run_dir / "generated_corpus.txt"
+                gen = cfg.data.generated
+                write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
+                cfg.data.path = str(generated)
+            corpus, stats = load_clean_corpus(cfg.data)
+            echo(f"[data] {cfg.data.path}: {stats.describe()}")
+            summary.corpus = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"
+            num_rows = stats.sentences
+            tracked.set_tags(
+                {
+                    "data.rows_read": stats.rows_read,
+                    "data.empty_dropped": stats.empty_dropped,
+                    "data.duplicates_dropped": stats.duplicates_dropped,
+                    "data.sentences": stats.sentences,
+                }
+            )
+        if num_rows < cfg.train.batch_size:
+            raise ConfigError(
+                f"train.batch_size ({cfg.train.batch_size}) is larger than the corpus ({num_rows} "
+                f"{'rows' if triplets is not None else 'sentences'})"
+            )
 
         model_dir = prepare_model_dir(cfg, corpus.column("text").to_pylist(), run_dir)
         tokenizer = load_tokenizer(model_dir)
@@ -236,6 +261,7 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
 
         corpus_ref = ray.put(tokenized)
         model_ref = ray.put(pack_dir(model_dir))
+        triplets_ref = ray.put(triplets) if triplets is not None else None
         if cfg.mining.enabled and cfg.train.epochs > 1:
             from pipeline.mining import start_miner_actor
 
@@ -256,6 +282,7 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
                 encode_actors=cfg.mining.encode_actors,
                 encode_num_cpus=cfg.mining.encode_num_cpus,
                 encode_num_gpus=cfg.mining.encode_num_gpus,
+                triplets=triplets_ref,
             )
             try:
                 ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
@@ -271,6 +298,7 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
             "config": cfg.to_dict(),
             "corpus_ref": corpus_ref,
             "model_ref": model_ref,
+            "triplets_ref": triplets_ref,
             "miner": miner,
             "tracking_uri": tracking_uri,
             "run_id": tracked.run_id,

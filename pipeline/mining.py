@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.data import TokenizedCorpus
+from pipeline.data import TokenizedCorpus, Triplets
 from pipeline.index import IndexSpec, estimate_index_bytes, knn_search
 from pipeline.model import (
     SentenceEncoder,
@@ -24,7 +24,13 @@ from pipeline.model import (
     quiet_libraries,
     unpack_dir,
 )
-from pipeline.negatives import NegativeFilters, duplicate_mask, filter_candidates, normalize_text
+from pipeline.negatives import (
+    NegativeFilters,
+    duplicate_mask,
+    filter_candidates,
+    normalize_text,
+    select_negatives,
+)
 from pipeline.plans import BatchPlan, neighbourhood_plan, random_plan
 
 
@@ -54,6 +60,7 @@ class HardNegativeMiner:
         encode_actors: int = 0,
         encode_num_cpus: float = 1.0,
         encode_num_gpus: float = 0.0,
+        triplets: Triplets | None = None,
     ):
         quiet_libraries()
         self.model_blob = model_blob
@@ -79,6 +86,7 @@ class HardNegativeMiner:
             [keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64
         )
         self.previous_plan: BatchPlan | None = None
+        self.triplets = triplets
         self.logger = None
         if tracking_uri and run_id:
             from pipeline.tracking import MetricLogger
@@ -86,6 +94,7 @@ class HardNegativeMiner:
             self.logger = MetricLogger(tracking_uri, run_id)
 
     def _log_histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int) -> None:
+        """Similarity histogram of the negatives the loss will see, next to random pairs."""
         if self.logger is None:
             return
         import tempfile
@@ -93,8 +102,78 @@ class HardNegativeMiner:
 
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / f"negative_similarity_v{version}.png")
-            _histogram_png(mined, random_pairs, version, path)
+            if self.triplets is None:
+                labels, xlabel = (
+                    ("random batches", f"mined plan v{version}"),
+                    "cosine similarity of in-batch negatives",
+                )
+            else:
+                labels, xlabel = (
+                    ("random pairs", f"mined negatives v{version}"),
+                    "cosine similarity to the anchor",
+                )
+            _histogram_png(mined, random_pairs, labels, xlabel, path)
             self.logger.client.log_artifact(self.logger.run_id, path, "mining")
+
+    def _refresh_triplets(
+        self, embeddings: np.ndarray, version: int, step: int, t0: float, t_encode: float
+    ) -> RefreshReport:
+        """Triplet mode: mine each anchor's negatives among the distinct positives."""
+        triplets = self.triplets
+        assert triplets is not None
+        pool = np.unique(triplets.positive)
+        k = min(self.top_k, len(pool))
+        knn = knn_search(
+            embeddings[pool], k, use_gpu=self.use_gpu, spec=self.index_spec,
+            seed=self.seed + version, queries=embeddings[triplets.anchor],
+        )  # fmt: skip
+        t1 = time.perf_counter()
+        candidates = np.where(knn.indices >= 0, pool[np.maximum(knn.indices, 0)], -1)
+        keys = self.text_keys
+        duplicate = duplicate_mask(candidates, keys[triplets.anchor], keys[triplets.positive], keys)
+        positive_scores = np.einsum("ij,ij->i", embeddings[triplets.anchor], embeddings[triplets.positive])
+        chosen = select_negatives(
+            candidates, knn.scores, positive_scores, duplicate, self.filters, seed=self.seed + version
+        )
+        plan = random_plan(len(triplets), self.batch_size, seed=self.seed + version, version=version)
+        plan.negatives = chosen.indices
+        found = chosen.scores[chosen.indices >= 0]
+        rng = np.random.default_rng(self.seed)
+        a, b = rng.integers(len(embeddings), size=(2, min(20_000, len(embeddings) ** 2)))
+        random_pairs = np.einsum("ij,ij->i", embeddings[a], embeddings[b])
+        metrics = {
+            "mining_encode_s": t_encode,
+            "mining_index_s": knn.index_seconds,
+            "mining_search_s": knn.search_seconds,
+            "mining_plan_s": time.perf_counter() - t1,
+            "mining_total_s": time.perf_counter() - t0,
+            "mining_corpus_size": float(len(pool)),
+            "mining_candidates": float(chosen.candidates),
+            "mining_kept": float(chosen.kept),
+            **{f"mining_removed_{name}": float(count) for name, count in chosen.removed.items()},
+            "mining_anchors_short": float(chosen.anchors_short),
+            "mining_positive_similarity_mean": float(positive_scores.mean()),
+            "mining_random_pair_similarity_mean": float(random_pairs.mean()),
+            "mining_plan_version": float(version),
+        }
+        if len(found):
+            metrics.update(
+                {
+                    "mining_negative_similarity_mean": float(found.mean()),
+                    "mining_negative_similarity_p10": float(np.percentile(found, 10)),
+                    "mining_negative_similarity_p50": float(np.percentile(found, 50)),
+                    "mining_negative_similarity_p90": float(np.percentile(found, 90)),
+                }
+            )
+        if self.previous_plan is not None and self.previous_plan.negatives is not None:
+            metrics["mining_churn"] = float((self.previous_plan.negatives != plan.negatives).mean())
+        self.previous_plan = plan
+        if len(found):
+            self._log_histogram(found, random_pairs, version)
+        if self.logger is not None:
+            self.logger.log(metrics, step)
+            self.logger.flush()
+        return RefreshReport(plan, metrics)
 
     def encode(self, encoder_state: dict[str, torch.Tensor]) -> np.ndarray:
         """Normalised embeddings of the whole corpus under the given encoder weights."""
@@ -116,6 +195,8 @@ class HardNegativeMiner:
         """Mine with the given encoder weights and return the plan tagged ``version``."""
         t0 = time.perf_counter()
         embeddings = self.encode(encoder_state)
+        if self.triplets is not None:
+            return self._refresh_triplets(embeddings, version, step, t0, time.perf_counter() - t0)
         rows = np.arange(len(self.corpus))
         t_encode = time.perf_counter() - t0
         k = min(self.top_k + 1, len(rows))
@@ -297,7 +378,9 @@ def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
     return scores[np.arange(len(scores)), first][has]
 
 
-def _histogram_png(mined: np.ndarray, random_pairs: np.ndarray, version: int, path: str) -> None:
+def _histogram_png(
+    mined: np.ndarray, random_pairs: np.ndarray, labels: tuple[str, str], xlabel: str, path: str
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -305,9 +388,9 @@ def _histogram_png(mined: np.ndarray, random_pairs: np.ndarray, version: int, pa
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     bins = np.linspace(min(mined.min(), random_pairs.min()), 1.0, 60)
-    ax.hist(random_pairs, bins=bins, alpha=0.6, density=True, label="random batches")
-    ax.hist(mined, bins=bins, alpha=0.6, density=True, label=f"mined plan v{version}")
-    ax.set_xlabel("cosine similarity of in-batch negatives")
+    ax.hist(random_pairs, bins=bins, alpha=0.6, density=True, label=labels[0])
+    ax.hist(mined, bins=bins, alpha=0.6, density=True, label=labels[1])
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("density")
     ax.legend()
     fig.tight_layout()

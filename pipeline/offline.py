@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.config import Config
-from pipeline.data import DataError, infer_format, read_dataset, require_columns
+from pipeline.data import DataError, read_pairs
 from pipeline.index import estimate_index_bytes, knn_search
 from pipeline.negatives import FILTERS, duplicate_mask, normalize_text, select_negatives
 
@@ -59,45 +58,6 @@ class MiningReport:
             )
         lines.append(f"  time          {timing}")
         return "\n".join(lines)
-
-
-def _clean(column: Any) -> Any:
-    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
-        column = pc.cast(column, pa.string())
-    return pc.utf8_trim_whitespace(pc.fill_null(column, ""))
-
-
-def read_pairs(cfg: Config) -> tuple[list[str], list[str], int]:
-    """(anchors, positives, rows read) from a text file or a pairs file, stripped, non-empty."""
-    import ray
-
-    section = cfg.data
-    assert section.path is not None
-    fmt = infer_format(section.path, section.format)
-    ds = read_dataset(section.path, fmt)
-    if fmt == "text":
-        table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
-        anchors = positives = _clean(table.column("text"))
-    else:
-        columns = {
-            "data.anchor_column": section.anchor_column,
-            "data.positive_column": section.positive_column,
-        }
-        require_columns(ds, section.path, columns)
-        table = pa.concat_tables(
-            ray.get(ds.select_columns(list(dict.fromkeys(columns.values()))).to_arrow_refs())
-        )
-        anchors, positives = (
-            _clean(table.column(section.anchor_column)),
-            _clean(table.column(section.positive_column)),
-        )
-    keep = pc.and_(pc.greater(pc.utf8_length(anchors), 0), pc.greater(pc.utf8_length(positives), 0))
-    rows = len(anchors)
-    anchors_list = pc.filter(anchors, keep).to_pylist()
-    positives_list = pc.filter(positives, keep).to_pylist()
-    if not anchors_list:
-        raise DataError(f"data.path: {section.path} has no non-empty (anchor, positive) pairs")
-    return anchors_list, positives_list, rows
 
 
 def mine_pairs(
@@ -234,7 +194,7 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
         )
         tracked.set_tags({"simcse.job": "mine", "simcse.output": output})
         started_ray = init_ray(cfg)
-        anchors, positives, rows = read_pairs(cfg)
+        anchors, positives, _, rows = read_pairs(cfg.data)
         echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs")
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = fetch_pretrained_dir(cfg.model.name_or_path, tmp)

@@ -25,6 +25,9 @@ class BatchPlan:
     """``(n,)`` int64 corpus positions, batch after batch."""
     sizes: np.ndarray
     """``(num_batches,)`` int64 rows per batch."""
+    negatives: np.ndarray | None = None
+    """Triplet mode: ``(n, num_negatives)`` mined negatives per row (corpus text positions,
+    -1 where none passed the filters); None in neighbourhood mode."""
 
     @property
     def num_batches(self) -> int:
@@ -41,17 +44,21 @@ class BatchPlan:
         """The same batches in a seeded random order (same version)."""
         batches = self.batches()
         order = np.random.default_rng(seed).permutation(len(batches))
-        return BatchPlan(self.version, np.concatenate([batches[i] for i in order]), self.sizes[order])
+        return BatchPlan(
+            self.version, np.concatenate([batches[i] for i in order]), self.sizes[order], self.negatives
+        )
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "rows": self.rows, "sizes": self.sizes}
+        return {"version": self.version, "rows": self.rows, "sizes": self.sizes, "negatives": self.negatives}
 
     @classmethod
     def from_dict(cls, data: dict) -> BatchPlan:
+        negatives = data.get("negatives")
         return cls(
             int(data["version"]),
             np.asarray(data["rows"], dtype=np.int64),
             np.asarray(data["sizes"], dtype=np.int64),
+            None if negatives is None else np.asarray(negatives, dtype=np.int64),
         )
 
 

@@ -21,8 +21,8 @@ import torch
 
 from pipeline.augment import repeat_words
 from pipeline.config import Config, config_from_dict
-from pipeline.data import TokenizedCorpus
-from pipeline.losses import global_batch_simcse_loss
+from pipeline.data import TokenizedCorpus, Triplets
+from pipeline.losses import gather_across_workers, global_batch_simcse_loss, simcse_loss
 from pipeline.model import (
     SentenceEncoder,
     cpu_state_dict,
@@ -77,6 +77,9 @@ def save_checkpoint(
             "plan_version": state.plan.version,
             "plan_rows": torch.tensor(state.plan.rows),
             "plan_sizes": torch.tensor(state.plan.sizes),
+            "plan_negatives": torch.tensor(state.plan.negatives)
+            if state.plan.negatives is not None
+            else None,
             "epoch_losses": state.epoch_losses,
             "plan_versions": state.plan_versions,
             "wait_seconds": state.wait_seconds,
@@ -118,6 +121,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model_dir = unpack_dir(ray.get(loop_config["model_ref"]))
     tokenizer = load_tokenizer(model_dir)
     corpus = TokenizedCorpus(ray.get(loop_config["corpus_ref"]), tokenizer.pad_token_id)
+    triplets = ray.get(loop_config["triplets_ref"]) if loop_config.get("triplets_ref") is not None else None
+    num_rows = len(triplets) if triplets is not None else len(corpus)
     miner = loop_config["miner"]
 
     checkpoint = ray.train.get_checkpoint()
@@ -138,7 +143,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     )
     model.to(device)
 
-    total_steps = len(balanced_batch_sizes(len(corpus), cfg.train.batch_size)) * cfg.train.epochs
+    total_steps = len(balanced_batch_sizes(num_rows, cfg.train.batch_size)) * cfg.train.epochs
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -157,7 +162,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps
     )
 
-    state = TrainState(plan=random_plan(len(corpus), cfg.train.batch_size, seed=cfg.run.seed, version=0))
+    state = TrainState(plan=random_plan(num_rows, cfg.train.batch_size, seed=cfg.run.seed, version=0))
     if saved is not None:
         if model.mlp is not None and saved["mlp"] is not None:
             model.mlp.load_state_dict(saved["mlp"])
@@ -166,7 +171,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         state = TrainState(
             epoch=saved["epoch"],
             step=saved["step"],
-            plan=BatchPlan(saved["plan_version"], saved["plan_rows"].numpy(), saved["plan_sizes"].numpy()),
+            plan=BatchPlan(
+                saved["plan_version"],
+                saved["plan_rows"].numpy(),
+                saved["plan_sizes"].numpy(),
+                saved["plan_negatives"].numpy() if saved["plan_negatives"] is not None else None,
+            ),
             epoch_losses=list(saved["epoch_losses"]),
             plan_versions=list(saved["plan_versions"]),
             wait_seconds=list(saved["wait_seconds"]),
@@ -186,7 +196,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
         logger = MetricLogger(loop_config["tracking_uri"], loop_config["run_id"])
 
-    refresher = PlanRefresher(cfg, miner, rank, len(corpus))
+    refresher = PlanRefresher(cfg, miner, rank, num_rows)
     use_bf16 = device.type == "cuda"
     for epoch in range(state.epoch, cfg.train.epochs):
         assert state.plan is not None
@@ -204,20 +214,25 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             sizes = worker_slices(len(global_rows), world)
             lo = sum(sizes[:rank])
             local_rows = global_rows[lo : lo + sizes[rank]]
-            input_ids, mask = two_views(corpus, local_rows, cfg.train.dup_rate, augment_rng)
-            input_ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
-            mask = torch.from_numpy(mask).to(device, non_blocking=True)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                # Both dropout views in one forward pass: the batch twice, stacked.
-                embeddings = ddp_model(input_ids, mask)
-            view1, view2 = embeddings.float().split(len(local_rows))
-            loss, loss_to_backward = global_batch_simcse_loss(
-                view1,
-                view2,
-                sizes,
-                torch.from_numpy(corpus.ids[global_rows]).to(device),
-                cfg.train.temperature,
-            )
+            if triplets is None:
+                input_ids, mask = two_views(corpus, local_rows, cfg.train.dup_rate, augment_rng)
+                input_ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
+                mask = torch.from_numpy(mask).to(device, non_blocking=True)
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    # Both dropout views in one forward pass: the batch twice, stacked.
+                    embeddings = ddp_model(input_ids, mask)
+                view1, view2 = embeddings.float().split(len(local_rows))
+                loss, loss_to_backward = global_batch_simcse_loss(
+                    view1,
+                    view2,
+                    sizes,
+                    torch.from_numpy(corpus.ids[global_rows]).to(device),
+                    cfg.train.temperature,
+                )
+            else:
+                loss, loss_to_backward = triplet_batch_loss(
+                    ddp_model, corpus, triplets, plan.negatives, local_rows, global_rows, sizes, cfg, device
+                )
             optimizer.zero_grad(set_to_none=True)
             loss_to_backward.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
@@ -302,6 +317,53 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             ray.train.report(metrics, checkpoint=ckpt)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def triplet_batch_loss(
+    ddp_model: Any,
+    corpus: TokenizedCorpus,
+    triplets: Triplets,
+    mined: np.ndarray | None,
+    local_rows: np.ndarray,
+    global_rows: np.ndarray,
+    sizes: list[int],
+    cfg: Config,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Supervised SimCSE on this worker's triplet rows, negatives gathered from all workers.
+
+    Each row's negatives are its given one (if any) and its mined ones (if a refresh has
+    happened): ``1 + num_negatives`` slots, absent ones masked. Anchors, positives and the
+    present negatives go through the encoder in one forward pass.
+
+    Returns ``(loss, loss_to_backward)`` as :func:`global_batch_simcse_loss` does.
+    """
+    negatives = triplets.negative[local_rows][:, None]
+    if mined is not None:
+        negatives = np.concatenate([negatives, mined[local_rows]], axis=1)
+    present = negatives >= 0
+    texts = np.concatenate([triplets.anchor[local_rows], triplets.positive[local_rows], negatives[present]])
+    input_ids, mask = corpus.batch(texts)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        embeddings = ddp_model(
+            torch.from_numpy(input_ids).to(device), torch.from_numpy(mask).to(device)
+        ).float()
+    n = len(local_rows)
+    present_t = torch.from_numpy(present).to(device)
+    negative_embeddings = embeddings.new_zeros((n, negatives.shape[1], embeddings.shape[1]))
+    negative_embeddings[present_t] = embeddings[2 * n :]
+    loss = simcse_loss(
+        gather_across_workers(embeddings[:n], sizes),
+        gather_across_workers(embeddings[n : 2 * n], sizes),
+        temperature=cfg.train.temperature,
+        hard_negatives=gather_across_workers(negative_embeddings, sizes),
+        hard_negative_weight=cfg.train.hard_negative_weight,
+        # Rows sharing a positive text (a premise with several hypotheses) are not each
+        # other's negatives.
+        row_ids=torch.from_numpy(corpus.ids[triplets.positive[global_rows]]).to(device),
+        hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
+    )
+    return loss, loss * len(sizes)
 
 
 def two_views(

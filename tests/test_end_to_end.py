@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
@@ -252,3 +253,50 @@ def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
             assert staleness[boundary] == 0
         previous = version
     assert "training waited" in proc.stdout
+
+
+def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_dir, paraphrase_corpus):
+    import json
+
+    texts, groups = paraphrase_corpus
+    members: dict[int, list[str]] = {}
+    for text, group in zip(texts, groups.tolist(), strict=True):
+        members.setdefault(group, []).append(text)
+    rows = []
+    for group, group_texts in members.items():
+        other = members[(group + 7) % len(members)]
+        for i in range(2):
+            # Half the rows carry a given negative (as NLI contradictions would), half none.
+            rows.append(
+                {
+                    "premise": group_texts[i],
+                    "hypothesis": group_texts[i + 1],
+                    "contra": other[0] if i == 0 else "",
+                }
+            )
+    data = tmp_path / "triplets.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = _run_job(
+        tmp_path, "run.name=sup", f"model.name_or_path={tiny_model_dir}", f"data.path={data}",
+        "data.anchor_column=premise", "data.positive_column=hypothesis", "data.negative_column=contra",
+        "mining.negative_mode=triplet", "mining.num_negatives=2", "train.hard_negative_weight=0.5",
+        "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (
+        f"{len(rows)} (anchor, positive) rows" in proc.stdout
+        and f"{len(rows) // 2} with a given negative" in proc.stdout
+    )
+    client = _client(tmp_path)
+    run = _only_run(client, "sup")
+    assert run.info.status == "FINISHED" and run.data.params["mining.negative_mode"] == "triplet"
+    run_id = run.info.run_id
+    versions = [
+        m.value for m in sorted(client.get_metric_history(run_id, "epoch_plan_version"), key=lambda m: m.step)
+    ]
+    assert versions == [0.0, 1.0]  # epoch 2 trained with mined negatives
+    assert len(client.get_metric_history(run_id, "mining_negative_similarity_mean")) == 1
+    assert client.get_metric_history(run_id, "mining_anchors_short")[0].value < len(rows)
+    losses = [m.value for m in client.get_metric_history(run_id, "train_loss")]
+    assert len(losses) == 2 * -(-len(rows) // 32) and all(np.isfinite(losses))
+    assert [a.path for a in client.list_artifacts(run_id, "mining")] == ["mining/negative_similarity_v1.png"]

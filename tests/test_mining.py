@@ -193,3 +193,44 @@ def test_memory_estimate_counts_vectors_and_results():
     assert flat == 2 * n * d * 4 + n * k * 12
     assert estimate_index_bytes(n, d, k, "ivfpq", IndexSpec(pq_m=16)) < 0.6 * flat
     assert estimate_index_bytes(n, d, k, "ivf") > flat
+
+
+def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus):
+
+    from pipeline.data import index_triplets, tokenize_table
+    from pipeline.model import load_tokenizer
+    from pipeline.negatives import NegativeFilters, normalize_text
+
+    texts, groups = paraphrase_corpus
+    anchors, positives = [], []
+    for g in np.unique(groups)[:150]:
+        members = [t for t, gg in zip(texts, groups, strict=True) if gg == g]
+        anchors += members[:2]
+        positives += members[1:3]
+    table, triplets = index_triplets(anchors, positives, None)
+    tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
+    miner = HardNegativeMiner(
+        tokenized, pack_dir(trained_tiny_model_dir), pooler="mean", batch_size=32, top_k=32,
+        encode_batch_size=64, seed=0, triplets=triplets, filters=NegativeFilters(num_negatives=2),
+    )  # fmt: skip
+    weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
+    report = miner.refresh(weights, version=1, step=7)
+    plan, metrics = report.plan, report.metrics
+    assert sorted(plan.rows.tolist()) == list(range(len(triplets)))  # batches over triplet rows
+    assert plan.negatives.shape == (len(triplets), 2)
+    text = table.column("text").to_pylist()
+    group_of = {normalize_text(t): g for t, g in zip(texts, groups.tolist(), strict=True)}
+    same_group = 0
+    for i, row in enumerate(plan.negatives):
+        forbidden = {normalize_text(text[triplets.anchor[i]]), normalize_text(text[triplets.positive[i]])}
+        for j in row[row >= 0]:
+            assert normalize_text(text[j]) not in forbidden
+            assert j in set(triplets.positive.tolist())  # mined from the positives
+            same_group += (
+                group_of[normalize_text(text[j])] == group_of[normalize_text(text[triplets.anchor[i]])]
+            )
+    assert same_group <= 0.05 * (plan.negatives >= 0).sum()
+    assert metrics["mining_anchors_short"] == int(((plan.negatives >= 0).sum(axis=1) < 2).sum())
+    assert metrics["mining_negative_similarity_mean"] > metrics["mining_random_pair_similarity_mean"]
+    again = miner.refresh(weights, version=2, step=9)
+    assert 0.0 <= again.metrics["mining_churn"] <= 1.0
