@@ -61,7 +61,7 @@ def job_main(
     except Exception as exc:
         if args.debug:
             raise
-        from pipeline.job import describe_error
+        from pipeline.errors import describe_error
 
         code = EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
         print(f"error: {describe_error(exc)}", file=sys.stderr)

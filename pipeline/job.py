@@ -11,7 +11,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +20,6 @@ from typing import Any
 
 from pipeline.config import Config, ConfigError, dump_yaml
 from pipeline.data import (
-    DataError,
     check_corpus_path,
     index_triplets,
     load_clean_corpus,
@@ -34,7 +34,7 @@ from pipeline.model import (
     quiet_libraries,
 )
 from pipeline.synthetic import write_generated_corpus
-from pipeline.tracking import resolve_tracking_uri, start_or_resume_run, ui_command
+from pipeline.tracking import TrackedRun, resolve_tracking_uri, start_or_resume_run, ui_command
 
 log = logging.getLogger("pipeline")
 
@@ -86,6 +86,20 @@ class JobSummary:
 
 def _is_uri(path: str) -> bool:
     return "://" in path
+
+
+@contextmanager
+def ray_session(cfg: Config) -> Iterator[bool]:
+    """Ray for the length of a job: yields True when it started a local Ray, which it then
+    shuts down on the way out (a joined cluster is left running)."""
+    started = init_ray(cfg)
+    try:
+        yield started
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
 
 
 def init_ray(cfg: Config) -> bool:
@@ -198,18 +212,32 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
         f"[run] {'resuming' if tracked.resumed else 'starting'} {run_name!r}: MLflow run {tracked.run_id} at {tracking_uri}"
     )
 
-    started_ray = False
-    miner = None
     quiet_libraries()
-    try:
+    with tracked.failing_on_error():
         run_dir.mkdir(parents=True, exist_ok=True)
         resolved = run_dir / "resolved_config.yaml"
         resolved.write_text(dump_yaml(cfg))
         tracked.log_params(cfg.flat())
         tracked.log_artifact(resolved)
-        started_ray = init_ray(cfg)
-        check_cluster_fits(cfg, started_ray)
+        with ray_session(cfg) as started_ray:
+            check_cluster_fits(cfg, started_ray)
+            _train(cfg, tracked, summary, run_dir, storage_root, echo)
+    summary.wall_seconds = time.perf_counter() - started_at
+    tracked.finish()
+    return summary
 
+
+def _train(
+    cfg: Config,
+    tracked: TrackedRun,
+    summary: JobSummary,
+    run_dir: Path,
+    storage_root: str,
+    echo: Callable[[str], None],
+) -> None:
+    """Data, model, miner, trainer and export, inside a Ray session; fills ``summary``."""
+    miner = None
+    try:
         triplets = None
         if cfg.mining.negative_mode == "triplet":
             anchors, positives, negatives, rows = read_pairs(cfg.data)
@@ -275,7 +303,7 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
                 top_k=cfg.mining.top_k,
                 encode_batch_size=cfg.mining.encode_batch_size,
                 seed=cfg.run.seed,
-                tracking_uri=tracking_uri,
+                tracking_uri=tracked.tracking_uri,
                 run_id=tracked.run_id,
                 index_spec=cfg.mining.index_spec(),
                 filters=cfg.mining.negative_filters(),
@@ -300,14 +328,15 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
             "model_ref": model_ref,
             "triplets_ref": triplets_ref,
             "miner": miner,
-            "tracking_uri": tracking_uri,
+            "tracking_uri": tracked.tracking_uri,
             "run_id": tracked.run_id,
         }
         echo(
             f"[train] {cfg.train.epochs} epochs on {cfg.train.num_workers} worker(s), global batch {cfg.train.batch_size}; "
-            f"checkpoints in {storage_root}/{run_name}"
+            f"checkpoints in {storage_root}/{cfg.run.name}"
         )
-        result = build_trainer(cfg, loop_config, storage_root, run_name).fit()
+        assert cfg.run.name is not None
+        result = build_trainer(cfg, loop_config, storage_root, cfg.run.name).fit()
         if result.error is not None:
             raise result.error
         metrics = result.metrics or {}
@@ -325,40 +354,8 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
             shutil.copytree(Path(ckpt_dir) / MODEL_SUBDIR, export_dir)
         tracked.log_artifacts(export_dir, "model")
         summary.model_dir = str(export_dir)
-        summary.wall_seconds = time.perf_counter() - started_at
-        tracked.finish()
-        return summary
-    except BaseException as exc:
-        tracked.fail(describe_error(exc))
-        raise
     finally:
         if miner is not None:
             import ray
 
             ray.kill(miner)
-        if started_ray:
-            import ray
-
-            ray.shutdown()
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for a failure, unwrapping Ray's wrappers to the worker's own exception."""
-    seen = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        inner = getattr(exc, "cause", None) or exc.__cause__
-        # Ray Train wraps worker errors (TrainingFailedError -> WorkerGroupError -> worker errors)
-        worker_failures = getattr(exc, "worker_failures", None)
-        if isinstance(worker_failures, dict) and worker_failures:
-            inner = next(iter(worker_failures.values()))
-        if inner is None or inner is exc:
-            break
-        exc = inner
-    text = str(exc).strip().splitlines()
-    message = text[0] if text else ""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    if isinstance(exc, (ConfigError, DataError, TimeoutError)) and message:
-        return message  # already names the key or the thing waited for
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -172,7 +172,7 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
     from datetime import datetime
 
     from pipeline.data import check_corpus_path
-    from pipeline.job import describe_error, init_ray
+    from pipeline.job import ray_session
     from pipeline.model import fetch_pretrained_dir, load_sentence_encoder, load_tokenizer, quiet_libraries
     from pipeline.tracking import resolve_tracking_uri, start_or_resume_run
 
@@ -187,13 +187,11 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
     run_name = cfg.run.name or datetime.now().strftime("mine-%Y%m%d-%H%M%S")
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)
     quiet_libraries()
-    started_ray = False
-    try:
+    with tracked.failing_on_error(), ray_session(cfg):
         tracked.log_params(
             {k: v for k, v in cfg.flat().items() if k.split(".")[0] in ("data", "model", "mining")}
         )
         tracked.set_tags({"simcse.job": "mine", "simcse.output": output})
-        started_ray = init_ray(cfg)
         anchors, positives, _, rows = read_pairs(cfg.data)
         echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs")
         with tempfile.TemporaryDirectory() as tmp:
@@ -219,13 +217,5 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
         logger = MetricLogger(tracking_uri, tracked.run_id)
         logger.log({f"mining_{k}": float(v) for k, v in metrics.items()}, step=0)
         logger.flush()
-        tracked.finish()
-        return report
-    except BaseException as exc:
-        tracked.fail(describe_error(exc))
-        raise
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
+    tracked.finish()
+    return report

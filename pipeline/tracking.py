@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,17 @@ class TrackedRun:
     def finish(self) -> None:
         self.client.set_tag(self.run_id, STATE_TAG, "finished")
         self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+    @contextmanager
+    def failing_on_error(self) -> Iterator[None]:
+        """Mark the run FAILED, with the one-line reason as a tag, if the block raises."""
+        from pipeline.errors import describe_error
+
+        try:
+            yield
+        except BaseException as exc:
+            self.fail(describe_error(exc))
+            raise
 
     def fail(self, reason: str) -> None:
         self.client.set_tag(self.run_id, ERROR_TAG, reason[:5000])
