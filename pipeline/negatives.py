@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.index import IndexSpec, KnnResult, knn_search
+
 FILTERS = ("duplicate", "rank_window", "max_score", "relative_margin")
 
 
@@ -180,3 +182,40 @@ def duplicate_mask(
     valid = candidates >= 0
     keys = np.where(valid, candidate_keys[np.where(valid, candidates, 0)], -1)
     return valid & ((keys == anchor_keys[:, None]) | (keys == positive_keys[:, None]))
+
+
+@dataclass
+class AnchorNegatives:
+    selected: SelectedNegatives
+    """Negatives as positions in the pool."""
+    positive_scores: np.ndarray
+    """``(n,)`` anchor-positive similarity."""
+    knn: KnnResult
+
+
+def mine_anchor_negatives(
+    anchor_vectors: np.ndarray,
+    positive_vectors: np.ndarray,
+    pool_vectors: np.ndarray,
+    anchor_keys: np.ndarray,
+    positive_keys: np.ndarray,
+    pool_keys: np.ndarray,
+    filters: NegativeFilters,
+    k: int,
+    spec: IndexSpec | None = None,
+    use_gpu: bool = False,
+    seed: int = 0,
+) -> AnchorNegatives:
+    """Search each anchor's ``k`` nearest pool vectors and select its negatives.
+
+    The one code path of supervised mining, shared by the offline job and the training
+    miner's triplet mode. Vectors are L2-normalised; keys are :func:`duplicate_mask` keys
+    (one per normalised text) for the anchors, their positives and the pool.
+    """
+    knn = knn_search(
+        pool_vectors, min(k, len(pool_vectors)), use_gpu=use_gpu, spec=spec, seed=seed, queries=anchor_vectors
+    )
+    duplicate = duplicate_mask(knn.indices, anchor_keys, positive_keys, pool_keys)
+    positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors)
+    selected = select_negatives(knn.indices, knn.scores, positive_scores, duplicate, filters, seed=seed)
+    return AnchorNegatives(selected, positive_scores, knn)

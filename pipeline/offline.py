@@ -20,8 +20,8 @@ import pyarrow as pa
 
 from pipeline.config import Config
 from pipeline.data import DataError, read_pairs
-from pipeline.index import estimate_index_bytes, knn_search
-from pipeline.negatives import FILTERS, duplicate_mask, normalize_text, select_negatives
+from pipeline.index import estimate_index_bytes
+from pipeline.negatives import FILTERS, mine_anchor_negatives, normalize_text
 
 
 @dataclass
@@ -102,23 +102,24 @@ def mine_pairs(
     report.estimated_index_bytes = estimate_index_bytes(
         len(pool), pool_vectors.shape[1], k, report.index, spec
     )
-    knn = knn_search(
-        pool_vectors, k, use_gpu=mining.num_gpus > 0, spec=spec, queries=anchor_vectors, seed=cfg.run.seed
-    )
-    report.index = knn.backend
-    report.seconds["index"] = knn.index_seconds
-    report.seconds["search"] = knn.search_seconds
-
-    t1 = time.perf_counter()
+    if echo is not None:
+        echo(
+            f"[mining] {report.index} index over {len(pool)} x {pool_vectors.shape[1]} vectors, k={k}: "
+            f"about {report.estimated_index_bytes / 2**20:.1f} MiB"
+        )
     keys: dict[str, int] = {}
     pool_keys = np.array([keys.setdefault(normalize_text(t), len(keys)) for t in pool])
     anchor_keys = np.array([keys.setdefault(normalize_text(t), len(keys)) for t in anchors])
-    duplicate = duplicate_mask(knn.indices, anchor_keys, pool_keys[positive_rows], pool_keys)
-    positive_scores = np.einsum("ij,ij->i", anchor_vectors, pool_vectors[positive_rows])
-    chosen = select_negatives(
-        knn.indices, knn.scores, positive_scores, duplicate, mining.negative_filters(), seed=cfg.run.seed
-    )
-    report.seconds["filter"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    mined = mine_anchor_negatives(
+        anchor_vectors, pool_vectors[positive_rows], pool_vectors, anchor_keys, pool_keys[positive_rows], pool_keys,
+        mining.negative_filters(), k, spec=spec, use_gpu=mining.num_gpus > 0, seed=cfg.run.seed,
+    )  # fmt: skip
+    knn, chosen, positive_scores = mined.knn, mined.selected, mined.positive_scores
+    report.index = knn.backend
+    report.seconds["index"] = knn.index_seconds
+    report.seconds["search"] = knn.search_seconds
+    report.seconds["filter"] = time.perf_counter() - t1 - knn.index_seconds - knn.search_seconds
     report.candidates, report.kept_before_sampling = chosen.candidates, chosen.kept
     report.removed, report.anchors_short = chosen.removed, chosen.anchors_short
 

@@ -110,6 +110,7 @@ def test_mine_job_on_text_and_pairs(tmp_path, trained_tiny_model_dir, paraphrase
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "too few" in proc.stdout and "removed: duplicate" in proc.stdout
+    assert "[mining] flat index over" in proc.stdout  # memory estimate, printed before building
     table = pq.read_table(out_parquet)
     assert table.column_names == ["anchor", "positive", "negative_1", "negative_2"]
     rows = table.to_pylist()
