@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.data import TokenizedCorpus, stable_row_id, tokenize_table  # noqa: E402
 from pipeline.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
+from pipeline.mining import plan_from_neighbours  # noqa: E402
 from pipeline.model import build_tiny_model_dir, encode_rows, load_sentence_encoder, load_tokenizer  # noqa: E402
-from pipeline.negatives import NegativeFilters, duplicate_mask, filter_candidates, normalize_text  # noqa: E402
-from pipeline.plans import neighbourhood_plan  # noqa: E402
+from pipeline.negatives import NegativeFilters, normalize_text  # noqa: E402
 from pipeline.synthetic import generate_paraphrase_corpus  # noqa: E402
 
 GIB = 2**30
@@ -101,19 +101,7 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
     def filter_and_plan():
         keys: dict[str, int] = {}
         text_keys = np.array([keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64)
-        duplicate = duplicate_mask(knn.indices, text_keys, text_keys, text_keys)
-        filtered = filter_candidates(
-            knn.indices, knn.scores, np.ones(rows, dtype=np.float32), duplicate, NegativeFilters()
-        )
-        itself = knn.indices == np.arange(rows)[:, None]
-        return neighbourhood_plan(
-            np.where(filtered.allowed, knn.indices, -1),
-            knn.scores,
-            batch_size,
-            seed=0,
-            version=1,
-            false_negatives=np.where(filtered.false_negative & ~itself, knn.indices, -1),
-        )
+        return plan_from_neighbours(knn, text_keys, NegativeFilters(), batch_size, seed=0, version=1)[0]
 
     stage("filter+plan", results, filter_and_plan)
     results["estimate_bytes"] = estimate

@@ -207,19 +207,11 @@ class HardNegativeMiner:
         knn = knn_search(embeddings, k, use_gpu=self.use_gpu, spec=self.index_spec, seed=self.seed + version)
         t1 = time.perf_counter()
         n = len(rows)
-        duplicate = duplicate_mask(knn.indices, self.text_keys, self.text_keys, self.text_keys)
-        # Unsupervised: each row is its own positive, so the margin is relative to 1.0.
-        filtered = filter_candidates(
-            knn.indices, knn.scores, np.ones(n, dtype=np.float32), duplicate, self.filters
-        )
-        neighbours = np.where(filtered.allowed, knn.indices, -1)
-        itself = knn.indices == np.arange(n)[:, None]
-        false_negatives = np.where(filtered.false_negative & ~itself, knn.indices, -1)
-        plan = neighbourhood_plan(
-            neighbours, knn.scores, self.batch_size, self.seed + version, version, false_negatives
+        plan, filtered, false_negatives = plan_from_neighbours(
+            knn, self.text_keys, self.filters, self.batch_size, self.seed + version, version
         )
         t_plan = time.perf_counter() - t1
-        top1 = _first_valid_scores(knn.scores, np.where(duplicate, -1, knn.indices))
+        top1 = _first_valid_scores(knn.scores, np.where(filtered.duplicate, -1, knn.indices))
         baseline = random_plan(n, self.batch_size, seed=self.seed + 10_000 + version)
         pair_sims = in_batch_pair_similarities(embeddings, plan, self.seed)
         random_sims = in_batch_pair_similarities(embeddings, baseline, self.seed)
@@ -329,6 +321,24 @@ def encode_with_actor_pool(
         out[batch["position"]] = batch["embedding"]
     assert out is not None
     return out
+
+
+def plan_from_neighbours(
+    knn: Any, text_keys: np.ndarray, filters: NegativeFilters, batch_size: int, seed: int, version: int
+) -> tuple[BatchPlan, Any, np.ndarray]:
+    """Neighbourhood mode: filter every row's k-NN candidates and plan the epoch's batches.
+
+    Each row is its own positive (unsupervised), so the relative margin is against 1.0.
+    Returns the plan, the filter result, and each row's flagged false negatives (-1 elsewhere).
+    """
+    n = len(knn.indices)
+    duplicate = duplicate_mask(knn.indices, text_keys, text_keys, text_keys)
+    filtered = filter_candidates(knn.indices, knn.scores, np.ones(n, dtype=np.float32), duplicate, filters)
+    neighbours = np.where(filtered.allowed, knn.indices, -1)
+    itself = knn.indices == np.arange(n)[:, None]
+    false_negatives = np.where(filtered.false_negative & ~itself, knn.indices, -1)
+    plan = neighbourhood_plan(neighbours, knn.scores, batch_size, seed, version, false_negatives)
+    return plan, filtered, false_negatives
 
 
 def in_batch_pair_similarities(

@@ -72,6 +72,8 @@ class FilteredCandidates:
     or past ``range_max`` are not false negatives, only too far."""
     removed: dict[str, int]
     candidates: int
+    duplicate: np.ndarray
+    """``(n, k)`` bool: the duplicate mask the filters were given."""
 
 
 def filter_candidates(
@@ -111,7 +113,7 @@ def filter_candidates(
         drop(
             "relative_margin", candidate_scores >= (1.0 - filters.relative_margin) * positive_scores[:, None]
         )
-    return FilteredCandidates(alive, false_negative, removed, int(valid.sum()))
+    return FilteredCandidates(alive, false_negative, removed, int(valid.sum()), duplicate)
 
 
 def select_negatives(
