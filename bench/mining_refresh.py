@@ -30,7 +30,7 @@ from pipeline.data import TokenizedCorpus, stable_row_id, tokenize_table  # noqa
 from pipeline.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
 from pipeline.mining import plan_from_neighbours  # noqa: E402
 from pipeline.model import build_tiny_model_dir, encode_rows, load_sentence_encoder, load_tokenizer  # noqa: E402
-from pipeline.negatives import NegativeFilters, normalize_text  # noqa: E402
+from pipeline.negatives import NegativeFilters, text_keys  # noqa: E402
 from pipeline.synthetic import generate_paraphrase_corpus  # noqa: E402
 
 GIB = 2**30
@@ -99,9 +99,8 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
     results["index_s"], results["search_s"] = knn.index_seconds, knn.search_seconds
 
     def filter_and_plan():
-        keys: dict[str, int] = {}
-        text_keys = np.array([keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64)
-        return plan_from_neighbours(knn, text_keys, NegativeFilters(), batch_size, seed=0, version=1)[0]
+        (keys,) = text_keys(texts)
+        return plan_from_neighbours(knn, keys, NegativeFilters(), batch_size, seed=0, version=1)[0]
 
     stage("filter+plan", results, filter_and_plan)
     results["estimate_bytes"] = estimate

@@ -29,7 +29,7 @@ from pipeline.negatives import (
     duplicate_mask,
     filter_candidates,
     mine_anchor_negatives,
-    normalize_text,
+    text_keys,
 )
 from pipeline.plans import BatchPlan, neighbourhood_plan, random_plan
 
@@ -80,11 +80,7 @@ class HardNegativeMiner:
         self.use_gpu = use_gpu
         self.index_spec = index_spec or IndexSpec()
         self.filters = filters or NegativeFilters()
-        keys: dict[str, int] = {}
-        texts = corpus_table.column("text").to_pylist()
-        self.text_keys = np.array(
-            [keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64
-        )
+        (self.text_keys,) = text_keys(corpus_table.column("text").to_pylist())
         self.previous_plan: BatchPlan | None = None
         self.triplets = triplets
         self.logger = None

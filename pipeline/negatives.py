@@ -169,6 +169,16 @@ def select_negatives(
     return SelectedNegatives(indices, scores, filtered.removed, filtered.candidates, kept, anchors_short)
 
 
+def text_keys(*text_lists: list[str]) -> list[np.ndarray]:
+    """Integer keys, one per :func:`normalize_text` value, shared across the given lists:
+    equal keys mean the same sentence up to case, accents, punctuation and whitespace."""
+    keys: dict[str, int] = {}
+    return [
+        np.array([keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64)
+        for texts in text_lists
+    ]
+
+
 def duplicate_mask(
     candidates: np.ndarray,
     anchor_keys: np.ndarray,

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pipeline.config import Config
 from pipeline.data import DataError, read_pairs
 from pipeline.index import estimate_index_bytes
-from pipeline.negatives import FILTERS, mine_anchor_negatives, normalize_text
+from pipeline.negatives import FILTERS, mine_anchor_negatives, text_keys
 
 
 @dataclass
@@ -107,9 +107,7 @@ def mine_pairs(
             f"[mining] {report.index} index over {len(pool)} x {pool_vectors.shape[1]} vectors, k={k}: "
             f"about {report.estimated_index_bytes / 2**20:.1f} MiB"
         )
-    keys: dict[str, int] = {}
-    pool_keys = np.array([keys.setdefault(normalize_text(t), len(keys)) for t in pool])
-    anchor_keys = np.array([keys.setdefault(normalize_text(t), len(keys)) for t in anchors])
+    pool_keys, anchor_keys = text_keys(pool, anchors)
     t1 = time.perf_counter()
     mined = mine_anchor_negatives(
         anchor_vectors, pool_vectors[positive_rows], pool_vectors, anchor_keys, pool_keys[positive_rows], pool_keys,
