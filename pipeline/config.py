@@ -202,11 +202,36 @@ class MiningSection:
 
 
 @dataclass
+class EvalSection:
+    sts: list[str] = field(default_factory=list)
+    """STS files evaluated at every epoch end (Spearman x 100 of cosine similarity). The first
+    one picks the best checkpoint, which is what the job exports. Empty: no evaluation, and
+    the last epoch is exported."""
+    format: Literal["auto", "stsb", "cnsd", "csv", "tsv", "jsonl"] = "auto"
+    """Format of every ``eval.sts`` file (``auto`` tells them apart by name and first line)."""
+    every_steps: int = 0
+    """Also evaluate every N optimizer steps (logged only; checkpoints stay at epoch ends). 0: off."""
+    batch_size: int = 128
+    positive_threshold: float = 4.0
+    """Gold score from which an STS pair counts as a positive for the alignment metric."""
+    whitening: bool = False
+    """Fit BERT-whitening on corpus embeddings at each evaluation, report STS with and without
+    it, pick the best checkpoint by the whitened score and export the whitening layer."""
+    whitening_dim: int | None = None
+    """Keep the first k whitened dimensions (``None``: all)."""
+    whitening_rows: int = 10_000
+    """Corpus sentences (a fixed random sample) the whitening is fitted on."""
+
+
+@dataclass
 class TrackingSection:
     uri: str | None = None
     """MLflow tracking URI. ``MLFLOW_TRACKING_URI`` wins; default: ``sqlite:///mlruns.db`` in the
     working directory with artifacts in ``./mlartifacts``."""
     experiment: str = "simcse"
+    register_as: str | None = None
+    """Register the exported model in the MLflow Model Registry under this name (a new version
+    per run). ``None``: log it as the run's model only."""
 
 
 @dataclass
@@ -217,6 +242,7 @@ class Config:
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     mining: MiningSection = field(default_factory=MiningSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
 
     @property
@@ -285,6 +311,15 @@ class Config:
             ("mining.timeout_s", self.mining.timeout_s > 0, "must be > 0"),
             ("mining.max_staleness_steps", self.mining.max_staleness_steps >= 0, "must be >= 0"),
             ("tracking.experiment", bool(self.tracking.experiment.strip()), "must not be empty"),
+            (
+                "tracking.register_as",
+                self.tracking.register_as is None or bool(self.tracking.register_as.strip()),
+                "must not be empty",
+            ),
+            ("eval.every_steps", self.eval.every_steps >= 0, "must be >= 0"),
+            ("eval.batch_size", self.eval.batch_size >= 1, "must be >= 1"),
+            ("eval.whitening_dim", self.eval.whitening_dim is None or self.eval.whitening_dim >= 1, "must be >= 1"),
+            ("eval.whitening_rows", self.eval.whitening_rows >= 2, "must be >= 2"),
         ]
         if self.run.name is not None:
             checks.append(
@@ -349,6 +384,13 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if errors else f"{key} has the wrong type")
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        if isinstance(value, str):
+            value = [value]  # --set eval.sts=dev.csv: one item
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list (got {value!r})")
+        return [_coerce(item, item_type, f"{key}[{i}]") for i, item in enumerate(value)]
     if origin is Literal:
         allowed = typing.get_args(annotation)
         if value not in allowed:

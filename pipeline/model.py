@@ -215,11 +215,26 @@ def load_sentence_encoder(
     model_dir: str | Path, pooler: str | None = None, use_mlp: bool = False, dropout: float | None = None
 ) -> SentenceEncoder:
     """A :class:`SentenceEncoder` from a model folder; the pooler defaults to the folder's own."""
+    return SentenceEncoder(load_encoder(model_dir, dropout), pooler or folder_pooler(model_dir), use_mlp)
+
+
+def folder_pooler(model_dir: str | Path) -> str:
+    """The pooling a model folder declares: ours, else its sentence-transformers Pooling module
+    (``mean`` or ``cls``), else ``cls`` (a plain Hugging Face folder, as SimCSE's own models)."""
     model_dir = Path(model_dir)
-    if pooler is None:
-        pooling_file = model_dir / POOLING_FILE
-        pooler = json.loads(pooling_file.read_text())["pooler"] if pooling_file.exists() else "cls"
-    return SentenceEncoder(load_encoder(model_dir, dropout), pooler, use_mlp)
+    ours = model_dir / POOLING_FILE
+    if ours.exists():
+        return json.loads(ours.read_text())["pooler"]
+    st_pooling = model_dir / "1_Pooling" / "config.json"
+    if st_pooling.exists():
+        config = json.loads(st_pooling.read_text())
+        mode = config.get("pooling_mode")
+        if mode == "mean" or config.get("pooling_mode_mean_tokens"):
+            return "mean"
+        if mode == "cls" or config.get("pooling_mode_cls_token"):
+            return "cls"
+        raise ValueError(f"{st_pooling}: only mean or cls pooling is supported (got {config})")
+    return "cls"
 
 
 @torch.no_grad()
@@ -229,8 +244,10 @@ def encode_rows(
     rows: np.ndarray,
     batch_size: int,
     device: torch.device,
+    normalize: bool = True,
 ) -> np.ndarray:
-    """L2-normalised float32 embeddings of corpus rows, in the order of ``rows``.
+    """Float32 embeddings of corpus rows, in the order of ``rows``: L2-normalised, or the raw
+    pooled output with ``normalize=False`` (what whitening is fitted on and export matches).
 
     Rows are encoded in order of length so batches carry little padding; eval mode, no
     gradient, bf16 autocast on CUDA.
@@ -249,7 +266,8 @@ def encode_rows(
                 torch.from_numpy(mask).to(device, non_blocking=True),
                 train_head=False,
             )
-        out[chunk] = torch.nn.functional.normalize(emb.float(), dim=-1).cpu().numpy()
+        emb = emb.float()
+        out[chunk] = (torch.nn.functional.normalize(emb, dim=-1) if normalize else emb).cpu().numpy()
     model.train(was_training)
     return out
 
@@ -261,15 +279,32 @@ def encode_texts(
     max_seq_len: int,
     batch_size: int,
     device: torch.device,
+    normalize: bool = True,
 ) -> np.ndarray:
-    """L2-normalised embeddings of raw texts (tokenized here, then :func:`encode_rows`)."""
+    """Embeddings of raw texts (tokenized here, then :func:`encode_rows`)."""
     import pyarrow as pa
 
     from pipeline.data import TokenizedCorpus, tokenize_table
 
     table = tokenize_table(pa.table({"text": texts}), tokenizer, max_seq_len)
     corpus = TokenizedCorpus(table, tokenizer.pad_token_id)
-    return encode_rows(model, corpus, np.arange(len(texts)), batch_size, device)
+    return encode_rows(model, corpus, np.arange(len(texts)), batch_size, device, normalize)
+
+
+def max_seq_len_of(model_dir: str | Path, default: int = 128) -> int:
+    """The folder's own max length: sentence-transformers' setting, else the tokenizer's (capped)."""
+    model_dir = Path(model_dir)
+    st_config = model_dir / "sentence_bert_config.json"
+    if st_config.exists():
+        value = json.loads(st_config.read_text()).get("max_seq_length")
+        if isinstance(value, int) and value > 0:
+            return value
+    tok_config = model_dir / "tokenizer_config.json"
+    if tok_config.exists():
+        value = json.loads(tok_config.read_text()).get("model_max_length")
+        if isinstance(value, int) and 0 < value <= 8192:
+            return value
+    return default
 
 
 def pack_dir(path: str | Path) -> bytes:

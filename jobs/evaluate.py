@@ -1,0 +1,74 @@
+"""Evaluate a sentence encoder on STS files: Spearman x 100 of cosine similarity.
+
+    python jobs/evaluate.py --model DIR --sts FILE [--sts FILE ...] [--format auto|stsb|cnsd|csv|tsv|jsonl]
+                            [--json] [--whiten-on CORPUS [--whitening-dim K]] [--no-whitening]
+
+Prints a table (one row per file, plus their average for several), or with ``--json`` one JSON
+object: ``spearman`` and ``pairs`` (the average and the total for several files) and ``files``.
+A model folder with a whitening layer is scored with and without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--model", required=True, help="model folder (a pipeline export or any HF/ST folder)")
+    parser.add_argument("--sts", action="append", required=True, metavar="FILE", help="STS file (repeatable)")
+    parser.add_argument("--format", default="auto", help="format of every --sts file (default: auto)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--max-seq-len", type=int, default=None, help="default: the model folder's own")
+    parser.add_argument("--positive-threshold", type=float, default=4.0, help="gold score of an alignment positive")
+    parser.add_argument("--whiten-on", metavar="CORPUS", help="fit BERT-whitening on this text file's sentences")
+    parser.add_argument("--whitening-dim", type=int, default=None, help="keep the first K whitened dimensions")
+    parser.add_argument("--whitening-rows", type=int, default=10_000, help="sentences of --whiten-on to fit on")
+    parser.add_argument("--no-whitening", action="store_true", help="ignore a whitening layer in the folder")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from pipeline.evaluate import evaluate_model_dir, fit_corpus_whitening, format_table, score_summary
+        from pipeline.model import quiet_libraries
+
+        quiet_libraries()
+        if not os.path.isdir(args.model):
+            raise FileNotFoundError(f"--model: no model folder at {args.model}")
+        whitening = None
+        if args.whiten_on:
+            whitening = fit_corpus_whitening(
+                args.model, args.whiten_on, args.whitening_rows, args.whitening_dim, args.batch_size
+            )
+        scores = evaluate_model_dir(
+            args.model,
+            args.sts,
+            format=args.format,
+            batch_size=args.batch_size,
+            max_seq_len=args.max_seq_len,
+            positive_threshold=args.positive_threshold,
+            use_saved_whitening=not args.no_whitening,
+            whitening=whitening,
+        )
+    except Exception as exc:
+        if args.debug:
+            raise
+        from pipeline.errors import describe_error
+
+        print(f"error: {describe_error(exc)}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(score_summary(scores)))
+    else:
+        print(format_table(scores, title=f"STS evaluation of {args.model} (Spearman x 100 of cosine similarity)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

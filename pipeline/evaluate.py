@@ -1,0 +1,260 @@
+"""STS evaluation of an encoder: Spearman x 100, alignment, uniformity, with and without whitening.
+
+One mechanism serves ``jobs/evaluate.py`` (a model folder on disk) and the train loop (the
+live model, its sentences sharded over the workers): :class:`STSEvalSet` tokenizes the unique
+sentences of all STS files once, something encodes them to raw pooled embeddings, and
+:func:`score_embeddings` turns those into one :class:`STSScore` per file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.diagnostics import alignment, uniformity
+from pipeline.sts import STSPairs, read_sts, spearman
+from pipeline.whitening import Whitening
+
+
+@dataclass
+class STSScore:
+    """The evaluation of one STS file."""
+
+    name: str
+    pairs: int
+    spearman: float
+    """Spearman x 100 of cosine similarity against the gold scores."""
+    alignment: float
+    """Over pairs with gold >= the positive threshold (NaN if there are none)."""
+    uniformity: float
+    """Over all of the file's sentences."""
+    spearman_whitened: float | None = None
+    """Spearman x 100 after whitening (None: whitening not evaluated)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def metrics(self) -> dict[str, float]:
+        """MLflow metric names for this file: ``sts_<name>_spearman`` and friends."""
+        key = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
+        out = {
+            f"sts_{key}_spearman": self.spearman,
+            f"sts_{key}_alignment": self.alignment,
+            f"sts_{key}_uniformity": self.uniformity,
+        }
+        if self.spearman_whitened is not None:
+            out[f"sts_{key}_spearman_whitened"] = self.spearman_whitened
+        return {k: v for k, v in out.items() if not math.isnan(v)}
+
+    @property
+    def selection_score(self) -> float:
+        """The score a checkpoint is chosen by: whitened when whitening is on (that is what is exported)."""
+        return self.spearman_whitened if self.spearman_whitened is not None else self.spearman
+
+
+class STSEvalSet:
+    """The unique sentences of several STS files, tokenized once, and where each pair's
+    sentences sit among them.
+
+    ``table`` is a pyarrow table (``text``, ``input_ids``) that pickles cheaply into Ray's
+    object store; rows are in first-seen order.
+    """
+
+    def __init__(self, files: list[STSPairs], tokenizer: Any, max_seq_len: int):
+        import pyarrow as pa
+
+        from pipeline.data import tokenize_table
+
+        position: dict[str, int] = {}
+        self.files = files
+        self.pair_rows: list[tuple[np.ndarray, np.ndarray]] = []
+        for pairs in files:
+            left = [position.setdefault(s, len(position)) for s in pairs.sentences1]
+            right = [position.setdefault(s, len(position)) for s in pairs.sentences2]
+            self.pair_rows.append((np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)))
+        self.table = tokenize_table(pa.table({"text": list(position)}), tokenizer, max_seq_len)
+        self.pad_token_id = tokenizer.pad_token_id
+
+    @property
+    def num_sentences(self) -> int:
+        return self.table.num_rows
+
+    def corpus(self) -> Any:
+        from pipeline.data import TokenizedCorpus
+
+        return TokenizedCorpus(self.table, self.pad_token_id)
+
+
+def read_sts_files(paths: list[str], format: str = "auto") -> list[STSPairs]:
+    """Read every file, giving repeated names a numeric suffix so metric keys stay distinct."""
+    files = [read_sts(path, format) for path in paths]
+    seen: dict[str, int] = {}
+    for pairs in files:
+        count = seen.get(pairs.name, 0)
+        seen[pairs.name] = count + 1
+        if count:
+            pairs.name = f"{pairs.name}_{count + 1}"
+    return files
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _cosine_spearman(pairs: STSPairs, left: np.ndarray, right: np.ndarray) -> float:
+    cosine = (_normalise(left) * _normalise(right)).sum(1)
+    return 100.0 * spearman(cosine, pairs.scores)
+
+
+def score_embeddings(
+    eval_set: STSEvalSet,
+    embeddings: np.ndarray,
+    positive_threshold: float = 4.0,
+    whitening: Whitening | None = None,
+) -> list[STSScore]:
+    """One score per STS file from raw (un-normalised) embeddings of ``eval_set``'s sentences.
+
+    Args:
+        embeddings: ``(eval_set.num_sentences, dim)``, row order of ``eval_set.table``.
+        whitening: also report the Spearman of whitened embeddings.
+    """
+    if len(embeddings) != eval_set.num_sentences:
+        raise ValueError(f"{len(embeddings)} embeddings for {eval_set.num_sentences} sentences")
+    unit = _normalise(embeddings)
+    whitened = whitening.apply(embeddings) if whitening is not None else None
+    scores = []
+    for pairs, (left, right) in zip(eval_set.files, eval_set.pair_rows):
+        positive = pairs.scores >= positive_threshold
+        file_rows = np.unique(np.concatenate([left, right]))
+        scores.append(
+            STSScore(
+                name=pairs.name,
+                pairs=len(pairs),
+                spearman=_cosine_spearman(pairs, embeddings[left], embeddings[right]),
+                alignment=alignment(unit[left[positive]], unit[right[positive]]),
+                uniformity=uniformity(unit[file_rows]),
+                spearman_whitened=(
+                    _cosine_spearman(pairs, whitened[left], whitened[right]) if whitened is not None else None
+                ),
+            )
+        )
+    return scores
+
+
+def evaluate_model_dir(
+    model_dir: str | Path,
+    sts_paths: list[str],
+    format: str = "auto",
+    batch_size: int = 128,
+    max_seq_len: int | None = None,
+    positive_threshold: float = 4.0,
+    use_saved_whitening: bool = True,
+    whitening: Whitening | None = None,
+) -> list[STSScore]:
+    """Evaluate a model folder on STS files, on CPU or the first GPU.
+
+    The folder's own whitening layer (if it has one and ``use_saved_whitening``) or the given
+    ``whitening`` is reported as ``spearman_whitened`` beside the plain score.
+    """
+    import torch
+
+    from pipeline.model import encode_rows, load_sentence_encoder, load_tokenizer, max_seq_len_of
+    from pipeline.whitening import load_whitening
+
+    files = read_sts_files(sts_paths, format)
+    tokenizer = load_tokenizer(model_dir)
+    eval_set = STSEvalSet(files, tokenizer, max_seq_len or max_seq_len_of(model_dir))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_sentence_encoder(model_dir).to(device)
+    embeddings = encode_rows(
+        model, eval_set.corpus(), np.arange(eval_set.num_sentences), batch_size, device, normalize=False
+    )
+    if whitening is None and use_saved_whitening:
+        whitening = load_whitening(model_dir)
+    return score_embeddings(eval_set, embeddings, positive_threshold, whitening)
+
+
+def average_row(scores: list[STSScore]) -> STSScore:
+    """The unweighted mean over files (as SentEval reports its STS average)."""
+    whitened = [s.spearman_whitened for s in scores]
+    return STSScore(
+        name="average",
+        pairs=sum(s.pairs for s in scores),
+        spearman=float(np.mean([s.spearman for s in scores])),
+        alignment=float(np.nanmean([s.alignment for s in scores])) if any(
+            not math.isnan(s.alignment) for s in scores
+        ) else float("nan"),
+        uniformity=float(np.mean([s.uniformity for s in scores])),
+        spearman_whitened=float(np.mean(whitened)) if all(w is not None for w in whitened) else None,
+    )
+
+
+def format_table(scores: list[STSScore], title: str | None = None) -> str:
+    """A plain-text table, one row per file (and an average row for several)."""
+    rows = list(scores) + ([average_row(scores)] if len(scores) > 1 else [])
+    whitened = any(s.spearman_whitened is not None for s in rows)
+    header = ["file", "pairs", "spearman"] + (["whitened"] if whitened else []) + ["alignment", "uniformity"]
+    body = []
+    for s in rows:
+        cells = [s.name, str(s.pairs), f"{s.spearman:.2f}"]
+        if whitened:
+            cells.append("" if s.spearman_whitened is None else f"{s.spearman_whitened:.2f}")
+        cells += [f"{s.alignment:.3f}", f"{s.uniformity:.3f}"]
+        body.append(cells)
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = [title] if title else []
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]
+    return "\n".join(lines)
+
+
+def score_summary(scores: list[STSScore]) -> dict[str, Any]:
+    """JSON-ready summary: ``spearman`` and ``pairs`` (average and total over files), the other
+    averages, and ``files`` with one entry per file. NaN becomes null."""
+    overall = scores[0] if len(scores) == 1 else average_row(scores)
+
+    def clean(record: dict[str, Any]) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
+
+    summary = clean({k: v for k, v in overall.as_dict().items() if k != "name"})
+    summary["files"] = [clean(s.as_dict()) for s in scores]
+    return summary
+
+
+def read_sentences(path: str | Path, max_rows: int, seed: int = 0) -> list[str]:
+    """Non-empty lines of a text file; a fixed random sample of ``max_rows`` when it has more."""
+    p = Path(path)
+    if not p.is_file():
+        from pipeline.data import DataError
+
+        raise DataError(f"corpus file not found: {p}")
+    lines = [line.strip() for line in p.read_text(encoding="utf-8", errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    if len(lines) > max_rows:
+        keep = np.sort(np.random.default_rng(seed).choice(len(lines), max_rows, replace=False))
+        lines = [lines[i] for i in keep]
+    return lines
+
+
+def fit_corpus_whitening(
+    model_dir: str | Path, corpus_path: str | Path, max_rows: int, dim: int | None, batch_size: int = 128
+) -> Whitening:
+    """BERT-whitening fitted on the raw embeddings of up to ``max_rows`` sentences of a text file."""
+    import torch
+
+    from pipeline.model import encode_texts, load_sentence_encoder, load_tokenizer, max_seq_len_of
+    from pipeline.whitening import fit_whitening
+
+    texts = read_sentences(corpus_path, max_rows)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_sentence_encoder(model_dir).to(device)
+    embeddings = encode_texts(
+        model, load_tokenizer(model_dir), texts, max_seq_len_of(model_dir), batch_size, device, normalize=False
+    )
+    return fit_whitening(embeddings, dim)
