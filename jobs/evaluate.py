@@ -26,10 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--max-seq-len", type=int, default=None, help="default: the model folder's own")
-    parser.add_argument("--positive-threshold", type=float, default=4.0, help="gold score of an alignment positive")
-    parser.add_argument("--whiten-on", metavar="CORPUS", help="fit BERT-whitening on this text file's sentences")
-    parser.add_argument("--whitening-dim", type=int, default=None, help="keep the first K whitened dimensions")
-    parser.add_argument("--whitening-rows", type=int, default=10_000, help="sentences of --whiten-on to fit on")
+    parser.add_argument(
+        "--positive-threshold", type=float, default=4.0, help="gold score of an alignment positive"
+    )
+    parser.add_argument(
+        "--whiten-on", metavar="CORPUS", help="fit BERT-whitening on this text file's sentences"
+    )
+    parser.add_argument(
+        "--whitening-dim", type=int, default=None, help="keep the first K whitened dimensions"
+    )
+    parser.add_argument(
+        "--whitening-rows", type=int, default=10_000, help="sentences of --whiten-on to fit on"
+    )
     parser.add_argument("--no-whitening", action="store_true", help="ignore a whitening layer in the folder")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = parser.parse_args(argv)
@@ -66,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(score_summary(scores)))
     else:
-        print(format_table(scores, title=f"STS evaluation of {args.model} (Spearman x 100 of cosine similarity)"))
+        print(
+            format_table(
+                scores, title=f"STS evaluation of {args.model} (Spearman x 100 of cosine similarity)"
+            )
+        )
     return 0
 
 

@@ -55,6 +55,9 @@ class GeneratedCorpusSection:
     num_groups: int = 300
     group_size: int = 4
     seed: int = 0
+    sts_pairs: int = 0
+    """Also write an STS file of this many scored pairs over the generated sentences and
+    evaluate on it first (before any ``eval.sts`` files). 0: none."""
 
 
 @dataclass
@@ -318,7 +321,11 @@ class Config:
             ),
             ("eval.every_steps", self.eval.every_steps >= 0, "must be >= 0"),
             ("eval.batch_size", self.eval.batch_size >= 1, "must be >= 1"),
-            ("eval.whitening_dim", self.eval.whitening_dim is None or self.eval.whitening_dim >= 1, "must be >= 1"),
+            (
+                "eval.whitening_dim",
+                self.eval.whitening_dim is None or self.eval.whitening_dim >= 1,
+                "must be >= 1",
+            ),
             ("eval.whitening_rows", self.eval.whitening_rows >= 2, "must be >= 2"),
         ]
         if self.run.name is not None:

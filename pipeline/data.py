@@ -329,3 +329,18 @@ class TokenizedCorpus:
         starts = self.offsets[rows]
         input_ids[mask] = self.values[(starts[:, None] + np.arange(width)[None, :])[mask]]
         return input_ids, mask.astype(np.int64)
+
+
+def dataset_digest(corpus: pa.Table, triplets: Triplets | None = None) -> str:
+    """A content fingerprint of the cleaned training data: the same sentences (and, for
+    triplets, the same rows) give the same digest whatever the file's name or row order."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(np.sort(corpus.column("id").to_numpy()).astype("<i8").tobytes())
+    if triplets is not None:
+        ids = corpus.column("id").to_numpy()
+        rows = np.stack([ids[triplets.anchor], ids[triplets.positive],
+                         np.where(triplets.negative >= 0, ids[np.maximum(triplets.negative, 0)], -1)], axis=1)  # fmt: skip
+        digest.update(rows[np.lexsort(rows.T[::-1])].astype("<i8").tobytes())
+    return digest.hexdigest()

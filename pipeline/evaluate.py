@@ -128,7 +128,7 @@ def score_embeddings(
     unit = _normalise(embeddings)
     whitened = whitening.apply(embeddings) if whitening is not None else None
     scores = []
-    for pairs, (left, right) in zip(eval_set.files, eval_set.pair_rows):
+    for pairs, (left, right) in zip(eval_set.files, eval_set.pair_rows, strict=True):
         positive = pairs.scores >= positive_threshold
         file_rows = np.unique(np.concatenate([left, right]))
         scores.append(
@@ -186,9 +186,9 @@ def average_row(scores: list[STSScore]) -> STSScore:
         name="average",
         pairs=sum(s.pairs for s in scores),
         spearman=float(np.mean([s.spearman for s in scores])),
-        alignment=float(np.nanmean([s.alignment for s in scores])) if any(
-            not math.isnan(s.alignment) for s in scores
-        ) else float("nan"),
+        alignment=float(np.nanmean([s.alignment for s in scores]))
+        if any(not math.isnan(s.alignment) for s in scores)
+        else float("nan"),
         uniformity=float(np.mean([s.uniformity for s in scores])),
         spearman_whitened=float(np.mean(whitened)) if all(w is not None for w in whitened) else None,
     )
@@ -208,9 +208,9 @@ def format_table(scores: list[STSScore], title: str | None = None) -> str:
         body.append(cells)
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     lines = [title] if title else []
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in body]
     return "\n".join(lines)
 
 
@@ -255,6 +255,12 @@ def fit_corpus_whitening(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_sentence_encoder(model_dir).to(device)
     embeddings = encode_texts(
-        model, load_tokenizer(model_dir), texts, max_seq_len_of(model_dir), batch_size, device, normalize=False
+        model,
+        load_tokenizer(model_dir),
+        texts,
+        max_seq_len_of(model_dir),
+        batch_size,
+        device,
+        normalize=False,
     )
     return fit_whitening(embeddings, dim)

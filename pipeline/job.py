@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,11 +20,13 @@ from typing import Any
 from pipeline.config import Config, ConfigError, dump_yaml
 from pipeline.data import (
     check_corpus_path,
+    dataset_digest,
     index_triplets,
     load_clean_corpus,
     read_pairs,
     tokenize_corpus,
 )
+from pipeline.evaluate import STSEvalSet, read_sts_files
 from pipeline.model import (
     build_tiny_model_dir,
     fetch_pretrained_dir,
@@ -33,8 +34,15 @@ from pipeline.model import (
     pack_dir,
     quiet_libraries,
 )
-from pipeline.synthetic import write_generated_corpus
-from pipeline.tracking import TrackedRun, resolve_tracking_uri, start_or_resume_run, ui_command
+from pipeline.sts import STSPairs
+from pipeline.synthetic import write_generated_corpus, write_generated_sts
+from pipeline.tracking import (
+    TrackedRun,
+    log_run_context,
+    resolve_tracking_uri,
+    start_or_resume_run,
+    ui_command,
+)
 
 log = logging.getLogger("pipeline")
 
@@ -55,6 +63,30 @@ class JobSummary:
     corpus: str = ""
     wall_seconds: float = 0.0
     already_finished: bool = False
+    eval_history: list[dict[str, float]] = field(default_factory=list)
+    exported_epoch: int | None = None
+    model_uri: str | None = None
+    registered_as: str | None = None
+
+    def sts_line(self) -> str | None:
+        """``first file: start -> exported (epoch N)``, from the evaluation history."""
+        epoch_rows = [h for h in self.eval_history if float(h["epoch"]).is_integer()]
+        if not epoch_rows or self.exported_epoch is None:
+            return None
+        key = next(k for k in epoch_rows[0] if k.startswith("sts_") and k.endswith("_spearman"))
+        start = epoch_rows[0] if epoch_rows[0]["epoch"] == 0 else None
+        shipped = next((h for h in epoch_rows if h["epoch"] == self.exported_epoch), None)
+        if shipped is None:
+            return None
+        before = f"{start[key]:.2f} -> " if start is not None else ""
+        text = f"{key.removeprefix('sts_').removesuffix('_spearman')} spearman {before}{shipped[key]:.2f}"
+        whitened = key + "_whitened"
+        if whitened in shipped:
+            w_before = f"{start[whitened]:.2f} -> " if start is not None and whitened in start else ""
+            text += f" (whitened {w_before}{shipped[whitened]:.2f})"
+        return (
+            f"{text}; exported epoch {self.exported_epoch} (best of {len(epoch_rows) - (start is not None)})"
+        )
 
     def render(self) -> str:
         if self.already_finished:
@@ -77,8 +109,14 @@ class JobSummary:
             f"  mining        {len(refreshes)} refresh{'es' if len(refreshes) != 1 else ''}, {sum(refreshes):.1f}s of "
             f"miner time; training waited {sum(self.wait_seconds):.1f}s",
             f"  corpus        {self.corpus}",
+        ]
+        sts = self.sts_line()
+        if sts:
+            lines.append(f"  eval          {sts}")
+        lines += [
             f"  model         {self.model_dir}",
             f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
+            *([f"  registered    {self.registered_as}"] if self.registered_as else []),
             f"  review with   {ui_command(self.tracking_uri)}",
         ]
         return "\n".join(lines)
@@ -201,6 +239,14 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
     storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
     if cfg.data.path is not None:
         check_corpus_path(cfg.data.path)
+    sts_paths = list(cfg.eval.sts)
+    if cfg.data.path is None and cfg.data.generated.sts_pairs:
+        gen = cfg.data.generated
+        generated_sts = run_dir / "generated_sts.tsv"
+        write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
+        sts_paths.insert(0, str(generated_sts))
+        cfg.eval.sts = sts_paths
+    sts_files = read_sts_files(sts_paths, cfg.eval.format)  # bad STS files fail before any compute
 
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)
@@ -221,8 +267,9 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
         tracked.log_artifact(resolved)
         with ray_session(cfg) as started_ray:
             check_cluster_fits(cfg, started_ray)
-            _train(cfg, tracked, summary, run_dir, storage_root, echo)
+            _train(cfg, tracked, summary, run_dir, storage_root, sts_files, echo)
     summary.wall_seconds = time.perf_counter() - started_at
+    tracked.set_note("```\n" + summary.render() + "\n```")
     tracked.finish()
     return summary
 
@@ -233,6 +280,7 @@ def _train(
     summary: JobSummary,
     run_dir: Path,
     storage_root: str,
+    sts_files: list[STSPairs],
     echo: Callable[[str], None],
 ) -> None:
     """Data, model, miner, trainer and export, inside a Ray session; fills ``summary``."""
@@ -271,6 +319,9 @@ def _train(
                     "data.sentences": stats.sentences,
                 }
             )
+        log_run_context(
+            tracked, cfg.data.path, num_rows, dataset_digest(corpus, triplets), cfg.mining.negative_mode
+        )
         if num_rows < cfg.train.batch_size:
             raise ConfigError(
                 f"train.batch_size ({cfg.train.batch_size}) is larger than the corpus ({num_rows} "
@@ -290,6 +341,15 @@ def _train(
         corpus_ref = ray.put(tokenized)
         model_ref = ray.put(pack_dir(model_dir))
         triplets_ref = ray.put(triplets) if triplets is not None else None
+        eval_ref = None
+        if sts_files:
+            eval_set = STSEvalSet(sts_files, tokenizer, cfg.data.max_seq_len)
+            eval_ref = ray.put(eval_set)
+            echo(
+                f"[eval] {', '.join(f'{f.name} ({len(f)} pairs)' for f in sts_files)}: "
+                f"{eval_set.num_sentences} sentences, evaluated at the start and every epoch end"
+                + (f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else "")
+            )
         if cfg.mining.enabled and cfg.train.epochs > 1:
             from pipeline.mining import start_miner_actor
 
@@ -320,6 +380,8 @@ def _train(
                     f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
                 ) from None
 
+        from pipeline.export import best_checkpoint, export_checkpoint_model, log_sentence_transformers_model
+        from pipeline.report import log_review
         from pipeline.train import MODEL_SUBDIR, build_trainer
 
         loop_config: dict[str, Any] = {
@@ -327,6 +389,7 @@ def _train(
             "corpus_ref": corpus_ref,
             "model_ref": model_ref,
             "triplets_ref": triplets_ref,
+            "eval_ref": eval_ref,
             "miner": miner,
             "tracking_uri": tracked.tracking_uri,
             "run_id": tracked.run_id,
@@ -347,13 +410,16 @@ def _train(
         summary.wait_seconds = list(metrics.get("wait_seconds", []))
         summary.refresh_seconds = list(metrics.get("refresh_seconds", []))
 
-        export_dir = run_dir / "model"
-        if export_dir.exists():
-            shutil.rmtree(export_dir)
-        with result.checkpoint.as_directory() as ckpt_dir:
-            shutil.copytree(Path(ckpt_dir) / MODEL_SUBDIR, export_dir)
-        tracked.log_artifacts(export_dir, "model")
+        summary.eval_history = list(metrics.get("eval_history", []))
+
+        checkpoint, chosen = best_checkpoint(result, by_score=bool(sts_files))
+        summary.exported_epoch = int(chosen.get("epoch", summary.epochs))
+        export_dir = export_checkpoint_model(checkpoint, MODEL_SUBDIR, run_dir / "model")
         summary.model_dir = str(export_dir)
+        log_review(tracked, summary.eval_history, summary.exported_epoch, summary.epoch_losses, run_dir)
+        tracked.set_tags({"simcse.exported_epoch": summary.exported_epoch})
+        summary.model_uri = log_sentence_transformers_model(tracked, export_dir, cfg.tracking.register_as)
+        summary.registered_as = cfg.tracking.register_as
     finally:
         if miner is not None:
             import ray

@@ -9,9 +9,9 @@ Formats read:
   identified by line number).
 - ``csv`` / ``tsv`` / ``jsonl``: a header (or keys) with ``sentence1``, ``sentence2``, ``score``.
 
-``auto`` picks by extension (``.jsonl``, ``.tsv``) and otherwise by the first line: ``||``
-fields mean CNSD, seven or more tab fields with a number in the fifth mean STS-B, anything
-else is a CSV with a header.
+``auto`` reads ``.jsonl`` as JSON lines and otherwise looks at the first line: ``||`` fields
+mean CNSD, seven or more tab fields with a number in the fifth mean STS-B, anything else is
+a header row (tab-separated for ``.tsv``, else comma-separated).
 """
 
 from __future__ import annotations
@@ -73,19 +73,16 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
 
 
 def detect_format(path: Path) -> str:
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
+    if path.suffix.lower() in (".jsonl", ".json"):
         return "jsonl"
-    if suffix == ".tsv":
-        return "tsv"
     with path.open(encoding="utf-8", errors="replace") as handle:
         first = next((line for line in handle if line.strip()), "")
     if first.count("||") >= 3:
         return "cnsd"
     fields = first.rstrip("\r\n").split("\t")
     if len(fields) >= 7 and _is_number(fields[4]):
-        return "stsb"
-    return "csv"
+        return "stsb"  # whatever the extension: the original release is sts-*.csv
+    return "tsv" if path.suffix.lower() == ".tsv" else "csv"
 
 
 def read_sts(path: str | Path, format: str = "auto") -> STSPairs:
@@ -101,13 +98,18 @@ def read_sts(path: str | Path, format: str = "auto") -> STSPairs:
         raise DataError(f"unknown STS format {format!r} for {p} (one of {', '.join(STS_FORMATS)})")
     fmt = detect_format(p) if format == "auto" else format
     try:
-        rows = {"stsb": _read_stsb, "cnsd": _read_cnsd, "csv": _read_delimited, "tsv": _read_delimited,
-                "jsonl": _read_jsonl}[fmt](p, fmt)
+        rows = {
+            "stsb": _read_stsb,
+            "cnsd": _read_cnsd,
+            "csv": _read_delimited,
+            "tsv": _read_delimited,
+            "jsonl": _read_jsonl,
+        }[fmt](p, fmt)
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     if not rows:
         raise DataError(f"{p}: no sentence pairs in it (read as {fmt})")
-    s1, s2, scores = zip(*rows)
+    s1, s2, scores = zip(*rows, strict=True)
     return STSPairs(p.stem, str(p), fmt, list(s1), list(s2), np.asarray(scores, dtype=np.float64))
 
 
@@ -145,7 +147,9 @@ def _read_cnsd(p: Path, _fmt: str) -> list[tuple[str, str, float]]:
                 continue
             fields = line.rstrip("\r\n").split("||")
             if len(fields) != 4:
-                raise DataError(f"{p}:{line_no}: CNSD rows are id||sentence1||sentence2||score (got {len(fields)} fields)")
+                raise DataError(
+                    f"{p}:{line_no}: CNSD rows are id||sentence1||sentence2||score (got {len(fields)} fields)"
+                )
             rows.append((fields[1], fields[2], _score(fields[3], p, line_no)))
     return rows
 
@@ -161,7 +165,9 @@ def _read_delimited(p: Path, fmt: str) -> list[tuple[str, str, float]]:
                 f"{fmt} STS files need a header with {', '.join(COLUMNS)}"
             )
         for record in reader:
-            rows.append((record["sentence1"], record["sentence2"], _score(record["score"], p, reader.line_num)))
+            rows.append(
+                (record["sentence1"], record["sentence2"], _score(record["score"], p, reader.line_num))
+            )
     return rows
 
 
@@ -178,5 +184,7 @@ def _read_jsonl(p: Path, _fmt: str) -> list[tuple[str, str, float]]:
             missing = [c for c in COLUMNS if c not in record]
             if missing:
                 raise DataError(f"{p}:{line_no}: no key {missing[0]!r}")
-            rows.append((str(record["sentence1"]), str(record["sentence2"]), _score(record["score"], p, line_no)))
+            rows.append(
+                (str(record["sentence1"]), str(record["sentence2"]), _score(record["score"], p, line_no))
+            )
     return rows

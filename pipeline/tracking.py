@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,10 @@ class TrackedRun:
     def set_tags(self, tags: dict[str, Any]) -> None:
         for key, value in tags.items():
             self.client.set_tag(self.run_id, key, str(value))
+
+    def set_note(self, markdown: str) -> None:
+        """The run's description in the MLflow UI."""
+        self.client.set_tag(self.run_id, "mlflow.note.content", markdown)
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
@@ -176,3 +180,66 @@ class MetricLogger:
             chunk = self._buffer[:1000]
             self.client.log_batch(self.run_id, metrics=chunk)
             del self._buffer[: len(chunk)]
+
+
+VERSIONED_PACKAGES = (
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "ray",
+    "mlflow",
+    "faiss-cpu",
+    "faiss-gpu-cu12",
+)
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages a run's numbers depend on (absent ones left out)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        with suppress(PackageNotFoundError):
+            found[name] = version(name)
+    return found
+
+
+def git_commit(start: Path | None = None) -> str | None:
+    """The commit of the checkout the code runs from, or None outside a git checkout (as in
+    a ``ray job submit`` working dir, which is uploaded without ``.git``)."""
+    import subprocess
+
+    where = start or Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def log_run_context(tracked: TrackedRun, source: str, rows: int, digest: str, kind: str) -> None:
+    """Dataset fingerprint (as an MLflow dataset input, shown in the UI's Datasets column), the
+    git commit and package versions."""
+    import json
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    dataset = Dataset(
+        name=Path(source).name or source,
+        digest=digest,
+        source_type="uri" if "://" in source else "local",
+        source=json.dumps({"uri": source}),
+        profile=json.dumps({"num_rows": rows, "kind": kind}),
+    )
+    tracked.client.log_inputs(
+        tracked.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])]
+    )
+    tags: dict[str, Any] = {"data.path": source, "data.rows": rows, "data.digest": digest}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    tags.update({f"versions.{name}": value for name, value in package_versions().items()})
+    tracked.set_tags(tags)

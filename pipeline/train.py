@@ -33,6 +33,8 @@ from pipeline.model import (
     unpack_dir,
 )
 from pipeline.plans import BatchPlan, balanced_batch_sizes, random_plan, worker_slices
+from pipeline.training_eval import EvalOutcome, TrainingEvaluator
+from pipeline.whitening import Whitening, save_whitening
 
 STATE_FILE = "train_state.pt"
 MODEL_SUBDIR = "model"
@@ -57,6 +59,8 @@ class TrainState:
     """Per epoch boundary: the miner's time for the plan adopted there (0 if none)."""
     staleness_steps: list[int] = field(default_factory=list)
     """Per epoch boundary: steps between the weights snapshot and the adopted plan's first use."""
+    eval_history: list[dict[str, float]] = field(default_factory=list)
+    """One entry per evaluation (``epoch``, ``step`` and the STS metrics); epoch 0 is the start model."""
 
 
 def save_checkpoint(
@@ -67,8 +71,11 @@ def save_checkpoint(
     scheduler: Any,
     state: TrainState,
     max_seq_len: int,
+    whitening: Whitening | None = None,
 ) -> None:
     save_model_dir(model, tokenizer, directory / MODEL_SUBDIR, max_seq_len)
+    if whitening is not None:
+        save_whitening(whitening, directory / MODEL_SUBDIR)
     assert state.plan is not None
     torch.save(
         {
@@ -85,6 +92,7 @@ def save_checkpoint(
             "wait_seconds": state.wait_seconds,
             "refresh_seconds": state.refresh_seconds,
             "staleness_steps": state.staleness_steps,
+            "eval_history": state.eval_history,
             "mlp": model.mlp.state_dict() if model.mlp is not None else None,
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
@@ -182,6 +190,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             wait_seconds=list(saved["wait_seconds"]),
             refresh_seconds=list(saved["refresh_seconds"]),
             staleness_steps=list(saved["staleness_steps"]),
+            eval_history=list(saved.get("eval_history", [])),
         )
         if rank == 0:
             print(
@@ -197,6 +206,36 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         logger = MetricLogger(loop_config["tracking_uri"], loop_config["run_id"])
 
     refresher = PlanRefresher(cfg, miner, rank, num_rows)
+    evaluator = None
+    if loop_config.get("eval_ref") is not None:
+        evaluator = TrainingEvaluator(
+            cfg.eval, ray.get(loop_config["eval_ref"]), corpus, cfg.run.seed, rank, world, device
+        )
+
+    def run_eval(epoch: float) -> EvalOutcome | None:
+        assert evaluator is not None
+        started = time.perf_counter()
+        outcome = evaluator.evaluate(model)
+        if outcome is not None:
+            metrics = outcome.metrics()
+            state.eval_history.append({"epoch": float(epoch), "step": float(state.step), **metrics})
+            if logger is not None:
+                logger.log({**metrics, "eval_seconds": time.perf_counter() - started}, state.step)
+                logger.flush()
+            first = outcome.scores[0]
+            whitened = (
+                f" ({first.spearman_whitened:.2f} whitened)" if first.spearman_whitened is not None else ""
+            )
+            print(
+                f"[eval] epoch {epoch:g} step {state.step}: {first.name} spearman {first.spearman:.2f}{whitened}, "
+                f"alignment {first.alignment:.3f}, uniformity {first.uniformity:.3f} "
+                f"({time.perf_counter() - started:.1f}s)",
+                flush=True,
+            )
+        return outcome
+
+    if evaluator is not None and state.step == 0:
+        run_eval(0)  # the starting model: the "before" of every comparison
     use_bf16 = device.type == "cuda"
     for epoch in range(state.epoch, cfg.train.epochs):
         assert state.plan is not None
@@ -240,6 +279,15 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             scheduler.step()
             state.step += 1
             refresher.after_step(epoch, batch_index + 1, plan, state.step, model)
+            every = cfg.eval.every_steps
+            if (
+                evaluator is not None
+                and every
+                and state.step % every == 0
+                and batch_index + 1 < plan.num_batches
+            ):
+                run_eval(epoch + (batch_index + 1) / plan.num_batches)
+                model.train()
             loss_value = float(loss.detach())
             loss_sum += loss_value
             loss_count += 1
@@ -268,6 +316,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         state.epoch_losses.append(epoch_loss)
         state.plan_versions.append(plan.version)
         epoch_seconds = time.perf_counter() - epoch_start
+        outcome = run_eval(epoch + 1) if evaluator is not None else None
         next_plan, boundary = refresher.next_plan(epoch, state, model)
         state.wait_seconds.append(boundary.wait_seconds)
         state.refresh_seconds.append(boundary.refresh_seconds)
@@ -306,17 +355,39 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             "refresh_seconds": list(state.refresh_seconds),
             "staleness_steps": list(state.staleness_steps),
             "next_plan_version": next_plan.version,
+            "eval_history": list(state.eval_history),
         }
+        if evaluator is not None:
+            # Every rank reports the same score: Ray Train ranks checkpoints by it.
+            metrics["eval_score"] = _broadcast_float(outcome.selection_score if outcome is not None else 0.0)
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
             if rank == 0:
                 save_checkpoint(
-                    Path(tmp), model, tokenizer, optimizer, scheduler, state, cfg.data.max_seq_len
+                    Path(tmp),
+                    model,
+                    tokenizer,
+                    optimizer,
+                    scheduler,
+                    state,
+                    cfg.data.max_seq_len,
+                    whitening=outcome.whitening if outcome is not None else None,
                 )
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def _broadcast_float(value: float) -> float:
+    """Rank 0's value on every rank (identity without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return float(holder[0])
 
 
 def triplet_batch_loss(
@@ -520,6 +591,12 @@ def build_trainer(cfg: Config, loop_config: dict[str, Any], storage_path: str, r
         run_config=ray.train.RunConfig(
             name=run_name,
             storage_path=storage_path,
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            # With evaluation, the best checkpoints by the first STS file's score are kept (and the
+            # latest, which Ray Train always keeps for resuming).
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=2,
+                checkpoint_score_attribute="eval_score" if cfg.eval.sts else None,
+                checkpoint_score_order="max",
+            ),
         ),
     )

@@ -33,7 +33,9 @@ class Whitening:
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """Whitened rows of ``x`` (``(n, dim)`` -> ``(n, k)``), float32."""
-        return (np.asarray(x, dtype=np.float64) @ self.weight.T.astype(np.float64) + self.bias).astype(np.float32)
+        return (np.asarray(x, dtype=np.float64) @ self.weight.T.astype(np.float64) + self.bias).astype(
+            np.float32
+        )
 
     def as_module(self) -> torch.nn.Linear:
         layer = torch.nn.Linear(self.weight.shape[1], self.out_dim)
@@ -96,7 +98,12 @@ def save_whitening(whitening: Whitening, model_dir: str | Path) -> None:
     modules = json.loads(modules_file.read_text())
     modules = [m for m in modules if m.get("path") != DENSE_DIR]
     modules.append(
-        {"idx": len(modules), "name": str(len(modules)), "path": DENSE_DIR, "type": "sentence_transformers.models.Dense"}
+        {
+            "idx": len(modules),
+            "name": str(len(modules)),
+            "path": DENSE_DIR,
+            "type": "sentence_transformers.models.Dense",
+        }
     )
     modules_file.write_text(json.dumps(modules, indent=2))
 
