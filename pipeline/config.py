@@ -75,6 +75,9 @@ class DataSection:
     """Triplet inputs: a column of given hard negatives (e.g. NLI contradictions); empty
     cells mean none for that row."""
     max_seq_len: int = 32
+    max_rows: int | None = None
+    """Train on at most this many rows: for a text corpus a fixed pseudo-random sample of the
+    distinct sentences (the first by content hash), for pair files the first rows. ``None``: all."""
     tokenize_batch_size: int = 1024
     tokenize_num_cpus: float = 0.25
     """CPUs reserved per Ray Data cleaning task and tokenizer actor (fractions work on small
@@ -277,6 +280,7 @@ class Config:
                 f"must be >= 2 x train.num_workers ({2 * self.train.num_workers}) so every worker gets rows",
             ),
             ("data.max_seq_len", self.data.max_seq_len >= 4, "must be >= 4"),
+            ("data.max_rows", self.data.max_rows is None or self.data.max_rows >= 1, "must be >= 1"),
             ("data.tokenize_batch_size", self.data.tokenize_batch_size >= 1, "must be >= 1"),
             ("data.tokenize_num_cpus", self.data.tokenize_num_cpus > 0, "must be > 0"),
             ("data.tokenize_actors", self.data.tokenize_actors >= 1, "must be >= 1"),

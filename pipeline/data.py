@@ -43,11 +43,13 @@ class CorpusStats:
     empty_dropped: int
     duplicates_dropped: int
     sentences: int
+    beyond_max_rows: int = 0
 
     def describe(self) -> str:
+        limited = f" (data.max_rows left out {self.beyond_max_rows})" if self.beyond_max_rows else ""
         return (
             f"read {self.rows_read} rows; dropped {self.empty_dropped} empty and "
-            f"{self.duplicates_dropped} exact duplicates; {self.sentences} sentences remain"
+            f"{self.duplicates_dropped} exact duplicates; {self.sentences} sentences remain{limited}"
         )
 
 
@@ -157,12 +159,16 @@ def load_clean_corpus(section: DataSection) -> tuple[pa.Table, CorpusStats]:
     non_empty = raw.filter(pc.not_equal(pc.utf8_length(raw.column("text")), 0))
     ids = non_empty.column("id").to_numpy()
     unique_ids, first = np.unique(ids, return_index=True)
+    if section.max_rows is not None:
+        # Sorted by content hash, the first rows are a fixed pseudo-random sample.
+        first = first[: section.max_rows]
     corpus = non_empty.take(pa.array(first))  # np.unique sorts, so the table is sorted by id
     stats = CorpusStats(
         rows_read=rows_read,
         empty_dropped=rows_read - non_empty.num_rows,
         duplicates_dropped=non_empty.num_rows - len(unique_ids),
         sentences=corpus.num_rows,
+        beyond_max_rows=len(unique_ids) - corpus.num_rows,
     )
     if corpus.num_rows == 0:
         raise DataError(f"data.path: {section.path} has no non-empty sentences ({stats.describe()})")
@@ -226,6 +232,9 @@ def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | 
         raise DataError(f"data.path: {section.path} has no non-empty (anchor, positive) pairs")
     positives_list = pc.filter(positives, keep).to_pylist()
     negatives_list = pc.filter(negatives, keep).to_pylist() if negatives is not None else None
+    if section.max_rows is not None:  # the first rows: pair files keep their own order
+        anchors_list, positives_list = anchors_list[: section.max_rows], positives_list[: section.max_rows]
+        negatives_list = negatives_list[: section.max_rows] if negatives_list is not None else None
     return anchors_list, positives_list, negatives_list, rows
 
 

@@ -1,0 +1,120 @@
+"""The peer side of each recipe: sentence-transformers' MultipleNegativesRankingLoss training on
+the same model, rows, batch size, max length, learning rate and steps, scored by the same STS
+evaluation as the pipeline's runs.
+
+    python bench/st_mnrl_recipe.py --model runs/recipe-data/all-MiniLM-L6-v2 \\
+        --train runs/recipe-data/wiki-sentences.txt --max-rows 3072 --epochs 2 --lr 3e-5 \\
+        --sts ../shared/data/stsb/sts-dev.csv --out runs/st-wiki
+
+A text file trains unsupervised (each sentence is its own positive, so only dropout tells the two
+views apart: SimCSE as sentence-transformers does it); a jsonl with anchor/positive[/negative]
+trains supervised. ``--max-rows`` picks the rows the pipeline picks (``data.max_rows``). MNRL's
+scale 20 is SimCSE's temperature 0.05. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def training_rows(path: str, max_rows: int | None) -> dict[str, list[str]]:
+    """The rows ``data.max_rows`` selects: for text, distinct stripped sentences ordered by the
+    pipeline's content hash; for jsonl, the first rows with a non-empty anchor and positive."""
+    from pipeline.data import stable_row_id
+
+    if path.endswith(".jsonl"):
+        records = [
+            json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
+        records = [r for r in records if r.get("anchor", "").strip() and r.get("positive", "").strip()]
+        records = records[:max_rows] if max_rows else records
+        columns = {
+            "anchor": [r["anchor"].strip() for r in records],
+            "positive": [r["positive"].strip() for r in records],
+        }
+        if all(r.get("negative", "").strip() for r in records):
+            columns["negative"] = [r["negative"].strip() for r in records]
+        return columns
+    lines = {line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()}
+    ordered = sorted(lines, key=stable_row_id)
+    ordered = ordered[:max_rows] if max_rows else ordered
+    return {"anchor": ordered, "positive": list(ordered)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--train", required=True)
+    parser.add_argument("--max-rows", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-seq-len", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--sts", action="append", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import datasets
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    from pipeline.evaluate import evaluate_model_dir, score_summary
+
+    rows = training_rows(args.train, args.max_rows)
+    model = SentenceTransformer(args.model, device="cpu")
+    model.max_seq_length = args.max_seq_len
+    train_args = SentenceTransformerTrainingArguments(
+        output_dir=str(Path(args.out) / "trainer"),
+        num_train_epochs=args.epochs,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        warmup_ratio=0.0,
+        lr_scheduler_type="linear",
+        seed=args.seed,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        disable_tqdm=True,
+        dataloader_drop_last=False,
+        use_cpu=True,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=train_args,
+        train_dataset=datasets.Dataset.from_dict(rows),
+        loss=MultipleNegativesRankingLoss(model, scale=20.0),
+    )
+    started = time.perf_counter()
+    trainer.train()
+    train_seconds = time.perf_counter() - started
+    out = Path(args.out) / "model"
+    model.save(str(out))
+    scores = evaluate_model_dir(out, args.sts, max_seq_len=args.max_seq_len)
+    result = {
+        "peer": "sentence-transformers MNRL",
+        "rows": len(rows["anchor"]),
+        "steps": trainer.state.global_step,
+        "train_seconds": round(train_seconds, 1),
+        "sentences_per_s": round(len(rows["anchor"]) * args.epochs / train_seconds, 1),
+        **{k: v for k, v in score_summary(scores).items() if k != "files"},
+        "files": [{"name": s.name, "spearman": s.spearman} for s in scores],
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
