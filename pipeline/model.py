@@ -309,8 +309,9 @@ def max_seq_len_of(model_dir: str | Path, default: int = 128) -> int:
 
 def pack_dir(path: str | Path) -> bytes:
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(str(path), arcname=".")
+    # dereference: a model folder may be a link, or hold links (a Hugging Face cache snapshot)
+    with tarfile.open(fileobj=buffer, mode="w", dereference=True) as tar:
+        tar.add(str(Path(path).resolve()), arcname=".")
     return buffer.getvalue()
 
 

@@ -10,7 +10,7 @@ Formats read:
 - ``csv`` / ``tsv`` / ``jsonl``: a header (or keys) with ``sentence1``, ``sentence2``, ``score``.
 
 ``auto`` reads ``.jsonl`` as JSON lines and otherwise looks at the first line: ``||`` fields
-mean CNSD, seven or more tab fields with a number in the fifth mean STS-B, anything else is
+mean CNSD, seven or more tab fields (and no ``sentence1`` header) mean STS-B, anything else is
 a header row (tab-separated for ``.tsv``, else comma-separated).
 """
 
@@ -80,7 +80,7 @@ def detect_format(path: Path) -> str:
     if first.count("||") >= 3:
         return "cnsd"
     fields = first.rstrip("\r\n").split("\t")
-    if len(fields) >= 7 and _is_number(fields[4]):
+    if len(fields) >= 7 and "sentence1" not in fields:
         return "stsb"  # whatever the extension: the original release is sts-*.csv
     return "tsv" if path.suffix.lower() == ".tsv" else "csv"
 
