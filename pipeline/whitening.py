@@ -45,12 +45,16 @@ class Whitening:
         return layer
 
 
-def fit_whitening(x: np.ndarray, dim: int | None = None, eps: float = 1e-9) -> Whitening:
+def fit_whitening(x: np.ndarray, dim: int | None = None, rcond: float = 1e-5) -> Whitening:
     """Fit whitening on ``x`` (``(n, d)`` raw, un-normalised embeddings).
 
     Args:
-        dim: keep the first ``dim`` whitened directions (largest variance first); ``None``: ``d``.
-        eps: added to eigenvalues so directions of zero variance do not divide by zero.
+        dim: keep the first ``dim`` whitened directions (largest variance first); ``None``: all
+            that carry variance.
+        rcond: directions whose variance is below ``rcond`` x the largest are dropped, as a
+            pseudo-inverse does. Mean-pooled outputs of a LayerNorm-ed encoder lie in a
+            hyperplane, so one direction has no variance at all; scaled up to unit variance it
+            would hold nothing but float rounding, amplified thousands of times.
 
     Raises:
         ValueError: fewer than two rows, or ``dim`` larger than the embedding size.
@@ -65,7 +69,8 @@ def fit_whitening(x: np.ndarray, dim: int | None = None, eps: float = 1e-9) -> W
     mu = x.mean(axis=0)
     cov = np.cov(x - mu, rowvar=False)
     u, s, _ = np.linalg.svd(cov)
-    w = (u / np.sqrt(s + eps))[:, :k]  # (d, k)
+    k = min(k, int(np.sum(s > rcond * s[0])))
+    w = u[:, :k] / np.sqrt(s[:k])  # (d, k)
     return Whitening(weight=w.T.astype(np.float32), bias=(-mu @ w).astype(np.float32))
 
 

@@ -55,6 +55,12 @@ def test_whitening_gives_zero_mean_identity_covariance():
     top = vectors[:, np.argsort(values)[::-1][:k]]
     projected = (x - x.mean(0)) @ top / np.sqrt(np.sort(values)[::-1][:k])
     assert np.abs(np.abs(zk) - np.abs(projected)).max() < 1e-3  # equal up to each axis's sign
+    # Mean-pooled LayerNorm outputs satisfy a linear constraint: that direction has no variance
+    # and is dropped instead of being blown up to unit variance.
+    centred = x - x.mean(1, keepdims=True)
+    flat = fit_whitening(centred)
+    assert flat.out_dim == 15
+    assert np.abs(np.cov(flat.apply(centred).astype(np.float64), rowvar=False) - np.eye(15)).max() < 1e-4
     with pytest.raises(ValueError, match="whitening_dim"):
         fit_whitening(x, dim=17)
 

@@ -36,7 +36,18 @@ def _only_run(client: MlflowClient, experiment: str = "simcse-demo"):
 
 
 def test_demo_trains_mines_and_logs(tmp_path):
-    proc = _run_job(tmp_path, "train.epochs=3")
+    import mlflow.artifacts
+    import mlflow.sentence_transformers
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    proc = _run_job(
+        tmp_path,
+        "train.epochs=3",
+        "eval.whitening=true",
+        "eval.every_steps=10",
+        "tracking.register_as=demo-encoder",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "SimCSE run 'demo' finished" in out
@@ -86,43 +97,65 @@ def test_demo_trains_mines_and_logs(tmp_path):
     histograms = sorted(a.path for a in client.list_artifacts(run_id, "mining"))
     assert histograms == ["mining/negative_similarity_v1.png", "mining/negative_similarity_v2.png"]
 
-    # The model artifact loads as a Hugging Face model and gives the pipeline's embeddings.
-    import mlflow.artifacts
-    import numpy as np
-    import torch
-    from transformers import AutoModel, AutoTokenizer
+    # STS at the start, every 10 steps and every epoch end; the best epoch (by the whitened
+    # score of the first file, since whitening is on) is exported with its whitening layer.
+    key = "sts_generated_sts_spearman_whitened"
+    history = {m.step: m.value for m in client.get_metric_history(run_id, key)}
+    assert sorted(history) == [0, 10, 20, 25, 30, 40, 50, 60, 70, 75]
+    for name in ("spearman", "alignment", "uniformity"):
+        assert len(client.get_metric_history(run_id, f"sts_generated_sts_{name}")) == 10
+    epoch_scores = {epoch: history[25 * epoch] for epoch in (1, 2, 3)}
+    best = max(epoch_scores, key=epoch_scores.get)
+    assert run.data.tags["simcse.exported_epoch"] == str(best)
+    assert f"exported epoch {best} (best of 3)" in out
 
-    from pipeline.data import TokenizedCorpus, tokenize_table
-    from pipeline.model import encode_rows, load_sentence_encoder
+    from pipeline.evaluate import evaluate_model_dir
 
-    local = mlflow.artifacts.download_artifacts(
-        run_id=run_id, artifact_path="model", tracking_uri=client.tracking_uri
-    )
-    tokenizer = AutoTokenizer.from_pretrained(local)
-    model = AutoModel.from_pretrained(local).eval()
-    assert Path(local, "resolved_config.yaml").exists() is False
+    export = tmp_path / "runs/demo/model"
+    assert (export / "2_Dense/model.safetensors").exists()
+    rescored = evaluate_model_dir(export, [str(tmp_path / "runs/demo/generated_sts.tsv")], max_seq_len=32)
+    assert rescored[0].spearman_whitened == pytest.approx(epoch_scores[best], abs=0.05)
+
     assert "resolved_config.yaml" in [a.path for a in client.list_artifacts(run_id)]
+    review = sorted(a.path for a in client.list_artifacts(run_id, "review"))
+    assert review == [
+        f"review/{n}"
+        for n in ("alignment_uniformity.png", "eval_by_epoch.md", "loss.png", "sts_by_epoch.png")
+    ]
+    table = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="review/eval_by_epoch.md",
+                                                     tracking_uri=client.tracking_uri)).read_text()  # fmt: skip
+    assert f"| {best} (best) | {25 * best} |" in table
+    assert (
+        "```" in run.data.tags["mlflow.note.content"]
+        and "exported epoch" in run.data.tags["mlflow.note.content"]
+    )
+    # dataset fingerprint, commit and versions for comparing runs
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.digest == run.data.tags["data.digest"] and len(dataset.dataset.digest) == 16
+    assert run.data.tags["versions.torch"] == torch.__version__ and "versions.ray" in run.data.tags
+
+    # The run's MLflow model (sentence-transformers flavor), registered under the configured name,
+    # gives the pipeline's (whitened) embeddings; so do AutoModel + whitening and SentenceTransformer.
+    (version,) = client.search_model_versions("name='demo-encoder'")
+    assert version.run_id == run_id
     sentences = ["Zonouku pai nabrou.", "Truvikai voze noura."]
+    from pipeline.model import encode_texts, load_sentence_encoder, load_tokenizer
+    from pipeline.whitening import load_whitening
+
+    raw = encode_texts(load_sentence_encoder(export), load_tokenizer(export), sentences, 32, 8,
+                       torch.device("cpu"), normalize=False)  # fmt: skip
+    ours = load_whitening(export).apply(raw)
+    mlflow.set_tracking_uri(client.tracking_uri)  # models:/ URIs resolve against the global registry
+    registered = mlflow.sentence_transformers.load_model(f"models:/demo-encoder/{version.version}")
+    assert np.abs(registered.encode(sentences) - ours).max() < 1e-5
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    model = AutoModel.from_pretrained(export).eval()
     with torch.no_grad():
         batch = tokenizer(sentences, padding=True, return_tensors="pt")
         hidden = model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).float()
-        hf = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()
-    import pyarrow as pa
-
-    table = tokenize_table(pa.table({"id": [1, 2], "text": sentences}), tokenizer, 32)
-    ours = encode_rows(
-        load_sentence_encoder(local),
-        TokenizedCorpus(table, tokenizer.pad_token_id),
-        np.arange(2),
-        8,
-        torch.device("cpu"),
-    )
-    assert np.abs(ours - hf).max() < 1e-5
-    from sentence_transformers import SentenceTransformer
-
-    st = SentenceTransformer(local, device="cpu").encode(sentences, normalize_embeddings=True)
-    assert np.abs(ours - st).max() < 1e-5
+        hf = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    assert np.abs(raw - hf).max() < 1e-5
 
     # Started again with the same name: it says so and does nothing.
     again = _run_job(tmp_path, "train.epochs=3", timeout=120)
