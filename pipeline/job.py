@@ -239,14 +239,13 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
     storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
     if cfg.data.path is not None:
         check_corpus_path(cfg.data.path)
-    sts_paths = list(cfg.eval.sts)
+    sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)  # bad STS files fail before any compute
     if cfg.data.path is None and cfg.data.generated.sts_pairs:
         gen = cfg.data.generated
         generated_sts = run_dir / "generated_sts.tsv"
         write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
-        sts_paths.insert(0, str(generated_sts))
-        cfg.eval.sts = sts_paths
-    sts_files = read_sts_files(sts_paths, cfg.eval.format)  # bad STS files fail before any compute
+        cfg.eval.sts = [str(generated_sts), *cfg.eval.sts]
+        sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)
 
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)

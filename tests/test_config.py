@@ -71,6 +71,9 @@ def test_yaml_errors(tmp_path):
         (["--set", "train.temperature=-1"], "train.temperature must be > 0"),
         (["--set", "train.bogus=1"], "unknown config key 'train.bogus'"),
         (["--set", "train.epochs=abc"], "train.epochs must be an integer"),
+        (["--set", "eval.sts=/nonexistent/dev.csv"], "STS file not found: /nonexistent/dev.csv"),
+        (["--set", "eval.sts=[1]"], "eval.sts[0] must be a string"),
+        (["--set", "eval.whitening_dim=0"], "eval.whitening_dim must be >= 1"),
         (["--set", "data.path=/nonexistent/corpus.txt"], "data.path: /nonexistent/corpus.txt does not exist"),
     ],
 )
