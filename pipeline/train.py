@@ -286,8 +286,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 and state.step % every == 0
                 and batch_index + 1 < plan.num_batches
             ):
-                run_eval(epoch + (batch_index + 1) / plan.num_batches)
-                model.train()
+                run_eval(epoch + (batch_index + 1) / plan.num_batches)  # restores train mode itself
             loss_value = float(loss.detach())
             loss_sum += loss_value
             loss_count += 1
