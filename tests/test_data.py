@@ -96,3 +96,25 @@ def test_tokenize_matches_tokenizer_and_batches_pad(ray_local, tmp_path, tiny_mo
     for r, (row_ids, row_mask) in zip(rows, zip(ids, mask, strict=True), strict=True):
         n = int(row_mask.sum())
         assert row_ids[:n].tolist() == expected[r] and (row_ids[n:] == tokenizer.pad_token_id).all()
+
+
+def test_max_rows_sample_is_the_one_the_recipe_peer_trains_on(tmp_path, ray_local, paraphrase_corpus):
+    """data.max_rows keeps a fixed sample (the first distinct sentences by content hash), and the
+    sentence-transformers side of the recipes picks exactly the same sentences."""
+    import importlib.util
+
+    from conftest import REPO
+
+    texts, _ = paraphrase_corpus
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(texts[:500] + texts[:50] + ["", "  "]) + "\n")
+    corpus, stats = load_clean_corpus(DataSection(path=str(path), max_rows=120))
+    assert corpus.num_rows == 120 and stats.beyond_max_rows == 500 - 120 and stats.duplicates_dropped == 50
+    expected = sorted(texts[:500], key=stable_row_id)[:120]
+    assert corpus.column("text").to_pylist() == expected
+
+    spec = importlib.util.spec_from_file_location("st_mnrl_recipe", REPO / "bench/st_mnrl_recipe.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    rows = peer.training_rows(str(path), 120)
+    assert rows["anchor"] == expected and rows["positive"] == expected
