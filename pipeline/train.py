@@ -315,6 +315,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         state.epoch_losses.append(epoch_loss)
         state.plan_versions.append(plan.version)
         epoch_seconds = time.perf_counter() - epoch_start
+        refresher.start_boundary_refresh(epoch, plan, state.step, model)
         outcome = run_eval(epoch + 1) if evaluator is not None else None
         next_plan, boundary = refresher.next_plan(epoch, state, model)
         state.wait_seconds.append(boundary.wait_seconds)
@@ -466,8 +467,9 @@ class Boundary:
 class PlanRefresher:
     """Gets each next epoch's plan from the miner (rank 0 talks to it) for every rank.
 
-    ``sync``: at the epoch boundary rank 0 snapshots the weights, waits for the refresh
-    and broadcasts the plan; every rank waits for it.
+    ``sync``: at the epoch boundary rank 0 snapshots the weights and submits the refresh;
+    the workers evaluate meanwhile (if ``eval.sts`` is set), then wait for the plan, which
+    rank 0 broadcasts.
     ``async``: ``mining.max_staleness_steps`` steps before the boundary rank 0 snapshots the
     weights and submits the refresh, and training goes on while the miner works. At the
     boundary the newest finished plan is adopted without waiting; if the refresh has not
@@ -509,6 +511,14 @@ class PlanRefresher:
         if steps_done == max(0, plan.num_batches - self.cfg.mining.max_staleness_steps):
             self.pending = (self._submit(model, plan.version + 1, step), step, time.perf_counter())
 
+    def start_boundary_refresh(self, epoch: int, plan: BatchPlan, step: int, model: SentenceEncoder) -> None:
+        """Sync: submit the epoch-end refresh as soon as the epoch's last step is done, so that
+        what runs before :meth:`next_plan` (the evaluation) overlaps the miner's work. The
+        weights are the same either way: nothing trains in between."""
+        if self.rank != 0 or self.miner is None or self.cfg.mining.mode != "sync" or self._last_epoch(epoch):
+            return
+        self.pending = (self._submit(model, plan.version + 1, step), step, time.perf_counter())
+
     def next_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> tuple[BatchPlan, Boundary]:
         import ray
         import torch.distributed as dist
@@ -524,7 +534,13 @@ class PlanRefresher:
             boundary = Boundary()
             report, snapshot_step = None, state.step
             if self.cfg.mining.mode == "sync":
-                report = self._get(self._submit(model, current.version + 1, state.step), current.version + 1)
+                ref = (
+                    self.pending[0]
+                    if self.pending is not None
+                    else self._submit(model, current.version + 1, state.step)
+                )
+                self.pending = None
+                report = self._get(ref, current.version + 1)
             elif self.pending is not None:
                 ref, snapshot_step, submitted = self.pending
                 if ray.wait([ref], timeout=0)[0]:
