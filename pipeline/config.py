@@ -210,9 +210,9 @@ class MiningSection:
 @dataclass
 class EvalSection:
     sts: list[str] = field(default_factory=list)
-    """STS files evaluated at every epoch end (Spearman x 100 of cosine similarity). The first
-    one picks the best checkpoint, which is what the job exports. Empty: no evaluation, and
-    the last epoch is exported."""
+    """STS files evaluated at the start, at every epoch end and every ``every_steps`` (Spearman
+    x 100 of cosine similarity). The first one picks the best checkpoint, which is what the
+    job exports. Empty: no evaluation, and the last epoch is exported."""
     format: Literal["auto", "stsb", "cnsd", "csv", "tsv", "jsonl"] = "auto"
     """Format of every ``eval.sts`` file (``auto`` tells them apart by name and first line)."""
     every_steps: int = 0
@@ -286,6 +286,7 @@ class Config:
             ("data.tokenize_actors", self.data.tokenize_actors >= 1, "must be >= 1"),
             ("data.generated.num_groups", self.data.generated.num_groups >= 1, "must be >= 1"),
             ("data.generated.group_size", self.data.generated.group_size >= 1, "must be >= 1"),
+            ("data.generated.sts_pairs", self.data.generated.sts_pairs >= 0, "must be >= 0"),
             ("model.dropout", 0 <= self.model.dropout < 1, "must be in [0, 1)"),
             ("mining.top_k", self.mining.top_k >= 1, "must be >= 1"),
             (

@@ -182,13 +182,12 @@ def evaluate_model_dir(
 def average_row(scores: list[STSScore]) -> STSScore:
     """The unweighted mean over files (as SentEval reports its STS average)."""
     whitened = [s.spearman_whitened for s in scores]
+    aligned = [s.alignment for s in scores if not math.isnan(s.alignment)]  # NaN: a file without positives
     return STSScore(
         name="average",
         pairs=sum(s.pairs for s in scores),
         spearman=float(np.mean([s.spearman for s in scores])),
-        alignment=float(np.nanmean([s.alignment for s in scores]))
-        if any(not math.isnan(s.alignment) for s in scores)
-        else float("nan"),
+        alignment=float(np.mean(aligned)) if aligned else float("nan"),
         uniformity=float(np.mean([s.uniformity for s in scores])),
         spearman_whitened=float(np.mean(whitened)) if all(w is not None for w in whitened) else None,
     )

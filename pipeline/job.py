@@ -116,6 +116,7 @@ class JobSummary:
         lines += [
             f"  model         {self.model_dir}",
             f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
+            *([f"  mlflow model  {self.model_uri}"] if self.model_uri else []),
             *([f"  registered    {self.registered_as}"] if self.registered_as else []),
             f"  review with   {ui_command(self.tracking_uri)}",
         ]
