@@ -309,11 +309,18 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
             )
     data = tmp_path / "triplets.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # An STS file (jsonl): a group's members score 5 with each other, 0 with another group's.
+    sts = tmp_path / "dev.jsonl"
+    sts.write_text("".join(
+        json.dumps({"sentence1": m[0], "sentence2": m[2], "score": 5}) + "\n"
+        + json.dumps({"sentence1": m[0], "sentence2": members[(g + 1) % len(members)][3], "score": 0}) + "\n"
+        for g, m in list(members.items())[:60]
+    ))  # fmt: skip
     proc = _run_job(
         tmp_path, "run.name=sup", f"model.name_or_path={tiny_model_dir}", f"data.path={data}",
         "data.anchor_column=premise", "data.positive_column=hypothesis", "data.negative_column=contra",
         "mining.negative_mode=triplet", "mining.num_negatives=2", "train.hard_negative_weight=0.5",
-        "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup",
+        "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (
@@ -333,3 +340,9 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     losses = [m.value for m in client.get_metric_history(run_id, "train_loss")]
     assert len(losses) == 2 * -(-len(rows) // 32) and all(np.isfinite(losses))
     assert [a.path for a in client.list_artifacts(run_id, "mining")] == ["mining/negative_similarity_v1.png"]
+    # evaluation in triplet mode: the start and both epoch ends; the better epoch is exported
+    scores = {m.step: m.value for m in client.get_metric_history(run_id, "sts_dev_spearman")}
+    steps_per_epoch = -(-len(rows) // 32)
+    assert sorted(scores) == [0, steps_per_epoch, 2 * steps_per_epoch]
+    best = max((1, 2), key=lambda epoch: scores[epoch * steps_per_epoch])
+    assert run.data.tags["simcse.exported_epoch"] == str(best)
