@@ -91,7 +91,11 @@ class STSEvalSet:
 
 def read_sts_files(paths: list[str], format: str = "auto") -> list[STSPairs]:
     """Read every file, giving repeated names a numeric suffix so metric keys stay distinct."""
-    files = [read_sts(path, format) for path in paths]
+    return with_distinct_names([read_sts(path, format) for path in paths])
+
+
+def with_distinct_names(files: list[STSPairs]) -> list[STSPairs]:
+    """The files, a repeated name getting a numeric suffix (``dev``, ``dev_2``)."""
     seen: dict[str, int] = {}
     for pairs in files:
         count = seen.get(pairs.name, 0)
@@ -106,9 +110,9 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def _cosine_spearman(pairs: STSPairs, left: np.ndarray, right: np.ndarray) -> float:
-    cosine = (_normalise(left) * _normalise(right)).sum(1)
-    return 100.0 * spearman(cosine, pairs.scores)
+def _cosine_spearman(pairs: STSPairs, unit: np.ndarray, left: np.ndarray, right: np.ndarray) -> float:
+    """Spearman x 100 of the pairs' cosines, from L2-normalised rows ``unit``."""
+    return 100.0 * spearman((unit[left] * unit[right]).sum(1), pairs.scores)
 
 
 def score_embeddings(
@@ -126,7 +130,7 @@ def score_embeddings(
     if len(embeddings) != eval_set.num_sentences:
         raise ValueError(f"{len(embeddings)} embeddings for {eval_set.num_sentences} sentences")
     unit = _normalise(embeddings)
-    whitened = whitening.apply(embeddings) if whitening is not None else None
+    unit_whitened = _normalise(whitening.apply(embeddings)) if whitening is not None else None
     scores = []
     for pairs, (left, right) in zip(eval_set.files, eval_set.pair_rows, strict=True):
         positive = pairs.scores >= positive_threshold
@@ -135,11 +139,11 @@ def score_embeddings(
             STSScore(
                 name=pairs.name,
                 pairs=len(pairs),
-                spearman=_cosine_spearman(pairs, embeddings[left], embeddings[right]),
+                spearman=_cosine_spearman(pairs, unit, left, right),
                 alignment=alignment(unit[left[positive]], unit[right[positive]]),
                 uniformity=uniformity(unit[file_rows]),
                 spearman_whitened=(
-                    _cosine_spearman(pairs, whitened[left], whitened[right]) if whitened is not None else None
+                    _cosine_spearman(pairs, unit_whitened, left, right) if unit_whitened is not None else None
                 ),
             )
         )

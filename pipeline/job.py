@@ -26,7 +26,7 @@ from pipeline.data import (
     read_pairs,
     tokenize_corpus,
 )
-from pipeline.evaluate import STSEvalSet, read_sts_files
+from pipeline.evaluate import STSEvalSet, read_sts_files, with_distinct_names
 from pipeline.model import (
     build_tiny_model_dir,
     fetch_pretrained_dir,
@@ -34,7 +34,7 @@ from pipeline.model import (
     pack_dir,
     quiet_libraries,
 )
-from pipeline.sts import STSPairs
+from pipeline.sts import STSPairs, read_sts
 from pipeline.synthetic import write_generated_corpus, write_generated_sts
 from pipeline.tracking import (
     TrackedRun,
@@ -246,7 +246,7 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
         generated_sts = run_dir / "generated_sts.tsv"
         write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
         cfg.eval.sts = [str(generated_sts), *cfg.eval.sts]
-        sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)
+        sts_files = with_distinct_names([read_sts(generated_sts, "stsb"), *sts_files])
 
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)
