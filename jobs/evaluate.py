@@ -43,17 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        from pipeline.evaluate import evaluate_model_dir, fit_corpus_whitening, format_table, score_summary
+        from pipeline.evaluate import evaluate_model_dir, format_table, read_sentences, score_summary
         from pipeline.model import quiet_libraries
 
         quiet_libraries()
         if not os.path.isdir(args.model):
             raise FileNotFoundError(f"--model: no model folder at {args.model}")
-        whitening = None
-        if args.whiten_on:
-            whitening = fit_corpus_whitening(
-                args.model, args.whiten_on, args.whitening_rows, args.whitening_dim, args.batch_size
-            )
         scores = evaluate_model_dir(
             args.model,
             args.sts,
@@ -62,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             max_seq_len=args.max_seq_len,
             positive_threshold=args.positive_threshold,
             use_saved_whitening=not args.no_whitening,
-            whitening=whitening,
+            whitening_texts=read_sentences(args.whiten_on, args.whitening_rows) if args.whiten_on else None,
+            whitening_dim=args.whitening_dim,
         )
     except Exception as exc:
         if args.debug:

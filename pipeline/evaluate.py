@@ -158,27 +158,42 @@ def evaluate_model_dir(
     max_seq_len: int | None = None,
     positive_threshold: float = 4.0,
     use_saved_whitening: bool = True,
-    whitening: Whitening | None = None,
+    whitening_texts: list[str] | None = None,
+    whitening_dim: int | None = None,
 ) -> list[STSScore]:
     """Evaluate a model folder on STS files, on CPU or the first GPU.
 
-    The folder's own whitening layer (if it has one and ``use_saved_whitening``) or the given
-    ``whitening`` is reported as ``spearman_whitened`` beside the plain score.
+    A whitening fitted here on ``whitening_texts`` (encoded like the STS sentences), else the
+    folder's own whitening layer (if it has one and ``use_saved_whitening``), is reported as
+    ``spearman_whitened`` beside the plain score.
     """
     import torch
 
-    from pipeline.model import encode_rows, load_sentence_encoder, load_tokenizer, max_seq_len_of
-    from pipeline.whitening import load_whitening
+    from pipeline.model import (
+        encode_rows,
+        encode_texts,
+        load_sentence_encoder,
+        load_tokenizer,
+        max_seq_len_of,
+    )
+    from pipeline.whitening import fit_whitening, load_whitening
 
     files = read_sts_files(sts_paths, format)
     tokenizer = load_tokenizer(model_dir)
-    eval_set = STSEvalSet(files, tokenizer, max_seq_len or max_seq_len_of(model_dir))
+    max_seq_len = max_seq_len or max_seq_len_of(model_dir)
+    eval_set = STSEvalSet(files, tokenizer, max_seq_len)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_sentence_encoder(model_dir).to(device)
     embeddings = encode_rows(
         model, eval_set.corpus(), np.arange(eval_set.num_sentences), batch_size, device, normalize=False
     )
-    if whitening is None and use_saved_whitening:
+    whitening = None
+    if whitening_texts:
+        corpus_embeddings = encode_texts(
+            model, tokenizer, whitening_texts, max_seq_len, batch_size, device, normalize=False
+        )
+        whitening = fit_whitening(corpus_embeddings, whitening_dim)
+    elif use_saved_whitening:
         whitening = load_whitening(model_dir)
     return score_embeddings(eval_set, embeddings, positive_threshold, whitening)
 
@@ -243,27 +258,3 @@ def read_sentences(path: str | Path, max_rows: int, seed: int = 0) -> list[str]:
         keep = np.sort(np.random.default_rng(seed).choice(len(lines), max_rows, replace=False))
         lines = [lines[i] for i in keep]
     return lines
-
-
-def fit_corpus_whitening(
-    model_dir: str | Path, corpus_path: str | Path, max_rows: int, dim: int | None, batch_size: int = 128
-) -> Whitening:
-    """BERT-whitening fitted on the raw embeddings of up to ``max_rows`` sentences of a text file."""
-    import torch
-
-    from pipeline.model import encode_texts, load_sentence_encoder, load_tokenizer, max_seq_len_of
-    from pipeline.whitening import fit_whitening
-
-    texts = read_sentences(corpus_path, max_rows)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_sentence_encoder(model_dir).to(device)
-    embeddings = encode_texts(
-        model,
-        load_tokenizer(model_dir),
-        texts,
-        max_seq_len_of(model_dir),
-        batch_size,
-        device,
-        normalize=False,
-    )
-    return fit_whitening(embeddings, dim)
