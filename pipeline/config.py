@@ -46,6 +46,10 @@ class RaySection:
     """Logical CPUs of a locally started Ray (``None``: the machine's count)."""
     progress_bars: bool = False
     """Ray Data progress bars; off by default so logs stay readable."""
+    dashboard_host: str = "127.0.0.1"
+    """Interface the dashboard of a locally started Ray listens on. Loopback keeps it (and its
+    job-submission API, which runs arbitrary code) off the network; set ``0.0.0.0`` only
+    behind a firewall or with Ray token auth on."""
 
 
 @dataclass
@@ -132,6 +136,12 @@ class TrainSection:
     """Triplet mode: added to the logit of a row's own hard negatives (SimCSE's weight)."""
     dup_rate: float = 0.0
     """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
+    max_failures: int = 3
+    """Worker-group failures (a dead worker, a lost node) Ray Train recovers from, each time
+    restarting every worker from the latest checkpoint. -1: no limit; 0: fail at once."""
+    placement_timeout_s: float = 600.0
+    """Longest to wait for the train workers' resources (each start and restart) before
+    failing with an error that names what could not be placed."""
 
 
 @dataclass
@@ -187,7 +197,11 @@ class MiningSection:
     max_staleness_steps: int = 50
     """Async: steps before an epoch's end at which the weights are snapshotted for the refresh."""
     timeout_s: float = 3600.0
-    """Longest a training worker waits for one refresh before failing with a clear error."""
+    """Longest a training worker waits for one refresh (or for the miner actor to be placed,
+    or to come back after a restart) before failing with a clear error."""
+    max_restarts: int = 3
+    """Times a dead miner actor is restarted (it then re-mines from the newest weights)
+    before the job fails."""
 
     def index_spec(self):  # -> pipeline.index.IndexSpec (imported lazily: config stays dependency-free)
         from pipeline.index import IndexSpec
@@ -208,6 +222,16 @@ class MiningSection:
 
 
 @dataclass
+class CheckpointSection:
+    every_steps: int = 0
+    """Also checkpoint every N optimizer steps inside an epoch, so a failure costs at most N
+    steps instead of an epoch. 0: at epoch ends only."""
+    keep_last: int = 2
+    """Checkpoints kept in the storage path: the newest N (older ones are deleted). The best
+    evaluated model travels inside every checkpoint, so pruning never loses it."""
+
+
+@dataclass
 class EvalSection:
     sts: list[str] = field(default_factory=list)
     """STS files evaluated at the start, at every epoch end and every ``every_steps`` (Spearman
@@ -216,7 +240,8 @@ class EvalSection:
     format: Literal["auto", "stsb", "cnsd", "csv", "tsv", "jsonl"] = "auto"
     """Format of every ``eval.sts`` file (``auto`` tells them apart by name and first line)."""
     every_steps: int = 0
-    """Also evaluate every N optimizer steps (logged only; checkpoints stay at epoch ends). 0: off."""
+    """Also evaluate every N optimizer steps. Any evaluation can pick the exported model, not
+    only epoch ends. 0: off."""
     batch_size: int = 128
     positive_threshold: float = 4.0
     """Gold score from which an STS pair counts as a positive for the alignment metric."""
@@ -238,6 +263,15 @@ class TrackingSection:
     register_as: str | None = None
     """Register the exported model in the MLflow Model Registry under this name (a new version
     per run). ``None``: log it as the run's model only."""
+    connect_timeout_s: float = 15.0
+    """How long the job tries to reach the tracking store at start before failing (before
+    any compute)."""
+    flush_every_s: float = 5.0
+    """Rank 0 and the miner send buffered metrics in the background at this interval; a
+    send that fails (server down) is kept and retried, so training never waits on MLflow."""
+    drain_timeout_s: float = 300.0
+    """At the end of training, how long unsent metrics are retried before the job gives up on
+    them (saying how many) rather than on the run."""
 
 
 @dataclass
@@ -249,6 +283,7 @@ class Config:
     train: TrainSection = field(default_factory=TrainSection)
     mining: MiningSection = field(default_factory=MiningSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
 
     @property
@@ -274,6 +309,14 @@ class Config:
             ("train.cpus_per_worker", self.train.cpus_per_worker > 0, "must be > 0"),
             ("train.log_every", self.train.log_every >= 1, "must be >= 1"),
             ("train.dup_rate", 0 <= self.train.dup_rate <= 1, "must be in [0, 1]"),
+            ("train.max_failures", self.train.max_failures >= -1, "must be >= -1 (-1: no limit)"),
+            ("train.placement_timeout_s", self.train.placement_timeout_s > 0, "must be > 0"),
+            ("checkpoint.every_steps", self.checkpoint.every_steps >= 0, "must be >= 0"),
+            ("checkpoint.keep_last", self.checkpoint.keep_last >= 1, "must be >= 1"),
+            ("mining.max_restarts", self.mining.max_restarts >= 0, "must be >= 0"),
+            ("tracking.connect_timeout_s", self.tracking.connect_timeout_s > 0, "must be > 0"),
+            ("tracking.flush_every_s", self.tracking.flush_every_s > 0, "must be > 0"),
+            ("tracking.drain_timeout_s", self.tracking.drain_timeout_s >= 0, "must be >= 0"),
             (
                 "train.batch_size",
                 self.train.batch_size >= 2 * self.train.num_workers,

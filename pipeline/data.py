@@ -9,8 +9,12 @@ table, which is why the corpus is materialised rather than streamed into the tra
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
 import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +37,10 @@ _EXTENSIONS = {
 }
 
 
+INVALID_UTF8 = "invalid_utf8"
+"""Bool column the readers add: the row's text was not valid UTF-8 (its ``text`` is empty)."""
+
+
 class DataError(ValueError):
     """The corpus cannot be used; the message says why and names the config key."""
 
@@ -44,13 +52,40 @@ class CorpusStats:
     duplicates_dropped: int
     sentences: int
     beyond_max_rows: int = 0
+    invalid_utf8_dropped: int = 0
+    """Lines (text) or cells (csv/tsv, binary parquet columns) that are not valid UTF-8."""
 
     def describe(self) -> str:
         limited = f" (data.max_rows left out {self.beyond_max_rows})" if self.beyond_max_rows else ""
+        invalid = f", {self.invalid_utf8_dropped} not valid UTF-8" if self.invalid_utf8_dropped else ""
         return (
-            f"read {self.rows_read} rows; dropped {self.empty_dropped} empty and "
+            f"read {self.rows_read} rows; dropped {self.empty_dropped} empty{invalid} and "
             f"{self.duplicates_dropped} exact duplicates; {self.sentences} sentences remain{limited}"
         )
+
+    def tags(self) -> dict[str, int]:
+        """The counts as MLflow run tags."""
+        return {
+            "data.rows_read": self.rows_read,
+            "data.empty_dropped": self.empty_dropped,
+            "data.invalid_utf8_dropped": self.invalid_utf8_dropped,
+            "data.duplicates_dropped": self.duplicates_dropped,
+            "data.sentences": self.sentences,
+        }
+
+
+@dataclass
+class TokenizeStats:
+    sentences: int
+    truncated: int
+    """Sentences longer than ``max_seq_len`` tokens (special tokens included), cut to it."""
+    max_seq_len: int
+
+    def describe(self) -> str:
+        return f"{self.sentences} sentences (max_seq_len {self.max_seq_len}; {self.truncated} truncated)"
+
+    def tags(self) -> dict[str, int]:
+        return {"data.truncated": self.truncated}
 
 
 def infer_format(path: str, configured: str) -> str:
@@ -89,20 +124,71 @@ def stable_row_id(text: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def read_dataset(path: str, fmt: str) -> Any:
+def split_utf8_lines(data: bytes) -> tuple[list[str], list[bool] | None]:
+    """The lines of a file's bytes, as ``read_text`` splits them, and which were not UTF-8.
+
+    Returns ``(lines, invalid)``; ``invalid`` is None when every line decoded. An undecodable
+    line becomes ``""`` flagged True. UTF-8 never uses a newline byte inside a multi-byte
+    character, so decoding line by line finds exactly the bad lines.
+    """
+    try:
+        return data.decode("utf-8").splitlines(), None
+    except UnicodeDecodeError:
+        pass
+    lines: list[str] = []
+    invalid: list[bool] = []
+    for raw in data.splitlines():
+        try:
+            # str.splitlines also splits on \v, \f, U+2028, ...: as the whole-file path does.
+            parts = raw.decode("utf-8").splitlines() or [""]
+        except UnicodeDecodeError:
+            parts = None
+        if parts is None:
+            lines.append("")
+            invalid.append(True)
+        else:
+            lines.extend(parts)
+            invalid.extend([False] * len(parts))
+    return lines, invalid
+
+
+@functools.cache
+def _utf8_lines_datasource() -> type:
+    """A ``read_text`` datasource that skips undecodable lines instead of failing the file.
+
+    Ray's own reader decodes a whole file at once, so one bad byte in a 10M-line crawl
+    fails the job. Built on first use so that importing this module does not import Ray Data.
+    """
+    from ray.data.datasource import FileBasedDatasource
+
+    class Utf8LinesDatasource(FileBasedDatasource):
+        def _read_stream(self, f: Any, path: str) -> Iterator[pa.Table]:
+            lines, invalid = split_utf8_lines(f.readall())
+            flags = pa.array(invalid if invalid is not None else np.zeros(len(lines), dtype=bool), pa.bool_())
+            yield pa.table({"text": pa.array(lines, pa.string()), INVALID_UTF8: flags})
+
+    return Utf8LinesDatasource
+
+
+def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
     """A Ray Dataset over a file, folder or URI in one of the supported formats.
 
-    Text files give one column, ``text``; the others keep their own columns.
+    Text files give two columns, ``text`` and :data:`INVALID_UTF8`; the others keep their
+    own columns. ``text_columns`` of a csv/tsv file are read as bytes, whatever they look
+    like: CSV has no types (a column of numbers is still sentences), and bytes let a cell
+    that is not UTF-8 be dropped and counted rather than fail the read.
     """
     import ray.data
 
     if fmt == "text":
-        return ray.data.read_text(path, drop_empty_lines=False)
+        return ray.data.read_datasource(_utf8_lines_datasource()(path))
     if fmt in ("csv", "tsv"):
         import pyarrow.csv as pacsv
 
         return ray.data.read_csv(
-            path, parse_options=pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",")
+            path,
+            parse_options=pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ","),
+            convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in text_columns}),
         )
     if fmt == "jsonl":
         return ray.data.read_json(path, lines=True)
@@ -117,58 +203,179 @@ def require_columns(ds: Any, path: str, wanted: dict[str, str]) -> None:
             raise DataError(f"{key}: column {column!r} not in {path} (columns: {', '.join(names)})")
 
 
+def _is_text_type(dtype: pa.DataType) -> bool:
+    """Types a sentence column may have: strings, bytes (decoded as UTF-8), all-null."""
+    if pa.types.is_dictionary(dtype):
+        return _is_text_type(dtype.value_type)
+    return (
+        pa.types.is_string(dtype)
+        or pa.types.is_large_string(dtype)
+        or pa.types.is_binary(dtype)
+        or pa.types.is_large_binary(dtype)
+        or pa.types.is_null(dtype)
+        or getattr(pa.types, "is_string_view", lambda _: False)(dtype)
+    )
+
+
+def require_text_column(ds: Any, path: str, key: str, column: str) -> None:
+    """Fail with the config key when a sentence column holds something other than text.
+
+    Casting numbers to strings would train on ``"17"``, ``"42"``: a wrong column choice,
+    not a corpus.
+    """
+    schema = ds.schema()
+    dtype = dict(zip(schema.names, schema.types, strict=True)).get(column)
+    if isinstance(dtype, pa.DataType) and not _is_text_type(dtype):
+        raise DataError(f"{key}: column {column!r} in {path} holds {dtype}, not text (strings)")
+
+
 def read_corpus(section: DataSection) -> Any:
-    """A Ray Dataset with one string column ``text`` (unclean)."""
+    """A Ray Dataset with a string column ``text`` (unclean), and for text files also
+    :data:`INVALID_UTF8`."""
     assert section.path is not None
     fmt = infer_format(section.path, section.format)
-    ds = read_dataset(section.path, fmt)
+    ds = read_dataset(section.path, fmt, text_columns=[section.text_column])
     if fmt == "text":
         return ds
     require_columns(ds, section.path, {"data.text_column": section.text_column})
+    require_text_column(ds, section.path, "data.text_column", section.text_column)
     ds = ds.select_columns([section.text_column])
     return ds.rename_columns({section.text_column: "text"}) if section.text_column != "text" else ds
 
 
+def decode_utf8(column: Any) -> tuple[pa.Array, pa.Array]:
+    """A binary column as strings, and a bool column marking values that are not UTF-8
+    (they become null). One vectorised cast when the whole column is valid."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    try:
+        return pc.cast(column, pa.string()), pa.array(np.zeros(len(column), dtype=bool))
+    except pa.ArrowInvalid:
+        pass
+    texts: list[str | None] = []
+    invalid: list[bool] = []
+    for value in column.to_pylist():
+        try:
+            texts.append(None if value is None else value.decode("utf-8"))
+            invalid.append(False)
+        except UnicodeDecodeError:
+            texts.append(None)
+            invalid.append(True)
+    return pa.array(texts, pa.string()), pa.array(invalid, pa.bool_())
+
+
+def _as_text(column: Any) -> tuple[Any, Any]:
+    """``(strings, not-UTF-8 flags or None)`` for a sentence column of any accepted type."""
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        return decode_utf8(column)
+    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+        column = pc.cast(column, pa.string())
+    return column, None
+
+
 def _clean_batch(batch: pa.Table) -> pa.Table:
-    text = batch.column("text")
-    if not pa.types.is_string(text.type) and not pa.types.is_large_string(text.type):
-        text = pc.cast(text, pa.string())
+    text, bad = _as_text(batch.column("text"))
+    if INVALID_UTF8 in batch.column_names:
+        read_bad = batch.column(INVALID_UTF8)
+        bad = read_bad if bad is None else pc.or_(read_bad, bad)
+    if bad is None:
+        bad = pa.array(np.zeros(batch.num_rows, dtype=bool))
     text = pc.fill_null(pc.utf8_trim_whitespace(text), "")
     ids = pa.array([stable_row_id(t) if t else 0 for t in text.to_pylist()], type=pa.int64())
-    return pa.table({"id": ids, "text": text})
+    return pa.table({"id": ids, "text": text, INVALID_UTF8: bad})
+
+
+def _root_message(exc: BaseException) -> str:
+    """The first line of the innermost cause: what went wrong in the reader, not Ray's wrapper."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        if inner is None and not exc.__suppress_context__:
+            inner = exc.__context__
+        if not isinstance(inner, BaseException) or inner is exc:
+            break
+        exc = inner
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+class _HideErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
+@contextmanager
+def reading(path: str, fmt: str) -> Iterator[None]:
+    """Turn a failed read (malformed CSV or JSON, JSON that is not UTF-8, an unreadable
+    file) into one :class:`DataError` naming ``data.path``.
+
+    Ray Data also logs such a failure with its traceback on the console; that copy is held
+    back here (it still goes to Ray Data's log file) because the job reports the failure as
+    one line, and ``--debug`` shows the traceback, chained to the DataError.
+    """
+    console = [
+        h
+        for h in logging.getLogger("ray.data").handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
+    hide = _HideErrors()
+    for handler in console:
+        handler.addFilter(hide)
+    try:
+        yield
+    except DataError:
+        raise
+    except Exception as exc:
+        raise DataError(f"data.path: cannot read {path} as {fmt}: {_root_message(exc)}") from exc
+    finally:
+        for handler in console:
+            handler.removeFilter(hide)
 
 
 def load_clean_corpus(section: DataSection) -> tuple[pa.Table, CorpusStats]:
     """Read and clean the corpus with Ray Data; return ``(id, text)`` sorted by id, unique.
 
+    Lines (or cells) that are not valid UTF-8 are dropped and counted, not fatal: one bad
+    line in a 10M-line crawl should not stop the job.
+
     Raises:
-        DataError: nothing usable is left after cleaning.
+        DataError: the corpus cannot be read, or nothing usable is left after cleaning.
     """
     import ray
 
-    ds = read_corpus(section).map_batches(
-        _clean_batch, batch_format="pyarrow", num_cpus=section.tokenize_num_cpus
-    )
-    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+    assert section.path is not None
+    with reading(section.path, infer_format(section.path, section.format)):
+        ds = read_corpus(section).map_batches(
+            _clean_batch, batch_format="pyarrow", num_cpus=section.tokenize_num_cpus
+        )
+        tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
     raw = (
         pa.concat_tables(tables)
         if tables
-        else pa.table({"id": pa.array([], pa.int64()), "text": pa.array([], pa.string())})
+        else pa.table(
+            {
+                "id": pa.array([], pa.int64()),
+                "text": pa.array([], pa.string()),
+                INVALID_UTF8: pa.array([], pa.bool_()),
+            }
+        )
     )
     rows_read = raw.num_rows
-    non_empty = raw.filter(pc.not_equal(pc.utf8_length(raw.column("text")), 0))
+    decoded = raw.filter(pc.invert(raw.column(INVALID_UTF8)))
+    non_empty = decoded.filter(pc.not_equal(pc.utf8_length(decoded.column("text")), 0))
     ids = non_empty.column("id").to_numpy()
     unique_ids, first = np.unique(ids, return_index=True)
     if section.max_rows is not None:
         # Sorted by content hash, the first rows are a fixed pseudo-random sample.
         first = first[: section.max_rows]
-    corpus = non_empty.take(pa.array(first))  # np.unique sorts, so the table is sorted by id
+    corpus = non_empty.take(pa.array(first)).select(["id", "text"])  # np.unique sorts: sorted by id
     stats = CorpusStats(
         rows_read=rows_read,
-        empty_dropped=rows_read - non_empty.num_rows,
+        empty_dropped=decoded.num_rows - non_empty.num_rows,
         duplicates_dropped=non_empty.num_rows - len(unique_ids),
         sentences=corpus.num_rows,
         beyond_max_rows=len(unique_ids) - corpus.num_rows,
+        invalid_utf8_dropped=rows_read - decoded.num_rows,
     )
     if corpus.num_rows == 0:
         raise DataError(f"data.path: {section.path} has no non-empty sentences ({stats.describe()})")
@@ -189,9 +396,9 @@ def tokenize_table(batch: pa.Table, tokenizer: Any, max_seq_len: int) -> pa.Tabl
 
 
 def _clean_text(column: Any) -> Any:
-    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
-        column = pc.cast(column, pa.string())
-    return pc.utf8_trim_whitespace(pc.fill_null(column, ""))
+    """Stripped strings; a cell that is not UTF-8 becomes empty, so its row is dropped."""
+    text, _ = _as_text(column)
+    return pc.utf8_trim_whitespace(pc.fill_null(text, ""))
 
 
 def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | None, int]:
@@ -206,25 +413,29 @@ def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | 
 
     assert section.path is not None
     fmt = infer_format(section.path, section.format)
-    ds = read_dataset(section.path, fmt)
+    columns = {
+        "data.anchor_column": section.anchor_column,
+        "data.positive_column": section.positive_column,
+    }
+    if section.negative_column:
+        columns["data.negative_column"] = section.negative_column
     negatives = None
-    if fmt == "text":
-        table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
-        anchors = positives = _clean_text(table.column("text"))
-    else:
-        columns = {
-            "data.anchor_column": section.anchor_column,
-            "data.positive_column": section.positive_column,
-        }
-        if section.negative_column:
-            columns["data.negative_column"] = section.negative_column
-        require_columns(ds, section.path, columns)
-        wanted = list(dict.fromkeys(columns.values()))
-        table = pa.concat_tables(ray.get(ds.select_columns(wanted).to_arrow_refs()))
-        anchors = _clean_text(table.column(section.anchor_column))
-        positives = _clean_text(table.column(section.positive_column))
-        if section.negative_column:
-            negatives = _clean_text(table.column(section.negative_column))
+    with reading(section.path, fmt):
+        ds = read_dataset(section.path, fmt, text_columns=list(columns.values()))
+        if fmt == "text":
+            tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+            text = pa.concat_tables(tables).column("text") if tables else pa.array([], pa.string())
+            anchors = positives = _clean_text(text)  # lines that are not UTF-8 are empty here
+        else:
+            require_columns(ds, section.path, columns)
+            for key, column in columns.items():
+                require_text_column(ds, section.path, key, column)
+            wanted = list(dict.fromkeys(columns.values()))
+            table = pa.concat_tables(ray.get(ds.select_columns(wanted).to_arrow_refs()))
+            anchors = _clean_text(table.column(section.anchor_column))
+            positives = _clean_text(table.column(section.positive_column))
+            if section.negative_column:
+                negatives = _clean_text(table.column(section.negative_column))
     keep = pc.and_(pc.greater(pc.utf8_length(anchors), 0), pc.greater(pc.utf8_length(positives), 0))
     rows = len(anchors)
     anchors_list = pc.filter(anchors, keep).to_pylist()

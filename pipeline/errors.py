@@ -11,7 +11,11 @@ def describe_error(exc: BaseException) -> str:
     seen = set()
     while id(exc) not in seen:
         seen.add(id(exc))
-        inner = getattr(exc, "cause", None) or exc.__cause__
+        inner = getattr(exc, "cause", None)
+        if inner is None and not isinstance(exc, (ConfigError, DataError)):
+            # Our own errors are the one-line description already; what they were raised
+            # from is kept for --debug's traceback, not for the message.
+            inner = exc.__cause__
         # Ray Train wraps worker errors (TrainingFailedError -> WorkerGroupError -> worker errors)
         worker_failures = getattr(exc, "worker_failures", None)
         if isinstance(worker_failures, dict) and worker_failures:

@@ -11,24 +11,22 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pipeline.checkpoint import BestModel, best_model_folder
 from pipeline.tracking import TrackedRun
 
 
-def best_checkpoint(result: Any, by_score: bool) -> tuple[Any, dict[str, Any]]:
-    """``(checkpoint, its reported metrics)``: the highest ``eval_score`` among the checkpoints
-    Ray Train kept when ``by_score``, else the latest."""
-    if by_score and result.best_checkpoints:
-        return max(result.best_checkpoints, key=lambda item: item[1].get("eval_score", float("-inf")))
-    return result.checkpoint, dict(result.metrics or {})
+def export_checkpoint_model(checkpoint: Any, export_dir: Path) -> tuple[Path, BestModel | None]:
+    """Copy the model to ship out of the run's final checkpoint into ``export_dir`` (replacing
+    an earlier export): the best evaluated model it carries, else its current model.
 
-
-def export_checkpoint_model(checkpoint: Any, model_subdir: str, export_dir: Path) -> Path:
-    """Copy a checkpoint's model folder to ``export_dir`` (replacing an earlier export)."""
+    Returns the folder and the evaluation that chose it (None without evaluation).
+    """
     if export_dir.exists():
         shutil.rmtree(export_dir)
     with checkpoint.as_directory() as ckpt_dir:
-        shutil.copytree(Path(ckpt_dir) / model_subdir, export_dir)
-    return export_dir
+        folder, best = best_model_folder(Path(ckpt_dir))
+        shutil.copytree(folder, export_dir)
+    return export_dir, best
 
 
 def log_sentence_transformers_model(tracked: TrackedRun, export_dir: Path, register_as: str | None) -> str:

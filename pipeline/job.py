@@ -38,6 +38,7 @@ from pipeline.sts import STSPairs, read_sts
 from pipeline.synthetic import write_generated_corpus, write_generated_sts
 from pipeline.tracking import (
     TrackedRun,
+    check_tracking_reachable,
     log_run_context,
     resolve_tracking_uri,
     start_or_resume_run,
@@ -64,18 +65,21 @@ class JobSummary:
     wall_seconds: float = 0.0
     already_finished: bool = False
     eval_history: list[dict[str, float]] = field(default_factory=list)
-    exported_epoch: int | None = None
+    exported_epoch: float | None = None
+    """The evaluation the exported model comes from (fractional inside an epoch)."""
+    exported_step: int | None = None
+    miner_restarts: int = 0
     model_uri: str | None = None
     registered_as: str | None = None
 
     def sts_line(self) -> str | None:
         """``first file: start -> exported (epoch N)``, from the evaluation history."""
-        epoch_rows = [h for h in self.eval_history if float(h["epoch"]).is_integer()]
-        if not epoch_rows or self.exported_epoch is None:
+        if not self.eval_history or self.exported_step is None:
             return None
-        key = next(k for k in epoch_rows[0] if k.startswith("sts_") and k.endswith("_spearman"))
-        start = epoch_rows[0] if epoch_rows[0]["epoch"] == 0 else None
-        shipped = next((h for h in epoch_rows if h["epoch"] == self.exported_epoch), None)
+        first = self.eval_history[0]
+        key = next(k for k in first if k.startswith("sts_") and k.endswith("_spearman"))
+        start = first if first["epoch"] == 0 else None
+        shipped = next((h for h in self.eval_history if h["step"] == self.exported_step), None)
         if shipped is None:
             return None
         before = f"{start[key]:.2f} -> " if start is not None else ""
@@ -85,7 +89,8 @@ class JobSummary:
             w_before = f"{start[whitened]:.2f} -> " if start is not None and whitened in start else ""
             text += f" (whitened {w_before}{shipped[whitened]:.2f})"
         return (
-            f"{text}; exported epoch {self.exported_epoch} (best of {len(epoch_rows) - (start is not None)})"
+            f"{text}; exported epoch {self.exported_epoch:g} (step {self.exported_step}, best of "
+            f"{len(self.eval_history) - (start is not None)} evaluations)"
         )
 
     def render(self) -> str:
@@ -101,13 +106,14 @@ class JobSummary:
             if self.epoch_losses
             else "n/a"
         )
+        restarts = f"; the miner actor was restarted {self.miner_restarts}x" if self.miner_restarts else ""
         lines = [
             f"SimCSE run {self.run_name!r} finished in {self.wall_seconds:.0f}s",
             f"  epochs        {self.epochs} ({self.steps} steps)",
             f"  loss          {loss}",
             f"  batch plans   {plans}",
             f"  mining        {len(refreshes)} refresh{'es' if len(refreshes) != 1 else ''}, {sum(refreshes):.1f}s of "
-            f"miner time; training waited {sum(self.wait_seconds):.1f}s",
+            f"miner time; training waited {sum(self.wait_seconds):.1f}s{restarts}",
             f"  corpus        {self.corpus}",
         ]
         sts = self.sts_line()
@@ -161,7 +167,7 @@ def init_ray(cfg: Config) -> bool:
             # Ray Train's placement-group cleaner polls the state API, which the dashboard
             # serves; bound to loopback so nothing is exposed.
             include_dashboard=True,
-            dashboard_host="127.0.0.1",
+            dashboard_host=cfg.ray.dashboard_host,
             logging_level=logging.WARNING,
         )
         started = True
@@ -187,6 +193,10 @@ def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
         cfg.mining.num_gpus if cfg.mining.enabled else 0
     )
     problems = []
+    if cfg.data.tokenize_num_cpus > total.get("CPU", 0):
+        problems.append(
+            f"data.tokenize_num_cpus = {cfg.data.tokenize_num_cpus:g}, but the cluster has {total.get('CPU', 0):g} CPUs"
+        )
     if cpu_need > total.get("CPU", 0):
         problems.append(
             f"train.num_workers x train.cpus_per_worker + mining.num_cpus = {cpu_need:g} CPUs, "
@@ -249,6 +259,7 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
         sts_files = with_distinct_names([read_sts(generated_sts, "stsb"), *sts_files])
 
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
+    check_tracking_reachable(tracking_uri, cfg.tracking.connect_timeout_s)
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)
     summary = JobSummary(run_name, tracked.run_id, tracking_uri, cfg.tracking.experiment)
     if tracked.already_finished:
@@ -371,6 +382,7 @@ def _train(
                 encode_num_cpus=cfg.mining.encode_num_cpus,
                 encode_num_gpus=cfg.mining.encode_num_gpus,
                 triplets=triplets_ref,
+                max_restarts=cfg.mining.max_restarts,
             )
             try:
                 ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
@@ -380,9 +392,9 @@ def _train(
                     f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
                 ) from None
 
-        from pipeline.export import best_checkpoint, export_checkpoint_model, log_sentence_transformers_model
+        from pipeline.export import export_checkpoint_model, log_sentence_transformers_model
         from pipeline.report import log_review
-        from pipeline.train import MODEL_SUBDIR, build_trainer
+        from pipeline.train import build_trainer
 
         loop_config: dict[str, Any] = {
             "config": cfg.to_dict(),
@@ -411,13 +423,19 @@ def _train(
         summary.refresh_seconds = list(metrics.get("refresh_seconds", []))
 
         summary.eval_history = list(metrics.get("eval_history", []))
+        summary.miner_restarts = int(metrics.get("miner_restarts", 0))
 
-        checkpoint, chosen = best_checkpoint(result, by_score=bool(sts_files))
-        summary.exported_epoch = int(chosen.get("epoch", summary.epochs))
-        export_dir = export_checkpoint_model(checkpoint, MODEL_SUBDIR, run_dir / "model")
+        export_dir, best = export_checkpoint_model(result.checkpoint, run_dir / "model")
+        summary.exported_epoch = best.epoch if best is not None else float(summary.epochs)
+        summary.exported_step = best.step if best is not None else summary.steps
         summary.model_dir = str(export_dir)
         log_review(tracked, summary.eval_history, summary.exported_epoch, summary.epoch_losses, run_dir)
-        tracked.set_tags({"simcse.exported_epoch": summary.exported_epoch})
+        tracked.set_tags(
+            {
+                "simcse.exported_epoch": f"{summary.exported_epoch:g}",
+                "simcse.exported_step": summary.exported_step,
+            }
+        )
         summary.model_uri = log_sentence_transformers_model(tracked, export_dir, cfg.tracking.register_as)
         summary.registered_as = cfg.tracking.register_as
     finally:

@@ -90,26 +90,40 @@ class HardNegativeMiner:
             self.logger = MetricLogger(tracking_uri, run_id)
 
     def _log_histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int) -> None:
-        """Similarity histogram of the negatives the loss will see, next to random pairs."""
+        """Similarity histogram of the negatives the loss will see, next to random pairs.
+
+        Uploaded from a background thread: a slow or restarting tracking server must not
+        hold up the plan (MLflow's client retries for minutes), and a failed upload only warns.
+        """
         if self.logger is None:
             return
         import tempfile
+        import threading
         from pathlib import Path
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = str(Path(tmp) / f"negative_similarity_v{version}.png")
-            if self.triplets is None:
-                labels, xlabel = (
-                    ("random batches", f"mined plan v{version}"),
-                    "cosine similarity of in-batch negatives",
-                )
-            else:
-                labels, xlabel = (
-                    ("random pairs", f"mined negatives v{version}"),
-                    "cosine similarity to the anchor",
-                )
-            _histogram_png(mined, random_pairs, labels, xlabel, path)
-            self.logger.client.log_artifact(self.logger.run_id, path, "mining")
+        folder = Path(tempfile.mkdtemp(prefix="simcse-hist-"))
+        path = folder / f"negative_similarity_v{version}.png"
+        if self.triplets is None:
+            labels = ("random batches", f"mined plan v{version}")
+            xlabel = "cosine similarity of in-batch negatives"
+        else:
+            labels = ("random pairs", f"mined negatives v{version}")
+            xlabel = "cosine similarity to the anchor"
+        _histogram_png(mined, random_pairs, labels, xlabel, str(path))
+        logger = self.logger
+
+        def upload() -> None:
+            import shutil
+
+            try:
+                logger.client.log_artifact(logger.run_id, str(path), "mining")
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                print(f"[mining] warning: histogram v{version} not logged: {first}", flush=True)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+
+        threading.Thread(target=upload, name=f"histogram-v{version}", daemon=True).start()
 
     def _refresh_triplets(
         self, embeddings: np.ndarray, version: int, step: int, t0: float, t_encode: float
@@ -402,12 +416,24 @@ def _histogram_png(
     plt.close(fig)
 
 
-def start_miner_actor(num_cpus: float, num_gpus: float, name: str | None = None, **kwargs: Any) -> Any:
-    """Start :class:`HardNegativeMiner` as a Ray actor with its own resources."""
+def start_miner_actor(
+    num_cpus: float, num_gpus: float, name: str | None = None, max_restarts: int = 0, **kwargs: Any
+) -> Any:
+    """Start :class:`HardNegativeMiner` as a Ray actor with its own resources.
+
+    Ray restarts a dead actor up to ``max_restarts`` times (re-running the constructor);
+    calls in flight when it died fail rather than being retried, so the caller knows to
+    submit the refresh again with newer weights.
+    """
     import ray
 
     actor_cls = ray.remote(HardNegativeMiner)
-    options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    options: dict[str, Any] = {
+        "num_cpus": num_cpus,
+        "num_gpus": num_gpus,
+        "max_restarts": max_restarts,
+        "max_task_retries": 0,
+    }
     if name:
         options["name"] = name
     return actor_cls.options(**options).remote(use_gpu=num_gpus > 0, **kwargs)

@@ -48,6 +48,18 @@ class BatchPlan:
             self.version, np.concatenate([batches[i] for i in order]), self.sizes[order], self.negatives
         )
 
+    def fingerprint(self) -> int:
+        """A 48-bit hash of the plan (exact as an MLflow float metric): two runs, or a run and
+        its resumption, trained on the same batches exactly when their fingerprints match."""
+        import hashlib
+
+        digest = hashlib.blake2b(digest_size=6)
+        digest.update(str(self.version).encode())
+        for part in (self.rows, self.sizes, self.negatives):
+            if part is not None:
+                digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
+        return int.from_bytes(digest.digest(), "little")
+
     def to_dict(self) -> dict:
         return {"version": self.version, "rows": self.rows, "sizes": self.sizes, "negatives": self.negatives}
 

@@ -23,7 +23,7 @@ def _plt() -> Any:
     return plt
 
 
-def eval_table_markdown(history: list[dict[str, float]], best_epoch: int | None = None) -> str:
+def eval_table_markdown(history: list[dict[str, float]], best_epoch: float | None = None) -> str:
     """A markdown table: one row per evaluation, one column per STS metric."""
     if not history:
         return ""
@@ -122,7 +122,7 @@ def plot_loss(
 def log_review(
     tracked: TrackedRun,
     history: list[dict[str, float]],
-    exported_epoch: int | None,
+    exported_epoch: float | None,
     epoch_losses: list[float],
     run_dir: Path,
 ) -> None:

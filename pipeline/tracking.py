@@ -160,26 +160,131 @@ def _first_line(exc: BaseException) -> str:
 
 
 class MetricLogger:
-    """Buffered metric logging to an existing run, for rank 0 and the miner.
+    """Metric logging to an existing run for rank 0 and the miner, sent in the background.
 
-    Metrics are sent in one ``log_batch`` call per :meth:`flush`, which keeps a busy train
-    loop from making a request per step. A failed flush keeps the buffer for the next try.
+    :meth:`log` only appends to a buffer; a sender thread posts it with one ``log_batch``
+    every ``flush_every_s`` (or when :meth:`flush` asks). A failed send (server restarting,
+    network blip) keeps the metrics and is retried with backoff, so training never waits on
+    MLflow and no value is dropped. A metric leaves the buffer only once MLflow took it.
     """
 
-    def __init__(self, tracking_uri: str, run_id: str):
+    def __init__(self, tracking_uri: str, run_id: str, flush_every_s: float = 5.0):
+        import threading
+
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.run_id = run_id
+        self.flush_every_s = flush_every_s
+        self.failed_sends = 0
         self._buffer: list[Metric] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._sent = threading.Condition(self._lock)
+        self._closing = False
+        self._thread = threading.Thread(target=self._send_loop, name="mlflow-metrics", daemon=True)
+        self._thread.start()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), now, int(step)) for k, v in metrics.items())
+        with self._lock:
+            self._buffer.extend(Metric(k, float(v), now, int(step)) for k, v in metrics.items())
 
     def flush(self) -> None:
-        while self._buffer:
-            chunk = self._buffer[:1000]
-            self.client.log_batch(self.run_id, metrics=chunk)
-            del self._buffer[: len(chunk)]
+        """Ask the sender to post the buffer now (does not wait)."""
+        self._wake.set()
+
+    def unsent(self) -> list[tuple[str, float, int, int]]:
+        """What MLflow has not taken yet, as ``(key, value, timestamp ms, step)``."""
+        with self._lock:
+            return [(m.key, m.value, m.timestamp, m.step) for m in self._buffer]
+
+    def requeue(self, metrics: list[tuple[str, float, int, int]]) -> None:
+        """Queue metrics another process could not send (their original timestamps kept)."""
+        with self._lock:
+            self._buffer[:0] = [Metric(k, float(v), int(t), int(s)) for k, v, t, s in metrics]
+        self._wake.set()
+
+    def wait_sent(self, timeout: float) -> bool:
+        """Block until the buffer is empty (True) or ``timeout`` seconds passed (False)."""
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._sent.wait(left)
+            return True
+
+    def close(self, timeout: float) -> int:
+        """Send what is left (retrying for up to ``timeout`` seconds); returns how many metric
+        values are still unsent."""
+        self.wait_sent(timeout)
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+        with self._lock:
+            return len(self._buffer)
+
+    def _send_loop(self) -> None:
+        backoff = 0.0
+        while not self._closing:
+            self._wake.wait(timeout=backoff or self.flush_every_s)
+            self._wake.clear()
+            if self._closing:
+                return
+            while True:
+                with self._lock:
+                    chunk = list(self._buffer[:1000])
+                if not chunk:
+                    backoff = 0.0
+                    break
+                try:
+                    self.client.log_batch(self.run_id, metrics=chunk)
+                except Exception as exc:  # any transport or server error: keep and retry later
+                    self.failed_sends += 1
+                    if self.failed_sends == 1 or self.failed_sends % 10 == 0:
+                        print(
+                            f"[mlflow] could not send {len(chunk)} metric values ({_first_line(exc)}); "
+                            f"kept and retried (failure {self.failed_sends})",
+                            flush=True,
+                        )
+                    backoff = min(30.0, max(1.0, backoff * 2))
+                    break
+                with self._lock:
+                    del self._buffer[: len(chunk)]
+                    if not self._buffer:
+                        self._sent.notify_all()
+
+
+def check_tracking_reachable(tracking_uri: str, timeout_s: float) -> None:
+    """Fail fast when an HTTP tracking server does not answer (MLflow's own client would retry
+    for minutes first). Any HTTP answer counts as reachable; auth problems surface later
+    with MLflow's own message.
+
+    Raises:
+        RuntimeError: naming the URI and what went wrong.
+    """
+    import urllib.error
+    import urllib.request
+
+    if urlparse(tracking_uri).scheme not in ("http", "https"):
+        return
+    url = tracking_uri.rstrip("/") + "/health"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=max(1.0, min(5.0, timeout_s))):
+                return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, OSError) as exc:
+            if time.monotonic() >= deadline:
+                reason = getattr(exc, "reason", exc)
+                raise RuntimeError(
+                    f"MLflow tracking server {tracking_uri} is not reachable ({reason}) after "
+                    f"tracking.connect_timeout_s={timeout_s:g}s; start it or fix tracking.uri / MLFLOW_TRACKING_URI"
+                ) from None
+            time.sleep(1.0)
 
 
 VERSIONED_PACKAGES = (

@@ -2,17 +2,21 @@
 
 One ``fit()`` runs every epoch (each ``fit`` costs ~20 s of start-up). At each epoch end
 rank 0 hands the newest encoder weights to the miner actor, broadcasts the returned plan to
-the other ranks, and every rank reports a checkpoint holding the model, optimizer,
-scheduler, step, RNG states and the next epoch's plan. A restarted run resumes from it.
+the other ranks, and every rank reports a checkpoint (see :mod:`pipeline.checkpoint`);
+``checkpoint.every_steps`` adds checkpoints inside an epoch. Ray Train restarts a failed
+worker group from the latest checkpoint (``train.max_failures``), and a job started again
+with the same run name resumes from it: at the same step, on the same plan, with every
+rank's random state restored, so the redone steps repeat the lost ones exactly.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,16 @@ import numpy as np
 import torch
 
 from pipeline.augment import repeat_words
+from pipeline.checkpoint import (
+    MODEL_SUBDIR,
+    BestModel,
+    TrainState,
+    capture_rng,
+    checkpoint_problem,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from pipeline.config import Config, config_from_dict
 from pipeline.data import TokenizedCorpus, Triplets
 from pipeline.losses import gather_across_workers, global_batch_simcse_loss, simcse_loss
@@ -34,75 +48,9 @@ from pipeline.model import (
 )
 from pipeline.plans import BatchPlan, balanced_batch_sizes, random_plan, worker_slices
 from pipeline.training_eval import EvalOutcome, TrainingEvaluator
-from pipeline.whitening import Whitening, save_whitening
+from pipeline.whitening import save_whitening
 
-STATE_FILE = "train_state.pt"
-MODEL_SUBDIR = "model"
 PROGRESS_EVERY_S = 30.0
-
-
-@dataclass
-class TrainState:
-    """What a checkpoint carries besides the model folder."""
-
-    epoch: int = 0
-    """Epochs completed."""
-    step: int = 0
-    plan: BatchPlan | None = None
-    """Plan for the next epoch (``epoch + 1``)."""
-    epoch_losses: list[float] = field(default_factory=list)
-    plan_versions: list[int] = field(default_factory=list)
-    """Version of the plan each completed epoch trained on."""
-    wait_seconds: list[float] = field(default_factory=list)
-    """Per epoch boundary: how long training waited for the next plan."""
-    refresh_seconds: list[float] = field(default_factory=list)
-    """Per epoch boundary: the miner's time for the plan adopted there (0 if none)."""
-    staleness_steps: list[int] = field(default_factory=list)
-    """Per epoch boundary: steps between the weights snapshot and the adopted plan's first use."""
-    eval_history: list[dict[str, float]] = field(default_factory=list)
-    """One entry per evaluation (``epoch``, ``step`` and the STS metrics); epoch 0 is the start model."""
-
-
-def save_checkpoint(
-    directory: Path,
-    model: SentenceEncoder,
-    tokenizer: Any,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    state: TrainState,
-    max_seq_len: int,
-    whitening: Whitening | None = None,
-) -> None:
-    save_model_dir(model, tokenizer, directory / MODEL_SUBDIR, max_seq_len)
-    if whitening is not None:
-        save_whitening(whitening, directory / MODEL_SUBDIR)
-    assert state.plan is not None
-    torch.save(
-        {
-            "epoch": state.epoch,
-            "step": state.step,
-            "plan_version": state.plan.version,
-            "plan_rows": torch.tensor(state.plan.rows),
-            "plan_sizes": torch.tensor(state.plan.sizes),
-            "plan_negatives": torch.tensor(state.plan.negatives)
-            if state.plan.negatives is not None
-            else None,
-            "epoch_losses": state.epoch_losses,
-            "plan_versions": state.plan_versions,
-            "wait_seconds": state.wait_seconds,
-            "refresh_seconds": state.refresh_seconds,
-            "staleness_steps": state.staleness_steps,
-            "eval_history": state.eval_history,
-            "mlp": model.mlp.state_dict() if model.mlp is not None else None,
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-        },
-        directory / STATE_FILE,
-    )
-
-
-def load_train_state(directory: Path) -> dict[str, Any]:
-    return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
 
 
 def _seed_epoch(seed: int, rank: int, epoch: int) -> None:
@@ -110,6 +58,60 @@ def _seed_epoch(seed: int, rank: int, epoch: int) -> None:
     epoch boundary draws exactly what the uninterrupted run would have drawn."""
     torch.manual_seed(seed + 1_000_003 * rank + 7919 * epoch)
     random.seed(seed + rank + epoch)
+
+
+@dataclass
+class ResumePoint:
+    """A verified checkpoint, read into memory and local folders."""
+
+    state: TrainState
+    extras: dict[str, Any]
+    """``mlp``, ``optimizer`` and ``scheduler`` state dicts."""
+    model_dir: Path
+    best_dir: Path | None
+    """Local copy of the best evaluated model, when the checkpoint names one."""
+
+
+def find_resume_point() -> ResumePoint | None:
+    """The newest reported checkpoint whose files are complete, copied to local folders.
+
+    Ray Train hands the latest registered checkpoint; should its files not match their
+    manifest, older reported checkpoints are tried newest first (each skip is printed).
+    """
+    import ray.train
+
+    from pipeline.checkpoint import BEST_SUBDIR
+
+    latest = ray.train.get_checkpoint()
+    if latest is None:
+        return None
+    candidates = [latest]
+    seen = {latest.path}
+    for problem_round in range(2):
+        for checkpoint in candidates:
+            with checkpoint.as_directory() as ckpt_dir:
+                folder = Path(ckpt_dir)
+                problem = checkpoint_problem(folder)
+                if problem is not None:
+                    print(f"[train] skipping checkpoint {checkpoint.path}: {problem}", flush=True)
+                    continue
+                state, extras = load_checkpoint(folder)
+                local = Path(tempfile.mkdtemp(prefix="simcse-resume-"))
+                shutil.copytree(folder / MODEL_SUBDIR, local / MODEL_SUBDIR)
+                best_dir = None
+                if state.best is not None:
+                    source = (
+                        folder / BEST_SUBDIR if (folder / BEST_SUBDIR).is_dir() else folder / MODEL_SUBDIR
+                    )
+                    best_dir = local / BEST_SUBDIR
+                    shutil.copytree(source, best_dir)
+                return ResumePoint(state, extras, local / MODEL_SUBDIR, best_dir)
+        if problem_round == 0:
+            reported = ray.train.get_all_reported_checkpoints(timeout_s=600)
+            older = [r for r in reported if r.checkpoint.path not in seen]
+            older.sort(key=lambda r: r.metrics.get("step", -1), reverse=True)
+            candidates = [r.checkpoint for r in older]
+    raise RuntimeError("no complete checkpoint to resume from: every reported checkpoint failed verification")
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
@@ -133,21 +135,15 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     num_rows = len(triplets) if triplets is not None else len(corpus)
     miner = loop_config["miner"]
 
-    checkpoint = ray.train.get_checkpoint()
-    saved: dict[str, Any] | None = None
-    start_dir = model_dir
-    if checkpoint is not None:
-        with checkpoint.as_directory() as ckpt_dir:
-            saved = load_train_state(Path(ckpt_dir))
-            local_copy = Path(tempfile.mkdtemp(prefix="simcse-resume-"))
-            shutil.copytree(Path(ckpt_dir) / MODEL_SUBDIR, local_copy, dirs_exist_ok=True)
-            start_dir = local_copy
-
+    resume = find_resume_point()
     # Same initial weights on every rank: they come from one folder (and the MLP head from
     # one seed), so DDP starts consistent without a broadcast.
     torch.manual_seed(cfg.run.seed)
     model = load_sentence_encoder(
-        start_dir, pooler=cfg.model.pooler, use_mlp=cfg.use_mlp, dropout=cfg.model.dropout
+        resume.model_dir if resume is not None else model_dir,
+        pooler=cfg.model.pooler,
+        use_mlp=cfg.use_mlp,
+        dropout=cfg.model.dropout,
     )
     model.to(device)
 
@@ -171,41 +167,35 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     )
 
     state = TrainState(plan=random_plan(num_rows, cfg.train.batch_size, seed=cfg.run.seed, version=0))
-    if saved is not None:
-        if model.mlp is not None and saved["mlp"] is not None:
-            model.mlp.load_state_dict(saved["mlp"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        state = TrainState(
-            epoch=saved["epoch"],
-            step=saved["step"],
-            plan=BatchPlan(
-                saved["plan_version"],
-                saved["plan_rows"].numpy(),
-                saved["plan_sizes"].numpy(),
-                saved["plan_negatives"].numpy() if saved["plan_negatives"] is not None else None,
-            ),
-            epoch_losses=list(saved["epoch_losses"]),
-            plan_versions=list(saved["plan_versions"]),
-            wait_seconds=list(saved["wait_seconds"]),
-            refresh_seconds=list(saved["refresh_seconds"]),
-            staleness_steps=list(saved["staleness_steps"]),
-            eval_history=list(saved.get("eval_history", [])),
-        )
+    # Rank 0's copy of the best evaluated model, carried into every checkpoint.
+    best_dir = Path(tempfile.mkdtemp(prefix="simcse-best-")) / "model"
+    if resume is not None:
+        state = resume.state
+        if model.mlp is not None and resume.extras["mlp"] is not None:
+            model.mlp.load_state_dict(resume.extras["mlp"])
+        optimizer.load_state_dict(resume.extras["optimizer"])
+        scheduler.load_state_dict(resume.extras["scheduler"])
+        if resume.best_dir is not None:
+            best_dir = resume.best_dir
+        assert state.plan is not None
         if rank == 0:
-            print(
-                f"[train] resumed after epoch {state.epoch} at step {state.step} (plan v{state.plan.version})",
-                flush=True,
+            where = (
+                f"in epoch {state.epoch + 1} after batch {state.batches_done}/{state.plan.num_batches}"
+                if state.batches_done
+                else f"after epoch {state.epoch}"
             )
+            print(f"[train] resumed at step {state.step}, {where} (plan v{state.plan.version})", flush=True)
 
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
     logger = None
     if rank == 0 and loop_config.get("run_id"):
         from pipeline.tracking import MetricLogger
 
-        logger = MetricLogger(loop_config["tracking_uri"], loop_config["run_id"])
+        logger = MetricLogger(loop_config["tracking_uri"], loop_config["run_id"], cfg.tracking.flush_every_s)
+        if resume is not None and state.step > 0:
+            logger.log({"resumed_at_step": float(state.step)}, state.step)
 
-    refresher = PlanRefresher(cfg, miner, rank, num_rows)
+    refresher = PlanRefresher(cfg, miner, rank, num_rows, logger)
     evaluator = None
     if loop_config.get("eval_ref") is not None:
         evaluator = TrainingEvaluator(
@@ -216,38 +206,88 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         assert evaluator is not None
         started = time.perf_counter()
         outcome = evaluator.evaluate(model)
-        if outcome is not None:
-            metrics = outcome.metrics()
-            state.eval_history.append({"epoch": float(epoch), "step": float(state.step), **metrics})
-            if logger is not None:
-                logger.log({**metrics, "eval_seconds": time.perf_counter() - started}, state.step)
-                logger.flush()
-            first = outcome.scores[0]
-            whitened = (
-                f" ({first.spearman_whitened:.2f} whitened)" if first.spearman_whitened is not None else ""
-            )
-            print(
-                f"[eval] epoch {epoch:g} step {state.step}: {first.name} spearman {first.spearman:.2f}{whitened}, "
-                f"alignment {first.alignment:.3f}, uniformity {first.uniformity:.3f} "
-                f"({time.perf_counter() - started:.1f}s)",
-                flush=True,
-            )
+        if outcome is None:
+            return None
+        metrics = outcome.metrics()
+        state.eval_history.append({"epoch": float(epoch), "step": float(state.step), **metrics})
+        # The starting model is scored (the "before") but never exported: the job ships a trained model.
+        if epoch > 0 and (state.best is None or outcome.selection_score > state.best.score):
+            state.best = BestModel(outcome.selection_score, float(epoch), state.step)
+            shutil.rmtree(best_dir, ignore_errors=True)
+            save_model_dir(model, tokenizer, best_dir, cfg.data.max_seq_len)
+            if outcome.whitening is not None:
+                save_whitening(outcome.whitening, best_dir)
+        if logger is not None:
+            logger.log({**metrics, "eval_seconds": time.perf_counter() - started}, state.step)
+            logger.flush()
+        first = outcome.scores[0]
+        whitened = f" ({first.spearman_whitened:.2f} whitened)" if first.spearman_whitened is not None else ""
+        print(
+            f"[eval] epoch {epoch:g} step {state.step}: {first.name} spearman {first.spearman:.2f}{whitened}, "
+            f"alignment {first.alignment:.3f}, uniformity {first.uniformity:.3f} "
+            f"({time.perf_counter() - started:.1f}s)",
+            flush=True,
+        )
         return outcome
 
+    def report(metrics: dict[str, Any], augment_rng: np.random.Generator | None, whitening: Any) -> None:
+        """Checkpoint on every rank (``ray.train.report`` is a barrier); rank 0 writes it.
+
+        Mid-epoch (``augment_rng`` given) every rank's random state goes in, so a resumed
+        run draws the same dropout masks and repetitions as the lost one."""
+        state.rng = None
+        if augment_rng is not None:
+            mine = capture_rng(augment_rng)
+            if world > 1:
+                gathered: list[Any] = [None] * world
+                dist.all_gather_object(gathered, mine)
+                state.rng = gathered
+            else:
+                state.rng = [mine]
+        metrics = {**metrics, "miner_restarts": refresher.restarts}
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = None
+            if rank == 0:
+                if logger is not None:
+                    # Send what is buffered now; what the server does not take in time travels
+                    # in the checkpoint and is sent again by whoever resumes from it.
+                    logger.wait_sent(timeout=2.0)
+                    state.unsent_metrics = logger.unsent()
+                save_checkpoint(
+                    Path(tmp), model, tokenizer, optimizer, scheduler, state, cfg.data.max_seq_len,
+                    whitening=whitening, best_dir=best_dir,
+                )  # fmt: skip
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=ckpt)
+        state.rng = None
+
+    if logger is not None and state.unsent_metrics:
+        logger.requeue(state.unsent_metrics)
+    state.unsent_metrics = []
     if evaluator is not None and state.step == 0:
         run_eval(0)  # the starting model: the "before" of every comparison
     use_bf16 = device.type == "cuda"
     for epoch in range(state.epoch, cfg.train.epochs):
         assert state.plan is not None
         plan = state.plan
-        _seed_epoch(cfg.run.seed, rank, epoch)
+        first_batch = state.batches_done
         augment_rng = np.random.default_rng([cfg.run.seed, rank, epoch])
+        if first_batch == 0:
+            _seed_epoch(cfg.run.seed, rank, epoch)
+        elif state.rng is not None and len(state.rng) == world:
+            restore_rng(state.rng[rank], augment_rng)
+        else:
+            # Resumed on a different number of workers: a fresh but still seeded stream.
+            _seed_epoch(cfg.run.seed, rank, epoch + 104_729 * first_batch)
+            augment_rng = np.random.default_rng([cfg.run.seed, rank, epoch, first_batch])
+        state.rng = None
+        if logger is not None:
+            logger.log({"plan_fingerprint": float(plan.fingerprint())}, state.step)
         model.train()
-        epoch_start = time.perf_counter()
-        loss_sum, loss_count = 0.0, 0
-        last_progress = epoch_start
-        refresher.after_step(epoch, 0, plan, state.step, model)
-        for batch_index in range(plan.num_batches):
+        segment_start = time.perf_counter()
+        last_progress = segment_start
+        refresher.after_step(epoch, first_batch, plan, state.step, model)
+        for batch_index in range(first_batch, plan.num_batches):
             step_start = time.perf_counter()
             global_rows = plan.batch(batch_index)
             sizes = worker_slices(len(global_rows), world)
@@ -278,18 +318,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             optimizer.step()
             scheduler.step()
             state.step += 1
-            refresher.after_step(epoch, batch_index + 1, plan, state.step, model)
-            every = cfg.eval.every_steps
-            if (
-                evaluator is not None
-                and every
-                and state.step % every == 0
-                and batch_index + 1 < plan.num_batches
-            ):
-                run_eval(epoch + (batch_index + 1) / plan.num_batches)  # restores train mode itself
+            state.batches_done = batch_index + 1
             loss_value = float(loss.detach())
-            loss_sum += loss_value
-            loss_count += 1
+            state.loss_sum += loss_value
             if logger is not None:
                 elapsed = time.perf_counter() - step_start
                 logger.log(
@@ -302,19 +333,39 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 )
                 if state.step % cfg.train.log_every == 0:
                     logger.flush()
+            refresher.after_step(epoch, batch_index + 1, plan, state.step, model)
+            inside_epoch = batch_index + 1 < plan.num_batches
+            outcome = None
+            if (
+                evaluator is not None
+                and cfg.eval.every_steps
+                and state.step % cfg.eval.every_steps == 0
+                and inside_epoch
+            ):
+                outcome = run_eval(epoch + (batch_index + 1) / plan.num_batches)  # restores train mode itself
+            if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0 and inside_epoch:
+                now = time.perf_counter()
+                state.epoch_seconds += now - segment_start
+                segment_start = now
+                report(
+                    {"epoch": epoch + state.batches_done / plan.num_batches, "step": state.step,
+                     "train_loss": loss_value, "plan_version": plan.version},
+                    augment_rng, outcome.whitening if outcome is not None else None,
+                )  # fmt: skip
             if rank == 0 and time.perf_counter() - last_progress > PROGRESS_EVERY_S:
                 last_progress = time.perf_counter()
-                rate = (batch_index + 1) * cfg.train.batch_size / (last_progress - epoch_start)
+                done = batch_index + 1 - first_batch
+                rate = done * cfg.train.batch_size / (last_progress - segment_start + 1e-9)
                 print(
                     f"[train] epoch {epoch + 1}/{cfg.train.epochs} step {batch_index + 1}/{plan.num_batches}: "
-                    f"loss {loss_sum / loss_count:.4f}, {rate:.0f} sentences/s",
+                    f"loss {state.loss_sum / (batch_index + 1):.4f}, {rate:.0f} sentences/s",
                     flush=True,
                 )
 
-        epoch_loss = loss_sum / max(loss_count, 1)
+        epoch_loss = state.loss_sum / plan.num_batches
         state.epoch_losses.append(epoch_loss)
         state.plan_versions.append(plan.version)
-        epoch_seconds = time.perf_counter() - epoch_start
+        epoch_seconds = state.epoch_seconds + time.perf_counter() - segment_start
         refresher.start_boundary_refresh(epoch, plan, state.step, model)
         outcome = run_eval(epoch + 1) if evaluator is not None else None
         next_plan, boundary = refresher.next_plan(epoch, state, model)
@@ -323,9 +374,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         state.staleness_steps.append(boundary.staleness_steps)
         state.plan = next_plan
         state.epoch = epoch + 1
+        state.batches_done, state.loss_sum, state.epoch_seconds = 0, 0.0, 0.0
         if rank == 0:
             print(
-                f"[train] epoch {epoch + 1}/{cfg.train.epochs}: loss {epoch_loss:.4f} over {loss_count} steps "
+                f"[train] epoch {epoch + 1}/{cfg.train.epochs}: loss {epoch_loss:.4f} over {plan.num_batches} steps "
                 f"on plan v{plan.version}, {epoch_seconds:.1f}s; next plan v{next_plan.version} "
                 f"(waited {boundary.wait_seconds:.1f}s, staleness {boundary.staleness_steps} steps)",
                 flush=True,
@@ -357,37 +409,19 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             "next_plan_version": next_plan.version,
             "eval_history": list(state.eval_history),
         }
-        if evaluator is not None:
-            # Every rank reports the same score: Ray Train ranks checkpoints by it.
-            metrics["eval_score"] = _broadcast_float(outcome.selection_score if outcome is not None else 0.0)
-        with tempfile.TemporaryDirectory() as tmp:
-            ckpt = None
-            if rank == 0:
-                save_checkpoint(
-                    Path(tmp),
-                    model,
-                    tokenizer,
-                    optimizer,
-                    scheduler,
-                    state,
-                    cfg.data.max_seq_len,
-                    whitening=outcome.whitening if outcome is not None else None,
-                )
-                ckpt = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=ckpt)
+        if outcome is not None:
+            metrics["eval_score"] = outcome.selection_score
+        report(metrics, None, outcome.whitening if outcome is not None else None)
+    if logger is not None:
+        unsent = logger.close(cfg.tracking.drain_timeout_s)
+        if unsent:
+            print(
+                f"[mlflow] warning: {unsent} metric values could not be sent within "
+                f"tracking.drain_timeout_s={cfg.tracking.drain_timeout_s:g}s",
+                flush=True,
+            )
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def _broadcast_float(value: float) -> float:
-    """Rank 0's value on every rank (identity without a process group)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    holder = [value]
-    dist.broadcast_object_list(holder, src=0)
-    return float(holder[0])
 
 
 def triplet_batch_loss(
@@ -475,14 +509,20 @@ class PlanRefresher:
     boundary the newest finished plan is adopted without waiting; if the refresh has not
     finished, the current plan is kept (its batches reshuffled) and the refresh's plan is
     adopted at the next boundary, with its larger staleness logged.
+
+    A miner that dies during a refresh is restarted by Ray (``mining.max_restarts``); the
+    refresh is then submitted again with the newest weights, and the event is logged.
     """
 
-    def __init__(self, cfg: Config, miner: Any, rank: int, num_rows: int):
+    def __init__(self, cfg: Config, miner: Any, rank: int, num_rows: int, logger: Any = None):
         self.cfg = cfg
         self.miner = miner if cfg.mining.enabled else None
         self.rank = rank
         self.num_rows = num_rows
+        self.logger = logger
         self.pending: tuple[Any, int, float] | None = None  # (ref, snapshot step, submit time)
+        self.submitted_in_epoch: int | None = None
+        self.restarts = 0
 
     def _last_epoch(self, epoch: int) -> bool:
         return epoch + 1 >= self.cfg.train.epochs
@@ -495,7 +535,8 @@ class PlanRefresher:
     def after_step(
         self, epoch: int, steps_done: int, plan: BatchPlan, step: int, model: SentenceEncoder
     ) -> None:
-        """Async only: submit the refresh once ``max_staleness_steps`` remain in the epoch.
+        """Async only: submit the refresh once ``max_staleness_steps`` remain in the epoch
+        (at once when a run resumes past that point: the lost refresh is not waited for).
 
         Its plan becomes version ``plan.version + 1``: no other plan can be adopted before it.
         """
@@ -504,12 +545,13 @@ class PlanRefresher:
             or self.miner is None
             or self.cfg.mining.mode != "async"
             or self.pending is not None
+            or self.submitted_in_epoch == epoch
+            or self._last_epoch(epoch)
         ):
             return
-        if self._last_epoch(epoch):
-            return
-        if steps_done == max(0, plan.num_batches - self.cfg.mining.max_staleness_steps):
+        if steps_done >= max(0, plan.num_batches - self.cfg.mining.max_staleness_steps):
             self.pending = (self._submit(model, plan.version + 1, step), step, time.perf_counter())
+            self.submitted_in_epoch = epoch
 
     def start_boundary_refresh(self, epoch: int, plan: BatchPlan, step: int, model: SentenceEncoder) -> None:
         """Sync: submit the epoch-end refresh as soon as the epoch's last step is done, so that
@@ -531,21 +573,30 @@ class PlanRefresher:
         start = time.perf_counter()
         payload: list[Any] = [None]
         if self.rank == 0:
+            version = current.version + 1
             boundary = Boundary()
             report, snapshot_step = None, state.step
             if self.cfg.mining.mode == "sync":
                 ref = (
-                    self.pending[0]
-                    if self.pending is not None
-                    else self._submit(model, current.version + 1, state.step)
+                    self.pending[0] if self.pending is not None else self._submit(model, version, state.step)
                 )
                 self.pending = None
-                report = self._get(ref, current.version + 1)
+                while report is None:
+                    try:
+                        report = self._get(ref, version)
+                    except ray.exceptions.RayActorError as exc:
+                        ref = self._resubmit_after_failure(exc, model, version, state.step)
             elif self.pending is not None:
                 ref, snapshot_step, submitted = self.pending
                 if ray.wait([ref], timeout=0)[0]:
-                    report = self._get(ref, current.version + 1)
-                    self.pending = None
+                    try:
+                        report = self._get(ref, version)
+                        self.pending = None
+                    except ray.exceptions.RayActorError as exc:
+                        # Async never waits: the new refresh's plan is adopted at the next boundary.
+                        ref = self._resubmit_after_failure(exc, model, version, state.step)
+                        self.pending = (ref, state.step, time.perf_counter())
+                        boundary.late = True
                 elif time.perf_counter() - submitted > self.cfg.mining.timeout_s:
                     raise TimeoutError(
                         f"the miner did not return a plan within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
@@ -553,7 +604,7 @@ class PlanRefresher:
                 else:
                     boundary.late = True
             if report is not None:
-                plan = BatchPlan(current.version + 1, report.plan.rows, report.plan.sizes)
+                plan = BatchPlan(version, report.plan.rows, report.plan.sizes)
                 boundary.refresh_seconds = float(report.metrics["mining_total_s"])
                 boundary.staleness_steps = state.step - snapshot_step
             else:
@@ -576,6 +627,39 @@ class PlanRefresher:
                 f"the miner did not return plan v{version} within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
             ) from None
 
+    def _resubmit_after_failure(
+        self, exc: BaseException, model: SentenceEncoder, version: int, step: int
+    ) -> Any:
+        """The miner died mid-refresh: wait for Ray to restart it, log the event, and submit
+        the refresh again from the current (newest) weights."""
+        import ray
+
+        self.restarts += 1
+        limit = self.cfg.mining.max_restarts
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if self.restarts > limit:
+            raise RuntimeError(
+                f"the miner actor died during refresh v{version} and mining.max_restarts={limit} "
+                f"restarts are used up: {reason}"
+            ) from exc
+        print(
+            f"[mining] the miner actor died during refresh v{version} ({reason}); restart "
+            f"{self.restarts}/{limit}, re-mining from the weights at step {step}",
+            flush=True,
+        )
+        if self.logger is not None:
+            self.logger.log({"miner_restarts": float(self.restarts)}, step)
+            self.logger.flush()
+        try:
+            ray.get(self.miner.ready.remote(), timeout=self.cfg.mining.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"the restarted miner actor was not back within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
+            ) from None
+        except ray.exceptions.RayActorError as again:
+            raise RuntimeError(f"the miner actor could not be restarted: {again}") from again
+        return self._submit(model, version, step)
+
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
         """The same batches (or a fresh random plan for a random one) in a new order."""
         seed = self.cfg.run.seed + epoch + 1
@@ -585,10 +669,15 @@ class PlanRefresher:
 
 
 def build_trainer(cfg: Config, loop_config: dict[str, Any], storage_path: str, run_name: str) -> Any:
-    """A ``TorchTrainer`` over :func:`train_loop_per_worker` with resources from config."""
+    """A ``TorchTrainer`` over :func:`train_loop_per_worker` with resources, failure handling
+    and checkpoint retention from config."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    # Read by Ray Train's controller (it propagates this variable): each start or restart of
+    # the worker group waits this long for resources, and a timeout is not retried, so a
+    # group that cannot be placed ends the job instead of waiting forever.
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = f"{cfg.train.placement_timeout_s:g}"
     resources = {"CPU": cfg.train.cpus_per_worker}
     if cfg.train.use_gpu:
         resources["GPU"] = 1
@@ -606,12 +695,10 @@ def build_trainer(cfg: Config, loop_config: dict[str, Any], storage_path: str, r
         run_config=ray.train.RunConfig(
             name=run_name,
             storage_path=storage_path,
-            # With evaluation, the best checkpoints by the first STS file's score are kept (and the
-            # latest, which Ray Train always keeps for resuming).
-            checkpoint_config=ray.train.CheckpointConfig(
-                num_to_keep=2,
-                checkpoint_score_attribute="eval_score" if cfg.eval.sts else None,
-                checkpoint_score_order="max",
+            failure_config=ray.train.FailureConfig(
+                max_failures=cfg.train.max_failures, controller_failure_limit=0
             ),
+            # The newest checkpoints, by report order; the best evaluated model is inside each.
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
         ),
     )
