@@ -68,6 +68,8 @@ class TrainState:
     eval_history: list[dict[str, float]] = field(default_factory=list)
     """One entry per evaluation (``epoch``, ``step`` and the STS metrics); epoch 0 is the start model."""
     best: BestModel | None = None
+    miner_restarts: int = 0
+    """Times the miner actor died during a refresh and was restarted."""
     loss_sum: float = 0.0
     """Sum of the epoch in progress' step losses so far (its mean is the epoch loss)."""
     epoch_seconds: float = 0.0
@@ -140,6 +142,7 @@ def save_checkpoint(
             "eval_history": state.eval_history,
             "best": None if state.best is None else vars(state.best),
             "loss_sum": state.loss_sum,
+            "miner_restarts": state.miner_restarts,
             "epoch_seconds": state.epoch_seconds,
             "rng": state.rng,
             "unsent_metrics": state.unsent_metrics,
@@ -191,6 +194,7 @@ def load_checkpoint(directory: Path) -> tuple[TrainState, dict[str, Any]]:
         eval_history=list(saved["eval_history"]),
         best=BestModel(**saved["best"]) if saved["best"] is not None else None,
         loss_sum=saved["loss_sum"],
+        miner_restarts=saved["miner_restarts"],
         epoch_seconds=saved["epoch_seconds"],
         rng=saved["rng"],
         unsent_metrics=[tuple(m) for m in saved["unsent_metrics"]],

@@ -195,7 +195,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if resume is not None and state.step > 0:
             logger.log({"resumed_at_step": float(state.step)}, state.step)
 
-    refresher = PlanRefresher(cfg, miner, rank, num_rows, logger)
+    refresher = PlanRefresher(cfg, miner, rank, num_rows, logger, restarts=state.miner_restarts)
     evaluator = None
     if loop_config.get("eval_ref") is not None:
         evaluator = TrainingEvaluator(
@@ -244,6 +244,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 state.rng = gathered
             else:
                 state.rng = [mine]
+        state.miner_restarts = refresher.restarts
         metrics = {**metrics, "miner_restarts": refresher.restarts}
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
@@ -514,7 +515,9 @@ class PlanRefresher:
     refresh is then submitted again with the newest weights, and the event is logged.
     """
 
-    def __init__(self, cfg: Config, miner: Any, rank: int, num_rows: int, logger: Any = None):
+    def __init__(
+        self, cfg: Config, miner: Any, rank: int, num_rows: int, logger: Any = None, restarts: int = 0
+    ):
         self.cfg = cfg
         self.miner = miner if cfg.mining.enabled else None
         self.rank = rank
@@ -522,7 +525,8 @@ class PlanRefresher:
         self.logger = logger
         self.pending: tuple[Any, int, float] | None = None  # (ref, snapshot step, submit time)
         self.submitted_in_epoch: int | None = None
-        self.restarts = 0
+        self.restarts = restarts
+        """Miner deaths survived so far in this run (``mining.max_restarts`` bounds them)."""
 
     def _last_epoch(self, epoch: int) -> bool:
         return epoch + 1 >= self.cfg.train.epochs
@@ -650,14 +654,25 @@ class PlanRefresher:
         if self.logger is not None:
             self.logger.log({"miner_restarts": float(self.restarts)}, step)
             self.logger.flush()
-        try:
-            ray.get(self.miner.ready.remote(), timeout=self.cfg.mining.timeout_s)
-        except ray.exceptions.GetTimeoutError:
+        deadline = time.monotonic() + self.cfg.mining.timeout_s
+        while True:
+            # Calls made while Ray restarts the actor fail at once (max_task_retries=0): ask
+            # again until it answers, it is dead for good, or the timeout passes.
+            try:
+                ray.get(self.miner.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            except ray.exceptions.GetTimeoutError:
+                break
+            except ray.exceptions.RayActorError as again:
+                raise RuntimeError(f"the miner actor could not be restarted: {again}") from again
+        if time.monotonic() > deadline:
             raise TimeoutError(
                 f"the restarted miner actor was not back within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
-            ) from None
-        except ray.exceptions.RayActorError as again:
-            raise RuntimeError(f"the miner actor could not be restarted: {again}") from again
+            )
         return self._submit(model, version, step)
 
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:

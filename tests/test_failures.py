@@ -1,0 +1,362 @@
+"""Faults injected for real into running jobs: a train worker and the miner actor killed by
+pid, the job process killed, a checkpoint damaged on disk, the MLflow server killed and
+restarted. Each run must end as an uninterrupted one would, in one MLflow run, with no
+metric step missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import PYTHON, REPO, job_env
+from mlflow.tracking import MlflowClient
+
+DEMO = str(REPO / "jobs/configs/demo.yaml")
+
+
+class RunningJob:
+    """``jobs/train.py`` in its own session, its output collected line by line with arrival times."""
+
+    def __init__(self, cwd: Path, overrides: list[str], env: dict | None = None):
+        args = [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO]
+        for item in overrides:
+            args += ["--set", item]
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            args, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def first_line_time(self, pattern: str) -> float | None:
+        found = next((t for t, line in self.lines if re.search(pattern, line)), None)
+        return None if found is None else found - self.started
+
+    def processes(self, title: str) -> list[psutil.Process]:
+        """Descendants of the job whose process title (Ray sets ``ray::Class.method``) contains ``title``."""
+        found = []
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        for child in children:
+            try:
+                if title in " ".join(child.cmdline()):
+                    found.append(child)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return found
+
+    def wait(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            self.kill_all()
+        self._reader.join(timeout=10)
+        return code
+
+    def kill_all(self) -> None:
+        """SIGKILL the job and everything it started (its local Ray included)."""
+        with_children = []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            with_children = psutil.Process(self.proc.pid).children(recursive=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for child in with_children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
+def wait_for(condition, timeout: float, what: str, job: RunningJob | None = None, poll: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if job is not None and job.proc.poll() is not None:
+            pytest.fail(f"the job ended while waiting for {what}:\n{job.output[-4000:]}")
+        time.sleep(poll)
+    pytest.fail(f"timed out waiting for {what}" + (f":\n{job.output[-4000:]}" if job else ""))
+
+
+def snapshot_checkpoints(run_dir: Path) -> list[dict]:
+    """The checkpoints Ray Train has registered (name + reported metrics), oldest first."""
+    try:
+        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [{"dir": r["checkpoint_dir_name"], **r["metrics"]} for r in snapshot["checkpoint_results"]]
+
+
+def train_loss_history(client: MlflowClient, run_id: str):
+    return client.get_metric_history(run_id, "train_loss")
+
+
+def steps_redone(history) -> tuple[list[int], float]:
+    """Steps logged twice (trained, lost, trained again) and the seconds between the first and
+    the second logging of the last of them: the time the failure cost."""
+    counts = Counter(m.step for m in history)
+    redone = sorted(step for step, n in counts.items() if n > 1)
+    if not redone:
+        return [], 0.0
+    last = sorted(m.timestamp for m in history if m.step == redone[-1])
+    return redone, (last[-1] - last[0]) / 1000
+
+
+@pytest.fixture(scope="module")
+def faulted_run(tmp_path_factory):
+    """One job, two faults: the miner is SIGKILLed while it computes the epoch-1 refresh, then
+    rank 0's train worker is SIGKILLed in the middle of epoch 2, between two checkpoints."""
+    cwd = tmp_path_factory.mktemp("faults")
+    job = RunningJob(
+        cwd,
+        [
+            "run.name=faults", "data.generated.num_groups=2500", "train.epochs=2",
+            "checkpoint.every_steps=40", "train.log_every=5", "tracking.flush_every_s=1",
+        ],
+    )  # fmt: skip
+    run_dir = cwd / "runs" / "faults"
+    facts: dict = {"cwd": cwd}
+    try:
+        miner = wait_for(
+            lambda: job.processes("HardNegativeMiner.refresh"), 400, "the epoch-1 refresh", job, 0.02
+        )
+        miner[0].kill()
+        facts["miner_killed_pid"] = miner[0].pid
+
+        def mid_epoch_two():
+            checkpoints = snapshot_checkpoints(run_dir)
+            return checkpoints and 1 < checkpoints[-1]["epoch"] < 2 and checkpoints[-1]
+
+        checkpoint = wait_for(mid_epoch_two, 400, "a checkpoint inside epoch 2", job)
+        rank0 = re.findall(r"RayTrainWorker pid=(\d+)\)", job.output)
+        victims = [p for p in job.processes("RayTrainWorker") if str(p.pid) in set(rank0)]
+        assert victims, "rank 0 of the train workers not found"
+        time.sleep(1.0)  # a few steps past the checkpoint: those are lost and redone
+        if snapshot_checkpoints(run_dir)[-1]["step"] != checkpoint["step"]:
+            pytest.fail("another checkpoint landed before the kill; the run is too fast for this test")
+        victims[0].kill()
+        facts["worker_killed_at"] = time.monotonic()
+        facts["checkpoint_step"] = checkpoint["step"]
+        facts["returncode"] = job.wait(timeout=600)
+    finally:
+        job.kill_all()
+    facts["output"] = job.output
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlruns.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+    facts["client"], facts["runs"] = client, runs
+    return facts
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_epoch_resumes_at_its_checkpoint(faulted_run):
+    out = faulted_run["output"]
+    assert faulted_run["returncode"] == 0, out[-4000:]
+    ckpt_step = faulted_run["checkpoint_step"]
+    assert f"[train] resumed at step {ckpt_step}, in epoch 2 after batch" in out
+    runs = faulted_run["runs"]
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # the same MLflow run continued
+    client, run_id = faulted_run["client"], runs[0].info.run_id
+
+    # As many steps as an uninterrupted run, every one of them logged: no gap.
+    steps_per_epoch = int(client.get_metric_history(run_id, "epoch_plan_version")[0].step)
+    assert f"epochs        2 ({2 * steps_per_epoch} steps)" in out
+    history = train_loss_history(client, run_id)
+    assert {m.step for m in history} == set(range(1, 2 * steps_per_epoch + 1))
+    # Only the steps after the checkpoint were trained twice, and identically: same plan, same
+    # weights, same dropout masks (every rank's RNG state came back from the checkpoint).
+    redone, seconds_lost = steps_redone(history)
+    assert redone and redone[0] == ckpt_step + 1 and redone == list(range(redone[0], redone[-1] + 1))
+    for step in redone:
+        values = [m.value for m in history if m.step == step]
+        assert values[0] == pytest.approx(values[1], abs=1e-6), (step, values)
+    # The resumed epoch trained on the plan the lost attempt had: mined plan v1.
+    fingerprints = {m.step: m.value for m in client.get_metric_history(run_id, "plan_fingerprint")}
+    assert fingerprints[ckpt_step] == fingerprints[steps_per_epoch]
+    assert "batch plans   v0 (random), v1 (mined)" in out
+    print(
+        f"\nworker kill: checkpoint every 40 steps, resumed from step {ckpt_step}, "
+        f"{len(redone)} steps redone, {seconds_lost:.1f}s lost"
+    )
+
+
+@pytest.mark.slow
+def test_miner_killed_during_refresh_is_restarted_and_remines(faulted_run):
+    out = faulted_run["output"]
+    assert faulted_run["returncode"] == 0, out[-4000:]
+    assert "[mining] the miner actor died during refresh v1" in out
+    assert "re-mining from the weights at step" in out
+    assert "the miner actor was restarted 1x" in out
+    client, run_id = faulted_run["client"], faulted_run["runs"][0].info.run_id
+    restarts = client.get_metric_history(run_id, "miner_restarts")
+    assert [m.value for m in restarts] == [1.0]
+    # The re-mined plan was adopted for epoch 2 and the miner reported it once.
+    versions = sorted(client.get_metric_history(run_id, "epoch_plan_version"), key=lambda m: m.step)
+    assert [m.value for m in versions] == [0.0, 1.0]
+    assert [m.value for m in client.get_metric_history(run_id, "mining_plan_version")] == [1.0]
+
+
+@pytest.mark.slow
+def test_killed_job_resumes_from_newest_complete_checkpoint(tmp_path):
+    overrides = [
+        "run.name=resume", "data.generated.num_groups=1500", "train.epochs=3",
+        "checkpoint.every_steps=20", "train.log_every=5",
+    ]  # fmt: skip
+    run_dir = tmp_path / "runs" / "resume"
+    first = RunningJob(tmp_path, overrides)
+    try:
+        wait_for(
+            lambda: (c := snapshot_checkpoints(run_dir)) and len(c) >= 2 and c[-1]["step"] >= 40 and c,
+            400, "two checkpoints", first,
+        )  # fmt: skip
+        first.proc.kill()  # SIGKILL: no handler runs, nothing is cleaned up or marked
+        first.proc.wait(timeout=30)
+    finally:
+        first.kill_all()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    (interrupted,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+    assert interrupted.info.status == "RUNNING"  # the killed job could not mark anything
+
+    # The newest checkpoint is damaged as a write cut short would leave it, and an unregistered
+    # half-written folder sits beside it: neither may be resumed from.
+    registered = snapshot_checkpoints(run_dir)
+    newest, previous = registered[-1], registered[-2]
+    state_file = run_dir / newest["dir"] / "train_state.pt"
+    state_file.write_bytes(state_file.read_bytes()[: state_file.stat().st_size // 2])
+    stray = run_dir / "checkpoint_2099-01-01_00-00-00.000000"
+    (stray / "model").mkdir(parents=True)
+    (stray / "train_state.pt").write_bytes(b"partial")
+
+    second = RunningJob(tmp_path, overrides)
+    code = second.wait(timeout=600)
+    out = second.output
+    assert code == 0, out[-4000:]
+    assert "resuming 'resume'" in out
+    assert "skipping checkpoint" in out and "train_state.pt has" in out
+    assert f"[train] resumed at step {previous['step']}" in out
+    resume_seconds = second.first_line_time(r"\[train\] resumed at step")
+    (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+    assert run.info.run_id == interrupted.info.run_id and run.info.status == "FINISHED"
+    steps_per_epoch = int(client.get_metric_history(run.info.run_id, "epoch_plan_version")[0].step)
+    assert f"epochs        3 ({3 * steps_per_epoch} steps)" in out
+    history = train_loss_history(client, run.info.run_id)
+    assert {m.step for m in history} == set(range(1, 3 * steps_per_epoch + 1))
+    redone, _ = steps_redone(history)
+    assert redone and redone[0] == previous["step"] + 1
+    versions = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch_plan_version")}
+    assert {(steps_per_epoch * (e + 1), float(e)) for e in range(3)} <= versions
+    print(
+        f"\ndriver kill: resumed {resume_seconds:.1f}s after the command started, {len(redone)} steps redone"
+    )
+
+    # Started once more: the run is finished, the job says so and does nothing.
+    again = RunningJob(tmp_path, overrides)
+    assert again.wait(timeout=120) == 0 and "already finished" in again.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
+    mlflow_bin = str(Path(PYTHON).parent / "mlflow")
+    return subprocess.Popen(
+        [
+            mlflow_bin, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+            "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+            "--artifacts-destination", str(folder / "artifacts"),
+        ],
+        cwd=folder, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+def _healthy(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
+    port = _free_port()
+    server = _start_mlflow_server(tmp_path, port)
+    job = None
+    try:
+        wait_for(lambda: _healthy(port), 90, "the MLflow server")
+        uri = f"http://127.0.0.1:{port}"
+        job = RunningJob(
+            tmp_path,
+            ["run.name=outage", "data.generated.num_groups=1500", "train.epochs=3", "train.log_every=5",
+             "tracking.flush_every_s=1", f"tracking.uri={uri}"],
+        )  # fmt: skip
+        client = MlflowClient(tracking_uri=uri)
+
+        def some_steps_logged():
+            runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+            return runs and len(train_loss_history(client, runs[0].info.run_id)) >= 5 and runs[0]
+
+        run = wait_for(some_steps_logged, 400, "the first logged steps", job, 0.5)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+        wait_for(lambda: "[mlflow] could not send" in job.output, 120, "a failed send", job, 0.2)
+        server = _start_mlflow_server(tmp_path, port)
+        code = job.wait(timeout=600)
+        out = job.output
+        assert code == 0, out[-4000:]
+        assert "SimCSE run 'outage' finished" in out
+        finished = client.get_run(run.info.run_id)
+        assert finished.info.status == "FINISHED"
+        steps = int(re.search(r"epochs +3 \((\d+) steps\)", out).group(1))
+        history = train_loss_history(client, run.info.run_id)
+        assert sorted(m.step for m in history) == list(range(1, steps + 1))  # every step exactly once
+        assert len(client.get_metric_history(run.info.run_id, "epoch_loss")) == 3
+    finally:
+        if job is not None:
+            job.kill_all()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
+    port = _free_port()  # nothing listens there
+    started = time.monotonic()
+    proc = subprocess.run(
+        [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"tracking.uri=http://127.0.0.1:{port}",
+         "--set", "tracking.connect_timeout_s=2"],
+        cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"http://127.0.0.1:{port} is not reachable" in errors[0], proc.stderr
+    assert "tracking.connect_timeout_s=2s" in errors[0]
+    assert "Traceback" not in proc.stderr and "[data]" not in proc.stdout  # nothing was computed
+    assert time.monotonic() - started < 60
