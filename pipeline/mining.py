@@ -115,11 +115,20 @@ class HardNegativeMiner:
         def upload() -> None:
             import shutil
 
+            wait = 1.0
             try:
-                logger.client.log_artifact(logger.run_id, str(path), "mining")
-            except Exception as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                print(f"[mining] warning: histogram v{version} not logged: {first}", flush=True)
+                for attempt in range(12):  # about ten minutes of retries
+                    try:
+                        logger.client.log_artifact(logger.run_id, str(path), "mining")
+                        return
+                    except Exception as exc:
+                        if attempt == 11:
+                            first = (
+                                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                            )
+                            print(f"[mining] warning: histogram v{version} not logged: {first}", flush=True)
+                        time.sleep(wait)
+                        wait = min(wait * 2, 60.0)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
 

@@ -171,6 +171,7 @@ class MetricLogger:
     def __init__(self, tracking_uri: str, run_id: str, flush_every_s: float = 5.0):
         import threading
 
+        quick_http_failures()
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.run_id = run_id
         self.flush_every_s = flush_every_s
@@ -254,6 +255,15 @@ class MetricLogger:
                     del self._buffer[: len(chunk)]
                     if not self._buffer:
                         self._sent.notify_all()
+
+
+def quick_http_failures() -> None:
+    """Let a request to a tracking server fail after one try in this process (unless the user
+    set these variables). MLflow's client otherwise retries for minutes inside one call; the
+    background senders here keep what failed and retry on their own schedule, and say so.
+    Only processes that log in the background (rank 0, the miner) call this, never the driver."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 
 def check_tracking_reachable(tracking_uri: str, timeout_s: float) -> None:

@@ -1,0 +1,128 @@
+"""Checkpoint contents, verification and random-state capture, without Ray."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.checkpoint import (
+    BEST_SUBDIR,
+    MANIFEST_FILE,
+    STATE_FILE,
+    BestModel,
+    TrainState,
+    best_model_folder,
+    capture_rng,
+    checkpoint_problem,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
+from pipeline.model import load_sentence_encoder, load_tokenizer
+from pipeline.plans import random_plan
+
+
+def _saved(tmp_path, tiny_model_dir, best_step=None, name="ckpt"):
+    model = load_sentence_encoder(tiny_model_dir, pooler="cls", use_mlp=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model(torch.ones(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)).sum().backward()
+    optimizer.step()
+    plan = random_plan(40, 8, seed=1, version=3)
+    plan.negatives = np.arange(40).reshape(40, 1)
+    state = TrainState(
+        epoch=1, batches_done=2, step=7, plan=plan, epoch_losses=[1.5], eval_history=[{"epoch": 0.0, "step": 0.0}],
+        loss_sum=2.5, rng=[capture_rng(np.random.default_rng(0))], unsent_metrics=[("train_loss", 0.5, 123, 7)],
+    )  # fmt: skip
+    best_dir = None
+    if best_step is not None:
+        state.best = BestModel(score=80.0, epoch=0.5, step=best_step)
+        best_dir = tmp_path / "best"
+        from pipeline.model import save_model_dir
+
+        save_model_dir(model, load_tokenizer(tiny_model_dir), best_dir, 32)
+    directory = tmp_path / name
+    directory.mkdir()
+    save_checkpoint(
+        directory, model, load_tokenizer(tiny_model_dir), optimizer, scheduler, state, 32, best_dir=best_dir
+    )
+    return directory, state, model, optimizer
+
+
+def test_checkpoint_round_trip_and_best_model(tmp_path, tiny_model_dir):
+    directory, state, model, optimizer = _saved(tmp_path, tiny_model_dir, best_step=4)
+    assert checkpoint_problem(directory) is None
+    loaded, extras = load_checkpoint(directory)
+    assert (loaded.epoch, loaded.batches_done, loaded.step, loaded.loss_sum) == (1, 2, 7, 2.5)
+    assert loaded.plan.fingerprint() == state.plan.fingerprint()
+    assert np.array_equal(loaded.plan.negatives, state.plan.negatives)
+    assert loaded.best == BestModel(80.0, 0.5, 4) and loaded.unsent_metrics == [("train_loss", 0.5, 123, 7)]
+    for key, value in model.mlp.state_dict().items():
+        assert torch.equal(extras["mlp"][key], value)
+    restored = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    restored.load_state_dict(extras["optimizer"])
+    assert restored.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]
+    # The best evaluation (step 4) is older than the checkpoint (step 7): its folder travels along.
+    folder, best = best_model_folder(directory)
+    assert folder == directory / BEST_SUBDIR and best.step == 4
+    assert (folder / "model.safetensors").exists()
+
+
+def test_best_model_at_the_checkpoint_step_is_not_copied(tmp_path, tiny_model_dir):
+    directory, *_ = _saved(tmp_path, tiny_model_dir, best_step=7)
+    assert not (directory / BEST_SUBDIR).exists()
+    folder, best = best_model_folder(directory)
+    assert folder.name == "model" and best.step == 7
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "no_manifest"])
+def test_damaged_checkpoint_is_detected(tmp_path, tiny_model_dir, damage):
+    directory, *_ = _saved(tmp_path, tiny_model_dir)
+    if damage == "truncate":
+        data = (directory / STATE_FILE).read_bytes()
+        (directory / STATE_FILE).write_bytes(data[: len(data) // 2])
+        expected = f"{STATE_FILE} has {len(data) // 2} bytes, the manifest says {len(data)}"
+    elif damage == "delete":
+        (directory / "model" / "model.safetensors").unlink()
+        expected = "model/model.safetensors is missing"
+    else:
+        (directory / MANIFEST_FILE).unlink()
+        expected = f"no {MANIFEST_FILE}"
+    assert expected in checkpoint_problem(directory)
+
+
+def test_restored_random_state_repeats_the_same_draws():
+    augment = np.random.default_rng(5)
+    torch.manual_seed(3)
+    torch.rand(4)
+    augment.random(3)
+    saved = capture_rng(augment)
+    first = (torch.rand(5), np.random.default_rng(0).random(1), augment.random(4))
+    other = np.random.default_rng(99)
+    torch.manual_seed(123)
+    restore_rng(saved, other)
+    assert torch.equal(torch.rand(5), first[0])
+    assert np.array_equal(other.random(4), first[2])
+
+
+def test_metric_logger_sends_in_background_and_requeues(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking import MetricLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("logger")).info.run_id
+    logger = MetricLogger(uri, run_id, flush_every_s=0.2)
+    for step in range(1, 51):
+        logger.log({"train_loss": 1.0 / step}, step)
+    assert logger.wait_sent(timeout=30)
+    assert logger.unsent() == []
+    # What another process could not send arrives with its own step and timestamp.
+    logger.requeue([("late_metric", 2.0, 1_000, 5)])
+    assert logger.close(timeout=30) == 0
+    history = client.get_metric_history(run_id, "train_loss")
+    assert sorted(m.step for m in history) == list(range(1, 51))
+    (late,) = client.get_metric_history(run_id, "late_metric")
+    assert (late.step, late.value, late.timestamp) == (5, 2.0, 1_000)
