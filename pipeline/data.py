@@ -295,6 +295,9 @@ def _root_message(exc: BaseException) -> str:
         if not isinstance(inner, BaseException) or inner is exc:
             break
         exc = inner
+    if isinstance(exc, UnicodeDecodeError):
+        # Ray Data appends its retry advice to the codec name, so str(exc) is garbled.
+        return f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
 
@@ -382,17 +385,40 @@ def load_clean_corpus(section: DataSection) -> tuple[pa.Table, CorpusStats]:
     return corpus.combine_chunks(), stats
 
 
-def tokenize_table(batch: pa.Table, tokenizer: Any, max_seq_len: int) -> pa.Table:
-    """Append ``input_ids`` (list<int32>, special tokens included, truncated) to a ``text`` table."""
-    encoded = tokenizer(
-        batch.column("text").to_pylist(),
+def _encode(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
+    return tokenizer(
+        texts,
         truncation=True,
-        max_length=max_seq_len,
+        max_length=max_length,
         padding=False,
         return_attention_mask=False,
         return_token_type_ids=False,
     )["input_ids"]
-    return batch.append_column("input_ids", pa.array(encoded, type=pa.list_(pa.int32())))
+
+
+def tokenize_table(
+    batch: pa.Table, tokenizer: Any, max_seq_len: int, *, flag_truncated: bool = False
+) -> pa.Table:
+    """Append ``input_ids`` (list<int32>, special tokens included, truncated) to a ``text`` table.
+
+    With ``flag_truncated`` also a bool column ``truncated``: the sentence had more than
+    ``max_seq_len`` tokens. Encoding to ``max_seq_len + 1`` tells exactly that (a row reaches
+    it only if longer than ``max_seq_len``) for any tokenizer and special-token template;
+    only those rows are encoded again at ``max_seq_len``.
+    """
+    texts = batch.column("text").to_pylist()
+    if not flag_truncated:
+        encoded = _encode(tokenizer, texts, max_seq_len)
+        return batch.append_column("input_ids", pa.array(encoded, type=pa.list_(pa.int32())))
+    encoded = _encode(tokenizer, texts, max_seq_len + 1)
+    truncated = [len(ids) > max_seq_len for ids in encoded]
+    long_rows = [i for i, cut in enumerate(truncated) if cut]
+    if long_rows:
+        again = _encode(tokenizer, [texts[i] for i in long_rows], max_seq_len)
+        for i, ids in zip(long_rows, again, strict=True):
+            encoded[i] = ids
+    table = batch.append_column("input_ids", pa.array(encoded, type=pa.list_(pa.int32())))
+    return table.append_column("truncated", pa.array(truncated, pa.bool_()))
 
 
 def _clean_text(column: Any) -> Any:
@@ -498,12 +524,19 @@ class _TokenizeBatches:
         self.max_seq_len = max_seq_len
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return tokenize_table(batch, self.tokenizer, self.max_seq_len)
+        return tokenize_table(batch, self.tokenizer, self.max_seq_len, flag_truncated=True)
 
 
 def tokenize_corpus(corpus: pa.Table, tokenizer: Any, section: DataSection) -> pa.Table:
     """Tokenize ``(id, text)`` with Ray Data ``map_batches`` over a pool of tokenizer actors;
     returns ``(id, text, input_ids)`` in the input's row order (sorted by id)."""
+    return tokenize_corpus_with_stats(corpus, tokenizer, section)[0]
+
+
+def tokenize_corpus_with_stats(
+    corpus: pa.Table, tokenizer: Any, section: DataSection
+) -> tuple[pa.Table, TokenizeStats]:
+    """:func:`tokenize_corpus`, and how many sentences were cut to ``data.max_seq_len``."""
     import ray
     import ray.data
 
@@ -518,8 +551,13 @@ def tokenize_corpus(corpus: pa.Table, tokenizer: Any, section: DataSection) -> p
         fn_constructor_kwargs={"tokenizer": tokenizer, "max_seq_len": section.max_seq_len},
     )
     tokenized = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    stats = TokenizeStats(
+        sentences=tokenized.num_rows,
+        truncated=int(pc.sum(tokenized.column("truncated")).as_py() or 0),
+        max_seq_len=section.max_seq_len,
+    )
     # Blocks may finish out of order; ids are unique, so sorting restores the input order.
-    return tokenized.sort_by("id").combine_chunks()
+    return tokenized.drop_columns(["truncated"]).sort_by("id").combine_chunks(), stats
 
 
 class TokenizedCorpus:

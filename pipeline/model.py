@@ -159,10 +159,49 @@ def build_tiny_model_dir(
     return out
 
 
+def _looks_local(name_or_path: str) -> bool:
+    """Whether ``model.name_or_path`` is meant as a local folder rather than a hub name.
+
+    Hub ids are ``name`` or ``org/name``. A path spelled relative or absolute, with a
+    backslash or more than one ``/``, or whose first part exists here (``runs/x`` where
+    ``runs/`` does), is a folder the user meant: sending it to the hub would fail late and
+    with a confusing message.
+    """
+    if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
+        return True
+    if "\\" in name_or_path or name_or_path.count("/") > 1:
+        return True
+    first = name_or_path.split("/", 1)[0]
+    return "/" in name_or_path and Path(first).exists()
+
+
+def check_model_path(name_or_path: str) -> None:
+    """Fail fast, before Ray starts, when ``model.name_or_path`` names a local folder that is
+    not a model folder. Hub names pass: only the hub loader can tell whether they exist.
+
+    Raises:
+        ConfigError: naming ``model.name_or_path``.
+    """
+    from pipeline.config import ConfigError
+
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(
+                f"model.name_or_path: {name_or_path} is a folder without config.json, not a Hugging Face model folder"
+            )
+        return
+    if local.exists():
+        raise ConfigError(f"model.name_or_path: {name_or_path} is a file, not a model folder")
+    if _looks_local(name_or_path):
+        raise ConfigError(f"model.name_or_path: model folder {name_or_path} does not exist")
+
+
 def fetch_pretrained_dir(name_or_path: str, out_dir: str | Path) -> Path:
     """A local folder for a model given as a folder or a hub name (downloaded once, here)."""
-    if Path(name_or_path).is_dir():
-        return Path(name_or_path)
+    local = Path(name_or_path).expanduser()  # as check_model_path reads it
+    if local.is_dir():
+        return local
     from transformers import AutoModel, AutoTokenizer
 
     out = Path(out_dir)

@@ -1,0 +1,377 @@
+"""The bad-input matrix of jobs/train.py: every bad input ends in exactly one ``error:`` line
+on stderr that names the problem (and the config key), no traceback, a non-zero exit code,
+and an MLflow run (when one was created) marked FAILED with the reason in ``simcse.error``.
+
+Inputs rejected before Ray starts run ``main()`` in-process without Ray; inputs that need the
+corpus read run in-process on the module's shared local Ray; only the cluster-size check
+runs as its own process, since it needs a Ray the job starts itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import PYTHON, REPO, job_env
+from mlflow.tracking import MlflowClient
+
+DEMO = str(REPO / "jobs/configs/demo.yaml")
+# Small and quick wherever a run gets as far as training.
+TINY = ["train.epochs=1", "mining.enabled=false", "train.batch_size=16", "train.num_workers=1"]
+
+
+def _load_train_job():
+    spec = importlib.util.spec_from_file_location("jobs_train_bad_inputs", REPO / "jobs/train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRAIN = _load_train_job()
+
+
+@dataclass
+class Outcome:
+    code: int
+    stdout: str
+    stderr: str
+    db: Path
+    experiment: str
+
+    @property
+    def errors(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
+
+    def run(self):
+        """The MLflow run the job created, or None."""
+        if not self.db.exists():
+            return None
+        client = MlflowClient(tracking_uri=f"sqlite:///{self.db}")
+        experiment = client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            return None
+        runs = client.search_runs([experiment.experiment_id])
+        assert len(runs) <= 1, [r.info.run_id for r in runs]
+        return runs[0] if runs else None
+
+
+def _train(tmp_path: Path, capfd, monkeypatch, *overrides: str, name: str = "bad") -> Outcome:
+    """jobs/train.py's main() in this process, in ``tmp_path``, with its own MLflow store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "mlruns.db"
+    settings = [
+        f"tracking.uri=sqlite:///{db}",
+        f"run.output_dir={tmp_path / 'runs'}",
+        f"tracking.experiment={name}",
+        f"run.name={name}",
+        *TINY,
+        *overrides,
+    ]
+    argv = ["--config", DEMO]
+    for item in settings:
+        argv += ["--set", item]
+    capfd.readouterr()  # drop whatever earlier tests left
+    code = TRAIN.main(argv)
+    out, err = capfd.readouterr()
+    return Outcome(code, out, err, db, name)
+
+
+def _assert_failed(outcome: Outcome, code: int, error: str | re.Pattern, run_created: bool) -> None:
+    assert outcome.code == code, outcome.stderr[-3000:]
+    assert len(outcome.errors) == 1, outcome.stderr[-3000:]
+    line = outcome.errors[0]
+    if isinstance(error, re.Pattern):
+        assert error.fullmatch(line), line
+    else:
+        assert line == error
+    assert "Traceback" not in outcome.stderr, outcome.stderr[-3000:]
+    run = outcome.run()
+    if not run_created:
+        assert run is None  # failed before the MLflow run (and so before Ray)
+        return
+    assert run is not None and run.info.status == "FAILED"
+    assert run.data.tags["simcse.error"] == line.removeprefix("error: ")
+
+
+# --- Rejected before the MLflow run or Ray exist --------------------------------------------------
+
+
+def _sts_with_bad_score(tmp_path: Path) -> Path:
+    path = tmp_path / "dev.csv"
+    path.write_text("sentence1,sentence2,score\na cat,a kitten,4.5\na dog,a car,high\n")
+    return path
+
+
+PRE_RAY = {
+    # case: (overrides with {tmp} for the test's folder, exit code, the error line)
+    "missing corpus path": (
+        ["data.path={tmp}/missing.txt"],
+        1,
+        "error: data.path: {tmp}/missing.txt does not exist",
+    ),
+    "unknown key": (
+        ["train.temprature=0.1"],
+        2,
+        re.compile(r"error: unknown config key 'train\.temprature' \(known under train: .*temperature.*\)"),
+    ),
+    "wrong type": (["train.batch_size=abc"], 2, "error: train.batch_size must be an integer (got 'abc')"),
+    "zero temperature": (["train.temperature=0"], 2, "error: train.temperature must be > 0 (got 0.0)"),
+    "negative temperature": (
+        ["train.temperature=-0.5"],
+        2,
+        "error: train.temperature must be > 0 (got -0.5)",
+    ),
+    "model folder missing": (
+        ["model.name_or_path={tmp}/no-such-model"],
+        2,
+        "error: model.name_or_path: model folder {tmp}/no-such-model does not exist",
+    ),
+    "relative model folder missing": (
+        ["model.name_or_path=./no-such-model"],
+        2,
+        "error: model.name_or_path: model folder ./no-such-model does not exist",
+    ),
+    "STS score not a number": (
+        ["eval.sts={tmp}/dev.csv"],
+        1,
+        "error: {tmp}/dev.csv:3: score 'high' is not a number",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PRE_RAY))
+def test_rejected_before_anything_starts(tmp_path, capfd, monkeypatch, case):
+    overrides, code, error = PRE_RAY[case]
+    _sts_with_bad_score(tmp_path)
+    outcome = _train(tmp_path, capfd, monkeypatch, *(o.format(tmp=tmp_path) for o in overrides))
+    if isinstance(error, str):
+        error = error.format(tmp=tmp_path)
+    _assert_failed(outcome, code, error, run_created=False)
+
+
+def test_only_paths_that_look_local_are_checked_up_front(tmp_path, monkeypatch):
+    from pipeline.config import ConfigError
+    from pipeline.model import check_model_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text("{}")
+    (tmp_path / "weights.bin").write_text("")
+    for hub_name in ("bert-base-uncased", "sentence-transformers/all-MiniLM-L6-v2", "org/name"):
+        check_model_path(hub_name)  # left to the hub loader
+    check_model_path("model")
+    check_model_path(str(tmp_path / "model"))
+    for local in ("/no/such/model", "./nope", "../nope", "~/no-such-model-here", "models/nope", "a/b/c"):
+        with pytest.raises(
+            ConfigError, match=re.escape(f"model.name_or_path: model folder {local} does not exist")
+        ):
+            check_model_path(local)
+    with pytest.raises(ConfigError, match="model.name_or_path: models is a folder without config.json"):
+        check_model_path("models")
+    with pytest.raises(ConfigError, match="model.name_or_path: weights.bin is a file"):
+        check_model_path("weights.bin")
+
+
+def test_undecodable_lines_are_split_out_exactly():
+    from pipeline.data import split_utf8_lines
+
+    good = "naïve café\r\nsecond line\n\nlast"
+    assert split_utf8_lines(good.encode()) == (good.splitlines(), None)
+    lines, invalid = split_utf8_lines(b"ok one\nbad \xff\xfe here\n\nok \xc3\xa9\r\ntruncated \xc3\n")
+    assert lines == ["ok one", "", "", "ok é", ""]
+    assert invalid == [False, True, False, False, True]
+
+
+# --- The cluster cannot hold the train workers: an error, not a hang ----------------------------
+
+
+@pytest.mark.slow
+def test_more_workers_than_a_local_cluster_can_place_fails_fast(tmp_path):
+    args = [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO]
+    overrides = [
+        *TINY,
+        "ray.num_cpus=2",
+        "train.num_workers=4",
+        "train.cpus_per_worker=1",
+        "tracking.experiment=too-big",
+    ]
+    for item in overrides:
+        args += ["--set", item]
+    proc = subprocess.run(args, cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=180)
+    outcome = Outcome(proc.returncode, proc.stdout, proc.stderr, tmp_path / "mlruns.db", "too-big")
+    _assert_failed(
+        outcome,
+        2,
+        "error: train.num_workers x train.cpus_per_worker + mining.num_cpus = 4 CPUs, but the cluster has 2",
+        run_created=True,
+    )
+
+
+# --- Corpus problems, found once Ray Data reads it ----------------------------------------------
+
+
+def _lines(n: int, prefix: str = "sentence") -> str:
+    return "".join(f"{prefix} number {i} of the corpus\n" for i in range(n))
+
+
+def _write_corpus(tmp_path: Path, case: str) -> Path:
+    if case == "empty file":
+        path = tmp_path / "empty.txt"
+        path.write_text("")
+    elif case == "whitespace only":
+        path = tmp_path / "blank.txt"
+        path.write_text("\n   \n\t\n \r\n")
+    elif case == "only undecodable lines":
+        path = tmp_path / "latin1.txt"
+        path.write_bytes("café au lait\nnaïve\ncrème brûlée\n".encode("latin-1"))
+    elif case in ("only duplicates", "smaller than a batch"):
+        path = tmp_path / "small.txt"
+        path.write_text("the same sentence again\n" * 500 if case == "only duplicates" else _lines(10))
+    elif case == "csv without the column":
+        path = tmp_path / "corpus.csv"
+        path.write_text("sentence,label\n" + "".join(f"sentence {i},{i}\n" for i in range(50)))
+    elif case == "jsonl without the column":
+        path = tmp_path / "corpus.jsonl"
+        path.write_text("".join(json.dumps({"sentence": f"sentence {i}"}) + "\n" for i in range(50)))
+    elif case == "jsonl not UTF-8":  # JSON must be UTF-8: this one fails, unlike text and csv
+        path = tmp_path / "latin1.jsonl"
+        path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    else:  # parquet whose text column holds numbers
+        path = tmp_path / "corpus.parquet"
+        pq.write_table(pa.table({"text": pa.array(range(50), pa.int64())}), path)
+    return path
+
+
+CORPUS = {
+    "empty file": (
+        1,
+        "error: data.path: {path} has no non-empty sentences "
+        "(read 0 rows; dropped 0 empty and 0 exact duplicates; 0 sentences remain)",
+    ),
+    "whitespace only": (
+        1,
+        "error: data.path: {path} has no non-empty sentences "
+        "(read 4 rows; dropped 4 empty and 0 exact duplicates; 0 sentences remain)",
+    ),
+    "only undecodable lines": (
+        1,
+        "error: data.path: {path} has no non-empty sentences "
+        "(read 3 rows; dropped 0 empty, 3 not valid UTF-8 and 0 exact duplicates; 0 sentences remain)",
+    ),
+    # 500 rows but one distinct sentence: less than one global batch
+    "only duplicates": (2, re.compile(r"error: train\.batch_size \(16\) is larger than the corpus \(1 .*")),
+    "smaller than a batch": (
+        2,
+        re.compile(r"error: train\.batch_size \(16\) is larger than the corpus \(10 .*"),
+    ),
+    "csv without the column": (
+        1,
+        "error: data.text_column: column 'text' not in {path} (columns: sentence, label)",
+    ),
+    "jsonl without the column": (
+        1,
+        "error: data.text_column: column 'text' not in {path} (columns: sentence)",
+    ),
+    "jsonl not UTF-8": (
+        1,
+        "error: data.path: cannot read {path} as jsonl: not valid UTF-8 (invalid continuation byte at byte 28)",
+    ),
+    "parquet text column of int64": (
+        1,
+        "error: data.text_column: column 'text' in {path} holds int64, not text (strings)",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CORPUS))
+def test_unusable_corpus_fails_the_run(ray_local, tmp_path, capfd, monkeypatch, case):
+    path = _write_corpus(tmp_path, case)
+    code, error = CORPUS[case]
+    outcome = _train(tmp_path, capfd, monkeypatch, f"data.path={path}")
+    if isinstance(error, str):
+        error = error.format(path=path)
+    _assert_failed(outcome, code, error, run_created=True)
+    assert ray_local.is_initialized()  # the job used the running Ray and left it running
+
+
+@pytest.mark.slow
+def test_undecodable_csv_cells_and_text_lines_are_dropped_and_counted(ray_local, tmp_path):
+    from pipeline.config import DataSection
+    from pipeline.data import load_clean_corpus
+
+    good = [f"sentence number {i}" for i in range(20)]
+    text = tmp_path / "mixed.txt"
+    text.write_bytes(
+        "\n".join(good[:10]).encode() + b"\nbad \xff line\n" + "\n".join(good[10:]).encode() + b"\n\xc3\n"
+    )
+    csv = tmp_path / "mixed.csv"
+    csv.write_bytes(b"text,n\n" + b"".join(f"{s},1\n".encode() for s in good) + b"caf\xe9,2\n12345,3\n")
+    for path, expected in ((text, good), (csv, [*good, "12345"])):  # csv: a number is still text
+        corpus, stats = load_clean_corpus(DataSection(path=str(path)))
+        assert sorted(corpus.column("text").to_pylist()) == sorted(expected)
+        assert stats.invalid_utf8_dropped == (2 if path == text else 1)
+        assert stats.empty_dropped == 0 and stats.rows_read == len(expected) + stats.invalid_utf8_dropped
+        assert f"{stats.invalid_utf8_dropped} not valid UTF-8" in stats.describe()
+
+
+# --- A run that trains although its corpus is dirty (runs last: it takes longest) -------------------
+
+
+@pytest.mark.slow
+def test_long_lines_are_truncated_and_bad_lines_skipped_and_both_counted(
+    ray_local, tmp_path, capfd, monkeypatch, paraphrase_corpus
+):
+    from transformers import AutoTokenizer
+
+    texts, _ = paraphrase_corpus
+    sentences = list(dict.fromkeys(texts))[:200]
+    words = " ".join(sentences).split()
+    megabyte = []
+    size = 0
+    while size < 1_000_000:  # a 1 MB line of corpus words: hundreds of thousands of tokens
+        word = words[len(megabyte) % len(words)]
+        megabyte.append(word)
+        size += len(word) + 1
+    long_lines = [" ".join(sentences[i : i + 6]) for i in range(0, 24, 6)]  # ~50 words each
+    path = tmp_path / "dirty.txt"
+    path.write_bytes(
+        "\n".join(sentences[:100]).encode()
+        + b"\nnot \xff utf-8\n"
+        + " ".join(megabyte).encode()
+        + b"\n"
+        + "\n".join(sentences[100:] + long_lines).encode()
+        + b"\n\xe9t\xe9\n"
+    )
+
+    outcome = _train(tmp_path, capfd, monkeypatch, f"data.path={path}", name="dirty")
+    assert outcome.code == 0, outcome.stderr[-3000:]
+    assert outcome.errors == []
+    kept = [*sentences, " ".join(megabyte), *long_lines]
+    data_line = next(line for line in outcome.stdout.splitlines() if line.startswith(f"[data] {path}:"))
+    assert (
+        f"read {len(kept) + 2} rows; dropped 0 empty, 2 not valid UTF-8 and 0 exact duplicates" in data_line
+    )
+
+    # An independent count: the run's own tokenizer, nothing truncated.
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "runs/dirty/initial_model")
+    lengths = [len(ids) for ids in tokenizer(kept, truncation=False)["input_ids"]]
+    truncated = sum(n > 32 for n in lengths)
+    assert truncated >= 1 + len(long_lines) and max(lengths) > 100_000
+    tokenized_line = next(line for line in outcome.stdout.splitlines() if line.startswith("[data] tokenized"))
+    assert f"[data] tokenized {len(kept)} sentences (max_seq_len 32; {truncated} truncated)" in tokenized_line
+
+    run = outcome.run()
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["data.truncated"] == str(truncated) and tags["data.invalid_utf8_dropped"] == "2"
+    assert tags["data.sentences"] == str(len(kept))
