@@ -24,11 +24,12 @@ from pipeline.data import (
     index_triplets,
     load_clean_corpus,
     read_pairs,
-    tokenize_corpus,
+    tokenize_corpus_with_stats,
 )
 from pipeline.evaluate import STSEvalSet, read_sts_files, with_distinct_names
 from pipeline.model import (
     build_tiny_model_dir,
+    check_model_path,
     fetch_pretrained_dir,
     load_tokenizer,
     pack_dir,
@@ -250,6 +251,8 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
     storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
     if cfg.data.path is not None:
         check_corpus_path(cfg.data.path)
+    if cfg.model.name_or_path:
+        check_model_path(cfg.model.name_or_path)
     sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)  # bad STS files fail before any compute
     if cfg.data.path is None and cfg.data.generated.sts_pairs:
         gen = cfg.data.generated
@@ -322,14 +325,7 @@ def _train(
             echo(f"[data] {cfg.data.path}: {stats.describe()}")
             summary.corpus = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"
             num_rows = stats.sentences
-            tracked.set_tags(
-                {
-                    "data.rows_read": stats.rows_read,
-                    "data.empty_dropped": stats.empty_dropped,
-                    "data.duplicates_dropped": stats.duplicates_dropped,
-                    "data.sentences": stats.sentences,
-                }
-            )
+            tracked.set_tags(stats.tags())
         log_run_context(
             tracked, cfg.data.path, num_rows, dataset_digest(corpus, triplets), cfg.mining.negative_mode
         )
@@ -342,10 +338,9 @@ def _train(
         model_dir = prepare_model_dir(cfg, corpus.column("text").to_pylist(), run_dir)
         tokenizer = load_tokenizer(model_dir)
         t0 = time.perf_counter()
-        tokenized = tokenize_corpus(corpus, tokenizer, cfg.data)
-        echo(
-            f"[data] tokenized {tokenized.num_rows} sentences (max_seq_len {cfg.data.max_seq_len}) in {time.perf_counter() - t0:.1f}s"
-        )
+        tokenized, token_stats = tokenize_corpus_with_stats(corpus, tokenizer, cfg.data)
+        echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - t0:.1f}s")
+        tracked.set_tags(token_stats.tags())
 
         import ray
 
