@@ -203,21 +203,6 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     )
 
 
-def test_batch_larger_than_file_corpus_fails_the_run(tmp_path):
-    corpus = tmp_path / "small.txt"
-    corpus.write_text("".join(f"sentence number {i}\n" for i in range(10)))
-    proc = _run_job(
-        tmp_path, "run.name=small", f"data.path={corpus}", "tracking.experiment=small", timeout=300
-    )
-    assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: train.batch_size (64) is larger than the corpus (10 sentences)"]
-    assert "Traceback" not in proc.stderr
-    run = _only_run(_client(tmp_path), "small")
-    assert run.info.status == "FAILED"
-    assert "train.batch_size" in run.data.tags["simcse.error"]
-
-
 def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
     max_staleness = 20
     proc = _run_job(

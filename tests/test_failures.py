@@ -134,7 +134,7 @@ def faulted_run(tmp_path_factory):
     job = RunningJob(
         cwd,
         [
-            "run.name=faults", "data.generated.num_groups=2500", "train.epochs=2",
+            "run.name=faults", "data.generated.num_groups=1500", "train.epochs=2",
             "checkpoint.every_steps=40", "train.log_every=5", "tracking.flush_every_s=1",
         ],
     )  # fmt: skip
@@ -155,7 +155,7 @@ def faulted_run(tmp_path_factory):
         rank0 = re.findall(r"RayTrainWorker pid=(\d+)\)", job.output)
         victims = [p for p in job.processes("RayTrainWorker") if str(p.pid) in set(rank0)]
         assert victims, "rank 0 of the train workers not found"
-        time.sleep(1.0)  # a few steps past the checkpoint: those are lost and redone
+        time.sleep(0.5)  # a few steps past the checkpoint: those are lost and redone
         if snapshot_checkpoints(run_dir)[-1]["step"] != checkpoint["step"]:
             pytest.fail("another checkpoint landed before the kill; the run is too fast for this test")
         victims[0].kill()
@@ -222,14 +222,14 @@ def test_miner_killed_during_refresh_is_restarted_and_remines(faulted_run):
 @pytest.mark.slow
 def test_killed_job_resumes_from_newest_complete_checkpoint(tmp_path):
     overrides = [
-        "run.name=resume", "data.generated.num_groups=1500", "train.epochs=3",
-        "checkpoint.every_steps=20", "train.log_every=5",
+        "run.name=resume", "data.generated.num_groups=600", "train.epochs=3",
+        "checkpoint.every_steps=10", "train.log_every=5",
     ]  # fmt: skip
     run_dir = tmp_path / "runs" / "resume"
     first = RunningJob(tmp_path, overrides)
     try:
         wait_for(
-            lambda: (c := snapshot_checkpoints(run_dir)) and len(c) >= 2 and c[-1]["step"] >= 40 and c,
+            lambda: (c := snapshot_checkpoints(run_dir)) and len(c) >= 2 and c[-1]["step"] >= 20 and c,
             400, "two checkpoints", first,
         )  # fmt: skip
         first.proc.kill()  # SIGKILL: no handler runs, nothing is cleaned up or marked
@@ -315,7 +315,7 @@ def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
         uri = f"http://127.0.0.1:{port}"
         job = RunningJob(
             tmp_path,
-            ["run.name=outage", "data.generated.num_groups=1500", "train.epochs=3", "train.log_every=5",
+            ["run.name=outage", "data.generated.num_groups=600", "train.epochs=3", "train.log_every=5",
              "tracking.flush_every_s=1", f"tracking.uri={uri}"],
         )  # fmt: skip
         client = MlflowClient(tracking_uri=uri)
