@@ -6,6 +6,12 @@ from pipeline.config import ConfigError
 from pipeline.data import DataError
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def describe_error(exc: BaseException) -> str:
     """One line for a failure, unwrapping Ray's wrappers to the worker's own exception."""
     seen = set()

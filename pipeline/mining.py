@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from pipeline.data import TokenizedCorpus, Triplets
+from pipeline.errors import first_line
 from pipeline.index import IndexSpec, estimate_index_bytes, knn_search
 from pipeline.model import (
     SentenceEncoder,
@@ -123,10 +124,10 @@ class HardNegativeMiner:
                         return
                     except Exception as exc:
                         if attempt == 11:
-                            first = (
-                                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                            print(
+                                f"[mining] warning: histogram v{version} not logged: {first_line(exc)}",
+                                flush=True,
                             )
-                            print(f"[mining] warning: histogram v{version} not logged: {first}", flush=True)
                         time.sleep(wait)
                         wait = min(wait * 2, 60.0)
             finally:

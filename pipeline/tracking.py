@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
+from pipeline.errors import first_line
+
 RUN_NAME_TAG = "simcse.run_name"
 STATE_TAG = "simcse.state"
 ERROR_TAG = "simcse.error"
@@ -138,7 +140,7 @@ def start_or_resume_run(tracking_uri: str, experiment: str, run_name: str) -> Tr
             max_results=1,
         )
     except Exception as exc:  # MLflow raises many types for an unusable store
-        raise RuntimeError(f"MLflow tracking store {tracking_uri} is not usable: {_first_line(exc)}") from exc
+        raise RuntimeError(f"MLflow tracking store {tracking_uri} is not usable: {first_line(exc)}") from exc
     if previous:
         run_id = previous[0].info.run_id
         if previous[0].data.tags.get(STATE_TAG) == "finished":
@@ -152,11 +154,6 @@ def start_or_resume_run(tracking_uri: str, experiment: str, run_name: str) -> Tr
         experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, STATE_TAG: "running"}
     )
     return TrackedRun(client, tracking_uri, run.info.run_id, experiment_id, resumed=False)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
 
 
 class MetricLogger:
@@ -245,7 +242,7 @@ class MetricLogger:
                     self.failed_sends += 1
                     if self.failed_sends == 1 or self.failed_sends % 10 == 0:
                         print(
-                            f"[mlflow] could not send {len(chunk)} metric values ({_first_line(exc)}); "
+                            f"[mlflow] could not send {len(chunk)} metric values ({first_line(exc)}); "
                             f"kept and retried (failure {self.failed_sends})",
                             flush=True,
                         )

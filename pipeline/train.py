@@ -36,6 +36,7 @@ from pipeline.checkpoint import (
 )
 from pipeline.config import Config, config_from_dict
 from pipeline.data import TokenizedCorpus, Triplets
+from pipeline.errors import first_line
 from pipeline.losses import gather_across_workers, global_batch_simcse_loss, simcse_loss
 from pipeline.model import (
     SentenceEncoder,
@@ -640,7 +641,7 @@ class PlanRefresher:
 
         self.restarts += 1
         limit = self.cfg.mining.max_restarts
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         if self.restarts > limit:
             raise RuntimeError(
                 f"the miner actor died during refresh v{version} and mining.max_restarts={limit} "
