@@ -50,6 +50,11 @@ class RaySection:
     """Interface the dashboard of a locally started Ray listens on. Loopback keeps it (and its
     job-submission API, which runs arbitrary code) off the network; set ``0.0.0.0`` only
     behind a firewall or with Ray token auth on."""
+    train_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "CRITICAL"
+    """Ray Train's own console logs. Its failure reports carry full tracebacks, so they are
+    off by default: the job prints one line per worker failure and one for the final error.
+    ``--debug`` sets ``INFO``. Ray Train's log files in the Ray session's ``logs/train`` keep
+    every level either way."""
 
 
 @dataclass

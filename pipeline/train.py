@@ -684,6 +684,35 @@ class PlanRefresher:
         return plan.reordered(seed)
 
 
+def worker_failure_reporter(max_failures: int) -> Any:
+    """A Ray Train callback that prints one line per failed worker-group attempt.
+
+    Ray Train's own report of a failure is a traceback (hidden by ``ray.train_log_level``);
+    this line says which rank failed, why, and whether the group is restarted. It runs in
+    the Train controller, whose prints reach the driver's console."""
+    from ray.train import UserCallback
+
+    from pipeline.errors import describe_error
+
+    class WorkerFailureReporter(UserCallback):
+        def __init__(self) -> None:
+            self.failures = 0
+
+        def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+            self.failures += 1
+            limit = "unlimited" if max_failures < 0 else str(max_failures)
+            retry = max_failures < 0 or self.failures <= max_failures
+            for rank, exc in sorted(worker_exceptions.items()):
+                print(
+                    f"[train] worker rank {rank} failed: {describe_error(exc)} (failure {self.failures}, "
+                    f"train.max_failures={limit}; "
+                    + ("restarting the workers from the latest checkpoint)" if retry else "giving up)"),
+                    flush=True,
+                )
+
+    return WorkerFailureReporter()
+
+
 def build_trainer(cfg: Config, loop_config: dict[str, Any], storage_path: str, run_name: str) -> Any:
     """A ``TorchTrainer`` over :func:`train_loop_per_worker` with resources, failure handling
     and checkpoint retention from config."""
@@ -716,5 +745,7 @@ def build_trainer(cfg: Config, loop_config: dict[str, Any], storage_path: str, r
             ),
             # The newest checkpoints, by report order; the best evaluated model is inside each.
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+            callbacks=[worker_failure_reporter(cfg.train.max_failures)],
+            logging_config=ray.train.LoggingConfig(log_level=cfg.ray.train_log_level),
         ),
     )

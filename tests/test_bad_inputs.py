@@ -375,3 +375,32 @@ def test_long_lines_are_truncated_and_bad_lines_skipped_and_both_counted(
     tags = run.data.tags
     assert tags["data.truncated"] == str(truncated) and tags["data.invalid_utf8_dropped"] == "2"
     assert tags["data.sentences"] == str(len(kept))
+
+
+# --- Resources a joined cluster does not have: each wait ends at its configured timeout -----------
+
+
+@pytest.mark.slow
+def test_unplaceable_miner_on_a_joined_cluster_times_out(ray_local, tmp_path, capfd, monkeypatch):
+    # A joined cluster may still grow (autoscaler), so the job waits, but only mining.timeout_s.
+    outcome = _train(
+        tmp_path, capfd, monkeypatch, "mining.enabled=true", "train.epochs=2", "mining.num_gpus=1",
+        "mining.timeout_s=5",
+    )  # fmt: skip
+    _assert_failed(
+        outcome,
+        1,
+        "error: the miner actor (mining.num_cpus=0.25, mining.num_gpus=1) was not placed within mining.timeout_s=5s",
+        run_created=True,
+    )
+
+
+@pytest.mark.slow
+def test_unplaceable_train_workers_on_a_joined_cluster_time_out(ray_local, tmp_path, capfd, monkeypatch):
+    outcome = _train(tmp_path, capfd, monkeypatch, "train.use_gpu=true", "train.placement_timeout_s=10")
+    _assert_failed(
+        outcome,
+        1,
+        re.compile(r"error: the train workers were not placed within train\.placement_timeout_s: .*"),
+        run_created=True,
+    )
