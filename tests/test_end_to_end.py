@@ -3,6 +3,7 @@ Ray started by the job, a real sqlite MLflow store, real FAISS."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -109,8 +110,13 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert run.data.tags["simcse.exported_step"] == str(best_step)
     assert run.data.tags["simcse.exported_epoch"] == f"{best:g}"
     assert f"exported epoch {best:g} (step {best_step}, best of 9 evaluations)" in out
-    kept = sorted(p.name for p in (tmp_path / "runs/demo").glob("checkpoint_*"))
-    assert len(kept) == 2  # checkpoint.keep_last: the newest two of 10 (7 mid-epoch + 3 epoch ends)
+    # checkpoint.keep_last: the newest two of 10 (7 mid-epoch + 3 epoch ends) stay on disk, and
+    # they are the ones Ray Train has registered (its snapshot file sits beside them).
+    kept = sorted(p.name for p in (tmp_path / "runs/demo").glob("checkpoint_*") if p.is_dir())
+    snapshot = json.loads((tmp_path / "runs/demo/checkpoint_manager_snapshot.json").read_text())
+    registered = [r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]]
+    assert len(kept) == 2 and sorted(registered) == kept
+    assert max(r["metrics"]["step"] for r in snapshot["checkpoint_results"]) == 75
 
     from pipeline.evaluate import evaluate_model_dir
 
