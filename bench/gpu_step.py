@@ -1,0 +1,537 @@
+"""Per-worker compute benchmark: one SimCSE train step, corpus encoding and k-NN search.
+
+    python bench/gpu_step.py                                   # BERT-base on the GPU, if there is one
+    python bench/gpu_step.py --size tiny                       # seconds on a 2-core CPU
+    python bench/gpu_step.py --compile --append docs/benchmarks.md --json gpu_step.json
+
+Measures what one Ray Train worker and the miner spend their time on, without Ray, so it
+runs on any machine with torch, numpy and transformers (faiss optional):
+
+- train step: unsupervised SimCSE as ``pipeline.train.train_loop_per_worker`` runs it. A
+  ``--batch`` of random token ids (every row ``--seq-len`` tokens, so the token count is
+  exact) goes through ``pipeline.model.SentenceEncoder`` (mean pooling, no MLP head) twice,
+  stacked in one forward pass; ``pipeline.losses.global_batch_simcse_loss`` (temperature
+  0.05), backward, ``clip_grad_norm_``, AdamW, linear schedule. On CUDA: bf16 autocast, TF32
+  matmuls, fused AdamW, pinned host batches copied with ``non_blocking=True``. Reports
+  sentences/s, tokens/s (both views) and MFU = 6 x non-embedding params x tokens/s / peak
+  FLOP/s; attention-score FLOPs are left out (under 1% of the total at 32 tokens).
+- encode: ``pipeline.model.encode_rows`` (eval mode, bf16 autocast on CUDA, length-sorted
+  batches padded to their own longest row) over random sentences of 8 to ``--seq-len``
+  tokens, inside ``torch.inference_mode``.
+- k-NN: ``pipeline.index.knn_search`` over random unit vectors, the first ``--knn-queries``
+  of them as queries. Where faiss is not installed it uses the index module's torch
+  matmul + top-k search on CUDA (``_torch_search``), or the same in chunks here on a CPU.
+
+Prints a header and one markdown table; ``--append FILE`` appends them with the machine,
+the command line and the date, ``--json PATH`` writes the numbers as JSON. ``--compile``
+runs the encoder through ``torch.compile``; where that fails (no working C++ compiler, an
+unsupported torch) it warns once and goes on eager. MFU needs the device's peak:
+``--peak-tflops``, by default the dense bf16 datasheet figure of an H100/H200, else n/a.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import BertConfig, BertModel, get_linear_schedule_with_warmup
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# These three import only numpy and torch at module level (faiss is imported inside
+# knn_search), so the script needs neither Ray, MLflow, pyarrow nor faiss.
+from pipeline.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
+from pipeline.losses import global_batch_simcse_loss  # noqa: E402
+from pipeline.model import SentenceEncoder, encode_rows  # noqa: E402
+
+GIB = 2**30
+SIZES = {
+    "base": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+    },
+    "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
+}
+VOCAB_SIZE = 30522
+FIRST_WORD_ID = 1000  # BERT's vocabulary: ids below are [PAD], [unused*] and special tokens
+TEMPERATURE = 0.05
+LR = 3e-5
+MAX_GRAD_NORM = 1.0
+
+
+def default_peak_tflops(device_name: str) -> float | None:
+    """Dense bf16 tensor-core peak from NVIDIA's datasheets (their headline figures are
+    with 2:4 sparsity, twice these); ``None`` where unknown."""
+    if "H100" not in device_name and "H200" not in device_name:
+        return None
+    if "PCIe" in device_name:
+        return 756.0
+    if "NVL" in device_name:
+        return 835.0
+    return 989.0
+
+
+def build_model(size: str, seq_len: int) -> SentenceEncoder:
+    config = BertConfig(
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=max(512, seq_len),
+        attn_implementation="sdpa",
+        **SIZES[size],
+    )
+    encoder = BertModel(config, add_pooling_layer=False)
+    return SentenceEncoder(encoder, pooler="mean", use_mlp=False)
+
+
+def non_embedding_params(model: SentenceEncoder) -> int:
+    # The embedding lookups do no matmul work, so the 6N FLOPs-per-token rule leaves them out.
+    embedding = {id(p) for p in model.encoder.embeddings.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in embedding)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class CompileGuard:
+    """Swaps the encoder for its ``torch.compile`` version and back to eager when compiling fails.
+
+    Compilation happens lazily, at the first call of each new graph (train mode, then eval
+    under inference mode), so each phase runs its first call through :meth:`run`.
+    """
+
+    def __init__(self, model: SentenceEncoder, enabled: bool):
+        self.model = model
+        self.eager = model.encoder
+        self.state = "off"
+        if enabled:
+            try:
+                model.encoder = torch.compile(self.eager)
+                self.state = "on"
+            except Exception as exc:
+                self._fall_back(exc)
+
+    def _fall_back(self, exc: BaseException) -> None:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        print(f"warning: torch.compile failed, running eager ({type(exc).__name__}: {first})", flush=True)
+        self.model.encoder = self.eager
+        self.state = "failed, eager"
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        if self.state != "on":
+            return fn()
+        try:
+            return fn()
+        except Exception as exc:
+            self._fall_back(exc)
+            return fn()
+
+
+def bench_train(
+    model: SentenceEncoder, guard: CompileGuard, args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    cuda = device.type == "cuda"
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        (no_decay if param.ndim < 2 or "LayerNorm" in name else decay).append(param)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=LR,
+        fused=cuda,
+    )
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, args.warmup + 1 + args.steps)
+
+    # Made before timing, so the timed steps do not include the host-side batch building
+    # (the train loop's collation runs on the CPU); cycled, so consecutive steps differ.
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(4):
+        ids = torch.randint(FIRST_WORD_ID, VOCAB_SIZE, (args.batch, args.seq_len), generator=generator)
+        ids = torch.cat([ids, ids])  # both dropout views, as two_views stacks them
+        mask = torch.ones_like(ids)
+        row_ids = torch.arange(args.batch)
+        if cuda:
+            ids, mask, row_ids = ids.pin_memory(), mask.pin_memory(), row_ids.pin_memory()
+        batches.append((ids, mask, row_ids))
+
+    model.train()
+
+    def step(i: int) -> float:
+        ids, mask, row_ids = (t.to(device, non_blocking=True) for t in batches[i % len(batches)])
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cuda):
+            embeddings = model(ids, mask)
+        view1, view2 = embeddings.float().split(args.batch)
+        loss, loss_to_backward = global_batch_simcse_loss(view1, view2, [args.batch], row_ids, TEMPERATURE)
+        optimizer.zero_grad(set_to_none=True)
+        loss_to_backward.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer.step()
+        scheduler.step()
+        # The train loop reads the loss every step (for logging), which syncs: so do we.
+        return float(loss.detach())
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    started = time.perf_counter()
+    guard.run(lambda: step(0))
+    for i in range(1, args.warmup):
+        step(i)
+    sync(device)
+    warmup_s = time.perf_counter() - started
+    first_loss = step(args.warmup)  # untimed: the loss before the timed steps, for the sanity check
+    sync(device)
+    started = time.perf_counter()
+    loss = first_loss
+    for i in range(args.steps):
+        loss = step(args.warmup + 1 + i)
+    sync(device)
+    elapsed = time.perf_counter() - started
+
+    tokens = 2 * args.batch * args.seq_len * args.steps
+    result: dict[str, Any] = {
+        "warmup_s": warmup_s,
+        "step_ms": 1000 * elapsed / args.steps,
+        "sentences_per_s": args.batch * args.steps / elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "loss_first": first_loss,
+        "loss_last": loss,
+        "compile": guard.state,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+    }
+    model.zero_grad(set_to_none=True)
+    return result
+
+
+class RandomCorpus:
+    """Random sentences behind the two members of ``pipeline.data.TokenizedCorpus`` that
+    ``encode_rows`` reads (``pipeline.data`` itself imports pyarrow)."""
+
+    def __init__(self, rows: int, min_len: int, max_len: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.lengths = rng.integers(min_len, max_len + 1, size=rows)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        self.values = rng.integers(FIRST_WORD_ID, VOCAB_SIZE, size=int(self.offsets[-1]))
+        self.pad_token_id = 0
+
+    def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lengths = self.lengths[rows]
+        width = int(lengths.max())
+        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        starts = self.offsets[rows]
+        input_ids[mask] = self.values[(starts[:, None] + np.arange(width)[None, :])[mask]]
+        return input_ids, mask.astype(np.int64)
+
+
+def bench_encode(
+    model: SentenceEncoder, guard: CompileGuard, args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    corpus = RandomCorpus(args.encode_rows, min(8, args.seq_len), args.seq_len)
+
+    def encode(rows: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return encode_rows(model, corpus, rows, args.encode_batch, device)
+
+    # Warm-up on a random sample, so it meets every batch width the timed pass will.
+    sample = np.random.default_rng(1).choice(
+        args.encode_rows, size=min(args.encode_rows, 4 * args.encode_batch), replace=False
+    )
+    started = time.perf_counter()
+    guard.run(lambda: encode(sample))
+    sync(device)
+    warmup_s = time.perf_counter() - started
+    started = time.perf_counter()
+    embeddings = encode(np.arange(args.encode_rows))
+    sync(device)
+    elapsed = time.perf_counter() - started
+    assert embeddings.shape == (args.encode_rows, model.encoder.config.hidden_size)
+    return {
+        "warmup_s": warmup_s,
+        "compile": guard.state,
+        "seconds": elapsed,
+        "sentences_per_s": args.encode_rows / elapsed,
+        "tokens_per_s": float(corpus.lengths.sum()) / elapsed,
+    }
+
+
+def random_unit_vectors(rows: int, dim: int, device: torch.device) -> np.ndarray:
+    # Drawn on the device in blocks: a million 768-d rows are seconds of numpy on a CPU.
+    out = np.empty((rows, dim), dtype=np.float32)
+    generator = torch.Generator(device=device).manual_seed(2)
+    block = 65536
+    for lo in range(0, rows, block):
+        n = min(block, rows - lo)
+        v = torch.randn(n, dim, generator=generator, device=device)
+        out[lo : lo + n] = F.normalize(v, dim=1).cpu().numpy()
+    return out
+
+
+def cpu_torch_search(vectors: np.ndarray, queries: np.ndarray, k: int, query_chunk: int) -> KnnResult:
+    """``pipeline.index._torch_search`` on the CPU, for a machine with neither faiss nor CUDA."""
+    start = time.perf_counter()
+    base = torch.from_numpy(vectors)
+    built = time.perf_counter()
+    scores = np.empty((len(queries), k), dtype=np.float32)
+    indices = np.empty((len(queries), k), dtype=np.int64)
+    for lo in range(0, len(queries), query_chunk):
+        top = torch.topk(torch.from_numpy(queries[lo : lo + query_chunk]) @ base.T, k, dim=1)
+        scores[lo : lo + query_chunk] = top.values.numpy()
+        indices[lo : lo + query_chunk] = top.indices.numpy()
+    done = time.perf_counter()
+    return KnnResult(scores, indices, "torch-cpu/flat", built - start, done - built)
+
+
+def search(
+    vectors: np.ndarray, queries: np.ndarray, args: argparse.Namespace, device: torch.device
+) -> KnnResult:
+    cuda = device.type == "cuda"
+    try:
+        return knn_search(
+            vectors,
+            args.k,
+            use_gpu=cuda,
+            spec=IndexSpec(kind=args.knn_index),
+            query_chunk=args.knn_query_chunk,
+            queries=queries,
+        )
+    except ImportError:
+        pass
+    # No faiss here: the exact search the index module runs when its faiss lacks GPU support.
+    k = min(args.k, len(vectors))
+    if cuda:
+        result = _torch_search(vectors, queries, k, args.knn_query_chunk)
+    else:
+        result = cpu_torch_search(vectors, queries, k, args.knn_query_chunk)
+    result.backend += " (no faiss)"
+    return result
+
+
+def bench_knn(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    started = time.perf_counter()
+    vectors = random_unit_vectors(args.knn_rows, args.dim, device)
+    queries = vectors[: args.knn_queries].copy()
+    generate_s = time.perf_counter() - started
+    # Warm-up: GPU resources, cuBLAS handles and top-k kernels start on first use.
+    search(vectors, queries[: min(256, len(queries))], args, device)
+    sync(device)
+    result = search(vectors, queries, args, device)
+    found_self = float(np.mean(result.indices[:, 0] == np.arange(len(queries))))
+    return {
+        "backend": result.backend,
+        "generate_s": generate_s,
+        "index_s": result.index_seconds,
+        "search_s": result.search_seconds,
+        "queries_per_s": len(queries) / result.search_seconds,
+        "self_found_first": found_self,
+    }
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        info["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB)
+    except (ValueError, OSError, AttributeError):
+        info["ram_gib"] = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["device"] = props.name
+        info["device_memory_gib"] = round(props.total_memory / GIB, 1)
+        info["cuda"] = torch.version.cuda
+    else:
+        info["device"] = (
+            f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+        )
+    return info
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def render(
+    args: argparse.Namespace, info: dict[str, Any], model_info: dict[str, Any], results: dict[str, Any]
+) -> tuple[str, str]:
+    """``(header, table)`` in markdown."""
+    dtype = "bf16 autocast, TF32 matmuls" if args.device_type == "cuda" else "fp32"
+    cuda = f", CUDA {info['cuda']}" if info.get("cuda") else ""
+    peak = "n/a" if model_info["peak_tflops"] is None else f"{model_info['peak_tflops']:g}"
+    header = (
+        f"Device: {info['device']}; torch {info['torch']}{cuda}; {dtype}; "
+        f"{args.size} BERT ({model_info['hidden']} hidden, {model_info['layers']} layers, "
+        f"{model_info['non_embedding_params'] / 1e6:.1f}M non-embedding params, {model_info['attention']} attention); "
+        f"train batch {args.batch} x 2 views x {args.seq_len} tokens; encode {args.encode_rows:,} rows "
+        f"in batches of {args.encode_batch}; k-NN {args.knn_queries:,} queries over {args.knn_rows:,} x "
+        f"{args.dim} vectors, k={args.k}; peak {peak} TFLOP/s."
+    )
+    t, e, n = results["train"], results["encode"], results["knn"]
+    rows = [
+        ("train: sentences/s", fmt(t["sentences_per_s"])),
+        ("train: tokens/s (both views)", fmt(t["tokens_per_s"], 0)),
+        ("train: step ms", fmt(t["step_ms"], 2)),
+        ("train: MFU", "n/a" if t["mfu"] is None else f"{100 * t['mfu']:.1f}%"),
+        ("torch.compile (train / encode)", f"{t['compile']} / {e['compile']}"),
+        ("train: warm-up s", fmt(t["warmup_s"])),
+        ("train: peak GPU memory GiB", fmt(t["peak_memory_gib"], 2)),
+        ("train: loss first -> last timed step", f"{t['loss_first']:.4f} -> {t['loss_last']:.4f}"),
+        ("encode: sentences/s", fmt(e["sentences_per_s"])),
+        ("encode: tokens/s (no padding)", fmt(e["tokens_per_s"], 0)),
+        ("encode: seconds", fmt(e["seconds"], 2)),
+        ("encode: warm-up s", fmt(e["warmup_s"])),
+        ("kNN: backend", n["backend"]),
+        ("kNN: matmul precision", "TF32" if args.knn_tf32 else "fp32"),
+        ("kNN: queries/s", fmt(n["queries_per_s"])),
+        ("kNN: search s", fmt(n["search_s"], 3)),
+        ("kNN: index build / upload s", fmt(n["index_s"], 3)),
+        ("kNN: queries finding themselves first", f"{100 * n['self_found_first']:.1f}%"),
+    ]
+    table = "\n".join(["| metric | value |", "|---|---|", *(f"| {m} | {v} |" for m, v in rows)])
+    return header, table
+
+
+def append_markdown(
+    path: Path, args: argparse.Namespace, info: dict[str, Any], header: str, table: str
+) -> None:
+    machine = f"{info['platform']}, {info['cpus']} CPUs, {info['ram_gib']} GiB RAM"
+    command = "python bench/gpu_step.py " + shlex.join(sys.argv[1:])
+    section = (
+        f"\n### Per-worker step, encode and k-NN, {args.size} BERT on {args.device_type} ({date.today()})\n\n"
+        f"Machine: {machine}. Command: `{command}`. {header}\n\n{table}\n"
+    )
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "# Benchmarks\n\nEach section is appended by a script in `bench/`; rerun it to reproduce.\n"
+        )
+    with path.open("a") as fh:
+        fh.write(section)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="base")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument(
+        "--batch", type=int, default=64, help="sentences per step (rows through the encoder: 2x)"
+    )
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps (default 10 on CUDA, 2 on CPU)"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 50 on CUDA, 10 on CPU)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the encoder")
+    parser.add_argument("--encode-rows", type=int, default=None, help="default 100k on CUDA, 2k on CPU")
+    parser.add_argument("--encode-batch", type=int, default=512)
+    parser.add_argument("--knn-rows", type=int, default=None, help="default 1M on CUDA, 20k on CPU")
+    parser.add_argument("--knn-queries", type=int, default=None, help="default 10k on CUDA, 1k on CPU")
+    parser.add_argument("--knn-index", choices=["flat", "ivf", "ivfpq", "auto"], default="flat")
+    parser.add_argument(
+        "--knn-query-chunk", type=int, default=8192, help="queries per matrix product (pipeline default)"
+    )
+    parser.add_argument(
+        "--knn-tf32", action="store_true", help="TF32 k-NN products (the pipeline's run in fp32)"
+    )
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--k", type=int, default=64)
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="for MFU (default: H100/H200 bf16 dense)"
+    )
+    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results as JSON")
+    args = parser.parse_args()
+    args.device_type = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type
+    cuda = args.device_type == "cuda"
+    for name, on_cuda, on_cpu in (
+        ("warmup", 10, 2),
+        ("steps", 50, 10),
+        ("encode_rows", 100_000, 2_000),
+        ("knn_rows", 1_000_000, 20_000),
+        ("knn_queries", 10_000, 1_000),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, on_cuda if cuda else on_cpu)
+    if args.warmup < 1 or args.steps < 1:
+        parser.error("--warmup and --steps must be at least 1")
+    if args.knn_queries > args.knn_rows:
+        parser.error("--knn-queries must not exceed --knn-rows (the queries are the first rows)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device or args.device_type)
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in fp32
+    info = machine_info(device)
+    peak = args.peak_tflops
+    if peak is None and device.type == "cuda":
+        peak = default_peak_tflops(info["device"])
+
+    model = build_model(args.size, args.seq_len).to(device)
+    config = model.encoder.config
+    model_info = {
+        "hidden": config.hidden_size,
+        "layers": config.num_hidden_layers,
+        "non_embedding_params": non_embedding_params(model),
+        "attention": getattr(config, "_attn_implementation", None) or "default",
+        "peak_tflops": peak,
+    }
+    guard = CompileGuard(model, args.compile)
+    print(f"device {info['device']}, torch {info['torch']}, {args.size} BERT", flush=True)
+
+    print("train step ...", flush=True)
+    train = bench_train(model, guard, args, device)
+    train["mfu"] = (
+        6 * model_info["non_embedding_params"] * train["tokens_per_s"] / (peak * 1e12) if peak else None
+    )
+    print("encode ...", flush=True)
+    encode = bench_encode(model, guard, args, device)
+    del model, guard
+    if args.compile:
+        torch._dynamo.reset()  # its caches hold the compiled encoder's weights
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the k-NN's similarity chunks want the memory
+    print("k-NN ...", flush=True)
+    # The pipeline enables no TF32, so its k-NN products run in full fp32 unless asked.
+    torch.set_float32_matmul_precision("high" if args.knn_tf32 else "highest")
+    knn = bench_knn(args, device)
+    results = {"train": train, "encode": encode, "knn": knn}
+
+    header, table = render(args, info, model_info, results)
+    print(f"\n{header}\n\n{table}")
+    if args.append is not None:
+        append_markdown(args.append, args, info, header, table)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "date": str(date.today()),
+            "command": "python bench/gpu_step.py " + shlex.join(sys.argv[1:]),
+            "machine": info,
+            "model": {"size": args.size, **model_info},
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "results": results,
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
