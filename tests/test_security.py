@@ -1,0 +1,76 @@
+"""Security defaults: configs and checkpoints cannot run code, and a Ray the job starts keeps
+its dashboard (which serves the job-submission API) on the loopback interface."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import psutil
+import pytest
+import torch
+from conftest import PYTHON, job_env
+
+from pipeline.config import ConfigError, load_config
+
+
+def test_config_with_a_python_tag_is_rejected_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    config = tmp_path / "evil.yaml"
+    config.write_text(f'train:\n  epochs: !!python/object/apply:os.system ["touch {marker}"]\n')
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(config)
+    # An override is parsed the same safe way: the tag stays a literal string and fails the type check.
+    with pytest.raises(ConfigError, match="train.epochs must be an integer"):
+        load_config(None, [f'train.epochs=!!python/object/apply:os.system ["touch {marker}"]'])
+    assert not marker.exists()
+
+
+class _RunsCode:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_state_carrying_code_is_refused(tmp_path, tiny_model_dir):
+    """A tampered ``train_state.pt`` (storage is often shared) is refused, never unpickled into code."""
+    from pipeline.checkpoint import STATE_FILE, load_checkpoint
+
+    marker = tmp_path / "ran"
+    (tmp_path / "ckpt").mkdir()
+    torch.save({"epoch": _RunsCode(str(marker))}, tmp_path / "ckpt" / STATE_FILE)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        load_checkpoint(tmp_path / "ckpt")
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_local_ray_dashboard_listens_on_loopback_only(tmp_path):
+    script = (
+        "import json, ray\n"
+        "from pipeline.config import load_config\n"
+        "from pipeline.job import init_ray\n"
+        "init_ray(load_config(None, ['ray.num_cpus=1']))\n"
+        "print(json.dumps({'url': ray._private.worker.get_dashboard_url()}), flush=True)\n"
+        "import sys; sys.stdin.readline()\n"
+        "ray.shutdown()\n"
+    )
+    proc = subprocess.Popen(
+        [PYTHON, "-c", script], cwd=tmp_path, env=job_env(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = json.loads(proc.stdout.readline())["url"]
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        assert host == "127.0.0.1", url
+        listening = [
+            c.laddr.ip
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)
+        ]
+        assert listening and set(listening) == {"127.0.0.1"}, listening
+    finally:
+        proc.communicate("\n", timeout=60)
