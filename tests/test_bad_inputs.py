@@ -404,3 +404,13 @@ def test_unplaceable_train_workers_on_a_joined_cluster_time_out(ray_local, tmp_p
         re.compile(r"error: the train workers were not placed within train\.placement_timeout_s: .*"),
         run_created=True,
     )
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = subprocess.run(
+        [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--debug", "--set", f"data.path={tmp_path}/missing.txt"],
+        cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert f"DataError: data.path: {tmp_path}/missing.txt does not exist" in proc.stderr
