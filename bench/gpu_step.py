@@ -11,8 +11,9 @@ runs on any machine with torch, numpy and transformers (faiss optional):
   ``--batch`` of random token ids (every row ``--seq-len`` tokens, so the token count is
   exact) goes through ``pipeline.model.SentenceEncoder`` (mean pooling, no MLP head) twice,
   stacked in one forward pass; ``pipeline.losses.global_batch_simcse_loss`` (temperature
-  0.05), backward, ``clip_grad_norm_``, AdamW, linear schedule. On CUDA: bf16 autocast, TF32
-  matmuls, fused AdamW, pinned host batches copied with ``non_blocking=True``. Reports
+  0.05), backward, ``clip_grad_norm_``, AdamW, linear schedule. On CUDA, through
+  ``pipeline.accel`` as the train loop does: bf16 autocast, TF32 matmuls, host batches
+  copied from pinned memory asynchronously; and fused AdamW. Reports
   sentences/s, tokens/s (both views) and MFU = 6 x non-embedding params x tokens/s / peak
   FLOP/s; attention-score FLOPs are left out (under 1% of the total at 32 tokens).
 - encode: ``pipeline.model.encode_rows`` (eval mode, bf16 autocast on CUDA, length-sorted
@@ -52,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # These three import only numpy and torch at module level (faiss is imported inside
 # knn_search), so the script needs neither Ray, MLflow, pyarrow nor faiss.
+from pipeline.accel import autocast, enable_tf32, to_device  # noqa: E402
 from pipeline.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
 from pipeline.losses import global_batch_simcse_loss  # noqa: E402
 from pipeline.model import SentenceEncoder, encode_rows  # noqa: E402
@@ -157,22 +159,19 @@ def bench_train(
 
     # Made before timing, so the timed steps do not include the host-side batch building
     # (the train loop's collation runs on the CPU); cycled, so consecutive steps differ.
-    generator = torch.Generator().manual_seed(0)
+    # Numpy arrays moved with the train loop's own to_device (pinned, asynchronous on CUDA).
+    rng = np.random.default_rng(0)
     batches = []
     for _ in range(4):
-        ids = torch.randint(FIRST_WORD_ID, VOCAB_SIZE, (args.batch, args.seq_len), generator=generator)
-        ids = torch.cat([ids, ids])  # both dropout views, as two_views stacks them
-        mask = torch.ones_like(ids)
-        row_ids = torch.arange(args.batch)
-        if cuda:
-            ids, mask, row_ids = ids.pin_memory(), mask.pin_memory(), row_ids.pin_memory()
-        batches.append((ids, mask, row_ids))
+        ids = rng.integers(FIRST_WORD_ID, VOCAB_SIZE, size=(args.batch, args.seq_len))
+        ids = np.concatenate([ids, ids])  # both dropout views, as two_views stacks them
+        batches.append((ids, np.ones_like(ids), np.arange(args.batch)))
 
     model.train()
 
     def step(i: int) -> float:
-        ids, mask, row_ids = (t.to(device, non_blocking=True) for t in batches[i % len(batches)])
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cuda):
+        ids, mask, row_ids = (to_device(a, device) for a in batches[i % len(batches)])
+        with autocast(device):
             embeddings = model(ids, mask)
         view1, view2 = embeddings.float().split(args.batch)
         loss, loss_to_backward = global_batch_simcse_loss(view1, view2, [args.batch], row_ids, TEMPERATURE)
@@ -479,8 +478,7 @@ def main() -> None:
     args = parse_args()
     device = torch.device(args.device or args.device_type)
     torch.manual_seed(0)
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in fp32
+    enable_tf32(device)  # as the train workers do
     info = machine_info(device)
     peak = args.peak_tflops
     if peak is None and device.type == "cuda":
@@ -511,7 +509,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the k-NN's similarity chunks want the memory
     print("k-NN ...", flush=True)
-    # The pipeline enables no TF32, so its k-NN products run in full fp32 unless asked.
+    # Only the train workers enable TF32; the miner's k-NN products run in full fp32.
     torch.set_float32_matmul_precision("high" if args.knn_tf32 else "highest")
     knn = bench_knn(args, device)
     results = {"train": train, "encode": encode, "knn": knn}

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.accel import autocast, to_device
+
 POOLING_FILE = "simcse_pooling.json"
 POOLERS = ("cls", "cls_before_pooler", "mean")
 _SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -295,16 +297,11 @@ def encode_rows(
     model.eval()
     order = np.argsort(corpus.lengths[rows], kind="stable")
     out = np.empty((len(rows), model.encoder.config.hidden_size), dtype=np.float32)
-    use_bf16 = device.type == "cuda"
     for start in range(0, len(rows), batch_size):
         chunk = order[start : start + batch_size]
         input_ids, mask = corpus.batch(rows[chunk])
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            emb = model(
-                torch.from_numpy(input_ids).to(device, non_blocking=True),
-                torch.from_numpy(mask).to(device, non_blocking=True),
-                train_head=False,
-            )
+        with autocast(device):
+            emb = model(to_device(input_ids, device), to_device(mask, device), train_head=False)
         emb = emb.float()
         out[chunk] = (torch.nn.functional.normalize(emb, dim=-1) if normalize else emb).cpu().numpy()
     model.train(was_training)

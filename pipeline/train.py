@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.accel import autocast, enable_tf32, to_device
 from pipeline.augment import repeat_words
 from pipeline.checkpoint import (
     MODEL_SUBDIR,
@@ -147,6 +148,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         dropout=cfg.model.dropout,
     )
     model.to(device)
+    enable_tf32(device)
+    if cfg.train.compile:
+        # In place: the state_dict keys (checkpoints, export) and DDP wrapping stay as they are.
+        model.compile()
 
     total_steps = len(balanced_batch_sizes(num_rows, cfg.train.batch_size)) * cfg.train.epochs
     decay, no_decay = [], []
@@ -268,7 +273,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     state.unsent_metrics = []
     if evaluator is not None and state.step == 0:
         run_eval(0)  # the starting model: the "before" of every comparison
-    use_bf16 = device.type == "cuda"
     for epoch in range(state.epoch, cfg.train.epochs):
         assert state.plan is not None
         plan = state.plan
@@ -297,17 +301,15 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             local_rows = global_rows[lo : lo + sizes[rank]]
             if triplets is None:
                 input_ids, mask = two_views(corpus, local_rows, cfg.train.dup_rate, augment_rng)
-                input_ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
-                mask = torch.from_numpy(mask).to(device, non_blocking=True)
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                with autocast(device):
                     # Both dropout views in one forward pass: the batch twice, stacked.
-                    embeddings = ddp_model(input_ids, mask)
+                    embeddings = ddp_model(to_device(input_ids, device), to_device(mask, device))
                 view1, view2 = embeddings.float().split(len(local_rows))
                 loss, loss_to_backward = global_batch_simcse_loss(
                     view1,
                     view2,
                     sizes,
-                    torch.from_numpy(corpus.ids[global_rows]).to(device),
+                    to_device(corpus.ids[global_rows], device),
                     cfg.train.temperature,
                 )
             else:
@@ -451,12 +453,10 @@ def triplet_batch_loss(
     present = negatives >= 0
     texts = np.concatenate([triplets.anchor[local_rows], triplets.positive[local_rows], negatives[present]])
     input_ids, mask = corpus.batch(texts)
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        embeddings = ddp_model(
-            torch.from_numpy(input_ids).to(device), torch.from_numpy(mask).to(device)
-        ).float()
+    with autocast(device):
+        embeddings = ddp_model(to_device(input_ids, device), to_device(mask, device)).float()
     n = len(local_rows)
-    present_t = torch.from_numpy(present).to(device)
+    present_t = to_device(present, device)
     negative_embeddings = embeddings.new_zeros((n, negatives.shape[1], embeddings.shape[1]))
     negative_embeddings[present_t] = embeddings[2 * n :]
     loss = simcse_loss(
@@ -467,7 +467,7 @@ def triplet_batch_loss(
         hard_negative_weight=cfg.train.hard_negative_weight,
         # Rows sharing a positive text (a premise with several hypotheses) are not each
         # other's negatives.
-        row_ids=torch.from_numpy(corpus.ids[triplets.positive[global_rows]]).to(device),
+        row_ids=to_device(corpus.ids[triplets.positive[global_rows]], device),
         hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
     )
     return loss, loss * len(sizes)
