@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.accel import autocast, enable_tf32, to_device
-from pipeline.model import load_sentence_encoder, load_tokenizer, save_model_dir
+from pipeline.model import load_encoder, load_sentence_encoder, load_tokenizer, save_model_dir
 
 
 def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -46,4 +46,12 @@ def test_compiled_model_matches_eager_and_saves_unchanged(tmp_path, tiny_model_d
     folder = save_model_dir(compiled, load_tokenizer(tiny_model_dir), tmp_path / "saved", 32)
     reloaded = load_sentence_encoder(folder, pooler="mean").eval()
     with torch.no_grad():
-        assert torch.allclose(reloaded(ids, mask, train_head=False), eager(ids, mask, train_head=False), atol=1e-5)
+        assert torch.allclose(
+            reloaded(ids, mask, train_head=False), eager(ids, mask, train_head=False), atol=1e-5
+        )
+
+
+def test_encoders_load_with_sdpa_attention(tiny_model_dir):
+    # transformers picks PyTorch's fused scaled-dot-product attention where the architecture
+    # has it; the eager fallback would materialise every attention matrix.
+    assert load_encoder(tiny_model_dir).config._attn_implementation == "sdpa"
