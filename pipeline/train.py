@@ -159,7 +159,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if not param.requires_grad:
             continue
         (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
-    fused = device.type == "cuda"
+    # One fused kernel per parameter group instead of a loop of small ops: 55-63 ms -> 14 ms a
+    # step for MiniLM on 2 CPU cores (bench/train_throughput.py notes); CUDA and CPU have it.
+    fused = device.type in ("cuda", "cpu")
     optimizer = torch.optim.AdamW(
         [
             {"params": decay, "weight_decay": cfg.train.weight_decay},
