@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -50,10 +49,11 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from markdown_report import append_section, machine_info, machine_line  # noqa: E402
 
 WIKI = Path("wiki") / "wiki1m_for_simcse.first11914.txt"
-GIB = 2**30
 
 
 def default_model_dir() -> Path:
@@ -77,23 +77,6 @@ def read_sentences(data_dir: Path, rows: int) -> list[str]:
     if len(texts) < rows:
         sys.exit(f"error: {path} has {len(texts)} sentences, fewer than --rows {rows}")
     return texts[:rows]
-
-
-def machine_info() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    info: dict[str, Any] = {"platform": f"{platform.system()} {platform.machine()}", "cpus": os.cpu_count()}
-    try:
-        info["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB)
-    except (ValueError, OSError, AttributeError):
-        info["ram_gib"] = None
-    for name in ("torch", "transformers", "sentence-transformers"):
-        try:
-            info[name] = version(name)
-        except PackageNotFoundError:
-            info[name] = "not installed"
-    info["python"] = platform.python_version()
-    return info
 
 
 class Ours:
@@ -267,7 +250,7 @@ def render(args: argparse.Namespace, rows: int, r: dict[str, Any]) -> str:
 
 def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str, r: dict) -> None:
     machine = (
-        f"{info['platform']}, {info['cpus']} CPUs, {info['ram_gib']} GiB RAM; Python {info['python']}, "
+        f"{machine_line(info)}; Python {info['python']}, "
         f"torch {info['torch']}, transformers {info['transformers']}, "
         f"sentence-transformers {info['sentence-transformers']}"
     )
@@ -282,13 +265,7 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
         f"faster. Corpus-path tokenize: `tokenize_table(flag_truncated=True)`, what "
         f"`tokenize_corpus` runs on the training corpus.\n\n{table}\n"
     )
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            "# Benchmarks\n\nEach section is appended by a script in `bench/`; rerun it to reproduce.\n"
-        )
-    with path.open("a") as fh:
-        fh.write(section)
+    append_section(section, path)
 
 
 def parse_args() -> argparse.Namespace:
@@ -323,7 +300,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parse_args()
     texts = read_sentences(args.data, args.rows)
-    info = machine_info()
+    info = machine_info(("torch", "transformers", "sentence-transformers"))
     print(
         f"{len(texts)} sentences, model {args.model}, batch {args.batch_size}, max len {args.max_seq_len}, "
         f"{args.threads} torch threads",

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shlex
 import sys
@@ -49,16 +48,18 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel, get_linear_schedule_with_warmup
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 # These three import only numpy and torch at module level (faiss is imported inside
 # knn_search), so the script needs neither Ray, MLflow, pyarrow nor faiss.
+from markdown_report import GIB, append_section, machine_line  # noqa: E402
+from markdown_report import machine_info as report_machine_info  # noqa: E402
+
 from pipeline.accel import autocast, enable_tf32, to_device  # noqa: E402
 from pipeline.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
 from pipeline.losses import global_batch_simcse_loss  # noqa: E402
 from pipeline.model import SentenceEncoder, encode_rows  # noqa: E402
 
-GIB = 2**30
 SIZES = {
     "base": {
         "hidden_size": 768,
@@ -340,16 +341,8 @@ def bench_knn(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": f"{platform.system()} {platform.machine()}",
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-    try:
-        info["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB)
-    except (ValueError, OSError, AttributeError):
-        info["ram_gib"] = None
+    info = report_machine_info(("transformers",))
+    info["torch"] = torch.__version__
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info["device"] = props.name
@@ -409,19 +402,13 @@ def render(
 def append_markdown(
     path: Path, args: argparse.Namespace, info: dict[str, Any], header: str, table: str
 ) -> None:
-    machine = f"{info['platform']}, {info['cpus']} CPUs, {info['ram_gib']} GiB RAM"
+    machine = machine_line(info)
     command = "python bench/gpu_step.py " + shlex.join(sys.argv[1:])
     section = (
         f"\n### Per-worker step, encode and k-NN, {args.size} BERT on {args.device_type} ({date.today()})\n\n"
         f"Machine: {machine}. Command: `{command}`. {header}\n\n{table}\n"
     )
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            "# Benchmarks\n\nEach section is appended by a script in `bench/`; rerun it to reproduce.\n"
-        )
-    with path.open("a") as fh:
-        fh.write(section)
+    append_section(section, path)
 
 
 def parse_args() -> argparse.Namespace:

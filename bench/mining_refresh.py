@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import threading
@@ -24,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from markdown_report import GIB, append_section, machine_info, machine_line  # noqa: E402
 
 from pipeline.data import TokenizedCorpus, stable_row_id, tokenize_table  # noqa: E402
 from pipeline.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
@@ -32,8 +33,6 @@ from pipeline.mining import plan_from_neighbours  # noqa: E402
 from pipeline.model import build_tiny_model_dir, encode_rows, load_sentence_encoder, load_tokenizer  # noqa: E402
 from pipeline.negatives import NegativeFilters, text_keys  # noqa: E402
 from pipeline.synthetic import generate_paraphrase_corpus  # noqa: E402
-
-GIB = 2**30
 
 
 class PeakRss:
@@ -153,22 +152,14 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if not args.no_record:
-        machine = (
-            f"{platform.machine()}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / GIB:.0f} GiB RAM"
-        )
+        machine = machine_line(machine_info())
         command = "python bench/mining_refresh.py " + " ".join(sys.argv[1:])
         section = (
             f"\n### Mining refresh, tiny model on CPU ({date.today()})\n\n"
             f"Machine: {machine}. Command: `{command}`. Tiny BERT (64 hidden, 2 layers), "
             f"top_k={args.top_k}, batch {args.batch_size}, default filters.\n\n{table}\n"
         )
-        path = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-        if not path.exists():
-            path.write_text(
-                "# Benchmarks\n\nEach section is appended by a script in `bench/`; rerun it to reproduce.\n"
-            )
-        with path.open("a") as fh:
-            fh.write(section)
+        append_section(section)
 
 
 if __name__ == "__main__":

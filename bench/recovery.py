@@ -1,6 +1,6 @@
 """What a failure costs, against the checkpoint interval, and how long a killed job takes to resume.
 
-    python bench/recovery.py [--intervals 0 50 10] [--kill-at 80] [--append docs/operations.md]
+    python bench/recovery.py [--intervals 0 50 10] [--kill-at 80] [--append docs/benchmarks.md]
 
 For each ``checkpoint.every_steps`` value one demo-sized job (2 workers, 2 epochs, ~9.6k
 generated sentences, mining on) runs; rank 0's train worker is SIGKILLed once its MLflow
@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
+from markdown_report import append_section, machine_info, machine_line  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from test_failures import RunningJob, snapshot_checkpoints, steps_redone, wait_for  # noqa: E402
 
@@ -142,8 +143,12 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.append:
-        with open(args.append, "a") as out:
-            out.write("\n" + table + "\n")
+        command = "python bench/recovery.py " + " ".join(sys.argv[1:])
+        append_section(
+            f"\n### Recovery: worker kill and driver kill ({time.strftime('%Y-%m-%d')})\n\n"
+            f"Machine: {machine_line(machine_info())}. Command: `{command}`.\n\n{table}\n",
+            Path(args.append),
+        )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -74,10 +73,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
+from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+
 WIKI = Path("wiki") / "wiki1m_for_simcse.first11914.txt"
 RESULT_PREFIX = "TRAIN_THROUGHPUT_RESULT "
 CONFIGS = ("ours-1w", "ours-2w", "st")
-GIB = 2**30
 
 
 def default_model_dir() -> Path:
@@ -433,26 +433,9 @@ def render(medians: dict[str, dict[str, float]], args: argparse.Namespace) -> st
     return "\n".join(lines)
 
 
-def machine_info() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    info: dict[str, Any] = {"platform": f"{platform.system()} {platform.machine()}", "cpus": os.cpu_count()}
-    try:
-        info["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB)
-    except (ValueError, OSError, AttributeError):
-        info["ram_gib"] = None
-    for name in ("torch", "transformers", "sentence-transformers", "ray", "mlflow"):
-        try:
-            info[name] = version(name)
-        except PackageNotFoundError:
-            info[name] = "not installed"
-    info["python"] = platform.python_version()
-    return info
-
-
 def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
     machine = (
-        f"{info['platform']}, {info['cpus']} CPUs, {info['ram_gib']} GiB RAM; Python {info['python']}, "
+        f"{machine_line(info)}; Python {info['python']}, "
         f"torch {info['torch']}, transformers {info['transformers']}, sentence-transformers "
         f"{info['sentence-transformers']}, ray {info['ray']}, mlflow {info['mlflow']}"
     )
@@ -469,13 +452,7 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
         f"(~20 s fixed) before the first step, and checkpoint, export and MLflow model logging "
         f"after the last.\n\n{table}\n"
     )
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            "# Benchmarks\n\nEach section is appended by a script in `bench/`; rerun it to reproduce.\n"
-        )
-    with path.open("a") as fh:
-        fh.write(section)
+    append_section(section, path)
 
 
 def parse_args() -> argparse.Namespace:
@@ -544,7 +521,7 @@ def main() -> None:
         child_main(args)
         return
     check_corpus(args)
-    info = machine_info()
+    info = machine_info(("torch", "transformers", "sentence-transformers", "ray", "mlflow"))
     root = Path(tempfile.mkdtemp(prefix="train-throughput-"))
     # Ray's socket paths must stay short: its temp dir goes directly under /tmp.
     ray_tmp = Path(tempfile.mkdtemp(prefix="tt-ray-", dir="/tmp"))
