@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,6 +49,56 @@ def training_rows(path: str, max_rows: int | None) -> dict[str, list[str]]:
     return {"anchor": ordered, "positive": list(ordered)}
 
 
+def build_mnrl_trainer(
+    model_dir: str | Path,
+    rows: dict[str, list[str]],
+    out_dir: Path,
+    *,
+    max_seq_len: int,
+    batch_size: int,
+    lr: float,
+    epochs: int = 1,
+    seed: int = 42,
+    callbacks: list[Any] | None = None,
+) -> Any:
+    """The peer every comparison here runs: ``SentenceTransformerTrainer`` with
+    ``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05) on ``rows``
+    (``anchor``, ``positive``[, ``negative``]), linear decay without warm-up, no checkpoints,
+    on the CPU."""
+    import datasets
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    model.max_seq_length = max_seq_len
+    train_args = SentenceTransformerTrainingArguments(
+        output_dir=str(out_dir),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch_size,
+        learning_rate=lr,
+        warmup_ratio=0.0,
+        lr_scheduler_type="linear",
+        seed=seed,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        disable_tqdm=True,
+        dataloader_drop_last=False,
+        use_cpu=True,
+    )
+    return SentenceTransformerTrainer(
+        model=model,
+        args=train_args,
+        train_dataset=datasets.Dataset.from_dict(rows),
+        loss=MultipleNegativesRankingLoss(model, scale=20.0),
+        callbacks=callbacks,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -63,40 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    import datasets
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-    )
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
-
     from pipeline.evaluate import evaluate_model_dir, score_summary
 
     rows = training_rows(args.train, args.max_rows)
-    model = SentenceTransformer(args.model, device="cpu")
-    model.max_seq_length = args.max_seq_len
-    train_args = SentenceTransformerTrainingArguments(
-        output_dir=str(Path(args.out) / "trainer"),
-        num_train_epochs=args.epochs,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        warmup_ratio=0.0,
-        lr_scheduler_type="linear",
-        seed=args.seed,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10,
-        disable_tqdm=True,
-        dataloader_drop_last=False,
-        use_cpu=True,
-    )
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=train_args,
-        train_dataset=datasets.Dataset.from_dict(rows),
-        loss=MultipleNegativesRankingLoss(model, scale=20.0),
-    )
+    trainer = build_mnrl_trainer(
+        args.model, rows, Path(args.out) / "trainer", max_seq_len=args.max_seq_len,
+        batch_size=args.batch_size, lr=args.lr, epochs=args.epochs, seed=args.seed,
+    )  # fmt: skip
+    model = trainer.model
     started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - started

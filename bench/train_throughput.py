@@ -166,15 +166,8 @@ def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def child_st(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    import datasets
     import torch
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-    )
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
-    from st_mnrl_recipe import training_rows
+    from st_mnrl_recipe import build_mnrl_trainer, training_rows
     from transformers import TrainerCallback
 
     marks: list[tuple[str, float]] = [("python + imports", time.time())]
@@ -196,30 +189,11 @@ def child_st(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 losses.append(float(logs["loss"]))
 
     marks.append(("read rows", time.time()))
-    model = SentenceTransformer(str(args.model), device="cpu")
-    model.max_seq_length = args.max_seq_len
-    train_args = SentenceTransformerTrainingArguments(
-        output_dir=str(workdir / "trainer"),
-        num_train_epochs=1,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        warmup_ratio=0.0,
-        lr_scheduler_type="linear",
-        seed=42,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10,
-        disable_tqdm=True,
-        dataloader_drop_last=False,
-        use_cpu=True,
-    )
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=train_args,
-        train_dataset=datasets.Dataset.from_dict(rows),
-        loss=MultipleNegativesRankingLoss(model, scale=20.0),
-        callbacks=[StepTimer()],
-    )
+    trainer = build_mnrl_trainer(
+        args.model, rows, workdir / "trainer", max_seq_len=args.max_seq_len, batch_size=args.batch_size,
+        lr=args.lr, callbacks=[StepTimer()],
+    )  # fmt: skip
+    model = trainer.model
     marks.append(("model load + trainer set-up", time.time()))
     trainer.train()
     marks += [("trainer start-up", begins[0]), ("steps", ends[-1]), ("train() tail", time.time())]
