@@ -1,0 +1,187 @@
+"""What a hard-negative refresh costs a training run: its share of an epoch, sync and async.
+
+    python bench/refresh_share.py [--rows 100000] [--epochs 2] [--modes off sync async] \\
+        [--set mining.index=ivf ...] [--append docs/benchmarks.md]
+
+Runs the real training job (``jobs/train.py`` with ``jobs/configs/demo.yaml``: the tiny BERT,
+2 DDP CPU workers, a local Ray) on a generated corpus of ``--rows`` sentences, once per mode,
+each in its own process, in the order given:
+
+- ``off``: mining disabled; every epoch is a reshuffled random plan. The baseline epoch time.
+- ``sync``: ``mining.mode=sync``; at each epoch boundary the workers wait for the refresh.
+- ``async``: ``mining.mode=async``; the refresh starts ``mining.max_staleness_steps`` before the
+  boundary and training goes on meanwhile; the boundary never waits.
+
+Read back from each run's MLflow store (sqlite, in a temporary folder): ``epoch_seconds`` (the
+time inside an epoch's steps), ``refresh_wait_s`` (what the workers waited at each boundary)
+and the miner's ``mining_*_s`` stage times. Reported per mode:
+
+- refresh s: the miner's own time for one refresh (encode + index + search + plan);
+- exposed s: what the refresh added to the run's training time = boundary waits + (steps time
+  of the run - steps time of ``off``). In sync mode that is about the wait; in async mode it
+  is what running the miner beside the workers took from them (on this 2-core machine they
+  share the cores; on a cluster the miner has its own CPUs or GPU);
+- share of an epoch: exposed s per refresh / the ``off`` run's mean epoch seconds.
+
+One table; ``--append FILE`` appends it with the machine, the command line and the date.
+At the defaults (100k rows, 2 epochs, 3 modes) about 12 minutes on 2 CPU cores; run nothing
+else meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+
+MODES = ("off", "sync", "async")
+GROUP_SIZE = 4
+
+
+def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """One training run in its own process; returns its per-epoch metrics from MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    tracking_uri = f"sqlite:///{workdir / 'mlruns.db'}"
+    overrides = [
+        f"run.name=refresh-share-{mode}",
+        f"run.output_dir={workdir / 'runs'}",
+        f"data.generated.num_groups={args.rows // GROUP_SIZE}",
+        f"data.generated.group_size={GROUP_SIZE}",
+        "data.generated.sts_pairs=0",  # no evaluation: boundaries hold only the refresh
+        f"train.epochs={args.epochs}",
+        "train.log_every=50",
+        f"tracking.uri={tracking_uri}",
+        "tracking.experiment=bench-refresh-share",
+        "mining.enabled=false" if mode == "off" else f"mining.mode={mode}",
+        *args.set,
+    ]
+    command = [sys.executable, str(REPO / "jobs" / "train.py"), "--config", str(args.config)]
+    for override in overrides:
+        command += ["--set", override]
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    env.update({"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "output.log"
+    print(f"[bench] {mode}: {shlex.join(command[1:3])} ... ({log_path})", flush=True)
+    start = time.perf_counter()
+    with log_path.open("w") as log:
+        code = subprocess.call(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - start
+    if code != 0:
+        output = log_path.read_text(errors="replace")
+        sys.exit(f"error: the {mode} run failed (exit {code}); the end of {log_path}:\n{output[-3000:]}")
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    (run,) = client.search_runs(client.get_experiment_by_name("bench-refresh-share").experiment_id)
+
+    def history(key: str) -> list[float]:
+        return [
+            m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+        ]
+
+    result = {
+        "wall_s": wall,
+        "epoch_s": history("epoch_seconds"),
+        "wait_s": history("refresh_wait_s"),
+        "late": history("refresh_late"),
+    }
+    for stage in ("encode", "index", "search", "plan", "total"):
+        result[f"mining_{stage}_s"] = history(f"mining_{stage}_s")
+    print(
+        f"[bench] {mode}: {wall:.0f}s; epochs {', '.join(f'{s:.1f}' for s in result['epoch_s'])} s; "
+        f"waits {', '.join(f'{s:.1f}' for s in result['wait_s'])} s; refreshes "
+        f"{', '.join(f'{s:.1f}' for s in result['mining_total_s'])} s",
+        flush=True,
+    )
+    return result
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    base = results.get("off")
+    base_epoch = mean(base["epoch_s"]) if base else float("nan")
+    base_steps = sum(base["epoch_s"]) if base else float("nan")
+    lines = [
+        "| mode | epoch s (each) | boundary wait s | refreshes | refresh s (encode / index / search / plan) "
+        "| exposed s per refresh | share of an epoch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mode, r in results.items():
+        refreshes = len(r["mining_total_s"])
+        stages = " / ".join(f"{mean(r[f'mining_{s}_s']):.1f}" for s in ("encode", "index", "search", "plan"))
+        if mode == "off" or not refreshes:
+            exposed_text, share_text, refresh_text = "-", "-", "-"
+        else:
+            exposed = (sum(r["wait_s"]) + sum(r["epoch_s"]) - base_steps) / refreshes
+            exposed_text, share_text = f"{exposed:.1f}", f"{100 * exposed / base_epoch:.1f}%"
+            refresh_text = f"{mean(r['mining_total_s']):.1f} ({stages})"
+        lines.append(
+            f"| {mode} | {' / '.join(f'{s:.1f}' for s in r['epoch_s'])} | "
+            f"{' / '.join(f'{s:.1f}' for s in r['wait_s'])} | {refreshes} | {refresh_text} | "
+            f"{exposed_text} | {share_text} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=100_000, help="generated corpus size")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--config", type=Path, default=REPO / "jobs" / "configs" / "demo.yaml")
+    parser.add_argument("--set", action="append", default=[], help="extra config override for every run")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
+    parser.add_argument("--append", type=Path, help="append the table to this markdown file")
+    args = parser.parse_args(argv)
+    if args.rows < 4 * GROUP_SIZE or args.epochs < 2:
+        parser.error("--rows must be >= 16 and --epochs >= 2 (a refresh happens between epochs)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="refresh-share-"))
+    results = {mode: run_mode(mode, args, root / mode) for mode in args.modes}
+    table = render(results, args)
+    print(table)
+    if args.append:
+        info = machine_info(("torch", "ray", "faiss-cpu"))
+        command = shlex.join(["python", "bench/refresh_share.py", *(argv or sys.argv[1:])])
+        section = (
+            f"\n### Refresh share of an epoch, sync and async, tiny model on CPU ({date.today().isoformat()})\n\n"
+            f"Machine: {machine_line(info)}; Python {info['python']}, torch {info['torch']}, ray {info['ray']}, "
+            f"faiss-cpu {info['faiss-cpu']}. Command: `{command}`. The demo job (`jobs/configs/demo.yaml`: tiny "
+            f"BERT, 2 DDP workers of 0.5 CPU, miner 0.25 CPU, batch 64, top_k 64) on {args.rows:,} generated "
+            f"sentences, {args.epochs} epochs, no evaluation. Exposed = boundary waits + extra steps time "
+            "against `off`, per refresh; share = exposed / the `off` run's mean epoch.\n\n" + table
+        )
+        append_section(section, args.append)
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"[bench] runs kept in {root}")
+
+
+if __name__ == "__main__":
+    main()
