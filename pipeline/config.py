@@ -160,15 +160,17 @@ class MiningSection:
     top_k: int = 64
     """Neighbours searched per row (the candidate list every filter works on)."""
     range_min: int = 10
-    """Skip this many nearest candidates (after duplicates are removed): the top ranks of a
-    natural corpus are mostly paraphrases, i.e. false negatives. 10 is where FlagEmbedding's
-    hn_mine window starts and what the sentence-transformers mining example uses."""
+    """Skip this many nearest candidates of those the other filters left (sentence-transformers'
+    order): the top ranks of a natural corpus are mostly paraphrases, i.e. false negatives.
+    10 is where FlagEmbedding's hn_mine window starts and what the sentence-transformers
+    mining example uses."""
     range_max: int | None = None
     """Consider candidates ranked below this only (``None``: all ``top_k``)."""
     max_score: float | None = None
     """Drop candidates more similar than this to the anchor."""
     relative_margin: float | None = 0.05
-    """Keep a candidate only if sim < (1 - margin) x sim(anchor, positive); NV-Retriever's 0.05."""
+    """Keep a candidate only if sim <= pos - |pos| x margin, pos = sim(anchor, positive);
+    NV-Retriever's 0.05."""
     num_negatives: int = 1
     """Negatives per anchor (offline mining and triplet mode)."""
     sampling: Literal["top", "random"] = "top"

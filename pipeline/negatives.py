@@ -3,9 +3,12 @@
 The knobs carry sentence-transformers' ``mine_hard_negatives`` names so that users can
 move settings over: ``range_min`` / ``range_max`` (rank window), ``max_score``
 (similarity ceiling), ``relative_margin`` (NV-Retriever's TopK-PercPos: keep a candidate
-only if its similarity is below ``(1 - margin) x`` the anchor-positive similarity),
-``num_negatives`` and ``sampling``. Filters are applied in that order and each one's
-removals are counted, so a run can say where its candidates went.
+only if its similarity is at most ``pos - |pos| x margin``, ``pos`` being the
+anchor-positive similarity), ``num_negatives`` and ``sampling``, with its semantics too:
+duplicates of the anchor or positive go first, then ``max_score`` and the margin, and
+``range_min`` skips the nearest of the candidates that are left (``range_max`` bounds the
+rank in the search list). Each filter's removals are counted, so a run can say where its
+candidates went.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 
 from pipeline.index import IndexSpec, KnnResult, knn_search
 
-FILTERS = ("duplicate", "rank_window", "max_score", "relative_margin")
+FILTERS = ("duplicate", "max_score", "relative_margin", "rank_window")
 
 
 @dataclass
@@ -26,13 +29,14 @@ class NegativeFilters:
     """What makes a neighbour an acceptable negative (see module docstring)."""
 
     range_min: int = 10
-    """Skip this many of the nearest candidates (after removing duplicates)."""
+    """Skip this many of the nearest candidates that pass the other filters."""
     range_max: int | None = None
-    """Consider only candidates ranked below this (``None``: all searched)."""
+    """Consider only candidates ranked below this among the non-duplicates searched
+    (``None``: all searched)."""
     max_score: float | None = None
     """Drop candidates more similar than this to the anchor."""
     relative_margin: float | None = 0.05
-    """Drop candidates with similarity >= ``(1 - margin) x sim(anchor, positive)``."""
+    """Drop candidates with similarity > ``pos - |pos| x margin``, ``pos`` = sim(anchor, positive)."""
     num_negatives: int = 1
     sampling: str = "top"
     """``top``: the nearest that pass; ``random``: a seeded uniform draw among those that pass."""
@@ -100,19 +104,22 @@ def filter_candidates(
             false_negative = false_negative | hit
 
     drop("duplicate", duplicate)
-    # Rank among the candidates that are not duplicates, as sentence-transformers counts it.
-    rank = np.cumsum(alive, axis=1) - 1
-    upper = k if filters.range_max is None else filters.range_max
-    drop("rank_window", rank < filters.range_min)
-    drop("rank_window", rank >= upper, is_false_negative=False)
+    # range_max bounds the rank in the searched list (duplicates not counted): sentence-
+    # transformers' search depth.
+    searched_rank = np.cumsum(alive, axis=1) - 1
     removed.setdefault("max_score", 0)
     if filters.max_score is not None:
         drop("max_score", candidate_scores > filters.max_score)
     removed.setdefault("relative_margin", 0)
     if filters.relative_margin is not None:
-        drop(
-            "relative_margin", candidate_scores >= (1.0 - filters.relative_margin) * positive_scores[:, None]
-        )
+        # |pos| rather than (1 - margin) x pos: the latter raises the bar above the positive
+        # when pos < 0 (sentence-transformers #3819).
+        threshold = positive_scores - np.abs(positive_scores) * filters.relative_margin
+        drop("relative_margin", candidate_scores > threshold[:, None])
+    upper = k if filters.range_max is None else filters.range_max
+    drop("rank_window", searched_rank >= upper, is_false_negative=False)
+    # range_min skips the nearest of what is left, as sentence-transformers counts it.
+    drop("rank_window", np.cumsum(alive, axis=1) - 1 < filters.range_min)
     return FilteredCandidates(alive, false_negative, removed, int(valid.sum()), duplicate)
 
 

@@ -89,11 +89,13 @@ def mine_pairs(
         return encode_texts(model, tokenizer, texts, cfg.data.max_seq_len, mining.encode_batch_size, device)
 
     pool_vectors = encode(pool)
-    anchor_vectors = encode(anchors) if anchors != positives else None
     position = {text: i for i, text in enumerate(pool)}
+    # Each distinct text is encoded once: anchors repeat (SNLI premises) or are positives too.
+    extra = sorted(set(anchors).difference(position))
+    position.update({text: len(pool) + i for i, text in enumerate(extra)})
+    vectors = np.concatenate([pool_vectors, encode(extra)]) if extra else pool_vectors
+    anchor_vectors = vectors[np.array([position[a] for a in anchors])]
     positive_rows = np.array([position[p] for p in positives])
-    if anchor_vectors is None:
-        anchor_vectors = pool_vectors[positive_rows]
     report.seconds["encode"] = time.perf_counter() - t0
 
     k = min(mining.top_k, len(pool))

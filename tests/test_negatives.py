@@ -9,10 +9,11 @@ from pipeline.negatives import NegativeFilters, duplicate_mask, normalize_text, 
 
 
 def _reference(cands, scores, pos, dup, f: NegativeFilters):
-    """Straight-line version: walk each anchor's list and apply the rules one by one."""
+    """Straight-line version: walk each anchor's list and apply the rules one by one, in
+    sentence-transformers' order (score filters first, then skip ``range_min`` survivors)."""
     out, removed, short = [], {"duplicate": 0, "rank_window": 0, "max_score": 0, "relative_margin": 0}, 0
     for i in range(len(cands)):
-        rank, kept = 0, []
+        searched, survivors, kept = 0, 0, []
         for j in range(cands.shape[1]):
             c, s = cands[i, j], scores[i, j]
             if c < 0:
@@ -20,28 +21,32 @@ def _reference(cands, scores, pos, dup, f: NegativeFilters):
             if dup[i, j]:
                 removed["duplicate"] += 1
                 continue
-            r, rank = rank, rank + 1
+            r, searched = searched, searched + 1
             hi = cands.shape[1] if f.range_max is None else f.range_max
-            if not (f.range_min <= r < hi):
-                removed["rank_window"] += 1
-            elif f.max_score is not None and s > f.max_score:
+            if f.max_score is not None and s > f.max_score:
                 removed["max_score"] += 1
-            elif f.relative_margin is not None and s >= (1 - f.relative_margin) * pos[i]:
+            elif f.relative_margin is not None and s > pos[i] - abs(pos[i]) * f.relative_margin:
                 removed["relative_margin"] += 1
+            elif r >= hi:
+                removed["rank_window"] += 1
             else:
-                kept.append((c, s))
+                survivors += 1
+                if survivors <= f.range_min:
+                    removed["rank_window"] += 1
+                else:
+                    kept.append((c, s))
         out.append(kept)
         short += len(kept) < f.num_negatives
     return out, removed, short
 
 
-def _arrays(seed=0, n=40, k=12, pool=200):
+def _arrays(seed=0, n=40, k=12, pool=200, low=0.1):
     rng = np.random.default_rng(seed)
-    scores = -np.sort(-rng.uniform(0.1, 0.99, size=(n, k)), axis=1)
+    scores = -np.sort(-rng.uniform(low, 0.99, size=(n, k)), axis=1)
     cands = np.stack([rng.choice(pool, size=k, replace=False) for _ in range(n)])
     cands[rng.random((n, k)) < 0.05] = -1
     dup = (rng.random((n, k)) < 0.15) & (cands >= 0)
-    pos = rng.uniform(0.5, 1.0, size=n)
+    pos = rng.uniform(0.5 if low > 0 else low, 1.0, size=n)
     return cands, scores, pos, dup
 
 
@@ -55,8 +60,9 @@ def _arrays(seed=0, n=40, k=12, pool=200):
         NegativeFilters(range_min=1, range_max=10, max_score=0.9, relative_margin=0.1, num_negatives=5),
     ],
 )
-def test_filters_match_reference(filters):
-    cands, scores, pos, dup = _arrays()
+@pytest.mark.parametrize("low", [0.1, -0.6], ids=["positive-scores", "negative-scores"])
+def test_filters_match_reference(filters, low):
+    cands, scores, pos, dup = _arrays(low=low)
     got = select_negatives(cands, scores, pos, dup, filters)
     kept, removed, short = _reference(cands, scores, pos, dup, filters)
     assert got.removed == removed
@@ -69,6 +75,26 @@ def test_filters_match_reference(filters):
         row = got.indices[i]
         assert row[row >= 0].tolist() == want
         assert (row[len(want) :] == -1).all() and np.isnan(got.scores[i, len(want) :]).all()
+
+
+def test_range_min_counts_what_the_score_filters_left_as_sentence_transformers_does():
+    # pos 0.84, margin 0.05: the bar is 0.798, so 0.9 and 0.8 go; range_min=1 then skips 0.7.
+    cands, scores = np.array([[0, 1, 2, 3, 4]]), np.array([[0.9, 0.8, 0.7, 0.6, 0.5]])
+    dup = np.zeros_like(cands, dtype=bool)
+    filters = NegativeFilters(range_min=1, relative_margin=0.05, num_negatives=1)
+    got = select_negatives(cands, scores, np.array([0.84]), dup, filters)
+    assert got.indices.tolist() == [[3]]
+    assert got.removed == {"duplicate": 0, "max_score": 0, "relative_margin": 2, "rank_window": 1}
+
+
+def test_relative_margin_below_a_negative_positive_score():
+    # pos -0.2: the bar is -0.2 - 0.2 x 0.05 = -0.21, below the positive; (1 - margin) x pos
+    # would put it at -0.19 and keep -0.205, a candidate nearer than the positive allows.
+    cands, scores = np.array([[0, 1]]), np.array([[-0.205, -0.3]])
+    dup = np.zeros_like(cands, dtype=bool)
+    filters = NegativeFilters(range_min=0, relative_margin=0.05, num_negatives=1)
+    got = select_negatives(cands, scores, np.array([-0.2]), dup, filters)
+    assert got.indices.tolist() == [[1]]
 
 
 def test_random_sampling_draws_from_the_kept_set_uniformly():

