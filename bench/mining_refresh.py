@@ -1,8 +1,10 @@
 """One hard-negative refresh at scale: time and peak memory per stage, tiny model on CPU.
 
-    python bench/mining_refresh.py --rows 100000 --rows 1000000 [--index flat --index ivf]
+    python bench/mining_refresh.py --rows 100000 --rows 1000000 [--index flat --index ivf] \
+        [--model DIR] [--encode-batch-size 1024]
 
-Generates a corpus of paraphrase groups, tokenizes it, builds the tiny BERT the demo uses,
+Generates a corpus of paraphrase groups, tokenizes it, builds the tiny BERT the demo uses
+(or loads ``--model DIR``, e.g. all-MiniLM-L6-v2's folder, for a real model's costs),
 and runs the miner's stages (encode, index + search, filters + plan) exactly as a refresh
 does, measuring each. Prints one table and appends it with machine info to
 docs/benchmarks.md (``--no-record`` to skip). Peak memory is the process's RSS high-water
@@ -69,7 +71,7 @@ def stage(name: str, results: dict, fn):
     return value
 
 
-def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path) -> dict:
+def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path, encode_batch: int) -> dict:
     import pyarrow as pa
     import torch
 
@@ -90,7 +92,9 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
     corpus = stage("tokenize", results, tokenize)
     model = load_sentence_encoder(model_dir, pooler="mean")
     embeddings = stage(
-        "encode", results, lambda: encode_rows(model, corpus, np.arange(rows), 1024, torch.device("cpu"))
+        "encode",
+        results,
+        lambda: encode_rows(model, corpus, np.arange(rows), encode_batch, torch.device("cpu")),
     )
     spec = IndexSpec(kind=index_kind)
     estimate = estimate_index_bytes(rows, embeddings.shape[1], top_k + 1, spec.resolve(rows), spec)
@@ -115,6 +119,8 @@ def main() -> None:
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=64)
+    parser.add_argument("--encode-batch-size", type=int, default=1024)
+    parser.add_argument("--model", type=Path, help="model folder (default: a tiny BERT built here)")
     parser.add_argument(
         "--no-record", action="store_true", help="print only; do not append to docs/benchmarks.md"
     )
@@ -124,14 +130,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         sample, _ = generate_paraphrase_corpus(2000, 4, seed=1)
-        model_dir = build_tiny_model_dir(
+        model_dir = args.model or build_tiny_model_dir(
             sample, Path(tmp) / "tiny", hidden_size=64, num_layers=2, num_heads=2,
             intermediate_size=128, vocab_size=2000, max_seq_len=32, dropout=0.1, seed=0,
         )  # fmt: skip
         rows_out = []
         for rows in sizes:
             for kind in kinds:
-                r = run(rows, kind, args.batch_size, args.top_k, model_dir)
+                r = run(rows, kind, args.batch_size, args.top_k, model_dir, args.encode_batch_size)
                 rows_out.append((rows, kind, r))
 
     header = (
@@ -154,10 +160,15 @@ def main() -> None:
     if not args.no_record:
         machine = machine_line(machine_info())
         command = "python bench/mining_refresh.py " + " ".join(sys.argv[1:])
+        model = (
+            f"model {args.model.parent.name}/{args.model.name}"
+            if args.model
+            else "Tiny BERT (64 hidden, 2 layers)"
+        )
         section = (
-            f"\n### Mining refresh, tiny model on CPU ({date.today()})\n\n"
-            f"Machine: {machine}. Command: `{command}`. Tiny BERT (64 hidden, 2 layers), "
-            f"top_k={args.top_k}, batch {args.batch_size}, default filters.\n\n{table}\n"
+            f"\n### Mining refresh, {'a real' if args.model else 'tiny'} model on CPU ({date.today()})\n\n"
+            f"Machine: {machine}. Command: `{command}`. {model}, top_k={args.top_k}, plan batch "
+            f"{args.batch_size}, encode batch {args.encode_batch_size}, default filters.\n\n{table}\n"
         )
         append_section(section)
 
