@@ -3,7 +3,7 @@
 Index kinds: ``flat`` (exact), ``ivf`` (inverted lists over k-means cells, exact
 distances inside the ``nprobe`` cells searched) and ``ivfpq`` (the same with product-
 quantised vectors: ~``pq_m`` bytes a vector, approximate distances). ``auto`` is flat up to
-``flat_max_rows`` (200k by default: all-rows flat search grows as n^2) and IVF above.
+``flat_max_rows`` (50k by default: all-rows flat search grows as n^2) and IVF above.
 
 Backends, chosen by :func:`choose_backend`:
 
@@ -33,7 +33,7 @@ TRAIN_POINTS_PER_CELL = 64
 @dataclass
 class IndexSpec:
     kind: str = "auto"
-    flat_max_rows: int = 200_000
+    flat_max_rows: int = 50_000
     nlist: int | None = None
     """IVF cells; ``None``: 4 x sqrt(n), the usual FAISS rule of thumb."""
     nprobe: int = 32
@@ -109,7 +109,7 @@ def knn_search(
         vectors: ``(n, d)`` float32, L2-normalised: the searched corpus.
         k: neighbours per query; capped at ``n``.
         use_gpu: search on a GPU when one is usable (see module docstring).
-        spec: index kind and IVF parameters (default: flat up to 200k rows, else IVF).
+        spec: index kind and IVF parameters (default: flat up to 50k rows, else IVF).
         query_chunk: queries per GPU matrix product (bounds GPU memory to ``chunk x n``).
         seed: for the IVF training sample.
         queries: ``(m, d)`` float32, L2-normalised; ``None`` searches every row of

@@ -93,3 +93,9 @@ def test_cli_fails_fast_with_one_line(tmp_path, args, needle):
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
     assert time.monotonic() - start < 60
+
+
+def test_config_defaults_are_the_index_defaults():
+    from pipeline.index import IndexSpec
+
+    assert load_config(None).mining.index_spec() == IndexSpec()
