@@ -7,21 +7,25 @@ Runs the real training job (``jobs/train.py`` with ``jobs/configs/demo.yaml``: t
 2 DDP CPU workers, a local Ray) on a generated corpus of ``--rows`` sentences, once per mode,
 each in its own process, in the order given:
 
-- ``off``: mining disabled; every epoch is a reshuffled random plan. The baseline epoch time.
+- ``off``: mining disabled; every epoch is a reshuffled random plan (epoch times only).
 - ``sync``: ``mining.mode=sync``; at each epoch boundary the workers wait for the refresh.
 - ``async``: ``mining.mode=async``; the refresh starts ``mining.max_staleness_steps`` before the
   boundary and training goes on meanwhile; the boundary never waits.
 
 Read back from each run's MLflow store (sqlite, in a temporary folder): ``epoch_seconds`` (the
-time inside an epoch's steps), ``refresh_wait_s`` (what the workers waited at each boundary)
-and the miner's ``mining_*_s`` stage times. Reported per mode:
+time inside an epoch's steps), ``refresh_wait_s`` (what the workers waited at each boundary),
+the miner's ``mining_*_s`` stage times (logged at the step whose weights it encoded) and
+every step's end time (the ``train_loss`` timestamps). Reported per mode:
 
 - refresh s: the miner's own time for one refresh (encode + index + search + plan);
-- exposed s: what the refresh added to the run's training time = boundary waits + (steps time
-  of the run - steps time of ``off``). In sync mode that is about the wait; in async mode it
-  is what running the miner beside the workers took from them (on this 2-core machine they
-  share the cores; on a cluster the miner has its own CPUs or GPU);
-- share of an epoch: exposed s per refresh / the ``off`` run's mean epoch seconds.
+- exposed s: what the refresh cost the training, measured inside the run, so that a machine
+  whose speed drifts between runs (this VM's did by 1.7x) does not blur it: the boundary wait,
+  plus, for each step that ended while the miner worked (from the snapshot step's end to that
+  plus the refresh's own time), its period beyond the median period of the 200 steps before
+  the snapshot. In sync mode that is the wait; in async mode it is mostly what running the
+  miner beside the workers took from them (on this 2-core machine they share the cores; on a
+  cluster the miner has its own CPUs or GPU);
+- share of an epoch: exposed s / (steps per epoch x that median period).
 
 One table; ``--append FILE`` appends it with the machine, the command line and the date.
 At the defaults (100k rows, 2 epochs, 3 modes) about 12 minutes on 2 CPU cores; run nothing
@@ -88,19 +92,23 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     client = MlflowClient(tracking_uri=tracking_uri)
     (run,) = client.search_runs(client.get_experiment_by_name("bench-refresh-share").experiment_id)
 
+    def metrics(key: str) -> list[Any]:
+        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+
     def history(key: str) -> list[float]:
-        return [
-            m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-        ]
+        return [m.value for m in metrics(key)]
 
     result = {
         "wall_s": wall,
         "epoch_s": history("epoch_seconds"),
+        "epoch_end_steps": [m.step for m in metrics("epoch_seconds")],
         "wait_s": history("refresh_wait_s"),
-        "late": history("refresh_late"),
+        "step_end_s": [m.timestamp / 1000 for m in metrics("train_loss")],
+        "snapshot_steps": [m.step for m in metrics("mining_total_s")],
     }
     for stage in ("encode", "index", "search", "plan", "total"):
         result[f"mining_{stage}_s"] = history(f"mining_{stage}_s")
+    result["exposed_s"], result["base_period_s"] = exposed_seconds(result)
     print(
         f"[bench] {mode}: {wall:.0f}s; epochs {', '.join(f'{s:.1f}' for s in result['epoch_s'])} s; "
         f"waits {', '.join(f'{s:.1f}' for s in result['wait_s'])} s; refreshes "
@@ -110,32 +118,56 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     return result
 
 
+def exposed_seconds(r: dict[str, Any]) -> tuple[list[float], float]:
+    """Per refresh: boundary wait + the extra time of the steps that ended while the miner
+    worked, against the median step period before its snapshot. Also returns that period
+    for the first refresh (the whole run's median when there is none)."""
+    import numpy as np
+
+    ends = np.asarray(r["step_end_s"])  # ends[i]: end of step i + 1
+    periods = np.diff(ends)  # periods[i]: step i + 2
+    boundary = {s + 1 for s in r["epoch_end_steps"]}  # an epoch's first step holds the boundary
+    ordinary = np.array([step not in boundary for step in range(2, len(ends) + 1)], dtype=bool)
+    exposed, base_first = [], float(np.median(periods[ordinary])) if len(periods) else float("nan")
+    for n, (snapshot, seconds) in enumerate(zip(r["snapshot_steps"], r["mining_total_s"], strict=True)):
+        before = slice(max(0, snapshot - 201), snapshot - 1)  # periods of the 200 steps up to the snapshot
+        base = float(np.median(periods[before][ordinary[before]]))
+        start = ends[snapshot - 1]
+        inside = (ends[1:] > start) & (ends[1:] <= start + seconds) & ordinary
+        ends_epoch = snapshot in r["epoch_end_steps"]
+        wait = r["wait_s"][r["epoch_end_steps"].index(snapshot)] if ends_epoch else 0.0
+        exposed.append(wait + float(np.clip(periods[inside] - base, 0, None).sum()))
+        if n == 0:
+            base_first = base
+    return exposed, base_first
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
 def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
-    base = results.get("off")
-    base_epoch = mean(base["epoch_s"]) if base else float("nan")
-    base_steps = sum(base["epoch_s"]) if base else float("nan")
     lines = [
         "| mode | epoch s (each) | boundary wait s | refreshes | refresh s (encode / index / search / plan) "
-        "| exposed s per refresh | share of an epoch |",
-        "|---|---|---|---|---|---|---|",
+        "| step ms before refresh | exposed s per refresh | share of an epoch |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in results.items():
         refreshes = len(r["mining_total_s"])
-        stages = " / ".join(f"{mean(r[f'mining_{s}_s']):.1f}" for s in ("encode", "index", "search", "plan"))
-        if mode == "off" or not refreshes:
-            exposed_text, share_text, refresh_text = "-", "-", "-"
-        else:
-            exposed = (sum(r["wait_s"]) + sum(r["epoch_s"]) - base_steps) / refreshes
-            exposed_text, share_text = f"{exposed:.1f}", f"{100 * exposed / base_epoch:.1f}%"
+        steps_per_epoch = r["epoch_end_steps"][0] if r["epoch_end_steps"] else 0
+        exposed_text, share_text, refresh_text = "-", "-", "-"
+        if refreshes:
+            exposed = mean(r["exposed_s"])
+            stages = " / ".join(
+                f"{mean(r[f'mining_{s}_s']):.1f}" for s in ("encode", "index", "search", "plan")
+            )
+            exposed_text = f"{exposed:.1f}"
+            share_text = f"{100 * exposed / (steps_per_epoch * r['base_period_s']):.1f}%"
             refresh_text = f"{mean(r['mining_total_s']):.1f} ({stages})"
         lines.append(
             f"| {mode} | {' / '.join(f'{s:.1f}' for s in r['epoch_s'])} | "
             f"{' / '.join(f'{s:.1f}' for s in r['wait_s'])} | {refreshes} | {refresh_text} | "
-            f"{exposed_text} | {share_text} |"
+            f"{1000 * r['base_period_s']:.1f} | {exposed_text} | {share_text} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -171,8 +203,9 @@ def main(argv: list[str] | None = None) -> None:
             f"Machine: {machine_line(info)}; Python {info['python']}, torch {info['torch']}, ray {info['ray']}, "
             f"faiss-cpu {info['faiss-cpu']}. Command: `{command}`. The demo job (`jobs/configs/demo.yaml`: tiny "
             f"BERT, 2 DDP workers of 0.5 CPU, miner 0.25 CPU, batch 64, top_k 64) on {args.rows:,} generated "
-            f"sentences, {args.epochs} epochs, no evaluation. Exposed = boundary waits + extra steps time "
-            "against `off`, per refresh; share = exposed / the `off` run's mean epoch.\n\n" + table
+            f"sentences, {args.epochs} epochs, no evaluation. Exposed = boundary wait + the extra time of the steps "
+            "that ended while the miner worked, against the median step before it started; share = "
+            "exposed / (steps per epoch x that step).\n\n" + table
         )
         append_section(section, args.append)
     if not args.keep:
