@@ -1,7 +1,8 @@
 """What a hard-negative refresh costs a training run: its share of an epoch, sync and async.
 
     python bench/refresh_share.py [--rows 100000] [--epochs 2] [--modes off sync async] \\
-        [--set mining.index=ivf ...] [--append docs/benchmarks.md]
+        [--set mining.index=ivf ...] [--keep] [--append docs/benchmarks.md]
+    python bench/refresh_share.py --reread /tmp/refresh-share-XXXX   # re-render kept runs
 
 Runs the real training job (``jobs/train.py`` with ``jobs/configs/demo.yaml``: the tiny BERT,
 2 DDP CPU workers, a local Ray) on a generated corpus of ``--rows`` sentences, once per mode,
@@ -21,11 +22,11 @@ every step's end time (the ``train_loss`` timestamps). Reported per mode:
 - exposed s: what the refresh cost the training, measured inside the run, so that a machine
   whose speed drifts between runs (this VM's did by 1.7x) does not blur it: the boundary wait,
   plus, for each step that ended while the miner worked (from the snapshot step's end to that
-  plus the refresh's own time), its period beyond the median period of the 200 steps before
+  plus the refresh's own time), its period beyond the mean period of the 200 steps before
   the snapshot. In sync mode that is the wait; in async mode it is mostly what running the
   miner beside the workers took from them (on this 2-core machine they share the cores; on a
   cluster the miner has its own CPUs or GPU);
-- share of an epoch: exposed s / (steps per epoch x that median period).
+- share of an epoch: exposed s / (steps per epoch x that mean period).
 
 One table; ``--append FILE`` appends it with the machine, the command line and the date.
 At the defaults (100k rows, 2 epochs, 3 modes) about 12 minutes on 2 CPU cores; run nothing
@@ -56,7 +57,6 @@ GROUP_SIZE = 4
 
 def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """One training run in its own process; returns its per-epoch metrics from MLflow."""
-    from mlflow.tracking import MlflowClient
 
     tracking_uri = f"sqlite:///{workdir / 'mlruns.db'}"
     overrides = [
@@ -89,26 +89,8 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         output = log_path.read_text(errors="replace")
         sys.exit(f"error: the {mode} run failed (exit {code}); the end of {log_path}:\n{output[-3000:]}")
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    (run,) = client.search_runs(client.get_experiment_by_name("bench-refresh-share").experiment_id)
-
-    def metrics(key: str) -> list[Any]:
-        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-
-    def history(key: str) -> list[float]:
-        return [m.value for m in metrics(key)]
-
-    result = {
-        "wall_s": wall,
-        "epoch_s": history("epoch_seconds"),
-        "epoch_end_steps": [m.step for m in metrics("epoch_seconds")],
-        "wait_s": history("refresh_wait_s"),
-        "step_end_s": [m.timestamp / 1000 for m in metrics("train_loss")],
-        "snapshot_steps": [m.step for m in metrics("mining_total_s")],
-    }
-    for stage in ("encode", "index", "search", "plan", "total"):
-        result[f"mining_{stage}_s"] = history(f"mining_{stage}_s")
-    result["exposed_s"], result["base_period_s"] = exposed_seconds(result)
+    result = read_run(workdir)
+    result["wall_s"] = wall
     print(
         f"[bench] {mode}: {wall:.0f}s; epochs {', '.join(f'{s:.1f}' for s in result['epoch_s'])} s; "
         f"waits {', '.join(f'{s:.1f}' for s in result['wait_s'])} s; refreshes "
@@ -118,20 +100,51 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     return result
 
 
+def read_run(workdir: Path) -> dict[str, Any]:
+    """A finished run's per-epoch, per-step and per-refresh numbers from its MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlruns.db'}")
+    (run,) = client.search_runs(client.get_experiment_by_name("bench-refresh-share").experiment_id)
+
+    def metrics(key: str) -> list[Any]:
+        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+
+    def history(key: str) -> list[float]:
+        return [m.value for m in metrics(key)]
+
+    result = {
+        "epoch_s": history("epoch_seconds"),
+        "epoch_end_steps": [m.step for m in metrics("epoch_seconds")],
+        "wait_s": history("refresh_wait_s"),
+        "step_end_s": [m.timestamp / 1000 for m in metrics("train_loss")],
+        "snapshot_steps": [m.step for m in metrics("mining_total_s")],
+    }
+    for stage in ("encode", "index", "search", "plan", "total"):
+        result[f"mining_{stage}_s"] = history(f"mining_{stage}_s")
+    result["exposed_s"], result["base_period_s"] = exposed_seconds(result)
+    return result
+
+
 def exposed_seconds(r: dict[str, Any]) -> tuple[list[float], float]:
     """Per refresh: boundary wait + the extra time of the steps that ended while the miner
-    worked, against the median step period before its snapshot. Also returns that period
-    for the first refresh (the whole run's median when there is none)."""
+    worked, against the mean step period before its snapshot. Also returns that period
+    for the first refresh (the whole run's when there is none)."""
     import numpy as np
 
     ends = np.asarray(r["step_end_s"])  # ends[i]: end of step i + 1
     periods = np.diff(ends)  # periods[i]: step i + 2
     boundary = {s + 1 for s in r["epoch_end_steps"]}  # an epoch's first step holds the boundary
     ordinary = np.array([step not in boundary for step in range(2, len(ends) + 1)], dtype=bool)
-    exposed, base_first = [], float(np.median(periods[ordinary])) if len(periods) else float("nan")
+
+    def mean_period(window: np.ndarray) -> float:
+        # The mean, with the odd slow step (a metrics flush) capped: step ends are whole ms.
+        return float(np.minimum(window, 2 * np.median(window)).mean()) if len(window) else float("nan")
+
+    exposed, base_first = [], mean_period(periods[ordinary])
     for n, (snapshot, seconds) in enumerate(zip(r["snapshot_steps"], r["mining_total_s"], strict=True)):
         before = slice(max(0, snapshot - 201), snapshot - 1)  # periods of the 200 steps up to the snapshot
-        base = float(np.median(periods[before][ordinary[before]]))
+        base = mean_period(periods[before][ordinary[before]])
         start = ends[snapshot - 1]
         inside = (ends[1:] > start) & (ends[1:] <= start + seconds) & ordinary
         ends_epoch = snapshot in r["epoch_end_steps"]
@@ -182,6 +195,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, default=REPO / "jobs" / "configs" / "demo.yaml")
     parser.add_argument("--set", action="append", default=[], help="extra config override for every run")
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
+    parser.add_argument(
+        "--reread",
+        type=Path,
+        metavar="DIR",
+        help="render the runs a --keep run left in DIR instead of running",
+    )
     parser.add_argument("--append", type=Path, help="append the table to this markdown file")
     args = parser.parse_args(argv)
     if args.rows < 4 * GROUP_SIZE or args.epochs < 2:
@@ -191,8 +210,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="refresh-share-"))
-    results = {mode: run_mode(mode, args, root / mode) for mode in args.modes}
+    if args.reread:
+        root = args.reread
+        results = {mode: read_run(root / mode) for mode in args.modes if (root / mode / "mlruns.db").exists()}
+        args.keep = True
+    else:
+        root = Path(tempfile.mkdtemp(prefix="refresh-share-"))
+        results = {mode: run_mode(mode, args, root / mode) for mode in args.modes}
     table = render(results, args)
     print(table)
     if args.append:
@@ -204,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
             f"faiss-cpu {info['faiss-cpu']}. Command: `{command}`. The demo job (`jobs/configs/demo.yaml`: tiny "
             f"BERT, 2 DDP workers of 0.5 CPU, miner 0.25 CPU, batch 64, top_k 64) on {args.rows:,} generated "
             f"sentences, {args.epochs} epochs, no evaluation. Exposed = boundary wait + the extra time of the steps "
-            "that ended while the miner worked, against the median step before it started; share = "
+            "that ended while the miner worked, against the mean step before it started; share = "
             "exposed / (steps per epoch x that step).\n\n" + table
         )
         append_section(section, args.append)
