@@ -55,7 +55,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from markdown_report import GIB, append_section, machine_line  # noqa: E402
 from markdown_report import machine_info as report_machine_info  # noqa: E402
 
-from pipeline.accel import autocast, enable_tf32, to_device  # noqa: E402
+from pipeline.accel import autocast, enable_tf32, fused_adamw, to_device  # noqa: E402
 from pipeline.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
 from pipeline.losses import global_batch_simcse_loss  # noqa: E402
 from pipeline.model import SentenceEncoder, encode_rows  # noqa: E402
@@ -148,20 +148,14 @@ def bench_train(
     model: SentenceEncoder, guard: CompileGuard, args: argparse.Namespace, device: torch.device
 ) -> dict[str, Any]:
     cuda = device.type == "cuda"
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        (no_decay if param.ndim < 2 or "LayerNorm" in name else decay).append(param)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=LR,
-        fused=cuda,
-    )
+    optimizer = fused_adamw(model, LR, weight_decay=0.0)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, args.warmup + 1 + args.steps)
 
     # Made before timing, so the timed steps do not include the host-side batch building
     # (the train loop's collation runs on the CPU); cycled, so consecutive steps differ.
     # Numpy arrays moved with the train loop's own to_device (pinned, asynchronous on CUDA).
     rng = np.random.default_rng(0)
+    corpus = RandomCorpus(max(4 * args.batch, 1024), args.seq_len, args.seq_len, seed=2)
     batches = []
     for _ in range(4):
         ids = rng.integers(FIRST_WORD_ID, VOCAB_SIZE, size=(args.batch, args.seq_len))
@@ -170,19 +164,36 @@ def bench_train(
 
     model.train()
 
-    def step(i: int) -> float:
-        ids, mask, row_ids = (to_device(a, device) for a in batches[i % len(batches)])
+    def step(i: int, phases: PhaseTimer | None = None) -> float:
+        mark = phases.mark if phases is not None else (lambda _name: None)
+        if phases is not None:
+            phases.start()
+            # What the train loop's two_views does on the host: collate the rows, stack the views.
+            ids, mask = corpus.batch(np.arange(i * args.batch, (i + 1) * args.batch) % len(corpus.lengths))
+            host = (np.concatenate([ids, ids]), np.concatenate([mask, mask]), np.arange(args.batch))
+            mark("collate (host)")
+        else:
+            host = batches[i % len(batches)]
+        ids, mask, row_ids = (to_device(a, device) for a in host)
+        mark("host-to-device copy")
         with autocast(device):
             embeddings = model(ids, mask)
+        mark("forward")
         view1, view2 = embeddings.float().split(args.batch)
         loss, loss_to_backward = global_batch_simcse_loss(view1, view2, [args.batch], row_ids, TEMPERATURE)
+        mark("loss (gather: none at 1 worker)")
         optimizer.zero_grad(set_to_none=True)
         loss_to_backward.backward()
+        mark("backward")
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        mark("clip grad norm")
         optimizer.step()
         scheduler.step()
+        mark("optimizer (fused AdamW)")
         # The train loop reads the loss every step (for logging), which syncs: so do we.
-        return float(loss.detach())
+        value = float(loss.detach())
+        mark("loss read")
+        return value
 
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -212,8 +223,37 @@ def bench_train(
         "compile": guard.state,
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
     }
+    if args.phases:
+        # Separate steps, synchronising at every phase boundary so that queued GPU work is
+        # charged to the phase that queued it; that costs the overlap, so they are slower.
+        phases = PhaseTimer(device)
+        for i in range(args.phases + 2):
+            if i == 2:  # the first phased steps allocate their pinned buffers: not counted
+                phases.totals.clear()
+            step(args.warmup + 1 + args.steps + i, phases)
+        result["phase_ms"] = {name: 1000 * total / args.phases for name, total in phases.totals.items()}
     model.zero_grad(set_to_none=True)
     return result
+
+
+class PhaseTimer:
+    """Wall time per phase of a step, summed over steps; the device is synchronised at each
+    mark, so asynchronous CUDA work lands in the phase that queued it."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.totals: dict[str, float] = {}
+        self.last = 0.0
+
+    def start(self) -> None:
+        sync(self.device)
+        self.last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        sync(self.device)
+        now = time.perf_counter()
+        self.totals[name] = self.totals.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 class RandomCorpus:
@@ -395,6 +435,11 @@ def render(
         ("kNN: index build / upload s", fmt(n["index_s"], 3)),
         ("kNN: queries finding themselves first", f"{100 * n['self_found_first']:.1f}%"),
     ]
+    phase_ms = t.get("phase_ms") or {}
+    total = sum(phase_ms.values())
+    rows += [
+        (f"train phase ms: {name}", f"{ms:.2f} ({100 * ms / total:.0f}%)") for name, ms in phase_ms.items()
+    ]
     table = "\n".join(["| metric | value |", "|---|---|", *(f"| {m} | {v} |" for m, v in rows)])
     return header, table
 
@@ -424,6 +469,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 50 on CUDA, 10 on CPU)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the encoder")
+    parser.add_argument(
+        "--phases", type=int, default=0, metavar="N",
+        help="also time N steps phase by phase (collate, copy, forward, loss, backward, clip, optimizer)",
+    )  # fmt: skip
     parser.add_argument("--encode-rows", type=int, default=None, help="default 100k on CUDA, 2k on CPU")
     parser.add_argument("--encode-batch", type=int, default=512)
     parser.add_argument("--knn-rows", type=int, default=None, help="default 1M on CUDA, 20k on CPU")

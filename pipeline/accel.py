@@ -2,9 +2,8 @@
 
 On CUDA: bf16 autocast, TF32 for the matmuls autocast leaves in fp32, and host batches
 copied from pinned memory (asynchronously). On a CPU every function here is the plain fp32
-path, so the same code runs (and is tested) everywhere. Fused AdamW is chosen where the
-optimizer is built (``fused=True`` needs CUDA tensors); ``train.compile`` compiles the
-model in the train loop.
+path, so the same code runs (and is tested) everywhere. :func:`fused_adamw` is the optimizer
+of both; ``train.compile`` compiles the model in the train loop.
 """
 
 from __future__ import annotations
@@ -38,3 +37,23 @@ def to_device(array: np.ndarray | torch.Tensor, device: torch.device) -> torch.T
     if device.type != "cuda":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def fused_adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over ``model``'s trainable parameters, weight decay on matrices only (not biases or
+    LayerNorm weights), as BERT fine-tuning does.
+
+    Fused (one kernel per parameter group instead of a loop of small ops) on CUDA and CPU:
+    55-63 ms -> 14 ms a step for MiniLM on 2 CPU cores (``bench/train_throughput.py`` notes).
+    """
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
+    device = next(model.parameters()).device
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        fused=device.type in ("cuda", "cpu"),
+    )

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.accel import autocast, enable_tf32, to_device
+from pipeline.accel import autocast, enable_tf32, fused_adamw, to_device
 from pipeline.augment import repeat_words
 from pipeline.checkpoint import (
     MODEL_SUBDIR,
@@ -154,22 +154,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         model.compile()
 
     total_steps = len(balanced_batch_sizes(num_rows, cfg.train.batch_size)) * cfg.train.epochs
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
-    # One fused kernel per parameter group instead of a loop of small ops: 55-63 ms -> 14 ms a
-    # step for MiniLM on 2 CPU cores (bench/train_throughput.py notes); CUDA and CPU have it.
-    fused = device.type in ("cuda", "cpu")
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.train.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.train.lr,
-        fused=fused,
-    )
+    optimizer = fused_adamw(model, cfg.train.lr, cfg.train.weight_decay)
     scheduler = get_linear_schedule_with_warmup(
         optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps
     )

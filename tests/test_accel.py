@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.accel import autocast, enable_tf32, to_device
+from pipeline.accel import autocast, enable_tf32, fused_adamw, to_device
 from pipeline.model import load_encoder, load_sentence_encoder, load_tokenizer, save_model_dir
 
 
@@ -27,6 +27,39 @@ def test_cpu_path_is_plain_fp32():
     with autocast(cpu):
         product = torch.ones(2, 3) @ torch.ones(3, 2)
     assert product.dtype == torch.float32
+
+
+def test_fused_adamw_decays_matrices_only_and_steps_like_the_loop_version(tiny_model_dir):
+    model = load_sentence_encoder(tiny_model_dir, pooler="mean", use_mlp=True)
+    model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)  # frozen: left out
+    optimizer = fused_adamw(model, lr=1e-3, weight_decay=0.01)
+    decay, no_decay = optimizer.param_groups
+    assert optimizer.defaults["fused"] and (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.ndim == 2 and "LayerNorm" not in names[id(p)] for p in decay["params"])
+    assert all(p.ndim == 1 or "LayerNorm" in names[id(p)] for p in no_decay["params"])
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert len(decay["params"]) + len(no_decay["params"]) == len(trainable)
+    # One step next to torch's per-parameter loop on the same groups: the same weights.
+    reference = load_sentence_encoder(tiny_model_dir, pooler="mean", use_mlp=True)
+    reference.load_state_dict(model.state_dict())
+    reference.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
+    by_name = dict(reference.named_parameters())
+    loop = torch.optim.AdamW(
+        [
+            {"params": [by_name[names[id(p)]] for p in decay["params"]], "weight_decay": 0.01},
+            {"params": [by_name[names[id(p)]] for p in no_decay["params"]], "weight_decay": 0.0},
+        ],
+        lr=1e-3,
+        foreach=False,
+    )
+    ids, mask = (torch.from_numpy(a) for a in _batch())
+    for net, opt in ((model, optimizer), (reference, loop)):
+        torch.manual_seed(0)
+        net(ids, mask).pow(2).sum().backward()
+        opt.step()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param, by_name[name], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
