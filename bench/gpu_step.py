@@ -3,6 +3,7 @@
     python bench/gpu_step.py                                   # BERT-base on the GPU, if there is one
     python bench/gpu_step.py --size tiny                       # seconds on a 2-core CPU
     python bench/gpu_step.py --compile --append docs/benchmarks.md --json gpu_step.json
+    python bench/gpu_step.py --batch 1024 --phases 20           # + where a step's time goes
 
 Measures what one Ray Train worker and the miner spend their time on, without Ray, so it
 runs on any machine with torch, numpy and transformers (faiss optional):
@@ -22,6 +23,10 @@ runs on any machine with torch, numpy and transformers (faiss optional):
 - k-NN: ``pipeline.index.knn_search`` over random unit vectors, the first ``--knn-queries``
   of them as queries. Where faiss is not installed it uses the index module's torch
   matmul + top-k search on CUDA (``_torch_search``), or the same in chunks here on a CPU.
+
+With ``--phases N``, N more steps are timed phase by phase (host collation, host-to-device
+copy, forward, loss, backward, gradient clipping, optimizer, loss read), synchronising the
+device at each boundary; their rows follow the others in the table.
 
 Prints a header and one markdown table; ``--append FILE`` appends them with the machine,
 the command line and the date, ``--json PATH`` writes the numbers as JSON. ``--compile``
