@@ -187,7 +187,9 @@ class MiningSection:
     """IVF cells searched per query: recall >= 0.95 on clustered data at the default."""
     pq_m: int = 16
     """Bytes per vector for ``ivfpq``."""
-    encode_batch_size: int = 256
+    encode_batch_size: int = 64
+    """Sentences per encode batch in the miner: 64 is the fastest measured on CPU; a GPU wants
+    512 or more (``jobs/configs/cluster-gpu.yaml`` sets 1024)."""
     encode_actors: int = 0
     """0: the miner actor encodes the corpus itself. N: the re-encode fans out over a Ray
     Data pool of up to N actors (each with ``encode_num_cpus``/``encode_num_gpus``); they
