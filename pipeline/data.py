@@ -589,6 +589,14 @@ class TokenizedCorpus:
         return input_ids, mask.astype(np.int64)
 
 
+def row_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np.ndarray:
+    """Tokens per training row, i.e. the width a row forces on its padded batch: a sentence's
+    length, or for a triplet row the longer of its anchor and positive."""
+    if triplets is None:
+        return corpus.lengths
+    return np.maximum(corpus.lengths[triplets.anchor], corpus.lengths[triplets.positive])
+
+
 def dataset_digest(corpus: pa.Table, triplets: Triplets | None = None) -> str:
     """A content fingerprint of the cleaned training data: the same sentences (and, for
     triplets, the same rows) give the same digest whatever the file's name or row order."""

@@ -377,6 +377,7 @@ def _train(
                 encode_num_cpus=cfg.mining.encode_num_cpus,
                 encode_num_gpus=cfg.mining.encode_num_gpus,
                 triplets=triplets_ref,
+                length_group_batches=cfg.train.group_batches,
                 max_restarts=cfg.mining.max_restarts,
             )
             try:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.data import TokenizedCorpus, Triplets
+from pipeline.data import TokenizedCorpus, Triplets, row_lengths
 from pipeline.errors import first_line
 from pipeline.index import IndexSpec, estimate_index_bytes, knn_search
 from pipeline.model import (
@@ -62,6 +62,7 @@ class HardNegativeMiner:
         encode_num_cpus: float = 1.0,
         encode_num_gpus: float = 0.0,
         triplets: Triplets | None = None,
+        length_group_batches: int = 0,
     ):
         quiet_libraries()
         self.model_blob = model_blob
@@ -84,6 +85,8 @@ class HardNegativeMiner:
         (self.text_keys,) = text_keys(corpus_table.column("text").to_pylist())
         self.previous_plan: BatchPlan | None = None
         self.triplets = triplets
+        self.length_group_batches = length_group_batches
+        """Triplet mode: group the plan's random batches by length (0: don't)."""
         self.logger = None
         if tracking_uri and run_id:
             from pipeline.tracking import MetricLogger
@@ -153,7 +156,10 @@ class HardNegativeMiner:
         chosen.indices = np.where(
             chosen.indices >= 0, pool[np.maximum(chosen.indices, 0)], -1
         )  # to text positions
-        plan = random_plan(len(triplets), self.batch_size, seed=self.seed + version, version=version)
+        plan = random_plan(
+            len(triplets), self.batch_size, seed=self.seed + version, version=version,
+            lengths=row_lengths(self.corpus, triplets), group_batches=self.length_group_batches,
+        )  # fmt: skip
         plan.negatives = chosen.indices
         found = chosen.scores[chosen.indices >= 0]
         rng = np.random.default_rng(self.seed)

@@ -4,9 +4,9 @@ A plan covers every corpus row exactly once. Batch sizes are balanced (they diff
 most one), so every epoch has the same number of optimizer steps whatever the plan, and
 with ``batch_size >= 2 x num_workers`` every worker gets rows in every batch.
 
-Epoch 1 uses :func:`random_plan`; later epochs use :func:`neighbourhood_plan` over the
-miner's k-NN graph, which groups mutually near sentences into a batch so that its in-batch
-negatives are hard ones.
+Epoch 1 uses :func:`random_plan` (optionally grouped by length); later epochs use
+:func:`neighbourhood_plan` over the miner's k-NN graph, which groups mutually near sentences
+into a batch so that its in-batch negatives are hard ones.
 """
 
 from __future__ import annotations
@@ -90,11 +90,53 @@ def worker_slices(batch_len: int, world_size: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(world_size)]
 
 
-def random_plan(num_rows: int, batch_size: int, seed: int, version: int = 0) -> BatchPlan:
+def random_plan(
+    num_rows: int,
+    batch_size: int,
+    seed: int,
+    version: int = 0,
+    lengths: np.ndarray | None = None,
+    group_batches: int = 0,
+) -> BatchPlan:
+    """Every row once, in random batches; with ``lengths`` and ``group_batches >= 2``, length-grouped.
+
+    Grouping (the "megabatch" scheme of Hugging Face's ``group_by_length``): the shuffled rows
+    are cut into groups of ``group_batches`` consecutive batches, each group is sorted by
+    length, longest first, and cut into its batches again; then the batch order is shuffled
+    and the batch holding the longest row goes first, so that a batch too wide for the
+    device fails at step 1, not hours in. Batches are padded to their longest row, so
+    grouping removes most padding; the cost is that in-batch negatives share a length range.
+
+    Args:
+        num_rows: rows to cover.
+        batch_size: target global batch size (sizes are balanced, see
+            :func:`balanced_batch_sizes`).
+        seed: makes the plan deterministic.
+        version: plan version to record.
+        lengths: ``(num_rows,)`` tokens per row (the padded width a row forces on its batch).
+        group_batches: batches per sorted group; 0 (or 1) leaves batches purely random.
+
+    Returns:
+        The plan; its batch sizes are the same with and without grouping.
+    """
     rng = np.random.default_rng(seed)
-    return BatchPlan(
-        version, rng.permutation(num_rows).astype(np.int64), balanced_batch_sizes(num_rows, batch_size)
-    )
+    rows = rng.permutation(num_rows).astype(np.int64)
+    sizes = balanced_batch_sizes(num_rows, batch_size)
+    if lengths is None or group_batches < 2:
+        return BatchPlan(version, rows, sizes)
+    lengths = np.asarray(lengths)
+    if lengths.shape != (num_rows,):
+        raise ValueError(f"lengths has shape {lengths.shape}, expected ({num_rows},)")
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    for first in range(0, len(sizes), group_batches):
+        lo, hi = bounds[first], bounds[min(first + group_batches, len(sizes))]
+        # Stable, so rows of equal length keep their random order.
+        rows[lo:hi] = rows[lo:hi][np.argsort(-lengths[rows[lo:hi]], kind="stable")]
+    batches = np.split(rows, bounds[1:-1])
+    order = rng.permutation(len(batches))
+    widest = int(np.argmax([lengths[batches[i]].max() for i in order]))
+    order[[0, widest]] = order[[widest, 0]]
+    return BatchPlan(version, np.concatenate([batches[i] for i in order]), sizes[order])
 
 
 def neighbourhood_plan(

@@ -36,7 +36,7 @@ from pipeline.checkpoint import (
     save_checkpoint,
 )
 from pipeline.config import Config, config_from_dict
-from pipeline.data import TokenizedCorpus, Triplets
+from pipeline.data import TokenizedCorpus, Triplets, row_lengths
 from pipeline.errors import first_line
 from pipeline.losses import gather_across_workers, global_batch_simcse_loss, simcse_loss
 from pipeline.model import (
@@ -159,7 +159,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps
     )
 
-    state = TrainState(plan=random_plan(num_rows, cfg.train.batch_size, seed=cfg.run.seed, version=0))
+    lengths = row_lengths(corpus, triplets)
+    state = TrainState(plan=random_batches(cfg, num_rows, cfg.run.seed, lengths))
     # Rank 0's copy of the best evaluated model, carried into every checkpoint.
     best_dir = Path(tempfile.mkdtemp(prefix="simcse-best-")) / "model"
     if resume is not None:
@@ -188,7 +189,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if resume is not None and state.step > 0:
             logger.log({"resumed_at_step": float(state.step)}, state.step)
 
-    refresher = PlanRefresher(cfg, miner, rank, num_rows, logger, restarts=state.miner_restarts)
+    refresher = PlanRefresher(cfg, miner, rank, num_rows, lengths, logger, restarts=state.miner_restarts)
     evaluator = None
     if loop_config.get("eval_ref") is not None:
         evaluator = TrainingEvaluator(
@@ -504,12 +505,20 @@ class PlanRefresher:
     """
 
     def __init__(
-        self, cfg: Config, miner: Any, rank: int, num_rows: int, logger: Any = None, restarts: int = 0
+        self,
+        cfg: Config,
+        miner: Any,
+        rank: int,
+        num_rows: int,
+        lengths: np.ndarray,
+        logger: Any = None,
+        restarts: int = 0,
     ):
         self.cfg = cfg
         self.miner = miner if cfg.mining.enabled else None
         self.rank = rank
         self.num_rows = num_rows
+        self.lengths = lengths
         self.logger = logger
         self.pending: tuple[Any, int, float] | None = None  # (ref, snapshot step, submit time)
         self.submitted_in_epoch: int | None = None
@@ -667,8 +676,20 @@ class PlanRefresher:
         """The same batches (or a fresh random plan for a random one) in a new order."""
         seed = self.cfg.run.seed + epoch + 1
         if plan.version == 0:
-            return random_plan(self.num_rows, self.cfg.train.batch_size, seed=seed, version=0)
+            return random_batches(self.cfg, self.num_rows, seed, self.lengths)
         return plan.reordered(seed)
+
+
+def random_batches(cfg: Config, num_rows: int, seed: int, lengths: np.ndarray) -> BatchPlan:
+    """A version-0 plan of random batches, length-grouped when ``train.group_by_length``."""
+    return random_plan(
+        num_rows,
+        cfg.train.batch_size,
+        seed=seed,
+        version=0,
+        lengths=lengths,
+        group_batches=cfg.train.group_batches,
+    )
 
 
 def worker_failure_reporter(max_failures: int) -> Any:

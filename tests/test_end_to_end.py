@@ -188,6 +188,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         "train.epochs=2",
         "train.batch_size=32",
         "train.dup_rate=0.32",  # ESimCSE word repetition on the second view
+        "train.group_by_length=true",
         "tracking.experiment=folder",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -195,8 +196,31 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     run = _only_run(_client(tmp_path), "folder")
     assert run.info.status == "FINISHED" and run.data.params["model.name_or_path"] == str(tiny_model_dir)
     assert run.data.params["train.dup_rate"] == "0.32"
+    # Epoch 1 trained on length-grouped batches: the plan an independent tokenization gives.
+    from transformers import AutoTokenizer
+
+    from pipeline.data import stable_row_id
+    from pipeline.plans import random_plan
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    max_len = int(run.data.params["data.max_seq_len"])
+    lengths = np.array(
+        [
+            len(tokenizer(t, truncation=True, max_length=max_len)["input_ids"])
+            for t in sorted(texts, key=stable_row_id)
+        ]
+    )
+    expected = random_plan(
+        len(texts), 32, seed=int(run.data.params["run.seed"]), lengths=lengths, group_batches=50
+    )
+    history = _client(tmp_path).get_metric_history(run.info.run_id, "plan_fingerprint")
+    assert min(history, key=lambda m: m.step).value == float(expected.fingerprint())
+    assert (
+        expected.fingerprint()
+        != random_plan(len(texts), 32, seed=int(run.data.params["run.seed"])).fingerprint()
+    )
     # Fine-tuned from the given weights: same architecture and vocabulary as the folder.
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     exported = tmp_path / "runs" / "folder" / "model"
     assert (

@@ -1,0 +1,111 @@
+"""Length-grouped random batches (``train.group_by_length``): the same rows and batch sizes
+as a random plan, far less padding, the widest batch first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.config import ConfigError, load_config
+from pipeline.plans import random_plan
+
+
+def _padding_share(plan, lengths: np.ndarray) -> float:
+    """Pad tokens over all tokens when every batch is padded to its longest row."""
+    padded = sum(len(b) * int(lengths[b].max()) for b in plan.batches())
+    return 1 - lengths.sum() / padded
+
+
+def _lengths(n: int, seed: int = 0) -> np.ndarray:
+    # Sentence lengths of a natural corpus: long-tailed, 5 to 128 tokens.
+    return np.clip(np.random.default_rng(seed).lognormal(3.0, 0.5, size=n), 5, 128).astype(np.int64)
+
+
+def test_grouped_plan_covers_the_same_rows_in_the_same_batch_sizes():
+    lengths = _lengths(5000)
+    grouped = random_plan(5000, 64, seed=1, lengths=lengths, group_batches=20)
+    plain = random_plan(5000, 64, seed=1)
+    assert sorted(grouped.rows.tolist()) == list(range(5000))
+    assert sorted(grouped.sizes.tolist()) == sorted(plain.sizes.tolist())
+    assert [len(b) for b in grouped.batches()] == grouped.sizes.tolist()
+    again = random_plan(5000, 64, seed=1, lengths=lengths, group_batches=20)
+    assert again.fingerprint() == grouped.fingerprint()
+    assert (
+        random_plan(5000, 64, seed=2, lengths=lengths, group_batches=20).fingerprint()
+        != grouped.fingerprint()
+    )
+
+
+def test_grouping_removes_most_padding_and_puts_the_widest_batch_first():
+    lengths = _lengths(5000)
+    plain = random_plan(5000, 64, seed=1)
+    grouped = random_plan(5000, 64, seed=1, lengths=lengths, group_batches=50)
+    assert _padding_share(plain, lengths) > 0.4
+    assert _padding_share(grouped, lengths) < 0.1
+    assert lengths[grouped.batch(0)].max() == lengths.max()
+    # Batches are still mixed across the corpus: the order is not sorted by length.
+    widths = [int(lengths[b].max()) for b in grouped.batches()]
+    assert widths != sorted(widths, reverse=True) and widths != sorted(widths)
+
+
+def test_smaller_groups_keep_more_variety_inside_a_batch():
+    """Rows of one group of G batches come from G x batch_size random rows: a group of 2
+    batches cannot sort the corpus, a group of 50 nearly can."""
+    lengths = _lengths(6400)
+    share = {
+        g: _padding_share(random_plan(6400, 64, seed=4, lengths=lengths, group_batches=g), lengths)
+        for g in (2, 50)
+    }
+    assert share[50] < share[2] < _padding_share(random_plan(6400, 64, seed=4), lengths)
+
+
+def test_without_lengths_or_groups_the_plan_is_the_random_one():
+    lengths = _lengths(1000)
+    plain = random_plan(1000, 64, seed=3)
+    assert (
+        random_plan(1000, 64, seed=3, lengths=lengths, group_batches=0).fingerprint() == plain.fingerprint()
+    )
+    assert random_plan(1000, 64, seed=3, lengths=None, group_batches=50).fingerprint() == plain.fingerprint()
+    with pytest.raises(ValueError, match="lengths has shape"):
+        random_plan(1000, 64, seed=3, lengths=lengths[:10], group_batches=50)
+
+
+def test_config_switch_and_validation():
+    cfg = load_config(overrides=["train.group_by_length=true", "train.length_group_batches=8"])
+    assert cfg.train.group_batches == 8
+    assert load_config(overrides=["train.length_group_batches=8"]).train.group_batches == 0
+    with pytest.raises(ConfigError, match="train.length_group_batches must be >= 2"):
+        load_config(overrides=["train.group_by_length=true", "train.length_group_batches=1"])
+
+
+def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphrase_corpus):
+    """Triplet mode's plans come from the miner; grouped, their batches are narrower than
+    random ones over the same rows (width = longer of anchor and positive)."""
+    from pipeline.data import TokenizedCorpus, index_triplets, row_lengths, tokenize_table
+    from pipeline.mining import HardNegativeMiner
+    from pipeline.model import load_sentence_encoder, load_tokenizer, pack_dir
+
+    texts, groups = paraphrase_corpus
+    anchors, positives = [], []
+    for g in np.unique(groups)[:150]:
+        members = [t for t, gg in zip(texts, groups, strict=True) if gg == g]
+        anchors += members[:2]
+        positives += members[1:3]
+    table, triplets = index_triplets(anchors, positives, None)
+    tokenizer = load_tokenizer(trained_tiny_model_dir)
+    tokenized = tokenize_table(table, tokenizer, 32)
+    weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
+    common = dict(pooler="mean", batch_size=16, top_k=16, encode_batch_size=64, seed=0, triplets=triplets)
+    blob = pack_dir(trained_tiny_model_dir)
+    plain = HardNegativeMiner(tokenized, blob, **common).refresh(weights, version=1, step=1).plan
+    grouped = (
+        HardNegativeMiner(tokenized, blob, length_group_batches=50, **common).refresh(weights, 1, 1).plan
+    )
+    # Independent widths: the tokenizer's own lengths, not the corpus' offsets.
+    text = table.column("text").to_pylist()
+    token_count = np.array([len(tokenizer(t, truncation=True, max_length=32)["input_ids"]) for t in text])
+    widths = np.maximum(token_count[triplets.anchor], token_count[triplets.positive])
+    assert np.array_equal(row_lengths(TokenizedCorpus(tokenized, tokenizer.pad_token_id), triplets), widths)
+    assert _padding_share(grouped, widths) < 0.5 * _padding_share(plain, widths)
+    assert sorted(grouped.rows.tolist()) == list(range(len(triplets)))
+    assert np.array_equal(np.sort(grouped.negatives, axis=1), np.sort(plain.negatives, axis=1))
