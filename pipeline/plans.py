@@ -90,6 +90,30 @@ def worker_slices(batch_len: int, world_size: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(world_size)]
 
 
+def padding_share(plan: BatchPlan, lengths: np.ndarray, world_size: int = 1) -> float:
+    """Share of pad tokens in an epoch on this plan: each worker pads its slice of every
+    global batch (:func:`worker_slices`) to the slice's longest row.
+
+    Args:
+        plan: the epoch's plan.
+        lengths: ``(num_rows,)`` tokens per row.
+        world_size: DDP workers.
+
+    Returns:
+        ``1 - real tokens / padded tokens``, in [0, 1).
+    """
+    real = padded = 0
+    for batch in plan.batches():
+        start = 0
+        for size in worker_slices(len(batch), world_size):
+            widths = lengths[batch[start : start + size]]
+            start += size
+            if size:
+                real += int(widths.sum())
+                padded += size * int(widths.max())
+    return 1.0 - real / padded if padded else 0.0
+
+
 def random_plan(
     num_rows: int,
     batch_size: int,

@@ -48,7 +48,7 @@ from pipeline.model import (
     save_model_dir,
     unpack_dir,
 )
-from pipeline.plans import BatchPlan, balanced_batch_sizes, random_plan, worker_slices
+from pipeline.plans import BatchPlan, balanced_batch_sizes, padding_share, random_plan, worker_slices
 from pipeline.training_eval import EvalOutcome, TrainingEvaluator
 from pipeline.whitening import save_whitening
 
@@ -276,7 +276,13 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             augment_rng = np.random.default_rng([cfg.run.seed, rank, epoch, first_batch])
         state.rng = None
         if logger is not None:
-            logger.log({"plan_fingerprint": float(plan.fingerprint())}, state.step)
+            logger.log(
+                {
+                    "plan_fingerprint": float(plan.fingerprint()),
+                    "plan_padding_share": padding_share(plan, lengths, world),
+                },
+                state.step,
+            )
         model.train()
         segment_start = time.perf_counter()
         last_progress = segment_start

@@ -200,7 +200,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     from transformers import AutoTokenizer
 
     from pipeline.data import stable_row_id
-    from pipeline.plans import random_plan
+    from pipeline.plans import padding_share, random_plan
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     max_len = int(run.data.params["data.max_seq_len"])
@@ -215,6 +215,10 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     )
     history = _client(tmp_path).get_metric_history(run.info.run_id, "plan_fingerprint")
     assert min(history, key=lambda m: m.step).value == float(expected.fingerprint())
+    padding = _client(tmp_path).get_metric_history(run.info.run_id, "plan_padding_share")
+    assert min(padding, key=lambda m: m.step).value == pytest.approx(
+        padding_share(expected, lengths), abs=1e-9
+    )
     assert (
         expected.fingerprint()
         != random_plan(len(texts), 32, seed=int(run.data.params["run.seed"])).fingerprint()

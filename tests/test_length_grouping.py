@@ -16,6 +16,19 @@ def _padding_share(plan, lengths: np.ndarray) -> float:
     return 1 - lengths.sum() / padded
 
 
+def test_padding_share_counts_each_workers_slice():
+    from pipeline.plans import BatchPlan, padding_share
+
+    lengths = np.array([2, 8, 4, 4, 6, 1])
+    plan = BatchPlan(0, np.arange(6), np.array([4, 2]))  # batches [2 8 4 4], [6 1]
+    assert padding_share(plan, lengths) == pytest.approx(1 - 25 / (4 * 8 + 2 * 6))
+    # Two workers: [2 8] [4 4] and [6] [1].
+    assert padding_share(plan, lengths, world_size=2) == pytest.approx(1 - 25 / (2 * 8 + 2 * 4 + 6 + 1))
+    assert padding_share(random_plan(6400, 64, seed=1), _lengths(6400)) == pytest.approx(
+        _padding_share(random_plan(6400, 64, seed=1), _lengths(6400))
+    )
+
+
 def _lengths(n: int, seed: int = 0) -> np.ndarray:
     # Sentence lengths of a natural corpus: long-tailed, 5 to 128 tokens.
     return np.clip(np.random.default_rng(seed).lognormal(3.0, 0.5, size=n), 5, 128).astype(np.int64)
