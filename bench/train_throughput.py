@@ -1,7 +1,8 @@
 """Training throughput: this pipeline's SimCSE job next to sentence-transformers' MNRL trainer.
 
     python bench/train_throughput.py [--data ../shared/data] [--steps 60] [--batch-size 64] \\
-        [--max-seq-len 32] [--warmup-steps 5] [--repeats 2] [--configs ours-1w st ours-2w] \\
+        [--max-seq-len 32] [--warmup-steps 5] [--repeats 2] \\
+        [--configs ours-1w st ours-2w ours-1w-grouped] \\
         [--model DIR] [--append docs/benchmarks.md]
 
 Unsupervised SimCSE on the same ``--steps x --batch-size`` Wikipedia sentences (the rows
@@ -17,6 +18,11 @@ exactly ``--steps`` steps, each side in its own process, the configurations alte
   ``train.cpus_per_worker`` = cores / workers (Ray sets each worker's OMP/torch threads to
   that, so both use every core), global batch ``--batch-size``, mining off, no evaluation,
   an sqlite MLflow store in a temporary folder.
+- ``ours-1w-grouped``: ``ours-1w`` with ``train.group_by_length=true`` (batches drawn from
+  length-sorted groups of 50, so they carry little padding). It is listed apart because it
+  changes which sentences share a batch; sentence-transformers has no such sampler (its
+  batch samplers are random, no-duplicates and group-by-label), and its quality effect is
+  measured by ``bench/length_grouping.py``.
 - ``st``: ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss(scale=20)`` (=
   temperature 0.05) on (anchor, positive = the same sentence) pairs, set up as
   ``bench/st_mnrl_recipe.py`` does, ``torch.set_num_threads(--threads)``; dropout makes the
@@ -77,7 +83,12 @@ from encode_throughput import WIKI, default_model_dir  # noqa: E402
 from markdown_report import append_section, machine_info, machine_line  # noqa: E402
 
 RESULT_PREFIX = "TRAIN_THROUGHPUT_RESULT "
-CONFIGS = ("ours-1w", "ours-2w", "st")
+CONFIGS = ("ours-1w", "ours-2w", "ours-1w-grouped", "st")
+
+
+def ours_workers(name: str) -> int:
+    """DDP workers of an ``ours-<N>w[-grouped]`` configuration."""
+    return int(name.split("-")[1].removesuffix("w"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -129,6 +140,7 @@ def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         f"train.num_workers={args.workers}",
         f"train.cpus_per_worker={args.cpus_per_worker or cores / args.workers:g}",
         "mining.enabled=false",
+        f"train.group_by_length={'true' if args.group_by_length else 'false'}",
         f"tracking.uri={tracking_uri}",
         "tracking.experiment=bench-train-throughput",
     ]
@@ -278,7 +290,9 @@ def run_child(
     if name == "st":
         command += ["--child", "st"]
     else:
-        command += ["--child", "ours", "--workers", name.removeprefix("ours-").removesuffix("w")]
+        command += ["--child", "ours", "--workers", str(ours_workers(name))]
+        if name.endswith("-grouped"):
+            command.append("--group-by-length")
     env = dict(os.environ)
     # Ray must pick each worker's thread count from its CPUs: an inherited value would win.
     env.pop("OMP_NUM_THREADS", None)
@@ -361,6 +375,7 @@ def describe(name: str, r: dict[str, float]) -> str:
 LABELS = {
     "ours-1w": "ours, 1 worker",
     "ours-2w": "ours, 2 workers (DDP)",
+    "ours-1w-grouped": "ours, 1 worker, length-grouped batches",
     "st": "sentence-transformers",
 }
 
@@ -376,7 +391,7 @@ def render(medians: dict[str, dict[str, float]], args: argparse.Namespace) -> st
     for name, r in medians.items():
         label = LABELS[name]
         if name.startswith("ours"):
-            workers = int(name.removeprefix("ours-").removesuffix("w"))
+            workers = ours_workers(name)
             label += f", {args.cpus_per_worker or cores / workers:g} CPU each"
         ratio = f"{r['sps'] / st['sps']:.2f}" if st else "n/a"
         lines.append(
@@ -444,6 +459,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
     parser.add_argument("--child", choices=["ours", "st"], help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--group-by-length", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < args.warmup_steps + 2:
         parser.error("--steps must exceed --warmup-steps by at least 2")
