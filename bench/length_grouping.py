@@ -39,6 +39,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from encode_throughput import WIKI, default_model_dir  # noqa: E402
 from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+from train_throughput import wiki_simcse_overrides  # noqa: E402
 
 STSB_DEV = "stsb/sts-dev.csv"
 MODES = {"random": "false", "grouped": "true"}
@@ -51,27 +52,15 @@ def run_job(args: argparse.Namespace, mode: str, seed: int, workdir: Path) -> di
     cores = os.cpu_count() or 1
     tracking_uri = f"sqlite:///{workdir / 'mlruns.db'}"
     overrides = [
+        *wiki_simcse_overrides(args, args.rows, workdir, tracking_uri),
         f"run.name={mode}-s{seed}",
         f"run.seed={seed}",
-        f"run.output_dir={workdir / 'runs'}",
         f"ray.num_cpus={2 * cores}",
-        f"data.path={args.data / WIKI}",
-        "data.format=text",
-        f"data.max_rows={args.rows}",
-        f"data.max_seq_len={args.max_seq_len}",
-        f"model.name_or_path={args.model}",
-        "model.pooler=mean",
-        "model.mlp=false",
-        "train.epochs=1",
-        f"train.batch_size={args.batch_size}",
-        f"train.lr={args.lr}",
         "train.num_workers=1",
         f"train.cpus_per_worker={cores}",
         f"train.group_by_length={MODES[mode]}",
         f"train.length_group_batches={args.group_batches}",
-        "mining.enabled=false",
         f"eval.sts={args.data / STSB_DEV}",
-        f"tracking.uri={tracking_uri}",
         "tracking.experiment=bench-length-grouping",
     ]
     command = [sys.executable, str(REPO / "jobs" / "train.py")]

@@ -95,6 +95,28 @@ def ours_workers(name: str) -> int:
 # Child processes: one training run each, printing one result line.
 
 
+def wiki_simcse_overrides(args: argparse.Namespace, rows: int, workdir: Path, tracking_uri: str) -> list[str]:
+    """The job config both training benchmarks share: unsupervised SimCSE, one epoch over the
+    first ``rows`` Wikipedia sentences, ``args.model`` mean-pooled without an MLP head, no
+    warm-up, mining off, an MLflow store at ``tracking_uri``."""
+    return [
+        f"run.output_dir={workdir / 'runs'}",
+        f"data.path={args.data / WIKI}",
+        "data.format=text",
+        f"data.max_rows={rows}",
+        f"data.max_seq_len={args.max_seq_len}",
+        f"model.name_or_path={args.model}",
+        "model.pooler=mean",
+        "model.mlp=false",
+        "train.epochs=1",
+        f"train.batch_size={args.batch_size}",
+        f"train.lr={args.lr}",
+        "train.warmup_ratio=0.0",
+        "mining.enabled=false",
+        f"tracking.uri={tracking_uri}",
+    ]
+
+
 def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
@@ -122,26 +144,13 @@ def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     cores = os.cpu_count() or 1
     tracking_uri = f"sqlite:///{workdir / 'mlruns.db'}"
     overrides = [
+        *wiki_simcse_overrides(args, args.steps * args.batch_size, workdir, tracking_uri),
         f"run.name=bench-{args.workers}w",
-        f"run.output_dir={workdir / 'runs'}",
         f"ray.num_cpus={args.ray_num_cpus or 2 * cores}",
-        f"data.path={args.data / WIKI}",
-        "data.format=text",
-        f"data.max_rows={args.steps * args.batch_size}",
-        f"data.max_seq_len={args.max_seq_len}",
         "data.tokenize_num_cpus=0.25",
-        f"model.name_or_path={args.model}",
-        "model.pooler=mean",
-        "model.mlp=false",
-        "train.epochs=1",
-        f"train.batch_size={args.batch_size}",
-        f"train.lr={args.lr}",
-        "train.warmup_ratio=0.0",
         f"train.num_workers={args.workers}",
         f"train.cpus_per_worker={args.cpus_per_worker or cores / args.workers:g}",
-        "mining.enabled=false",
         f"train.group_by_length={'true' if args.group_by_length else 'false'}",
-        f"tracking.uri={tracking_uri}",
         "tracking.experiment=bench-train-throughput",
     ]
     cfg = load_config(None, overrides)

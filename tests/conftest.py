@@ -26,6 +26,20 @@ def paraphrase_corpus():
 
 
 @pytest.fixture(scope="session")
+def paraphrase_pairs(paraphrase_corpus):
+    """(anchors, positives): two pairs from each of 150 paraphrase groups (members 1->2, 2->3)."""
+    import numpy as np
+
+    texts, groups = paraphrase_corpus
+    anchors, positives = [], []
+    for g in np.unique(groups)[:150]:
+        members = [t for t, gg in zip(texts, groups, strict=True) if gg == g]
+        anchors += members[:2]
+        positives += members[1:3]
+    return anchors, positives
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, paraphrase_corpus):
     from pipeline.model import build_tiny_model_dir
 

@@ -91,19 +91,14 @@ def test_config_switch_and_validation():
         load_config(overrides=["train.group_by_length=true", "train.length_group_batches=1"])
 
 
-def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphrase_corpus):
+def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphrase_pairs):
     """Triplet mode's plans come from the miner; grouped, their batches are narrower than
     random ones over the same rows (width = longer of anchor and positive)."""
     from pipeline.data import TokenizedCorpus, index_triplets, row_lengths, tokenize_table
     from pipeline.mining import HardNegativeMiner
     from pipeline.model import load_sentence_encoder, load_tokenizer, pack_dir
 
-    texts, groups = paraphrase_corpus
-    anchors, positives = [], []
-    for g in np.unique(groups)[:150]:
-        members = [t for t, gg in zip(texts, groups, strict=True) if gg == g]
-        anchors += members[:2]
-        positives += members[1:3]
+    anchors, positives = paraphrase_pairs
     table, triplets = index_triplets(anchors, positives, None)
     tokenizer = load_tokenizer(trained_tiny_model_dir)
     tokenized = tokenize_table(table, tokenizer, 32)

@@ -195,18 +195,14 @@ def test_memory_estimate_counts_vectors_and_results():
     assert estimate_index_bytes(n, d, k, "ivf") > flat
 
 
-def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus):
+def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs):
 
     from pipeline.data import index_triplets, tokenize_table
     from pipeline.model import load_tokenizer
     from pipeline.negatives import NegativeFilters, normalize_text
 
     texts, groups = paraphrase_corpus
-    anchors, positives = [], []
-    for g in np.unique(groups)[:150]:
-        members = [t for t, gg in zip(texts, groups, strict=True) if gg == g]
-        anchors += members[:2]
-        positives += members[1:3]
+    anchors, positives = paraphrase_pairs
     table, triplets = index_triplets(anchors, positives, None)
     tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
     miner = HardNegativeMiner(
