@@ -148,10 +148,10 @@ class TrainSection:
     """Longest to wait for the train workers' resources (each start and restart) before
     failing with an error that names what could not be placed."""
     group_by_length: bool = False
-    """Random batches (epoch 1, and every epoch when mining is off) are drawn from groups of
-    ``length_group_batches`` batches sorted by token length, so a batch carries little
-    padding. Mined plans keep their own grouping (by neighbourhood). Measured effect on speed
-    and STS-B in docs/benchmarks.md."""
+    """Random batches (epoch 1, every epoch when mining is off, and triplet mode's plans) are
+    drawn from groups of ``length_group_batches`` batches sorted by token length, so a batch
+    carries little padding. Mined neighbourhood plans keep their own grouping. Measured
+    effect on speed and STS-B in docs/benchmarks.md."""
     length_group_batches: int = 50
     """Batches per length-sorted group (Hugging Face's megabatch is 50): larger groups mean
     less padding and narrower length ranges inside a batch."""
