@@ -217,7 +217,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     assert min(history, key=lambda m: m.step).value == float(expected.fingerprint())
     padding = _client(tmp_path).get_metric_history(run.info.run_id, "plan_padding_share")
     assert min(padding, key=lambda m: m.step).value == pytest.approx(
-        padding_share(expected, lengths), abs=1e-9
+        padding_share(expected, lengths, world_size=int(run.data.params["train.num_workers"])), abs=1e-9
     )
     assert (
         expected.fingerprint()
