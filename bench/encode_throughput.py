@@ -51,7 +51,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
 
 WIKI = Path("wiki") / "wiki1m_for_simcse.first11914.txt"
 
@@ -249,11 +249,7 @@ def render(args: argparse.Namespace, rows: int, r: dict[str, Any]) -> str:
 
 
 def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str, r: dict) -> None:
-    machine = (
-        f"{machine_line(info)}; Python {info['python']}, "
-        f"torch {info['torch']}, transformers {info['transformers']}, "
-        f"sentence-transformers {info['sentence-transformers']}"
-    )
+    machine = machine_and_versions(info)
     command = "python bench/encode_throughput.py " + shlex.join(sys.argv[1:])
     section = (
         f"\n### Corpus encoding: ours vs sentence-transformers, all-MiniLM-L6-v2 on CPU ({date.today()})\n\n"

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from encode_throughput import WIKI, default_model_dir  # noqa: E402
-from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
 from train_throughput import wiki_simcse_overrides  # noqa: E402
 
 STSB_DEV = "stsb/sts-dev.csv"
@@ -179,8 +179,7 @@ def main() -> None:
         command = "python bench/length_grouping.py " + shlex.join(sys.argv[1:])
         section = (
             f"\n### Length-grouped batches: speed and STS-B, all-MiniLM-L6-v2 on CPU ({date.today()})\n\n"
-            f"Machine: {machine_line(info)}; Python {info['python']}, torch {info['torch']}, "
-            f"transformers {info['transformers']}, ray {info['ray']}. Command: `{command}`. "
+            f"Machine: {machine_and_versions(info)}. Command: `{command}`. "
             f"`jobs/train.py`, unsupervised SimCSE, one epoch over {args.rows:,} Wikipedia sentences "
             f"(batch {args.batch_size}, max length {args.max_seq_len}, lr {args.lr:g}, mean pooling, "
             f"1 worker, mining off); grouped = `train.group_by_length=true`, "

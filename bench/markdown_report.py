@@ -23,6 +23,7 @@ def machine_info(packages: tuple[str, ...] = ()) -> dict[str, Any]:
     except (ValueError, OSError, AttributeError):
         info["ram_gib"] = None
     info["python"] = platform.python_version()
+    info["packages"] = list(packages)
     for name in packages:
         try:
             info[name] = version(name)
@@ -34,6 +35,13 @@ def machine_info(packages: tuple[str, ...] = ()) -> dict[str, Any]:
 def machine_line(info: dict[str, Any]) -> str:
     """``Linux x86_64, 2 CPUs, 24 GiB RAM``."""
     return f"{info['platform']}, {info['cpus']} CPUs, {info['ram_gib']} GiB RAM"
+
+
+def machine_and_versions(info: dict[str, Any]) -> str:
+    """``Linux x86_64, 2 CPUs, 24 GiB RAM; Python 3.11.7, torch 2.13.0, ...``: the machine,
+    then Python and each package :func:`machine_info` was asked for, in that order."""
+    versions = "".join(f", {name} {info[name]}" for name in info["packages"])
+    return f"{machine_line(info)}; Python {info['python']}{versions}"
 
 
 def append_section(section: str, path: Path = BENCHMARKS_DOC) -> None:

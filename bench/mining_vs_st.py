@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from encode_throughput import WIKI, default_model_dir  # noqa: E402
-from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
 
 SNLI = Path("nli") / "snli-senteval"
 Pairs = tuple[list[str], list[str]]
@@ -246,10 +246,7 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
 
 
 def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
-    machine = (
-        f"{machine_line(info)}; Python {info['python']}, torch {info['torch']}, "
-        f"sentence-transformers {info['sentence-transformers']}, faiss-cpu {info['faiss-cpu']}"
-    )
+    machine = machine_and_versions(info)
     command = "python bench/mining_vs_st.py " + shlex.join(sys.argv[1:])
     section = (
         f"\n### Mining pass: ours vs sentence-transformers mine_hard_negatives, all-MiniLM-L6-v2 on CPU "

@@ -49,7 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
 
 MODES = ("off", "sync", "async")
 GROUP_SIZE = 4
@@ -224,8 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         command = shlex.join(["python", "bench/refresh_share.py", *(argv or sys.argv[1:])])
         section = (
             f"\n### Refresh share of an epoch, sync and async, tiny model on CPU ({date.today().isoformat()})\n\n"
-            f"Machine: {machine_line(info)}; Python {info['python']}, torch {info['torch']}, ray {info['ray']}, "
-            f"faiss-cpu {info['faiss-cpu']}. Command: `{command}`. The demo job (`jobs/configs/demo.yaml`: tiny "
+            f"Machine: {machine_and_versions(info)}. Command: `{command}`. The demo job (`jobs/configs/demo.yaml`: tiny "
             f"BERT, 2 DDP workers of 0.5 CPU, miner 0.25 CPU, batch 64, top_k 64) on {args.rows:,} generated "
             f"sentences, {args.epochs} epochs, no evaluation. Exposed = boundary wait + the extra time of the steps "
             "that ended while the miner worked, against the mean step before it started; share = "

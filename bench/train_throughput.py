@@ -80,7 +80,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from encode_throughput import WIKI, default_model_dir  # noqa: E402
-from markdown_report import append_section, machine_info, machine_line  # noqa: E402
+from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
 
 RESULT_PREFIX = "TRAIN_THROUGHPUT_RESULT "
 CONFIGS = ("ours-1w", "ours-2w", "ours-1w-grouped", "st")
@@ -420,11 +420,7 @@ def render(medians: dict[str, dict[str, float]], args: argparse.Namespace) -> st
 
 
 def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
-    machine = (
-        f"{machine_line(info)}; Python {info['python']}, "
-        f"torch {info['torch']}, transformers {info['transformers']}, sentence-transformers "
-        f"{info['sentence-transformers']}, ray {info['ray']}, mlflow {info['mlflow']}"
-    )
+    machine = machine_and_versions(info)
     command = "python bench/train_throughput.py " + shlex.join(sys.argv[1:])
     section = (
         f"\n### Training throughput: ours vs sentence-transformers MNRL, all-MiniLM-L6-v2 on CPU ({date.today()})\n\n"

@@ -160,7 +160,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     )
 
     lengths = row_lengths(corpus, triplets)
-    state = TrainState(plan=random_batches(cfg, num_rows, cfg.run.seed, lengths))
+    state = TrainState(plan=random_batches(cfg, cfg.run.seed, lengths))
     # Rank 0's copy of the best evaluated model, carried into every checkpoint.
     best_dir = Path(tempfile.mkdtemp(prefix="simcse-best-")) / "model"
     if resume is not None:
@@ -189,7 +189,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if resume is not None and state.step > 0:
             logger.log({"resumed_at_step": float(state.step)}, state.step)
 
-    refresher = PlanRefresher(cfg, miner, rank, num_rows, lengths, logger, restarts=state.miner_restarts)
+    refresher = PlanRefresher(cfg, miner, rank, lengths, logger, restarts=state.miner_restarts)
     evaluator = None
     if loop_config.get("eval_ref") is not None:
         evaluator = TrainingEvaluator(
@@ -515,7 +515,6 @@ class PlanRefresher:
         cfg: Config,
         miner: Any,
         rank: int,
-        num_rows: int,
         lengths: np.ndarray,
         logger: Any = None,
         restarts: int = 0,
@@ -523,8 +522,8 @@ class PlanRefresher:
         self.cfg = cfg
         self.miner = miner if cfg.mining.enabled else None
         self.rank = rank
-        self.num_rows = num_rows
         self.lengths = lengths
+        """Tokens per training row (:func:`pipeline.data.row_lengths`), one entry per row."""
         self.logger = logger
         self.pending: tuple[Any, int, float] | None = None  # (ref, snapshot step, submit time)
         self.submitted_in_epoch: int | None = None
@@ -682,14 +681,15 @@ class PlanRefresher:
         """The same batches (or a fresh random plan for a random one) in a new order."""
         seed = self.cfg.run.seed + epoch + 1
         if plan.version == 0:
-            return random_batches(self.cfg, self.num_rows, seed, self.lengths)
+            return random_batches(self.cfg, seed, self.lengths)
         return plan.reordered(seed)
 
 
-def random_batches(cfg: Config, num_rows: int, seed: int, lengths: np.ndarray) -> BatchPlan:
-    """A version-0 plan of random batches, length-grouped when ``train.group_by_length``."""
+def random_batches(cfg: Config, seed: int, lengths: np.ndarray) -> BatchPlan:
+    """A version-0 plan of random batches over the ``len(lengths)`` training rows, length-grouped
+    when ``train.group_by_length``."""
     return random_plan(
-        num_rows,
+        len(lengths),
         cfg.train.batch_size,
         seed=seed,
         version=0,
