@@ -42,6 +42,9 @@ class RaySection:
     address: str | None = None
     """Cluster to join. ``None``: ``RAY_ADDRESS`` if set (as under ``ray job submit``), else start
     a local Ray."""
+    connect_timeout_s: float = 30.0
+    """How long a job waits for the cluster at ``ray.address`` / ``RAY_ADDRESS`` to answer
+    before failing with one line (Ray's own client would retry for many minutes)."""
     num_cpus: float | None = None
     """Logical CPUs of a locally started Ray (``None``: the machine's count)."""
     progress_bars: bool = False
@@ -347,6 +350,7 @@ class Config:
             ("checkpoint.keep_last", self.checkpoint.keep_last >= 1, "must be >= 1"),
             ("mining.max_restarts", self.mining.max_restarts >= 0, "must be >= 0"),
             ("tracking.connect_timeout_s", self.tracking.connect_timeout_s > 0, "must be > 0"),
+            ("ray.connect_timeout_s", self.ray.connect_timeout_s > 0, "must be > 0"),
             ("tracking.flush_every_s", self.tracking.flush_every_s > 0, "must be > 0"),
             ("tracking.drain_timeout_s", self.tracking.drain_timeout_s >= 0, "must be >= 0"),
             (

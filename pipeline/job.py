@@ -7,16 +7,14 @@ the MLflow run exists is inside a try block that marks the run FAILED on any err
 
 from __future__ import annotations
 
-import logging
-import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pipeline.cluster import check_cluster_fits, ray_session
 from pipeline.config import Config, ConfigError, dump_yaml
 from pipeline.data import (
     check_corpus_path,
@@ -45,8 +43,6 @@ from pipeline.tracking import (
     start_or_resume_run,
     ui_command,
 )
-
-log = logging.getLogger("pipeline")
 
 
 @dataclass
@@ -132,85 +128,6 @@ class JobSummary:
 
 def _is_uri(path: str) -> bool:
     return "://" in path
-
-
-@contextmanager
-def ray_session(cfg: Config) -> Iterator[bool]:
-    """Ray for the length of a job: yields True when it started a local Ray, which it then
-    shuts down on the way out (a joined cluster is left running)."""
-    started = init_ray(cfg)
-    try:
-        yield started
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
-
-
-def init_ray(cfg: Config) -> bool:
-    """Join the configured cluster, or start a local Ray. Returns True when started here."""
-    import ray
-    from ray.data import DataContext
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Train's print patch re-emits every worker print through its logger: each line twice.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    if ray.is_initialized():
-        started = False
-    elif address:
-        ray.init(address=address, logging_level=logging.WARNING)
-        started = False
-    else:
-        ray.init(
-            num_cpus=cfg.ray.num_cpus,
-            # Ray Train's placement-group cleaner polls the state API, which the dashboard
-            # serves; bound to loopback so nothing is exposed.
-            include_dashboard=True,
-            dashboard_host=cfg.ray.dashboard_host,
-            logging_level=logging.WARNING,
-        )
-        started = True
-    context = DataContext.get_current()
-    context.enable_progress_bars = cfg.ray.progress_bars
-    context.print_on_execution_start = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    return started
-
-
-def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
-    """Fail with a clear error instead of waiting forever for resources that cannot exist.
-
-    Only for a Ray started here: an autoscaling cluster may still grow to fit.
-    """
-    import ray
-
-    total = ray.cluster_resources()
-    cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + (
-        cfg.mining.num_cpus if cfg.mining.enabled else 0
-    )
-    gpu_need = (cfg.train.num_workers if cfg.train.use_gpu else 0) + (
-        cfg.mining.num_gpus if cfg.mining.enabled else 0
-    )
-    problems = []
-    if cfg.data.tokenize_num_cpus > total.get("CPU", 0):
-        problems.append(
-            f"data.tokenize_num_cpus = {cfg.data.tokenize_num_cpus:g}, but the cluster has {total.get('CPU', 0):g} CPUs"
-        )
-    if cpu_need > total.get("CPU", 0):
-        problems.append(
-            f"train.num_workers x train.cpus_per_worker + mining.num_cpus = {cpu_need:g} CPUs, "
-            f"but the cluster has {total.get('CPU', 0):g}"
-        )
-    if gpu_need > total.get("GPU", 0):
-        problems.append(
-            f"{gpu_need:g} GPUs needed (train.use_gpu / mining.num_gpus), the cluster has {total.get('GPU', 0):g}"
-        )
-    if problems and started_locally:
-        raise ConfigError("; ".join(problems))
-    for problem in problems:
-        log.warning("resources may not fit yet (waiting for the autoscaler?): %s", problem)
 
 
 def prepare_model_dir(cfg: Config, texts: list[str], run_dir: Path) -> Path:

@@ -52,7 +52,7 @@ def test_local_ray_dashboard_listens_on_loopback_only(tmp_path):
     script = (
         "import json, ray\n"
         "from pipeline.config import load_config\n"
-        "from pipeline.job import init_ray\n"
+        "from pipeline.cluster import init_ray\n"
         "init_ray(load_config(None, ['ray.num_cpus=1']))\n"
         "print(json.dumps({'url': ray._private.worker.get_dashboard_url()}), flush=True)\n"
         "import sys; sys.stdin.readline()\n"

@@ -1,0 +1,193 @@
+"""Which Ray a job runs on, and how it gets there without touching anyone else's.
+
+A machine may run several Ray instances at once: a ``ray start`` head, another user's job,
+a test. Ray's own defaults guess "the" cluster (``/tmp/ray/ray_current_cluster``, or a
+scan for ``gcs_server`` processes), and a guess on a shared machine joins or queries the
+wrong one. So a job never lets Ray guess:
+
+* ``ray.address`` (or ``RAY_ADDRESS``, set by ``ray job submit``) names a cluster: the job
+  first checks, within ``ray.connect_timeout_s``, that something answers there, and then
+  joins exactly that address.
+* Otherwise the job starts its own local Ray (``address="local"``: Ray never looks for
+  other clusters), on free ports, and tells every process of that Ray where its own
+  dashboard is (``RAY_API_SERVER_ADDRESS``). Ray Train's placement-group cleaner and Ray
+  Data's hang detector call the state API from inside the cluster; without that variable
+  they would query whichever cluster Ray guesses and, for instance, declare the Train
+  controller dead because another cluster does not know it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlparse
+
+from pipeline.config import Config, ConfigError
+
+log = logging.getLogger("pipeline")
+
+API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
+"""Read by Ray's state API (``get_address_for_submission_client``) before any guessing."""
+
+
+@contextmanager
+def ray_session(cfg: Config) -> Iterator[bool]:
+    """Ray for the length of a job: yields True when it started a local Ray, which it then
+    shuts down on the way out (a joined cluster is left running)."""
+    saved = os.environ.get(API_SERVER_ENV)
+    started = init_ray(cfg)
+    try:
+        yield started
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+            # The variable pointed at the Ray just shut down: a later job in this process
+            # (tests run several) must not inherit it.
+            if saved is None:
+                os.environ.pop(API_SERVER_ENV, None)
+            else:
+                os.environ[API_SERVER_ENV] = saved
+
+
+def cluster_address(cfg: Config) -> str | None:
+    """The cluster the job joins, or None to start a local Ray (``"local"`` also means that)."""
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+    return None if address == "local" else address
+
+
+def init_ray(cfg: Config) -> bool:
+    """Join the configured cluster, or start a local Ray. Returns True when started here.
+
+    Raises:
+        ConnectionError: the configured cluster did not answer within ``ray.connect_timeout_s``.
+    """
+    import ray
+    from ray.data import DataContext
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Train's print patch re-emits every worker print through its logger: each line twice.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    address = cluster_address(cfg)
+    if ray.is_initialized():
+        started = False
+    elif address:
+        wait_for_cluster(address, cfg.ray.connect_timeout_s, "ray.address" if cfg.ray.address else "RAY_ADDRESS")
+        ray.init(address=address, logging_level=logging.WARNING)
+        started = False
+    else:
+        start_local_ray(cfg)
+        started = True
+    context = DataContext.get_current()
+    context.enable_progress_bars = cfg.ray.progress_bars
+    context.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    return started
+
+
+def start_local_ray(cfg: Config) -> None:
+    """A Ray of this job's own, beside whatever other Ray runs on the machine."""
+    import ray
+
+    host = cfg.ray.dashboard_host
+    port = free_port(host)
+    # Set before ray.init: Ray's processes (raylet, workers, actors) inherit the driver's
+    # environment when they start, and none of them may guess another cluster.
+    loopback = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    os.environ[API_SERVER_ENV] = f"http://{loopback}:{port}"
+    ray.init(
+        address="local",
+        num_cpus=cfg.ray.num_cpus,
+        # Ray Train's placement-group cleaner polls the state API, which the dashboard
+        # serves; bound to loopback so nothing is exposed.
+        include_dashboard=True,
+        dashboard_host=host,
+        dashboard_port=port,
+        logging_level=logging.WARNING,
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS's choice, so two jobs do not pick the same)."""
+    with socket.socket() as sock:
+        sock.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port``, ``ray://host:port`` or ``http://host:port``; None
+    for forms Ray resolves itself (``auto``)."""
+    parsed = urlparse(address if "://" in address else f"tcp://{address}")
+    try:
+        port = parsed.port
+    except ValueError:
+        return None
+    if not parsed.hostname or port is None:
+        return None
+    return parsed.hostname, port
+
+
+def wait_for_cluster(address: str, timeout_s: float, source: str = "ray.address") -> None:
+    """Fail with one line when nothing answers at ``address`` within ``timeout_s``.
+
+    Ray's own client retries a dead GCS for many minutes, printing a warning every 30 s;
+    a TCP connect tells up front whether a cluster is there at all.
+
+    Raises:
+        ConnectionError: naming the address, where it came from and the timeout.
+    """
+    target = _host_port(address)
+    if target is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(target, timeout=max(0.5, min(5.0, timeout_s))):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"no Ray cluster answers at {source}={address} ({exc.strerror or exc}) after "
+                    f"ray.connect_timeout_s={timeout_s:g}s; start it, fix the address, or unset it "
+                    "to start a local Ray"
+                ) from None
+            time.sleep(0.5)
+
+
+def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
+    """Fail with a clear error instead of waiting forever for resources that cannot exist.
+
+    Only for a Ray started here: an autoscaling cluster may still grow to fit.
+    """
+    import ray
+
+    total = ray.cluster_resources()
+    cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + (
+        cfg.mining.num_cpus if cfg.mining.enabled else 0
+    )
+    gpu_need = (cfg.train.num_workers if cfg.train.use_gpu else 0) + (
+        cfg.mining.num_gpus if cfg.mining.enabled else 0
+    )
+    problems = []
+    if cfg.data.tokenize_num_cpus > total.get("CPU", 0):
+        problems.append(
+            f"data.tokenize_num_cpus = {cfg.data.tokenize_num_cpus:g}, but the cluster has {total.get('CPU', 0):g} CPUs"
+        )
+    if cpu_need > total.get("CPU", 0):
+        problems.append(
+            f"train.num_workers x train.cpus_per_worker + mining.num_cpus = {cpu_need:g} CPUs, "
+            f"but the cluster has {total.get('CPU', 0):g}"
+        )
+    if gpu_need > total.get("GPU", 0):
+        problems.append(
+            f"{gpu_need:g} GPUs needed (train.use_gpu / mining.num_gpus), the cluster has {total.get('GPU', 0):g}"
+        )
+    if problems and started_locally:
+        raise ConfigError("; ".join(problems))
+    for problem in problems:
+        log.warning("resources may not fit yet (waiting for the autoscaler?): %s", problem)
