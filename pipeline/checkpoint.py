@@ -55,7 +55,11 @@ class TrainState:
     """Batches of the epoch in progress (``epoch + 1``) already trained; 0 at a boundary."""
     step: int = 0
     plan: BatchPlan | None = None
-    """The plan of the epoch in progress, or of the next one at a boundary."""
+    """The plan of the epoch in progress, or of the next one at a boundary (the finished
+    epoch's own plan while ``plan_pending``)."""
+    plan_pending: bool = False
+    """At a boundary: checkpointed before the miner's plan for the next epoch came back, so a
+    run resumed here asks the miner again."""
     epoch_losses: list[float] = field(default_factory=list)
     plan_versions: list[int] = field(default_factory=list)
     """Version of the plan each completed epoch trained on."""
@@ -134,6 +138,7 @@ def save_checkpoint(
             "batches_done": state.batches_done,
             "step": state.step,
             "plan": _plan_tensors(state.plan),
+            "plan_pending": state.plan_pending,
             "epoch_losses": state.epoch_losses,
             "plan_versions": state.plan_versions,
             "wait_seconds": state.wait_seconds,
@@ -186,6 +191,7 @@ def load_checkpoint(directory: Path) -> tuple[TrainState, dict[str, Any]]:
         batches_done=saved["batches_done"],
         step=saved["step"],
         plan=_plan_from_tensors(saved["plan"]),
+        plan_pending=bool(saved.get("plan_pending", False)),
         epoch_losses=list(saved["epoch_losses"]),
         plan_versions=list(saved["plan_versions"]),
         wait_seconds=list(saved["wait_seconds"]),

@@ -12,12 +12,42 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def describe_error(exc: BaseException) -> str:
-    """One line for a failure, unwrapping Ray's wrappers to the worker's own exception."""
+class UnrecoverableError(RuntimeError):
+    """A failure that restarting the workers cannot fix (the miner gave up, or hangs): the
+    job ends at once instead of spending ``train.max_failures`` on it."""
+
+
+# Failures that happen again, identically, when the same code runs on the same input from
+# the same checkpoint: a missing package, a bad config or input, a programming error, a
+# batch too big for the device. Anything else (a worker, actor or node that died, a lost
+# connection, an error we do not know) is treated as infrastructure and retried.
+_DETERMINISTIC = (
+    ImportError,
+    ConfigError,
+    DataError,
+    UnrecoverableError,
+    MemoryError,
+    SyntaxError,
+    TypeError,
+    ValueError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    AssertionError,
+    NotImplementedError,
+    ZeroDivisionError,
+)
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The worker's own exception inside Ray's wrappers (task errors, Ray Train's worker-group,
+    controller and traceback wrappers)."""
     seen = set()
     while id(exc) not in seen:
         seen.add(id(exc))
         inner = getattr(exc, "cause", None)
+        # Ray Train keeps the worker's exception beside its traceback text.
+        inner = getattr(exc, "_base_exc", None) or inner
         if inner is None and not isinstance(exc, (ConfigError, DataError)):
             # Our own errors are the one-line description already; what they were raised
             # from is kept for --debug's traceback, not for the message.
@@ -31,6 +61,32 @@ def describe_error(exc: BaseException) -> str:
         if inner is None or inner is exc:
             break
         exc = inner
+    return exc
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """Whether ``exc`` (after :func:`root_cause`) would recur on a retry from the same
+    checkpoint. A dead process never counts: its cause is outside the code."""
+    cause = root_cause(exc)
+    if _is_out_of_memory(cause):
+        return True
+    if type(cause).__module__.startswith("ray."):
+        return False  # RayActorError, ActorDiedError, NodeDiedError, ObjectLostError, ...
+    return isinstance(cause, _DETERMINISTIC)
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """A device out-of-memory of a batch: the same batch comes back after a restart."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(exc, torch.OutOfMemoryError)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a failure, unwrapping Ray's wrappers to the worker's own exception."""
+    exc = root_cause(exc)
     text = str(exc).strip().splitlines()
     message = text[0] if text else ""
     if isinstance(exc, KeyboardInterrupt):
@@ -44,6 +100,6 @@ def describe_error(exc: BaseException) -> str:
         return last.strip() or message
     if kind == "WorkerGroupStartupTimeoutError":
         return f"the train workers were not placed within train.placement_timeout_s: {message}"
-    if isinstance(exc, (ConfigError, DataError, TimeoutError)) and message:
+    if isinstance(exc, (ConfigError, DataError, TimeoutError, UnrecoverableError)) and message:
         return message  # already names the key or the thing waited for
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

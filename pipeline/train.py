@@ -37,7 +37,7 @@ from pipeline.checkpoint import (
 )
 from pipeline.config import Config, config_from_dict
 from pipeline.data import TokenizedCorpus, Triplets, row_lengths
-from pipeline.errors import first_line
+from pipeline.errors import UnrecoverableError, first_line
 from pipeline.losses import gather_across_workers, global_batch_simcse_loss, simcse_loss
 from pipeline.model import (
     SentenceEncoder,
@@ -256,9 +256,40 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             ray.train.report(metrics, checkpoint=ckpt)
         state.rng = None
 
+    def adopt_next_plan(epoch: int) -> Boundary:
+        """Get the plan that follows epoch ``epoch`` (0-based) from the refresher and make it
+        the current one, with the boundary's numbers recorded and logged."""
+        next_plan, boundary = refresher.next_plan(epoch, state, model)
+        state.wait_seconds.append(boundary.wait_seconds)
+        state.refresh_seconds.append(boundary.refresh_seconds)
+        state.staleness_steps.append(boundary.staleness_steps)
+        state.plan, state.plan_pending = next_plan, False
+        if logger is not None:
+            logger.log(
+                {
+                    "refresh_wait_s": boundary.wait_seconds,
+                    "next_plan_version": float(next_plan.version),
+                    "next_plan_staleness_steps": float(boundary.staleness_steps),
+                    "refresh_late": float(boundary.late),
+                },
+                state.step,
+            )
+            logger.flush()
+        return boundary
+
     if logger is not None and state.unsent_metrics:
         logger.requeue(state.unsent_metrics)
     state.unsent_metrics = []
+    if state.plan_pending:
+        # Resumed from an epoch-end checkpoint written before its refresh came back: the
+        # refresh is asked again, from the same weights.
+        boundary = adopt_next_plan(state.epoch - 1)
+        if rank == 0:
+            print(
+                f"[train] epoch {state.epoch} was checkpointed before its refresh; next plan "
+                f"v{state.plan.version} (waited {boundary.wait_seconds:.1f}s)",
+                flush=True,
+            )
     if evaluator is not None and state.step == 0:
         run_eval(0)  # the starting model: the "before" of every comparison
     for epoch in range(state.epoch, cfg.train.epochs):
@@ -366,20 +397,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         epoch_seconds = state.epoch_seconds + time.perf_counter() - segment_start
         refresher.start_boundary_refresh(epoch, plan, state.step, model)
         outcome = run_eval(epoch + 1) if evaluator is not None else None
-        next_plan, boundary = refresher.next_plan(epoch, state, model)
-        state.wait_seconds.append(boundary.wait_seconds)
-        state.refresh_seconds.append(boundary.refresh_seconds)
-        state.staleness_steps.append(boundary.staleness_steps)
-        state.plan = next_plan
+        whitening = outcome.whitening if outcome is not None else None
         state.epoch = epoch + 1
         state.batches_done, state.loss_sum, state.epoch_seconds = 0, 0.0, 0.0
-        if rank == 0:
-            print(
-                f"[train] epoch {epoch + 1}/{cfg.train.epochs}: loss {epoch_loss:.4f} over {plan.num_batches} steps "
-                f"on plan v{plan.version}, {epoch_seconds:.1f}s; next plan v{next_plan.version} "
-                f"(waited {boundary.wait_seconds:.1f}s, staleness {boundary.staleness_steps} steps)",
-                flush=True,
-            )
         if logger is not None:
             logger.log(
                 {
@@ -387,29 +407,25 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                     "epoch_plan_version": float(plan.version),
                     "epoch_seconds": epoch_seconds,
                     "epoch": float(epoch + 1),
-                    "refresh_wait_s": boundary.wait_seconds,
-                    "next_plan_version": float(next_plan.version),
-                    "next_plan_staleness_steps": float(boundary.staleness_steps),
-                    "refresh_late": float(boundary.late),
                 },
                 state.step,
             )
-            logger.flush()
-        metrics = {
-            "epoch": state.epoch,
-            "step": state.step,
-            "epoch_loss": epoch_loss,
-            "epoch_losses": list(state.epoch_losses),
-            "plan_versions": list(state.plan_versions),
-            "wait_seconds": list(state.wait_seconds),
-            "refresh_seconds": list(state.refresh_seconds),
-            "staleness_steps": list(state.staleness_steps),
-            "next_plan_version": next_plan.version,
-            "eval_history": list(state.eval_history),
-        }
-        if outcome is not None:
-            metrics["eval_score"] = outcome.selection_score
-        report(metrics, None, outcome.whitening if outcome is not None else None)
+        asks_miner = refresher.asks_miner(epoch)
+        if asks_miner:
+            # The finished epoch is checkpointed before the wait for the miner: a miner that
+            # fails or hangs now costs a refresh (redone on resume), never the epoch.
+            state.plan_pending = True
+            report(epoch_end_metrics(state, epoch_loss, outcome), None, whitening)
+        boundary = adopt_next_plan(epoch)
+        if rank == 0:
+            print(
+                f"[train] epoch {epoch + 1}/{cfg.train.epochs}: loss {epoch_loss:.4f} over {plan.num_batches} steps "
+                f"on plan v{plan.version}, {epoch_seconds:.1f}s; next plan v{state.plan.version} "
+                f"(waited {boundary.wait_seconds:.1f}s, staleness {boundary.staleness_steps} steps)",
+                flush=True,
+            )
+        if not asks_miner:
+            report(epoch_end_metrics(state, epoch_loss, outcome), None, whitening)
     if logger is not None:
         unsent = logger.close(cfg.tracking.drain_timeout_s)
         if unsent:
@@ -483,6 +499,25 @@ def two_views(
     return np.concatenate([input_ids, second_ids]), np.concatenate([mask, second_mask])
 
 
+def epoch_end_metrics(state: TrainState, epoch_loss: float, outcome: EvalOutcome | None) -> dict[str, Any]:
+    """What an epoch-end checkpoint reports to Ray Train (the job summary reads the last one)."""
+    metrics: dict[str, Any] = {
+        "epoch": state.epoch,
+        "step": state.step,
+        "epoch_loss": epoch_loss,
+        "epoch_losses": list(state.epoch_losses),
+        "plan_versions": list(state.plan_versions),
+        "wait_seconds": list(state.wait_seconds),
+        "refresh_seconds": list(state.refresh_seconds),
+        "staleness_steps": list(state.staleness_steps),
+        "plan_pending": state.plan_pending,
+        "eval_history": list(state.eval_history),
+    }
+    if outcome is not None:
+        metrics["eval_score"] = outcome.selection_score
+    return metrics
+
+
 @dataclass
 class Boundary:
     """What happened at one epoch boundary."""
@@ -533,6 +568,10 @@ class PlanRefresher:
     def _last_epoch(self, epoch: int) -> bool:
         return epoch + 1 >= self.cfg.train.epochs
 
+    def asks_miner(self, epoch: int) -> bool:
+        """Whether the boundary after epoch ``epoch`` gets its plan from the miner (and may wait)."""
+        return self.miner is not None and not self._last_epoch(epoch)
+
     def _submit(self, model: SentenceEncoder, version: int, step: int) -> Any:
         import ray
 
@@ -573,7 +612,7 @@ class PlanRefresher:
 
         assert state.plan is not None
         current = state.plan
-        if self._last_epoch(epoch) or self.miner is None:
+        if not self.asks_miner(epoch):
             # No refresh: a reshuffled plan, computed identically on every rank, no communication.
             return self._reshuffled(current, epoch), Boundary()
         start = time.perf_counter()
@@ -604,7 +643,7 @@ class PlanRefresher:
                         self.pending = (ref, state.step, time.perf_counter())
                         boundary.late = True
                 elif time.perf_counter() - submitted > self.cfg.mining.timeout_s:
-                    raise TimeoutError(
+                    raise UnrecoverableError(
                         f"the miner did not return a plan within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
                     )
                 else:
@@ -629,7 +668,7 @@ class PlanRefresher:
         try:
             return ray.get(ref, timeout=self.cfg.mining.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(
+            raise UnrecoverableError(
                 f"the miner did not return plan v{version} within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
             ) from None
 
@@ -644,7 +683,7 @@ class PlanRefresher:
         limit = self.cfg.mining.max_restarts
         reason = first_line(exc)
         if self.restarts > limit:
-            raise RuntimeError(
+            raise UnrecoverableError(
                 f"the miner actor died during refresh v{version} and mining.max_restarts={limit} "
                 f"restarts are used up: {reason}"
             ) from exc
@@ -670,9 +709,9 @@ class PlanRefresher:
             except ray.exceptions.GetTimeoutError:
                 break
             except ray.exceptions.RayActorError as again:
-                raise RuntimeError(f"the miner actor could not be restarted: {again}") from again
+                raise UnrecoverableError(f"the miner actor could not be restarted: {again}") from again
         if time.monotonic() > deadline:
-            raise TimeoutError(
+            raise UnrecoverableError(
                 f"the restarted miner actor was not back within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
             )
         return self._submit(model, version, step)
@@ -699,14 +738,20 @@ def random_batches(cfg: Config, seed: int, lengths: np.ndarray) -> BatchPlan:
 
 
 def worker_failure_reporter(max_failures: int) -> Any:
-    """A Ray Train callback that prints one line per failed worker-group attempt.
+    """A Ray Train callback that prints one line per failed worker-group attempt, and ends
+    the run at once when the failure would only repeat.
 
     Ray Train's own report of a failure is a traceback (hidden by ``ray.train_log_level``);
-    this line says which rank failed, why, and whether the group is restarted. It runs in
-    the Train controller, whose prints reach the driver's console."""
-    from ray.train import UserCallback
+    this line says which rank failed, why, and whether the group is restarted. Ray Train
+    retries every worker error up to ``train.max_failures``; an error that
+    :func:`pipeline.errors.is_deterministic` (a missing package, bad input, out of memory
+    on a batch) would come back from the same checkpoint each time, so the callback raises
+    Ray Train's ``ControllerError``, which its failure policy never retries. A dead worker
+    is always retried. The callback runs in the Train controller, whose prints reach the
+    driver's console."""
+    from ray.train import ControllerError, UserCallback
 
-    from pipeline.errors import describe_error
+    from pipeline.errors import describe_error, is_deterministic, root_cause
 
     class WorkerFailureReporter(UserCallback):
         def __init__(self) -> None:
@@ -715,14 +760,25 @@ def worker_failure_reporter(max_failures: int) -> Any:
         def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
             self.failures += 1
             limit = "unlimited" if max_failures < 0 else str(max_failures)
-            retry = max_failures < 0 or self.failures <= max_failures
+            causes = {rank: root_cause(exc) for rank, exc in worker_exceptions.items()}
+            a_worker_died = any(type(c).__module__.startswith("ray.") for c in causes.values())
+            repeats = not a_worker_died and any(is_deterministic(c) for c in causes.values())
+            retry = not repeats and (max_failures < 0 or self.failures <= max_failures)
+            if repeats:
+                decision = "not retried: it fails the same way on every restart)"
+            elif retry:
+                decision = "restarting the workers from the latest checkpoint)"
+            else:
+                decision = "giving up)"
             for rank, exc in sorted(worker_exceptions.items()):
                 print(
                     f"[train] worker rank {rank} failed: {describe_error(exc)} (failure {self.failures}, "
-                    f"train.max_failures={limit}; "
-                    + ("restarting the workers from the latest checkpoint)" if retry else "giving up)"),
+                    f"train.max_failures={limit}; " + decision,
                     flush=True,
                 )
+            if repeats:
+                first = next(rank for rank in sorted(causes) if is_deterministic(causes[rank]))
+                raise ControllerError(causes[first])
 
     return WorkerFailureReporter()
 

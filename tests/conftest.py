@@ -3,8 +3,14 @@ local Ray started for real with its temp files under pytest's tmp dir."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -121,3 +127,83 @@ def trained_tiny_model_dir(tmp_path_factory, tiny_model_dir, paraphrase_corpus):
             loss.backward()
             optimizer.step()
     return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("trained_tiny"), 32)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RayHead:
+    """A ``ray start --head`` of the test's own, beside whatever other Ray runs on the machine.
+
+    Every default port is replaced by a free one (another head may hold 6379, 8265, 10001
+    and the dashboard agent's 52365), its processes are told their own dashboard address
+    (so Ray's state API inside it never guesses another cluster), and :meth:`stop` ends
+    only its own processes, by process group: ``ray stop`` would kill every Ray on the host.
+    """
+
+    def __init__(self, tmp: Path, num_cpus: int = 4):
+        bin_dir = Path(PYTHON).parent
+        self.gcs_port, self.dashboard_port = free_port(), free_port()
+        self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
+        # The job's `python` is resolved on the PATH of whoever started the head: the venv first.
+        self.env = job_env(
+            {
+                "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                "RAY_API_SERVER_ADDRESS": self.dashboard,
+            }
+        )
+        # Short: Ray's unix socket paths have a length limit.
+        self.temp = Path("/tmp") / f"rayt{os.getpid()}-{self.gcs_port}"
+        self.log = tmp / "ray-head.log"
+        self.proc = subprocess.Popen(
+            [
+                str(bin_dir / "ray"), "start", "--head", "--block", f"--port={self.gcs_port}",
+                f"--num-cpus={num_cpus}", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
+                f"--temp-dir={self.temp}", "--disable-usage-stats",
+            ],
+            env=self.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        self._wait_ready(timeout=180)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    def _wait_ready(self, timeout: float) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"ray start exited with {self.proc.returncode}: {self.log.read_text()[-3000:]}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.dashboard}/api/version", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"the Ray head's dashboard did not answer within {timeout:g}s")
+
+    def stop(self) -> None:
+        """SIGTERM the head's process group (``--block`` keeps ``ray start`` as its leader),
+        then SIGKILL what is left."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.temp, ignore_errors=True)

@@ -2,48 +2,27 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO, RayHead
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def ray_head(tmp_path):
-    bin_dir = Path(PYTHON).parent
-    # The job's `python` is resolved on the PATH of whoever started the head: put the venv first.
-    env = job_env({"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"})
-    gcs_port, dashboard_port = _free_port(), _free_port()
-    temp = Path("/tmp") / f"rayt{os.getpid()}"  # short: Ray's unix socket paths have a length limit
-    start = subprocess.run(
-        [
-            str(bin_dir / "ray"), "start", "--head", f"--port={gcs_port}", "--num-cpus=4",
-            "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", f"--temp-dir={temp}",
-            "--disable-usage-stats",
-        ],
-        env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert start.returncode == 0, start.stdout + start.stderr
+    head = RayHead(tmp_path)
     try:
-        yield env, f"http://127.0.0.1:{dashboard_port}"
+        yield head
     finally:
-        subprocess.run([str(bin_dir / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        head.stop()
 
 
 def test_job_submit_runs_train_job_unchanged(ray_head, tmp_path):
-    env, dashboard = ray_head
+    env, dashboard = ray_head.env, ray_head.dashboard
     db = tmp_path / "mlruns.db"
     proc = subprocess.run(
         [
