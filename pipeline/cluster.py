@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from urllib.parse import urlparse
 
 from pipeline.config import Config, ConfigError
+from pipeline.errors import UnrecoverableError
 
 log = logging.getLogger("pipeline")
 
@@ -65,7 +66,7 @@ def init_ray(cfg: Config) -> bool:
     """Join the configured cluster, or start a local Ray. Returns True when started here.
 
     Raises:
-        ConnectionError: the configured cluster did not answer within ``ray.connect_timeout_s``.
+        UnrecoverableError: the configured cluster did not answer within ``ray.connect_timeout_s``.
     """
     import ray
     from ray.data import DataContext
@@ -77,7 +78,9 @@ def init_ray(cfg: Config) -> bool:
     if ray.is_initialized():
         started = False
     elif address:
-        wait_for_cluster(address, cfg.ray.connect_timeout_s, "ray.address" if cfg.ray.address else "RAY_ADDRESS")
+        wait_for_cluster(
+            address, cfg.ray.connect_timeout_s, "ray.address" if cfg.ray.address else "RAY_ADDRESS"
+        )
         ray.init(address=address, logging_level=logging.WARNING)
         started = False
     else:
@@ -139,7 +142,7 @@ def wait_for_cluster(address: str, timeout_s: float, source: str = "ray.address"
     a TCP connect tells up front whether a cluster is there at all.
 
     Raises:
-        ConnectionError: naming the address, where it came from and the timeout.
+        UnrecoverableError: naming the address, where it came from and the timeout.
     """
     target = _host_port(address)
     if target is None:
@@ -151,7 +154,7 @@ def wait_for_cluster(address: str, timeout_s: float, source: str = "ray.address"
                 return
         except OSError as exc:
             if time.monotonic() >= deadline:
-                raise ConnectionError(
+                raise UnrecoverableError(
                     f"no Ray cluster answers at {source}={address} ({exc.strerror or exc}) after "
                     f"ray.connect_timeout_s={timeout_s:g}s; start it, fix the address, or unset it "
                     "to start a local Ray"

@@ -104,18 +104,152 @@ def infer_format(path: str, configured: str) -> str:
     )
 
 
+def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and its inner path for a local path or any URI pyarrow knows."""
+    try:
+        return pafs.FileSystem.from_uri(path)
+    except (pa.ArrowInvalid, ValueError):
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
 def check_corpus_path(path: str) -> None:
     """Fail fast, before Ray starts, when the corpus path does not exist."""
-    try:
-        filesystem, inner = pafs.FileSystem.from_uri(path)
-    except (pa.ArrowInvalid, ValueError):
-        filesystem, inner = pafs.LocalFileSystem(), os.path.abspath(path)
+    filesystem, inner = _filesystem(path)
     try:
         info = filesystem.get_file_info(inner)
     except OSError as exc:
         raise DataError(f"data.path: cannot access {path}: {str(exc).splitlines()[0]}") from None
     if info.type == pafs.FileType.NotFound:
         raise DataError(f"data.path: {path} does not exist")
+
+
+def corpus_columns(section: DataSection) -> dict[str, str]:
+    """Config key -> column the unsupervised corpus reader needs (:func:`read_corpus`)."""
+    return {"data.text_column": section.text_column}
+
+
+def pair_columns(section: DataSection) -> dict[str, str]:
+    """Config key -> column the pair reader needs (:func:`read_pairs`): anchor, positive, and
+    the negative when ``data.negative_column`` is set."""
+    columns = {
+        "data.anchor_column": section.anchor_column,
+        "data.positive_column": section.positive_column,
+    }
+    if section.negative_column:
+        columns["data.negative_column"] = section.negative_column
+    return columns
+
+
+# Files Ray Data reads from a folder, by format (its read_json / read_parquet extension
+# filters; read_csv reads every file). Compressed variants end in one of _COMPRESSIONS.
+_FOLDER_SUFFIXES = {"jsonl": (".json", ".jsonl"), "parquet": (".parquet",)}
+_COMPRESSIONS = ("", ".gz", ".br", ".zst", ".lz4")
+
+
+def _first_file(filesystem: pafs.FileSystem, inner: str, fmt: str) -> str | None:
+    """The file whose columns a read of ``inner`` starts with, or None when there is none
+    to look at or it is not plain which.
+
+    A folder is listed as Ray Data lists it: recursively, sorted, names starting with ``.``
+    or ``_`` left out. An empty first file gives None (Ray's csv reader fails on it, in its
+    own words), and so do hive-style ``key=value`` folders, which add columns from the path
+    that a file's own header does not show.
+    """
+    info = filesystem.get_file_info(inner)
+    if info.type == pafs.FileType.File:
+        first = info
+    elif info.type == pafs.FileType.Directory:
+        root = inner.rstrip("/") + "/"
+        suffixes = tuple(s + c for s in _FOLDER_SUFFIXES.get(fmt, ("",)) for c in _COMPRESSIONS)
+        files = sorted(
+            (
+                child
+                for child in filesystem.get_file_info(pafs.FileSelector(inner, recursive=True))
+                if child.type == pafs.FileType.File
+                and child.path.startswith(root)
+                and not child.path[len(root) :].startswith((".", "_"))
+                and child.path.lower().endswith(suffixes)
+            ),
+            key=lambda child: child.path,
+        )
+        if not files:
+            return None
+        first = files[0]
+    else:
+        return None
+    if not first.size or any("=" in part for part in first.path.split("/")[:-1]):
+        return None
+    return first.path
+
+
+def _jsonl_columns(stream: Any, wanted: Sequence[str]) -> list[str] | None:
+    """The keys of a JSON-lines file in first-seen order, reading no more than needed.
+
+    The first block (1 MiB) usually has every key. Only when a wanted key is not among
+    them is the rest of the file streamed, since a key may first appear further down
+    (rows without a given negative may leave that key out): a key new to the stream makes
+    Arrow fail, and then the answer is None, not a missing column.
+    """
+    import pyarrow.json as pajson
+
+    reader = pajson.open_json(stream)
+    names = list(reader.schema.names)
+    if all(column in names for column in wanted):
+        return names
+    try:
+        for _ in reader:
+            pass
+    except pa.ArrowInvalid:
+        return None
+    return names
+
+
+def _header_columns(section: DataSection, wanted: Sequence[str]) -> list[str] | None:
+    """The column names a Ray Data read of the corpus starts with, from the first file's
+    header (csv/tsv, parsed as :func:`read_dataset` parses it), schema (parquet) or records
+    (jsonl); None when that cannot be told cheaply and surely."""
+    import pyarrow.parquet as pq
+
+    assert section.path is not None
+    fmt = infer_format(section.path, section.format)
+    filesystem, inner = _filesystem(section.path)
+    try:
+        file = _first_file(filesystem, inner, fmt)
+        if file is None:
+            return None
+        if fmt == "parquet":
+            return list(pq.read_schema(file, filesystem=filesystem).names)
+        with filesystem.open_input_stream(file) as stream:  # decompresses by extension
+            if fmt == "jsonl":
+                return _jsonl_columns(stream, wanted)
+            import pyarrow.csv as pacsv
+
+            return list(pacsv.open_csv(stream, parse_options=_csv_parse_options(fmt)).schema.names)
+    except (OSError, ValueError, pa.ArrowException):
+        return None  # unreadable, empty, malformed: the reader reports it in its own words
+
+
+def check_corpus_columns(section: DataSection, *, pairs: bool) -> None:
+    """Fail fast, before Ray starts, when the corpus lacks a column the job reads.
+
+    ``pairs``: the job reads (anchor, positive[, negative]) rows (:func:`pair_columns`),
+    else sentences (:func:`corpus_columns`). Looks only at the first file's header, schema
+    or leading records, and raises the very error the Ray Data reader raises later for the
+    same file, so a bad column name costs seconds, not a Ray start. Text files have no
+    columns; whatever this cannot tell surely is left to the reader.
+
+    Raises:
+        DataError: naming the config key of the missing column and the columns there are,
+            or ``data.format`` when the format cannot be told from the path.
+    """
+    if section.path is None:
+        return
+    if infer_format(section.path, section.format) == "text":
+        return
+    wanted = pair_columns(section) if pairs else corpus_columns(section)
+    names = _header_columns(section, list(wanted.values()))
+    if names is not None:
+        require_column_names(names, section.path, wanted)
 
 
 def stable_row_id(text: str) -> int:
@@ -170,6 +304,14 @@ def _utf8_lines_datasource() -> type:
     return Utf8LinesDatasource
 
 
+def _csv_parse_options(fmt: str) -> Any:
+    """How csv/tsv files are split into cells: one place for the reader and the header check,
+    so both see the same columns."""
+    import pyarrow.csv as pacsv
+
+    return pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",")
+
+
 def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
     """A Ray Dataset over a file, folder or URI in one of the supported formats.
 
@@ -187,7 +329,7 @@ def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
 
         return ray.data.read_csv(
             path,
-            parse_options=pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ","),
+            parse_options=_csv_parse_options(fmt),
             convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in text_columns}),
         )
     if fmt == "jsonl":
@@ -195,12 +337,20 @@ def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
     return ray.data.read_parquet(path)
 
 
-def require_columns(ds: Any, path: str, wanted: dict[str, str]) -> None:
-    """Fail with the config key when a column is missing; ``wanted`` maps key -> column."""
-    names = ds.schema().names
+def require_column_names(names: Sequence[str], path: str, wanted: dict[str, str]) -> None:
+    """Fail with the config key when a column is missing; ``wanted`` maps key -> column.
+
+    The one place this message is made: the check before Ray (:func:`check_corpus_columns`)
+    and the Ray Data readers report a missing column in the same words.
+    """
     for key, column in wanted.items():
         if column not in names:
             raise DataError(f"{key}: column {column!r} not in {path} (columns: {', '.join(names)})")
+
+
+def require_columns(ds: Any, path: str, wanted: dict[str, str]) -> None:
+    """:func:`require_column_names` for a Ray Dataset's schema."""
+    require_column_names(ds.schema().names, path, wanted)
 
 
 def _is_text_type(dtype: pa.DataType) -> bool:
@@ -237,8 +387,10 @@ def read_corpus(section: DataSection) -> Any:
     ds = read_dataset(section.path, fmt, text_columns=[section.text_column])
     if fmt == "text":
         return ds
-    require_columns(ds, section.path, {"data.text_column": section.text_column})
-    require_text_column(ds, section.path, "data.text_column", section.text_column)
+    columns = corpus_columns(section)
+    require_columns(ds, section.path, columns)
+    for key, column in columns.items():
+        require_text_column(ds, section.path, key, column)
     ds = ds.select_columns([section.text_column])
     return ds.rename_columns({section.text_column: "text"}) if section.text_column != "text" else ds
 
@@ -439,12 +591,7 @@ def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | 
 
     assert section.path is not None
     fmt = infer_format(section.path, section.format)
-    columns = {
-        "data.anchor_column": section.anchor_column,
-        "data.positive_column": section.positive_column,
-    }
-    if section.negative_column:
-        columns["data.negative_column"] = section.negative_column
+    columns = pair_columns(section)
     negatives = None
     with reading(section.path, fmt):
         ds = read_dataset(section.path, fmt, text_columns=list(columns.values()))

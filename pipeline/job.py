@@ -17,6 +17,7 @@ from typing import Any
 from pipeline.cluster import check_cluster_fits, ray_session
 from pipeline.config import Config, ConfigError, dump_yaml
 from pipeline.data import (
+    check_corpus_columns,
     check_corpus_path,
     dataset_digest,
     index_triplets,
@@ -33,6 +34,7 @@ from pipeline.model import (
     pack_dir,
     quiet_libraries,
 )
+from pipeline.preflight import preflight_train
 from pipeline.sts import STSPairs, read_sts
 from pipeline.synthetic import write_generated_corpus, write_generated_sts
 from pipeline.tracking import (
@@ -168,8 +170,10 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
     storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
     if cfg.data.path is not None:
         check_corpus_path(cfg.data.path)
+        check_corpus_columns(cfg.data, pairs=cfg.mining.negative_mode == "triplet")
     if cfg.model.name_or_path:
         check_model_path(cfg.model.name_or_path)
+    preflight_train(cfg)
     sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)  # bad STS files fail before any compute
     if cfg.data.path is None and cfg.data.generated.sts_pairs:
         gen = cfg.data.generated
@@ -215,7 +219,7 @@ def _train(
     echo: Callable[[str], None],
 ) -> None:
     """Data, model, miner, trainer and export, inside a Ray session; fills ``summary``."""
-    miner = None
+    miner, miner_pid = None, None
     try:
         triplets = None
         if cfg.mining.negative_mode == "triplet":
@@ -298,7 +302,7 @@ def _train(
                 max_restarts=cfg.mining.max_restarts,
             )
             try:
-                ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
+                miner_pid = ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
             except ray.exceptions.GetTimeoutError:
                 raise TimeoutError(
                     f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "
@@ -316,6 +320,7 @@ def _train(
             "triplets_ref": triplets_ref,
             "eval_ref": eval_ref,
             "miner": miner,
+            "miner_pid": miner_pid,
             "tracking_uri": tracked.tracking_uri,
             "run_id": tracked.run_id,
         }

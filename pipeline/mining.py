@@ -7,6 +7,7 @@ through :func:`start_miner_actor`.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -212,8 +213,9 @@ class HardNegativeMiner:
         )  # fmt: skip
 
     def ready(self) -> int:
-        """Corpus size; answering proves the actor was placed and loaded."""
-        return len(self.corpus)
+        """This actor's process id; answering proves the actor was placed and loaded, and a
+        different id than before proves Ray restarted it."""
+        return os.getpid()
 
     def refresh(self, encoder_state: dict[str, torch.Tensor], version: int, step: int) -> RefreshReport:
         """Mine with the given encoder weights and return the plan tagged ``version``."""

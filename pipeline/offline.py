@@ -172,9 +172,16 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
     import tempfile
     from datetime import datetime
 
-    from pipeline.data import check_corpus_path
-    from pipeline.job import ray_session
-    from pipeline.model import fetch_pretrained_dir, load_sentence_encoder, load_tokenizer, quiet_libraries
+    from pipeline.cluster import ray_session
+    from pipeline.data import check_corpus_columns, check_corpus_path
+    from pipeline.model import (
+        check_model_path,
+        fetch_pretrained_dir,
+        load_sentence_encoder,
+        load_tokenizer,
+        quiet_libraries,
+    )
+    from pipeline.preflight import preflight_mine
     from pipeline.tracking import resolve_tracking_uri, start_or_resume_run
 
     if not cfg.data.path:
@@ -183,7 +190,10 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
         raise DataError(f"--output: {output} must end in .parquet or .jsonl")
     if not cfg.model.name_or_path:
         raise DataError("--model (model.name_or_path) is required")
+    preflight_mine(cfg, output)
     check_corpus_path(cfg.data.path)
+    check_corpus_columns(cfg.data, pairs=True)  # a text file is sentences: no columns
+    check_model_path(cfg.model.name_or_path)
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
     run_name = cfg.run.name or datetime.now().strftime("mine-%Y%m%d-%H%M%S")
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)

@@ -189,7 +189,15 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if resume is not None and state.step > 0:
             logger.log({"resumed_at_step": float(state.step)}, state.step)
 
-    refresher = PlanRefresher(cfg, miner, rank, lengths, logger, restarts=state.miner_restarts)
+    refresher = PlanRefresher(
+        cfg,
+        miner,
+        rank,
+        lengths,
+        logger,
+        restarts=state.miner_restarts,
+        miner_pid=loop_config.get("miner_pid"),
+    )
     evaluator = None
     if loop_config.get("eval_ref") is not None:
         evaluator = TrainingEvaluator(
@@ -553,6 +561,7 @@ class PlanRefresher:
         lengths: np.ndarray,
         logger: Any = None,
         restarts: int = 0,
+        miner_pid: int | None = None,
     ):
         self.cfg = cfg
         self.miner = miner if cfg.mining.enabled else None
@@ -564,6 +573,8 @@ class PlanRefresher:
         self.submitted_in_epoch: int | None = None
         self.restarts = restarts
         """Miner deaths survived so far in this run (``mining.max_restarts`` bounds them)."""
+        self.miner_pid = miner_pid
+        """The miner's process id when last seen (its ``ready()``): a new one means Ray restarted it."""
 
     def _last_epoch(self, epoch: int) -> bool:
         return epoch + 1 >= self.cfg.train.epochs
@@ -626,11 +637,13 @@ class PlanRefresher:
                     self.pending[0] if self.pending is not None else self._submit(model, version, state.step)
                 )
                 self.pending = None
+                deadline = time.monotonic() + self.cfg.mining.timeout_s
                 while report is None:
                     try:
-                        report = self._get(ref, version)
+                        report = self._get(ref, version, deadline)
                     except ray.exceptions.RayActorError as exc:
-                        ref = self._resubmit_after_failure(exc, model, version, state.step)
+                        deadline = self._recover(exc, version, state.step, deadline)
+                        ref = self._submit(model, version, state.step)
             elif self.pending is not None:
                 ref, snapshot_step, submitted = self.pending
                 if ray.wait([ref], timeout=0)[0]:
@@ -638,8 +651,10 @@ class PlanRefresher:
                         report = self._get(ref, version)
                         self.pending = None
                     except ray.exceptions.RayActorError as exc:
-                        # Async never waits: the new refresh's plan is adopted at the next boundary.
-                        ref = self._resubmit_after_failure(exc, model, version, state.step)
+                        # Async never waits for the plan: the new refresh's plan is adopted at
+                        # the next boundary.
+                        self._recover(exc, version, state.step, time.monotonic() + self.cfg.mining.timeout_s)
+                        ref = self._submit(model, version, state.step)
                         self.pending = (ref, state.step, time.perf_counter())
                         boundary.late = True
                 elif time.perf_counter() - submitted > self.cfg.mining.timeout_s:
@@ -662,59 +677,69 @@ class PlanRefresher:
         boundary.wait_seconds = time.perf_counter() - start  # every rank's own wait
         return BatchPlan.from_dict(plan_dict), boundary
 
-    def _get(self, ref: Any, version: int) -> Any:
+    def _timed_out(self, version: int) -> UnrecoverableError:
+        return UnrecoverableError(
+            f"the miner did not return plan v{version} within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
+        )
+
+    def _get(self, ref: Any, version: int, deadline: float) -> Any:
         import ray
 
         try:
-            return ray.get(ref, timeout=self.cfg.mining.timeout_s)
+            return ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
-            raise UnrecoverableError(
-                f"the miner did not return plan v{version} within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
-            ) from None
+            raise self._timed_out(version) from None
 
-    def _resubmit_after_failure(
-        self, exc: BaseException, model: SentenceEncoder, version: int, step: int
-    ) -> Any:
-        """The miner died mid-refresh: wait for Ray to restart it, log the event, and submit
-        the refresh again from the current (newest) weights."""
+    def _recover(self, exc: BaseException, version: int, step: int, deadline: float) -> float:
+        """A refresh call failed on the actor (``exc``): wait until the miner answers again and
+        return the deadline for the refresh that the caller submits again (from the newest
+        weights).
+
+        Ray reports both a miner that died and one that did not answer in time (frozen, or
+        starved of CPU on a loaded machine) as actor errors; the miner's process id tells
+        them apart. Only a new process, Ray's restart of a dead miner, counts against
+        ``mining.max_restarts`` and gets a fresh ``mining.timeout_s``; an unresponsive one
+        keeps the deadline the refresh already had.
+        """
         import ray
 
-        self.restarts += 1
-        limit = self.cfg.mining.max_restarts
         reason = first_line(exc)
-        if self.restarts > limit:
-            raise UnrecoverableError(
-                f"the miner actor died during refresh v{version} and mining.max_restarts={limit} "
-                f"restarts are used up: {reason}"
-            ) from exc
+        while True:
+            # Calls made while Ray restarts the actor fail at once (max_task_retries=0): ask
+            # again until it answers, it is dead for good, or the deadline passes.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._timed_out(version)
+            try:
+                pid = ray.get(self.miner.ready.remote(), timeout=remaining)
+                break
+            except ray.exceptions.ActorUnavailableError:
+                time.sleep(0.5)
+            except ray.exceptions.GetTimeoutError:
+                raise self._timed_out(version) from None
+            except ray.exceptions.RayActorError as dead:
+                # Ray restarts the actor mining.max_restarts times; after that it stays dead.
+                raise UnrecoverableError(
+                    f"the miner actor died during refresh v{version} and mining.max_restarts="
+                    f"{self.cfg.mining.max_restarts} restarts are used up: {reason}"
+                ) from dead
+        if pid == self.miner_pid:
+            print(
+                f"[mining] the miner did not answer during refresh v{version} ({reason}); asking again",
+                flush=True,
+            )
+            return deadline
+        self.miner_pid = pid
+        self.restarts += 1
         print(
             f"[mining] the miner actor died during refresh v{version} ({reason}); restart "
-            f"{self.restarts}/{limit}, re-mining from the weights at step {step}",
+            f"{self.restarts}/{self.cfg.mining.max_restarts}, re-mining from the weights at step {step}",
             flush=True,
         )
         if self.logger is not None:
             self.logger.log({"miner_restarts": float(self.restarts)}, step)
             self.logger.flush()
-        deadline = time.monotonic() + self.cfg.mining.timeout_s
-        while True:
-            # Calls made while Ray restarts the actor fail at once (max_task_retries=0): ask
-            # again until it answers, it is dead for good, or the timeout passes.
-            try:
-                ray.get(self.miner.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
-                break
-            except ray.exceptions.ActorUnavailableError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-            except ray.exceptions.GetTimeoutError:
-                break
-            except ray.exceptions.RayActorError as again:
-                raise UnrecoverableError(f"the miner actor could not be restarted: {again}") from again
-        if time.monotonic() > deadline:
-            raise UnrecoverableError(
-                f"the restarted miner actor was not back within mining.timeout_s={self.cfg.mining.timeout_s:g}s"
-            )
-        return self._submit(model, version, step)
+        return time.monotonic() + self.cfg.mining.timeout_s
 
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
         """The same batches (or a fresh random plan for a random one) in a new order."""

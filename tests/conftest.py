@@ -144,7 +144,7 @@ class RayHead:
     only its own processes, by process group: ``ray stop`` would kill every Ray on the host.
     """
 
-    def __init__(self, tmp: Path, num_cpus: int = 4):
+    def __init__(self, tmp: Path, num_cpus: int = 4, ray_tmpdir: Path | None = None):
         bin_dir = Path(PYTHON).parent
         self.gcs_port, self.dashboard_port = free_port(), free_port()
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
@@ -155,15 +155,17 @@ class RayHead:
                 "RAY_API_SERVER_ADDRESS": self.dashboard,
             }
         )
-        # Short: Ray's unix socket paths have a length limit.
-        self.temp = Path("/tmp") / f"rayt{os.getpid()}-{self.gcs_port}"
+        # Ray's root folder (it writes ray_current_cluster there, which Ray's auto-detection
+        # reads). Short: Ray's unix socket paths have a length limit.
+        self.temp = ray_tmpdir or Path("/tmp") / f"rayt{os.getpid()}-{self.gcs_port}"
+        self.env["RAY_TMPDIR"] = str(self.temp)
         self.log = tmp / "ray-head.log"
         self.proc = subprocess.Popen(
             [
                 str(bin_dir / "ray"), "start", "--head", "--block", f"--port={self.gcs_port}",
                 f"--num-cpus={num_cpus}", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                 f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
-                f"--temp-dir={self.temp}", "--disable-usage-stats",
+                "--disable-usage-stats",
             ],
             env=self.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

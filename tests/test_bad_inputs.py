@@ -1,6 +1,7 @@
-"""The bad-input matrix of jobs/train.py: every bad input ends in exactly one ``error:`` line
-on stderr that names the problem (and the config key), no traceback, a non-zero exit code,
-and an MLflow run (when one was created) marked FAILED with the reason in ``simcse.error``.
+"""The bad-input matrix of jobs/train.py (and the up-front checks jobs/mine.py shares): every
+bad input ends in exactly one ``error:`` line on stderr that names the problem (and the config
+key), no traceback, a non-zero exit code, and an MLflow run (when one was created) marked
+FAILED with the reason in ``simcse.error``.
 
 Inputs rejected before Ray starts run ``main()`` in-process without Ray; inputs that need the
 corpus read run in-process on the module's shared local Ray; only the cluster-size check
@@ -27,14 +28,15 @@ DEMO = str(REPO / "jobs/configs/demo.yaml")
 TINY = ["train.epochs=1", "mining.enabled=false", "train.batch_size=16", "train.num_workers=1"]
 
 
-def _load_train_job():
-    spec = importlib.util.spec_from_file_location("jobs_train_bad_inputs", REPO / "jobs/train.py")
+def _load_job(name: str):
+    spec = importlib.util.spec_from_file_location(f"jobs_{name}_bad_inputs", REPO / f"jobs/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-TRAIN = _load_train_job()
+TRAIN = _load_job("train")
+MINE = _load_job("mine")
 
 
 @dataclass
@@ -110,12 +112,55 @@ def _sts_with_bad_score(tmp_path: Path) -> Path:
     return path
 
 
+def _corpora_without_columns(tmp_path: Path) -> None:
+    """Corpora whose header lacks the configured column: found from the header, before Ray."""
+    (tmp_path / "corpus.csv").write_text(
+        "sentence,label\n" + "".join(f"sentence {i},{i}\n" for i in range(50))
+    )
+    (tmp_path / "corpus.jsonl").write_text(
+        "".join(json.dumps({"sentence": f"sentence {i}"}) + "\n" for i in range(50))
+    )
+    pq.write_table(
+        pa.table({"sentence": [f"sentence {i}" for i in range(50)], "label": range(50)}),
+        tmp_path / "corpus.parquet",
+    )
+    (tmp_path / "pairs.csv").write_text(
+        "anchor,answer\n" + "".join(f"question {i},answer {i}\n" for i in range(50))
+    )
+    (tmp_path / "questions.csv").write_text(
+        "question,positive\n" + "".join(f"question {i},answer {i}\n" for i in range(50))
+    )
+    (tmp_path / "pairs.jsonl").write_text(
+        "".join(json.dumps({"q": f"question {i}", "p": f"answer {i}"}) + "\n" for i in range(50))
+    )
+
+
 PRE_RAY = {
     # case: (overrides with {tmp} for the test's folder, exit code, the error line)
     "missing corpus path": (
         ["data.path={tmp}/missing.txt"],
         1,
         "error: data.path: {tmp}/missing.txt does not exist",
+    ),
+    "csv without the text column": (
+        ["data.path={tmp}/corpus.csv"],
+        1,
+        "error: data.text_column: column 'text' not in {tmp}/corpus.csv (columns: sentence, label)",
+    ),
+    "jsonl without the text column": (
+        ["data.path={tmp}/corpus.jsonl"],
+        1,
+        "error: data.text_column: column 'text' not in {tmp}/corpus.jsonl (columns: sentence)",
+    ),
+    "parquet without the text column": (
+        ["data.path={tmp}/corpus.parquet"],
+        1,
+        "error: data.text_column: column 'text' not in {tmp}/corpus.parquet (columns: sentence, label)",
+    ),
+    "triplet csv without the positive column": (
+        ["data.path={tmp}/pairs.csv", "mining.negative_mode=triplet"],
+        1,
+        "error: data.positive_column: column 'positive' not in {tmp}/pairs.csv (columns: anchor, answer)",
     ),
     "unknown key": (
         ["train.temprature=0.1"],
@@ -151,10 +196,52 @@ PRE_RAY = {
 def test_rejected_before_anything_starts(tmp_path, capfd, monkeypatch, case):
     overrides, code, error = PRE_RAY[case]
     _sts_with_bad_score(tmp_path)
+    _corpora_without_columns(tmp_path)
     outcome = _train(tmp_path, capfd, monkeypatch, *(o.format(tmp=tmp_path) for o in overrides))
     if isinstance(error, str):
         error = error.format(tmp=tmp_path)
     _assert_failed(outcome, code, error, run_created=False)
+
+
+MINE_PRE_RAY = {
+    # case: (jobs/mine.py arguments with {tmp}, exit code, the error line)
+    "model folder missing": (
+        ["--model", "{tmp}/no-such-model", "--input", "{tmp}/good-pairs.csv"],
+        2,
+        "error: model.name_or_path: model folder {tmp}/no-such-model does not exist",
+    ),
+    "pairs csv without the anchor column": (
+        ["--model", "{tmp}/model", "--input", "{tmp}/questions.csv"],
+        1,
+        "error: data.anchor_column: column 'anchor' not in {tmp}/questions.csv (columns: question, positive)",
+    ),
+    "pairs jsonl without the anchor column": (
+        ["--model", "{tmp}/model", "--input", "{tmp}/pairs.jsonl"],
+        1,
+        "error: data.anchor_column: column 'anchor' not in {tmp}/pairs.jsonl (columns: q, p)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MINE_PRE_RAY))
+def test_mine_job_rejected_before_anything_starts(tmp_path, capfd, monkeypatch, case):
+    """jobs/mine.py runs the same checks as jobs/train.py before its MLflow run and Ray: one
+    ``error:`` line in seconds, not after a Ray start and a corpus read."""
+    arguments, code, error = MINE_PRE_RAY[case]
+    _corpora_without_columns(tmp_path)
+    (tmp_path / "good-pairs.csv").write_text("anchor,positive\na cat,a kitten\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text("{}")  # passes the model folder check
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "mlruns.db"
+    argv = [a.format(tmp=tmp_path) for a in arguments]
+    argv += ["--output", str(tmp_path / "out.parquet"), "--set", f"tracking.uri=sqlite:///{db}"]
+    capfd.readouterr()
+    outcome = Outcome(MINE.main(argv), *capfd.readouterr(), db, "simcse-mining")
+    _assert_failed(outcome, code, error.format(tmp=tmp_path), run_created=False)
+    assert "[data]" not in outcome.stdout  # the pairs were never read
+    assert not (tmp_path / "out.parquet").exists()
 
 
 def test_only_paths_that_look_local_are_checked_up_front(tmp_path, monkeypatch):
@@ -236,12 +323,6 @@ def _write_corpus(tmp_path: Path, case: str) -> Path:
     elif case in ("only duplicates", "smaller than a batch"):
         path = tmp_path / "small.txt"
         path.write_text("the same sentence again\n" * 500 if case == "only duplicates" else _lines(10))
-    elif case == "csv without the column":
-        path = tmp_path / "corpus.csv"
-        path.write_text("sentence,label\n" + "".join(f"sentence {i},{i}\n" for i in range(50)))
-    elif case == "jsonl without the column":
-        path = tmp_path / "corpus.jsonl"
-        path.write_text("".join(json.dumps({"sentence": f"sentence {i}"}) + "\n" for i in range(50)))
     elif case == "jsonl not UTF-8":  # JSON must be UTF-8: this one fails, unlike text and csv
         path = tmp_path / "latin1.jsonl"
         path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
@@ -272,14 +353,6 @@ CORPUS = {
     "smaller than a batch": (
         2,
         re.compile(r"error: train\.batch_size \(16\) is larger than the corpus \(10 .*"),
-    ),
-    "csv without the column": (
-        1,
-        "error: data.text_column: column 'text' not in {path} (columns: sentence, label)",
-    ),
-    "jsonl without the column": (
-        1,
-        "error: data.text_column: column 'text' not in {path} (columns: sentence)",
     ),
     "jsonl not UTF-8": (
         1,

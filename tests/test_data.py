@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -13,8 +15,14 @@ from pipeline.config import DataSection
 from pipeline.data import (
     DataError,
     TokenizedCorpus,
+    check_corpus_columns,
     check_corpus_path,
+    corpus_columns,
+    infer_format,
     load_clean_corpus,
+    read_dataset,
+    read_pairs,
+    require_columns,
     stable_row_id,
     tokenize_corpus,
 )
@@ -118,3 +126,115 @@ def test_max_rows_sample_is_the_one_the_recipe_peer_trains_on(tmp_path, ray_loca
     spec.loader.exec_module(peer)
     rows = peer.training_rows(str(path), 120)
     assert rows["anchor"] == expected and rows["positive"] == expected
+
+
+def _column_case(tmp_path: Path, case: str) -> tuple[DataSection, bool]:
+    """A corpus for the column check and how the job reads it: ``(section, pairs)``."""
+    if case == "csv":
+        path = tmp_path / "corpus.csv"
+        path.write_text("sentence,label\na cat,1\n")
+    elif case == "tsv, quoted header":  # the quoted tab is inside a name, not between two
+        path = tmp_path / "corpus.tsv"
+        path.write_text('sentence\t"te\txt"\na cat\t1\n')
+    elif case == "csv.gz":
+        path = tmp_path / "corpus.csv.gz"
+        path.write_bytes(gzip.compress(b"sentence,label\na cat,1\n"))
+    elif case == "jsonl":
+        path = tmp_path / "corpus.jsonl"
+        path.write_text("\n" + "".join(json.dumps({"sentence": f"s {i}", "n": i}) + "\n" for i in range(3)))
+    elif case == "parquet":
+        path = tmp_path / "corpus.parquet"
+        pq.write_table(pa.table({"sentence": ["a cat"], "label": [1]}), path)
+    elif case == "folder":  # hidden and marker files are skipped, as Ray Data skips them
+        path = tmp_path / "shards"
+        (path / "sub").mkdir(parents=True)
+        (path / ".hidden.csv").write_text("text\nx\n")
+        (path / "_SUCCESS").write_text("text\n")
+        (path / "sub/part-0.csv").write_text("sentence,label\na cat,1\n")
+        (path / "sub/part-1.csv").write_text("sentence,label\na dog,2\n")
+        return DataSection(path=str(path), format="csv"), False
+    elif case == "pairs csv without the positive":
+        path = tmp_path / "pairs.csv"
+        path.write_text("anchor,answer\na cat,a kitten\n")
+        return DataSection(path=str(path)), True
+    elif case == "pairs jsonl without the negative":
+        path = tmp_path / "pairs.jsonl"
+        path.write_text(json.dumps({"anchor": "a cat", "positive": "a kitten", "hard": "a car"}) + "\n")
+        return DataSection(path=str(path), negative_column="negative"), True
+    elif case == "jsonl, key from line 2":  # fine: a key that first shows up late still counts
+        path = tmp_path / "late.jsonl"
+        rows = [{"sentence": "a"}, *({"sentence": f"s {i}", "text": f"t {i}"} for i in range(3))]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:  # "jsonl, key after the first MiB"
+        path = tmp_path / "very-late.jsonl"
+        head = "".join(json.dumps({"n": i}) + "\n" for i in range(120_000))
+        path.write_text(head + json.dumps({"n": -1, "text": "a late sentence"}) + "\n")
+    return DataSection(path=str(path)), False
+
+
+COLUMN_CASES = {
+    # case: the error both the check before Ray and the Ray Data reader raise, or None (both pass)
+    "csv": "data.text_column: column 'text' not in {path} (columns: sentence, label)",
+    "tsv, quoted header": "data.text_column: column 'text' not in {path} (columns: sentence, te\txt)",
+    "csv.gz": "data.text_column: column 'text' not in {path} (columns: sentence, label)",
+    "jsonl": "data.text_column: column 'text' not in {path} (columns: sentence, n)",
+    "parquet": "data.text_column: column 'text' not in {path} (columns: sentence, label)",
+    "folder": "data.text_column: column 'text' not in {path} (columns: sentence, label)",
+    "pairs csv without the positive": (
+        "data.positive_column: column 'positive' not in {path} (columns: anchor, answer)"
+    ),
+    "pairs jsonl without the negative": (
+        "data.negative_column: column 'negative' not in {path} (columns: anchor, positive, hard)"
+    ),
+    "jsonl, key from line 2": None,
+    "jsonl, key after the first MiB": None,
+}
+
+
+@pytest.mark.parametrize("case", list(COLUMN_CASES))
+def test_missing_column_reads_the_same_before_and_inside_ray(ray_local, tmp_path, case):
+    """The header check before Ray and the Ray Data reader agree: the same error line for a
+    missing column, and neither rejects a corpus that has it (however late in the file)."""
+    section, pairs = _column_case(tmp_path, case)
+    expected = COLUMN_CASES[case]
+
+    def read() -> None:
+        if pairs:
+            read_pairs(section)
+        else:
+            load_clean_corpus(section)
+
+    if expected is None:
+        check_corpus_columns(section, pairs=pairs)
+        fmt = infer_format(section.path, section.format)
+        require_columns(read_dataset(section.path, fmt), section.path, corpus_columns(section))
+        return
+    expected = expected.format(path=section.path)
+    with pytest.raises(DataError) as early:
+        check_corpus_columns(section, pairs=pairs)
+    assert str(early.value) == expected
+    with pytest.raises(DataError) as late:
+        read()
+    assert str(late.value) == expected
+
+
+def test_column_check_leaves_what_it_cannot_tell_to_the_reader(tmp_path):
+    """No Ray: text files, empty or malformed first files (alone or first in a folder) and
+    hive-style folders (whose path adds columns) pass the check; the reader reports them in
+    its own words."""
+    (tmp_path / "corpus.txt").write_text("a cat\n")
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "array.jsonl").write_text("[1, 2]\n")
+    (tmp_path / "hive/lang=en").mkdir(parents=True)
+    (tmp_path / "hive/lang=en/part-0.csv").write_text("sentence\na cat\n")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards/part-0.csv").write_text("")  # Ray's csv reader fails on it
+    (tmp_path / "shards/part-1.csv").write_text("sentence\na cat\n")
+    for path in ("corpus.txt", "empty.csv", "array.jsonl", "hive", "shards"):
+        check_corpus_columns(
+            DataSection(path=str(tmp_path / path), format="auto" if "." in path else "csv"), pairs=False
+        )
+    check_corpus_columns(DataSection(path=str(tmp_path / "corpus.txt")), pairs=True)  # sentences as pairs
+    check_corpus_columns(DataSection(path=None), pairs=False)  # generated corpus
+    with pytest.raises(DataError, match="data.format: cannot tell the format"):
+        check_corpus_columns(DataSection(path=str(tmp_path / "hive")), pairs=False)

@@ -370,15 +370,14 @@ def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
 
 
 @pytest.mark.slow
-def test_hung_miner_fails_the_job_naming_the_wait(tmp_path):
+def test_hung_miner_ends_the_job_at_once_and_costs_no_epoch(tmp_path):
     """The miner process is frozen (SIGSTOP) before the first refresh: the epoch-end wait for its
-    plan ends after ``mining.timeout_s`` with one line naming that wait, not a hang; the run is
-    marked FAILED and the checkpoints written before stay on disk for a resume."""
-    job = RunningJob(
-        tmp_path,
-        ["run.name=hung", "train.epochs=2", "mining.timeout_s=20", "train.max_failures=0",
-         "checkpoint.every_steps=10"],
-    )  # fmt: skip
+    plan ends after ``mining.timeout_s`` with one line naming that wait, not a hang, and is not
+    retried (restarted workers would wait on the same miner); the run is marked FAILED. The
+    finished epoch was checkpointed before the wait, so the job started again resumes at the
+    boundary, asks a new miner for the plan, and trains no step twice."""
+    overrides = ["run.name=hung", "train.epochs=2", "mining.timeout_s=30", "checkpoint.every_steps=10"]
+    job = RunningJob(tmp_path, overrides)
     try:
         # The trainer is announced only after the miner answered ready(): it exists and is idle.
         wait_for(lambda: "[train] 2 epochs" in job.output, 300, "the trainer start", job)
@@ -390,16 +389,32 @@ def test_hung_miner_fails_the_job_naming_the_wait(tmp_path):
     out = job.output
     assert code == 1, out[-4000:]
     errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert errors == ["error: the miner did not return plan v1 within mining.timeout_s=20s"], out[-4000:]
+    assert errors == ["error: the miner did not return plan v1 within mining.timeout_s=30s"], out[-4000:]
     assert "Traceback" not in out  # Ray Train's own failure reports are off unless --debug
     assert re.search(
-        r"\[train\] worker rank 0 failed: the miner did not return plan v1 within mining\.timeout_s=20s "
-        r"\(failure 1, train\.max_failures=0; giving up\)",
+        r"\[train\] worker rank 0 failed: the miner did not return plan v1 within mining\.timeout_s=30s "
+        r"\(failure 1, train\.max_failures=3; not retried: it fails the same way on every restart\)",
         out,
     ), out[-4000:]
+    assert "failure 2" not in out
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
     assert run.info.status == "FAILED"
     assert run.data.tags["simcse.error"] == errors[0].removeprefix("error: ")
-    # Epoch 1 (25 steps) was trained and checkpointed at steps 10 and 20 before the boundary wait.
-    assert [c["step"] for c in snapshot_checkpoints(tmp_path / "runs/hung")] == [10, 20]
+    # Epoch 1 was checkpointed at steps 10 and 20, and at its end before the wait for the plan.
+    checkpoints = snapshot_checkpoints(tmp_path / "runs/hung")
+    steps_per_epoch = checkpoints[-1]["step"]
+    assert [c["step"] for c in checkpoints] == [10, 20, steps_per_epoch] and steps_per_epoch > 20
+    assert checkpoints[-1]["epoch"] == 1 and checkpoints[-1]["plan_pending"] is True
+
+    again = RunningJob(tmp_path, overrides)
+    code = again.wait(timeout=600)
+    out = again.output
+    assert code == 0, out[-4000:]
+    assert f"[train] resumed at step {steps_per_epoch}, after epoch 1" in out
+    assert "[train] epoch 1 was checkpointed before its refresh; next plan v1" in out
+    assert "batch plans   v0 (random), v1 (mined)" in out
+    (resumed,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+    history = train_loss_history(client, run.info.run_id)
+    assert sorted(m.step for m in history) == list(range(1, 2 * steps_per_epoch + 1))  # each step once

@@ -139,11 +139,3 @@ def test_mine_job_on_text_and_pairs(tmp_path, trained_tiny_model_dir, paraphrase
     runs = client.search_runs([client.get_experiment_by_name("simcse-mining").experiment_id])
     assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
     assert {r.data.metrics["mining_rows_out"] for r in runs} == {table.num_rows, len(rows)}
-
-    missing = _mine(tmp_path, trained_tiny_model_dir, pairs_file, tmp_path / "x.parquet", "model.pooler=mean")
-    assert missing.returncode != 0
-    assert (
-        missing.stderr.strip()
-        .splitlines()[-1]
-        .startswith("error: data.anchor_column: column 'anchor' not in")
-    )

@@ -1,0 +1,108 @@
+"""Jobs beside other Ray work on one machine: each job runs on the Ray it means and leaves
+the others alone.
+
+Ray's defaults guess "the" cluster from ``$RAY_TMPDIR/ray/ray_current_cluster`` (written by
+``ray start``) or from the running ``gcs_server`` processes. The tests here share one
+``RAY_TMPDIR`` with a ``ray start`` head, so a job that let Ray guess would join or query
+that head; they do not touch the machine's default ``/tmp/ray``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO, RayHead, free_port, job_env
+from mlflow.tracking import MlflowClient
+
+DEMO = str(REPO / "jobs/configs/demo.yaml")
+SMALL = ["train.epochs=2", "data.generated.num_groups=150", "data.generated.sts_pairs=100"]
+
+
+def _start(cmd: list[str], cwd: Path, env: dict) -> subprocess.Popen:
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [PYTHON, *cmd], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _finished_run(db: Path, experiment: str):
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return run
+
+
+@pytest.mark.slow
+def test_two_jobs_at_once_beside_a_ray_start_head_and_a_dead_clusters_leftovers(
+    tmp_path, trained_tiny_model_dir
+):
+    ray_tmp = Path("/tmp") / f"rtc{free_port()}"  # short: Ray's socket paths have a length limit
+    head = RayHead(tmp_path / "head", num_cpus=2, ray_tmpdir=ray_tmp)
+    assert (ray_tmp / "ray" / "ray_current_cluster").is_file()  # what Ray's guessing would find
+    # A cluster that died without cleaning up: its file points at a port nothing listens on.
+    stale_tmp = Path("/tmp") / f"rtd{free_port()}"
+    (stale_tmp / "ray").mkdir(parents=True)
+    (stale_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("\n".join(f"sentence number {i} about topic {i % 7}" for i in range(200)) + "\n")
+    jobs = {}
+    try:
+        beside_head = job_env({"RAY_TMPDIR": str(ray_tmp)})
+        for name in ("first", "second"):
+            args = [str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"run.name={name}"]
+            for item in SMALL:
+                args += ["--set", item]
+            jobs[name] = _start(args, tmp_path / name, beside_head)
+        jobs["mine"] = _start(
+            [str(REPO / "jobs/mine.py"), "--model", str(trained_tiny_model_dir), "--input", str(sentences),
+             "--output", "triplets.parquet", "--set", "mining.num_negatives=1"],
+            tmp_path / "mine", job_env({"RAY_TMPDIR": str(stale_tmp)}),
+        )  # fmt: skip
+        outputs = {}
+        started = time.monotonic()
+        for name, proc in jobs.items():
+            outputs[name] = proc.communicate(timeout=max(60, 900 - (time.monotonic() - started)))[0]
+        # The head is untouched: it still answers, and no job ran on it.
+        with urllib.request.urlopen(f"{head.dashboard}/api/jobs/", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        for proc in jobs.values():
+            if proc.poll() is None:
+                proc.kill()
+        head.stop()
+        for folder in (ray_tmp, stale_tmp):
+            subprocess.run(["rm", "-rf", str(folder)], check=False)
+    for name, out in outputs.items():
+        assert jobs[name].returncode == 0, f"{name}:\n{out[-4000:]}"
+        assert "Traceback" not in out and "multiple active Ray instances" not in out, (
+            f"{name}:\n{out[-4000:]}"
+        )
+        assert "Failed to connect to GCS" not in out, f"{name}:\n{out[-4000:]}"
+    for name in ("first", "second"):
+        assert f"SimCSE run '{name}' finished" in outputs[name]
+        assert "batch plans   v0 (random), v1 (mined)" in outputs[name]
+        assert _finished_run(tmp_path / name / "mlruns.db", "simcse-demo").info.status == "FINISHED"
+    assert "mined triplets.parquet" in outputs["mine"]
+    assert _finished_run(tmp_path / "mine" / "mlruns.db", "simcse-mining").info.status == "FINISHED"
+
+
+def test_a_cluster_that_does_not_answer_fails_in_seconds_with_one_line(tmp_path):
+    dead = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", "ray.connect_timeout_s=2"],
+        cwd=tmp_path, env=job_env({"RAY_ADDRESS": dead}), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: no Ray cluster answers at RAY_ADDRESS={dead} (Connection refused) after "
+        "ray.connect_timeout_s=2s; start it, fix the address, or unset it to start a local Ray"
+    ], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _finished_run(tmp_path / "mlruns.db", "simcse-demo").info.status == "FAILED"
+    assert time.monotonic() - started < 90
