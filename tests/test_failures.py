@@ -401,10 +401,11 @@ def test_hung_miner_ends_the_job_at_once_and_costs_no_epoch(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
     assert run.info.status == "FAILED"
     assert run.data.tags["simcse.error"] == errors[0].removeprefix("error: ")
-    # Epoch 1 was checkpointed at steps 10 and 20, and at its end before the wait for the plan.
+    # Epoch 1 was checkpointed at steps 10 and 20, and at its end before the wait for the plan
+    # (checkpoint.keep_last=2 keeps the newest two).
     checkpoints = snapshot_checkpoints(tmp_path / "runs/hung")
     steps_per_epoch = checkpoints[-1]["step"]
-    assert [c["step"] for c in checkpoints] == [10, 20, steps_per_epoch] and steps_per_epoch > 20
+    assert [c["step"] for c in checkpoints] == [20, steps_per_epoch] and steps_per_epoch > 20
     assert checkpoints[-1]["epoch"] == 1 and checkpoints[-1]["plan_pending"] is True
 
     again = RunningJob(tmp_path, overrides)
