@@ -40,20 +40,21 @@ def ray_session(cfg: Config) -> Iterator[bool]:
     """Ray for the length of a job: yields True when it started a local Ray, which it then
     shuts down on the way out (a joined cluster is left running)."""
     saved = os.environ.get(API_SERVER_ENV)
-    started = init_ray(cfg)
+    started = False
     try:
+        started = init_ray(cfg)
         yield started
     finally:
         if started:
             import ray
 
             ray.shutdown()
-            # The variable pointed at the Ray just shut down: a later job in this process
-            # (tests run several) must not inherit it.
-            if saved is None:
-                os.environ.pop(API_SERVER_ENV, None)
-            else:
-                os.environ[API_SERVER_ENV] = saved
+        # The variable pointed at the Ray just shut down: a later job in this process (tests
+        # run several) must not inherit it.
+        if saved is None:
+            os.environ.pop(API_SERVER_ENV, None)
+        else:
+            os.environ[API_SERVER_ENV] = saved
 
 
 def cluster_address(cfg: Config) -> str | None:

@@ -54,7 +54,9 @@ def check_cuda(cfg: Config) -> None:
 
 
 def check_writable(key: str, path: str) -> None:
-    """A local output folder can be created and written (URIs are checked by their writer).
+    """A local output folder can be created and written, tried without leaving anything
+    behind: a file is made and removed in the folder, or in its nearest existing parent when
+    the job would create it (URIs are checked by their writer).
 
     Raises:
         ConfigError: naming ``key`` and the OS error.
@@ -62,9 +64,13 @@ def check_writable(key: str, path: str) -> None:
     if "://" in path:
         return
     folder = Path(path).expanduser().resolve()
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+        if not existing.is_dir():
+            raise NotADirectoryError(20, f"{existing} is not a folder")
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-check-"):
             pass
     except OSError as exc:
         raise ConfigError(f"{key}: {path} is not writable ({exc.strerror or exc})") from None

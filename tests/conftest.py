@@ -80,16 +80,16 @@ def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
 
 
 @pytest.fixture(scope="module")
-def ray_local(tmp_path_factory):
+def ray_local():
+    """A local Ray started as a job starts its own (:func:`pipeline.cluster.ray_session`): on
+    free ports, never joining another Ray that runs on the machine."""
     import ray
 
-    temp = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=str(temp), logging_level="WARNING")
-    from ray.data import DataContext
+    from pipeline.cluster import ray_session
+    from pipeline.config import load_config
 
-    DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
+    with ray_session(load_config(None, ["ray.num_cpus=4"])):
+        yield ray
 
 
 def job_env(extra: dict | None = None) -> dict:
