@@ -8,6 +8,7 @@ a GPU) into one line naming the key and what to install or change.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -33,15 +34,19 @@ def check_faiss(why: str) -> None:
 def check_cuda(cfg: Config) -> None:
     """A GPU asked for by a job that runs on this machine must be one torch can use.
 
-    On a joined cluster the workers run elsewhere; the cluster's resources are checked
-    once Ray is up (:func:`pipeline.cluster.check_cluster_fits`).
+    On a joined cluster (configured, or a Ray this process already joined) the workers run
+    elsewhere; the cluster's resources are checked once Ray is up
+    (:func:`pipeline.cluster.check_cluster_fits`).
     """
     wants = []
     if cfg.train.use_gpu:
         wants.append("train.use_gpu=true")
     if cfg.mining.enabled and cfg.mining.num_gpus > 0:
         wants.append(f"mining.num_gpus={cfg.mining.num_gpus:g}")
-    if not wants or cluster_address(cfg) is not None:
+    joined = cluster_address(cfg) is not None or (
+        "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    )
+    if not wants or joined:
         return
     import torch
 

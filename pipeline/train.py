@@ -648,7 +648,7 @@ class PlanRefresher:
                 ref, snapshot_step, submitted = self.pending
                 if ray.wait([ref], timeout=0)[0]:
                     try:
-                        report = self._get(ref, version)
+                        report = self._get(ref, version, time.monotonic() + self.cfg.mining.timeout_s)
                         self.pending = None
                     except ray.exceptions.RayActorError as exc:
                         # Async never waits for the plan: the new refresh's plan is adopted at

@@ -159,6 +159,7 @@ class RayHead:
         # reads). Short: Ray's unix socket paths have a length limit.
         self.temp = ray_tmpdir or Path("/tmp") / f"rayt{os.getpid()}-{self.gcs_port}"
         self.env["RAY_TMPDIR"] = str(self.temp)
+        tmp.mkdir(parents=True, exist_ok=True)
         self.log = tmp / "ray-head.log"
         self.proc = subprocess.Popen(
             [
