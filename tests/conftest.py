@@ -195,18 +195,19 @@ class RayHead:
 
     def stop(self) -> None:
         """SIGTERM the head's process group (``--block`` keeps ``ray start`` as its leader),
-        then SIGKILL what is left."""
+        then SIGKILL whatever of it is left after a few seconds."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader, or the group never looks empty
             try:
                 os.killpg(self.proc.pid, 0)
             except ProcessLookupError:
                 break
-            time.sleep(0.5)
+            time.sleep(0.25)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
         shutil.rmtree(self.temp, ignore_errors=True)

@@ -9,6 +9,7 @@ that head; they do not touch the machine's default ``/tmp/ray``.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -37,55 +38,87 @@ def _finished_run(db: Path, experiment: str):
 
 
 @pytest.mark.slow
-def test_two_jobs_at_once_beside_a_ray_start_head_and_a_dead_clusters_leftovers(
-    tmp_path, trained_tiny_model_dir
-):
+def test_jobs_at_once_beside_each_other_and_a_ray_start_head(tmp_path, trained_tiny_model_dir):
+    """All at once on one machine: a ``ray start`` head with the README's ``ray job submit`` of
+    jobs/train.py (unchanged) running on it, a training job with its own local Ray beside it,
+    and an offline mining job whose Ray folder holds a dead cluster's leftovers. Each finishes
+    on the Ray it means, each MLflow run is FINISHED, and no output has a traceback."""
     ray_tmp = Path("/tmp") / f"rtc{free_port()}"  # short: Ray's socket paths have a length limit
-    head = RayHead(tmp_path / "head", num_cpus=2, ray_tmpdir=ray_tmp)
-    assert (ray_tmp / "ray" / "ray_current_cluster").is_file()  # what Ray's guessing would find
-    # A cluster that died without cleaning up: its file points at a port nothing listens on.
     stale_tmp = Path("/tmp") / f"rtd{free_port()}"
-    (stale_tmp / "ray").mkdir(parents=True)
-    (stale_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("\n".join(f"sentence number {i} about topic {i % 7}" for i in range(200)) + "\n")
-    jobs = {}
+    head = None
+    jobs: dict[str, subprocess.Popen] = {}
+    outputs: dict[str, str] = {}
     try:
-        beside_head = job_env({"RAY_TMPDIR": str(ray_tmp)})
-        for name in ("first", "second"):
-            args = [str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"run.name={name}"]
-            for item in SMALL:
-                args += ["--set", item]
-            jobs[name] = _start(args, tmp_path / name, beside_head)
+        head = RayHead(tmp_path / "head", num_cpus=4, ray_tmpdir=ray_tmp)
+        # What Ray's guessing would find (ray start writes it once the head is up).
+        deadline = time.monotonic() + 120
+        while not (ray_tmp / "ray" / "ray_current_cluster").is_file():
+            assert time.monotonic() < deadline, "ray start never wrote ray_current_cluster"
+            time.sleep(0.5)
+        # A cluster that died without cleaning up: its file points at a port nothing listens on.
+        (stale_tmp / "ray").mkdir(parents=True)
+        (stale_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
+
+        submitted = tmp_path / "submitted"
+        submitted.mkdir()
+        jobs["submitted"] = subprocess.Popen(
+            [
+                str(Path(PYTHON).parent / "ray"), "job", "submit", "--address", head.dashboard,
+                "--working-dir", str(REPO), "--", "python", "jobs/train.py", "--config", "jobs/configs/demo.yaml",
+                "--set", "run.name=submitted", "--set", f"run.output_dir={submitted / 'runs'}",
+                "--set", f"tracking.uri=sqlite:///{submitted / 'mlruns.db'}", *[a for i in SMALL for a in ("--set", i)],
+            ],
+            cwd=submitted, env=head.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        local = [
+            str(REPO / "jobs/train.py"),
+            "--config",
+            DEMO,
+            "--set",
+            "run.name=local",
+            "--set",
+            "train.num_workers=1",
+        ]
+        jobs["local"] = _start(
+            local + [a for i in SMALL for a in ("--set", i)],
+            tmp_path / "local",
+            job_env({"RAY_TMPDIR": str(ray_tmp)}),
+        )
         jobs["mine"] = _start(
             [str(REPO / "jobs/mine.py"), "--model", str(trained_tiny_model_dir), "--input", str(sentences),
              "--output", "triplets.parquet", "--set", "mining.num_negatives=1"],
             tmp_path / "mine", job_env({"RAY_TMPDIR": str(stale_tmp)}),
         )  # fmt: skip
-        outputs = {}
         started = time.monotonic()
         for name, proc in jobs.items():
             outputs[name] = proc.communicate(timeout=max(60, 900 - (time.monotonic() - started)))[0]
-        # The head is untouched: it still answers, and no job ran on it.
-        with urllib.request.urlopen(f"{head.dashboard}/api/jobs/", timeout=10) as answer:
+        # The head is still up after all of it.
+        with urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=10) as answer:
             assert answer.status == 200
     finally:
         for proc in jobs.values():
             if proc.poll() is None:
                 proc.kill()
-        head.stop()
+        if head is not None:
+            head.stop()
         for folder in (ray_tmp, stale_tmp):
-            subprocess.run(["rm", "-rf", str(folder)], check=False)
+            shutil.rmtree(folder, ignore_errors=True)
     for name, out in outputs.items():
         assert jobs[name].returncode == 0, f"{name}:\n{out[-4000:]}"
         assert "Traceback" not in out and "multiple active Ray instances" not in out, (
             f"{name}:\n{out[-4000:]}"
         )
         assert "Failed to connect to GCS" not in out, f"{name}:\n{out[-4000:]}"
-    for name in ("first", "second"):
+    assert "succeeded" in outputs["submitted"]
+    for name in ("submitted", "local"):
         assert f"SimCSE run '{name}' finished" in outputs[name]
         assert "batch plans   v0 (random), v1 (mined)" in outputs[name]
-        assert _finished_run(tmp_path / name / "mlruns.db", "simcse-demo").info.status == "FINISHED"
+        assert (tmp_path / name / "runs" / name / "model" / "config.json").is_file()
+        run = _finished_run(tmp_path / name / "mlruns.db", "simcse-demo")
+        assert run.info.status == "FINISHED"
     assert "mined triplets.parquet" in outputs["mine"]
     assert _finished_run(tmp_path / "mine" / "mlruns.db", "simcse-mining").info.status == "FINISHED"
 
