@@ -1,0 +1,83 @@
+"""How rank 0 tells a miner that died (Ray restarted it: a new process) from one that only did
+not answer (same process: not a restart), against a real Ray actor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from pipeline.config import load_config
+from pipeline.errors import UnrecoverableError
+from pipeline.train import PlanRefresher
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _refresher(ray, miner, pid, timeout_s=20.0):
+    cfg = load_config(None, [f"mining.timeout_s={timeout_s}", "mining.max_restarts=1"])
+    return PlanRefresher(cfg, miner, rank=0, lengths=np.ones(8, dtype=np.int64), miner_pid=pid)
+
+
+def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ray_local, capsys):
+    ray = ray_local
+
+    class PidActor:  # local: pickled by value, since workers cannot import test modules
+        """Answers ``ready()`` as the miner does: with its process id."""
+
+        def ready(self) -> int:
+            return os.getpid()
+
+    miner = ray.remote(max_restarts=1)(PidActor).remote()
+    pid = ray.get(miner.ready.remote())
+    lost_call = ray.exceptions.ActorUnavailableError("RPC timed out", None)
+
+    # Same process answers again: not a death, the refresh keeps its deadline.
+    refresher = _refresher(ray, miner, pid)
+    deadline = time.monotonic() + 20
+    assert refresher._recover(lost_call, version=1, step=5, deadline=deadline) == deadline
+    assert refresher.restarts == 0
+    assert "[mining] the miner did not answer during refresh v1" in capsys.readouterr().out
+
+    # Killed and restarted by Ray: a new process id, counted, and a fresh mining.timeout_s.
+    os.kill(pid, signal.SIGKILL)
+    while not _gone(pid):
+        time.sleep(0.05)
+    died = ray.exceptions.ActorDiedError()
+    new_deadline = refresher._recover(died, version=1, step=5, deadline=time.monotonic() + 20)
+    assert refresher.restarts == 1 and refresher.miner_pid not in (None, pid)
+    assert new_deadline > deadline
+    assert "the miner actor died during refresh v1" in capsys.readouterr().out
+
+    # Dead for good (its restarts used up): one line that says so.
+    ray.kill(miner, no_restart=True)
+    with pytest.raises(UnrecoverableError, match=r"mining\.max_restarts=1 restarts are used up"):
+        refresher._recover(died, version=2, step=9, deadline=time.monotonic() + 20)
+
+
+def test_a_miner_that_never_answers_ends_at_the_deadline(ray_local):
+    ray = ray_local
+
+    class Frozen:
+        def ready(self) -> int:
+            time.sleep(60)
+            return os.getpid()
+
+    miner = ray.remote(Frozen).remote()
+    refresher = _refresher(ray, miner, pid=1, timeout_s=3)
+    started = time.monotonic()
+    with pytest.raises(
+        UnrecoverableError, match=r"^the miner did not return plan v1 within mining\.timeout_s=3s$"
+    ):
+        refresher._recover(ray.exceptions.ActorUnavailableError("x", None), 1, 0, time.monotonic() + 3)
+    assert time.monotonic() - started < 30
+    ray.kill(miner)
