@@ -99,11 +99,11 @@ def start_local_ray(cfg: Config) -> None:
     import ray
 
     host = cfg.ray.dashboard_host
-    port = free_port(host)
+    reachable = "127.0.0.1" if host in ("0.0.0.0", "") else host  # all interfaces: loopback is one
+    port = free_port(reachable)
     # Set before ray.init: Ray's processes (raylet, workers, actors) inherit the driver's
     # environment when they start, and none of them may guess another cluster.
-    loopback = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    os.environ[API_SERVER_ENV] = f"http://{loopback}:{port}"
+    os.environ[API_SERVER_ENV] = f"http://{reachable}:{port}"
     ray.init(
         address="local",
         num_cpus=cfg.ray.num_cpus,
@@ -119,7 +119,7 @@ def start_local_ray(cfg: Config) -> None:
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on now (the OS's choice, so two jobs do not pick the same)."""
     with socket.socket() as sock:
-        sock.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

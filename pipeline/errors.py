@@ -64,14 +64,21 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def is_process_death(exc: BaseException) -> bool:
+    """Whether ``exc`` (after :func:`root_cause`) is Ray reporting a process, actor, node or
+    object it lost (``RayActorError``, ``NodeDiedError``, ``ObjectLostError``, ...): a cause
+    outside the code."""
+    return type(root_cause(exc)).__module__.startswith("ray.")
+
+
 def is_deterministic(exc: BaseException) -> bool:
     """Whether ``exc`` (after :func:`root_cause`) would recur on a retry from the same
     checkpoint. A dead process never counts: its cause is outside the code."""
     cause = root_cause(exc)
     if _is_out_of_memory(cause):
         return True
-    if type(cause).__module__.startswith("ray."):
-        return False  # RayActorError, ActorDiedError, NodeDiedError, ObjectLostError, ...
+    if is_process_death(cause):
+        return False
     return isinstance(cause, _DETERMINISTIC)
 
 

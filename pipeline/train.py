@@ -776,7 +776,7 @@ def worker_failure_reporter(max_failures: int) -> Any:
     driver's console."""
     from ray.train import ControllerError, UserCallback
 
-    from pipeline.errors import describe_error, is_deterministic, root_cause
+    from pipeline.errors import describe_error, is_deterministic, is_process_death, root_cause
 
     class WorkerFailureReporter(UserCallback):
         def __init__(self) -> None:
@@ -786,7 +786,7 @@ def worker_failure_reporter(max_failures: int) -> Any:
             self.failures += 1
             limit = "unlimited" if max_failures < 0 else str(max_failures)
             causes = {rank: root_cause(exc) for rank, exc in worker_exceptions.items()}
-            a_worker_died = any(type(c).__module__.startswith("ray.") for c in causes.values())
+            a_worker_died = any(is_process_death(c) for c in causes.values())
             repeats = not a_worker_died and any(is_deterministic(c) for c in causes.values())
             retry = not repeats and (max_failures < 0 or self.failures <= max_failures)
             if repeats:

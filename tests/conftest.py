@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
+from pipeline.cluster import free_port
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -129,19 +130,14 @@ def trained_tiny_model_dir(tmp_path_factory, tiny_model_dir, paraphrase_corpus):
     return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("trained_tiny"), 32)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class RayHead:
     """A ``ray start --head`` of the test's own, beside whatever other Ray runs on the machine.
 
     Every default port is replaced by a free one (another head may hold 6379, 8265, 10001
     and the dashboard agent's 52365), its processes are told their own dashboard address
     (so Ray's state API inside it never guesses another cluster), and :meth:`stop` ends
-    only its own processes, by process group: ``ray stop`` would kill every Ray on the host.
+    only its own processes, by process group: Ray's own stop command would end every Ray on the
+    host.
     """
 
     def __init__(self, tmp: Path, num_cpus: int = 4, ray_tmpdir: Path | None = None):

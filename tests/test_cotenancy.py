@@ -16,8 +16,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, RayHead, free_port, job_env
+from conftest import PYTHON, REPO, RayHead, job_env
 from mlflow.tracking import MlflowClient
+
+from pipeline.cluster import free_port
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 SMALL = ["train.epochs=2", "data.generated.num_groups=150", "data.generated.sts_pairs=100"]

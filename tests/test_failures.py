@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -22,6 +21,8 @@ import psutil
 import pytest
 from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
+
+from pipeline.cluster import free_port
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 
@@ -284,12 +285,6 @@ def test_killed_job_resumes_from_newest_complete_checkpoint(tmp_path):
     assert again.wait(timeout=120) == 0 and "already finished" in again.output
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
     mlflow_bin = str(Path(PYTHON).parent / "mlflow")
     return subprocess.Popen(
@@ -314,7 +309,7 @@ def _healthy(port: int) -> bool:
 
 @pytest.mark.slow
 def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
-    port = _free_port()
+    port = free_port()
     server = _start_mlflow_server(tmp_path, port)
     job = None
     try:
@@ -354,7 +349,7 @@ def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
 
 
 def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     started = time.monotonic()
     proc = subprocess.run(
         [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"tracking.uri=http://127.0.0.1:{port}",
