@@ -11,9 +11,9 @@ batches (``train.group_by_length=true``), so both see the same machine state in 
 
 Reported per run, read back from the run's MLflow store:
 
-- padding share: the ``plan_padding_share`` metric (pad tokens / all tokens of the epoch);
+- padding share: the ``data/padding_share`` metric (pad tokens / all tokens of the epoch);
 - steady sentences/s: batch x steps / time, over the steps after ``--warmup-steps``, from
-  the ``train_loss`` metric's timestamps (every step's end);
+  the ``train/loss`` metric's timestamps (every step's end);
 - STS-B dev Spearman (cosine, x100, as the job logs it) before training and after the epoch.
 
 Then the medians over seeds and the ratio grouped / random. Quality is the point of the
@@ -84,12 +84,12 @@ def run_job(args: argparse.Namespace, mode: str, seed: int, workdir: Path) -> di
     experiment = client.get_experiment_by_name("bench-length-grouping")
     (run,) = client.search_runs([experiment.experiment_id], f"tags.mlflow.runName = '{mode}-s{seed}'")
     run_id = run.info.run_id
-    losses = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)
+    losses = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
     ends = [m.timestamp / 1000 for m in losses]
     steady = ends[args.warmup_steps :]
     (spearman_key,) = [k for k in run.data.metrics if k.startswith("sts_") and k.endswith("_spearman")]
     spearman = sorted(client.get_metric_history(run_id, spearman_key), key=lambda m: m.step)
-    (padding,) = client.get_metric_history(run_id, "plan_padding_share")
+    (padding,) = client.get_metric_history(run_id, "data/padding_share")
     return {
         "padding": padding.value,
         "sentences_per_s": args.batch_size * (len(steady) - 1) / (steady[-1] - steady[0]),

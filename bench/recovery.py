@@ -5,7 +5,7 @@
 For each ``checkpoint.every_steps`` value one demo-sized job (2 workers, 2 epochs, ~9.6k
 generated sentences, mining on) runs; rank 0's train worker is SIGKILLed once its MLflow
 history passes ``--kill-at`` steps into epoch 2. Ray Train restarts the workers from the
-latest checkpoint. From the run's ``train_loss`` history (every step logged, with times):
+latest checkpoint. From the run's ``train/loss`` history (every step logged, with times):
 
 - steps redone: steps logged twice (trained, lost, trained again);
 - seconds lost: between the first and the second logging of the last redone step, i.e.
@@ -72,7 +72,7 @@ def worker_kill(every_steps: int, kill_at: int) -> dict:
         job.kill_all()
     assert code == 0, job.output[-3000:]
     run = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])[0]
-    history = client.get_metric_history(run.info.run_id, "train_loss")
+    history = client.get_metric_history(run.info.run_id, "train/loss")
     redone, lost = steps_redone(history)
     resumed = int(re.search(r"resumed at step (\d+)", job.output).group(1))
     # The redone steps' second loggings: how long redoing them took, at the pace of that moment.

@@ -13,10 +13,10 @@ each in its own process, in the order given:
 - ``async``: ``mining.mode=async``; the refresh starts ``mining.max_staleness_steps`` before the
   boundary and training goes on meanwhile; the boundary never waits.
 
-Read back from each run's MLflow store (sqlite, in a temporary folder): ``epoch_seconds`` (the
-time inside an epoch's steps), ``refresh_wait_s`` (what the workers waited at each boundary),
-the miner's ``mining_*_s`` stage times (logged at the step whose weights it encoded) and
-every step's end time (the ``train_loss`` timestamps). Reported per mode:
+Read back from each run's MLflow store (sqlite, in a temporary folder): ``train/epoch_seconds`` (the
+time inside an epoch's steps), ``mining/refresh_wait_s`` (what the workers waited at each boundary),
+the miner's ``mining/*_s`` stage times (logged at the step whose weights it encoded) and
+every step's end time (the ``train/loss`` timestamps). Reported per mode:
 
 - refresh s: the miner's own time for one refresh (encode + index + search + plan);
 - exposed s: what the refresh cost the training, measured inside the run, so that a machine
@@ -114,14 +114,14 @@ def read_run(workdir: Path) -> dict[str, Any]:
         return [m.value for m in metrics(key)]
 
     result = {
-        "epoch_s": history("epoch_seconds"),
-        "epoch_end_steps": [m.step for m in metrics("epoch_seconds")],
-        "wait_s": history("refresh_wait_s"),
-        "step_end_s": [m.timestamp / 1000 for m in metrics("train_loss")],
-        "snapshot_steps": [m.step for m in metrics("mining_total_s")],
+        "epoch_s": history("train/epoch_seconds"),
+        "epoch_end_steps": [m.step for m in metrics("train/epoch_seconds")],
+        "wait_s": history("mining/refresh_wait_s"),
+        "step_end_s": [m.timestamp / 1000 for m in metrics("train/loss")],
+        "snapshot_steps": [m.step for m in metrics("mining/total_s")],
     }
     for stage in ("encode", "index", "search", "plan", "total"):
-        result[f"mining_{stage}_s"] = history(f"mining_{stage}_s")
+        result[f"mining_{stage}_s"] = history(f"mining/{stage}_s")
     result["exposed_s"], result["base_period_s"] = exposed_seconds(result)
     return result
 

@@ -31,11 +31,11 @@ exactly ``--steps`` steps, each side in its own process, the configurations alte
 Measured, each as the median over repeats:
 
 - steady sentences/s: batch / mean step period over steps ``--warmup-steps``+1 .. N, from
-  step-end times. Ours: the timestamps of the ``train_loss`` metric rank 0 logs after every
+  step-end times. Ours: the timestamps of the ``train/loss`` metric rank 0 logs after every
   optimizer step (read back from the run's MLflow store; millisecond resolution). ST: a
   ``TrainerCallback``'s ``on_step_end`` times. A period covers everything in the loop,
   fetching and collating the next batch included.
-- in-step ms: the mean time inside one of those steps. Ours: batch / the ``sentences_per_s`` metric
+- in-step ms: the mean time inside one of those steps. Ours: batch / the ``train/sentences_per_s`` metric
   (``pipeline.train`` times from picking the batch's rows to reading the loss after the
   optimizer step). ST: ``on_step_begin`` to ``on_step_end`` (the forward, backward and
   optimizer step; the batch was fetched and tokenized before ``on_step_begin``).
@@ -158,8 +158,8 @@ def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     marks.append(("checkpoint + export + MLflow model + Ray shutdown", time.time()))
     print(summary.render(), flush=True)
     client = MlflowClient(tracking_uri=tracking_uri)
-    losses = sorted(client.get_metric_history(summary.run_id, "train_loss"), key=lambda m: m.step)
-    rates = sorted(client.get_metric_history(summary.run_id, "sentences_per_s"), key=lambda m: m.step)
+    losses = sorted(client.get_metric_history(summary.run_id, "train/loss"), key=lambda m: m.step)
+    rates = sorted(client.get_metric_history(summary.run_id, "train/sentences_per_s"), key=lambda m: m.step)
     step_end = [m.timestamp / 1000 for m in losses]
     in_step = [args.batch_size / m.value for m in rates]
     marks += [("Ray Train start-up + worker set-up", step_end[0] - in_step[0]), ("steps", step_end[-1])]
@@ -428,8 +428,8 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
         f"Wikipedia sentences ({args.steps} steps of {args.batch_size}, max length {args.max_seq_len}, "
         f"lr {args.lr:g}, mean pooling, temperature 0.05 = MNRL scale 20); medians of {args.repeats} "
         f"rounds of `{' '.join(args.configs)}`, each run in its own process. Steady = steps "
-        f"{args.warmup_steps + 1}-{args.steps} from step-end times (ours: MLflow `train_loss` timestamps; "
-        f"ST: `on_step_end`); in-step = ours' `sentences_per_s` metric, ST's `on_step_begin`-`on_step_end`. "
+        f"{args.warmup_steps + 1}-{args.steps} from step-end times (ours: MLflow `train/loss` timestamps; "
+        f"ST: `on_step_end`); in-step = ours' `train/sentences_per_s` metric, ST's `on_step_begin`-`on_step_end`. "
         f"End-to-end includes ours' Ray start, Ray Data tokenization and Ray Train start-up "
         f"(~20 s fixed) before the first step, and checkpoint, export and MLflow model logging "
         f"after the last.\n\n{table}\n"

@@ -1,11 +1,13 @@
 """Evaluate a sentence encoder on STS files: Spearman x 100 of cosine similarity.
 
-    python jobs/evaluate.py --model DIR --sts FILE [--sts FILE ...] [--format auto|stsb|cnsd|csv|tsv|jsonl]
-                            [--json] [--whiten-on CORPUS [--whitening-dim K]] [--no-whitening]
+    python jobs/evaluate.py --model runs/demo/model --sts runs/demo/generated_sts.tsv
+    python jobs/evaluate.py --model DIR --sts sts-dev.csv --sts cnsd-sts-dev.txt --json
+    python jobs/evaluate.py --model DIR --sts sts-dev.csv --whiten-on corpus.txt --whitening-dim 256
 
-Prints a table (one row per file, plus their average for several), or with ``--json`` one JSON
-object: ``spearman`` and ``pairs`` (the average and the total for several files) and ``files``.
-A model folder with a whitening layer is scored with and without it.
+Reads the STS-B release (tab-separated), CNSD (id||s1||s2||score) and csv/tsv/jsonl with
+sentence1, sentence2, score columns. Prints a table (one row per file, plus their average for
+several), or with --json one JSON object: spearman and pairs (the average and the total for
+several files) and files. A model folder with a whitening layer is scored with and without it.
 """
 
 from __future__ import annotations
@@ -19,24 +21,49 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--model", required=True, help="model folder (a pipeline export or any HF/ST folder)")
-    parser.add_argument("--sts", action="append", required=True, metavar="FILE", help="STS file (repeatable)")
-    parser.add_argument("--format", default="auto", help="format of every --sts file (default: auto)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--max-seq-len", type=int, default=None, help="default: the model folder's own")
+    parser = argparse.ArgumentParser(
+        description=__doc__.strip(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
-        "--positive-threshold", type=float, default=4.0, help="gold score of an alignment positive"
+        "--model", required=True, metavar="DIR", help="model folder (a pipeline export or any HF/ST folder)"
+    )
+    parser.add_argument("--sts", action="append", required=True, metavar="FILE", help="STS file (repeatable)")
+    parser.add_argument(
+        "--format",
+        default="auto",
+        metavar="FORMAT",
+        help="format of every --sts file: auto, stsb, cnsd, csv, tsv or jsonl (default: auto)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument(
+        "--batch-size", type=int, default=128, metavar="N", help="sentences per batch (default: 128)"
+    )
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sentence (default: the model folder's own)",
+    )
+    parser.add_argument(
+        "--positive-threshold",
+        type=float,
+        default=4.0,
+        metavar="SCORE",
+        help="gold score from which a pair is an alignment positive (default: 4.0)",
     )
     parser.add_argument(
         "--whiten-on", metavar="CORPUS", help="fit BERT-whitening on this text file's sentences"
     )
     parser.add_argument(
-        "--whitening-dim", type=int, default=None, help="keep the first K whitened dimensions"
+        "--whitening-dim", type=int, default=None, metavar="K", help="keep the first K whitened dimensions"
     )
     parser.add_argument(
-        "--whitening-rows", type=int, default=10_000, help="sentences of --whiten-on to fit on"
+        "--whitening-rows",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="sentences of --whiten-on to fit on (default: 10000)",
     )
     parser.add_argument("--no-whitening", action="store_true", help="ignore a whitening layer in the folder")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")

@@ -4,8 +4,9 @@
         [--config FILE] [--set mining.num_negatives=3 ...] [--debug]
 
 Input: a text file (one sentence per line; each is its own positive) or pairs in
-csv/tsv/jsonl/parquet (columns ``data.anchor_column``/``data.positive_column``, default
-``anchor``/``positive``). Output columns: anchor, positive, negative_1 ... negative_n.
+csv/tsv/jsonl/parquet (columns data.anchor_column / data.positive_column, default
+anchor / positive). Output columns: anchor, positive, negative_1 ... negative_n.
+The mining.* keys (docs/configuration.md) set how many negatives and which candidates count.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ from pipeline.cli import job_main  # noqa: E402
 
 
 def _arguments(parser):
-    parser.add_argument("--model", required=True, help="model folder or hub name (model.name_or_path)")
-    parser.add_argument("--input", required=True, help="text file or pairs file (data.path)")
-    parser.add_argument("--output", required=True, help="where to write the triplets (.parquet or .jsonl)")
+    parser.add_argument(
+        "--model", required=True, metavar="DIR_OR_NAME", help="model folder or hub name (model.name_or_path)"
+    )
+    parser.add_argument("--input", required=True, metavar="FILE", help="text file or pairs file (data.path)")
+    parser.add_argument(
+        "--output", required=True, metavar="FILE", help="where to write the triplets (.parquet or .jsonl)"
+    )
 
 
 def _overrides(args) -> list[str]:
@@ -33,12 +38,19 @@ def _overrides(args) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.offline import run_mine_job
-
     def body(cfg, echo, args):
+        from pipeline.offline import run_mine_job  # heavy: not needed for --help or a usage error
+
         echo(run_mine_job(cfg, args.output, echo=echo).render(args.output))
 
-    return job_main(__doc__, argv, body, add_arguments=_arguments, to_overrides=_overrides)
+    return job_main(
+        __doc__,
+        argv,
+        body,
+        add_arguments=_arguments,
+        to_overrides=_overrides,
+        set_example="mining.num_negatives=3",
+    )
 
 
 if __name__ == "__main__":

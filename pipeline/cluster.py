@@ -89,6 +89,11 @@ def init_ray(cfg: Config) -> bool:
         started = True
     context = DataContext.get_current()
     context.enable_progress_bars = cfg.ray.progress_bars
+    # Off is the config's choice (ray.progress_bars), so Ray Data's warning that they are off,
+    # and how to turn them on, is noise on every job: silence just that logger.
+    logging.getLogger("ray.data._internal.progress").setLevel(
+        logging.NOTSET if cfg.ray.progress_bars else logging.ERROR
+    )
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     return started

@@ -302,6 +302,12 @@ class TrackingSection:
     drain_timeout_s: float = 300.0
     """At the end of training, how long unsent metrics are retried before the job gives up on
     them (saying how many) rather than on the run."""
+    system_metrics: bool = True
+    """Log MLflow's system metrics (``system/...``: CPU, memory, disk, network; GPU
+    utilisation and memory where ``nvidia-ml-py`` is installed) from every node that runs
+    training workers, so a reviewer sees whether the hardware was busy."""
+    system_metrics_interval_s: float = 10.0
+    """Seconds between system-metric samples."""
 
 
 @dataclass
@@ -353,6 +359,11 @@ class Config:
             ("ray.connect_timeout_s", self.ray.connect_timeout_s > 0, "must be > 0"),
             ("tracking.flush_every_s", self.tracking.flush_every_s > 0, "must be > 0"),
             ("tracking.drain_timeout_s", self.tracking.drain_timeout_s >= 0, "must be >= 0"),
+            (
+                "tracking.system_metrics_interval_s",
+                self.tracking.system_metrics_interval_s > 0,
+                "must be > 0",
+            ),
             (
                 "train.batch_size",
                 self.train.batch_size >= 2 * self.train.num_workers,

@@ -81,8 +81,24 @@ class TokenizeStats:
     """Sentences longer than ``max_seq_len`` tokens (special tokens included), cut to it."""
     max_seq_len: int
 
+    HINT_SHARE = 0.05
+    """From this share of truncated sentences on, :meth:`describe` suggests a longer
+    ``data.max_seq_len``."""
+
     def describe(self) -> str:
-        return f"{self.sentences} sentences (max_seq_len {self.max_seq_len}; {self.truncated} truncated)"
+        return (
+            f"{self.sentences} sentences (max_seq_len {self.max_seq_len}; {self.truncated} truncated"
+            f"{self.truncation_hint()})"
+        )
+
+    def truncation_hint(self) -> str:
+        """``": 25.6% of sentences are longer, consider raising data.max_seq_len"`` when at least
+        :attr:`HINT_SHARE` of the sentences were cut, else ``""``. Only the share is known:
+        the tokenized lengths stop at ``max_seq_len``, so how long the cut sentences were is not."""
+        share = self.truncated / self.sentences if self.sentences else 0.0
+        if share < self.HINT_SHARE:
+            return ""
+        return f": {share:.1%} of sentences are longer, consider raising data.max_seq_len"
 
     def tags(self) -> dict[str, int]:
         return {"data.truncated": self.truncated}
@@ -684,19 +700,33 @@ def tokenize_corpus_with_stats(
     corpus: pa.Table, tokenizer: Any, section: DataSection
 ) -> tuple[pa.Table, TokenizeStats]:
     """:func:`tokenize_corpus`, and how many sentences were cut to ``data.max_seq_len``."""
+    import warnings
+
     import ray
     import ray.data
 
     rows_per_block = max(section.tokenize_batch_size, 1)
     blocks = [corpus.slice(start, rows_per_block) for start in range(0, corpus.num_rows, rows_per_block)]
-    ds = ray.data.from_arrow_refs([ray.put(block) for block in blocks]).map_batches(
-        _TokenizeBatches,
-        batch_format="pyarrow",
-        batch_size=section.tokenize_batch_size,
-        num_cpus=section.tokenize_num_cpus,
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=section.tokenize_actors),
-        fn_constructor_kwargs={"tokenizer": tokenizer, "max_seq_len": section.max_seq_len},
-    )
+    with warnings.catch_warnings():
+        # Ray (2.60) takes max_restarts only through map_batches' **ray_remote_args, which it
+        # marks deprecated (removal planned for 2.64) without a named replacement yet.
+        warnings.filterwarnings(
+            "ignore", message="`ray_remote_args` is deprecated", category=DeprecationWarning
+        )
+        ds = ray.data.from_arrow_refs([ray.put(block) for block in blocks]).map_batches(
+            _TokenizeBatches,
+            batch_format="pyarrow",
+            batch_size=section.tokenize_batch_size,
+            num_cpus=section.tokenize_num_cpus,
+            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=section.tokenize_actors),
+            fn_constructor_kwargs={"tokenizer": tokenizer, "max_seq_len": section.max_seq_len},
+            # Ray Data restarts pool actors without limit by default. Tokenizing is a short
+            # stage at job start, before any training, so a dead tokenizer actor fails the job
+            # at once with its error instead. A restart would also depend on the tokenizer
+            # argument still being in the object store (what Ray warns about for
+            # max_restarts > 0).
+            max_restarts=0,
+        )
     tokenized = pa.concat_tables(ray.get(ds.to_arrow_refs()))
     stats = TokenizeStats(
         sentences=tokenized.num_rows,

@@ -29,11 +29,44 @@ def export_checkpoint_model(checkpoint: Any, export_dir: Path) -> tuple[Path, Be
     return export_dir, best
 
 
-def log_sentence_transformers_model(tracked: TrackedRun, export_dir: Path, register_as: str | None) -> str:
-    """Log the folder with MLflow's sentence-transformers flavor as the run's model (and a new
-    registry version under ``register_as``); returns the model URI."""
+def best_model_metrics(
+    eval_history: list[dict[str, float]], exported_epoch: float, exported_step: int
+) -> dict[str, float]:
+    """The shipped model's scores under stable names, to sort and compare runs on:
+    ``best/epoch``, ``best/step`` and, when it was evaluated, ``best/<eval metric>`` for each
+    of its evaluation's metrics (``best/sts_stsb-dev_spearman``, ``best/score`` ...)."""
+    from pipeline.training_eval import eval_metric_names
+
+    out = {"best/epoch": float(exported_epoch), "best/step": float(exported_step)}
+    evaluated = next((row for row in eval_history if int(row["step"]) == exported_step), None)
+    if evaluated is not None:
+        scores = {k: v for k, v in evaluated.items() if k not in ("epoch", "step")}
+        out.update({"best/" + key.removeprefix("eval/"): v for key, v in eval_metric_names(scores).items()})
+    return out
+
+
+def log_sentence_transformers_model(
+    tracked: TrackedRun,
+    export_dir: Path,
+    register_as: str | None,
+    step: int,
+    linked_metrics: list[str],
+    description: str,
+) -> tuple[str, str | None]:
+    """Log the folder with MLflow's sentence-transformers flavor as the run's model, output
+    at training step ``step`` (the step it was exported from), and (under ``register_as``)
+    as a new registry version whose description and tags hold its ``best/`` scores.
+
+    The run's values of ``linked_metrics`` at ``step`` become the model's metrics. MLflow's
+    own ``log_model(step=...)`` would link every metric logged at that step number, system
+    metrics included (whose steps count samples, not training steps), so the model is
+    created first and linked here to exactly these.
+
+    Returns the model URI and the registered version (None when not registered).
+    """
     import mlflow
     import mlflow.sentence_transformers
+    from mlflow.entities import LoggedModelOutput, Metric
     from sentence_transformers import SentenceTransformer
 
     from pipeline.tracking import package_versions
@@ -41,16 +74,35 @@ def log_sentence_transformers_model(tracked: TrackedRun, export_dir: Path, regis
     versions = package_versions()
     requirements = [f"{name}=={versions[name]}" for name in ("sentence-transformers", "transformers", "torch")
                     if name in versions]  # fmt: skip
+    client, run_id = tracked.client, tracked.run_id
+    logged = client.create_logged_model(
+        tracked.experiment_id, name="model", source_run_id=run_id, params=client.get_run(run_id).data.params
+    )
     model = SentenceTransformer(str(export_dir), device="cpu")
     mlflow.set_tracking_uri(tracked.tracking_uri)
-    # The fluent API needs an active run; this resumes ours and, on leaving, marks it FINISHED,
-    # which the job does next anyway.
-    with mlflow.start_run(run_id=tracked.run_id):
-        info = mlflow.sentence_transformers.log_model(
-            model,
-            name="model",
-            pip_requirements=requirements,
-            registered_model_name=register_as,
-            await_registration_for=0,
-        )
-    return info.model_uri
+    # No active run: with one, MLflow would link the run's metrics at step 0 to the model.
+    info = mlflow.sentence_transformers.log_model(
+        model,
+        model_id=logged.model_id,
+        pip_requirements=requirements,
+        registered_model_name=register_as,
+        await_registration_for=0,
+    )
+    client.log_outputs(run_id, models=[LoggedModelOutput(logged.model_id, step=step)])
+    linked = [
+        Metric(m.key, m.value, m.timestamp, m.step, model_id=logged.model_id, run_id=run_id)
+        for key in linked_metrics
+        for m in client.get_metric_history(run_id, key)
+        if m.step == step and m.model_id is None
+    ]
+    if linked:
+        client.log_batch(run_id, metrics=linked)
+    version = None
+    if register_as is not None:
+        version = str(info.registered_model_version)
+        client.update_model_version(register_as, version, description=description)
+        for m in linked:
+            if m.key.startswith("best/"):
+                client.set_model_version_tag(register_as, version, m.key, f"{m.value:g}")
+        client.set_model_version_tag(register_as, version, "source_run", run_id)
+    return info.model_uri, version

@@ -70,6 +70,7 @@ class JobSummary:
     miner_restarts: int = 0
     model_uri: str | None = None
     registered_as: str | None = None
+    """``name/version`` in the model registry."""
 
     def sts_line(self) -> str | None:
         """``first file: start -> exported (epoch N)``, from the evaluation history."""
@@ -87,9 +88,11 @@ class JobSummary:
         if whitened in shipped:
             w_before = f"{start[whitened]:.2f} -> " if start is not None and whitened in start else ""
             text += f" (whitened {w_before}{shipped[whitened]:.2f})"
+        candidates = len(self.eval_history) - (start is not None)
         return (
             f"{text}; exported epoch {self.exported_epoch:g} (step {self.exported_step}, best of "
-            f"{len(self.eval_history) - (start is not None)} evaluations)"
+            f"{candidates} evaluation{'s' if candidates != 1 else ''} after training; the starting "
+            f"model's is the 'before', never exported)"
         )
 
     def render(self) -> str:
@@ -247,9 +250,11 @@ def _train(
             summary.corpus = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"
             num_rows = stats.sentences
             tracked.set_tags(stats.tags())
-        log_run_context(
+        no_commit = log_run_context(
             tracked, cfg.data.path, num_rows, dataset_digest(corpus, triplets), cfg.mining.negative_mode
         )
+        if no_commit:
+            echo(f"[run] {no_commit}")
         if num_rows < cfg.train.batch_size:
             raise ConfigError(
                 f"train.batch_size ({cfg.train.batch_size}) is larger than the corpus ({num_rows} "
@@ -262,6 +267,14 @@ def _train(
         tokenized, token_stats = tokenize_corpus_with_stats(corpus, tokenizer, cfg.data)
         echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - t0:.1f}s")
         tracked.set_tags(token_stats.tags())
+        tracked.log_metrics(
+            {
+                "data/rows": num_rows,
+                "data/texts": corpus.num_rows,
+                "data/truncated_share": token_stats.truncated / max(1, token_stats.sentences),
+            },
+            step=0,
+        )
 
         import ray
 
@@ -309,7 +322,11 @@ def _train(
                     f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
                 ) from None
 
-        from pipeline.export import export_checkpoint_model, log_sentence_transformers_model
+        from pipeline.export import (
+            best_model_metrics,
+            export_checkpoint_model,
+            log_sentence_transformers_model,
+        )
         from pipeline.report import log_review
         from pipeline.train import build_trainer
 
@@ -354,8 +371,27 @@ def _train(
                 "simcse.exported_step": summary.exported_step,
             }
         )
-        summary.model_uri = log_sentence_transformers_model(tracked, export_dir, cfg.tracking.register_as)
-        summary.registered_as = cfg.tracking.register_as
+        best_scores = best_model_metrics(summary.eval_history, summary.exported_epoch, summary.exported_step)
+        tracked.log_metrics(best_scores, step=summary.exported_step)
+        evaluated = [
+            f"eval/{key.removeprefix('best/')}"
+            for key in best_scores
+            if key not in ("best/epoch", "best/step")
+        ]
+        summary.model_uri, version = log_sentence_transformers_model(
+            tracked,
+            export_dir,
+            cfg.tracking.register_as,
+            step=summary.exported_step,
+            linked_metrics=[*evaluated, *best_scores],
+            description=f"SimCSE run {summary.run_name!r} (MLflow run {summary.run_id}): "
+            + (
+                summary.sts_line()
+                or f"exported at epoch {summary.exported_epoch:g}, step {summary.exported_step}"
+            ),
+        )
+        if version is not None:
+            summary.registered_as = f"{cfg.tracking.register_as}/{version}"
     finally:
         if miner is not None:
             import ray

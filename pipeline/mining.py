@@ -114,7 +114,7 @@ class HardNegativeMiner:
         else:
             labels = ("random pairs", f"mined negatives v{version}")
             xlabel = "cosine similarity to the anchor"
-        _histogram_png(mined, random_pairs, labels, xlabel, str(path))
+        similarity_histogram_png({labels[0]: random_pairs, labels[1]: mined}, xlabel, str(path))
         logger = self.logger
 
         def upload() -> None:
@@ -167,31 +167,31 @@ class HardNegativeMiner:
         a, b = rng.integers(len(embeddings), size=(2, min(20_000, len(embeddings) ** 2)))
         random_pairs = np.einsum("ij,ij->i", embeddings[a], embeddings[b])
         metrics = {
-            "mining_encode_s": t_encode,
-            "mining_index_s": knn.index_seconds,
-            "mining_search_s": knn.search_seconds,
-            "mining_plan_s": time.perf_counter() - t1 - knn.index_seconds - knn.search_seconds,
-            "mining_total_s": time.perf_counter() - t0,
-            "mining_corpus_size": float(len(pool)),
-            "mining_candidates": float(chosen.candidates),
-            "mining_kept": float(chosen.kept),
-            **{f"mining_removed_{name}": float(count) for name, count in chosen.removed.items()},
-            "mining_anchors_short": float(chosen.anchors_short),
-            "mining_positive_similarity_mean": float(positive_scores.mean()),
-            "mining_random_pair_similarity_mean": float(random_pairs.mean()),
-            "mining_plan_version": float(version),
+            "mining/encode_s": t_encode,
+            "mining/index_s": knn.index_seconds,
+            "mining/search_s": knn.search_seconds,
+            "mining/plan_s": time.perf_counter() - t1 - knn.index_seconds - knn.search_seconds,
+            "mining/total_s": time.perf_counter() - t0,
+            "mining/corpus_size": float(len(pool)),
+            "mining/candidates": float(chosen.candidates),
+            "mining/kept": float(chosen.kept),
+            **{f"mining/removed_{name}": float(count) for name, count in chosen.removed.items()},
+            "mining/anchors_short": float(chosen.anchors_short),
+            "mining/positive_similarity_mean": float(positive_scores.mean()),
+            "mining/random_pair_similarity_mean": float(random_pairs.mean()),
+            "mining/plan_version": float(version),
         }
         if len(found):
             metrics.update(
                 {
-                    "mining_negative_similarity_mean": float(found.mean()),
-                    "mining_negative_similarity_p10": float(np.percentile(found, 10)),
-                    "mining_negative_similarity_p50": float(np.percentile(found, 50)),
-                    "mining_negative_similarity_p90": float(np.percentile(found, 90)),
+                    "mining/negative_similarity_mean": float(found.mean()),
+                    "mining/negative_similarity_p10": float(np.percentile(found, 10)),
+                    "mining/negative_similarity_p50": float(np.percentile(found, 50)),
+                    "mining/negative_similarity_p90": float(np.percentile(found, 90)),
                 }
             )
         if self.previous_plan is not None and self.previous_plan.negatives is not None:
-            metrics["mining_churn"] = float((self.previous_plan.negatives != plan.negatives).mean())
+            metrics["mining/churn"] = float((self.previous_plan.negatives != plan.negatives).mean())
         self.previous_plan = plan
         if len(found):
             self._log_histogram(found, random_pairs, version)
@@ -244,28 +244,28 @@ class HardNegativeMiner:
         pair_sims = in_batch_pair_similarities(embeddings, plan, self.seed)
         random_sims = in_batch_pair_similarities(embeddings, baseline, self.seed)
         metrics = {
-            "mining_encode_s": t_encode,
-            "mining_index_s": knn.index_seconds,
-            "mining_search_s": knn.search_seconds,
-            "mining_plan_s": t_plan,
-            "mining_total_s": time.perf_counter() - t0,
-            "mining_corpus_size": float(n),
-            "mining_index_estimated_mib": estimate / 2**20,
-            "mining_top1_similarity_mean": float(top1.mean()) if len(top1) else float("nan"),
-            "mining_candidates": float(filtered.candidates),
-            "mining_kept": float(filtered.allowed.sum()),
-            **{f"mining_removed_{name}": float(count) for name, count in filtered.removed.items()},
-            "mining_batch_similarity_mean": float(pair_sims.mean()),
-            "mining_batch_similarity_p10": float(np.percentile(pair_sims, 10)),
-            "mining_batch_similarity_p50": float(np.percentile(pair_sims, 50)),
-            "mining_batch_similarity_p90": float(np.percentile(pair_sims, 90)),
-            "mining_random_batch_similarity_mean": float(random_sims.mean()),
-            "mining_false_negatives_flagged": float((false_negatives >= 0).sum()),
-            "mining_false_negative_pairs_in_batches": float(false_negative_pairs(plan, false_negatives)),
-            "mining_plan_version": float(version),
+            "mining/encode_s": t_encode,
+            "mining/index_s": knn.index_seconds,
+            "mining/search_s": knn.search_seconds,
+            "mining/plan_s": t_plan,
+            "mining/total_s": time.perf_counter() - t0,
+            "mining/corpus_size": float(n),
+            "mining/index_estimated_mib": estimate / 2**20,
+            "mining/top1_similarity_mean": float(top1.mean()) if len(top1) else float("nan"),
+            "mining/candidates": float(filtered.candidates),
+            "mining/kept": float(filtered.allowed.sum()),
+            **{f"mining/removed_{name}": float(count) for name, count in filtered.removed.items()},
+            "mining/batch_similarity_mean": float(pair_sims.mean()),
+            "mining/batch_similarity_p10": float(np.percentile(pair_sims, 10)),
+            "mining/batch_similarity_p50": float(np.percentile(pair_sims, 50)),
+            "mining/batch_similarity_p90": float(np.percentile(pair_sims, 90)),
+            "mining/random_batch_similarity_mean": float(random_sims.mean()),
+            "mining/false_negatives_flagged": float((false_negatives >= 0).sum()),
+            "mining/false_negative_pairs_in_batches": float(false_negative_pairs(plan, false_negatives)),
+            "mining/plan_version": float(version),
         }
         if self.previous_plan is not None:
-            metrics["mining_churn"] = plan_churn(self.previous_plan, plan)
+            metrics["mining/churn"] = plan_churn(self.previous_plan, plan)
         self.previous_plan = plan
         self._log_histogram(pair_sims, random_sims, version)
         if self.logger is not None:
@@ -414,18 +414,18 @@ def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
     return scores[np.arange(len(scores)), first][has]
 
 
-def _histogram_png(
-    mined: np.ndarray, random_pairs: np.ndarray, labels: tuple[str, str], xlabel: str, path: str
-) -> None:
+def similarity_histogram_png(series: dict[str, np.ndarray], xlabel: str, path: str) -> None:
+    """Overlaid density histograms of cosine similarities, one per ``label: values`` (e.g.
+    random pairs vs mined negatives), written to ``path`` as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    bins = np.linspace(min(mined.min(), random_pairs.min()), 1.0, 60)
-    ax.hist(random_pairs, bins=bins, alpha=0.6, density=True, label=labels[0])
-    ax.hist(mined, bins=bins, alpha=0.6, density=True, label=labels[1])
+    bins = np.linspace(min(float(v.min()) for v in series.values()), 1.0, 60)
+    for label, values in series.items():
+        ax.hist(values, bins=bins, alpha=0.55, density=True, label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("density")
     ax.legend()

@@ -129,14 +129,36 @@ def build_tiny_model_dir(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
-    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    wordpiece.decoder = decoders.WordPiece()
-    wordpiece.train_from_iterator(
-        texts,
-        trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=_SPECIAL_TOKENS, show_progress=False),
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # The trainer gives each "##c" continuation token its id in hash-map order, different in
+    # every process, and merges with equal counts are ordered by id: the same texts gave a
+    # different vocabulary on every run (huggingface/tokenizers#1794). Listing every "##c"
+    # up front, sorted, fixes their ids, so the vocabulary depends on the texts alone.
+    continuations = sorted(
+        {
+            "##" + char
+            for text in texts
+            for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
+            for char in word[1:]
+        }
     )
+    trained = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    trained.normalizer = normalizer
+    trained.pre_tokenizer = pre_tokenizer
+    trained.train_from_iterator(
+        texts,
+        trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=_SPECIAL_TOKENS + continuations, show_progress=False
+        ),
+    )
+    # Rebuilt from the vocabulary so only the real special tokens are special ("##c" are
+    # ordinary vocabulary entries, as in BERT's own vocab).
+    wordpiece = Tokenizer(models.WordPiece(trained.get_vocab(), unk_token="[UNK]"))
+    wordpiece.normalizer = normalizer
+    wordpiece.pre_tokenizer = pre_tokenizer
+    wordpiece.decoder = decoders.WordPiece()
+    wordpiece.add_special_tokens(_SPECIAL_TOKENS)
     cls_id, sep_id = wordpiece.token_to_id("[CLS]"), wordpiece.token_to_id("[SEP]")
     wordpiece.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

@@ -6,6 +6,10 @@ distinct positive. Each anchor's ``mining.top_k`` nearest candidates go through
 :func:`pipeline.negatives.select_negatives`; anchors left with fewer than
 ``mining.num_negatives`` negatives are dropped from the output and counted. The output
 (parquet or jsonl, by extension) loads as a sentence-transformers training dataset.
+
+The job's MLflow run carries what the training run carries where it applies: the input as
+a dataset (context ``mining``), commit and versions, the ``mining/`` metrics, the console
+summary as its description, and a similarity histogram and a sample of the output.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config import Config
-from pipeline.data import DataError, read_pairs
+from pipeline.data import DataError, dataset_digest, index_triplets, read_pairs
 from pipeline.index import estimate_index_bytes
 from pipeline.negatives import FILTERS, mine_anchor_negatives, text_keys
+from pipeline.tracking import TrackedRun
 
 
 @dataclass
@@ -39,6 +44,12 @@ class MiningReport:
     seconds: dict[str, float] = field(default_factory=dict)
     index: str = ""
     estimated_index_bytes: int = 0
+    similarities: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """Cosine similarities for the review histogram: ``positives`` (anchor-positive),
+    ``negatives`` (anchor-mined negative, written rows) and ``random pairs`` (anchor-random pool row)."""
+    run_id: str = ""
+    experiment: str = ""
+    tracking_uri: str = ""
 
     def render(self, output: str) -> str:
         removed = ", ".join(f"{name} {self.removed.get(name, 0)}" for name in FILTERS)
@@ -57,7 +68,29 @@ class MiningReport:
                 f"p90 {sims['p90']:.3f}); positives mean {sims['positive_mean']:.3f}"
             )
         lines.append(f"  time          {timing}")
+        if self.run_id:
+            from pipeline.tracking import ui_command
+
+            lines += [
+                f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
+                f"  review with   {ui_command(self.tracking_uri)}",
+            ]
         return "\n".join(lines)
+
+    def metrics(self) -> dict[str, float]:
+        """The report as MLflow metrics (the ``mining/`` chart section)."""
+        values = {
+            "rows_in": self.rows_in,
+            "rows_out": self.rows_out,
+            "candidate_pool": self.candidate_pool,
+            "candidates": self.candidates,
+            "kept_before_sampling": self.kept_before_sampling,
+            "anchors_short": self.anchors_short,
+            **{f"removed_{name}": count for name, count in self.removed.items()},
+            **{f"negative_similarity_{k}": v for k, v in self.negative_similarity.items()},
+            **{f"{k}_s": v for k, v in self.seconds.items()},
+        }
+        return {f"mining/{k}": float(v) for k, v in values.items()}
 
 
 def mine_pairs(
@@ -133,6 +166,16 @@ def mine_pairs(
         columns[f"negative_{j + 1}"] = pool_array[chosen.indices[complete, j]].tolist()
     report.rows_out = int(complete.sum())
     kept_scores = chosen.scores[complete].ravel()
+    rng = np.random.default_rng(cfg.run.seed)
+    sample = rng.integers(len(anchors), size=min(20_000, len(anchors)))
+    random_pairs = np.einsum(
+        "ij,ij->i", anchor_vectors[sample], pool_vectors[rng.integers(len(pool), size=len(sample))]
+    )
+    report.similarities = {
+        "random pairs": random_pairs,
+        "positives": positive_scores,
+        "negatives": kept_scores,
+    }
     if len(kept_scores):
         report.negative_similarity = {
             "mean": float(kept_scores.mean()),
@@ -182,7 +225,7 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
         quiet_libraries,
     )
     from pipeline.preflight import preflight_mine
-    from pipeline.tracking import resolve_tracking_uri, start_or_resume_run
+    from pipeline.tracking import log_run_context, resolve_tracking_uri, start_or_resume_run
 
     if not cfg.data.path:
         raise DataError("--input (data.path) is required")
@@ -197,14 +240,23 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
     run_name = cfg.run.name or datetime.now().strftime("mine-%Y%m%d-%H%M%S")
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)
+    echo(f"[run] mining run {run_name!r}: MLflow run {tracked.run_id} at {tracking_uri}")
     quiet_libraries()
     with tracked.failing_on_error(), ray_session(cfg):
         tracked.log_params(
             {k: v for k, v in cfg.flat().items() if k.split(".")[0] in ("data", "model", "mining")}
         )
-        tracked.set_tags({"simcse.job": "mine", "simcse.output": output})
-        anchors, positives, _, rows = read_pairs(cfg.data)
+        tracked.set_tags(
+            {"simcse.job": "mine", "simcse.output": output, "simcse.model": cfg.model.name_or_path}
+        )
+        anchors, positives, negatives, rows = read_pairs(cfg.data)
         echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs")
+        texts, pairs = index_triplets(anchors, positives, negatives)
+        no_commit = log_run_context(
+            tracked, cfg.data.path, len(anchors), dataset_digest(texts, pairs), "pairs", context="mining"
+        )
+        if no_commit:
+            echo(f"[run] {no_commit}")
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = fetch_pretrained_dir(cfg.model.name_or_path, tmp)
             tokenizer = load_tokenizer(model_dir)
@@ -212,21 +264,54 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
         table, report = mine_pairs(anchors, positives, model, tokenizer, cfg, echo=echo)
         report.rows_in = rows
         report.pairs_dropped_empty = rows - len(anchors)
+        report.run_id, report.experiment, report.tracking_uri = (
+            tracked.run_id,
+            cfg.tracking.experiment,
+            tracking_uri,
+        )
         write_triplets(table, output)
-        metrics = {
-            "rows_in": report.rows_in,
-            "rows_out": report.rows_out,
-            "candidates": report.candidates,
-            "kept_before_sampling": report.kept_before_sampling,
-            "anchors_short": report.anchors_short,
-            **{f"removed_{name}": count for name, count in report.removed.items()},
-            **{f"negative_similarity_{k}": v for k, v in report.negative_similarity.items()},
-            **{f"{k}_s": v for k, v in report.seconds.items()},
-        }
-        from pipeline.tracking import MetricLogger
-
-        logger = MetricLogger(tracking_uri, tracked.run_id)
-        logger.log({f"mining_{k}": float(v) for k, v in metrics.items()}, step=0)
-        logger.flush()
+        tracked.log_metrics(report.metrics(), step=0)
+        log_mining_review(tracked, table, report, output)
     tracked.finish()
     return report
+
+
+def log_mining_review(tracked: TrackedRun, table: pa.Table, report: MiningReport, output: str) -> None:
+    """What a reviewer opens on the mining run: the console summary as its description, and
+    under ``review/`` the similarity histogram (random pairs, positives, mined negatives) and
+    the first rows of the output as a markdown table."""
+    import tempfile
+
+    from pipeline.mining import similarity_histogram_png
+
+    tracked.set_note("```\n" + report.render(output) + "\n```")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        series = {name: values for name, values in report.similarities.items() if len(values)}
+        if series:
+            similarity_histogram_png(
+                series, "cosine similarity to the anchor", str(folder / "similarity.png")
+            )
+        (folder / "sample_triplets.md").write_text(sample_markdown(table, SAMPLE_ROWS))
+        tracked.log_artifacts(folder, "review")
+
+
+SAMPLE_ROWS = 50
+
+
+def sample_markdown(table: pa.Table, rows: int) -> str:
+    """The first ``rows`` rows of the mined output as a markdown table (cells shortened)."""
+
+    def cell(text: str) -> str:
+        text = text.replace("|", "\\|").replace("\n", " ")
+        return text if len(text) <= 120 else text[:117] + "..."
+
+    head = table.slice(0, rows).to_pylist()
+    columns = table.column_names
+    lines = [
+        f"# First {len(head)} of {table.num_rows} mined rows\n",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    lines += ["| " + " | ".join(cell(str(row[c])) for c in columns) + " |" for row in head]
+    return "\n".join(lines) + "\n"

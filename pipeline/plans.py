@@ -49,8 +49,8 @@ class BatchPlan:
         )
 
     def fingerprint(self) -> int:
-        """A 48-bit hash of the plan (exact as an MLflow float metric): two runs, or a run and
-        its resumption, trained on the same batches exactly when their fingerprints match."""
+        """A 48-bit hash of the plan: two runs, or a run and its resumption, trained on the same
+        batches exactly when their fingerprints match."""
         import hashlib
 
         digest = hashlib.blake2b(digest_size=6)
@@ -59,6 +59,10 @@ class BatchPlan:
             if part is not None:
                 digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
         return int.from_bytes(digest.digest(), "little")
+
+    def hex_fingerprint(self) -> str:
+        """:meth:`fingerprint` as 12 hex digits, as the run's ``plan.fingerprint.epoch_N`` tags hold it."""
+        return f"{self.fingerprint():012x}"
 
     def to_dict(self) -> dict:
         return {"version": self.version, "rows": self.rows, "sizes": self.sizes, "negatives": self.negatives}

@@ -130,10 +130,12 @@ def log_review(
     artifacts: ``eval_by_epoch.md``, ``sts_by_epoch.png``, ``alignment_uniformity.png``, ``loss.png``."""
     out = run_dir / "review"
     out.mkdir(parents=True, exist_ok=True)
-    loss_history = tracked.client.get_metric_history(tracked.run_id, "train_loss")
+    loss_history = tracked.client.get_metric_history(tracked.run_id, "train/loss")
     if loss_history:
         points = sorted((m.step, m.value) for m in loss_history)
-        ends = sorted({int(m.step) for m in tracked.client.get_metric_history(tracked.run_id, "epoch_loss")})
+        ends = sorted(
+            {int(m.step) for m in tracked.client.get_metric_history(tracked.run_id, "train/epoch_loss")}
+        )
         plot_loss([p[0] for p in points], [p[1] for p in points], out / "loss.png", ends)
     if history:
         plot_sts_per_epoch(history, out / "sts_by_epoch.png")

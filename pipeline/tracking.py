@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
 from pipeline.errors import first_line
@@ -81,6 +81,13 @@ class TrackedRun:
     def set_tags(self, tags: dict[str, Any]) -> None:
         for key, value in tags.items():
             self.client.set_tag(self.run_id, key, str(value))
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Log at once, from the driver (rank 0 and the miner use :class:`MetricLogger`)."""
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()]
+        )
 
     def set_note(self, markdown: str) -> None:
         """The run's description in the MLflow UI."""
@@ -157,12 +164,15 @@ def start_or_resume_run(tracking_uri: str, experiment: str, run_name: str) -> Tr
 
 
 class MetricLogger:
-    """Metric logging to an existing run for rank 0 and the miner, sent in the background.
+    """Metric (and tag) logging to an existing run for rank 0 and the miner, sent in the
+    background.
 
-    :meth:`log` only appends to a buffer; a sender thread posts it with one ``log_batch``
-    every ``flush_every_s`` (or when :meth:`flush` asks). A failed send (server restarting,
-    network blip) keeps the metrics and is retried with backoff, so training never waits on
-    MLflow and no value is dropped. A metric leaves the buffer only once MLflow took it.
+    :meth:`log` and :meth:`set_tags` only append to a buffer; a sender thread posts it with
+    one ``log_batch`` every ``flush_every_s`` (or when :meth:`flush` asks). A failed send
+    (server restarting, network blip) keeps the values and is retried with backoff, so
+    training never waits on MLflow and no value is dropped. A value leaves the buffer only
+    once MLflow took it. (Unsent metrics travel in checkpoints, see :meth:`unsent`; unsent
+    tags do not: the train loop sets its tags again when it resumes.)
     """
 
     def __init__(self, tracking_uri: str, run_id: str, flush_every_s: float = 5.0):
@@ -174,6 +184,7 @@ class MetricLogger:
         self.flush_every_s = flush_every_s
         self.failed_sends = 0
         self._buffer: list[Metric] = []
+        self._tags: dict[str, str] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._sent = threading.Condition(self._lock)
@@ -185,6 +196,10 @@ class MetricLogger:
         now = int(time.time() * 1000)
         with self._lock:
             self._buffer.extend(Metric(k, float(v), now, int(step)) for k, v in metrics.items())
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        with self._lock:
+            self._tags.update({key: str(value) for key, value in tags.items()})
 
     def flush(self) -> None:
         """Ask the sender to post the buffer now (does not wait)."""
@@ -206,7 +221,7 @@ class MetricLogger:
         self._wake.set()
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._buffer:
+            while self._buffer or self._tags:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -215,13 +230,13 @@ class MetricLogger:
 
     def close(self, timeout: float) -> int:
         """Send what is left (retrying for up to ``timeout`` seconds); returns how many metric
-        values are still unsent."""
+        values and tags are still unsent."""
         self.wait_sent(timeout)
         self._closing = True
         self._wake.set()
         self._thread.join(timeout=5)
         with self._lock:
-            return len(self._buffer)
+            return len(self._buffer) + len(self._tags)
 
     def _send_loop(self) -> None:
         backoff = 0.0
@@ -232,12 +247,16 @@ class MetricLogger:
                 return
             while True:
                 with self._lock:
-                    chunk = list(self._buffer[:1000])
-                if not chunk:
+                    # MLflow takes at most 1000 values per call, 100 of them tags.
+                    chunk = list(self._buffer[:900])
+                    tags = dict(list(self._tags.items())[:100])
+                if not chunk and not tags:
                     backoff = 0.0
                     break
                 try:
-                    self.client.log_batch(self.run_id, metrics=chunk)
+                    self.client.log_batch(
+                        self.run_id, metrics=chunk, tags=[RunTag(k, v) for k, v in tags.items()]
+                    )
                 except Exception as exc:  # any transport or server error: keep and retry later
                     self.failed_sends += 1
                     if self.failed_sends == 1 or self.failed_sends % 10 == 0:
@@ -250,8 +269,34 @@ class MetricLogger:
                     break
                 with self._lock:
                     del self._buffer[: len(chunk)]
-                    if not self._buffer:
+                    for key, value in tags.items():
+                        if self._tags.get(key) == value:
+                            del self._tags[key]
+                    if not self._buffer and not self._tags:
                         self._sent.notify_all()
+
+
+@contextmanager
+def system_metrics(
+    tracking_uri: str, run_id: str, interval_s: float, node_id: str | None = None
+) -> Iterator[None]:
+    """MLflow's own system metrics (``system/cpu_utilization_percentage``, memory, disk,
+    network, and ``system/gpu_*`` where NVIDIA's NVML is installed) for this machine, sampled
+    every ``interval_s`` seconds while the block runs. ``node_id`` puts a machine's metrics
+    under ``system/<node_id>/`` when a run spans several."""
+    import logging
+
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
+    monitor = SystemMetricsMonitor(
+        run_id, sampling_interval=interval_s, resume_logging=True, node_id=node_id, tracking_uri=tracking_uri
+    )
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
 
 
 def quick_http_failures() -> None:
@@ -317,9 +362,17 @@ def package_versions() -> dict[str, str]:
     return found
 
 
-def git_commit(start: Path | None = None) -> str | None:
-    """The commit of the checkout the code runs from, or None outside a git checkout (as in
-    a ``ray job submit`` working dir, which is uploaded without ``.git``)."""
+GIT_COMMIT_ENV = "SIMCSE_GIT_COMMIT"
+
+
+def git_commit(start: Path | None = None) -> tuple[str | None, str]:
+    """The commit the code runs from and where it came from: ``git rev-parse`` in the
+    checkout, else the ``SIMCSE_GIT_COMMIT`` variable (a ``ray job submit`` working dir is
+    uploaded without ``.git``, so the submitting side passes it in the job's runtime env).
+
+    Returns ``(commit, source)``; ``commit`` is None when neither is there, and ``source``
+    then says why.
+    """
     import subprocess
 
     where = start or Path(__file__).resolve().parent
@@ -327,14 +380,23 @@ def git_commit(start: Path | None = None) -> str | None:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
         )
+        if out.stdout.strip():
+            return out.stdout.strip(), "checkout"
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+        pass
+    given = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    if given:
+        return given, GIT_COMMIT_ENV
+    return None, f"not a git checkout and {GIT_COMMIT_ENV} is not set"
 
 
-def log_run_context(tracked: TrackedRun, source: str, rows: int, digest: str, kind: str) -> None:
-    """Dataset fingerprint (as an MLflow dataset input, shown in the UI's Datasets column), the
-    git commit and package versions."""
+def log_run_context(
+    tracked: TrackedRun, source: str, rows: int, digest: str, kind: str, context: str = "training"
+) -> str | None:
+    """Dataset fingerprint (as an MLflow dataset input, shown in the UI's Datasets column with
+    ``context``), the git commit and package versions.
+
+    Returns a one-line note when no commit could be recorded (None when it was)."""
     import json
 
     from mlflow.entities import Dataset, DatasetInput, InputTag
@@ -347,11 +409,15 @@ def log_run_context(tracked: TrackedRun, source: str, rows: int, digest: str, ki
         profile=json.dumps({"num_rows": rows, "kind": kind}),
     )
     tracked.client.log_inputs(
-        tracked.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])]
+        tracked.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])]
     )
     tags: dict[str, Any] = {"data.path": source, "data.rows": rows, "data.digest": digest}
-    commit = git_commit()
+    commit, origin = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit
+        tags["simcse.git_commit_from"] = origin
     tags.update({f"versions.{name}": value for name, value in package_versions().items()})
     tracked.set_tags(tags)
+    if commit:
+        return None
+    return f"no git commit recorded ({origin}; see docs/operations.md, 'Jobs sent with ray job submit')"

@@ -49,7 +49,7 @@ from pipeline.model import (
     unpack_dir,
 )
 from pipeline.plans import BatchPlan, balanced_batch_sizes, padding_share, random_plan, worker_slices
-from pipeline.training_eval import EvalOutcome, TrainingEvaluator
+from pipeline.training_eval import EvalOutcome, TrainingEvaluator, eval_metric_names
 from pipeline.whitening import save_whitening
 
 PROGRESS_EVERY_S = 30.0
@@ -117,7 +117,30 @@ def find_resume_point() -> ResumePoint | None:
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point: runs on every worker."""
+    """Ray Train entry point: runs on every worker. The first worker on each node also logs
+    the node's system metrics (``tracking.system_metrics``) while it trains."""
+    import contextlib
+
+    import ray.train
+
+    cfg: Config = config_from_dict(loop_config["config"])
+    ctx = ray.train.get_context()
+    monitor: Any = contextlib.nullcontext()
+    if cfg.tracking.system_metrics and loop_config.get("run_id") and ctx.get_local_rank() == 0:
+        from pipeline.tracking import system_metrics
+
+        several_nodes = ctx.get_local_world_size() < ctx.get_world_size()
+        monitor = system_metrics(
+            loop_config["tracking_uri"],
+            loop_config["run_id"],
+            cfg.tracking.system_metrics_interval_s,
+            node_id=f"node_{ctx.get_node_rank()}" if several_nodes else None,
+        )
+    with monitor:
+        _train_on_worker(loop_config)
+
+
+def _train_on_worker(loop_config: dict[str, Any]) -> None:
     import ray
     import ray.train
     import ray.train.torch
@@ -178,7 +201,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 if state.batches_done
                 else f"after epoch {state.epoch}"
             )
-            print(f"[train] resumed at step {state.step}, {where} (plan v{state.plan.version})", flush=True)
+            print(
+                f"[train] resumed at step {state.step}, {where} "
+                f"(plan v{state.plan.version}, fingerprint {state.plan.hex_fingerprint()})",
+                flush=True,
+            )
 
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
     logger = None
@@ -187,7 +214,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
         logger = MetricLogger(loop_config["tracking_uri"], loop_config["run_id"], cfg.tracking.flush_every_s)
         if resume is not None and state.step > 0:
-            logger.log({"resumed_at_step": float(state.step)}, state.step)
+            logger.log({"train/resumed_at_step": float(state.step)}, state.step)
 
     refresher = PlanRefresher(
         cfg,
@@ -220,7 +247,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             if outcome.whitening is not None:
                 save_whitening(outcome.whitening, best_dir)
         if logger is not None:
-            logger.log({**metrics, "eval_seconds": time.perf_counter() - started}, state.step)
+            logger.log(
+                {**eval_metric_names(metrics), "eval/seconds": time.perf_counter() - started}, state.step
+            )
             logger.flush()
         first = outcome.scores[0]
         whitened = f" ({first.spearman_whitened:.2f} whitened)" if first.spearman_whitened is not None else ""
@@ -275,10 +304,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if logger is not None:
             logger.log(
                 {
-                    "refresh_wait_s": boundary.wait_seconds,
-                    "next_plan_version": float(next_plan.version),
-                    "next_plan_staleness_steps": float(boundary.staleness_steps),
-                    "refresh_late": float(boundary.late),
+                    "mining/refresh_wait_s": boundary.wait_seconds,
+                    "mining/next_plan_version": float(next_plan.version),
+                    "mining/next_plan_staleness_steps": float(boundary.staleness_steps),
+                    "mining/refresh_late": float(boundary.late),
                 },
                 state.step,
             )
@@ -315,13 +344,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             augment_rng = np.random.default_rng([cfg.run.seed, rank, epoch, first_batch])
         state.rng = None
         if logger is not None:
-            logger.log(
-                {
-                    "plan_fingerprint": float(plan.fingerprint()),
-                    "plan_padding_share": padding_share(plan, lengths, world),
-                },
-                state.step,
-            )
+            # A hash is no quantity to chart: the plan's fingerprint is a tag per epoch.
+            logger.set_tags({f"plan.fingerprint.epoch_{epoch + 1}": plan.hex_fingerprint()})
+            logger.log({"data/padding_share": padding_share(plan, lengths, world)}, state.step)
         model.train()
         segment_start = time.perf_counter()
         last_progress = segment_start
@@ -362,9 +387,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                 elapsed = time.perf_counter() - step_start
                 logger.log(
                     {
-                        "train_loss": loss_value,
-                        "learning_rate": scheduler.get_last_lr()[0],
-                        "sentences_per_s": len(global_rows) / max(elapsed, 1e-9),
+                        "train/loss": loss_value,
+                        "train/learning_rate": scheduler.get_last_lr()[0],
+                        "train/sentences_per_s": len(global_rows) / max(elapsed, 1e-9),
                     },
                     state.step,
                 )
@@ -411,10 +436,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if logger is not None:
             logger.log(
                 {
-                    "epoch_loss": epoch_loss,
-                    "epoch_plan_version": float(plan.version),
-                    "epoch_seconds": epoch_seconds,
-                    "epoch": float(epoch + 1),
+                    "train/epoch_loss": epoch_loss,
+                    "train/plan_version": float(plan.version),
+                    "train/epoch_seconds": epoch_seconds,
+                    "train/epoch": float(epoch + 1),
                 },
                 state.step,
             )
@@ -438,7 +463,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         unsent = logger.close(cfg.tracking.drain_timeout_s)
         if unsent:
             print(
-                f"[mlflow] warning: {unsent} metric values could not be sent within "
+                f"[mlflow] warning: {unsent} metric values and tags could not be sent within "
                 f"tracking.drain_timeout_s={cfg.tracking.drain_timeout_s:g}s",
                 flush=True,
             )
@@ -665,7 +690,7 @@ class PlanRefresher:
                     boundary.late = True
             if report is not None:
                 plan = BatchPlan(version, report.plan.rows, report.plan.sizes)
-                boundary.refresh_seconds = float(report.metrics["mining_total_s"])
+                boundary.refresh_seconds = float(report.metrics["mining/total_s"])
                 boundary.staleness_steps = state.step - snapshot_step
             else:
                 plan = self._reshuffled(current, epoch)
@@ -737,7 +762,7 @@ class PlanRefresher:
             flush=True,
         )
         if self.logger is not None:
-            self.logger.log({"miner_restarts": float(self.restarts)}, step)
+            self.logger.log({"mining/miner_restarts": float(self.restarts)}, step)
             self.logger.flush()
         return time.monotonic() + self.cfg.mining.timeout_s
 

@@ -39,6 +39,12 @@ class EvalOutcome:
         return out
 
 
+def eval_metric_names(metrics: dict[str, float]) -> dict[str, float]:
+    """MLflow names for :meth:`EvalOutcome.metrics`: the ``eval/`` chart section, e.g.
+    ``eval/sts_stsb-dev_spearman`` and ``eval/score``."""
+    return {f"eval/{key.removeprefix('eval_')}": value for key, value in metrics.items()}
+
+
 def sharded_encode(
     model: SentenceEncoder,
     corpus: Any,

@@ -9,6 +9,7 @@ that head; they do not touch the machine's default ``/tmp/ray``.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -39,6 +40,9 @@ def _finished_run(db: Path, experiment: str):
     return run
 
 
+SUBMITTED_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
 @pytest.mark.slow
 def test_jobs_at_once_beside_each_other_and_a_ray_start_head(tmp_path, trained_tiny_model_dir):
     """All at once on one machine: a ``ray start`` head with the README's ``ray job submit`` of
@@ -65,10 +69,13 @@ def test_jobs_at_once_beside_each_other_and_a_ray_start_head(tmp_path, trained_t
 
         submitted = tmp_path / "submitted"
         submitted.mkdir()
+        # Ray uploads the working dir without .git: the README's submit line passes the commit.
+        runtime_env = json.dumps({"env_vars": {"SIMCSE_GIT_COMMIT": SUBMITTED_COMMIT}})
         jobs["submitted"] = subprocess.Popen(
             [
                 str(Path(PYTHON).parent / "ray"), "job", "submit", "--address", head.dashboard,
-                "--working-dir", str(REPO), "--", "python", "jobs/train.py", "--config", "jobs/configs/demo.yaml",
+                "--working-dir", str(REPO), "--runtime-env-json", runtime_env,
+                "--", "python", "jobs/train.py", "--config", "jobs/configs/demo.yaml",
                 "--set", "run.name=submitted", "--set", f"run.output_dir={submitted / 'runs'}",
                 "--set", f"tracking.uri=sqlite:///{submitted / 'mlruns.db'}", *[a for i in SMALL for a in ("--set", i)],
             ],
@@ -121,6 +128,9 @@ def test_jobs_at_once_beside_each_other_and_a_ray_start_head(tmp_path, trained_t
         assert (tmp_path / name / "runs" / name / "model" / "config.json").is_file()
         run = _finished_run(tmp_path / name / "mlruns.db", "simcse-demo")
         assert run.info.status == "FINISHED"
+    tags = _finished_run(tmp_path / "submitted" / "mlruns.db", "simcse-demo").data.tags
+    assert tags["mlflow.source.git.commit"] == SUBMITTED_COMMIT
+    assert tags["simcse.git_commit_from"] == "SIMCSE_GIT_COMMIT"
     assert "mined triplets.parquet" in outputs["mine"]
     assert _finished_run(tmp_path / "mine" / "mlruns.db", "simcse-mining").info.status == "FINISHED"
 

@@ -238,3 +238,70 @@ def test_column_check_leaves_what_it_cannot_tell_to_the_reader(tmp_path):
     check_corpus_columns(DataSection(path=None), pairs=False)  # generated corpus
     with pytest.raises(DataError, match="data.format: cannot tell the format"):
         check_corpus_columns(DataSection(path=str(tmp_path / "hive")), pairs=False)
+
+
+@pytest.mark.parametrize(
+    ("sentences", "truncated", "hint"),
+    [
+        (1950, 499, "25.6% of sentences are longer"),  # Wikipedia at max_seq_len 32
+        (100, 5, "5.0% of sentences are longer"),  # the threshold itself
+        (205, 5, None),  # 2.4%: a few long lines, no hint
+        (100, 0, None),
+        (0, 0, None),
+    ],
+)
+def test_tokenize_stats_suggest_a_longer_max_seq_len_when_many_are_cut(sentences, truncated, hint):
+    from pipeline.data import TokenizeStats
+
+    text = TokenizeStats(sentences=sentences, truncated=truncated, max_seq_len=32).describe()
+    counts = f"{sentences} sentences (max_seq_len 32; {truncated} truncated"
+    if hint is None:
+        assert text == counts + ")"
+    else:
+        assert text == f"{counts}: {hint}, consider raising data.max_seq_len)"
+
+
+def test_a_dead_tokenizer_actor_fails_the_stage_at_once(ray_local):
+    """The tokenizer pool runs with max_restarts=0: an actor whose process dies fails the
+    stage with Ray's error. With Ray Data's default (restart and retry forever) this waits
+    for ever."""
+    import os
+    import threading
+
+    class DyingTokenizer:  # defined here so that Ray pickles it by value
+        def __call__(self, texts, **kwargs):
+            os._exit(1)  # the actor's process dies, as on a segfault or the OOM killer
+
+    corpus = pa.table({"id": np.arange(20, dtype=np.int64), "text": [f"sentence {i}" for i in range(20)]})
+    outcome = {}
+
+    def tokenize():
+        try:
+            tokenize_corpus(corpus, DyingTokenizer(), DataSection(tokenize_batch_size=10))
+        except Exception as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=tokenize, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "tokenization is still retrying a dead tokenizer actor after 120 s"
+    assert "actor died" in str(outcome.get("error")).lower(), outcome
+
+
+def test_progress_bar_notice_is_silenced_when_the_config_turns_bars_off(ray_local):
+    """ray.progress_bars=false (the default) is the config's choice: Ray Data's warning that
+    bars are off is dropped, and only that logger is quietened."""
+    import logging
+
+    from pipeline.cluster import init_ray
+    from pipeline.config import load_config
+
+    progress = logging.getLogger("ray.data._internal.progress")
+    assert not progress.isEnabledFor(logging.WARNING) and progress.isEnabledFor(logging.ERROR)
+    assert logging.getLogger("ray.data").isEnabledFor(logging.WARNING)
+    init_ray(load_config(None, ["ray.progress_bars=true"]))  # joins the running Ray
+    try:
+        assert progress.isEnabledFor(logging.WARNING)
+    finally:
+        init_ray(load_config(None, []))
+    assert not progress.isEnabledFor(logging.WARNING)

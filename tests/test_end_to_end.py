@@ -47,6 +47,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
         "eval.every_steps=10",
         "checkpoint.every_steps=10",
         "tracking.register_as=demo-encoder",
+        "tracking.system_metrics_interval_s=1",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -63,35 +64,35 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert params["model.pooler"] == "mean" and "mining.top_k" in params and len(params) > 40
     assert int(run.data.tags["data.sentences"]) > 1500 and int(run.data.tags["data.duplicates_dropped"]) > 0
 
-    losses = client.get_metric_history(run_id, "train_loss")
+    losses = client.get_metric_history(run_id, "train/loss")
     steps = sorted(m.step for m in losses)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) == 3 * 25  # 1600 rows / 64
-    assert {"learning_rate", "sentences_per_s"} <= set(run.data.metrics)
+    assert {"train/learning_rate", "train/sentences_per_s"} <= set(run.data.metrics)
     epoch_loss = [
-        m.value for m in sorted(client.get_metric_history(run_id, "epoch_loss"), key=lambda m: m.step)
+        m.value for m in sorted(client.get_metric_history(run_id, "train/epoch_loss"), key=lambda m: m.step)
     ]
     assert len(epoch_loss) == 3 and epoch_loss[-1] < 0.5 * epoch_loss[0]  # the loss fell
     versions = [
-        m.value for m in sorted(client.get_metric_history(run_id, "epoch_plan_version"), key=lambda m: m.step)
+        m.value for m in sorted(client.get_metric_history(run_id, "train/plan_version"), key=lambda m: m.step)
     ]
     assert versions == [0.0, 1.0, 2.0]  # epochs 2 and 3 trained on mined plans
     for key in (
-        "mining_encode_s",
-        "mining_index_s",
-        "mining_search_s",
-        "mining_corpus_size",
-        "mining_top1_similarity_mean",
+        "mining/encode_s",
+        "mining/index_s",
+        "mining/search_s",
+        "mining/corpus_size",
+        "mining/top1_similarity_mean",
     ):
         assert len(client.get_metric_history(run_id, key)) == 2, key  # one per refresh
-    mined = client.get_metric_history(run_id, "mining_batch_similarity_mean")
-    baseline = client.get_metric_history(run_id, "mining_random_batch_similarity_mean")
+    mined = client.get_metric_history(run_id, "mining/batch_similarity_mean")
+    baseline = client.get_metric_history(run_id, "mining/random_batch_similarity_mean")
     assert all(m.value > b.value for m, b in zip(mined, baseline, strict=True))  # mined batches are harder
-    assert len(client.get_metric_history(run_id, "mining_churn")) == 1  # second refresh vs the first
+    assert len(client.get_metric_history(run_id, "mining/churn")) == 1  # second refresh vs the first
     for key in (
-        "mining_removed_duplicate",
-        "mining_removed_rank_window",
-        "mining_kept",
-        "mining_batch_similarity_p90",
+        "mining/removed_duplicate",
+        "mining/removed_rank_window",
+        "mining/kept",
+        "mining/batch_similarity_p90",
     ):
         assert len(client.get_metric_history(run_id, key)) == 2, key
     histograms = sorted(a.path for a in client.list_artifacts(run_id, "mining"))
@@ -100,16 +101,16 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # STS at the start, every 10 steps and every epoch end; the best evaluation after the start
     # (by the whitened score of the first file, since whitening is on), mid-epoch or not, is
     # exported with its whitening layer, although newer checkpoints replaced its own.
-    key = "sts_generated_sts_spearman_whitened"
+    key = "eval/sts_generated_sts_spearman_whitened"
     history = {m.step: m.value for m in client.get_metric_history(run_id, key)}
     assert sorted(history) == [0, 10, 20, 25, 30, 40, 50, 60, 70, 75]
     for name in ("spearman", "alignment", "uniformity"):
-        assert len(client.get_metric_history(run_id, f"sts_generated_sts_{name}")) == 10
+        assert len(client.get_metric_history(run_id, f"eval/sts_generated_sts_{name}")) == 10
     best_step = max((step for step in sorted(history) if step > 0), key=history.get)
     best = best_step / 25
     assert run.data.tags["simcse.exported_step"] == str(best_step)
     assert run.data.tags["simcse.exported_epoch"] == f"{best:g}"
-    assert f"exported epoch {best:g} (step {best_step}, best of 9 evaluations)" in out
+    assert f"exported epoch {best:g} (step {best_step}, best of 9 evaluations after training; " in out
     # checkpoint.keep_last: the newest two of 10 (7 mid-epoch + 3 epoch ends) stay on disk, and
     # they are the ones Ray Train has registered (its snapshot file sits beside them).
     kept = sorted(p.name for p in (tmp_path / "runs/demo").glob("checkpoint_*") if p.is_dir())
@@ -124,6 +125,37 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert (export / "2_Dense/model.safetensors").exists()
     rescored = evaluate_model_dir(export, [str(tmp_path / "runs/demo/generated_sts.tsv")], max_seq_len=32)
     assert rescored[0].spearman_whitened == pytest.approx(history[best_step], abs=0.05)
+
+    # The run's model is its output at the exported step, and the metrics MLflow shows on the
+    # model's page are that model's own evaluation (not the untrained model's at step 0).
+    (output,) = run.outputs.model_outputs
+    assert output.step == best_step
+    logged = client.get_logged_model(output.model_id)
+    linked = {m.key: m for m in logged.metrics}
+    assert {m.step for m in logged.metrics} == {best_step}
+    assert linked[key].value == pytest.approx(rescored[0].spearman_whitened, abs=0.05)
+    assert linked["eval/sts_generated_sts_spearman"].value == pytest.approx(rescored[0].spearman, abs=0.05)
+    assert not any(k.startswith(("system/", "train/", "mining/")) for k in linked)
+    # Its scores under stable names, to sort and compare runs on what they ship.
+    metrics = run.data.metrics
+    assert metrics["best/step"] == best_step and metrics["best/epoch"] == pytest.approx(best)
+    assert metrics["best/sts_generated_sts_spearman_whitened"] == history[best_step]
+    assert metrics["best/score"] == history[best_step]  # whitened score of the first file selects
+    assert linked["best/sts_generated_sts_spearman_whitened"].value == history[best_step]
+    best_runs = client.search_runs(
+        [run.info.experiment_id], order_by=["metrics.`best/sts_generated_sts_spearman` DESC"]
+    )
+    assert best_runs[0].info.run_id == run_id
+
+    # Chart sections: every metric sits under train/, eval/, mining/, data/, best/ or system/;
+    # the plan fingerprint is a tag per epoch, not a chart.
+    sections = {k.split("/", 1)[0] for k in metrics}
+    assert sections == {"train", "eval", "mining", "data", "best", "system"}, sorted(metrics)
+    assert (
+        "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
+    )
+    fingerprints = [run.data.tags[f"plan.fingerprint.epoch_{e}"] for e in (1, 2, 3)]
+    assert all(len(f) == 12 for f in fingerprints) and len(set(fingerprints)) == 3
 
     assert "resolved_config.yaml" in [a.path for a in client.list_artifacts(run_id)]
     review = sorted(a.path for a in client.list_artifacts(run_id, "review"))
@@ -146,7 +178,11 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # The run's MLflow model (sentence-transformers flavor), registered under the configured name,
     # gives the pipeline's (whitened) embeddings; so do AutoModel + whitening and SentenceTransformer.
     (version,) = client.search_model_versions("name='demo-encoder'")
-    assert version.run_id == run_id
+    assert version.run_id == run_id and f"  registered    demo-encoder/{version.version}" in out
+    assert float(version.tags["best/sts_generated_sts_spearman_whitened"]) == pytest.approx(
+        history[best_step], abs=1e-3
+    )
+    assert version.tags["source_run"] == run_id and "exported epoch" in version.description
     sentences = ["Zonouku pai nabrou.", "Truvikai voze noura."]
     from pipeline.model import encode_texts, load_sentence_encoder, load_tokenizer
     from pipeline.whitening import load_whitening
@@ -169,7 +205,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # Started again with the same name: it says so and does nothing.
     again = _run_job(tmp_path, "train.epochs=3", timeout=120)
     assert again.returncode == 0 and "already finished" in again.stdout
-    assert len(client.get_metric_history(run_id, "train_loss")) == 75
+    assert len(client.get_metric_history(run_id, "train/loss")) == 75
 
 
 def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corpus):
@@ -213,9 +249,8 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     expected = random_plan(
         len(texts), 32, seed=int(run.data.params["run.seed"]), lengths=lengths, group_batches=50
     )
-    history = _client(tmp_path).get_metric_history(run.info.run_id, "plan_fingerprint")
-    assert min(history, key=lambda m: m.step).value == float(expected.fingerprint())
-    padding = _client(tmp_path).get_metric_history(run.info.run_id, "plan_padding_share")
+    assert run.data.tags["plan.fingerprint.epoch_1"] == expected.hex_fingerprint()
+    padding = _client(tmp_path).get_metric_history(run.info.run_id, "data/padding_share")
     assert min(padding, key=lambda m: m.step).value == pytest.approx(
         padding_share(expected, lengths, world_size=int(run.data.params["train.num_workers"])), abs=1e-9
     )
@@ -253,14 +288,14 @@ def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
     def history(key):
         return {int(m.step): m.value for m in client.get_metric_history(run_id, key)}
 
-    trained_on = [v for _, v in sorted(history("epoch_plan_version").items())]
+    trained_on = [v for _, v in sorted(history("train/plan_version").items())]
     assert trained_on == sorted(trained_on) and trained_on[-1] >= 1  # mined plans were adopted
-    adopted = history("next_plan_version")
-    staleness = history("next_plan_staleness_steps")
-    late = history("refresh_late")
-    assert set(history("refresh_wait_s")) == set(adopted)  # the wait is logged at every boundary
+    adopted = history("mining/next_plan_version")
+    staleness = history("mining/next_plan_staleness_steps")
+    late = history("mining/refresh_late")
+    assert set(history("mining/refresh_wait_s")) == set(adopted)  # the wait is logged at every boundary
     # The miner logs each plan at the step of its weights snapshot: an independent record.
-    snapshot_step = {v: s for s, v in history("mining_plan_version").items()}
+    snapshot_step = {v: s for s, v in history("mining/plan_version").items()}
     previous = 0.0
     for boundary in sorted(adopted):
         version = adopted[boundary]
@@ -319,12 +354,12 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     assert run.info.status == "FINISHED" and run.data.params["mining.negative_mode"] == "triplet"
     run_id = run.info.run_id
     versions = [
-        m.value for m in sorted(client.get_metric_history(run_id, "epoch_plan_version"), key=lambda m: m.step)
+        m.value for m in sorted(client.get_metric_history(run_id, "train/plan_version"), key=lambda m: m.step)
     ]
     assert versions == [0.0, 1.0]  # epoch 2 trained with mined negatives
-    assert len(client.get_metric_history(run_id, "mining_negative_similarity_mean")) == 1
-    assert client.get_metric_history(run_id, "mining_anchors_short")[0].value < len(rows)
-    losses = [m.value for m in client.get_metric_history(run_id, "train_loss")]
+    assert len(client.get_metric_history(run_id, "mining/negative_similarity_mean")) == 1
+    assert client.get_metric_history(run_id, "mining/anchors_short")[0].value < len(rows)
+    losses = [m.value for m in client.get_metric_history(run_id, "train/loss")]
     assert len(losses) == 2 * -(-len(rows) // 32) and all(np.isfinite(losses))
     assert [a.path for a in client.list_artifacts(run_id, "mining")] == ["mining/negative_similarity_v1.png"]
     # evaluation in triplet mode: the start and both epoch ends; the better epoch is exported

@@ -113,7 +113,7 @@ def snapshot_checkpoints(run_dir: Path) -> list[dict]:
 
 
 def train_loss_history(client: MlflowClient, run_id: str):
-    return client.get_metric_history(run_id, "train_loss")
+    return client.get_metric_history(run_id, "train/loss")
 
 
 def steps_redone(history) -> tuple[list[int], float]:
@@ -190,7 +190,7 @@ def test_worker_killed_mid_epoch_resumes_at_its_checkpoint(faulted_run):
     client, run_id = faulted_run["client"], runs[0].info.run_id
 
     # As many steps as an uninterrupted run, every one of them logged: no gap.
-    steps_per_epoch = int(client.get_metric_history(run_id, "epoch_plan_version")[0].step)
+    steps_per_epoch = int(client.get_metric_history(run_id, "train/plan_version")[0].step)
     assert f"epochs        2 ({2 * steps_per_epoch} steps)" in out
     history = train_loss_history(client, run_id)
     assert {m.step for m in history} == set(range(1, 2 * steps_per_epoch + 1))
@@ -201,9 +201,10 @@ def test_worker_killed_mid_epoch_resumes_at_its_checkpoint(faulted_run):
     for step in redone:
         values = [m.value for m in history if m.step == step]
         assert values[0] == pytest.approx(values[1], abs=1e-6), (step, values)
-    # The resumed epoch trained on the plan the lost attempt had: mined plan v1.
-    fingerprints = {m.step: m.value for m in client.get_metric_history(run_id, "plan_fingerprint")}
-    assert fingerprints[ckpt_step] == fingerprints[steps_per_epoch]
+    # The resumed epoch trained on the plan the lost attempt had: mined plan v1 (the tag was set
+    # when epoch 2 first started; the resume line names the plan it restored).
+    fingerprint = client.get_run(run_id).data.tags["plan.fingerprint.epoch_2"]
+    assert f"(plan v1, fingerprint {fingerprint})" in out
     assert "batch plans   v0 (random), v1 (mined)" in out
     print(
         f"\nworker kill: checkpoint every 40 steps, resumed from step {ckpt_step}, "
@@ -219,12 +220,12 @@ def test_miner_killed_during_refresh_is_restarted_and_remines(faulted_run):
     assert "re-mining from the weights at step" in out
     assert "the miner actor was restarted 1x" in out
     client, run_id = faulted_run["client"], faulted_run["runs"][0].info.run_id
-    restarts = client.get_metric_history(run_id, "miner_restarts")
+    restarts = client.get_metric_history(run_id, "mining/miner_restarts")
     assert [m.value for m in restarts] == [1.0]
     # The re-mined plan was adopted for epoch 2 and the miner reported it once.
-    versions = sorted(client.get_metric_history(run_id, "epoch_plan_version"), key=lambda m: m.step)
+    versions = sorted(client.get_metric_history(run_id, "train/plan_version"), key=lambda m: m.step)
     assert [m.value for m in versions] == [0.0, 1.0]
-    assert [m.value for m in client.get_metric_history(run_id, "mining_plan_version")] == [1.0]
+    assert [m.value for m in client.get_metric_history(run_id, "mining/plan_version")] == [1.0]
 
 
 @pytest.mark.slow
@@ -268,13 +269,13 @@ def test_killed_job_resumes_from_newest_complete_checkpoint(tmp_path):
     resume_seconds = second.first_line_time(r"\[train\] resumed at step")
     (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
     assert run.info.run_id == interrupted.info.run_id and run.info.status == "FINISHED"
-    steps_per_epoch = int(client.get_metric_history(run.info.run_id, "epoch_plan_version")[0].step)
+    steps_per_epoch = int(client.get_metric_history(run.info.run_id, "train/plan_version")[0].step)
     assert f"epochs        3 ({3 * steps_per_epoch} steps)" in out
     history = train_loss_history(client, run.info.run_id)
     assert {m.step for m in history} == set(range(1, 3 * steps_per_epoch + 1))
     redone, _ = steps_redone(history)
     assert redone and redone[0] == previous["step"] + 1
-    versions = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "epoch_plan_version")}
+    versions = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/plan_version")}
     assert {(steps_per_epoch * (e + 1), float(e)) for e in range(3)} <= versions
     print(
         f"\ndriver kill: resumed {resume_seconds:.1f}s after the command started, {len(redone)} steps redone"
@@ -340,7 +341,7 @@ def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
         steps = int(re.search(r"epochs +3 \((\d+) steps\)", out).group(1))
         history = train_loss_history(client, run.info.run_id)
         assert sorted(m.step for m in history) == list(range(1, steps + 1))  # every step exactly once
-        assert len(client.get_metric_history(run.info.run_id, "epoch_loss")) == 3
+        assert len(client.get_metric_history(run.info.run_id, "train/epoch_loss")) == 3
     finally:
         if job is not None:
             job.kill_all()

@@ -117,30 +117,30 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
     assert _same_group_pairs_together(plan, groups, knn.indices) <= 0.05
     # Only the last batches of so small a corpus, where every row left is somebody's false
     # negative, may have to pair them: a small share of all flagged pairs.
-    assert metrics["mining_false_negatives_flagged"] >= 10 * n  # range_min=10 flags each row's 10 nearest
+    assert metrics["mining/false_negatives_flagged"] >= 10 * n  # range_min=10 flags each row's 10 nearest
     assert (
-        metrics["mining_false_negative_pairs_in_batches"] <= 0.02 * metrics["mining_false_negatives_flagged"]
+        metrics["mining/false_negative_pairs_in_batches"] <= 0.02 * metrics["mining/false_negatives_flagged"]
     )
     # ...while the negatives kept are still far nearer than random ones.
-    assert metrics["mining_batch_similarity_mean"] > 2 * metrics["mining_random_batch_similarity_mean"] > 0
+    assert metrics["mining/batch_similarity_mean"] > 2 * metrics["mining/random_batch_similarity_mean"] > 0
     # Without the false-negative filters the same plan would put most paraphrases together.
     _, unfiltered = refresh(NegativeFilters(range_min=0, relative_margin=None))
     assert _same_group_pairs_together(unfiltered.plan, groups, knn.indices) > 0.5
 
-    assert metrics["mining_removed_duplicate"] >= n  # every row found itself
-    assert metrics["mining_removed_rank_window"] >= 10 * n
-    assert metrics["mining_candidates"] == metrics["mining_kept"] + sum(
-        metrics[f"mining_removed_{f}"] for f in ("duplicate", "rank_window", "max_score", "relative_margin")
+    assert metrics["mining/removed_duplicate"] >= n  # every row found itself
+    assert metrics["mining/removed_rank_window"] >= 10 * n
+    assert metrics["mining/candidates"] == metrics["mining/kept"] + sum(
+        metrics[f"mining/removed_{f}"] for f in ("duplicate", "rank_window", "max_score", "relative_margin")
     )
-    for key in ("mining_encode_s", "mining_index_s", "mining_search_s", "mining_top1_similarity_mean"):
+    for key in ("mining/encode_s", "mining/index_s", "mining/search_s", "mining/top1_similarity_mean"):
         assert np.isfinite(metrics[key])
     # Deterministic for a fixed seed and weights; churn against the previous plan is logged.
     again = miner.refresh(weights, version=1, step=0)
     assert np.array_equal(plan.rows, again.plan.rows)
-    assert again.metrics["mining_churn"] == pytest.approx(plan_churn(plan, again.plan)) == 0.0
+    assert again.metrics["mining/churn"] == pytest.approx(plan_churn(plan, again.plan)) == 0.0
     # Embeddings reflect the weights given: zeroed word embeddings make every sentence alike.
     changed = {k: torch.zeros_like(v) if "word_embeddings" in k else v for k, v in weights.items()}
-    assert miner.refresh(changed, version=2, step=0).metrics["mining_top1_similarity_mean"] > 0.999
+    assert miner.refresh(changed, version=2, step=0).metrics["mining/top1_similarity_mean"] > 0.999
 
 
 def _embeddings(model_dir, table):
@@ -228,7 +228,7 @@ def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphras
                 group_of[normalize_text(text[j])] == group_of[normalize_text(text[triplets.anchor[i]])]
             )
     assert same_group <= 0.05 * (plan.negatives >= 0).sum()
-    assert metrics["mining_anchors_short"] == int(((plan.negatives >= 0).sum(axis=1) < 2).sum())
-    assert metrics["mining_negative_similarity_mean"] > metrics["mining_random_pair_similarity_mean"]
+    assert metrics["mining/anchors_short"] == int(((plan.negatives >= 0).sum(axis=1) < 2).sum())
+    assert metrics["mining/negative_similarity_mean"] > metrics["mining/random_pair_similarity_mean"]
     again = miner.refresh(weights, version=2, step=9)
-    assert 0.0 <= again.metrics["mining_churn"] <= 1.0
+    assert 0.0 <= again.metrics["mining/churn"] <= 1.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -138,4 +139,19 @@ def test_mine_job_on_text_and_pairs(tmp_path, trained_tiny_model_dir, paraphrase
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
     runs = client.search_runs([client.get_experiment_by_name("simcse-mining").experiment_id])
     assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
-    assert {r.data.metrics["mining_rows_out"] for r in runs} == {table.num_rows, len(rows)}
+    assert {r.data.metrics["mining/rows_out"] for r in runs} == {table.num_rows, len(rows)}
+    # The run a reviewer opens: named in the summary, described, with its input as a dataset,
+    # a similarity histogram and a sample of the rows it wrote.
+    run = next(r for r in runs if r.data.metrics["mining/rows_out"] == len(rows))
+    assert f"  mlflow run    {run.info.run_id} (experiment 'simcse-mining')" in proc.stdout
+    assert f"written of {len(anchors)} pairs" in run.data.tags["mlflow.note.content"]
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.digest == run.data.tags["data.digest"]
+    assert {t.value for t in dataset.tags} == {"mining"}
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id, "review")) == [
+        "review/sample_triplets.md",
+        "review/similarity.png",
+    ]
+    sample = Path(client.download_artifacts(run.info.run_id, "review/sample_triplets.md", str(tmp_path)))
+    assert f"| {rows[0]['anchor']} | {rows[0]['positive']} | {rows[0]['negative_1']} |" in sample.read_text()
+    assert all(k.startswith("mining/") for k in run.data.metrics)

@@ -31,3 +31,33 @@ def test_cluster_yaml_is_a_valid_ray_cluster_config():
     assert all(
         "--dashboard-host=127.0.0.1" in cmd for cmd in config["head_start_ray_commands"] if "--head" in cmd
     )
+
+
+def _readme_block(section: str) -> str:
+    """The first fenced code block under README heading ``section``."""
+    readme = (REPO / "README.md").read_text()
+    body = readme[readme.index(f"\n## {section}\n") :]
+    return body.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_your_corpus_config_is_a_real_model_recipe_the_readme_example_uses():
+    import shlex
+
+    path = REPO / "jobs/configs/your-corpus.yaml"
+    cfg = load_config(path)
+    assert cfg.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2" and cfg.model.pooler == "mean"
+    assert cfg.data.max_seq_len >= 64 and cfg.train.lr == 3e-5 and cfg.train.batch_size == 64
+    assert (cfg.train.num_workers, cfg.train.use_gpu) == (1, False)
+    assert cfg.ray.num_cpus is None  # the machine's CPUs: no oversubscription like the demo's
+    assert cfg.mining.enabled and cfg.train.epochs >= 2  # at least one hard-negative refresh
+    assert cfg.eval.sts == [] and cfg.tracking.experiment == "simcse"
+    assert cfg.data.generated.sts_pairs == 0 and cfg.run.name is None
+
+    # The README's "Train on your corpus and model" command runs this config, and what it sets loads.
+    words = shlex.split(_readme_block("Train on your corpus and model").replace("\\\n", " "))
+    assert words[words.index("--config") + 1] == "jobs/configs/your-corpus.yaml"
+    overrides = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
+    assert any(o.startswith("data.path=") for o in overrides)
+    assert any(o.startswith("model.name_or_path=") for o in overrides)
+    cfg = load_config(path, overrides)
+    assert cfg.data.path != load_config(path).data.path

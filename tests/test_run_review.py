@@ -1,0 +1,115 @@
+"""What a reviewer reads off a run, checked without training: the shipped model's ``best/``
+scores, tags sent in the background, where the git commit comes from, the summary's
+evaluation count, and a tokenizer that is the same on every run."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from mlflow.tracking import MlflowClient
+
+from pipeline.export import best_model_metrics
+from pipeline.tracking import GIT_COMMIT_ENV, MetricLogger, git_commit
+
+HISTORY = [
+    {"epoch": 0.0, "step": 0.0, "sts_dev_spearman": 70.0, "sts_dev_alignment": 0.1, "eval_score": 70.0},
+    {"epoch": 1.0, "step": 25.0, "sts_dev_spearman": 80.0, "sts_dev_alignment": 0.2, "eval_score": 80.0},
+    {"epoch": 2.0, "step": 50.0, "sts_dev_spearman": 78.0, "sts_dev_alignment": 0.3, "eval_score": 78.0},
+]
+
+
+def test_best_metrics_are_the_exported_evaluation_under_stable_names():
+    best = best_model_metrics(HISTORY, exported_epoch=1.0, exported_step=25)
+    assert best == {
+        "best/epoch": 1.0,
+        "best/step": 25.0,
+        "best/sts_dev_spearman": 80.0,
+        "best/sts_dev_alignment": 0.2,
+        "best/score": 80.0,
+    }
+    # No evaluation at the exported step (evaluation off): only where the model comes from.
+    assert best_model_metrics([], exported_epoch=2.0, exported_step=50) == {
+        "best/epoch": 2.0,
+        "best/step": 50.0,
+    }
+
+
+def test_summary_counts_the_evaluations_that_could_be_exported():
+    from pipeline.job import JobSummary
+
+    summary = JobSummary("r", "id", "sqlite:///x.db", "e", eval_history=HISTORY, exported_epoch=1.0)
+    summary.exported_step = 25
+    line = summary.sts_line()
+    assert line is not None and line.startswith("dev spearman 70.00 -> 80.00; exported epoch 1 (step 25")
+    assert "best of 2 evaluations after training; the starting model's is the 'before'" in line
+
+
+def test_metric_logger_sends_tags_with_the_metrics(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("tags")).info.run_id
+    logger = MetricLogger(uri, run_id, flush_every_s=0.2)
+    logger.set_tags({"plan.fingerprint.epoch_1": "00ab", "plan.fingerprint.epoch_2": "00cd"})
+    logger.log({"train/loss": 1.0}, 1)
+    logger.set_tags({"plan.fingerprint.epoch_2": "00ef"})  # a later value wins
+    assert logger.close(timeout=30) == 0
+    tags = client.get_run(run_id).data.tags
+    assert tags["plan.fingerprint.epoch_1"] == "00ab" and tags["plan.fingerprint.epoch_2"] == "00ef"
+    assert [m.value for m in client.get_metric_history(run_id, "train/loss")] == [1.0]
+
+
+def test_git_commit_from_the_checkout_else_from_the_submitter(tmp_path, monkeypatch):
+    monkeypatch.delenv(GIT_COMMIT_ENV, raising=False)
+    outside = tmp_path / "uploaded_working_dir"  # as ray job submit unpacks it: no .git
+    outside.mkdir()
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=outside, capture_output=True).returncode == 0:
+        pytest.skip("the temp folder lies inside a git checkout")
+    commit, why = git_commit(outside)
+    assert commit is None and GIT_COMMIT_ENV in why
+    monkeypatch.setenv(GIT_COMMIT_ENV, "abc123")
+    assert git_commit(outside) == ("abc123", GIT_COMMIT_ENV)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout's own commit wins over the variable
+        assert git_commit(REPO) == (head.stdout.strip(), "checkout")
+
+
+BUILD_TOKENIZER = """
+import sys
+from pipeline.model import build_tiny_model_dir
+from pipeline.synthetic import generate_paraphrase_corpus
+
+texts, _ = generate_paraphrase_corpus(num_groups=300, group_size=4, seed=0)
+build_tiny_model_dir(texts, sys.argv[1], hidden_size=32, num_layers=1, num_heads=2,
+                     intermediate_size=64, vocab_size=1500, max_seq_len=32, dropout=0.1, seed=7)
+"""
+
+
+def test_tiny_model_is_the_same_in_every_process(tmp_path):
+    """The WordPiece trainer's ids used to depend on each process's hash seed."""
+    digests = []
+    for name in ("a", "b", "c"):
+        folder = tmp_path / name
+        subprocess.run(
+            [sys.executable, "-c", BUILD_TOKENIZER, str(folder)], cwd=REPO, check=True, timeout=300
+        )
+        digests.append(
+            tuple(
+                hashlib.sha256((folder / f).read_bytes()).hexdigest()
+                for f in ("tokenizer.json", "model.safetensors")
+            )
+        )
+    assert digests[0] == digests[1] == digests[2]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "a")
+    # Only the five BERT specials are special; continuation pieces are ordinary vocabulary.
+    assert sorted(tokenizer.all_special_tokens) == sorted(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    assert len(tokenizer) == 1500 and any(t.startswith("##") for t in tokenizer.get_vocab())
+    ids = tokenizer("zonouku pai")["input_ids"]
+    assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+    assert Path(tmp_path / "a" / "config.json").is_file()
