@@ -87,7 +87,7 @@ def run_job(args: argparse.Namespace, mode: str, seed: int, workdir: Path) -> di
     losses = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
     ends = [m.timestamp / 1000 for m in losses]
     steady = ends[args.warmup_steps :]
-    (spearman_key,) = [k for k in run.data.metrics if k.startswith("sts_") and k.endswith("_spearman")]
+    (spearman_key,) = [k for k in run.data.metrics if k.startswith("eval/sts_") and k.endswith("_spearman")]
     spearman = sorted(client.get_metric_history(run_id, spearman_key), key=lambda m: m.step)
     (padding,) = client.get_metric_history(run_id, "data/padding_share")
     return {

@@ -49,7 +49,7 @@ def _max_step(client: MlflowClient) -> int:
     runs = client.search_runs([experiment.experiment_id])
     if not runs:
         return 0
-    history = client.get_metric_history(runs[0].info.run_id, "train_loss")
+    history = client.get_metric_history(runs[0].info.run_id, "train/loss")
     return max((m.step for m in history), default=0)
 
 

@@ -7,6 +7,8 @@ Input: a text file (one sentence per line; each is its own positive) or pairs in
 csv/tsv/jsonl/parquet (columns data.anchor_column / data.positive_column, default
 anchor / positive). Output columns: anchor, positive, negative_1 ... negative_n.
 The mining.* keys (docs/configuration.md) set how many negatives and which candidates count.
+Each job is an MLflow run in experiment simcse-mining: counts, a similarity histogram and a
+sample of the output; the summary ends with the run id (docs/mlflow.md).
 """
 
 from __future__ import annotations

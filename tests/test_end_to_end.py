@@ -363,7 +363,7 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     assert len(losses) == 2 * -(-len(rows) // 32) and all(np.isfinite(losses))
     assert [a.path for a in client.list_artifacts(run_id, "mining")] == ["mining/negative_similarity_v1.png"]
     # evaluation in triplet mode: the start and both epoch ends; the better epoch is exported
-    scores = {m.step: m.value for m in client.get_metric_history(run_id, "sts_dev_spearman")}
+    scores = {m.step: m.value for m in client.get_metric_history(run_id, "eval/sts_dev_spearman")}
     steps_per_epoch = -(-len(rows) // 32)
     assert sorted(scores) == [0, steps_per_epoch, 2 * steps_per_epoch]
     best = max((1, 2), key=lambda epoch: scores[epoch * steps_per_epoch])
