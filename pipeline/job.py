@@ -178,12 +178,19 @@ def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummar
         check_model_path(cfg.model.name_or_path)
     preflight_train(cfg)
     sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)  # bad STS files fail before any compute
-    if cfg.data.path is None and cfg.data.generated.sts_pairs:
+    if cfg.data.path is None:
+        # The generated files are written now, so that the config written beside the run and
+        # logged as its params names the corpus and STS file the run really used.
         gen = cfg.data.generated
-        generated_sts = run_dir / "generated_sts.tsv"
-        write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
-        cfg.eval.sts = [str(generated_sts), *cfg.eval.sts]
-        sts_files = with_distinct_names([read_sts(generated_sts, "stsb"), *sts_files])
+        if gen.sts_pairs:
+            generated_sts = run_dir / "generated_sts.tsv"
+            write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
+            cfg.eval.sts = [str(generated_sts), *cfg.eval.sts]
+            sts_files = with_distinct_names([read_sts(generated_sts, "stsb"), *sts_files])
+        if cfg.mining.negative_mode != "triplet":
+            generated = run_dir / "generated_corpus.txt"
+            write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
+            cfg.data.path = str(generated)
 
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
     check_tracking_reachable(tracking_uri, cfg.tracking.connect_timeout_s)
@@ -240,11 +247,7 @@ def _train(
                 {"data.rows_read": rows, "data.triplets": num_rows, "data.texts": corpus.num_rows}
             )
         else:
-            if cfg.data.path is None:
-                generated = run_dir / "generated_corpus.txt"
-                gen = cfg.data.generated
-                write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
-                cfg.data.path = str(generated)
+            assert cfg.data.path is not None  # a generated corpus was written by run_train_job
             corpus, stats = load_clean_corpus(cfg.data)
             echo(f"[data] {cfg.data.path}: {stats.describe()}")
             summary.corpus = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"

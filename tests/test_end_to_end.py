@@ -62,6 +62,9 @@ def test_demo_trains_mines_and_logs(tmp_path):
     params = run.data.params
     assert params["train.temperature"] == "0.05" and params["train.num_workers"] == "2"
     assert params["model.pooler"] == "mean" and "mining.top_k" in params and len(params) > 40
+    # The params name the files the run really used, generated ones included.
+    assert params["data.path"] == str(tmp_path / "runs/demo/generated_corpus.txt")
+    assert str(tmp_path / "runs/demo/generated_sts.tsv") in params["eval.sts"]
     assert int(run.data.tags["data.sentences"]) > 1500 and int(run.data.tags["data.duplicates_dropped"]) > 0
 
     losses = client.get_metric_history(run_id, "train/loss")
