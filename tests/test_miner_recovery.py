@@ -58,8 +58,12 @@ def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ra
     assert new_deadline > deadline
     assert "the miner actor died during refresh v1" in capsys.readouterr().out
 
-    # Dead for good (its restarts used up): one line that says so.
+    # Dead for good (its restarts used up): one line that says so. ray.kill returns before the
+    # process is gone; a ready() sent before then would still be answered.
+    restarted = refresher.miner_pid
     ray.kill(miner, no_restart=True)
+    while not _gone(restarted):
+        time.sleep(0.05)
     with pytest.raises(UnrecoverableError, match=r"mining\.max_restarts=1 restarts are used up"):
         refresher._recover(died, version=2, step=9, deadline=time.monotonic() + 20)
 
