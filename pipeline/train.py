@@ -137,19 +137,17 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             node_id=f"node_{ctx.get_node_rank()}" if several_nodes else None,
         )
     with monitor:
-        _train_on_worker(loop_config)
+        _train_on_worker(loop_config, cfg, ctx)
 
 
-def _train_on_worker(loop_config: dict[str, Any]) -> None:
+def _train_on_worker(loop_config: dict[str, Any], cfg: Config, ctx: Any) -> None:
+    """The worker's training, given the config and Ray Train context its entry point read."""
     import ray
-    import ray.train
     import ray.train.torch
     import torch.distributed as dist
     from transformers import get_linear_schedule_with_warmup
 
     quiet_libraries()
-    cfg: Config = config_from_dict(loop_config["config"])
-    ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
 
