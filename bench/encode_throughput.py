@@ -9,14 +9,14 @@ Both sides encode the same sentences (the first ``--rows`` lines of the Wikipedi
 size and ``torch.set_num_threads``, in one process, alternating ours / peer ``--repeats``
 times after one untimed warm-up of each:
 
-- ours: what ``pipeline.model.encode_texts`` does, split in its two halves.
-  Tokenize = ``pipeline.data.tokenize_table`` + ``TokenizedCorpus``; encode =
-  ``pipeline.model.encode_rows`` (length-sorted batches padded to their longest row, no
+- ours: what ``pipeline.model.encode.encode_texts`` does, split in its two halves.
+  Tokenize = ``pipeline.data.tokenize.tokenize_table`` + ``TokenizedCorpus``; encode =
+  ``pipeline.model.encode.encode_rows`` (length-sorted batches padded to their longest row, no
   grad, L2-normalised), which is exactly the call ``HardNegativeMiner.encode`` makes at each
   refresh on the corpus Ray Data tokenized once. The batch size defaults to the miner's
   (``mining.encode_batch_size``). Also timed once per repeat: the tokenization the training
   corpus gets (``tokenize_table(..., flag_truncated=True)``, as
-  ``pipeline.data.tokenize_corpus`` runs it in its Ray Data actors), which encodes again
+  ``pipeline.data.tokenize.tokenize_corpus`` runs it in its Ray Data actors), which encodes again
   every sentence longer than the max length to count truncations.
 - peer: ``SentenceTransformer(model).encode(texts, batch_size, normalize_embeddings=True)``
   with ``max_seq_length`` set; its tokenization time is its ``preprocess`` calls, timed by
@@ -85,7 +85,8 @@ class Ours:
     def __init__(self, model_dir: Path, max_seq_len: int, batch_size: int):
         import torch
 
-        from pipeline.model import load_sentence_encoder, load_tokenizer
+        from pipeline.model.encoder import load_sentence_encoder
+        from pipeline.model.folders import load_tokenizer
 
         self.tokenizer = load_tokenizer(model_dir)
         self.model = load_sentence_encoder(model_dir, pooler="mean")
@@ -97,8 +98,9 @@ class Ours:
         """``(embeddings, tokenize seconds, encode seconds)``."""
         import pyarrow as pa
 
-        from pipeline.data import TokenizedCorpus, tokenize_table
-        from pipeline.model import encode_rows
+        from pipeline.data.tokenize import tokenize_table
+        from pipeline.data.tokenized import TokenizedCorpus
+        from pipeline.model.encode import encode_rows
 
         started = time.perf_counter()
         table = tokenize_table(pa.table({"text": texts}), self.tokenizer, self.max_seq_len)
@@ -112,7 +114,7 @@ class Ours:
         many sentences it found longer than the max length."""
         import pyarrow as pa
 
-        from pipeline.data import tokenize_table
+        from pipeline.data.tokenize import tokenize_table
 
         started = time.perf_counter()
         table = tokenize_table(
@@ -265,7 +267,7 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
 
 
 def parse_args() -> argparse.Namespace:
-    from pipeline.config import MiningSection
+    from pipeline.config.sections import MiningSection
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")
@@ -302,7 +304,7 @@ def main() -> None:
         f"{args.threads} torch threads",
         flush=True,
     )
-    from pipeline.model import quiet_libraries
+    from pipeline.model.folders import quiet_libraries
 
     quiet_libraries()
     result = benchmark(args, texts)

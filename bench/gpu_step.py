@@ -8,19 +8,19 @@
 Measures what one Ray Train worker and the miner spend their time on, without Ray, so it
 runs on any machine with torch, numpy and transformers (faiss optional):
 
-- train step: unsupervised SimCSE as ``pipeline.train.train_loop_per_worker`` runs it. A
+- train step: unsupervised SimCSE as ``pipeline.training.worker.train_loop_per_worker`` runs it. A
   ``--batch`` of random token ids (every row ``--seq-len`` tokens, so the token count is
-  exact) goes through ``pipeline.model.SentenceEncoder`` (mean pooling, no MLP head) twice,
-  stacked in one forward pass; ``pipeline.losses.global_batch_simcse_loss`` (temperature
+  exact) goes through ``pipeline.model.encoder.SentenceEncoder`` (mean pooling, no MLP head) twice,
+  stacked in one forward pass; ``pipeline.training.losses.global_batch_simcse_loss`` (temperature
   0.05), backward, ``clip_grad_norm_``, AdamW, linear schedule. On CUDA, through
   ``pipeline.accel`` as the train loop does: bf16 autocast, TF32 matmuls, host batches
   copied from pinned memory asynchronously; and fused AdamW. Reports
   sentences/s, tokens/s (both views) and MFU = 6 x non-embedding params x tokens/s / peak
   FLOP/s; attention-score FLOPs are left out (under 1% of the total at 32 tokens).
-- encode: ``pipeline.model.encode_rows`` (eval mode, bf16 autocast on CUDA, length-sorted
+- encode: ``pipeline.model.encode.encode_rows`` (eval mode, bf16 autocast on CUDA, length-sorted
   batches padded to their own longest row) over random sentences of 8 to ``--seq-len``
   tokens, inside ``torch.inference_mode``.
-- k-NN: ``pipeline.index.knn_search`` over random unit vectors, the first ``--knn-queries``
+- k-NN: ``pipeline.mining.index.knn_search`` over random unit vectors, the first ``--knn-queries``
   of them as queries. Where faiss is not installed it uses the index module's torch
   matmul + top-k search on CUDA (``_torch_search``), or the same in chunks here on a CPU.
 
@@ -60,10 +60,11 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from markdown_report import GIB, append_section, machine_line  # noqa: E402
 from markdown_report import machine_info as report_machine_info  # noqa: E402
 
-from pipeline.accel import autocast, enable_tf32, fused_adamw, to_device  # noqa: E402
-from pipeline.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
-from pipeline.losses import global_batch_simcse_loss  # noqa: E402
-from pipeline.model import SentenceEncoder, encode_rows  # noqa: E402
+from pipeline.mining.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
+from pipeline.model.accel import autocast, enable_tf32, fused_adamw, to_device  # noqa: E402
+from pipeline.model.encode import encode_rows  # noqa: E402
+from pipeline.model.encoder import SentenceEncoder  # noqa: E402
+from pipeline.training.losses import global_batch_simcse_loss  # noqa: E402
 
 SIZES = {
     "base": {
@@ -262,7 +263,7 @@ class PhaseTimer:
 
 
 class RandomCorpus:
-    """Random sentences behind the two members of ``pipeline.data.TokenizedCorpus`` that
+    """Random sentences behind the two members of ``pipeline.data.tokenized.TokenizedCorpus`` that
     ``encode_rows`` reads (``pipeline.data`` itself imports pyarrow)."""
 
     def __init__(self, rows: int, min_len: int, max_len: int, seed: int = 0):
@@ -326,7 +327,7 @@ def random_unit_vectors(rows: int, dim: int, device: torch.device) -> np.ndarray
 
 
 def cpu_torch_search(vectors: np.ndarray, queries: np.ndarray, k: int, query_chunk: int) -> KnnResult:
-    """``pipeline.index._torch_search`` on the CPU, for a machine with neither faiss nor CUDA."""
+    """``pipeline.mining.index._torch_search`` on the CPU, for a machine with neither faiss nor CUDA."""
     start = time.perf_counter()
     base = torch.from_numpy(vectors)
     built = time.perf_counter()

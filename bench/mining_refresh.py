@@ -29,12 +29,17 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from markdown_report import GIB, append_section, machine_info, machine_line  # noqa: E402
 
-from pipeline.data import TokenizedCorpus, stable_row_id, tokenize_table  # noqa: E402
-from pipeline.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
-from pipeline.mining import plan_from_neighbours  # noqa: E402
-from pipeline.model import build_tiny_model_dir, encode_rows, load_sentence_encoder, load_tokenizer  # noqa: E402
-from pipeline.negatives import NegativeFilters, text_keys  # noqa: E402
-from pipeline.synthetic import generate_paraphrase_corpus  # noqa: E402
+from pipeline.data.synthetic import generate_paraphrase_corpus  # noqa: E402
+from pipeline.data.tokenize import tokenize_table  # noqa: E402
+from pipeline.data.tokenized import TokenizedCorpus  # noqa: E402
+from pipeline.data.utf8 import stable_row_id  # noqa: E402
+from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
+from pipeline.mining.negatives import NegativeFilters, text_keys  # noqa: E402
+from pipeline.mining.plan_quality import plan_from_neighbours  # noqa: E402
+from pipeline.model.encode import encode_rows  # noqa: E402
+from pipeline.model.encoder import load_sentence_encoder  # noqa: E402
+from pipeline.model.folders import load_tokenizer  # noqa: E402
+from pipeline.model.tiny import build_tiny_model_dir  # noqa: E402
 
 
 class PeakRss:

@@ -19,9 +19,9 @@ process, ``torch.set_num_threads(--threads)``, ``TOKENIZERS_PARALLELISM=false``;
 progress bars (drawn even with ``verbose=False``) go to /dev/null; one untimed warm-up of each side on a small slice, then
 ``--repeats`` rounds alternating which side goes first. Timed, per side, the whole call:
 
-- ours: ``pipeline.offline.mine_pairs`` (the offline job's mining, and the training miner's
+- ours: ``pipeline.mining.offline.mine_pairs`` (the offline job's mining, and the training miner's
   triplet-mode path: encode each distinct text once, then
-  ``pipeline.negatives.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
+  ``pipeline.mining.negatives.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
   encode, index + search, filter; "other" = total - those (text-key normalisation for the
   duplicate filter and building the output table, which the report does not time).
 - ST: ``mine_hard_negatives(dataset, model, use_faiss=True, output_format="triplet",
@@ -93,8 +93,9 @@ class Ours:
     """``mine_pairs`` with the benchmark's settings."""
 
     def __init__(self, args: argparse.Namespace):
-        from pipeline.config import load_config
-        from pipeline.model import load_sentence_encoder, load_tokenizer
+        from pipeline.config.loading import load_config
+        from pipeline.model.encoder import load_sentence_encoder
+        from pipeline.model.folders import load_tokenizer
 
         self.tokenizer = load_tokenizer(args.model)
         self.model = load_sentence_encoder(args.model, pooler="mean")
@@ -109,7 +110,7 @@ class Ours:
         )  # fmt: skip
 
     def run(self, anchors: list[str], positives: list[str]) -> dict[str, Any]:
-        from pipeline.offline import mine_pairs
+        from pipeline.mining.offline import mine_pairs
 
         started = time.perf_counter()
         table, report = mine_pairs(anchors, positives, self.model, self.tokenizer, self.cfg)
@@ -178,7 +179,7 @@ class Peer:
 def check_outputs(name: str, ours: dict[str, Any], peer: dict[str, Any]) -> tuple[int, float]:
     """Stop on an empty output or a negative equal to its positive; return (pairs both
     output, fraction of them with the same negative)."""
-    from pipeline.negatives import normalize_text
+    from pipeline.mining.negatives import normalize_text
 
     if ours["rows"] == 0 or peer["rows"] == 0:
         sys.exit(f"error: {name}: empty output (ours {ours['rows']} rows, ST {peer['rows']} rows)")
@@ -251,7 +252,7 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
     section = (
         f"\n### Mining pass: ours vs sentence-transformers mine_hard_negatives, all-MiniLM-L6-v2 on CPU "
         f"({date.today()})\n\n"
-        f"Machine: {machine}. Command: `{command}`. Ours: `pipeline.offline.mine_pairs`; ST: "
+        f"Machine: {machine}. Command: `{command}`. Ours: `pipeline.mining.offline.mine_pairs`; ST: "
         f"`mine_hard_negatives(use_faiss=True)`. Same model, max length {args.max_seq_len}, encode batch "
         f"{args.batch_size}, {args.threads} torch threads, exact flat faiss, k = range_max = {args.top_k}, "
         f"range_min {args.range_min}, relative_margin 0.05, 1 negative, top sampling; medians of "
@@ -296,7 +297,7 @@ def main() -> None:
     args = parse_args()
     import torch
 
-    from pipeline.model import quiet_libraries
+    from pipeline.model.folders import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(args.threads)

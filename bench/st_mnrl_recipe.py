@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def training_rows(path: str, max_rows: int | None) -> dict[str, list[str]]:
     """The rows ``data.max_rows`` selects: for text, distinct stripped sentences ordered by the
     pipeline's content hash; for jsonl, the first rows with a non-empty anchor and positive."""
-    from pipeline.data import stable_row_id
+    from pipeline.data.utf8 import stable_row_id
 
     if path.endswith(".jsonl"):
         records = [
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from pipeline.evaluate import evaluate_model_dir, score_summary
+    from pipeline.evaluation.scoring import evaluate_model_dir, score_summary
 
     rows = training_rows(args.train, args.max_rows)
     trainer = build_mnrl_trainer(

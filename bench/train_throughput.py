@@ -13,7 +13,7 @@ exactly ``--steps`` steps, each side in its own process, the configurations alte
 (``--configs`` order, ``--repeats`` rounds):
 
 - ``ours-1w`` / ``ours-2w``: ``pipeline.job.run_train_job`` (what ``jobs/train.py`` runs)
-  with a config from ``pipeline.config.load_config``: a local Ray with ``ray.num_cpus`` =
+  with a config from ``pipeline.config.loading.load_config``: a local Ray with ``ray.num_cpus`` =
   2 x cores (the demo config's logical oversubscription), 1 or 2 DDP workers with
   ``train.cpus_per_worker`` = cores / workers (Ray sets each worker's OMP/torch threads to
   that, so both use every core), global batch ``--batch-size``, mining off, no evaluation,
@@ -120,7 +120,7 @@ def wiki_simcse_overrides(args: argparse.Namespace, rows: int, workdir: Path, tr
 def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
-    from pipeline.config import load_config
+    from pipeline.config.loading import load_config
     from pipeline.job import run_train_job
 
     marks: list[tuple[str, float]] = [("python + imports", time.time())]

@@ -70,8 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        from pipeline.evaluate import evaluate_model_dir, format_table, read_sentences, score_summary
-        from pipeline.model import quiet_libraries
+        from pipeline.evaluation.scoring import (
+            evaluate_model_dir,
+            format_table,
+            read_sentences,
+            score_summary,
+        )
+        from pipeline.model.folders import quiet_libraries
 
         quiet_libraries()
         if not os.path.isdir(args.model):

@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.cli import job_main  # noqa: E402
+from pipeline.cli import job_main
 
 
 def _arguments(parser):
@@ -41,7 +41,7 @@ def _overrides(args) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     def body(cfg, echo, args):
-        from pipeline.offline import run_mine_job  # heavy: not needed for --help or a usage error
+        from pipeline.mining.offline import run_mine_job
 
         echo(run_mine_job(cfg, args.output, echo=echo).render(args.output))
 

@@ -25,12 +25,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.cli import job_main  # noqa: E402
+from pipeline.cli import job_main
 
 
 def main(argv: list[str] | None = None) -> int:
     def body(cfg, echo, _args):
-        from pipeline.job import run_train_job  # heavy: not needed for --help or a usage error
+        from pipeline.job import run_train_job
 
         echo(run_train_job(cfg, echo=echo).render())
 

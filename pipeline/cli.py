@@ -12,7 +12,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.config import Config, ConfigError, load_config
+from pipeline.config.loading import load_config
+from pipeline.config.schema import Config
+from pipeline.config.sections import ConfigError
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1

@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
-from pipeline.config import Config, ConfigError
+from pipeline.config.schema import Config
+from pipeline.config.sections import ConfigError
 from pipeline.errors import UnrecoverableError
+from pipeline.retry import call_with_retries
 
 log = logging.getLogger("pipeline")
 
@@ -153,19 +154,19 @@ def wait_for_cluster(address: str, timeout_s: float, source: str = "ray.address"
     target = _host_port(address)
     if target is None:
         return
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection(target, timeout=max(0.5, min(5.0, timeout_s))):
-                return
-        except OSError as exc:
-            if time.monotonic() >= deadline:
-                raise UnrecoverableError(
-                    f"no Ray cluster answers at {source}={address} ({exc.strerror or exc}) after "
-                    f"ray.connect_timeout_s={timeout_s:g}s; start it, fix the address, or unset it "
-                    "to start a local Ray"
-                ) from None
-            time.sleep(0.5)
+
+    def connect() -> None:
+        with socket.create_connection(target, timeout=max(0.5, min(5.0, timeout_s))):
+            return
+
+    try:
+        call_with_retries(connect, retry_on=OSError, timeout_s=timeout_s, wait_s=0.5)
+    except OSError as exc:
+        raise UnrecoverableError(
+            f"no Ray cluster answers at {source}={address} ({exc.strerror or exc}) after "
+            f"ray.connect_timeout_s={timeout_s:g}s; start it, fix the address, or unset it "
+            "to start a local Ray"
+        ) from None
 
 
 def check_cluster_fits(cfg: Config, started_locally: bool) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.config import ConfigError
-from pipeline.data import DataError
+from pipeline.config.sections import ConfigError
+from pipeline.data.readers import DataError
 
 
 def first_line(exc: BaseException) -> str:
@@ -39,29 +39,49 @@ _DETERMINISTIC = (
 )
 
 
-def root_cause(exc: BaseException) -> BaseException:
-    """The worker's own exception inside Ray's wrappers (task errors, Ray Train's worker-group,
-    controller and traceback wrappers)."""
+def root_cause(exc: BaseException, *, follow_context: bool = False) -> BaseException:
+    """The innermost exception of a chain: the worker's own exception inside Ray's wrappers
+    (task errors, Ray Data's user-code errors, Ray Train's worker-group, controller and
+    traceback wrappers) and explicit ``raise ... from`` causes.
+
+    Args:
+        exc: the exception caught.
+        follow_context: also follow implicit chaining (an exception raised while another
+            was being handled, unless ``from None`` suppressed it): a reader's failure that
+            Ray Data's wrappers raise inside their own ``except`` blocks.
+
+    Returns:
+        The innermost exception; a :class:`ConfigError` or :class:`DataError` met on the
+        way is returned as it is, since it is the one-line description already.
+    """
     seen = set()
     while id(exc) not in seen:
         seen.add(id(exc))
-        inner = getattr(exc, "cause", None)
-        # Ray Train keeps the worker's exception beside its traceback text.
-        inner = getattr(exc, "_base_exc", None) or inner
-        if inner is None and not isinstance(exc, (ConfigError, DataError)):
-            # Our own errors are the one-line description already; what they were raised
-            # from is kept for --debug's traceback, not for the message.
-            inner = exc.__cause__
-        # Ray Train wraps controller errors (a worker group that could not start) ...
-        inner = getattr(exc, "controller_failure", None) or inner
-        # ... and worker errors (TrainingFailedError -> WorkerGroupError -> worker errors)
-        worker_failures = getattr(exc, "worker_failures", None)
-        if isinstance(worker_failures, dict) and worker_failures:
-            inner = next(iter(worker_failures.values()))
-        if inner is None or inner is exc:
+        inner = _inner_exception(exc, follow_context)
+        if not isinstance(inner, BaseException) or inner is exc:
             break
         exc = inner
     return exc
+
+
+def _inner_exception(exc: BaseException, follow_context: bool) -> object:
+    """The exception ``exc`` wraps, or None: one step of :func:`root_cause`."""
+    inner = getattr(exc, "cause", None)
+    # Ray Train keeps the worker's exception beside its traceback text.
+    inner = getattr(exc, "_base_exc", None) or inner
+    if inner is None and not isinstance(exc, (ConfigError, DataError)):
+        # Our own errors are the one-line description already; what they were raised
+        # from is kept for --debug's traceback, not for the message.
+        inner = exc.__cause__
+        if inner is None and follow_context and not exc.__suppress_context__:
+            inner = exc.__context__
+    # Ray Train wraps controller errors (a worker group that could not start) ...
+    inner = getattr(exc, "controller_failure", None) or inner
+    # ... and worker errors (TrainingFailedError -> WorkerGroupError -> worker errors)
+    worker_failures = getattr(exc, "worker_failures", None)
+    if isinstance(worker_failures, dict) and worker_failures:
+        inner = next(iter(worker_failures.values()))
+    return inner
 
 
 def is_process_death(exc: BaseException) -> bool:

@@ -9,126 +9,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from pipeline.cluster import check_cluster_fits, ray_session
-from pipeline.config import Config, ConfigError, dump_yaml
-from pipeline.data import (
-    check_corpus_columns,
-    check_corpus_path,
-    dataset_digest,
-    index_triplets,
-    load_clean_corpus,
-    read_pairs,
-    tokenize_corpus_with_stats,
-)
-from pipeline.evaluate import STSEvalSet, read_sts_files, with_distinct_names
-from pipeline.model import (
-    build_tiny_model_dir,
+from pipeline.config.loading import dump_yaml
+from pipeline.config.schema import Config
+from pipeline.config.sections import ConfigError
+from pipeline.data.corpus import load_clean_corpus
+from pipeline.data.pairs import index_triplets, read_pairs
+from pipeline.data.readers import check_corpus_columns, check_corpus_path
+from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
+from pipeline.data.tokenize import tokenize_corpus_with_stats
+from pipeline.data.tokenized import dataset_digest
+from pipeline.evaluation.scoring import STSEvalSet, read_sts_files, with_distinct_names
+from pipeline.evaluation.sts import STSPairs, read_sts
+from pipeline.model.folders import (
     check_model_path,
     fetch_pretrained_dir,
     load_tokenizer,
     pack_dir,
     quiet_libraries,
 )
+from pipeline.model.tiny import build_tiny_model_dir
 from pipeline.preflight import preflight_train
-from pipeline.sts import STSPairs, read_sts
-from pipeline.synthetic import write_generated_corpus, write_generated_sts
-from pipeline.tracking import (
+from pipeline.summary import JobSummary
+from pipeline.tracking.context import log_run_context
+from pipeline.tracking.run import (
     TrackedRun,
     check_tracking_reachable,
-    log_run_context,
     resolve_tracking_uri,
     start_or_resume_run,
-    ui_command,
 )
-
-
-@dataclass
-class JobSummary:
-    run_name: str
-    run_id: str
-    tracking_uri: str
-    experiment: str
-    model_dir: str | None = None
-    epochs: int = 0
-    steps: int = 0
-    epoch_losses: list[float] = field(default_factory=list)
-    plan_versions: list[int] = field(default_factory=list)
-    wait_seconds: list[float] = field(default_factory=list)
-    refresh_seconds: list[float] = field(default_factory=list)
-    corpus: str = ""
-    wall_seconds: float = 0.0
-    already_finished: bool = False
-    eval_history: list[dict[str, float]] = field(default_factory=list)
-    exported_epoch: float | None = None
-    """The evaluation the exported model comes from (fractional inside an epoch)."""
-    exported_step: int | None = None
-    miner_restarts: int = 0
-    model_uri: str | None = None
-    registered_as: str | None = None
-    """``name/version`` in the model registry."""
-
-    def sts_line(self) -> str | None:
-        """``first file: start -> exported (epoch N)``, from the evaluation history."""
-        if not self.eval_history or self.exported_step is None:
-            return None
-        first = self.eval_history[0]
-        key = next(k for k in first if k.startswith("sts_") and k.endswith("_spearman"))
-        start = first if first["epoch"] == 0 else None
-        shipped = next((h for h in self.eval_history if h["step"] == self.exported_step), None)
-        if shipped is None:
-            return None
-        before = f"{start[key]:.2f} -> " if start is not None else ""
-        text = f"{key.removeprefix('sts_').removesuffix('_spearman')} spearman {before}{shipped[key]:.2f}"
-        whitened = key + "_whitened"
-        if whitened in shipped:
-            w_before = f"{start[whitened]:.2f} -> " if start is not None and whitened in start else ""
-            text += f" (whitened {w_before}{shipped[whitened]:.2f})"
-        candidates = len(self.eval_history) - (start is not None)
-        return (
-            f"{text}; exported epoch {self.exported_epoch:g} (step {self.exported_step}, best of "
-            f"{candidates} evaluation{'s' if candidates != 1 else ''} after training; the starting "
-            f"model's is the 'before', never exported)"
-        )
-
-    def render(self) -> str:
-        if self.already_finished:
-            return (
-                f"run {self.run_name!r} already finished (MLflow run {self.run_id}); nothing to do.\n"
-                f"  review with   {ui_command(self.tracking_uri)}"
-            )
-        refreshes = [s for s in self.refresh_seconds if s > 0]  # 0 where no new plan was adopted
-        plans = ", ".join(f"v{v}" + (" (random)" if v == 0 else " (mined)") for v in self.plan_versions)
-        loss = (
-            f"{self.epoch_losses[0]:.4f} -> {self.epoch_losses[-1]:.4f} (epoch means)"
-            if self.epoch_losses
-            else "n/a"
-        )
-        restarts = f"; the miner actor was restarted {self.miner_restarts}x" if self.miner_restarts else ""
-        lines = [
-            f"SimCSE run {self.run_name!r} finished in {self.wall_seconds:.0f}s",
-            f"  epochs        {self.epochs} ({self.steps} steps)",
-            f"  loss          {loss}",
-            f"  batch plans   {plans}",
-            f"  mining        {len(refreshes)} refresh{'es' if len(refreshes) != 1 else ''}, {sum(refreshes):.1f}s of "
-            f"miner time; training waited {sum(self.wait_seconds):.1f}s{restarts}",
-            f"  corpus        {self.corpus}",
-        ]
-        sts = self.sts_line()
-        if sts:
-            lines.append(f"  eval          {sts}")
-        lines += [
-            f"  model         {self.model_dir}",
-            f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
-            *([f"  mlflow model  {self.model_uri}"] if self.model_uri else []),
-            *([f"  registered    {self.registered_as}"] if self.registered_as else []),
-            f"  review with   {ui_command(self.tracking_uri)}",
-        ]
-        return "\n".join(lines)
 
 
 def _is_uri(path: str) -> bool:
@@ -294,7 +206,7 @@ def _train(
                 + (f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else "")
             )
         if cfg.mining.enabled and cfg.train.epochs > 1:
-            from pipeline.mining import start_miner_actor
+            from pipeline.mining.miner import start_miner_actor
 
             miner = start_miner_actor(
                 cfg.mining.num_cpus,
@@ -325,25 +237,26 @@ def _train(
                     f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
                 ) from None
 
-        from pipeline.export import (
+        from pipeline.tracking.export import (
             best_model_metrics,
             export_checkpoint_model,
             log_sentence_transformers_model,
         )
-        from pipeline.report import log_review
-        from pipeline.train import build_trainer
+        from pipeline.tracking.review import log_review
+        from pipeline.training.contract import LoopConfig, history_from_report
+        from pipeline.training.trainer import build_trainer
 
-        loop_config: dict[str, Any] = {
-            "config": cfg.to_dict(),
-            "corpus_ref": corpus_ref,
-            "model_ref": model_ref,
-            "triplets_ref": triplets_ref,
-            "eval_ref": eval_ref,
-            "miner": miner,
-            "miner_pid": miner_pid,
-            "tracking_uri": tracked.tracking_uri,
-            "run_id": tracked.run_id,
-        }
+        loop_config = LoopConfig(
+            config=cfg,
+            model_ref=model_ref,
+            corpus_ref=corpus_ref,
+            triplets_ref=triplets_ref,
+            eval_ref=eval_ref,
+            miner=miner,
+            miner_pid=miner_pid,
+            tracking_uri=tracked.tracking_uri,
+            run_id=tracked.run_id,
+        )
         echo(
             f"[train] {cfg.train.epochs} epochs on {cfg.train.num_workers} worker(s), global batch {cfg.train.batch_size}; "
             f"checkpoints in {storage_root}/{cfg.run.name}"
@@ -353,15 +266,15 @@ def _train(
         if result.error is not None:
             raise result.error
         metrics = result.metrics or {}
-        summary.epochs = int(metrics.get("epoch", 0))
+        history = history_from_report(metrics)
+        summary.epochs = len(history.epoch_losses)
         summary.steps = int(metrics.get("step", 0))
-        summary.epoch_losses = list(metrics.get("epoch_losses", []))
-        summary.plan_versions = list(metrics.get("plan_versions", []))
-        summary.wait_seconds = list(metrics.get("wait_seconds", []))
-        summary.refresh_seconds = list(metrics.get("refresh_seconds", []))
-
-        summary.eval_history = list(metrics.get("eval_history", []))
-        summary.miner_restarts = int(metrics.get("miner_restarts", 0))
+        summary.epoch_losses = history.epoch_losses
+        summary.plan_versions = history.plan_versions
+        summary.wait_seconds = history.wait_seconds
+        summary.refresh_seconds = history.refresh_seconds
+        summary.eval_history = history.evaluations
+        summary.miner_restarts = history.miner_restarts
 
         export_dir, best = export_checkpoint_model(result.checkpoint, run_dir / "model")
         summary.exported_epoch = best.epoch if best is not None else float(summary.epochs)

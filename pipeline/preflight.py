@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 
 from pipeline.cluster import cluster_address
-from pipeline.config import Config, ConfigError
+from pipeline.config.schema import Config
+from pipeline.config.sections import ConfigError
 
 
 def check_faiss(why: str) -> None:

@@ -27,7 +27,7 @@ PYTHON = sys.executable
 
 @pytest.fixture(scope="session")
 def paraphrase_corpus():
-    from pipeline.synthetic import generate_paraphrase_corpus
+    from pipeline.data.synthetic import generate_paraphrase_corpus
 
     return generate_paraphrase_corpus(num_groups=300, group_size=4, seed=3)
 
@@ -48,7 +48,7 @@ def paraphrase_pairs(paraphrase_corpus):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, paraphrase_corpus):
-    from pipeline.model import build_tiny_model_dir
+    from pipeline.model.tiny import build_tiny_model_dir
 
     texts, _ = paraphrase_corpus
     return build_tiny_model_dir(
@@ -70,8 +70,9 @@ def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
     """(arrow table with id/text/input_ids sorted by id, group label per row)."""
     import numpy as np
 
-    from pipeline.data import stable_row_id, tokenize_table
-    from pipeline.model import load_tokenizer
+    from pipeline.data.tokenize import tokenize_table
+    from pipeline.data.utf8 import stable_row_id
+    from pipeline.model.folders import load_tokenizer
 
     texts, groups = paraphrase_corpus
     ids = np.array([stable_row_id(t) for t in texts], dtype=np.int64)
@@ -87,7 +88,7 @@ def ray_local():
     import ray
 
     from pipeline.cluster import ray_session
-    from pipeline.config import load_config
+    from pipeline.config.loading import load_config
 
     with ray_session(load_config(None, ["ray.num_cpus=4"])):
         yield ray
@@ -107,10 +108,12 @@ def trained_tiny_model_dir(tmp_path_factory, tiny_model_dir, paraphrase_corpus):
     (all cosines ~0.98), which makes every similarity-based check meaningless."""
     import torch
 
-    from pipeline.data import TokenizedCorpus, tokenize_table
-    from pipeline.losses import simcse_loss
-    from pipeline.model import load_sentence_encoder, load_tokenizer, save_model_dir
-    from pipeline.plans import random_plan
+    from pipeline.batching.samplers import random_plan
+    from pipeline.data.tokenize import tokenize_table
+    from pipeline.data.tokenized import TokenizedCorpus
+    from pipeline.model.encoder import load_sentence_encoder
+    from pipeline.model.folders import load_tokenizer, save_model_dir
+    from pipeline.training.losses import simcse_loss
 
     texts, _ = paraphrase_corpus
     tokenizer = load_tokenizer(tiny_model_dir)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.accel import autocast, enable_tf32, fused_adamw, to_device
-from pipeline.model import load_encoder, load_sentence_encoder, load_tokenizer, save_model_dir
+from pipeline.model.accel import autocast, enable_tf32, fused_adamw, to_device
+from pipeline.model.encoder import load_encoder, load_sentence_encoder
+from pipeline.model.folders import load_tokenizer, save_model_dir
 
 
 def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

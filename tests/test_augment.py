@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pipeline.augment import repeat_words
-from pipeline.data import TokenizedCorpus
-from pipeline.train import two_views
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.training.augment import repeat_words
+from pipeline.training.step import two_views
 
 PAD, CLS, SEP = 0, 101, 102
 

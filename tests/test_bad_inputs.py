@@ -245,8 +245,8 @@ def test_mine_job_rejected_before_anything_starts(tmp_path, capfd, monkeypatch, 
 
 
 def test_only_paths_that_look_local_are_checked_up_front(tmp_path, monkeypatch):
-    from pipeline.config import ConfigError
-    from pipeline.model import check_model_path
+    from pipeline.config.sections import ConfigError
+    from pipeline.model.folders import check_model_path
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
@@ -269,7 +269,7 @@ def test_only_paths_that_look_local_are_checked_up_front(tmp_path, monkeypatch):
 
 
 def test_undecodable_lines_are_split_out_exactly():
-    from pipeline.data import split_utf8_lines
+    from pipeline.data.utf8 import split_utf8_lines
 
     good = "naïve café\r\nsecond line\n\nlast"
     assert split_utf8_lines(good.encode()) == (good.splitlines(), None)
@@ -379,8 +379,8 @@ def test_unusable_corpus_fails_the_run(ray_local, tmp_path, capfd, monkeypatch, 
 
 @pytest.mark.slow
 def test_undecodable_csv_cells_and_text_lines_are_dropped_and_counted(ray_local, tmp_path):
-    from pipeline.config import DataSection
-    from pipeline.data import load_clean_corpus
+    from pipeline.config.sections import DataSection
+    from pipeline.data.corpus import load_clean_corpus
 
     good = [f"sentence number {i}" for i in range(20)]
     text = tmp_path / "mixed.txt"

@@ -6,21 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.checkpoint import (
+from pipeline.batching.samplers import random_plan
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import load_tokenizer
+from pipeline.training.checkpoint import (
     BEST_SUBDIR,
     MANIFEST_FILE,
     STATE_FILE,
-    BestModel,
-    TrainState,
     best_model_folder,
-    capture_rng,
     checkpoint_problem,
     load_checkpoint,
-    restore_rng,
     save_checkpoint,
 )
-from pipeline.model import load_sentence_encoder, load_tokenizer
-from pipeline.plans import random_plan
+from pipeline.training.state import BestModel, TrainHistory, TrainState, capture_rng, restore_rng
 
 
 def _saved(tmp_path, tiny_model_dir, best_step=None, name="ckpt"):
@@ -32,14 +30,14 @@ def _saved(tmp_path, tiny_model_dir, best_step=None, name="ckpt"):
     plan = random_plan(40, 8, seed=1, version=3)
     plan.negatives = np.arange(40).reshape(40, 1)
     state = TrainState(
-        epoch=1, batches_done=2, step=7, plan=plan, epoch_losses=[1.5], eval_history=[{"epoch": 0.0, "step": 0.0}],
-        loss_sum=2.5, rng=[capture_rng(np.random.default_rng(0))], unsent_metrics=[("train_loss", 0.5, 123, 7)],
+        epoch=1, batches_done=2, step=7, plan=plan, loss_sum=2.5,
+        history=TrainHistory(epoch_losses=[1.5], evaluations=[{"epoch": 0.0, "step": 0.0}], miner_restarts=1), rng=[capture_rng(np.random.default_rng(0))], unsent_metrics=[("train_loss", 0.5, 123, 7)],
     )  # fmt: skip
     best_dir = None
     if best_step is not None:
-        state.best = BestModel(score=80.0, epoch=0.5, step=best_step)
+        state.history.best = BestModel(score=80.0, epoch=0.5, step=best_step)
         best_dir = tmp_path / "best"
-        from pipeline.model import save_model_dir
+        from pipeline.model.folders import save_model_dir
 
         save_model_dir(model, load_tokenizer(tiny_model_dir), best_dir, 32)
     directory = tmp_path / name
@@ -57,7 +55,8 @@ def test_checkpoint_round_trip_and_best_model(tmp_path, tiny_model_dir):
     assert (loaded.epoch, loaded.batches_done, loaded.step, loaded.loss_sum) == (1, 2, 7, 2.5)
     assert loaded.plan.fingerprint() == state.plan.fingerprint()
     assert np.array_equal(loaded.plan.negatives, state.plan.negatives)
-    assert loaded.best == BestModel(80.0, 0.5, 4) and loaded.unsent_metrics == [("train_loss", 0.5, 123, 7)]
+    assert loaded.history == state.history and loaded.history.best == BestModel(80.0, 0.5, 4)
+    assert loaded.unsent_metrics == [("train_loss", 0.5, 123, 7)]
     for key, value in model.mlp.state_dict().items():
         assert torch.equal(extras["mlp"][key], value)
     restored = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -109,7 +108,7 @@ def test_restored_random_state_repeats_the_same_draws():
 def test_metric_logger_sends_in_background_and_requeues(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking import MetricLogger
+    from pipeline.tracking.metric_logger import MetricLogger
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     client = MlflowClient(uri)

@@ -8,7 +8,8 @@ import time
 import pytest
 from conftest import PYTHON, REPO, job_env
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config.loading import load_config
+from pipeline.config.sections import ConfigError
 
 
 def test_demo_config_loads_with_overrides():
@@ -96,6 +97,6 @@ def test_cli_fails_fast_with_one_line(tmp_path, args, needle):
 
 
 def test_config_defaults_are_the_index_defaults():
-    from pipeline.index import IndexSpec
+    from pipeline.mining.index import IndexSpec
 
     assert load_config(None).mining.index_spec() == IndexSpec()

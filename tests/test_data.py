@@ -11,22 +11,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import DataSection
-from pipeline.data import (
+from pipeline.config.sections import DataSection
+from pipeline.data.corpus import load_clean_corpus
+from pipeline.data.pairs import read_pairs
+from pipeline.data.readers import (
     DataError,
-    TokenizedCorpus,
     check_corpus_columns,
     check_corpus_path,
     corpus_columns,
     infer_format,
-    load_clean_corpus,
     read_dataset,
-    read_pairs,
     require_columns,
-    stable_row_id,
-    tokenize_corpus,
 )
-from pipeline.model import load_tokenizer
+from pipeline.data.tokenize import tokenize_corpus
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.utf8 import stable_row_id
+from pipeline.model.folders import load_tokenizer
 
 SENTENCES = [
     "A cat sat on the mat.",
@@ -251,7 +251,7 @@ def test_column_check_leaves_what_it_cannot_tell_to_the_reader(tmp_path):
     ],
 )
 def test_tokenize_stats_suggest_a_longer_max_seq_len_when_many_are_cut(sentences, truncated, hint):
-    from pipeline.data import TokenizeStats
+    from pipeline.data.tokenize import TokenizeStats
 
     text = TokenizeStats(sentences=sentences, truncated=truncated, max_seq_len=32).describe()
     counts = f"{sentences} sentences (max_seq_len 32; {truncated} truncated"
@@ -294,7 +294,7 @@ def test_progress_bar_notice_is_silenced_when_the_config_turns_bars_off(ray_loca
     import logging
 
     from pipeline.cluster import init_ray
-    from pipeline.config import load_config
+    from pipeline.config.loading import load_config
 
     progress = logging.getLogger("ray.data._internal.progress")
     assert not progress.isEnabledFor(logging.WARNING) and progress.isEnabledFor(logging.ERROR)

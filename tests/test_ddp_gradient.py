@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.losses import simcse_loss
+from pipeline.training.losses import simcse_loss
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,8 @@ def ddp_gradient_worker(config):
     import ray.train.torch
     import torch
 
-    from pipeline.losses import global_batch_simcse_loss
-    from pipeline.plans import worker_slices
+    from pipeline.batching.plan import worker_slices
+    from pipeline.training.losses import global_batch_simcse_loss
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -121,7 +121,7 @@ def _triplet_inputs():
 
 
 def triplet_gradient_worker(config):
-    """Runs pipeline.train.triplet_batch_loss on each worker's slice of the global batch."""
+    """Runs pipeline.training.step.triplet_batch_loss on each worker's slice of the global batch."""
     import json
 
     import numpy as np
@@ -130,10 +130,11 @@ def triplet_gradient_worker(config):
     import ray.train.torch
     import torch
 
-    from pipeline.config import load_config
-    from pipeline.data import TokenizedCorpus, Triplets
-    from pipeline.plans import worker_slices
-    from pipeline.train import triplet_batch_loss
+    from pipeline.batching.plan import worker_slices
+    from pipeline.config.loading import load_config
+    from pipeline.data.pairs import Triplets
+    from pipeline.data.tokenized import TokenizedCorpus
+    from pipeline.training.step import triplet_batch_loss
 
     class BagEncoder(torch.nn.Module):
         def __init__(self):

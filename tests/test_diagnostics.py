@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.diagnostics import alignment, uniformity
-from pipeline.whitening import fit_whitening, load_whitening, save_whitening
+from pipeline.evaluation.diagnostics import alignment, uniformity
+from pipeline.evaluation.whitening import fit_whitening, load_whitening, save_whitening
 
 
 def _unit(x):

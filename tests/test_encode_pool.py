@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.mining import HardNegativeMiner
-from pipeline.model import load_sentence_encoder, pack_dir
+from pipeline.mining.miner import HardNegativeMiner
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import pack_dir
 
 pytestmark = pytest.mark.slow
 

@@ -122,7 +122,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert len(kept) == 2 and sorted(registered) == kept
     assert max(r["metrics"]["step"] for r in snapshot["checkpoint_results"]) == 75
 
-    from pipeline.evaluate import evaluate_model_dir
+    from pipeline.evaluation.scoring import evaluate_model_dir
 
     export = tmp_path / "runs/demo/model"
     assert (export / "2_Dense/model.safetensors").exists()
@@ -187,8 +187,10 @@ def test_demo_trains_mines_and_logs(tmp_path):
     )
     assert version.tags["source_run"] == run_id and "exported epoch" in version.description
     sentences = ["Zonouku pai nabrou.", "Truvikai voze noura."]
-    from pipeline.model import encode_texts, load_sentence_encoder, load_tokenizer
-    from pipeline.whitening import load_whitening
+    from pipeline.evaluation.whitening import load_whitening
+    from pipeline.model.encode import encode_texts
+    from pipeline.model.encoder import load_sentence_encoder
+    from pipeline.model.folders import load_tokenizer
 
     raw = encode_texts(load_sentence_encoder(export), load_tokenizer(export), sentences, 32, 8,
                        torch.device("cpu"), normalize=False)  # fmt: skip
@@ -238,8 +240,9 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     # Epoch 1 trained on length-grouped batches: the plan an independent tokenization gives.
     from transformers import AutoTokenizer
 
-    from pipeline.data import stable_row_id
-    from pipeline.plans import padding_share, random_plan
+    from pipeline.batching.plan import padding_share
+    from pipeline.batching.samplers import random_plan
+    from pipeline.data.utf8 import stable_row_id
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     max_len = int(run.data.params["data.max_seq_len"])

@@ -3,7 +3,7 @@ types Ray really raises (built here, not mocked)."""
 
 from __future__ import annotations
 
-from pipeline.data import DataError
+from pipeline.data.readers import DataError
 from pipeline.errors import describe_error, first_line
 
 
@@ -53,7 +53,7 @@ def test_errors_that_repeat_on_every_restart_are_told_from_infrastructure():
     import torch
     from ray.exceptions import ActorDiedError
 
-    from pipeline.config import ConfigError
+    from pipeline.config.sections import ConfigError
     from pipeline.errors import UnrecoverableError, is_deterministic
 
     repeats = [
@@ -84,7 +84,7 @@ def test_failure_callback_ends_the_run_on_a_repeating_error_and_retries_a_dead_w
     from ray.train import ControllerError
 
     from pipeline.errors import root_cause
-    from pipeline.train import worker_failure_reporter
+    from pipeline.training.trainer import worker_failure_reporter
 
     reporter = worker_failure_reporter(max_failures=3)
     # A dead worker beside a collateral gloo error on its peer: infrastructure, retried.

@@ -8,8 +8,10 @@ import shutil
 import numpy as np
 import torch
 
-from pipeline.model import encode_texts, load_sentence_encoder, load_tokenizer
-from pipeline.whitening import fit_whitening, load_whitening, save_whitening
+from pipeline.evaluation.whitening import fit_whitening, load_whitening, save_whitening
+from pipeline.model.encode import encode_texts
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import load_tokenizer
 
 SENTENCES = ["Zonouku pai nabrou.", "Truvikai voze noura and more words here.", "A.", "Pai pai pai pai."]
 
@@ -56,7 +58,7 @@ def test_export_loads_in_transformers_and_sentence_transformers(
 def test_model_folder_behind_a_link_packs_its_files(tmp_path, trained_tiny_model_dir):
     """Recipes point model.name_or_path at a link to an installed model; Hugging Face cache
     snapshots are folders of links. Both must travel to workers as real files."""
-    from pipeline.model import pack_dir, unpack_dir
+    from pipeline.model.folders import pack_dir, unpack_dir
 
     link = tmp_path / "linked-model"
     link.symlink_to(trained_tiny_model_dir, target_is_directory=True)

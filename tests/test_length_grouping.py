@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.config import ConfigError, load_config
-from pipeline.plans import random_plan
+from pipeline.batching.samplers import random_plan
+from pipeline.config.loading import load_config
+from pipeline.config.sections import ConfigError
 
 
 def _padding_share(plan, lengths: np.ndarray) -> float:
@@ -17,7 +18,7 @@ def _padding_share(plan, lengths: np.ndarray) -> float:
 
 
 def test_padding_share_counts_each_workers_slice():
-    from pipeline.plans import BatchPlan, padding_share
+    from pipeline.batching.plan import BatchPlan, padding_share
 
     lengths = np.array([2, 8, 4, 4, 6, 1])
     plan = BatchPlan(0, np.arange(6), np.array([4, 2]))  # batches [2 8 4 4], [6 1]
@@ -94,9 +95,12 @@ def test_config_switch_and_validation():
 def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphrase_pairs):
     """Triplet mode's plans come from the miner; grouped, their batches are narrower than
     random ones over the same rows (width = longer of anchor and positive)."""
-    from pipeline.data import TokenizedCorpus, index_triplets, row_lengths, tokenize_table
-    from pipeline.mining import HardNegativeMiner
-    from pipeline.model import load_sentence_encoder, load_tokenizer, pack_dir
+    from pipeline.data.pairs import index_triplets
+    from pipeline.data.tokenize import tokenize_table
+    from pipeline.data.tokenized import TokenizedCorpus, row_lengths
+    from pipeline.mining.miner import HardNegativeMiner
+    from pipeline.model.encoder import load_sentence_encoder
+    from pipeline.model.folders import load_tokenizer, pack_dir
 
     anchors, positives = paraphrase_pairs
     table, triplets = index_triplets(anchors, positives, None)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.losses import simcse_loss
+from pipeline.training.losses import simcse_loss
 
 
 def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None, present=None):

@@ -11,9 +11,9 @@ import numpy as np
 import psutil
 import pytest
 
-from pipeline.config import load_config
+from pipeline.config.loading import load_config
 from pipeline.errors import UnrecoverableError
-from pipeline.train import PlanRefresher
+from pipeline.training.refresh import PlanRefresher
 
 
 def _gone(pid: int) -> bool:

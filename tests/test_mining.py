@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.index import knn_search
-from pipeline.mining import HardNegativeMiner, false_negative_pairs, plan_churn
-from pipeline.model import load_sentence_encoder, pack_dir
-from pipeline.plans import balanced_batch_sizes, neighbourhood_plan, random_plan, worker_slices
+from pipeline.batching.plan import balanced_batch_sizes, worker_slices
+from pipeline.batching.samplers import neighbourhood_plan, random_plan
+from pipeline.mining.index import knn_search
+from pipeline.mining.miner import HardNegativeMiner
+from pipeline.mining.plan_quality import false_negative_pairs, plan_churn
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import pack_dir
 
 
 def _assert_covers_once(plan, n):
@@ -94,7 +97,7 @@ def _same_group_pairs_together(plan, groups, neighbours):
 
 
 def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenized_corpus):
-    from pipeline.negatives import NegativeFilters
+    from pipeline.mining.negatives import NegativeFilters
 
     table, groups = tokenized_corpus
     n = table.num_rows
@@ -144,8 +147,9 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
 
 
 def _embeddings(model_dir, table):
-    from pipeline.data import TokenizedCorpus
-    from pipeline.model import encode_rows, load_tokenizer
+    from pipeline.data.tokenized import TokenizedCorpus
+    from pipeline.model.encode import encode_rows
+    from pipeline.model.folders import load_tokenizer
 
     corpus = TokenizedCorpus(table, load_tokenizer(model_dir).pad_token_id)
     model = load_sentence_encoder(model_dir, pooler="mean")
@@ -153,7 +157,7 @@ def _embeddings(model_dir, table):
 
 
 def test_churn_and_false_negative_pair_counts():
-    from pipeline.plans import BatchPlan
+    from pipeline.batching.plan import BatchPlan
 
     a = BatchPlan(1, np.array([0, 1, 2, 3, 4, 5]), np.array([3, 3]))
     b = BatchPlan(2, np.array([0, 1, 3, 2, 4, 5]), np.array([3, 3]))
@@ -173,7 +177,7 @@ def _clustered_random(n=20000, dim=48, per_cluster=50, noise=0.8, seed=0):
 
 
 def test_ivf_agrees_with_flat_at_default_nprobe():
-    from pipeline.index import IndexSpec
+    from pipeline.mining.index import IndexSpec
 
     x = _clustered_random()
     flat = knn_search(x, 10, spec=IndexSpec(kind="flat"))
@@ -188,7 +192,7 @@ def test_ivf_agrees_with_flat_at_default_nprobe():
 
 
 def test_memory_estimate_counts_vectors_and_results():
-    from pipeline.index import IndexSpec, estimate_index_bytes
+    from pipeline.mining.index import IndexSpec, estimate_index_bytes
 
     n, d, k = 1_000_000, 384, 33
     flat = estimate_index_bytes(n, d, k, "flat")
@@ -199,9 +203,10 @@ def test_memory_estimate_counts_vectors_and_results():
 
 def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs):
 
-    from pipeline.data import index_triplets, tokenize_table
-    from pipeline.model import load_tokenizer
-    from pipeline.negatives import NegativeFilters, normalize_text
+    from pipeline.data.pairs import index_triplets
+    from pipeline.data.tokenize import tokenize_table
+    from pipeline.mining.negatives import NegativeFilters, normalize_text
+    from pipeline.model.folders import load_tokenizer
 
     texts, groups = paraphrase_corpus
     anchors, positives = paraphrase_pairs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.negatives import NegativeFilters, duplicate_mask, normalize_text, select_negatives
+from pipeline.mining.negatives import NegativeFilters, duplicate_mask, normalize_text, select_negatives
 
 
 def _reference(cands, scores, pos, dup, f: NegativeFilters):
@@ -137,6 +137,6 @@ def test_bad_sampling_is_rejected():
 
 
 def test_config_defaults_are_the_filter_defaults():
-    from pipeline.config import load_config
+    from pipeline.config.loading import load_config
 
     assert load_config(None).mining.negative_filters() == NegativeFilters()

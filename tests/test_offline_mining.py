@@ -12,10 +12,11 @@ import pytest
 from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
 
-from pipeline.config import load_config
-from pipeline.model import load_sentence_encoder, load_tokenizer
-from pipeline.negatives import normalize_text
-from pipeline.offline import mine_pairs
+from pipeline.config.loading import load_config
+from pipeline.mining.negatives import normalize_text
+from pipeline.mining.offline import mine_pairs
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import load_tokenizer
 
 
 def _pairs(texts, groups):
@@ -70,7 +71,7 @@ def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus
 def _random_pair_similarity(model, tokenizer, texts):
     import torch
 
-    from pipeline.model import encode_texts
+    from pipeline.model.encode import encode_texts
 
     vectors = encode_texts(model, tokenizer, texts, 32, 64, torch.device("cpu"))
     rng = np.random.default_rng(0)

@@ -10,7 +10,8 @@ import time
 import pytest
 from conftest import PYTHON, REPO, job_env
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config.loading import load_config
+from pipeline.config.sections import ConfigError
 from pipeline.preflight import preflight_mine, preflight_train
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")

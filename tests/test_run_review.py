@@ -13,8 +13,9 @@ import pytest
 from conftest import REPO
 from mlflow.tracking import MlflowClient
 
-from pipeline.export import best_model_metrics
-from pipeline.tracking import GIT_COMMIT_ENV, MetricLogger, git_commit
+from pipeline.tracking.context import GIT_COMMIT_ENV, git_commit
+from pipeline.tracking.export import best_model_metrics
+from pipeline.tracking.metric_logger import MetricLogger
 
 HISTORY = [
     {"epoch": 0.0, "step": 0.0, "sts_dev_spearman": 70.0, "sts_dev_alignment": 0.1, "eval_score": 70.0},
@@ -40,7 +41,7 @@ def test_best_metrics_are_the_exported_evaluation_under_stable_names():
 
 
 def test_summary_counts_the_evaluations_that_could_be_exported():
-    from pipeline.job import JobSummary
+    from pipeline.summary import JobSummary
 
     summary = JobSummary("r", "id", "sqlite:///x.db", "e", eval_history=HISTORY, exported_epoch=1.0)
     summary.exported_step = 25
@@ -80,8 +81,8 @@ def test_git_commit_from_the_checkout_else_from_the_submitter(tmp_path, monkeypa
 
 BUILD_TOKENIZER = """
 import sys
-from pipeline.model import build_tiny_model_dir
-from pipeline.synthetic import generate_paraphrase_corpus
+from pipeline.model.tiny import build_tiny_model_dir
+from pipeline.data.synthetic import generate_paraphrase_corpus
 
 texts, _ = generate_paraphrase_corpus(num_groups=300, group_size=4, seed=0)
 build_tiny_model_dir(texts, sys.argv[1], hidden_size=32, num_layers=1, num_heads=2,

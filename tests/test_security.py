@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import PYTHON, job_env
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config.loading import load_config
+from pipeline.config.sections import ConfigError
 
 
 def test_config_with_a_python_tag_is_rejected_without_running_it(tmp_path):
@@ -37,7 +38,7 @@ class _RunsCode:
 
 def test_checkpoint_state_carrying_code_is_refused(tmp_path, tiny_model_dir):
     """A tampered ``train_state.pt`` (storage is often shared) is refused, never unpickled into code."""
-    from pipeline.checkpoint import STATE_FILE, load_checkpoint
+    from pipeline.training.checkpoint import STATE_FILE, load_checkpoint
 
     marker = tmp_path / "ran"
     (tmp_path / "ckpt").mkdir()
@@ -51,7 +52,7 @@ def test_checkpoint_state_carrying_code_is_refused(tmp_path, tiny_model_dir):
 def test_local_ray_dashboard_listens_on_loopback_only(tmp_path):
     script = (
         "import json, ray\n"
-        "from pipeline.config import load_config\n"
+        "from pipeline.config.loading import load_config\n"
         "from pipeline.cluster import init_ray\n"
         "init_ray(load_config(None, ['ray.num_cpus=1']))\n"
         "print(json.dumps({'url': ray._private.worker.get_dashboard_url()}), flush=True)\n"

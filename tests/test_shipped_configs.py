@@ -6,7 +6,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pipeline.config import load_config
+from pipeline.config.loading import load_config
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "jobs/configs").glob("*.yaml")), ids=lambda p: p.name)

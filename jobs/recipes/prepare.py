@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="../shared/data", help="folder with stsb/, wiki/, nli/, zh-stsb/")
     parser.add_argument("--out", default="runs/recipe-data")
     args = parser.parse_args(argv)
-    from pipeline.sts import read_sts
+    from pipeline.evaluation.sts import read_sts
 
     data, out = Path(args.data), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

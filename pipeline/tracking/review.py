@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipeline.tracking import TrackedRun
+from pipeline.tracking.run import TrackedRun
 
 
 def _plt() -> Any:

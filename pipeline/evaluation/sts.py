@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data import DataError
+from pipeline.data.readers import DataError
 
 STS_FORMATS = ("auto", "stsb", "cnsd", "csv", "tsv", "jsonl")
 COLUMNS = ("sentence1", "sentence2", "score")

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.diagnostics import alignment, uniformity
-from pipeline.sts import STSPairs, read_sts, spearman
-from pipeline.whitening import Whitening
+from pipeline.evaluation.diagnostics import alignment, uniformity
+from pipeline.evaluation.sts import STSPairs, read_sts, spearman
+from pipeline.evaluation.whitening import Whitening
 
 
 @dataclass
@@ -67,7 +67,7 @@ class STSEvalSet:
     def __init__(self, files: list[STSPairs], tokenizer: Any, max_seq_len: int):
         import pyarrow as pa
 
-        from pipeline.data import tokenize_table
+        from pipeline.data.tokenize import tokenize_table
 
         position: dict[str, int] = {}
         self.files = files
@@ -84,7 +84,7 @@ class STSEvalSet:
         return self.table.num_rows
 
     def corpus(self) -> Any:
-        from pipeline.data import TokenizedCorpus
+        from pipeline.data.tokenized import TokenizedCorpus
 
         return TokenizedCorpus(self.table, self.pad_token_id)
 
@@ -169,14 +169,10 @@ def evaluate_model_dir(
     """
     import torch
 
-    from pipeline.model import (
-        encode_rows,
-        encode_texts,
-        load_sentence_encoder,
-        load_tokenizer,
-        max_seq_len_of,
-    )
-    from pipeline.whitening import fit_whitening, load_whitening
+    from pipeline.evaluation.whitening import fit_whitening, load_whitening
+    from pipeline.model.encode import encode_rows, encode_texts
+    from pipeline.model.encoder import load_sentence_encoder
+    from pipeline.model.folders import load_tokenizer, max_seq_len_of
 
     files = read_sts_files(sts_paths, format)
     tokenizer = load_tokenizer(model_dir)
@@ -249,7 +245,7 @@ def read_sentences(path: str | Path, max_rows: int, seed: int = 0) -> list[str]:
     """Non-empty lines of a text file; a fixed random sample of ``max_rows`` when it has more."""
     p = Path(path)
     if not p.is_file():
-        from pipeline.data import DataError
+        from pipeline.data.readers import DataError
 
         raise DataError(f"corpus file not found: {p}")
     lines = [line.strip() for line in p.read_text(encoding="utf-8", errors="replace").splitlines()]

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import EvalSection
-from pipeline.evaluate import STSEvalSet, STSScore, score_embeddings
-from pipeline.model import SentenceEncoder, encode_rows
-from pipeline.whitening import Whitening, fit_whitening
+from pipeline.config.sections import EvalSection
+from pipeline.evaluation.scoring import STSEvalSet, STSScore, score_embeddings
+from pipeline.evaluation.whitening import Whitening, fit_whitening
+from pipeline.model.encode import encode_rows
+from pipeline.model.encoder import SentenceEncoder
 
 
 @dataclass

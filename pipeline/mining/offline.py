@@ -3,7 +3,7 @@
 Input is a text file (one sentence per line; the anchor is its own positive, as in
 unsupervised SimCSE) or pairs in csv/tsv/jsonl/parquet. The candidate pool is every
 distinct positive. Each anchor's ``mining.top_k`` nearest candidates go through
-:func:`pipeline.negatives.select_negatives`; anchors left with fewer than
+:func:`pipeline.mining.negatives.select_negatives`; anchors left with fewer than
 ``mining.num_negatives`` negatives are dropped from the output and counted. The output
 (parquet or jsonl, by extension) loads as a sentence-transformers training dataset.
 
@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.config import Config
-from pipeline.data import DataError, dataset_digest, index_triplets, read_pairs
-from pipeline.index import estimate_index_bytes
-from pipeline.negatives import FILTERS, mine_anchor_negatives, text_keys
-from pipeline.tracking import TrackedRun
+from pipeline.config.schema import Config
+from pipeline.data.pairs import index_triplets, read_pairs
+from pipeline.data.readers import DataError
+from pipeline.data.tokenized import dataset_digest
+from pipeline.mining.index import estimate_index_bytes
+from pipeline.mining.negatives import FILTERS, mine_anchor_negatives, text_keys
+from pipeline.tracking.run import TrackedRun
 
 
 @dataclass
@@ -69,7 +71,7 @@ class MiningReport:
             )
         lines.append(f"  time          {timing}")
         if self.run_id:
-            from pipeline.tracking import ui_command
+            from pipeline.tracking.run import ui_command
 
             lines += [
                 f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
@@ -109,7 +111,7 @@ def mine_pairs(
     """
     import torch
 
-    from pipeline.model import encode_texts
+    from pipeline.model.encode import encode_texts
 
     device = device or torch.device("cpu")
     mining = cfg.mining
@@ -216,16 +218,12 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
     from datetime import datetime
 
     from pipeline.cluster import ray_session
-    from pipeline.data import check_corpus_columns, check_corpus_path
-    from pipeline.model import (
-        check_model_path,
-        fetch_pretrained_dir,
-        load_sentence_encoder,
-        load_tokenizer,
-        quiet_libraries,
-    )
+    from pipeline.data.readers import check_corpus_columns, check_corpus_path
+    from pipeline.model.encoder import load_sentence_encoder
+    from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
     from pipeline.preflight import preflight_mine
-    from pipeline.tracking import log_run_context, resolve_tracking_uri, start_or_resume_run
+    from pipeline.tracking.context import log_run_context
+    from pipeline.tracking.run import resolve_tracking_uri, start_or_resume_run
 
     if not cfg.data.path:
         raise DataError("--input (data.path) is required")
@@ -282,7 +280,7 @@ def log_mining_review(tracked: TrackedRun, table: pa.Table, report: MiningReport
     the first rows of the output as a markdown table."""
     import tempfile
 
-    from pipeline.mining import similarity_histogram_png
+    from pipeline.mining.plan_quality import similarity_histogram_png
 
     tracked.set_note("```\n" + report.render(output) + "\n```")
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.index import IndexSpec, KnnResult, knn_search
+from pipeline.mining.index import IndexSpec, KnnResult, knn_search
 
 FILTERS = ("duplicate", "max_score", "relative_margin", "rank_window")
 

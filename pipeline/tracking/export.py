@@ -11,8 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline.checkpoint import BestModel, best_model_folder
-from pipeline.tracking import TrackedRun
+from pipeline.tracking.run import TrackedRun
+from pipeline.training.checkpoint import best_model_folder
+from pipeline.training.state import BestModel
 
 
 def export_checkpoint_model(checkpoint: Any, export_dir: Path) -> tuple[Path, BestModel | None]:
@@ -35,7 +36,7 @@ def best_model_metrics(
     """The shipped model's scores under stable names, to sort and compare runs on:
     ``best/epoch``, ``best/step`` and, when it was evaluated, ``best/<eval metric>`` for each
     of its evaluation's metrics (``best/sts_stsb-dev_spearman``, ``best/score`` ...)."""
-    from pipeline.training_eval import eval_metric_names
+    from pipeline.evaluation.in_training import eval_metric_names
 
     out = {"best/epoch": float(exported_epoch), "best/step": float(exported_step)}
     evaluated = next((row for row in eval_history if int(row["step"]) == exported_step), None)
@@ -69,7 +70,7 @@ def log_sentence_transformers_model(
     from mlflow.entities import LoggedModelOutput, Metric
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.tracking import package_versions
+    from pipeline.tracking.context import package_versions
 
     versions = package_versions()
     requirements = [f"{name}=={versions[name]}" for name in ("sentence-transformers", "transformers", "torch")

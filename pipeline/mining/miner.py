@@ -15,25 +15,29 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.data import TokenizedCorpus, Triplets, row_lengths
+from pipeline.batching.plan import BatchPlan
+from pipeline.batching.samplers import random_plan
+from pipeline.data.pairs import Triplets
+from pipeline.data.tokenized import TokenizedCorpus, row_lengths
 from pipeline.errors import first_line
-from pipeline.index import IndexSpec, estimate_index_bytes, knn_search
-from pipeline.model import (
-    SentenceEncoder,
-    encode_rows,
-    load_sentence_encoder,
-    load_tokenizer,
-    quiet_libraries,
-    unpack_dir,
-)
-from pipeline.negatives import (
+from pipeline.mining.encode_pool import encode_with_actor_pool
+from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search
+from pipeline.mining.negatives import (
     NegativeFilters,
-    duplicate_mask,
-    filter_candidates,
     mine_anchor_negatives,
     text_keys,
 )
-from pipeline.plans import BatchPlan, neighbourhood_plan, random_plan
+from pipeline.mining.plan_quality import (
+    _first_valid_scores,
+    false_negative_pairs,
+    in_batch_pair_similarities,
+    plan_churn,
+    plan_from_neighbours,
+    similarity_histogram_png,
+)
+from pipeline.model.encode import encode_rows
+from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
+from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 
 
 @dataclass
@@ -90,7 +94,7 @@ class HardNegativeMiner:
         """Triplet mode: group the plan's random batches by length (0: don't)."""
         self.logger = None
         if tracking_uri and run_id:
-            from pipeline.tracking import MetricLogger
+            from pipeline.tracking.metric_logger import MetricLogger
 
             self.logger = MetricLogger(tracking_uri, run_id)
 
@@ -272,166 +276,6 @@ class HardNegativeMiner:
             self.logger.log(metrics, step)
             self.logger.flush()
         return RefreshReport(plan, metrics)
-
-
-class _EncodeBatches:
-    """Ray Data actor for :func:`encode_with_actor_pool`: loads the model and the weights
-    once, then encodes batch after batch."""
-
-    def __init__(self, model_blob: Any, weights: Any, pooler: str, batch_size: int, use_gpu: bool):
-        import ray
-
-        from pipeline.model import load_tokenizer
-
-        quiet_libraries()
-        model_dir = unpack_dir(ray.get(model_blob) if isinstance(model_blob, ray.ObjectRef) else model_blob)
-        self.pad = load_tokenizer(model_dir).pad_token_id
-        self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
-        self.model = load_sentence_encoder(model_dir, pooler=pooler)
-        self.model.encoder.load_state_dict(
-            ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights
-        )
-        self.model.to(self.device)
-        self.batch_size = batch_size
-
-    def __call__(self, batch: Any) -> dict[str, np.ndarray]:
-        corpus = TokenizedCorpus(batch, self.pad)
-        rows = np.arange(batch.num_rows)
-        embeddings = encode_rows(self.model, corpus, rows, self.batch_size, self.device)
-        return {"position": batch.column("position").to_numpy(), "embedding": embeddings}
-
-
-def encode_with_actor_pool(
-    corpus_table: Any,
-    lengths: np.ndarray,
-    model_blob: bytes,
-    pooler: str,
-    encoder_state: dict[str, torch.Tensor],
-    batch_size: int,
-    actors: int,
-    num_cpus: float,
-    num_gpus: float,
-) -> np.ndarray:
-    """Encode the corpus with a Ray Data pool of up to ``actors`` encoder actors.
-
-    Rows are fed in order of token length, so each batch pads little; results are placed
-    back by position.
-    """
-    import pyarrow as pa
-    import ray
-    import ray.data
-
-    order = np.argsort(lengths, kind="stable")
-    table = corpus_table.select(["input_ids"]).append_column("position", pa.array(np.arange(len(lengths))))
-    rows_per_block = batch_size * 8
-    blocks = [
-        ray.put(table.take(order[i : i + rows_per_block])) for i in range(0, len(order), rows_per_block)
-    ]
-    ds = ray.data.from_arrow_refs(blocks).map_batches(
-        _EncodeBatches,
-        batch_format="pyarrow",
-        batch_size=batch_size,
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
-        fn_constructor_kwargs={
-            "model_blob": ray.put(model_blob),
-            "weights": ray.put(encoder_state),
-            "pooler": pooler,
-            "batch_size": batch_size,
-            "use_gpu": num_gpus > 0,
-        },
-    )
-    out: np.ndarray | None = None
-    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-        if out is None:
-            out = np.empty((len(lengths), batch["embedding"].shape[1]), dtype=np.float32)
-        out[batch["position"]] = batch["embedding"]
-    assert out is not None
-    return out
-
-
-def plan_from_neighbours(
-    knn: Any, text_keys: np.ndarray, filters: NegativeFilters, batch_size: int, seed: int, version: int
-) -> tuple[BatchPlan, Any, np.ndarray]:
-    """Neighbourhood mode: filter every row's k-NN candidates and plan the epoch's batches.
-
-    Each row is its own positive (unsupervised), so the relative margin is against 1.0.
-    Returns the plan, the filter result, and each row's flagged false negatives (-1 elsewhere).
-    """
-    n = len(knn.indices)
-    duplicate = duplicate_mask(knn.indices, text_keys, text_keys, text_keys)
-    filtered = filter_candidates(knn.indices, knn.scores, np.ones(n, dtype=np.float32), duplicate, filters)
-    neighbours = np.where(filtered.allowed, knn.indices, -1)
-    itself = knn.indices == np.arange(n)[:, None]
-    false_negatives = np.where(filtered.false_negative & ~itself, knn.indices, -1)
-    plan = neighbourhood_plan(neighbours, knn.scores, batch_size, seed, version, false_negatives)
-    return plan, filtered, false_negatives
-
-
-def in_batch_pair_similarities(
-    embeddings: np.ndarray, plan: BatchPlan, seed: int, max_batches: int = 2000
-) -> np.ndarray:
-    """Cosine similarity of every distinct pair inside the plan's batches (a seeded sample
-    of at most ``max_batches`` batches): the similarity of the negatives the loss sees."""
-    batches = plan.batches()
-    if len(batches) > max_batches:
-        picked = np.random.default_rng(seed).choice(len(batches), size=max_batches, replace=False)
-        batches = [batches[i] for i in picked]
-    parts = []
-    for rows in batches:
-        e = embeddings[rows]
-        upper = np.triu_indices(len(rows), k=1)
-        parts.append((e @ e.T)[upper])
-    return np.concatenate(parts)
-
-
-def false_negative_pairs(plan: BatchPlan, false_negatives: np.ndarray) -> int:
-    """How many (row, flagged false negative) pairs ended up in the same batch."""
-    batch_of = np.empty(len(plan.rows), dtype=np.int64)
-    batch_of[plan.rows] = np.repeat(np.arange(plan.num_batches), plan.sizes)
-    valid = false_negatives >= 0
-    rows = np.broadcast_to(np.arange(len(false_negatives))[:, None], false_negatives.shape)[valid]
-    return int((batch_of[rows] == batch_of[false_negatives[valid]]).sum())
-
-
-def plan_churn(previous: BatchPlan, current: BatchPlan) -> float:
-    """Share of in-batch negative pairs in ``current`` that were not together in ``previous``."""
-    previous_batch = np.empty(len(previous.rows), dtype=np.int64)
-    previous_batch[previous.rows] = np.repeat(np.arange(previous.num_batches), previous.sizes)
-    kept_pairs = total_pairs = 0
-    for rows in current.batches():
-        _, counts = np.unique(previous_batch[rows], return_counts=True)
-        kept_pairs += int((counts * (counts - 1)).sum())
-        total_pairs += len(rows) * (len(rows) - 1)
-    return 1.0 - kept_pairs / max(total_pairs, 1)
-
-
-def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
-    valid = cleaned >= 0
-    has = valid.any(axis=1)
-    first = valid.argmax(axis=1)
-    return scores[np.arange(len(scores)), first][has]
-
-
-def similarity_histogram_png(series: dict[str, np.ndarray], xlabel: str, path: str) -> None:
-    """Overlaid density histograms of cosine similarities, one per ``label: values`` (e.g.
-    random pairs vs mined negatives), written to ``path`` as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    bins = np.linspace(min(float(v.min()) for v in series.values()), 1.0, 60)
-    for label, values in series.items():
-        ax.hist(values, bins=bins, alpha=0.55, density=True, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("density")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def start_miner_actor(

@@ -1,0 +1,1 @@
+"""Batch plans: which rows train together, and the samplers that make them."""

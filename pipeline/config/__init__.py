@@ -1,0 +1,1 @@
+"""Typed run configuration: sections, validation, loading."""

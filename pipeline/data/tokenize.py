@@ -1,0 +1,139 @@
+"""Tokenizing the corpus with a Ray Data actor pool (one tokenizer load per actor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config.sections import DataSection
+
+
+@dataclass
+class TokenizeStats:
+    sentences: int
+    truncated: int
+    """Sentences longer than ``max_seq_len`` tokens (special tokens included), cut to it."""
+    max_seq_len: int
+
+    HINT_SHARE = 0.05
+    """From this share of truncated sentences on, :meth:`describe` suggests a longer
+    ``data.max_seq_len``."""
+
+    def describe(self) -> str:
+        return (
+            f"{self.sentences} sentences (max_seq_len {self.max_seq_len}; {self.truncated} truncated"
+            f"{self.truncation_hint()})"
+        )
+
+    def truncation_hint(self) -> str:
+        """``": 25.6% of sentences are longer, consider raising data.max_seq_len"`` when at least
+        :attr:`HINT_SHARE` of the sentences were cut, else ``""``. Only the share is known:
+        the tokenized lengths stop at ``max_seq_len``, so how long the cut sentences were is not."""
+        share = self.truncated / self.sentences if self.sentences else 0.0
+        if share < self.HINT_SHARE:
+            return ""
+        return f": {share:.1%} of sentences are longer, consider raising data.max_seq_len"
+
+    def tags(self) -> dict[str, int]:
+        return {"data.truncated": self.truncated}
+
+
+def _encode(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
+    return tokenizer(
+        texts,
+        truncation=True,
+        max_length=max_length,
+        padding=False,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )["input_ids"]
+
+
+def tokenize_table(
+    batch: pa.Table, tokenizer: Any, max_seq_len: int, *, flag_truncated: bool = False
+) -> pa.Table:
+    """Append ``input_ids`` (list<int32>, special tokens included, truncated) to a ``text`` table.
+
+    With ``flag_truncated`` also a bool column ``truncated``: the sentence had more than
+    ``max_seq_len`` tokens. Encoding to ``max_seq_len + 1`` tells exactly that (a row reaches
+    it only if longer than ``max_seq_len``) for any tokenizer and special-token template;
+    only those rows are encoded again at ``max_seq_len``.
+    """
+    texts = batch.column("text").to_pylist()
+    if not flag_truncated:
+        encoded = _encode(tokenizer, texts, max_seq_len)
+        return batch.append_column("input_ids", pa.array(encoded, type=pa.list_(pa.int32())))
+    encoded = _encode(tokenizer, texts, max_seq_len + 1)
+    truncated = [len(ids) > max_seq_len for ids in encoded]
+    long_rows = [i for i, cut in enumerate(truncated) if cut]
+    if long_rows:
+        again = _encode(tokenizer, [texts[i] for i in long_rows], max_seq_len)
+        for i, ids in zip(long_rows, again, strict=True):
+            encoded[i] = ids
+    table = batch.append_column("input_ids", pa.array(encoded, type=pa.list_(pa.int32())))
+    return table.append_column("truncated", pa.array(truncated, pa.bool_()))
+
+
+class _TokenizeBatches:
+    """Ray Data actor: loads the tokenizer once, then tokenizes batch after batch.
+
+    Plain tasks would each start a worker that imports transformers and unpickles the
+    tokenizer, which costs far more than the tokenization of a batch.
+    """
+
+    def __init__(self, tokenizer: Any, max_seq_len: int):
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return tokenize_table(batch, self.tokenizer, self.max_seq_len, flag_truncated=True)
+
+
+def tokenize_corpus(corpus: pa.Table, tokenizer: Any, section: DataSection) -> pa.Table:
+    """Tokenize ``(id, text)`` with Ray Data ``map_batches`` over a pool of tokenizer actors;
+    returns ``(id, text, input_ids)`` in the input's row order (sorted by id)."""
+    return tokenize_corpus_with_stats(corpus, tokenizer, section)[0]
+
+
+def tokenize_corpus_with_stats(
+    corpus: pa.Table, tokenizer: Any, section: DataSection
+) -> tuple[pa.Table, TokenizeStats]:
+    """:func:`tokenize_corpus`, and how many sentences were cut to ``data.max_seq_len``."""
+    import warnings
+
+    import ray
+    import ray.data
+
+    rows_per_block = max(section.tokenize_batch_size, 1)
+    blocks = [corpus.slice(start, rows_per_block) for start in range(0, corpus.num_rows, rows_per_block)]
+    with warnings.catch_warnings():
+        # Ray (2.60) takes max_restarts only through map_batches' **ray_remote_args, which it
+        # marks deprecated (removal planned for 2.64) without a named replacement yet.
+        warnings.filterwarnings(
+            "ignore", message="`ray_remote_args` is deprecated", category=DeprecationWarning
+        )
+        ds = ray.data.from_arrow_refs([ray.put(block) for block in blocks]).map_batches(
+            _TokenizeBatches,
+            batch_format="pyarrow",
+            batch_size=section.tokenize_batch_size,
+            num_cpus=section.tokenize_num_cpus,
+            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=section.tokenize_actors),
+            fn_constructor_kwargs={"tokenizer": tokenizer, "max_seq_len": section.max_seq_len},
+            # Ray Data restarts pool actors without limit by default. Tokenizing is a short
+            # stage at job start, before any training, so a dead tokenizer actor fails the job
+            # at once with its error instead. A restart would also depend on the tokenizer
+            # argument still being in the object store (what Ray warns about for
+            # max_restarts > 0).
+            max_restarts=0,
+        )
+    tokenized = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    stats = TokenizeStats(
+        sentences=tokenized.num_rows,
+        truncated=int(pc.sum(tokenized.column("truncated")).as_py() or 0),
+        max_seq_len=section.max_seq_len,
+    )
+    # Blocks may finish out of order; ids are unique, so sorting restores the input order.
+    return tokenized.drop_columns(["truncated"]).sort_by("id").combine_chunks(), stats

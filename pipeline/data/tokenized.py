@@ -1,0 +1,62 @@
+"""The tokenized corpus as the workers and the miner hold it: padded batches by row index,
+row lengths, and the digest that names the dataset in MLflow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.data.pairs import Triplets
+
+
+class TokenizedCorpus:
+    """Position-addressed view of the tokenized table, shared by training and mining.
+
+    Holds numpy views of the Arrow buffers (no copy when the table came from the object
+    store) and pads any set of rows into a batch.
+    """
+
+    def __init__(self, table: pa.Table, pad_token_id: int):
+        tokens = table.column("input_ids").combine_chunks()
+        self.ids = table.column("id").to_numpy() if "id" in table.column_names else np.arange(table.num_rows)
+        self.offsets = tokens.offsets.to_numpy()
+        self.values = tokens.values.to_numpy()
+        self.lengths = np.diff(self.offsets)
+        self.pad_token_id = pad_token_id
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, attention_mask)`` of shape ``(len(rows), longest)``, right-padded."""
+        lengths = self.lengths[rows]
+        width = int(lengths.max())
+        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        starts = self.offsets[rows]
+        input_ids[mask] = self.values[(starts[:, None] + np.arange(width)[None, :])[mask]]
+        return input_ids, mask.astype(np.int64)
+
+
+def row_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np.ndarray:
+    """Tokens per training row, i.e. the width a row forces on its padded batch: a sentence's
+    length, or for a triplet row the longer of its anchor and positive."""
+    if triplets is None:
+        return corpus.lengths
+    return np.maximum(corpus.lengths[triplets.anchor], corpus.lengths[triplets.positive])
+
+
+def dataset_digest(corpus: pa.Table, triplets: Triplets | None = None) -> str:
+    """A content fingerprint of the cleaned training data: the same sentences (and, for
+    triplets, the same rows) give the same digest whatever the file's name or row order."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(np.sort(corpus.column("id").to_numpy()).astype("<i8").tobytes())
+    if triplets is not None:
+        ids = corpus.column("id").to_numpy()
+        rows = np.stack([ids[triplets.anchor], ids[triplets.positive],
+                         np.where(triplets.negative >= 0, ids[np.maximum(triplets.negative, 0)], -1)], axis=1)  # fmt: skip
+        digest.update(rows[np.lexsort(rows.T[::-1])].astype("<i8").tobytes())
+    return digest.hexdigest()

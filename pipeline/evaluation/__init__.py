@@ -1,0 +1,1 @@
+"""Evaluation: STS files, scoring, diagnostics and whitening."""

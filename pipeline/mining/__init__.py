@@ -1,0 +1,1 @@
+"""Stage 3, mining: re-encoding, the k-NN index, negative filters, the miner actor."""

@@ -1,0 +1,98 @@
+"""Turning neighbours into a plan, and the numbers that say how hard and how safe a plan is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.batching.plan import BatchPlan
+from pipeline.batching.samplers import neighbourhood_plan
+from pipeline.mining.negatives import (
+    NegativeFilters,
+    duplicate_mask,
+    filter_candidates,
+)
+
+
+def plan_from_neighbours(
+    knn: Any, text_keys: np.ndarray, filters: NegativeFilters, batch_size: int, seed: int, version: int
+) -> tuple[BatchPlan, Any, np.ndarray]:
+    """Neighbourhood mode: filter every row's k-NN candidates and plan the epoch's batches.
+
+    Each row is its own positive (unsupervised), so the relative margin is against 1.0.
+    Returns the plan, the filter result, and each row's flagged false negatives (-1 elsewhere).
+    """
+    n = len(knn.indices)
+    duplicate = duplicate_mask(knn.indices, text_keys, text_keys, text_keys)
+    filtered = filter_candidates(knn.indices, knn.scores, np.ones(n, dtype=np.float32), duplicate, filters)
+    neighbours = np.where(filtered.allowed, knn.indices, -1)
+    itself = knn.indices == np.arange(n)[:, None]
+    false_negatives = np.where(filtered.false_negative & ~itself, knn.indices, -1)
+    plan = neighbourhood_plan(neighbours, knn.scores, batch_size, seed, version, false_negatives)
+    return plan, filtered, false_negatives
+
+
+def in_batch_pair_similarities(
+    embeddings: np.ndarray, plan: BatchPlan, seed: int, max_batches: int = 2000
+) -> np.ndarray:
+    """Cosine similarity of every distinct pair inside the plan's batches (a seeded sample
+    of at most ``max_batches`` batches): the similarity of the negatives the loss sees."""
+    batches = plan.batches()
+    if len(batches) > max_batches:
+        picked = np.random.default_rng(seed).choice(len(batches), size=max_batches, replace=False)
+        batches = [batches[i] for i in picked]
+    parts = []
+    for rows in batches:
+        e = embeddings[rows]
+        upper = np.triu_indices(len(rows), k=1)
+        parts.append((e @ e.T)[upper])
+    return np.concatenate(parts)
+
+
+def false_negative_pairs(plan: BatchPlan, false_negatives: np.ndarray) -> int:
+    """How many (row, flagged false negative) pairs ended up in the same batch."""
+    batch_of = np.empty(len(plan.rows), dtype=np.int64)
+    batch_of[plan.rows] = np.repeat(np.arange(plan.num_batches), plan.sizes)
+    valid = false_negatives >= 0
+    rows = np.broadcast_to(np.arange(len(false_negatives))[:, None], false_negatives.shape)[valid]
+    return int((batch_of[rows] == batch_of[false_negatives[valid]]).sum())
+
+
+def plan_churn(previous: BatchPlan, current: BatchPlan) -> float:
+    """Share of in-batch negative pairs in ``current`` that were not together in ``previous``."""
+    previous_batch = np.empty(len(previous.rows), dtype=np.int64)
+    previous_batch[previous.rows] = np.repeat(np.arange(previous.num_batches), previous.sizes)
+    kept_pairs = total_pairs = 0
+    for rows in current.batches():
+        _, counts = np.unique(previous_batch[rows], return_counts=True)
+        kept_pairs += int((counts * (counts - 1)).sum())
+        total_pairs += len(rows) * (len(rows) - 1)
+    return 1.0 - kept_pairs / max(total_pairs, 1)
+
+
+def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
+    valid = cleaned >= 0
+    has = valid.any(axis=1)
+    first = valid.argmax(axis=1)
+    return scores[np.arange(len(scores)), first][has]
+
+
+def similarity_histogram_png(series: dict[str, np.ndarray], xlabel: str, path: str) -> None:
+    """Overlaid density histograms of cosine similarities, one per ``label: values`` (e.g.
+    random pairs vs mined negatives), written to ``path`` as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    bins = np.linspace(min(float(v.min()) for v in series.values()), 1.0, 60)
+    for label, values in series.items():
+        ax.hist(values, bins=bins, alpha=0.55, density=True, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("density")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

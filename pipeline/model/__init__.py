@@ -1,0 +1,1 @@
+"""The sentence encoder and model folders (load, save, pack, encode)."""

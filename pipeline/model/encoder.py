@@ -1,0 +1,96 @@
+"""The sentence encoder: a Hugging Face encoder, a pooler and SimCSE's optional MLP head."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+POOLING_FILE = "simcse_pooling.json"
+POOLERS = ("cls", "cls_before_pooler", "mean")
+
+
+class SentenceEncoder(nn.Module):
+    """A Hugging Face encoder with SimCSE pooling.
+
+    ``cls`` and ``cls_before_pooler`` take the first token's last hidden state; ``mean``
+    averages the non-padding tokens. With ``use_mlp`` a dense+tanh head (SimCSE's MLP) is
+    applied on top during training only: :meth:`forward` with ``train_head=False`` (used
+    for evaluation, mining and export) never applies it.
+    """
+
+    def __init__(self, encoder: nn.Module, pooler: str, use_mlp: bool):
+        super().__init__()
+        if pooler not in POOLERS:
+            raise ValueError(f"model.pooler must be one of {', '.join(POOLERS)} (got {pooler!r})")
+        self.encoder = encoder
+        self.pooler = pooler
+        hidden = encoder.config.hidden_size
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if use_mlp else None
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, train_head: bool = True
+    ) -> torch.Tensor:
+        """Embeddings of shape ``(batch, hidden)``."""
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.pooler == "mean":
+            weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        else:
+            pooled = hidden[:, 0]
+        if train_head and self.mlp is not None:
+            pooled = self.mlp(pooled)
+        return pooled
+
+
+def load_encoder(model_dir: str | Path, dropout: float | None = None) -> nn.Module:
+    """``AutoModel`` from a local folder, with dropout set and the HF pooler frozen.
+
+    SimCSE pooling never uses the HF pooler layer. Trainable but unused, its parameters
+    would get no gradient, which DDP treats as an error; removed, the saved model would
+    lack them and every later load would warn about newly initialised weights. Frozen, it
+    is skipped by DDP and saved unchanged.
+    """
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if dropout is not None:
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+            if hasattr(config, name):
+                setattr(config, name, dropout)
+    encoder = AutoModel.from_pretrained(model_dir, config=config)
+    if getattr(encoder, "pooler", None) is not None:
+        encoder.pooler.requires_grad_(False)
+    return encoder
+
+
+def load_sentence_encoder(
+    model_dir: str | Path, pooler: str | None = None, use_mlp: bool = False, dropout: float | None = None
+) -> SentenceEncoder:
+    """A :class:`SentenceEncoder` from a model folder; the pooler defaults to the folder's own."""
+    return SentenceEncoder(load_encoder(model_dir, dropout), pooler or folder_pooler(model_dir), use_mlp)
+
+
+def folder_pooler(model_dir: str | Path) -> str:
+    """The pooling a model folder declares: ours, else its sentence-transformers Pooling module
+    (``mean`` or ``cls``), else ``cls`` (a plain Hugging Face folder, as SimCSE's own models)."""
+    model_dir = Path(model_dir)
+    ours = model_dir / POOLING_FILE
+    if ours.exists():
+        return json.loads(ours.read_text())["pooler"]
+    st_pooling = model_dir / "1_Pooling" / "config.json"
+    if st_pooling.exists():
+        config = json.loads(st_pooling.read_text())
+        mode = config.get("pooling_mode")
+        if mode == "mean" or config.get("pooling_mode_mean_tokens"):
+            return "mean"
+        if mode == "cls" or config.get("pooling_mode_cls_token"):
+            return "cls"
+        raise ValueError(f"{st_pooling}: only mean or cls pooling is supported (got {config})")
+    return "cls"
+
+
+def cpu_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}

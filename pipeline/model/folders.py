@@ -1,0 +1,170 @@
+"""Model folders: fetching a pretrained one, saving a trained one in the sentence-transformers
+layout, and packing one to travel through Ray's object store.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipeline.model.encoder import POOLING_FILE, SentenceEncoder
+
+
+def quiet_libraries() -> None:
+    """Silence per-process chatter (weight-loading reports, progress bars) in Ray workers."""
+    import logging
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    for name in ("ray.train", "ray.data"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:  # Train V2 logs every report at INFO through a logger named by its file path
+        from ray.train.v2._internal.execution import context as train_context
+
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+    except ImportError:
+        pass
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"model.name_or_path: {model_dir} has no fast tokenizer (tokenizer.json)")
+    return tokenizer
+
+
+def _looks_local(name_or_path: str) -> bool:
+    """Whether ``model.name_or_path`` is meant as a local folder rather than a hub name.
+
+    Hub ids are ``name`` or ``org/name``. A path spelled relative or absolute, with a
+    backslash or more than one ``/``, or whose first part exists here (``runs/x`` where
+    ``runs/`` does), is a folder the user meant: sending it to the hub would fail late and
+    with a confusing message.
+    """
+    if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
+        return True
+    if "\\" in name_or_path or name_or_path.count("/") > 1:
+        return True
+    first = name_or_path.split("/", 1)[0]
+    return "/" in name_or_path and Path(first).exists()
+
+
+def check_model_path(name_or_path: str) -> None:
+    """Fail fast, before Ray starts, when ``model.name_or_path`` names a local folder that is
+    not a model folder. Hub names pass: only the hub loader can tell whether they exist.
+
+    Raises:
+        ConfigError: naming ``model.name_or_path``.
+    """
+    from pipeline.config.sections import ConfigError
+
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(
+                f"model.name_or_path: {name_or_path} is a folder without config.json, not a Hugging Face model folder"
+            )
+        return
+    if local.exists():
+        raise ConfigError(f"model.name_or_path: {name_or_path} is a file, not a model folder")
+    if _looks_local(name_or_path):
+        raise ConfigError(f"model.name_or_path: model folder {name_or_path} does not exist")
+
+
+def fetch_pretrained_dir(name_or_path: str, out_dir: str | Path) -> Path:
+    """A local folder for a model given as a folder or a hub name (downloaded once, here)."""
+    local = Path(name_or_path).expanduser()  # as check_model_path reads it
+    if local.is_dir():
+        return local
+    from transformers import AutoModel, AutoTokenizer
+
+    out = Path(out_dir)
+    try:
+        AutoTokenizer.from_pretrained(name_or_path).save_pretrained(out)
+        AutoModel.from_pretrained(name_or_path).save_pretrained(out)
+    except OSError as exc:
+        raise ValueError(
+            f"model.name_or_path: {name_or_path!r} is neither a model folder nor a reachable hub model "
+            f"({str(exc).splitlines()[0]})"
+        ) from None
+    return out
+
+
+def save_model_dir(model: SentenceEncoder, tokenizer: Any, out_dir: str | Path, max_seq_len: int) -> Path:
+    """Write the inference model: HF encoder + tokenizer + pooling files.
+
+    The training-only MLP head is not part of it (SimCSE evaluates without it).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    encoder = model.encoder
+    encoder.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / POOLING_FILE).write_text(json.dumps({"pooler": model.pooler}, indent=2))
+    _write_sentence_transformers_files(out, model.pooler, encoder.config.hidden_size, max_seq_len)
+    return out
+
+
+def _write_sentence_transformers_files(out: Path, pooler: str, hidden: int, max_seq_len: int) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_len, "do_lower_case": False})
+    )
+    pooling_dir = out / "1_Pooling"
+    pooling_dir.mkdir(exist_ok=True)
+    mode = "mean" if pooler == "mean" else "cls"
+    (pooling_dir / "config.json").write_text(
+        json.dumps(
+            {"word_embedding_dimension": hidden, "pooling_mode": mode, "include_prompt": True}, indent=2
+        )
+    )
+
+
+def max_seq_len_of(model_dir: str | Path, default: int = 128) -> int:
+    """The folder's own max length: sentence-transformers' setting, else the tokenizer's (capped)."""
+    model_dir = Path(model_dir)
+    st_config = model_dir / "sentence_bert_config.json"
+    if st_config.exists():
+        value = json.loads(st_config.read_text()).get("max_seq_length")
+        if isinstance(value, int) and value > 0:
+            return value
+    tok_config = model_dir / "tokenizer_config.json"
+    if tok_config.exists():
+        value = json.loads(tok_config.read_text()).get("model_max_length")
+        if isinstance(value, int) and 0 < value <= 8192:
+            return value
+    return default
+
+
+def pack_dir(path: str | Path) -> bytes:
+    buffer = io.BytesIO()
+    # dereference: a model folder may be a link, or hold links (a Hugging Face cache snapshot)
+    with tarfile.open(fileobj=buffer, mode="w", dereference=True) as tar:
+        tar.add(str(Path(path).resolve()), arcname=".")
+    return buffer.getvalue()
+
+
+_UNPACKED: dict[int, Path] = {}
+
+
+def unpack_dir(blob: bytes) -> Path:
+    """Extract a :func:`pack_dir` archive into a private temp folder (once per process)."""
+    key = hash(blob)
+    if key not in _UNPACKED or not _UNPACKED[key].exists():
+        target = Path(tempfile.mkdtemp(prefix="simcse-model-"))
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
+            tar.extractall(target, filter="data")
+        _UNPACKED[key] = target
+    return _UNPACKED[key]

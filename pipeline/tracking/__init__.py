@@ -1,0 +1,1 @@
+"""MLflow: the run, background metric logging, system metrics, model export."""

@@ -1,0 +1,93 @@
+"""What a run was made from: the git commit, package versions and the input dataset."""
+
+from __future__ import annotations
+
+import os
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from pipeline.tracking.run import TrackedRun
+
+VERSIONED_PACKAGES = (
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "ray",
+    "mlflow",
+    "faiss-cpu",
+    "faiss-gpu-cu12",
+)
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages a run's numbers depend on (absent ones left out)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        with suppress(PackageNotFoundError):
+            found[name] = version(name)
+    return found
+
+
+GIT_COMMIT_ENV = "SIMCSE_GIT_COMMIT"
+
+
+def git_commit(start: Path | None = None) -> tuple[str | None, str]:
+    """The commit the code runs from and where it came from: ``git rev-parse`` in the
+    checkout, else the ``SIMCSE_GIT_COMMIT`` variable (a ``ray job submit`` working dir is
+    uploaded without ``.git``, so the submitting side passes it in the job's runtime env).
+
+    Returns ``(commit, source)``; ``commit`` is None when neither is there, and ``source``
+    then says why.
+    """
+    import subprocess
+
+    where = start or Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        )
+        if out.stdout.strip():
+            return out.stdout.strip(), "checkout"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    given = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    if given:
+        return given, GIT_COMMIT_ENV
+    return None, f"not a git checkout and {GIT_COMMIT_ENV} is not set"
+
+
+def log_run_context(
+    tracked: TrackedRun, source: str, rows: int, digest: str, kind: str, context: str = "training"
+) -> str | None:
+    """Dataset fingerprint (as an MLflow dataset input, shown in the UI's Datasets column with
+    ``context``), the git commit and package versions.
+
+    Returns a one-line note when no commit could be recorded (None when it was)."""
+    import json
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    dataset = Dataset(
+        name=Path(source).name or source,
+        digest=digest,
+        source_type="uri" if "://" in source else "local",
+        source=json.dumps({"uri": source}),
+        profile=json.dumps({"num_rows": rows, "kind": kind}),
+    )
+    tracked.client.log_inputs(
+        tracked.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])]
+    )
+    tags: dict[str, Any] = {"data.path": source, "data.rows": rows, "data.digest": digest}
+    commit, origin = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        tags["simcse.git_commit_from"] = origin
+    tags.update({f"versions.{name}": value for name, value in package_versions().items()})
+    tracked.set_tags(tags)
+    if commit:
+        return None
+    return f"no git commit recorded ({origin}; see docs/operations.md, 'Jobs sent with ray job submit')"

@@ -1,0 +1,1 @@
+"""Stage 2, training: the Ray Train workers, their step, state and checkpoints."""

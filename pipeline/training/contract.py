@@ -1,0 +1,55 @@
+"""What the driver hands every training worker, and what the workers report back.
+
+The driver builds one :class:`LoopConfig` (Ray Train's ``train_loop_config``); large inputs
+travel as object-store references so that each node fetches them once. Every
+``ray.train.report`` carries :func:`report_metrics`, from which the driver reads the run's
+:class:`~pipeline.training.state.TrainHistory` with :func:`history_from_report`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config.schema import Config
+from pipeline.training.state import TrainHistory, TrainState
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The training workers' inputs, resolved once by the driver."""
+
+    config: Config
+    """The resolved run config (the one written to ``resolved_config.yaml``)."""
+    model_ref: Any
+    """Object ref of the packed initial model folder (:func:`pipeline.model.folders.pack_dir`)."""
+    corpus_ref: Any
+    """Object ref of the tokenized corpus table (``id``, ``input_ids``)."""
+    triplets_ref: Any = None
+    """Object ref of the :class:`~pipeline.data.pairs.Triplets` in triplet mode, else None."""
+    eval_ref: Any = None
+    """Object ref of the :class:`~pipeline.evaluation.scoring.STSEvalSet`, or None (no eval)."""
+    miner: Any = None
+    """The miner actor's handle, or None when no refresh runs."""
+    miner_pid: int | None = None
+    """The miner's process id when the driver saw it ready (a new one means Ray restarted it)."""
+    tracking_uri: str | None = None
+    run_id: str | None = None
+    """The MLflow run rank 0 logs to; None logs nothing."""
+
+
+def report_metrics(state: TrainState, epoch: float) -> dict[str, Any]:
+    """What a checkpoint reports to Ray Train: position (``epoch`` is fractional inside an
+    epoch), the current plan's version and the whole :class:`TrainHistory`."""
+    assert state.plan is not None
+    return {
+        "epoch": epoch,
+        "step": state.step,
+        "plan_version": state.plan.version,
+        "history": state.history.to_dict(),
+    }
+
+
+def history_from_report(metrics: dict[str, Any]) -> TrainHistory:
+    """The :class:`TrainHistory` in the last report (empty when nothing was reported)."""
+    return TrainHistory.from_dict(metrics["history"]) if "history" in metrics else TrainHistory()

@@ -1,0 +1,30 @@
+"""Rank 0's next plan, sent to every rank."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pipeline.batching.plan import BatchPlan
+from pipeline.training.refresh_policy import Boundary
+
+
+def broadcast_plan(chosen: tuple[BatchPlan, Boundary] | None, start: float) -> tuple[BatchPlan, Boundary]:
+    """Every rank's copy of rank 0's next plan and boundary.
+
+    Args:
+        chosen: rank 0's plan and boundary; None on the other ranks.
+        start: when this rank began the boundary (``time.perf_counter()``).
+
+    Returns:
+        Rank 0's plan and boundary, with ``wait_seconds`` this rank's own wait since ``start``.
+        Without a multi-process group (one worker) this is rank 0's own.
+    """
+    import torch.distributed as dist
+
+    payload: list[Any] = [None if chosen is None else (chosen[0].to_dict(), chosen[1])]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(payload, src=0)
+    plan_dict, boundary = payload[0]
+    boundary.wait_seconds = time.perf_counter() - start
+    return BatchPlan.from_dict(plan_dict), boundary

@@ -1,0 +1,175 @@
+"""Getting each epoch's batch plan from the miner, for every rank.
+
+:class:`PlanRefresher` composes the three parts: the rules
+(:mod:`pipeline.training.refresh_policy`), rank 0's calls to the miner
+(:mod:`pipeline.training.miner_client`) and the plan's broadcast
+(:mod:`pipeline.training.plan_broadcast`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from pipeline.batching.plan import BatchPlan
+from pipeline.batching.samplers import random_plan
+from pipeline.config.schema import Config
+from pipeline.model.encoder import SentenceEncoder
+from pipeline.training.miner_client import MinerClient
+from pipeline.training.plan_broadcast import broadcast_plan
+from pipeline.training.refresh_policy import Boundary, BoundaryAction, RefreshPolicy, RefreshSettings
+from pipeline.training.state import TrainState
+
+__all__ = ["Boundary", "PlanRefresher", "random_batches"]
+
+
+class PlanRefresher:
+    """Gets each next epoch's plan from the miner (rank 0 talks to it) for every rank.
+
+    ``sync``: at the epoch boundary rank 0 snapshots the weights and submits the refresh;
+    the workers evaluate meanwhile (if ``eval.sts`` is set), then wait for the plan, which
+    rank 0 broadcasts.
+    ``async``: ``mining.max_staleness_steps`` steps before the boundary rank 0 snapshots the
+    weights and submits the refresh, and training goes on while the miner works. At the
+    boundary the newest finished plan is adopted without waiting; if the refresh has not
+    finished, the current plan is kept (its batches reshuffled) and the refresh's plan is
+    adopted at the next boundary, with its larger staleness logged.
+
+    A miner that dies during a refresh is restarted by Ray (``mining.max_restarts``); the
+    refresh is then submitted again with the newest weights, and the event is logged.
+
+    Args:
+        cfg: the run's config.
+        miner: the miner actor's handle (unused when ``mining.enabled`` is false).
+        rank: this worker's rank; rank 0 talks to the miner.
+        lengths: tokens per training row (:func:`pipeline.data.tokenized.row_lengths`).
+        logger: rank 0's metric logger, or None.
+        restarts: miner restarts already survived (by the run this one resumes).
+        miner_pid: the miner's process id when last seen, if known.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        miner: Any,
+        rank: int,
+        lengths: np.ndarray,
+        logger: Any = None,
+        restarts: int = 0,
+        miner_pid: int | None = None,
+    ):
+        self.cfg = cfg
+        self.rank = rank
+        self.lengths = lengths
+        """Tokens per training row, one entry per row."""
+        settings = RefreshSettings.from_config(cfg)
+        if miner is None:
+            settings = dataclasses.replace(settings, enabled=False)  # no actor: nothing to ask
+        self.policy = RefreshPolicy(settings, rank)
+        self.client = MinerClient(
+            miner if cfg.mining.enabled else None, settings, logger, restarts=restarts, miner_pid=miner_pid
+        )
+
+    @property
+    def restarts(self) -> int:
+        """Miner deaths survived so far in this run (``mining.max_restarts`` bounds them)."""
+        return self.client.restarts
+
+    @restarts.setter
+    def restarts(self, value: int) -> None:
+        self.client.restarts = value
+
+    @property
+    def miner_pid(self) -> int | None:
+        """The miner's process id when last seen: a new one means Ray restarted it."""
+        return self.client.miner_pid
+
+    def _recover(self, exc: BaseException, version: int, step: int, deadline: float) -> float:
+        # tests/test_miner_recovery.py drives the recovery through the refresher.
+        return self.client.recover(exc, version, step, deadline)
+
+    def asks_miner(self, epoch: int) -> bool:
+        """Whether the boundary after epoch ``epoch`` gets its plan from the miner (and may wait)."""
+        return self.policy.asks_miner(epoch)
+
+    def _submit(self, epoch: int, model: SentenceEncoder, version: int, step: int) -> None:
+        ref = self.client.submit(model, version, step)
+        self.policy.submitted(epoch, ref, step, time.perf_counter())
+
+    def after_step(
+        self, epoch: int, steps_done: int, plan: BatchPlan, step: int, model: SentenceEncoder
+    ) -> None:
+        """Async only: submit the refresh once ``max_staleness_steps`` remain in the epoch
+        (at once when a run resumes past that point: the lost refresh is not waited for).
+
+        Its plan becomes version ``plan.version + 1``: no other plan can be adopted before it.
+        """
+        if self.policy.submits_after_step(epoch, steps_done, plan.num_batches):
+            self._submit(epoch, model, plan.version + 1, step)
+
+    def start_boundary_refresh(self, epoch: int, plan: BatchPlan, step: int, model: SentenceEncoder) -> None:
+        """Sync: submit the epoch-end refresh as soon as the epoch's last step is done, so that
+        what runs before :meth:`next_plan` (the evaluation) overlaps the miner's work. The
+        weights are the same either way: nothing trains in between."""
+        if self.policy.submits_at_epoch_end(epoch):
+            self._submit(epoch, model, plan.version + 1, step)
+
+    def next_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> tuple[BatchPlan, Boundary]:
+        """The plan for the epoch after ``epoch`` and what its boundary did, the same on every
+        rank (``state.plan``: the finished epoch's plan; ``state.step``: the step now)."""
+        assert state.plan is not None
+        if not self.asks_miner(epoch):
+            # No refresh: a reshuffled plan, computed identically on every rank, no communication.
+            return self._reshuffled(state.plan, epoch), Boundary()
+        start = time.perf_counter()
+        chosen = self._choose_plan(epoch, state.plan, state.step, model) if self.rank == 0 else None
+        return broadcast_plan(chosen, start)
+
+    def _choose_plan(
+        self, epoch: int, current: BatchPlan, step: int, model: SentenceEncoder
+    ) -> tuple[BatchPlan, Boundary]:
+        """Rank 0: the miner's plan if the policy adopts one now, else ``current`` reshuffled."""
+        version = current.version + 1
+        action = self.policy.boundary_action(time.perf_counter(), self.client.finished)
+        report = None
+        if action is BoundaryAction.WAIT:
+            pending = self.policy.pending
+            ref = pending.ticket if pending is not None else self.client.submit(model, version, step)
+            report = self.client.wait(ref, model, version, step)
+        elif action is BoundaryAction.ADOPT:
+            assert self.policy.pending is not None
+            report = self.client.collect(self.policy.pending.ticket, version, step)
+            if report is None:
+                # Async never waits for the plan: the new refresh's plan is adopted at the next boundary.
+                self._submit(epoch, model, version, step)
+        if report is None:
+            late = action in (BoundaryAction.LATE, BoundaryAction.ADOPT)
+            return self._reshuffled(current, epoch), Boundary(late=late)
+        boundary = Boundary(
+            refresh_seconds=float(report.metrics["mining/total_s"]),
+            staleness_steps=self.policy.adopted(step),
+        )
+        return BatchPlan(version, report.plan.rows, report.plan.sizes), boundary
+
+    def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
+        """The same batches (or a fresh random plan for a random one) in a new order."""
+        seed = self.policy.reshuffle_seed(epoch)
+        if plan.version == 0:
+            return random_batches(self.cfg, seed, self.lengths)
+        return plan.reordered(seed)
+
+
+def random_batches(cfg: Config, seed: int, lengths: np.ndarray) -> BatchPlan:
+    """A version-0 plan of random batches over the ``len(lengths)`` training rows, length-grouped
+    when ``train.group_by_length``."""
+    return random_plan(
+        len(lengths),
+        cfg.train.batch_size,
+        seed=seed,
+        version=0,
+        lengths=lengths,
+        group_batches=cfg.train.group_batches,
+    )

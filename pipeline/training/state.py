@@ -1,0 +1,175 @@
+"""Everything besides the weights that a resumed run needs (:class:`TrainState`), and what
+the run has done so far (:class:`TrainHistory`).
+
+Both are turned into plain data in exactly one place, :meth:`TrainState.to_dict` /
+:meth:`TrainState.from_dict` (the checkpoint's ``train_state.pt``, read back with
+``weights_only=True``) and :meth:`TrainHistory.to_dict` / :meth:`TrainHistory.from_dict`
+(also what each ``ray.train.report`` carries to the driver, which builds the job summary
+from it). A new history field is declared once, in :class:`TrainHistory`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.batching.plan import BatchPlan
+
+
+@dataclass
+class BestModel:
+    """The evaluation that scored highest so far."""
+
+    score: float
+    epoch: float
+    """Fractional for an evaluation inside an epoch (``eval.every_steps``)."""
+    step: int
+
+
+@dataclass
+class TrainHistory:
+    """What the run has done: one entry per completed epoch, epoch boundary or evaluation.
+
+    Saved in every checkpoint, reported to Ray Train with it, and read back by the driver,
+    whose summary is built from it alone.
+    """
+
+    epoch_losses: list[float] = field(default_factory=list)
+    """Mean step loss of each completed epoch."""
+    plan_versions: list[int] = field(default_factory=list)
+    """Version of the plan each completed epoch trained on (0: random batches)."""
+    wait_seconds: list[float] = field(default_factory=list)
+    """Per epoch boundary: how long training waited for the next plan."""
+    refresh_seconds: list[float] = field(default_factory=list)
+    """Per epoch boundary: the miner's time for the plan adopted there (0 if none)."""
+    staleness_steps: list[int] = field(default_factory=list)
+    """Per epoch boundary: steps between the weights snapshot and the adopted plan's first use."""
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    """One entry per evaluation (``epoch``, ``step`` and the STS metrics); epoch 0 is the start model."""
+    best: BestModel | None = None
+    """The evaluation the exported model comes from (never the starting model)."""
+    miner_restarts: int = 0
+    """Times the miner actor died during a refresh and was restarted."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists, numbers and dicts (for ``torch.save`` and ``ray.train.report``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> TrainHistory:
+        """The inverse of :meth:`to_dict`."""
+        values = dict(saved)
+        best = values.pop("best", None)
+        history = cls(**{k: list(v) if isinstance(v, (list, tuple)) else v for k, v in values.items()})
+        history.best = BestModel(**best) if best is not None else None
+        return history
+
+
+@dataclass
+class TrainState:
+    """Where training is and what it has done: everything besides the weights, optimizer and
+    scheduler that a resumed run needs to continue exactly."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    batches_done: int = 0
+    """Batches of the epoch in progress (``epoch + 1``) already trained; 0 at a boundary."""
+    step: int = 0
+    plan: BatchPlan | None = None
+    """The plan of the epoch in progress, or of the next one at a boundary (the finished
+    epoch's own plan while ``plan_pending``)."""
+    plan_pending: bool = False
+    """At a boundary: checkpointed before the miner's plan for the next epoch came back, so a
+    run resumed here asks the miner again."""
+    history: TrainHistory = field(default_factory=TrainHistory)
+    loss_sum: float = 0.0
+    """Sum of the epoch in progress' step losses so far (its mean is the epoch loss)."""
+    epoch_seconds: float = 0.0
+    """Training time of the epoch in progress so far (across restarts)."""
+    unsent_metrics: list[tuple[str, float, int, int]] = field(default_factory=list)
+    """Rank 0's metrics MLflow had not taken yet (``(key, value, timestamp ms, step)``); the
+    run that resumes from the checkpoint sends them."""
+    rng: list[dict[str, Any]] | None = None
+    """Per rank: torch (and CUDA), Python and word-repetition generator states, captured at
+    the checkpoint. None at an epoch boundary, where each epoch reseeds from (seed, rank, epoch)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as tensors, numbers, lists and dicts: loadable with ``weights_only=True``."""
+        assert self.plan is not None
+        return {
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "step": self.step,
+            "plan": _plan_tensors(self.plan),
+            "plan_pending": self.plan_pending,
+            "history": self.history.to_dict(),
+            "loss_sum": self.loss_sum,
+            "epoch_seconds": self.epoch_seconds,
+            "unsent_metrics": self.unsent_metrics,
+            "rng": self.rng,
+        }
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> TrainState:
+        """The inverse of :meth:`to_dict`."""
+        return cls(
+            epoch=saved["epoch"],
+            batches_done=saved["batches_done"],
+            step=saved["step"],
+            plan=_plan_from_tensors(saved["plan"]),
+            plan_pending=bool(saved["plan_pending"]),
+            history=TrainHistory.from_dict(saved["history"]),
+            loss_sum=saved["loss_sum"],
+            epoch_seconds=saved["epoch_seconds"],
+            unsent_metrics=[tuple(m) for m in saved["unsent_metrics"]],
+            rng=saved["rng"],
+        )
+
+
+def capture_rng(augment_rng: np.random.Generator) -> dict[str, Any]:
+    """This process' random states: dropout (torch), Python's, and the augmentation generator."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "augment": augment_rng.bit_generator.state,
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any], augment_rng: np.random.Generator) -> None:
+    """Put back what :func:`capture_rng` captured."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    augment_rng.bit_generator.state = state["augment"]
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _plan_tensors(plan: BatchPlan) -> dict[str, Any]:
+    def tensor(values: np.ndarray) -> torch.Tensor:
+        # A copy: a plan that came through Ray's object store is a read-only view.
+        return torch.tensor(np.asarray(values, dtype=np.int64))
+
+    return {
+        "version": plan.version,
+        "rows": tensor(plan.rows),
+        "sizes": tensor(plan.sizes),
+        "negatives": tensor(plan.negatives) if plan.negatives is not None else None,
+    }
+
+
+def _plan_from_tensors(saved: dict[str, Any]) -> BatchPlan:
+    negatives = saved["negatives"]
+    return BatchPlan(
+        saved["version"],
+        saved["rows"].numpy(),
+        saved["sizes"].numpy(),
+        negatives.numpy() if negatives is not None else None,
+    )

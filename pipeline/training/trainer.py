@@ -1,0 +1,94 @@
+"""The Ray Train ``TorchTrainer`` with resources, failure handling and checkpoint retention from config."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeline.config.schema import Config
+from pipeline.training.contract import LoopConfig
+from pipeline.training.worker import train_loop_per_worker
+
+
+def worker_failure_reporter(max_failures: int) -> Any:
+    """A Ray Train callback that prints one line per failed worker-group attempt, and ends
+    the run at once when the failure would only repeat.
+
+    Ray Train's own report of a failure is a traceback (hidden by ``ray.train_log_level``);
+    this line says which rank failed, why, and whether the group is restarted. Ray Train
+    retries every worker error up to ``train.max_failures``; an error that
+    :func:`pipeline.errors.is_deterministic` (a missing package, bad input, out of memory
+    on a batch) would come back from the same checkpoint each time, so the callback raises
+    Ray Train's ``ControllerError``, which its failure policy never retries. A dead worker
+    is always retried. The callback runs in the Train controller, whose prints reach the
+    driver's console."""
+    from ray.train import ControllerError, UserCallback
+
+    from pipeline.errors import describe_error, is_deterministic, is_process_death, root_cause
+
+    class WorkerFailureReporter(UserCallback):
+        def __init__(self) -> None:
+            self.failures = 0
+
+        def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+            self.failures += 1
+            limit = "unlimited" if max_failures < 0 else str(max_failures)
+            causes = {rank: root_cause(exc) for rank, exc in worker_exceptions.items()}
+            a_worker_died = any(is_process_death(c) for c in causes.values())
+            repeats = not a_worker_died and any(is_deterministic(c) for c in causes.values())
+            retry = not repeats and (max_failures < 0 or self.failures <= max_failures)
+            if repeats:
+                decision = "not retried: it fails the same way on every restart)"
+            elif retry:
+                decision = "restarting the workers from the latest checkpoint)"
+            else:
+                decision = "giving up)"
+            for rank, exc in sorted(worker_exceptions.items()):
+                print(
+                    f"[train] worker rank {rank} failed: {describe_error(exc)} (failure {self.failures}, "
+                    f"train.max_failures={limit}; " + decision,
+                    flush=True,
+                )
+            if repeats:
+                first = next(rank for rank in sorted(causes) if is_deterministic(causes[rank]))
+                raise ControllerError(causes[first])
+
+    return WorkerFailureReporter()
+
+
+def build_trainer(cfg: Config, loop_config: LoopConfig, storage_path: str, run_name: str) -> Any:
+    """A ``TorchTrainer`` over :func:`train_loop_per_worker` with resources, failure handling
+    and checkpoint retention from config."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    # Read by Ray Train's controller (it propagates this variable): each start or restart of
+    # the worker group waits this long for resources, and a timeout is not retried, so a
+    # group that cannot be placed ends the job instead of waiting forever.
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = f"{cfg.train.placement_timeout_s:g}"
+    resources = {"CPU": cfg.train.cpus_per_worker}
+    if cfg.train.use_gpu:
+        resources["GPU"] = 1
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu, resources_per_worker=resources
+        ),
+        torch_config=TorchConfig(
+            backend="nccl" if cfg.train.use_gpu else "gloo",
+            # Ranks other than 0 wait in a collective while rank 0 waits on the miner.
+            timeout_s=int(cfg.mining.timeout_s) + 600,
+        ),
+        run_config=ray.train.RunConfig(
+            name=run_name,
+            storage_path=storage_path,
+            failure_config=ray.train.FailureConfig(
+                max_failures=cfg.train.max_failures, controller_failure_limit=0
+            ),
+            # The newest checkpoints, by report order; the best evaluated model is inside each.
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+            callbacks=[worker_failure_reporter(cfg.train.max_failures)],
+            logging_config=ray.train.LoggingConfig(log_level=cfg.ray.train_log_level),
+        ),
+    )
