@@ -16,7 +16,7 @@ times after one untimed warm-up of each:
   refresh on the corpus Ray Data tokenized once. The batch size defaults to the miner's
   (``mining.encode_batch_size``). Also timed once per repeat: the tokenization the training
   corpus gets (``tokenize_table(..., flag_truncated=True)``, as
-  ``pipeline.data.tokenize.tokenize_corpus`` runs it in its Ray Data actors), which encodes again
+  ``pipeline.data.tokenize.tokenize_corpus_with_stats`` runs it in its Ray Data actors), which encodes again
   every sentence longer than the max length to count truncations.
 - peer: ``SentenceTransformer(model).encode(texts, batch_size, normalize_embeddings=True)``
   with ``max_seq_length`` set; its tokenization time is its ``preprocess`` calls, timed by
@@ -261,13 +261,13 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
         f"`tokenize_table` + `TokenizedCorpus`, then `encode_rows` (the miner's call); ST: "
         f"`SentenceTransformer.encode` (tokenize = its `preprocess` calls). Ratio > 1: ours is "
         f"faster. Corpus-path tokenize: `tokenize_table(flag_truncated=True)`, what "
-        f"`tokenize_corpus` runs on the training corpus.\n\n{table}\n"
+        f"`tokenize_corpus_with_stats` runs on the training corpus.\n\n{table}\n"
     )
     append_section(section, path)
 
 
 def parse_args() -> argparse.Namespace:
-    from pipeline.config.sections import MiningSection
+    from pipeline.config.mining_section import MiningSection
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")

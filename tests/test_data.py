@@ -23,7 +23,7 @@ from pipeline.data.readers import (
     read_dataset,
     require_columns,
 )
-from pipeline.data.tokenize import tokenize_corpus
+from pipeline.data.tokenize import tokenize_corpus_with_stats
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.utf8 import stable_row_id
 from pipeline.model.folders import load_tokenizer
@@ -93,7 +93,7 @@ def test_tokenize_matches_tokenizer_and_batches_pad(ray_local, tmp_path, tiny_mo
     section = DataSection(path=str(path), max_seq_len=8, tokenize_batch_size=50)
     corpus, _ = load_clean_corpus(section)
     tokenizer = load_tokenizer(tiny_model_dir)
-    table = tokenize_corpus(corpus, tokenizer, section)
+    table, _ = tokenize_corpus_with_stats(corpus, tokenizer, section)
     assert table.column("id").to_pylist() == corpus.column("id").to_pylist()
     expected = tokenizer(table.column("text").to_pylist(), truncation=True, max_length=8)["input_ids"]
     assert table.column("input_ids").to_pylist() == expected
@@ -277,7 +277,7 @@ def test_a_dead_tokenizer_actor_fails_the_stage_at_once(ray_local):
 
     def tokenize():
         try:
-            tokenize_corpus(corpus, DyingTokenizer(), DataSection(tokenize_batch_size=10))
+            tokenize_corpus_with_stats(corpus, DyingTokenizer(), DataSection(tokenize_batch_size=10))
         except Exception as exc:
             outcome["error"] = exc
 

@@ -3,6 +3,8 @@ as a random plan, far less padding, the widest batch first."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -98,7 +100,7 @@ def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphr
     from pipeline.data.pairs import index_triplets
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.tokenized import TokenizedCorpus, row_lengths
-    from pipeline.mining.miner import HardNegativeMiner
+    from pipeline.mining.miner import HardNegativeMiner, MinerSettings
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer, pack_dir
 
@@ -107,12 +109,11 @@ def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphr
     tokenizer = load_tokenizer(trained_tiny_model_dir)
     tokenized = tokenize_table(table, tokenizer, 32)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
-    common = dict(pooler="mean", batch_size=16, top_k=16, encode_batch_size=64, seed=0, triplets=triplets)
+    settings = MinerSettings(pooler="mean", batch_size=16, top_k=16, encode_batch_size=64, seed=0)
     blob = pack_dir(trained_tiny_model_dir)
-    plain = HardNegativeMiner(tokenized, blob, **common).refresh(weights, version=1, step=1).plan
-    grouped = (
-        HardNegativeMiner(tokenized, blob, length_group_batches=50, **common).refresh(weights, 1, 1).plan
-    )
+    plain = HardNegativeMiner(tokenized, blob, settings, triplets).refresh(weights, version=1, step=1).plan
+    grouped_settings = replace(settings, group_batches=50)
+    grouped = HardNegativeMiner(tokenized, blob, grouped_settings, triplets).refresh(weights, 1, 1).plan
     # Independent widths: the tokenizer's own lengths, not the corpus' offsets.
     text = table.column("text").to_pylist()
     token_count = np.array([len(tokenizer(t, truncation=True, max_length=32)["input_ids"]) for t in text])

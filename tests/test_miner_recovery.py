@@ -7,13 +7,13 @@ import os
 import signal
 import time
 
-import numpy as np
 import psutil
 import pytest
 
 from pipeline.config.loading import load_config
 from pipeline.errors import UnrecoverableError
-from pipeline.training.refresh import PlanRefresher
+from pipeline.training.miner_client import MinerClient
+from pipeline.training.refresh_policy import RefreshSettings
 
 
 def _gone(pid: int) -> bool:
@@ -23,9 +23,9 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _refresher(ray, miner, pid, timeout_s=20.0):
+def _client(ray, miner, pid, timeout_s=20.0):
     cfg = load_config(None, [f"mining.timeout_s={timeout_s}", "mining.max_restarts=1"])
-    return PlanRefresher(cfg, miner, rank=0, lengths=np.ones(8, dtype=np.int64), miner_pid=pid)
+    return MinerClient(miner, RefreshSettings.from_config(cfg), miner_pid=pid)
 
 
 def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ray_local, capsys):
@@ -42,10 +42,10 @@ def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ra
     lost_call = ray.exceptions.ActorUnavailableError("RPC timed out", None)
 
     # Same process answers again: not a death, the refresh keeps its deadline.
-    refresher = _refresher(ray, miner, pid)
+    client = _client(ray, miner, pid)
     deadline = time.monotonic() + 20
-    assert refresher._recover(lost_call, version=1, step=5, deadline=deadline) == deadline
-    assert refresher.restarts == 0
+    assert client.recover(lost_call, version=1, step=5, deadline=deadline) == deadline
+    assert client.restarts == 0
     assert "[mining] the miner did not answer during refresh v1" in capsys.readouterr().out
 
     # Killed and restarted by Ray: a new process id, counted, and a fresh mining.timeout_s.
@@ -53,19 +53,19 @@ def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ra
     while not _gone(pid):
         time.sleep(0.05)
     died = ray.exceptions.ActorDiedError()
-    new_deadline = refresher._recover(died, version=1, step=5, deadline=time.monotonic() + 20)
-    assert refresher.restarts == 1 and refresher.miner_pid not in (None, pid)
+    new_deadline = client.recover(died, version=1, step=5, deadline=time.monotonic() + 20)
+    assert client.restarts == 1 and client.miner_pid not in (None, pid)
     assert new_deadline > deadline
     assert "the miner actor died during refresh v1" in capsys.readouterr().out
 
     # Dead for good (its restarts used up): one line that says so. ray.kill returns before the
     # process is gone; a ready() sent before then would still be answered.
-    restarted = refresher.miner_pid
+    restarted = client.miner_pid
     ray.kill(miner, no_restart=True)
     while not _gone(restarted):
         time.sleep(0.05)
     with pytest.raises(UnrecoverableError, match=r"mining\.max_restarts=1 restarts are used up"):
-        refresher._recover(died, version=2, step=9, deadline=time.monotonic() + 20)
+        client.recover(died, version=2, step=9, deadline=time.monotonic() + 20)
 
 
 def test_a_miner_that_never_answers_ends_at_the_deadline(ray_local):
@@ -77,11 +77,11 @@ def test_a_miner_that_never_answers_ends_at_the_deadline(ray_local):
             return os.getpid()
 
     miner = ray.remote(Frozen).remote()
-    refresher = _refresher(ray, miner, pid=1, timeout_s=3)
+    client = _client(ray, miner, pid=1, timeout_s=3)
     started = time.monotonic()
     with pytest.raises(
         UnrecoverableError, match=r"^the miner did not return plan v1 within mining\.timeout_s=3s$"
     ):
-        refresher._recover(ray.exceptions.ActorUnavailableError("x", None), 1, 0, time.monotonic() + 3)
+        client.recover(ray.exceptions.ActorUnavailableError("x", None), 1, 0, time.monotonic() + 3)
     assert time.monotonic() - started < 30
     ray.kill(miner)

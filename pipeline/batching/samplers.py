@@ -86,74 +86,104 @@ def neighbourhood_plan(
         false_negatives: optional ``(n, k)`` rows that must not share a batch with the row
             (likely paraphrases), -1 elsewhere. Checked both ways: a row joins a batch only
             if it is no member's false negative and no member is its false negative.
+
+    Returns:
+        The plan, ``version`` recorded; its batch sizes are :func:`balanced_batch_sizes`'s.
     """
     num_rows = neighbours.shape[0]
     sizes = balanced_batch_sizes(num_rows, batch_size)
     rng = np.random.default_rng(seed)
     visit_order = rng.permutation(num_rows)
-    assigned = np.zeros(num_rows, dtype=bool)
+    builder = _NeighbourhoodBatches(neighbours, scores, false_negatives)
     cursor = 0
     batches: list[list[int]] = []
-    # Rows are converted to Python lists on demand, not all at once: every row joins exactly
-    # one batch, so the work is the same, and memory stays O(batch x k) instead of holding
-    # n x k Python objects (about 4.5 GB at a million rows with k = 65).
-
-    def blocked_of(row: int) -> list[int]:
-        assert false_negatives is not None
-        return [c for c in false_negatives[row].tolist() if c >= 0]
-
     for size in sizes.tolist():
-        members: list[int] = []
-        member_set: set[int] = set()
-        blocked: set[int] = set()
-        heap: list[tuple[float, int]] = []
-
-        def can_join(row: int, member_set: set[int] = member_set, blocked: set[int] = blocked) -> bool:
-            if false_negatives is None:
-                return True
-            return row not in blocked and member_set.isdisjoint(blocked_of(row))
-
-        def add(
-            row: int,
-            members: list[int] = members,
-            member_set: set[int] = member_set,
-            blocked: set[int] = blocked,
-            heap: list = heap,
-        ) -> None:
-            assigned[row] = True
-            members.append(row)
-            member_set.add(row)
-            if false_negatives is not None:
-                blocked.update(blocked_of(row))
-            for candidate, score in zip(neighbours[row].tolist(), scores[row].tolist(), strict=True):
-                if candidate >= 0 and not assigned[candidate]:
-                    heapq.heappush(heap, (-score, candidate))
-
-        while assigned[visit_order[cursor]]:
+        while builder.assigned[visit_order[cursor]]:
             cursor += 1
-        add(int(visit_order[cursor]))
-        while heap and len(members) < size:
-            _, candidate = heapq.heappop(heap)
-            if not assigned[candidate] and can_join(candidate):
-                add(candidate)
-        # Top up from the random order, preferring rows that are nobody's false negative here;
-        # when none is left (tiny corpora), any unassigned row.
-        scan = cursor
-        fallback: list[int] = []
-        while len(members) < size and scan < num_rows:
-            row = int(visit_order[scan])
-            scan += 1
-            if assigned[row]:
-                continue
-            if can_join(row):
-                add(row)
-            else:
-                fallback.append(row)
-        for row in fallback:
-            if len(members) == size:
-                break
-            add(row)
-        batches.append(members)
+        batches.append(builder.grow(size, visit_order, cursor))
     order = rng.permutation(len(batches))
     rows = np.fromiter((r for b in order for r in batches[b]), dtype=np.int64, count=num_rows)
     return BatchPlan(version, rows, sizes[order])
+
+
+class _NeighbourhoodBatches:
+    """The batches of :func:`neighbourhood_plan`, grown one at a time over the rows not yet
+    assigned to any batch.
+
+    Rows are converted to Python lists on demand, not all at once: every row joins exactly
+    one batch, so the work is the same, and memory stays O(batch x k) instead of holding
+    n x k Python objects (about 4.5 GB at a million rows with k = 65).
+    """
+
+    def __init__(self, neighbours: np.ndarray, scores: np.ndarray, false_negatives: np.ndarray | None):
+        self.neighbours = neighbours
+        self.scores = scores
+        self.false_negatives = false_negatives
+        self.assigned = np.zeros(neighbours.shape[0], dtype=bool)
+        # The batch being grown: its rows, the same as a set, the rows its members rule out
+        # (their false negatives), and the candidates by similarity (a min-heap of -score).
+        self.members: list[int] = []
+        self.member_set: set[int] = set()
+        self.blocked: set[int] = set()
+        self.heap: list[tuple[float, int]] = []
+
+    def grow(self, size: int, visit_order: np.ndarray, cursor: int) -> list[int]:
+        """One batch of ``size`` rows: ``visit_order[cursor]`` (unassigned) as its seed, then
+        the nearest unassigned candidates (Prim's order), then rows from ``visit_order`` on
+        from ``cursor``.
+
+        Returns:
+            The batch's rows, in the order they joined; they are marked assigned.
+        """
+        self.members, self.member_set, self.blocked, self.heap = [], set(), set(), []
+        # Local names: this loop runs once per candidate of every row (n x k times).
+        members, heap, assigned = self.members, self.heap, self.assigned
+        self._add(int(visit_order[cursor]))
+        while heap and len(members) < size:
+            _, candidate = heapq.heappop(heap)
+            if not assigned[candidate] and self._can_join(candidate):
+                self._add(candidate)
+        self._top_up(size, visit_order, cursor)
+        return members
+
+    def _top_up(self, size: int, visit_order: np.ndarray, cursor: int) -> None:
+        """Fill the batch from the random order, preferring rows that are nobody's false
+        negative here; when none is left (tiny corpora), any unassigned row."""
+        scan = cursor
+        fallback: list[int] = []
+        while len(self.members) < size and scan < len(visit_order):
+            row = int(visit_order[scan])
+            scan += 1
+            if self.assigned[row]:
+                continue
+            if self._can_join(row):
+                self._add(row)
+            else:
+                fallback.append(row)
+        for row in fallback:
+            if len(self.members) == size:
+                break
+            self._add(row)
+
+    def _blocked_of(self, row: int) -> list[int]:
+        """The rows that must not share a batch with ``row``."""
+        assert self.false_negatives is not None
+        return [c for c in self.false_negatives[row].tolist() if c >= 0]
+
+    def _can_join(self, row: int) -> bool:
+        """Whether ``row`` is no member's false negative and no member is its false negative."""
+        if self.false_negatives is None:
+            return True
+        return row not in self.blocked and self.member_set.isdisjoint(self._blocked_of(row))
+
+    def _add(self, row: int) -> None:
+        """Put ``row`` in the batch and its unassigned neighbours on the candidate heap."""
+        self.assigned[row] = True
+        self.members.append(row)
+        self.member_set.add(row)
+        if self.false_negatives is not None:
+            self.blocked.update(self._blocked_of(row))
+        assigned, heap = self.assigned, self.heap
+        for candidate, score in zip(self.neighbours[row].tolist(), self.scores[row].tolist(), strict=True):
+            if candidate >= 0 and not assigned[candidate]:
+                heapq.heappush(heap, (-score, candidate))

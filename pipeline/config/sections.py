@@ -1,4 +1,6 @@
-"""The config's sections: one dataclass each, with defaults and a docstring per key."""
+"""The config's sections: one dataclass each, with defaults, a docstring per key, and the
+rules its values must follow (``checks()``). ``mining`` has a module of its own
+(:mod:`pipeline.config.mining_section`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,11 @@ from typing import Literal
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the offending key."""
+
+
+Check = tuple[str, bool, str]
+"""One validation rule of a section: ``(dotted key, holds, what the value must be)``;
+:meth:`pipeline.config.schema.Config.validate` raises for the first that does not hold."""
 
 
 @dataclass
@@ -23,6 +30,11 @@ class RunSection:
     filesystem URI (``s3://...``, ``gs://...``). Must be shared storage on a multi-node
     cluster. ``None``: ``output_dir``."""
     seed: int = 42
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        valid = self.name is None or (bool(self.name) and all(c.isalnum() or c in "-_." for c in self.name))
+        return [("run.name", valid, "may hold only letters, digits, '-', '_' and '.'")]
 
 
 @dataclass
@@ -47,6 +59,10 @@ class RaySection:
     ``--debug`` sets ``INFO``. Ray Train's log files in the Ray session's ``logs/train`` keep
     every level either way."""
 
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [("ray.connect_timeout_s", self.connect_timeout_s > 0, "must be > 0")]
+
 
 @dataclass
 class GeneratedCorpusSection:
@@ -58,6 +74,14 @@ class GeneratedCorpusSection:
     sts_pairs: int = 0
     """Also write an STS file of this many scored pairs over the generated sentences and
     evaluate on it first (before any ``eval.sts`` files). 0: none."""
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            ("data.generated.num_groups", self.num_groups >= 1, "must be >= 1"),
+            ("data.generated.group_size", self.group_size >= 1, "must be >= 1"),
+            ("data.generated.sts_pairs", self.sts_pairs >= 0, "must be >= 0"),
+        ]
 
 
 @dataclass
@@ -87,6 +111,17 @@ class DataSection:
     with the cluster's CPUs."""
     generated: GeneratedCorpusSection = field(default_factory=GeneratedCorpusSection)
 
+    def checks(self) -> list[Check]:
+        """This section's rules, ``data.generated``'s included (see :data:`Check`)."""
+        return [
+            ("data.max_seq_len", self.max_seq_len >= 4, "must be >= 4"),
+            ("data.max_rows", self.max_rows is None or self.max_rows >= 1, "must be >= 1"),
+            ("data.tokenize_batch_size", self.tokenize_batch_size >= 1, "must be >= 1"),
+            ("data.tokenize_num_cpus", self.tokenize_num_cpus > 0, "must be > 0"),
+            ("data.tokenize_actors", self.tokenize_actors >= 1, "must be >= 1"),
+            *self.generated.checks(),
+        ]
+
 
 @dataclass
 class TinyModelSection:
@@ -110,6 +145,10 @@ class ModelSection:
     dropout: float = 0.1
     """Hidden and attention dropout: the only augmentation in unsupervised SimCSE."""
     tiny: TinyModelSection = field(default_factory=TinyModelSection)
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [("model.dropout", 0 <= self.dropout < 1, "must be in [0, 1)")]
 
 
 @dataclass
@@ -141,104 +180,47 @@ class TrainSection:
     group_by_length: bool = False
     """Random batches (epoch 1, every epoch when mining is off, and triplet mode's plans) are
     drawn from groups of ``length_group_batches`` batches sorted by token length, so a batch
-    carries little padding. Mined neighbourhood plans keep their own grouping. Measured
-    effect on speed and STS-B in docs/benchmarks.md."""
+    carries little padding. Mined neighbourhood plans keep their own grouping. Effect on
+    speed and STS-B: see docs/benchmarks.md (Length-grouped batches)."""
     length_group_batches: int = 50
     """Batches per length-sorted group (Hugging Face's megabatch is 50): larger groups mean
     less padding and narrower length ranges inside a batch."""
     compile: bool = False
-    """``torch.compile`` the model in each worker (in place). On a GPU it cut a BERT-base step
-    by 18-21% after 35-45 s of compiling (docs/benchmarks.md); each new batch width may
-    compile again, so it pays off on long runs. Needs a working C++ compiler on CPU."""
+    """``torch.compile`` the model in each worker (in place). Faster GPU steps for a compile
+    at start, and each new batch width may compile again, so it pays off on long runs; see
+    docs/benchmarks.md (Per-worker compute on one H100). Needs a working C++ compiler on CPU."""
 
     @property
     def group_batches(self) -> int:
         """Batches per length-sorted group of a random plan; 0 when grouping is off."""
         return self.length_group_batches if self.group_by_length else 0
 
-
-@dataclass
-class MiningSection:
-    enabled: bool = True
-    """Refresh the batch plan from the newest weights between epochs (epoch 1 is random)."""
-    top_k: int = 64
-    """Neighbours searched per row (the candidate list every filter works on)."""
-    range_min: int = 10
-    """Skip this many nearest candidates of those the other filters left (sentence-transformers'
-    order): the top ranks of a natural corpus are mostly paraphrases, i.e. false negatives.
-    10 is where FlagEmbedding's hn_mine window starts and what the sentence-transformers
-    mining example uses."""
-    range_max: int | None = None
-    """Consider candidates ranked below this only (``None``: all ``top_k``)."""
-    max_score: float | None = None
-    """Drop candidates more similar than this to the anchor."""
-    relative_margin: float | None = 0.05
-    """Keep a candidate only if sim <= pos - |pos| x margin, pos = sim(anchor, positive);
-    NV-Retriever's 0.05."""
-    num_negatives: int = 1
-    """Negatives per anchor (offline mining and triplet mode)."""
-    sampling: Literal["top", "random"] = "top"
-    index: Literal["auto", "flat", "ivf", "ivfpq"] = "auto"
-    """``auto``: exact flat search up to ``flat_max_rows`` vectors, IVF above."""
-    flat_max_rows: int = 50_000
-    """Largest corpus ``auto`` searches exactly. All-rows flat search grows as n^2: on two
-    CPU cores, 384-dimensional vectors took 12.5 s flat against 7.6 s IVF at 50k and 52 s
-    against 21 s at 100k (recall@10 of IVF 0.99-1.0). GPU clusters can raise it (a flat GPU
-    search of 1M rows takes seconds)."""
-    nlist: int | None = None
-    """IVF cells (``None``: 4 x sqrt(rows))."""
-    nprobe: int = 32
-    """IVF cells searched per query: recall >= 0.95 on clustered data at the default."""
-    pq_m: int = 16
-    """Bytes per vector for ``ivfpq``."""
-    encode_batch_size: int = 64
-    """Sentences per encode batch in the miner: 64 is the fastest measured on CPU; a GPU wants
-    512 or more (``jobs/configs/cluster-gpu.yaml`` sets 1024)."""
-    encode_actors: int = 0
-    """0: the miner actor encodes the corpus itself. N: the re-encode fans out over a Ray
-    Data pool of up to N actors (each with ``encode_num_cpus``/``encode_num_gpus``); they
-    need resources beyond those the train workers and the miner hold."""
-    encode_num_cpus: float = 1.0
-    encode_num_gpus: float = 0.0
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    """GPUs for the miner actor; with a GPU it encodes there and searches with a GPU index."""
-    negative_mode: Literal["neighbourhood", "triplet"] = "neighbourhood"
-    """``neighbourhood`` (unsupervised SimCSE on ``data.text_column``): each epoch's batches
-    are groups of near sentences. ``triplet`` (supervised SimCSE on anchor/positive
-    [/negative] columns): each anchor gets ``num_negatives`` mined negatives, used with any
-    given negative and ``train.hard_negative_weight``."""
-    mode: Literal["sync", "async"] = "sync"
-    """``sync``: refresh at the epoch boundary while training waits. ``async``: the miner
-    works while training goes on, from weights at most ``max_staleness_steps`` old at the
-    boundary; training never waits for it."""
-    max_staleness_steps: int = 50
-    """Async: steps before an epoch's end at which the weights are snapshotted for the refresh."""
-    timeout_s: float = 3600.0
-    """Longest a training worker waits for one refresh (or for the miner actor to be placed,
-    or to come back after a restart) before failing with a clear error."""
-    max_restarts: int = 3
-    """Times a dead miner actor is restarted (it then re-mines from the newest weights)
-    before the job fails."""
-
-    def index_spec(
-        self,
-    ):  # -> pipeline.mining.index.IndexSpec (imported lazily: config stays dependency-free)
-        from pipeline.mining.index import IndexSpec
-
-        return IndexSpec(self.index, self.flat_max_rows, self.nlist, self.nprobe, self.pq_m)
-
-    def negative_filters(self):  # -> pipeline.mining.negatives.NegativeFilters
-        from pipeline.mining.negatives import NegativeFilters
-
-        return NegativeFilters(
-            self.range_min,
-            self.range_max,
-            self.max_score,
-            self.relative_margin,
-            self.num_negatives,
-            self.sampling,
-        )
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            ("train.temperature", self.temperature > 0, "must be > 0"),
+            ("train.epochs", self.epochs >= 1, "must be >= 1"),
+            ("train.batch_size", self.batch_size >= 2, "must be >= 2 (in-batch negatives)"),
+            ("train.lr", self.lr > 0, "must be > 0"),
+            ("train.warmup_ratio", 0 <= self.warmup_ratio < 1, "must be in [0, 1)"),
+            ("train.max_grad_norm", self.max_grad_norm > 0, "must be > 0"),
+            ("train.num_workers", self.num_workers >= 1, "must be >= 1"),
+            ("train.cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
+            ("train.log_every", self.log_every >= 1, "must be >= 1"),
+            ("train.dup_rate", 0 <= self.dup_rate <= 1, "must be in [0, 1]"),
+            (
+                "train.length_group_batches",
+                self.length_group_batches >= 2,
+                "must be >= 2 (batches sorted together)",
+            ),
+            ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
+            ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
+            (
+                "train.batch_size",
+                self.batch_size >= 2 * self.num_workers,
+                f"must be >= 2 x train.num_workers ({2 * self.num_workers}) so every worker gets rows",
+            ),
+        ]
 
 
 @dataclass
@@ -249,6 +231,13 @@ class CheckpointSection:
     keep_last: int = 2
     """Checkpoints kept in the storage path: the newest N (older ones are deleted). The best
     evaluated model travels inside every checkpoint, so pruning never loses it."""
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            ("checkpoint.every_steps", self.every_steps >= 0, "must be >= 0"),
+            ("checkpoint.keep_last", self.keep_last >= 1, "must be >= 1"),
+        ]
 
 
 @dataclass
@@ -272,6 +261,15 @@ class EvalSection:
     """Keep the first k whitened dimensions (``None``: all)."""
     whitening_rows: int = 10_000
     """Corpus sentences (a fixed random sample) the whitening is fitted on."""
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            ("eval.every_steps", self.every_steps >= 0, "must be >= 0"),
+            ("eval.batch_size", self.batch_size >= 1, "must be >= 1"),
+            ("eval.whitening_dim", self.whitening_dim is None or self.whitening_dim >= 1, "must be >= 1"),
+            ("eval.whitening_rows", self.whitening_rows >= 2, "must be >= 2"),
+        ]
 
 
 @dataclass
@@ -298,3 +296,18 @@ class TrackingSection:
     training workers, so a reviewer sees whether the hardware was busy."""
     system_metrics_interval_s: float = 10.0
     """Seconds between system-metric samples."""
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            ("tracking.connect_timeout_s", self.connect_timeout_s > 0, "must be > 0"),
+            ("tracking.flush_every_s", self.flush_every_s > 0, "must be > 0"),
+            ("tracking.drain_timeout_s", self.drain_timeout_s >= 0, "must be >= 0"),
+            ("tracking.system_metrics_interval_s", self.system_metrics_interval_s > 0, "must be > 0"),
+            ("tracking.experiment", bool(self.experiment.strip()), "must not be empty"),
+            (
+                "tracking.register_as",
+                self.register_as is None or bool(self.register_as.strip()),
+                "must not be empty",
+            ),
+        ]

@@ -92,16 +92,15 @@ class _TokenizeBatches:
         return tokenize_table(batch, self.tokenizer, self.max_seq_len, flag_truncated=True)
 
 
-def tokenize_corpus(corpus: pa.Table, tokenizer: Any, section: DataSection) -> pa.Table:
-    """Tokenize ``(id, text)`` with Ray Data ``map_batches`` over a pool of tokenizer actors;
-    returns ``(id, text, input_ids)`` in the input's row order (sorted by id)."""
-    return tokenize_corpus_with_stats(corpus, tokenizer, section)[0]
-
-
 def tokenize_corpus_with_stats(
     corpus: pa.Table, tokenizer: Any, section: DataSection
 ) -> tuple[pa.Table, TokenizeStats]:
-    """:func:`tokenize_corpus`, and how many sentences were cut to ``data.max_seq_len``."""
+    """Tokenize ``(id, text)`` with Ray Data ``map_batches`` over a pool of tokenizer actors.
+
+    Returns:
+        ``(id, text, input_ids)`` in the input's row order (sorted by id), and how many
+        sentences were cut to ``data.max_seq_len``.
+    """
     import warnings
 
     import ray

@@ -16,7 +16,7 @@ import torch
 from pipeline.config.sections import EvalSection
 from pipeline.evaluation.scoring import STSEvalSet, STSScore, score_embeddings
 from pipeline.evaluation.whitening import Whitening, fit_whitening
-from pipeline.model.encode import encode_rows
+from pipeline.model.encode import sharded_encode
 from pipeline.model.encoder import SentenceEncoder
 
 
@@ -44,28 +44,6 @@ def eval_metric_names(metrics: dict[str, float]) -> dict[str, float]:
     """MLflow names for :meth:`EvalOutcome.metrics`: the ``eval/`` chart section, e.g.
     ``eval/sts_stsb-dev_spearman`` and ``eval/score``."""
     return {f"eval/{key.removeprefix('eval_')}": value for key, value in metrics.items()}
-
-
-def sharded_encode(
-    model: SentenceEncoder,
-    corpus: Any,
-    rows: np.ndarray,
-    batch_size: int,
-    device: torch.device,
-    rank: int,
-    world: int,
-) -> np.ndarray | None:
-    """Raw embeddings of ``rows``, each worker encoding one contiguous slice; the whole array
-    on rank 0, None on the others."""
-    import torch.distributed as dist
-
-    mine = np.array_split(rows, world)[rank]
-    local = encode_rows(model, corpus, mine, batch_size, device, normalize=False)
-    if world == 1 or not (dist.is_available() and dist.is_initialized()):
-        return local
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, local)
-    return np.concatenate(gathered) if rank == 0 else None
 
 
 class TrainingEvaluator:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,31 +127,33 @@ def _score(text: str, p: Path, line: int) -> float:
     return float(text)
 
 
+def _nonblank_lines(p: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` for each line of a UTF-8 file that holds more than white space."""
+    with p.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            if line.strip():
+                yield line_no, line
+
+
 def _read_stsb(p: Path, _fmt: str) -> list[tuple[str, str, float]]:
     rows = []
-    with p.open(encoding="utf-8", newline="") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            fields = line.rstrip("\r\n").split("\t")  # no quote handling: sentences contain '"'
-            if len(fields) < 7:
-                raise DataError(f"{p}:{line_no}: STS-B rows need 7 tab-separated fields (got {len(fields)})")
-            rows.append((fields[5], fields[6], _score(fields[4], p, line_no)))
+    for line_no, line in _nonblank_lines(p):
+        fields = line.rstrip("\r\n").split("\t")  # no quote handling: sentences contain '"'
+        if len(fields) < 7:
+            raise DataError(f"{p}:{line_no}: STS-B rows need 7 tab-separated fields (got {len(fields)})")
+        rows.append((fields[5], fields[6], _score(fields[4], p, line_no)))
     return rows
 
 
 def _read_cnsd(p: Path, _fmt: str) -> list[tuple[str, str, float]]:
     rows = []
-    with p.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            fields = line.rstrip("\r\n").split("||")
-            if len(fields) != 4:
-                raise DataError(
-                    f"{p}:{line_no}: CNSD rows are id||sentence1||sentence2||score (got {len(fields)} fields)"
-                )
-            rows.append((fields[1], fields[2], _score(fields[3], p, line_no)))
+    for line_no, line in _nonblank_lines(p):
+        fields = line.rstrip("\r\n").split("||")
+        if len(fields) != 4:
+            raise DataError(
+                f"{p}:{line_no}: CNSD rows are id||sentence1||sentence2||score (got {len(fields)} fields)"
+            )
+        rows.append((fields[1], fields[2], _score(fields[3], p, line_no)))
     return rows
 
 
@@ -173,18 +176,13 @@ def _read_delimited(p: Path, fmt: str) -> list[tuple[str, str, float]]:
 
 def _read_jsonl(p: Path, _fmt: str) -> list[tuple[str, str, float]]:
     rows = []
-    with p.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{p}:{line_no}: not a JSON object ({exc.msg})") from None
-            missing = [c for c in COLUMNS if c not in record]
-            if missing:
-                raise DataError(f"{p}:{line_no}: no key {missing[0]!r}")
-            rows.append(
-                (str(record["sentence1"]), str(record["sentence2"]), _score(record["score"], p, line_no))
-            )
+    for line_no, line in _nonblank_lines(p):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{p}:{line_no}: not a JSON object ({exc.msg})") from None
+        missing = [c for c in COLUMNS if c not in record]
+        if missing:
+            raise DataError(f"{p}:{line_no}: no key {missing[0]!r}")
+        rows.append((str(record["sentence1"]), str(record["sentence2"]), _score(record["score"], p, line_no)))
     return rows

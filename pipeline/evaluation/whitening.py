@@ -37,13 +37,6 @@ class Whitening:
             np.float32
         )
 
-    def as_module(self) -> torch.nn.Linear:
-        layer = torch.nn.Linear(self.weight.shape[1], self.out_dim)
-        with torch.no_grad():
-            layer.weight.copy_(torch.from_numpy(self.weight))
-            layer.bias.copy_(torch.from_numpy(self.bias))
-        return layer
-
 
 def fit_whitening(x: np.ndarray, dim: int | None = None, rcond: float = 1e-5) -> Whitening:
     """Fit whitening on ``x`` (``(n, d)`` raw, un-normalised embeddings).

@@ -4,14 +4,19 @@ layout, and packing one to travel through Ray's object store.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import os
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from pipeline.model.encoder import POOLING_FILE, SentenceEncoder
+
+_TRAIN_CONTEXT_FILE = ("train", "v2", "_internal", "execution", "context.py")
+"""Where, inside Ray's package folder, the module whose logger :func:`quiet_libraries` quiets lives."""
 
 
 def quiet_libraries() -> None:
@@ -24,12 +29,15 @@ def quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
     for name in ("ray.train", "ray.data"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    try:  # Train V2 logs every report at INFO through a logger named by its file path
-        from ray.train.v2._internal.execution import context as train_context
-
-        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
-    except ImportError:
-        pass
+    # Train V2 logs every report at INFO through a logger named by its file's path
+    # (``logging.getLogger(__file__)``), outside the ``ray.train`` hierarchy. The name is built
+    # from Ray's package folder (found without importing anything) rather than by importing
+    # that private module; the level holds whether or not the module is imported yet, since
+    # getLogger hands it this same logger.
+    ray_spec = importlib.util.find_spec("ray")
+    if ray_spec is not None and ray_spec.submodule_search_locations:
+        ray_dir = list(ray_spec.submodule_search_locations)[0]
+        logging.getLogger(os.path.join(ray_dir, *_TRAIN_CONTEXT_FILE)).setLevel(logging.WARNING)
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:

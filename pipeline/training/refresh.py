@@ -82,15 +82,6 @@ class PlanRefresher:
     def restarts(self, value: int) -> None:
         self.client.restarts = value
 
-    @property
-    def miner_pid(self) -> int | None:
-        """The miner's process id when last seen: a new one means Ray restarted it."""
-        return self.client.miner_pid
-
-    def _recover(self, exc: BaseException, version: int, step: int, deadline: float) -> float:
-        # tests/test_miner_recovery.py drives the recovery through the refresher.
-        return self.client.recover(exc, version, step, deadline)
-
     def asks_miner(self, epoch: int) -> bool:
         """Whether the boundary after epoch ``epoch`` gets its plan from the miner (and may wait)."""
         return self.policy.asks_miner(epoch)
@@ -152,7 +143,9 @@ class PlanRefresher:
             refresh_seconds=float(report.metrics["mining/total_s"]),
             staleness_steps=self.policy.adopted(step),
         )
-        return BatchPlan(version, report.plan.rows, report.plan.sizes), boundary
+        # The mined negatives travel with the plan (triplet mode); dropping them here once meant
+        # epochs after a refresh trained on the given negatives only.
+        return BatchPlan(version, report.plan.rows, report.plan.sizes, report.plan.negatives), boundary
 
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
         """The same batches (or a fresh random plan for a random one) in a new order."""

@@ -1,0 +1,125 @@
+"""The ``mining`` section of the config: hard-negative mining between epochs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeline.config.sections import Check
+
+
+@dataclass
+class MiningSection:
+    enabled: bool = True
+    """Refresh the batch plan from the newest weights between epochs (epoch 1 is random)."""
+    top_k: int = 64
+    """Neighbours searched per row (the candidate list every filter works on)."""
+    range_min: int = 10
+    """Skip this many nearest candidates of those the other filters left (sentence-transformers'
+    order): the top ranks of a natural corpus are mostly paraphrases, i.e. false negatives.
+    10 is where FlagEmbedding's hn_mine window starts and what the sentence-transformers
+    mining example uses."""
+    range_max: int | None = None
+    """Consider candidates ranked below this only (``None``: all ``top_k``)."""
+    max_score: float | None = None
+    """Drop candidates more similar than this to the anchor."""
+    relative_margin: float | None = 0.05
+    """Keep a candidate only if sim <= pos - |pos| x margin, pos = sim(anchor, positive);
+    NV-Retriever's 0.05."""
+    num_negatives: int = 1
+    """Negatives per anchor (offline mining and triplet mode)."""
+    sampling: Literal["top", "random"] = "top"
+    index: Literal["auto", "flat", "ivf", "ivfpq"] = "auto"
+    """``auto``: exact flat search up to ``flat_max_rows`` vectors, IVF above."""
+    flat_max_rows: int = 50_000
+    """Largest corpus ``auto`` searches exactly. All-rows flat search grows as n^2, IVF's about
+    as n^1.5 for a small loss of recall, so the default suits CPUs; GPU clusters, where flat
+    search is far faster, can raise it. See docs/benchmarks.md (Mining refresh, a real model
+    on CPU)."""
+    nlist: int | None = None
+    """IVF cells (``None``: 4 x sqrt(rows))."""
+    nprobe: int = 32
+    """IVF cells searched per query: more cells, higher recall, slower search. See
+    docs/benchmarks.md (Mining refresh, a real model on CPU)."""
+    pq_m: int = 16
+    """Bytes per vector for ``ivfpq``."""
+    encode_batch_size: int = 64
+    """Sentences per encode batch in the miner. The default suits CPUs; a GPU wants far larger
+    batches (``jobs/configs/cluster-gpu.yaml`` sets 1024). See docs/benchmarks.md (Corpus
+    encoding; Per-worker compute on one H100)."""
+    encode_actors: int = 0
+    """0: the miner actor encodes the corpus itself. N: the re-encode fans out over a Ray
+    Data pool of up to N actors (each with ``encode_num_cpus``/``encode_num_gpus``); they
+    need resources beyond those the train workers and the miner hold."""
+    encode_num_cpus: float = 1.0
+    encode_num_gpus: float = 0.0
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    """GPUs for the miner actor; with a GPU it encodes there and searches with a GPU index."""
+    negative_mode: Literal["neighbourhood", "triplet"] = "neighbourhood"
+    """``neighbourhood`` (unsupervised SimCSE on ``data.text_column``): each epoch's batches
+    are groups of near sentences. ``triplet`` (supervised SimCSE on anchor/positive
+    [/negative] columns): each anchor gets ``num_negatives`` mined negatives, used with any
+    given negative and ``train.hard_negative_weight``."""
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: refresh at the epoch boundary while training waits. ``async``: the miner
+    works while training goes on, from weights at most ``max_staleness_steps`` old at the
+    boundary; training never waits for it."""
+    max_staleness_steps: int = 50
+    """Async: steps before an epoch's end at which the weights are snapshotted for the refresh."""
+    timeout_s: float = 3600.0
+    """Longest a training worker waits for one refresh (or for the miner actor to be placed,
+    or to come back after a restart) before failing with a clear error."""
+    max_restarts: int = 3
+    """Times a dead miner actor is restarted (it then re-mines from the newest weights)
+    before the job fails."""
+
+    def index_spec(
+        self,
+    ):  # -> pipeline.mining.index.IndexSpec (imported lazily: config stays dependency-free)
+        from pipeline.mining.index import IndexSpec
+
+        return IndexSpec(self.index, self.flat_max_rows, self.nlist, self.nprobe, self.pq_m)
+
+    def negative_filters(self):  # -> pipeline.mining.negatives.NegativeFilters
+        from pipeline.mining.negatives import NegativeFilters
+
+        return NegativeFilters(
+            self.range_min,
+            self.range_max,
+            self.max_score,
+            self.relative_margin,
+            self.num_negatives,
+            self.sampling,
+        )
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            ("mining.max_restarts", self.max_restarts >= 0, "must be >= 0"),
+            ("mining.top_k", self.top_k >= 1, "must be >= 1"),
+            ("mining.range_min", 0 <= self.range_min < self.top_k, "must be in [0, mining.top_k)"),
+            (
+                "mining.range_max",
+                self.range_max is None or self.range_min < self.range_max <= self.top_k,
+                "must be in (mining.range_min, mining.top_k]",
+            ),
+            (
+                "mining.relative_margin",
+                self.relative_margin is None or 0 <= self.relative_margin < 1,
+                "must be in [0, 1)",
+            ),
+            ("mining.num_negatives", self.num_negatives >= 1, "must be >= 1"),
+            ("mining.flat_max_rows", self.flat_max_rows >= 1, "must be >= 1"),
+            ("mining.nlist", self.nlist is None or self.nlist >= 1, "must be >= 1"),
+            ("mining.nprobe", self.nprobe >= 1, "must be >= 1"),
+            ("mining.pq_m", self.pq_m >= 1, "must be >= 1"),
+            ("mining.encode_batch_size", self.encode_batch_size >= 1, "must be >= 1"),
+            ("mining.encode_actors", self.encode_actors >= 0, "must be >= 0"),
+            ("mining.encode_num_cpus", self.encode_num_cpus > 0, "must be > 0"),
+            ("mining.encode_num_gpus", self.encode_num_gpus >= 0, "must be >= 0"),
+            ("mining.num_cpus", self.num_cpus >= 0, "must be >= 0"),
+            ("mining.num_gpus", self.num_gpus >= 0, "must be >= 0"),
+            ("mining.timeout_s", self.timeout_s > 0, "must be > 0"),
+            ("mining.max_staleness_steps", self.max_staleness_steps >= 0, "must be >= 0"),
+        ]
