@@ -3,313 +3,298 @@
 Order matters for failing fast: paths and the tracking store are checked before Ray starts;
 the corpus is read and the batch size checked before any worker starts; everything after
 the MLflow run exists is inside a try block that marks the run FAILED on any error.
+
+The config is resolved once (:func:`resolve_config`: the run name and the generated files
+filled in) before it is written beside the run and logged as its params; from then on only
+that resolved config is used, and nothing changes it, so that ``resolved_config.yaml``, the
+params and what the workers and the miner get are the same. Inside the Ray session the job
+runs its sections in order (:func:`train_in_ray`): load the training data, tokenize, put
+the inputs in the object store (:mod:`pipeline.train_inputs`), start the miner, fit,
+export and summarise, log the model.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from pipeline.cluster import check_cluster_fits, ray_session
 from pipeline.config.loading import dump_yaml
 from pipeline.config.schema import Config
-from pipeline.config.sections import ConfigError
-from pipeline.data.corpus import load_clean_corpus
-from pipeline.data.pairs import index_triplets, read_pairs
 from pipeline.data.readers import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
-from pipeline.data.tokenize import tokenize_corpus_with_stats
-from pipeline.data.tokenized import dataset_digest
-from pipeline.evaluation.scoring import STSEvalSet, read_sts_files, with_distinct_names
+from pipeline.evaluation.scoring import read_sts_files, with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts
-from pipeline.model.folders import (
-    check_model_path,
-    fetch_pretrained_dir,
-    load_tokenizer,
-    pack_dir,
-    quiet_libraries,
-)
-from pipeline.model.tiny import build_tiny_model_dir
+from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.preflight import preflight_train
 from pipeline.summary import JobSummary
-from pipeline.tracking.context import log_run_context
 from pipeline.tracking.run import (
     TrackedRun,
     check_tracking_reachable,
     resolve_tracking_uri,
     start_or_resume_run,
 )
+from pipeline.train_inputs import InputRefs, load_training_data, put_inputs, tokenize_inputs
+
+Echo = Callable[[str], None]
 
 
 def _is_uri(path: str) -> bool:
     return "://" in path
 
 
-def prepare_model_dir(cfg: Config, texts: list[str], run_dir: Path) -> Path:
-    """The initial model folder: the configured one, or a tiny BERT with a tokenizer trained
-    on the corpus. Reused as-is when a resumed run already made it."""
-    if cfg.model.name_or_path:
-        return fetch_pretrained_dir(cfg.model.name_or_path, run_dir / "initial_model")
-    target = run_dir / "initial_model"
-    if (target / "config.json").exists():
-        return target
-    tiny = cfg.model.tiny
-    return build_tiny_model_dir(
-        texts,
-        target,
-        hidden_size=tiny.hidden_size,
-        num_layers=tiny.num_layers,
-        num_heads=tiny.num_heads,
-        intermediate_size=tiny.intermediate_size,
-        vocab_size=tiny.vocab_size,
-        max_seq_len=cfg.data.max_seq_len,
-        dropout=cfg.model.dropout,
-        seed=cfg.run.seed,
-    )
+def run_dir_of(cfg: Config) -> Path:
+    """The run's local folder, ``run.output_dir/run.name``, of a resolved config."""
+    assert cfg.run.name is not None
+    return Path(cfg.run.output_dir).resolve() / cfg.run.name
 
 
-def run_train_job(cfg: Config, echo: Callable[[str], None] = print) -> JobSummary:
+def run_train_job(cfg: Config, echo: Echo = print) -> JobSummary:
     """Run the whole training job described by ``cfg`` and return its summary.
+
+    ``cfg`` itself is left unchanged: the job runs on :func:`resolve_config`'s copy.
 
     Raises:
         ConfigError, DataError, ValueError, TimeoutError, RuntimeError: with a one-line
         message; the MLflow run (if created) is marked FAILED first.
     """
     started_at = time.perf_counter()
-    run_name = cfg.run.name or datetime.now().strftime("simcse-%Y%m%d-%H%M%S")
-    cfg.run.name = run_name
-    run_dir = Path(cfg.run.output_dir).resolve() / run_name
-    storage_root = cfg.run.storage_path or cfg.run.output_dir
-    storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
+    check_train_inputs(cfg)
+    sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)  # bad STS files fail before any compute
+    resolved = resolve_config(cfg)
+    # resolve_config puts the generated STS file (if any) before the configured ones.
+    generated_sts = resolved.eval.sts[: len(resolved.eval.sts) - len(cfg.eval.sts)]
+    if generated_sts:
+        sts_files = with_distinct_names([*(read_sts(p, "stsb") for p in generated_sts), *sts_files])
+    return _run_resolved(resolved, sts_files, started_at, echo)
+
+
+def check_train_inputs(cfg: Config) -> None:
+    """What can be checked of the config's inputs before anything is written or started:
+    the corpus path and columns, the model path, and what the machine must have."""
     if cfg.data.path is not None:
         check_corpus_path(cfg.data.path)
         check_corpus_columns(cfg.data, pairs=cfg.mining.negative_mode == "triplet")
     if cfg.model.name_or_path:
         check_model_path(cfg.model.name_or_path)
     preflight_train(cfg)
-    sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)  # bad STS files fail before any compute
-    if cfg.data.path is None:
-        # The generated files are written now, so that the config written beside the run and
-        # logged as its params names the corpus and STS file the run really used.
-        gen = cfg.data.generated
-        if gen.sts_pairs:
-            generated_sts = run_dir / "generated_sts.tsv"
-            write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
-            cfg.eval.sts = [str(generated_sts), *cfg.eval.sts]
-            sts_files = with_distinct_names([read_sts(generated_sts, "stsb"), *sts_files])
-        if cfg.mining.negative_mode != "triplet":
-            generated = run_dir / "generated_corpus.txt"
-            write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
-            cfg.data.path = str(generated)
 
+
+def resolve_config(cfg: Config) -> Config:
+    """The config the run really uses, as a new object that shares nothing with ``cfg``.
+
+    ``run.name`` is set (a fresh ``simcse-<time>`` name when unset), and without
+    ``data.path`` the generated corpus and STS file are written under the run folder now
+    and named in ``data.path`` and (first) ``eval.sts``, so that the config written beside
+    the run and logged as its params names the files the run really used.
+
+    The result is what ``resolved_config.yaml``, the MLflow params, the workers and the
+    miner all get: read it, never assign to it (build another with ``dataclasses.replace``).
+    """
+    resolved = copy.deepcopy(cfg)  # no section is shared with the caller's object
+    name = cfg.run.name or datetime.now().strftime("simcse-%Y%m%d-%H%M%S")
+    resolved = dataclasses.replace(resolved, run=dataclasses.replace(resolved.run, name=name))
+    if cfg.data.path is not None:
+        return resolved
+    run_dir = run_dir_of(resolved)
+    gen = cfg.data.generated
+    if gen.sts_pairs:
+        generated_sts = run_dir / "generated_sts.tsv"
+        write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
+        sts = [str(generated_sts), *resolved.eval.sts]
+        resolved = dataclasses.replace(resolved, eval=dataclasses.replace(resolved.eval, sts=sts))
+    if cfg.mining.negative_mode != "triplet":
+        generated = run_dir / "generated_corpus.txt"
+        write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
+        resolved = dataclasses.replace(resolved, data=dataclasses.replace(resolved.data, path=str(generated)))
+    return resolved
+
+
+def _run_resolved(cfg: Config, sts_files: list[STSPairs], started_at: float, echo: Echo) -> JobSummary:
+    """Open the MLflow run, record the resolved ``cfg`` and train in a Ray session; the run
+    is FINISHED with the summary as its description, or FAILED."""
+    assert cfg.run.name is not None
+    run_dir = run_dir_of(cfg)
+    storage_root = cfg.run.storage_path or cfg.run.output_dir
+    storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
     check_tracking_reachable(tracking_uri, cfg.tracking.connect_timeout_s)
-    tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)
-    summary = JobSummary(run_name, tracked.run_id, tracking_uri, cfg.tracking.experiment)
+    tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, cfg.run.name)
     if tracked.already_finished:
-        summary.already_finished = True
-        return summary
+        return JobSummary(
+            cfg.run.name, tracked.run_id, tracking_uri, cfg.tracking.experiment, already_finished=True
+        )
     echo(
-        f"[run] {'resuming' if tracked.resumed else 'starting'} {run_name!r}: MLflow run {tracked.run_id} at {tracking_uri}"
+        f"[run] {'resuming' if tracked.resumed else 'starting'} {cfg.run.name!r}: MLflow run {tracked.run_id} at {tracking_uri}"
     )
 
     quiet_libraries()
     with tracked.failing_on_error():
         run_dir.mkdir(parents=True, exist_ok=True)
-        resolved = run_dir / "resolved_config.yaml"
-        resolved.write_text(dump_yaml(cfg))
+        resolved_file = run_dir / "resolved_config.yaml"
+        resolved_file.write_text(dump_yaml(cfg))
         tracked.log_params(cfg.flat())
-        tracked.log_artifact(resolved)
+        tracked.log_artifact(resolved_file)
         with ray_session(cfg) as started_ray:
             check_cluster_fits(cfg, started_ray)
-            _train(cfg, tracked, summary, run_dir, storage_root, sts_files, echo)
-    summary.wall_seconds = time.perf_counter() - started_at
+            summary = train_in_ray(cfg, tracked, storage_root, sts_files, echo)
+    summary = dataclasses.replace(summary, wall_seconds=time.perf_counter() - started_at)
     tracked.set_note("```\n" + summary.render() + "\n```")
     tracked.finish()
     return summary
 
 
-def _train(
+def train_in_ray(
+    cfg: Config, tracked: TrackedRun, storage_root: str, sts_files: list[STSPairs], echo: Echo
+) -> JobSummary:
+    """The job's sections inside the Ray session: data, model, miner, trainer and export.
+
+    Returns the summary (``wall_seconds`` still 0); the miner actor is gone when it returns
+    or raises.
+    """
+    run_dir = run_dir_of(cfg)
+    data = load_training_data(cfg, tracked, echo)
+    inputs = tokenize_inputs(cfg, data, run_dir, tracked, echo)
+    refs = put_inputs(cfg, data, inputs, sts_files, echo)
+    with miner_actor(cfg, tracked, refs) as (miner, miner_pid):
+        result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo)
+        summary = export_and_summarise(cfg, tracked, result, data.description, run_dir)
+        return log_exported_model(cfg, tracked, summary, run_dir)
+
+
+@contextmanager
+def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[tuple[Any, int | None]]:
+    """The miner actor and its process id once it is placed and loaded, killed on exit;
+    ``(None, None)`` when no refresh runs (mining off, or a single epoch).
+
+    Raises:
+        TimeoutError: the actor was not placed within ``mining.timeout_s``.
+    """
+    if not (cfg.mining.enabled and cfg.train.epochs > 1):
+        yield None, None
+        return
+    import ray
+
+    from pipeline.mining.miner import MinerSettings, start_miner_actor
+
+    settings = MinerSettings.from_config(cfg, tracked.tracking_uri, tracked.run_id)
+    miner = start_miner_actor(settings, refs.corpus, refs.model, refs.triplets)
+    try:
+        try:
+            miner_pid = ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "
+                f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
+            ) from None
+        yield miner, miner_pid
+    finally:
+        ray.kill(miner)
+
+
+def fit(
     cfg: Config,
     tracked: TrackedRun,
-    summary: JobSummary,
-    run_dir: Path,
+    refs: InputRefs,
+    miner: Any,
+    miner_pid: int | None,
     storage_root: str,
-    sts_files: list[STSPairs],
-    echo: Callable[[str], None],
-) -> None:
-    """Data, model, miner, trainer and export, inside a Ray session; fills ``summary``."""
-    miner, miner_pid = None, None
-    try:
-        triplets = None
-        if cfg.mining.negative_mode == "triplet":
-            anchors, positives, negatives, rows = read_pairs(cfg.data)
-            corpus, triplets = index_triplets(anchors, positives, negatives)
-            given = int((triplets.negative >= 0).sum())
-            echo(
-                f"[data] {cfg.data.path}: {len(triplets)} (anchor, positive) rows of {rows} "
-                f"({rows - len(triplets)} with an empty field dropped), {given} with a given negative, "
-                f"{corpus.num_rows} distinct texts"
-            )
-            summary.corpus = f"{len(triplets)} triplet rows over {corpus.num_rows} distinct texts"
-            num_rows = len(triplets)
-            tracked.set_tags(
-                {"data.rows_read": rows, "data.triplets": num_rows, "data.texts": corpus.num_rows}
-            )
-        else:
-            assert cfg.data.path is not None  # a generated corpus was written by run_train_job
-            corpus, stats = load_clean_corpus(cfg.data)
-            echo(f"[data] {cfg.data.path}: {stats.describe()}")
-            summary.corpus = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"
-            num_rows = stats.sentences
-            tracked.set_tags(stats.tags())
-        no_commit = log_run_context(
-            tracked, cfg.data.path, num_rows, dataset_digest(corpus, triplets), cfg.mining.negative_mode
-        )
-        if no_commit:
-            echo(f"[run] {no_commit}")
-        if num_rows < cfg.train.batch_size:
-            raise ConfigError(
-                f"train.batch_size ({cfg.train.batch_size}) is larger than the corpus ({num_rows} "
-                f"{'rows' if triplets is not None else 'sentences'})"
-            )
+    echo: Echo,
+) -> Any:
+    """Train all epochs with one Ray Train ``fit()``, checkpointing under
+    ``storage_root/run.name``.
 
-        model_dir = prepare_model_dir(cfg, corpus.column("text").to_pylist(), run_dir)
-        tokenizer = load_tokenizer(model_dir)
-        t0 = time.perf_counter()
-        tokenized, token_stats = tokenize_corpus_with_stats(corpus, tokenizer, cfg.data)
-        echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - t0:.1f}s")
-        tracked.set_tags(token_stats.tags())
-        tracked.log_metrics(
-            {
-                "data/rows": num_rows,
-                "data/texts": corpus.num_rows,
-                "data/truncated_share": token_stats.truncated / max(1, token_stats.sentences),
-            },
-            step=0,
-        )
+    Returns:
+        Ray Train's result (its last reported metrics and the final checkpoint).
 
-        import ray
+    Raises:
+        The training error Ray Train ended with.
+    """
+    from pipeline.training.contract import LoopConfig
+    from pipeline.training.trainer import build_trainer
 
-        corpus_ref = ray.put(tokenized)
-        model_ref = ray.put(pack_dir(model_dir))
-        triplets_ref = ray.put(triplets) if triplets is not None else None
-        eval_ref = None
-        if sts_files:
-            eval_set = STSEvalSet(sts_files, tokenizer, cfg.data.max_seq_len)
-            eval_ref = ray.put(eval_set)
-            echo(
-                f"[eval] {', '.join(f'{f.name} ({len(f)} pairs)' for f in sts_files)}: "
-                f"{eval_set.num_sentences} sentences, evaluated at the start and every epoch end"
-                + (f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else "")
-            )
-        if cfg.mining.enabled and cfg.train.epochs > 1:
-            from pipeline.mining.miner import start_miner_actor
+    assert cfg.run.name is not None
+    loop_config = LoopConfig(
+        config=cfg,
+        model_ref=refs.model,
+        corpus_ref=refs.corpus,
+        triplets_ref=refs.triplets,
+        eval_ref=refs.eval,
+        miner=miner,
+        miner_pid=miner_pid,
+        tracking_uri=tracked.tracking_uri,
+        run_id=tracked.run_id,
+    )
+    echo(
+        f"[train] {cfg.train.epochs} epochs on {cfg.train.num_workers} worker(s), global batch {cfg.train.batch_size}; "
+        f"checkpoints in {storage_root}/{cfg.run.name}"
+    )
+    result = build_trainer(cfg, loop_config, storage_root, cfg.run.name).fit()
+    if result.error is not None:
+        raise result.error
+    return result
 
-            miner = start_miner_actor(
-                cfg.mining.num_cpus,
-                cfg.mining.num_gpus,
-                corpus_table=corpus_ref,
-                model_blob=model_ref,
-                pooler=cfg.model.pooler,
-                batch_size=cfg.train.batch_size,
-                top_k=cfg.mining.top_k,
-                encode_batch_size=cfg.mining.encode_batch_size,
-                seed=cfg.run.seed,
-                tracking_uri=tracked.tracking_uri,
-                run_id=tracked.run_id,
-                index_spec=cfg.mining.index_spec(),
-                filters=cfg.mining.negative_filters(),
-                encode_actors=cfg.mining.encode_actors,
-                encode_num_cpus=cfg.mining.encode_num_cpus,
-                encode_num_gpus=cfg.mining.encode_num_gpus,
-                triplets=triplets_ref,
-                length_group_batches=cfg.train.group_batches,
-                max_restarts=cfg.mining.max_restarts,
-            )
-            try:
-                miner_pid = ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                raise TimeoutError(
-                    f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "
-                    f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
-                ) from None
 
-        from pipeline.tracking.export import (
-            best_model_metrics,
-            export_checkpoint_model,
-            log_sentence_transformers_model,
-        )
-        from pipeline.tracking.review import log_review
-        from pipeline.training.contract import LoopConfig, history_from_report
-        from pipeline.training.trainer import build_trainer
+def export_and_summarise(
+    cfg: Config, tracked: TrackedRun, result: Any, corpus: str, run_dir: Path
+) -> JobSummary:
+    """Export the model to ship from the final checkpoint to ``run_dir/model`` and summarise
+    the run from the workers' last report."""
+    from pipeline.tracking.export import export_checkpoint_model
+    from pipeline.training.contract import history_from_report
 
-        loop_config = LoopConfig(
-            config=cfg,
-            model_ref=model_ref,
-            corpus_ref=corpus_ref,
-            triplets_ref=triplets_ref,
-            eval_ref=eval_ref,
-            miner=miner,
-            miner_pid=miner_pid,
-            tracking_uri=tracked.tracking_uri,
-            run_id=tracked.run_id,
-        )
-        echo(
-            f"[train] {cfg.train.epochs} epochs on {cfg.train.num_workers} worker(s), global batch {cfg.train.batch_size}; "
-            f"checkpoints in {storage_root}/{cfg.run.name}"
-        )
-        assert cfg.run.name is not None
-        result = build_trainer(cfg, loop_config, storage_root, cfg.run.name).fit()
-        if result.error is not None:
-            raise result.error
-        metrics = result.metrics or {}
-        history = history_from_report(metrics)
-        summary.epochs = len(history.epoch_losses)
-        summary.steps = int(metrics.get("step", 0))
-        summary.epoch_losses = history.epoch_losses
-        summary.plan_versions = history.plan_versions
-        summary.wait_seconds = history.wait_seconds
-        summary.refresh_seconds = history.refresh_seconds
-        summary.eval_history = history.evaluations
-        summary.miner_restarts = history.miner_restarts
+    assert cfg.run.name is not None
+    metrics = result.metrics or {}
+    history = history_from_report(metrics)
+    export_dir, best = export_checkpoint_model(result.checkpoint, run_dir / "model")
+    return JobSummary.from_training(
+        cfg.run.name,
+        tracked.run_id,
+        tracked.tracking_uri,
+        cfg.tracking.experiment,
+        corpus=corpus,
+        history=history,
+        steps=int(metrics.get("step", 0)),
+        best=best,
+        model_dir=export_dir,
+    )
 
-        export_dir, best = export_checkpoint_model(result.checkpoint, run_dir / "model")
-        summary.exported_epoch = best.epoch if best is not None else float(summary.epochs)
-        summary.exported_step = best.step if best is not None else summary.steps
-        summary.model_dir = str(export_dir)
-        log_review(tracked, summary.eval_history, summary.exported_epoch, summary.epoch_losses, run_dir)
-        tracked.set_tags(
-            {
-                "simcse.exported_epoch": f"{summary.exported_epoch:g}",
-                "simcse.exported_step": summary.exported_step,
-            }
-        )
-        best_scores = best_model_metrics(summary.eval_history, summary.exported_epoch, summary.exported_step)
-        tracked.log_metrics(best_scores, step=summary.exported_step)
-        evaluated = [
-            f"eval/{key.removeprefix('best/')}"
-            for key in best_scores
-            if key not in ("best/epoch", "best/step")
-        ]
-        summary.model_uri, version = log_sentence_transformers_model(
-            tracked,
-            export_dir,
-            cfg.tracking.register_as,
-            step=summary.exported_step,
-            linked_metrics=[*evaluated, *best_scores],
-            description=f"SimCSE run {summary.run_name!r} (MLflow run {summary.run_id}): "
-            + (
-                summary.sts_line()
-                or f"exported at epoch {summary.exported_epoch:g}, step {summary.exported_step}"
-            ),
-        )
-        if version is not None:
-            summary.registered_as = f"{cfg.tracking.register_as}/{version}"
-    finally:
-        if miner is not None:
-            import ray
 
-            ray.kill(miner)
+def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, run_dir: Path) -> JobSummary:
+    """Log what a reviewer reads off the run (review artifacts, the exported step as tags,
+    its ``best/`` scores) and the exported model as the run's MLflow model, linked to its
+    own ``eval/`` and ``best/`` metrics and registered when ``tracking.register_as`` is set.
+
+    Returns the summary with the model's URI and registered version.
+    """
+    from pipeline.tracking.export import (
+        best_model_metrics,
+        exported_eval_metrics,
+        log_sentence_transformers_model,
+    )
+    from pipeline.tracking.review import log_review
+
+    epoch, step = summary.exported_epoch, summary.exported_step
+    assert epoch is not None and step is not None and summary.model_dir is not None
+    evaluations = summary.history.evaluations
+    log_review(tracked, evaluations, epoch, summary.history.epoch_losses, run_dir)
+    tracked.set_tags({"simcse.exported_epoch": f"{epoch:g}", "simcse.exported_step": step})
+    best_scores = best_model_metrics(evaluations, epoch, step)
+    tracked.log_metrics(best_scores, step=step)
+    model_uri, version = log_sentence_transformers_model(
+        tracked,
+        Path(summary.model_dir),
+        cfg.tracking.register_as,
+        step=step,
+        linked_metrics=[*exported_eval_metrics(evaluations, step), *best_scores],
+        description=f"SimCSE run {summary.run_name!r} (MLflow run {summary.run_id}): "
+        + (summary.sts_line() or f"exported at epoch {epoch:g}, step {step}"),
+    )
+    registered = f"{cfg.tracking.register_as}/{version}" if version is not None else None
+    return dataclasses.replace(summary, model_uri=model_uri, registered_as=registered)

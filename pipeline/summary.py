@@ -3,45 +3,83 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from pipeline.tracking.run import (
-    ui_command,
-)
+from pipeline.tracking.run import ui_command
+from pipeline.training.state import BestModel, TrainHistory
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobSummary:
+    """What the job did: the run, its training data, the workers' :class:`TrainHistory` and the
+    exported model. Built after training by :meth:`from_training` (a new history field only
+    needs adding to :meth:`render` to be shown); a run found already finished has only the
+    first four fields."""
+
     run_name: str
     run_id: str
     tracking_uri: str
     experiment: str
-    model_dir: str | None = None
-    epochs: int = 0
-    steps: int = 0
-    epoch_losses: list[float] = field(default_factory=list)
-    plan_versions: list[int] = field(default_factory=list)
-    wait_seconds: list[float] = field(default_factory=list)
-    refresh_seconds: list[float] = field(default_factory=list)
-    corpus: str = ""
-    wall_seconds: float = 0.0
     already_finished: bool = False
-    eval_history: list[dict[str, float]] = field(default_factory=list)
+    corpus: str = ""
+    """The training data, in one line."""
+    history: TrainHistory = field(default_factory=TrainHistory)
+    """The history in the workers' last report."""
+    steps: int = 0
+    """Optimizer steps done (the last report's position)."""
     exported_epoch: float | None = None
     """The evaluation the exported model comes from (fractional inside an epoch)."""
     exported_step: int | None = None
-    miner_restarts: int = 0
+    model_dir: str | None = None
+    """The exported model folder."""
     model_uri: str | None = None
     registered_as: str | None = None
     """``name/version`` in the model registry."""
+    wall_seconds: float = 0.0
+
+    @classmethod
+    def from_training(
+        cls,
+        run_name: str,
+        run_id: str,
+        tracking_uri: str,
+        experiment: str,
+        *,
+        corpus: str,
+        history: TrainHistory,
+        steps: int,
+        best: BestModel | None,
+        model_dir: Path,
+    ) -> JobSummary:
+        """The summary of a trained run whose model was exported from ``best`` (None without
+        evaluation: the last epoch's model, at the last step)."""
+        return cls(
+            run_name,
+            run_id,
+            tracking_uri,
+            experiment,
+            corpus=corpus,
+            history=history,
+            steps=steps,
+            exported_epoch=best.epoch if best is not None else float(len(history.epoch_losses)),
+            exported_step=best.step if best is not None else steps,
+            model_dir=str(model_dir),
+        )
+
+    @property
+    def epochs(self) -> int:
+        """Epochs completed."""
+        return len(self.history.epoch_losses)
 
     def sts_line(self) -> str | None:
         """``first file: start -> exported (epoch N)``, from the evaluation history."""
-        if not self.eval_history or self.exported_step is None:
+        evaluations = self.history.evaluations
+        if not evaluations or self.exported_step is None:
             return None
-        first = self.eval_history[0]
+        first = evaluations[0]
         key = next(k for k in first if k.startswith("sts_") and k.endswith("_spearman"))
         start = first if first["epoch"] == 0 else None
-        shipped = next((h for h in self.eval_history if h["step"] == self.exported_step), None)
+        shipped = next((h for h in evaluations if h["step"] == self.exported_step), None)
         if shipped is None:
             return None
         before = f"{start[key]:.2f} -> " if start is not None else ""
@@ -50,7 +88,7 @@ class JobSummary:
         if whitened in shipped:
             w_before = f"{start[whitened]:.2f} -> " if start is not None and whitened in start else ""
             text += f" (whitened {w_before}{shipped[whitened]:.2f})"
-        candidates = len(self.eval_history) - (start is not None)
+        candidates = len(evaluations) - (start is not None)
         return (
             f"{text}; exported epoch {self.exported_epoch:g} (step {self.exported_step}, best of "
             f"{candidates} evaluation{'s' if candidates != 1 else ''} after training; the starting "
@@ -58,26 +96,27 @@ class JobSummary:
         )
 
     def render(self) -> str:
+        """The console summary (also the MLflow run's description)."""
         if self.already_finished:
             return (
                 f"run {self.run_name!r} already finished (MLflow run {self.run_id}); nothing to do.\n"
                 f"  review with   {ui_command(self.tracking_uri)}"
             )
-        refreshes = [s for s in self.refresh_seconds if s > 0]  # 0 where no new plan was adopted
-        plans = ", ".join(f"v{v}" + (" (random)" if v == 0 else " (mined)") for v in self.plan_versions)
-        loss = (
-            f"{self.epoch_losses[0]:.4f} -> {self.epoch_losses[-1]:.4f} (epoch means)"
-            if self.epoch_losses
-            else "n/a"
+        history = self.history
+        refreshes = [s for s in history.refresh_seconds if s > 0]  # 0 where no new plan was adopted
+        plans = ", ".join(f"v{v}" + (" (random)" if v == 0 else " (mined)") for v in history.plan_versions)
+        losses = history.epoch_losses
+        loss = f"{losses[0]:.4f} -> {losses[-1]:.4f} (epoch means)" if losses else "n/a"
+        restarts = (
+            f"; the miner actor was restarted {history.miner_restarts}x" if history.miner_restarts else ""
         )
-        restarts = f"; the miner actor was restarted {self.miner_restarts}x" if self.miner_restarts else ""
         lines = [
             f"SimCSE run {self.run_name!r} finished in {self.wall_seconds:.0f}s",
             f"  epochs        {self.epochs} ({self.steps} steps)",
             f"  loss          {loss}",
             f"  batch plans   {plans}",
             f"  mining        {len(refreshes)} refresh{'es' if len(refreshes) != 1 else ''}, {sum(refreshes):.1f}s of "
-            f"miner time; training waited {sum(self.wait_seconds):.1f}s{restarts}",
+            f"miner time; training waited {sum(history.wait_seconds):.1f}s{restarts}",
             f"  corpus        {self.corpus}",
         ]
         sts = self.sts_line()

@@ -12,6 +12,8 @@ import pytest
 from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
 
+from pipeline.training.checkpoint import load_checkpoint
+
 pytestmark = pytest.mark.slow
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
@@ -363,6 +365,13 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
         m.value for m in sorted(client.get_metric_history(run_id, "train/plan_version"), key=lambda m: m.step)
     ]
     assert versions == [0.0, 1.0]  # epoch 2 trained with mined negatives
+    # ...which the workers really had: the plan in the last checkpoint carries them (it once
+    # arrived without them, and epoch 2 trained on the given negatives only).
+    folders = [p for p in (tmp_path / "runs/sup").glob("checkpoint_*") if p.is_dir()]
+    newest = max(folders, key=lambda p: p.stat().st_mtime)
+    state, _ = load_checkpoint(newest)
+    assert state.plan.version == 1 and state.plan.negatives.shape == (len(rows), 2)
+    assert (state.plan.negatives >= 0).mean() > 0.5
     assert len(client.get_metric_history(run_id, "mining/negative_similarity_mean")) == 1
     assert client.get_metric_history(run_id, "mining/anchors_short")[0].value < len(rows)
     losses = [m.value for m in client.get_metric_history(run_id, "train/loss")]

@@ -11,7 +11,7 @@ import torch
 from pipeline.batching.plan import balanced_batch_sizes, worker_slices
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
 from pipeline.mining.index import knn_search
-from pipeline.mining.miner import HardNegativeMiner
+from pipeline.mining.miner import HardNegativeMiner, MinerSettings
 from pipeline.mining.plan_quality import false_negative_pairs, plan_churn
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
@@ -96,6 +96,27 @@ def _same_group_pairs_together(plan, groups, neighbours):
     return float((batch_of[rows[same]] == batch_of[other[same]]).mean())
 
 
+def test_miner_settings_come_from_the_config():
+    from pipeline.config.loading import load_config
+
+    cfg = load_config(
+        overrides=[
+            "train.group_by_length=true", "train.length_group_batches=8", "mining.top_k=16",
+            "mining.num_gpus=1", "mining.max_restarts=2", "mining.range_min=3", "mining.index=ivf",
+        ]
+    )  # fmt: skip
+    settings = MinerSettings.from_config(cfg, "sqlite:///x.db", "run-1")
+    assert (settings.top_k, settings.group_batches, settings.max_restarts) == (16, 8, 2)
+    assert settings.use_gpu and settings.num_gpus == 1 and settings.pooler == cfg.model.pooler
+    assert settings.filters == cfg.mining.negative_filters() and settings.filters.range_min == 3
+    assert settings.index_spec == cfg.mining.index_spec() and settings.index_spec.kind == "ivf"
+    assert (settings.tracking_uri, settings.run_id) == ("sqlite:///x.db", "run-1")
+    # Length grouping off: the miner's random plans are not grouped, whatever the group size.
+    assert (
+        MinerSettings.from_config(load_config(overrides=["train.length_group_batches=8"])).group_batches == 0
+    )
+
+
 def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenized_corpus):
     from pipeline.mining.negatives import NegativeFilters
 
@@ -104,10 +125,10 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
 
     def refresh(filters, version=1):
-        miner = HardNegativeMiner(
-            table, pack_dir(trained_tiny_model_dir), pooler="mean", batch_size=16, top_k=64,
-            encode_batch_size=64, seed=11, filters=filters,
-        )  # fmt: skip
+        settings = MinerSettings(
+            pooler="mean", batch_size=16, top_k=64, encode_batch_size=64, seed=11, filters=filters
+        )
+        miner = HardNegativeMiner(table, pack_dir(trained_tiny_model_dir), settings)
         assert miner.ready() == os.getpid()  # its process: a restarted miner answers another
         return miner, miner.refresh(weights, version=version, step=0)
 
@@ -212,10 +233,11 @@ def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphras
     anchors, positives = paraphrase_pairs
     table, triplets = index_triplets(anchors, positives, None)
     tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
-    miner = HardNegativeMiner(
-        tokenized, pack_dir(trained_tiny_model_dir), pooler="mean", batch_size=32, top_k=32,
-        encode_batch_size=64, seed=0, triplets=triplets, filters=NegativeFilters(num_negatives=2),
-    )  # fmt: skip
+    filters = NegativeFilters(num_negatives=2)
+    settings = MinerSettings(
+        pooler="mean", batch_size=32, top_k=32, encode_batch_size=64, seed=0, filters=filters
+    )
+    miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=7)
     plan, metrics = report.plan, report.metrics

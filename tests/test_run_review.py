@@ -14,7 +14,7 @@ from conftest import REPO
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking.context import GIT_COMMIT_ENV, git_commit
-from pipeline.tracking.export import best_model_metrics
+from pipeline.tracking.export import best_model_metrics, exported_eval_metrics
 from pipeline.tracking.metric_logger import MetricLogger
 
 HISTORY = [
@@ -40,11 +40,26 @@ def test_best_metrics_are_the_exported_evaluation_under_stable_names():
     }
 
 
+def test_linked_model_metrics_are_the_exported_evaluation_as_logged():
+    """The logged model is linked to its evaluation under the names the run logged it with
+    (eval_metric_names), beside its best/ scores."""
+    assert exported_eval_metrics(HISTORY, exported_step=25) == {
+        "eval/sts_dev_spearman": 80.0,
+        "eval/sts_dev_alignment": 0.2,
+        "eval/score": 80.0,
+    }
+    assert exported_eval_metrics(HISTORY, exported_step=30) == {}  # not evaluated there
+
+
 def test_summary_counts_the_evaluations_that_could_be_exported():
     from pipeline.summary import JobSummary
+    from pipeline.training.state import BestModel, TrainHistory
 
-    summary = JobSummary("r", "id", "sqlite:///x.db", "e", eval_history=HISTORY, exported_epoch=1.0)
-    summary.exported_step = 25
+    summary = JobSummary.from_training(
+        "r", "id", "sqlite:///x.db", "e", corpus="c", history=TrainHistory(evaluations=HISTORY), steps=50,
+        best=BestModel(score=80.0, epoch=1.0, step=25), model_dir=Path("m"),
+    )  # fmt: skip
+    assert (summary.exported_epoch, summary.exported_step, summary.model_dir) == (1.0, 25, "m")
     line = summary.sts_line()
     assert line is not None and line.startswith("dev spearman 70.00 -> 80.00; exported epoch 1 (step 25")
     assert "best of 2 evaluations after training; the starting model's is the 'before'" in line
@@ -114,3 +129,46 @@ def test_tiny_model_is_the_same_in_every_process(tmp_path):
     ids = tokenizer("zonouku pai")["input_ids"]
     assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
     assert Path(tmp_path / "a" / "config.json").is_file()
+
+
+def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeypatch):
+    """run_train_job leaves the caller's config as it was; resolved_config.yaml, the run's
+    params and the config handed to training (the workers' LoopConfig.config) are one config,
+    with the run name and the generated files filled in."""
+    import copy
+    import dataclasses
+
+    import pipeline.job as job
+    from pipeline.config.loading import dump_yaml, load_config
+    from pipeline.summary import JobSummary
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = load_config(REPO / "jobs/configs/demo.yaml")
+    before = copy.deepcopy(cfg)
+    handed = []
+
+    def train_in_ray(resolved, tracked, storage_root, sts_files, echo):
+        handed.append((resolved, sts_files))
+        return JobSummary(
+            resolved.run.name, tracked.run_id, tracked.tracking_uri, resolved.tracking.experiment
+        )
+
+    # The job starts its own local Ray and opens a real MLflow store; only the training inside
+    # the Ray session is replaced by a recorder of what it was handed.
+    monkeypatch.setattr(job, "train_in_ray", train_in_ray)
+    summary = job.run_train_job(cfg, echo=lambda _line: None)
+
+    assert cfg == before and cfg.data.path is None and cfg.eval.sts == []
+    ((resolved, sts_files),) = handed
+    run_dir = tmp_path / "runs/demo"
+    assert resolved.run.name == "demo" == summary.run_name
+    assert resolved.data.path == str(run_dir / "generated_corpus.txt")
+    assert resolved.eval.sts == [str(run_dir / "generated_sts.tsv")]
+    assert [f.name for f in sts_files] == ["generated_sts"]
+    assert dataclasses.replace(resolved, data=before.data, eval=before.eval) == before  # nothing else
+    assert (run_dir / "resolved_config.yaml").read_text() == dump_yaml(resolved)
+    assert load_config(run_dir / "resolved_config.yaml") == resolved
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}").get_run(summary.run_id)
+    assert run.data.params == {k: "null" if v is None else str(v) for k, v in resolved.flat().items()}
+    assert run.info.status == "FINISHED"

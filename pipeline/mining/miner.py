@@ -2,15 +2,16 @@
 
 :class:`HardNegativeMiner` is plain Python so it can be tested without Ray; the driver
 runs it as a Ray actor with its own resources (``mining.num_cpus`` / ``mining.num_gpus``)
-through :func:`start_miner_actor`.
+through :func:`start_miner_actor`. Everything it is configured with is one
+:class:`MinerSettings`, built from the run config by :meth:`MinerSettings.from_config`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,13 +21,9 @@ from pipeline.batching.samplers import random_plan
 from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
 from pipeline.errors import first_line
-from pipeline.mining.encode_pool import encode_with_actor_pool
+from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
 from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search
-from pipeline.mining.negatives import (
-    NegativeFilters,
-    mine_anchor_negatives,
-    text_keys,
-)
+from pipeline.mining.negatives import NegativeFilters, text_keys
 from pipeline.mining.plan_quality import (
     _first_valid_scores,
     false_negative_pairs,
@@ -35,9 +32,79 @@ from pipeline.mining.plan_quality import (
     plan_from_neighbours,
     similarity_histogram_png,
 )
-from pipeline.model.encode import encode_rows
+from pipeline.model.encode import encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.retry import call_with_retries
+
+if TYPE_CHECKING:
+    from pipeline.config.schema import Config
+
+HISTOGRAM_UPLOAD_ATTEMPTS = 12
+"""With waits doubling from 1 s up to 60 s: about ten minutes of retries."""
+
+
+@dataclass(frozen=True)
+class MinerSettings:
+    """Everything the miner is configured with besides its inputs (corpus, model, triplets)."""
+
+    pooler: str
+    """``model.pooler``."""
+    batch_size: int
+    """``train.batch_size``: the global batch the plan is cut into."""
+    top_k: int
+    """``mining.top_k``: neighbours searched per row."""
+    encode_batch_size: int
+    """``mining.encode_batch_size``."""
+    seed: int
+    """``run.seed``; each refresh searches and plans with ``seed + version``."""
+    index_spec: IndexSpec = field(default_factory=IndexSpec)
+    filters: NegativeFilters = field(default_factory=NegativeFilters)
+    encode_actors: int = 0
+    """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool."""
+    encode_num_cpus: float = 1.0
+    encode_num_gpus: float = 0.0
+    group_batches: int = 0
+    """``train.group_batches``: triplet mode groups its plan's random batches by length in
+    groups of this many batches (0: don't)."""
+    num_cpus: float = 1.0
+    """The miner actor's own CPUs (``mining.num_cpus``)."""
+    num_gpus: float = 0.0
+    """The miner actor's own GPUs (``mining.num_gpus``); with one it encodes and searches there."""
+    max_restarts: int = 0
+    """Times Ray restarts a dead miner actor (``mining.max_restarts``)."""
+    tracking_uri: str | None = None
+    run_id: str | None = None
+    """The MLflow run the miner logs its ``mining/`` metrics and histograms to; None: no logging."""
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.num_gpus > 0
+
+    @classmethod
+    def from_config(
+        cls, cfg: Config, tracking_uri: str | None = None, run_id: str | None = None
+    ) -> MinerSettings:
+        """The settings of the run config ``cfg``, logging to MLflow run ``run_id`` at ``tracking_uri``."""
+        mining = cfg.mining
+        return cls(
+            pooler=cfg.model.pooler,
+            batch_size=cfg.train.batch_size,
+            top_k=mining.top_k,
+            encode_batch_size=mining.encode_batch_size,
+            seed=cfg.run.seed,
+            index_spec=mining.index_spec(),
+            filters=mining.negative_filters(),
+            encode_actors=mining.encode_actors,
+            encode_num_cpus=mining.encode_num_cpus,
+            encode_num_gpus=mining.encode_num_gpus,
+            group_batches=cfg.train.group_batches,
+            num_cpus=mining.num_cpus,
+            num_gpus=mining.num_gpus,
+            max_restarts=mining.max_restarts,
+            tracking_uri=tracking_uri,
+            run_id=run_id,
+        )
 
 
 @dataclass
@@ -50,53 +117,31 @@ class HardNegativeMiner:
     """Encodes the corpus, finds each row's nearest neighbours and builds a batch plan."""
 
     def __init__(
-        self,
-        corpus_table: Any,
-        model_blob: bytes,
-        pooler: str,
-        batch_size: int,
-        top_k: int,
-        encode_batch_size: int,
-        seed: int,
-        use_gpu: bool = False,
-        tracking_uri: str | None = None,
-        run_id: str | None = None,
-        index_spec: IndexSpec | None = None,
-        filters: NegativeFilters | None = None,
-        encode_actors: int = 0,
-        encode_num_cpus: float = 1.0,
-        encode_num_gpus: float = 0.0,
-        triplets: Triplets | None = None,
-        length_group_batches: int = 0,
+        self, corpus_table: Any, model_blob: bytes, settings: MinerSettings, triplets: Triplets | None = None
     ):
+        """
+        Args:
+            corpus_table: the tokenized corpus (``id``, ``text``, ``input_ids``).
+            model_blob: the packed initial model folder (:func:`pipeline.model.folders.pack_dir`).
+            settings: everything else it is configured with.
+            triplets: triplet mode's rows over the corpus' texts; None: neighbourhood mode.
+        """
         quiet_libraries()
-        self.model_blob = model_blob
-        self.pooler = pooler
-        self.encode_pool = (encode_actors, encode_num_cpus, encode_num_gpus)
+        self.settings = settings
         self.corpus_table = corpus_table
+        self.model_blob = model_blob
+        self.triplets = triplets
         model_dir = unpack_dir(model_blob)
-
-        tokenizer = load_tokenizer(model_dir)
-        self.corpus = TokenizedCorpus(corpus_table, tokenizer.pad_token_id)
-        self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
-        self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=pooler).to(self.device)
-        self.batch_size = batch_size
-        self.top_k = top_k
-        self.encode_batch_size = encode_batch_size
-        self.seed = seed
-        self.use_gpu = use_gpu
-        self.index_spec = index_spec or IndexSpec()
-        self.filters = filters or NegativeFilters()
+        self.corpus = TokenizedCorpus(corpus_table, load_tokenizer(model_dir).pad_token_id)
+        self.device = torch.device("cuda" if settings.use_gpu and torch.cuda.is_available() else "cpu")
+        self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=settings.pooler).to(self.device)
         (self.text_keys,) = text_keys(corpus_table.column("text").to_pylist())
         self.previous_plan: BatchPlan | None = None
-        self.triplets = triplets
-        self.length_group_batches = length_group_batches
-        """Triplet mode: group the plan's random batches by length (0: don't)."""
         self.logger = None
-        if tracking_uri and run_id:
+        if settings.tracking_uri and settings.run_id:
             from pipeline.tracking.metric_logger import MetricLogger
 
-            self.logger = MetricLogger(tracking_uri, run_id)
+            self.logger = MetricLogger(settings.tracking_uri, settings.run_id)
 
     def _log_histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int) -> None:
         """Similarity histogram of the negatives the loss will see, next to random pairs.
@@ -106,6 +151,7 @@ class HardNegativeMiner:
         """
         if self.logger is None:
             return
+        import shutil
         import tempfile
         import threading
         from pathlib import Path
@@ -122,98 +168,82 @@ class HardNegativeMiner:
         logger = self.logger
 
         def upload() -> None:
-            import shutil
-
-            wait = 1.0
             try:
-                for attempt in range(12):  # about ten minutes of retries
-                    try:
-                        logger.client.log_artifact(logger.run_id, str(path), "mining")
-                        return
-                    except Exception as exc:
-                        if attempt == 11:
-                            print(
-                                f"[mining] warning: histogram v{version} not logged: {first_line(exc)}",
-                                flush=True,
-                            )
-                        time.sleep(wait)
-                        wait = min(wait * 2, 60.0)
+                call_with_retries(
+                    lambda: logger.client.log_artifact(logger.run_id, str(path), "mining"),
+                    retry_on=Exception,
+                    attempts=HISTOGRAM_UPLOAD_ATTEMPTS,
+                    wait_s=1.0,
+                    max_wait_s=60.0,
+                )
+            except Exception as exc:
+                print(f"[mining] warning: histogram v{version} not logged: {first_line(exc)}", flush=True)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
 
         threading.Thread(target=upload, name=f"histogram-v{version}", daemon=True).start()
 
+    def _report(self, plan: BatchPlan, metrics: dict[str, float], step: int) -> RefreshReport:
+        """Remember the plan (the next refresh's churn is against it) and log the metrics."""
+        self.previous_plan = plan
+        if self.logger is not None:
+            self.logger.log(metrics, step)
+            self.logger.flush()
+        return RefreshReport(plan, metrics)
+
     def _refresh_triplets(
         self, embeddings: np.ndarray, version: int, step: int, t0: float, t_encode: float
     ) -> RefreshReport:
         """Triplet mode: mine each anchor's negatives among the distinct positives."""
-        triplets = self.triplets
+        triplets, settings = self.triplets, self.settings
         assert triplets is not None
         pool = np.unique(triplets.positive)
-        keys = self.text_keys
-        t1 = time.perf_counter()
-        mined = mine_anchor_negatives(
-            embeddings[triplets.anchor], embeddings[triplets.positive], embeddings[pool],
-            keys[triplets.anchor], keys[triplets.positive], keys[pool], self.filters, self.top_k,
-            spec=self.index_spec, use_gpu=self.use_gpu, seed=self.seed + version,
+        mined = mine_anchors(
+            embeddings, self.text_keys, triplets.anchor, triplets.positive, pool, settings.filters,
+            settings.top_k, settings.index_spec, settings.use_gpu, settings.seed + version, settings.seed,
         )  # fmt: skip
-        knn, chosen, positive_scores = mined.knn, mined.selected, mined.positive_scores
-        chosen.indices = np.where(
-            chosen.indices >= 0, pool[np.maximum(chosen.indices, 0)], -1
-        )  # to text positions
+        t_plan = time.perf_counter()
+        chosen, knn = mined.selected, mined.knn
         plan = random_plan(
-            len(triplets), self.batch_size, seed=self.seed + version, version=version,
-            lengths=row_lengths(self.corpus, triplets), group_batches=self.length_group_batches,
+            len(triplets), settings.batch_size, seed=settings.seed + version, version=version,
+            lengths=row_lengths(self.corpus, triplets), group_batches=settings.group_batches,
         )  # fmt: skip
-        plan.negatives = chosen.indices
+        plan.negatives = np.where(
+            chosen.indices >= 0, pool[np.maximum(chosen.indices, 0)], -1
+        )  # text positions
         found = chosen.scores[chosen.indices >= 0]
-        rng = np.random.default_rng(self.seed)
-        a, b = rng.integers(len(embeddings), size=(2, min(20_000, len(embeddings) ** 2)))
-        random_pairs = np.einsum("ij,ij->i", embeddings[a], embeddings[b])
         metrics = {
             "mining/encode_s": t_encode,
             "mining/index_s": knn.index_seconds,
             "mining/search_s": knn.search_seconds,
-            "mining/plan_s": time.perf_counter() - t1 - knn.index_seconds - knn.search_seconds,
+            "mining/plan_s": mined.filter_seconds + time.perf_counter() - t_plan,
             "mining/total_s": time.perf_counter() - t0,
             "mining/corpus_size": float(len(pool)),
             "mining/candidates": float(chosen.candidates),
             "mining/kept": float(chosen.kept),
             **{f"mining/removed_{name}": float(count) for name, count in chosen.removed.items()},
             "mining/anchors_short": float(chosen.anchors_short),
-            "mining/positive_similarity_mean": float(positive_scores.mean()),
-            "mining/random_pair_similarity_mean": float(random_pairs.mean()),
+            "mining/positive_similarity_mean": float(mined.positive_scores.mean()),
+            "mining/random_pair_similarity_mean": float(mined.random_pairs.mean()),
             "mining/plan_version": float(version),
+            **{f"mining/negative_similarity_{k}": v for k, v in similarity_percentiles(found).items()},
         }
-        if len(found):
-            metrics.update(
-                {
-                    "mining/negative_similarity_mean": float(found.mean()),
-                    "mining/negative_similarity_p10": float(np.percentile(found, 10)),
-                    "mining/negative_similarity_p50": float(np.percentile(found, 50)),
-                    "mining/negative_similarity_p90": float(np.percentile(found, 90)),
-                }
-            )
         if self.previous_plan is not None and self.previous_plan.negatives is not None:
             metrics["mining/churn"] = float((self.previous_plan.negatives != plan.negatives).mean())
-        self.previous_plan = plan
         if len(found):
-            self._log_histogram(found, random_pairs, version)
-        if self.logger is not None:
-            self.logger.log(metrics, step)
-            self.logger.flush()
-        return RefreshReport(plan, metrics)
+            self._log_histogram(found, mined.random_pairs, version)
+        return self._report(plan, metrics, step)
 
     def encode(self, encoder_state: dict[str, torch.Tensor]) -> np.ndarray:
         """Normalised embeddings of the whole corpus under the given encoder weights."""
-        actors, num_cpus, num_gpus = self.encode_pool
-        if actors == 0:
+        s = self.settings
+        if s.encode_actors == 0:
             self.model.encoder.load_state_dict(encoder_state)
             rows = np.arange(len(self.corpus))
-            return encode_rows(self.model, self.corpus, rows, self.encode_batch_size, self.device)
+            return encode_rows(self.model, self.corpus, rows, s.encode_batch_size, self.device)
         return encode_with_actor_pool(
-            self.corpus_table, self.corpus.lengths, self.model_blob, self.pooler, encoder_state,
-            self.encode_batch_size, actors, num_cpus, num_gpus,
+            self.corpus_table, self.corpus.lengths, self.model_blob, s.pooler, encoder_state,
+            s.encode_batch_size, s.encode_actors, s.encode_num_cpus, s.encode_num_gpus,
         )  # fmt: skip
 
     def ready(self) -> int:
@@ -227,26 +257,26 @@ class HardNegativeMiner:
         embeddings = self.encode(encoder_state)
         if self.triplets is not None:
             return self._refresh_triplets(embeddings, version, step, t0, time.perf_counter() - t0)
-        rows = np.arange(len(self.corpus))
+        s = self.settings
+        n = len(self.corpus)
         t_encode = time.perf_counter() - t0
-        k = min(self.top_k + 1, len(rows))
-        kind = self.index_spec.resolve(len(rows))
-        estimate = estimate_index_bytes(len(rows), embeddings.shape[1], k, kind, self.index_spec)
+        k = min(s.top_k + 1, n)
+        kind = s.index_spec.resolve(n)
+        estimate = estimate_index_bytes(n, embeddings.shape[1], k, kind, s.index_spec)
         print(
-            f"[mining] v{version}: {kind} index over {len(rows)} x {embeddings.shape[1]}, about {estimate / 2**20:.0f} MiB",
+            f"[mining] v{version}: {kind} index over {n} x {embeddings.shape[1]}, about {estimate / 2**20:.0f} MiB",
             flush=True,
         )
-        knn = knn_search(embeddings, k, use_gpu=self.use_gpu, spec=self.index_spec, seed=self.seed + version)
+        knn = knn_search(embeddings, k, use_gpu=s.use_gpu, spec=s.index_spec, seed=s.seed + version)
         t1 = time.perf_counter()
-        n = len(rows)
         plan, filtered, false_negatives = plan_from_neighbours(
-            knn, self.text_keys, self.filters, self.batch_size, self.seed + version, version
+            knn, self.text_keys, s.filters, s.batch_size, s.seed + version, version
         )
         t_plan = time.perf_counter() - t1
         top1 = _first_valid_scores(knn.scores, np.where(filtered.duplicate, -1, knn.indices))
-        baseline = random_plan(n, self.batch_size, seed=self.seed + 10_000 + version)
-        pair_sims = in_batch_pair_similarities(embeddings, plan, self.seed)
-        random_sims = in_batch_pair_similarities(embeddings, baseline, self.seed)
+        baseline = random_plan(n, s.batch_size, seed=s.seed + 10_000 + version)
+        pair_sims = in_batch_pair_similarities(embeddings, plan, s.seed)
+        random_sims = in_batch_pair_similarities(embeddings, baseline, s.seed)
         metrics = {
             "mining/encode_s": t_encode,
             "mining/index_s": knn.index_seconds,
@@ -259,10 +289,7 @@ class HardNegativeMiner:
             "mining/candidates": float(filtered.candidates),
             "mining/kept": float(filtered.allowed.sum()),
             **{f"mining/removed_{name}": float(count) for name, count in filtered.removed.items()},
-            "mining/batch_similarity_mean": float(pair_sims.mean()),
-            "mining/batch_similarity_p10": float(np.percentile(pair_sims, 10)),
-            "mining/batch_similarity_p50": float(np.percentile(pair_sims, 50)),
-            "mining/batch_similarity_p90": float(np.percentile(pair_sims, 90)),
+            **{f"mining/batch_similarity_{k}": v for k, v in similarity_percentiles(pair_sims).items()},
             "mining/random_batch_similarity_mean": float(random_sims.mean()),
             "mining/false_negatives_flagged": float((false_negatives >= 0).sum()),
             "mining/false_negative_pairs_in_batches": float(false_negative_pairs(plan, false_negatives)),
@@ -270,32 +297,33 @@ class HardNegativeMiner:
         }
         if self.previous_plan is not None:
             metrics["mining/churn"] = plan_churn(self.previous_plan, plan)
-        self.previous_plan = plan
         self._log_histogram(pair_sims, random_sims, version)
-        if self.logger is not None:
-            self.logger.log(metrics, step)
-            self.logger.flush()
-        return RefreshReport(plan, metrics)
+        return self._report(plan, metrics, step)
 
 
 def start_miner_actor(
-    num_cpus: float, num_gpus: float, name: str | None = None, max_restarts: int = 0, **kwargs: Any
+    settings: MinerSettings, corpus_table: Any, model_blob: Any, triplets: Any = None
 ) -> Any:
-    """Start :class:`HardNegativeMiner` as a Ray actor with its own resources.
+    """Start :class:`HardNegativeMiner` as a Ray actor with the settings' own resources.
 
-    Ray restarts a dead actor up to ``max_restarts`` times (re-running the constructor);
-    calls in flight when it died fail rather than being retried, so the caller knows to
-    submit the refresh again with newer weights.
+    Args:
+        settings: the miner's settings (resources and restarts included).
+        corpus_table, model_blob, triplets: object refs of the constructor's inputs (or values).
+
+    Returns:
+        The actor handle. Ray restarts a dead actor up to ``settings.max_restarts`` times
+        (re-running the constructor); calls in flight when it died fail rather than being
+        retried, so the caller knows to submit the refresh again with newer weights.
     """
     import ray
 
-    actor_cls = ray.remote(HardNegativeMiner)
-    options: dict[str, Any] = {
-        "num_cpus": num_cpus,
-        "num_gpus": num_gpus,
-        "max_restarts": max_restarts,
-        "max_task_retries": 0,
-    }
-    if name:
-        options["name"] = name
-    return actor_cls.options(**options).remote(use_gpu=num_gpus > 0, **kwargs)
+    return (
+        ray.remote(HardNegativeMiner)
+        .options(
+            num_cpus=settings.num_cpus,
+            num_gpus=settings.num_gpus,
+            max_restarts=settings.max_restarts,
+            max_task_retries=0,
+        )
+        .remote(corpus_table, model_blob, settings, triplets)
+    )

@@ -26,8 +26,9 @@ from pipeline.config.schema import Config
 from pipeline.data.pairs import index_triplets, read_pairs
 from pipeline.data.readers import DataError
 from pipeline.data.tokenized import dataset_digest
+from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
 from pipeline.mining.index import estimate_index_bytes
-from pipeline.mining.negatives import FILTERS, mine_anchor_negatives, text_keys
+from pipeline.mining.negatives import FILTERS, text_keys
 from pipeline.tracking.run import TrackedRun
 
 
@@ -123,70 +124,62 @@ def mine_pairs(
     def encode(texts: list[str]) -> np.ndarray:
         return encode_texts(model, tokenizer, texts, cfg.data.max_seq_len, mining.encode_batch_size, device)
 
-    pool_vectors = encode(pool)
-    position = {text: i for i, text in enumerate(pool)}
     # Each distinct text is encoded once: anchors repeat (SNLI premises) or are positives too.
-    extra = sorted(set(anchors).difference(position))
-    position.update({text: len(pool) + i for i, text in enumerate(extra)})
-    vectors = np.concatenate([pool_vectors, encode(extra)]) if extra else pool_vectors
-    anchor_vectors = vectors[np.array([position[a] for a in anchors])]
-    positive_rows = np.array([position[p] for p in positives])
+    # The pool comes first, so pool position i is text position i.
+    texts = pool + sorted(set(anchors).difference(pool))
+    vectors = encode(pool)
+    if len(texts) > len(pool):
+        vectors = np.concatenate([vectors, encode(texts[len(pool) :])])
+    position = {text: i for i, text in enumerate(texts)}
     report.seconds["encode"] = time.perf_counter() - t0
 
     k = min(mining.top_k, len(pool))
     spec = mining.index_spec()
     report.index = spec.resolve(len(pool))
-    report.estimated_index_bytes = estimate_index_bytes(
-        len(pool), pool_vectors.shape[1], k, report.index, spec
-    )
+    report.estimated_index_bytes = estimate_index_bytes(len(pool), vectors.shape[1], k, report.index, spec)
     if echo is not None:
         echo(
-            f"[mining] {report.index} index over {len(pool)} x {pool_vectors.shape[1]} vectors, k={k}: "
+            f"[mining] {report.index} index over {len(pool)} x {vectors.shape[1]} vectors, k={k}: "
             f"about {report.estimated_index_bytes / 2**20:.1f} MiB"
         )
-    pool_keys, anchor_keys = text_keys(pool, anchors)
-    t1 = time.perf_counter()
-    mined = mine_anchor_negatives(
-        anchor_vectors, pool_vectors[positive_rows], pool_vectors, anchor_keys, pool_keys[positive_rows], pool_keys,
-        mining.negative_filters(), k, spec=spec, use_gpu=mining.num_gpus > 0, seed=cfg.run.seed,
+    (keys,) = text_keys(texts)
+    mined = mine_anchors(
+        vectors, keys, np.array([position[a] for a in anchors]), np.array([position[p] for p in positives]),
+        np.arange(len(pool)), mining.negative_filters(), k, spec, mining.num_gpus > 0, cfg.run.seed, cfg.run.seed,
     )  # fmt: skip
-    knn, chosen, positive_scores = mined.knn, mined.selected, mined.positive_scores
+    chosen, knn = mined.selected, mined.knn
     report.index = knn.backend
-    report.seconds["index"] = knn.index_seconds
-    report.seconds["search"] = knn.search_seconds
-    report.seconds["filter"] = time.perf_counter() - t1 - knn.index_seconds - knn.search_seconds
+    report.seconds.update(index=knn.index_seconds, search=knn.search_seconds, filter=mined.filter_seconds)
     report.candidates, report.kept_before_sampling = chosen.candidates, chosen.kept
     report.removed, report.anchors_short = chosen.removed, chosen.anchors_short
 
-    complete = (chosen.indices >= 0).all(axis=1)
+    table, kept_scores = _complete_rows(anchors, positives, pool, chosen.indices, chosen.scores)
+    report.rows_out = table.num_rows
+    report.similarities = {
+        "random pairs": mined.random_pairs,
+        "positives": mined.positive_scores,
+        "negatives": kept_scores,
+    }
+    if len(kept_scores):
+        positive_mean = float(mined.positive_scores.mean())
+        report.negative_similarity = {**similarity_percentiles(kept_scores), "positive_mean": positive_mean}
+    return table, report
+
+
+def _complete_rows(
+    anchors: list[str], positives: list[str], pool: list[str], negatives: np.ndarray, scores: np.ndarray
+) -> tuple[pa.Table, np.ndarray]:
+    """The output table: the rows that got every negative (``negatives`` are ``(rows, n)``
+    pool positions, -1 where missing), and those negatives' similarities to their anchors."""
+    complete = (negatives >= 0).all(axis=1)
     columns: dict[str, Any] = {
         "anchor": [a for a, ok in zip(anchors, complete, strict=True) if ok],
         "positive": [p for p, ok in zip(positives, complete, strict=True) if ok],
     }
     pool_array = np.array(pool, dtype=object)
-    for j in range(mining.num_negatives):
-        columns[f"negative_{j + 1}"] = pool_array[chosen.indices[complete, j]].tolist()
-    report.rows_out = int(complete.sum())
-    kept_scores = chosen.scores[complete].ravel()
-    rng = np.random.default_rng(cfg.run.seed)
-    sample = rng.integers(len(anchors), size=min(20_000, len(anchors)))
-    random_pairs = np.einsum(
-        "ij,ij->i", anchor_vectors[sample], pool_vectors[rng.integers(len(pool), size=len(sample))]
-    )
-    report.similarities = {
-        "random pairs": random_pairs,
-        "positives": positive_scores,
-        "negatives": kept_scores,
-    }
-    if len(kept_scores):
-        report.negative_similarity = {
-            "mean": float(kept_scores.mean()),
-            "p10": float(np.percentile(kept_scores, 10)),
-            "p50": float(np.percentile(kept_scores, 50)),
-            "p90": float(np.percentile(kept_scores, 90)),
-            "positive_mean": float(positive_scores.mean()),
-        }
-    return pa.table(columns), report
+    for j in range(negatives.shape[1]):
+        columns[f"negative_{j + 1}"] = pool_array[negatives[complete, j]].tolist()
+    return pa.table(columns), scores[complete].ravel()
 
 
 def write_triplets(table: pa.Table, output: str) -> None:

@@ -30,19 +30,27 @@ def export_checkpoint_model(checkpoint: Any, export_dir: Path) -> tuple[Path, Be
     return export_dir, best
 
 
+def exported_eval_metrics(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, float]:
+    """The exported model's own evaluation under the names the run logged it with
+    (:func:`~pipeline.evaluation.in_training.eval_metric_names`: ``eval/sts_stsb-dev_spearman``,
+    ``eval/score`` ...); empty when no evaluation ran at ``exported_step``."""
+    from pipeline.evaluation.in_training import eval_metric_names
+
+    evaluated = next((row for row in eval_history if int(row["step"]) == exported_step), None)
+    if evaluated is None:
+        return {}
+    return eval_metric_names({k: v for k, v in evaluated.items() if k not in ("epoch", "step")})
+
+
 def best_model_metrics(
     eval_history: list[dict[str, float]], exported_epoch: float, exported_step: int
 ) -> dict[str, float]:
     """The shipped model's scores under stable names, to sort and compare runs on:
     ``best/epoch``, ``best/step`` and, when it was evaluated, ``best/<eval metric>`` for each
     of its evaluation's metrics (``best/sts_stsb-dev_spearman``, ``best/score`` ...)."""
-    from pipeline.evaluation.in_training import eval_metric_names
-
     out = {"best/epoch": float(exported_epoch), "best/step": float(exported_step)}
-    evaluated = next((row for row in eval_history if int(row["step"]) == exported_step), None)
-    if evaluated is not None:
-        scores = {k: v for k, v in evaluated.items() if k not in ("epoch", "step")}
-        out.update({"best/" + key.removeprefix("eval/"): v for key, v in eval_metric_names(scores).items()})
+    evaluated = exported_eval_metrics(eval_history, exported_step)
+    out.update({"best/" + key.removeprefix("eval/"): v for key, v in evaluated.items()})
     return out
 
 

@@ -1,0 +1,98 @@
+"""Supervised mining over (anchor, positive) rows, as both the training miner's triplet mode
+and the offline job (``jobs/mine.py``) run it: each anchor's negatives among the distinct
+positives, with the random-pair baseline and the numbers both report.
+
+Rows are positions in one array of distinct texts (``vectors``, ``keys``): the training
+miner's tokenized corpus, or the offline job's encoded pool followed by the anchors that
+are not in it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.mining.index import IndexSpec, KnnResult
+from pipeline.mining.negatives import NegativeFilters, SelectedNegatives, mine_anchor_negatives
+
+RANDOM_PAIRS = 20_000
+"""Most (anchor, random candidate) pairs in the baseline sample."""
+
+
+@dataclass
+class MinedAnchors:
+    """Each anchor's negatives, and what they are compared with."""
+
+    selected: SelectedNegatives
+    """Negatives as positions in ``pool`` (not in ``vectors``), -1 where an anchor has too few."""
+    positive_scores: np.ndarray
+    """``(n,)`` anchor-positive cosine similarity."""
+    random_pairs: np.ndarray
+    """Cosine similarity of a seeded sample of anchors with random pool rows: the baseline
+    the mined negatives' similarity is read against."""
+    knn: KnnResult
+    filter_seconds: float
+    """Time spent masking duplicates and selecting negatives (index and search excluded)."""
+
+
+def mine_anchors(
+    vectors: np.ndarray,
+    keys: np.ndarray,
+    anchor: np.ndarray,
+    positive: np.ndarray,
+    pool: np.ndarray,
+    filters: NegativeFilters,
+    k: int,
+    spec: IndexSpec,
+    use_gpu: bool,
+    seed: int,
+    baseline_seed: int,
+) -> MinedAnchors:
+    """Mine each anchor's negatives among the ``pool`` rows and sample the random baseline.
+
+    Args:
+        vectors: ``(texts, dim)`` L2-normalised embeddings of the distinct texts.
+        keys: ``(texts,)`` :func:`~pipeline.mining.negatives.text_keys` of the same texts.
+        anchor, positive: per row, the positions of its anchor and positive text.
+        pool: positions of the candidate texts (the distinct positives).
+        filters, k, spec, use_gpu, seed: as :func:`~pipeline.mining.negatives.mine_anchor_negatives`.
+        baseline_seed: seeds the random-pair sample (fixed across refreshes, so that their
+            baselines compare).
+
+    Returns:
+        The selected negatives (pool positions), the anchor-positive and random-pair
+        similarities, the search result and the filtering time.
+    """
+    anchor_vectors, pool_vectors = vectors[anchor], vectors[pool]
+    t0 = time.perf_counter()
+    mined = mine_anchor_negatives(
+        anchor_vectors, vectors[positive], pool_vectors, keys[anchor], keys[positive], keys[pool],
+        filters, k, spec=spec, use_gpu=use_gpu, seed=seed,
+    )  # fmt: skip
+    knn = mined.knn
+    filter_seconds = time.perf_counter() - t0 - knn.index_seconds - knn.search_seconds
+    random_pairs = random_pair_similarities(anchor_vectors, pool_vectors, baseline_seed)
+    return MinedAnchors(mined.selected, mined.positive_scores, random_pairs, knn, filter_seconds)
+
+
+def random_pair_similarities(
+    anchor_vectors: np.ndarray, pool_vectors: np.ndarray, seed: int, max_pairs: int = RANDOM_PAIRS
+) -> np.ndarray:
+    """Cosine similarity of ``min(max_pairs, anchors)`` seeded random anchors (with
+    replacement) with as many random pool rows, anchors drawn first."""
+    rng = np.random.default_rng(seed)
+    sample = rng.integers(len(anchor_vectors), size=min(max_pairs, len(anchor_vectors)))
+    partners = rng.integers(len(pool_vectors), size=len(sample))
+    return np.einsum("ij,ij->i", anchor_vectors[sample], pool_vectors[partners])
+
+
+def similarity_percentiles(scores: np.ndarray) -> dict[str, float]:
+    """``mean``, ``p10``, ``p50`` and ``p90`` of ``scores`` (empty when there are none)."""
+    if not len(scores):
+        return {}
+    return {
+        "mean": float(scores.mean()),
+        **{f"p{q}": float(np.percentile(scores, q)) for q in (10, 50, 90)},
+    }

@@ -1,0 +1,178 @@
+"""The training job's inputs, as the driver prepares them inside the Ray session: the
+training data (with its ``[data]`` lines, tags and the batch-size check), the model folder
+and the tokenized corpus, and their object-store references.
+
+Every function here takes the resolved config (:func:`pipeline.job.resolve_config`) and
+only reads it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config.schema import Config
+from pipeline.config.sections import ConfigError
+from pipeline.data.corpus import load_clean_corpus
+from pipeline.data.pairs import Triplets, index_triplets, read_pairs
+from pipeline.data.tokenize import tokenize_corpus_with_stats
+from pipeline.data.tokenized import dataset_digest
+from pipeline.evaluation.scoring import STSEvalSet
+from pipeline.evaluation.sts import STSPairs
+from pipeline.model.folders import fetch_pretrained_dir, load_tokenizer, pack_dir
+from pipeline.model.tiny import build_tiny_model_dir
+from pipeline.tracking.context import log_run_context
+from pipeline.tracking.run import TrackedRun
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What the run trains on, before tokenizing."""
+
+    corpus: Any
+    """Arrow table of the distinct texts (``id``, ``text``)."""
+    triplets: Triplets | None
+    """Triplet mode: the (anchor, positive[, negative]) rows over ``corpus``; else None."""
+    rows: int
+    """Training rows: sentences, or (anchor, positive) rows in triplet mode."""
+    description: str
+    """One line for the job summary."""
+
+
+@dataclass(frozen=True)
+class TokenizedInputs:
+    model_dir: Path
+    """The initial model folder (:func:`prepare_model_dir`)."""
+    tokenizer: Any
+    corpus: Any
+    """The tokenized corpus table (``id``, ``input_ids``)."""
+
+
+@dataclass(frozen=True)
+class InputRefs:
+    """Object-store references of the inputs every worker and the miner read."""
+
+    corpus: Any
+    model: Any
+    """The packed initial model folder (:func:`pipeline.model.folders.pack_dir`)."""
+    triplets: Any = None
+    eval: Any = None
+    """The :class:`~pipeline.evaluation.scoring.STSEvalSet`; None without evaluation."""
+
+
+def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
+    """Read the corpus (or the triplets), say what was read, tag the run with it and log its
+    context (dataset, commit, versions).
+
+    Raises:
+        DataError: the data cannot be read.
+        ConfigError: ``train.batch_size`` is larger than the data.
+    """
+    mode = cfg.mining.negative_mode
+    data = _read_triplets(cfg, tracked, echo) if mode == "triplet" else _read_sentences(cfg, tracked, echo)
+    no_commit = log_run_context(
+        tracked, cfg.data.path, data.rows, dataset_digest(data.corpus, data.triplets), mode
+    )
+    if no_commit:
+        echo(f"[run] {no_commit}")
+    if data.rows < cfg.train.batch_size:
+        raise ConfigError(
+            f"train.batch_size ({cfg.train.batch_size}) is larger than the corpus ({data.rows} "
+            f"{'rows' if data.triplets is not None else 'sentences'})"
+        )
+    return data
+
+
+def _read_triplets(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
+    anchors, positives, negatives, rows = read_pairs(cfg.data)
+    corpus, triplets = index_triplets(anchors, positives, negatives)
+    given = int((triplets.negative >= 0).sum())
+    echo(
+        f"[data] {cfg.data.path}: {len(triplets)} (anchor, positive) rows of {rows} "
+        f"({rows - len(triplets)} with an empty field dropped), {given} with a given negative, "
+        f"{corpus.num_rows} distinct texts"
+    )
+    tracked.set_tags({"data.rows_read": rows, "data.triplets": len(triplets), "data.texts": corpus.num_rows})
+    description = f"{len(triplets)} triplet rows over {corpus.num_rows} distinct texts"
+    return TrainingData(corpus, triplets, len(triplets), description)
+
+
+def _read_sentences(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
+    assert cfg.data.path is not None  # resolve_config named the generated corpus
+    corpus, stats = load_clean_corpus(cfg.data)
+    echo(f"[data] {cfg.data.path}: {stats.describe()}")
+    tracked.set_tags(stats.tags())
+    description = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"
+    return TrainingData(corpus, None, stats.sentences, description)
+
+
+def prepare_model_dir(cfg: Config, texts: list[str], run_dir: Path) -> Path:
+    """The initial model folder: the configured one, or a tiny BERT with a tokenizer trained
+    on the corpus. Reused as-is when a resumed run already made it."""
+    if cfg.model.name_or_path:
+        return fetch_pretrained_dir(cfg.model.name_or_path, run_dir / "initial_model")
+    target = run_dir / "initial_model"
+    if (target / "config.json").exists():
+        return target
+    tiny = cfg.model.tiny
+    return build_tiny_model_dir(
+        texts,
+        target,
+        hidden_size=tiny.hidden_size,
+        num_layers=tiny.num_layers,
+        num_heads=tiny.num_heads,
+        intermediate_size=tiny.intermediate_size,
+        vocab_size=tiny.vocab_size,
+        max_seq_len=cfg.data.max_seq_len,
+        dropout=cfg.model.dropout,
+        seed=cfg.run.seed,
+    )
+
+
+def tokenize_inputs(
+    cfg: Config, data: TrainingData, run_dir: Path, tracked: TrackedRun, echo: Echo
+) -> TokenizedInputs:
+    """Prepare the initial model folder and tokenize the corpus with its tokenizer; tag the
+    run with the token statistics and log the ``data/`` metrics at step 0."""
+    model_dir = prepare_model_dir(cfg, data.corpus.column("text").to_pylist(), run_dir)
+    tokenizer = load_tokenizer(model_dir)
+    t0 = time.perf_counter()
+    tokenized, token_stats = tokenize_corpus_with_stats(data.corpus, tokenizer, cfg.data)
+    echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - t0:.1f}s")
+    tracked.set_tags(token_stats.tags())
+    tracked.log_metrics(
+        {
+            "data/rows": data.rows,
+            "data/texts": data.corpus.num_rows,
+            "data/truncated_share": token_stats.truncated / max(1, token_stats.sentences),
+        },
+        step=0,
+    )
+    return TokenizedInputs(model_dir, tokenizer, tokenized)
+
+
+def put_inputs(
+    cfg: Config, data: TrainingData, inputs: TokenizedInputs, sts_files: list[STSPairs], echo: Echo
+) -> InputRefs:
+    """Put the tokenized corpus, the packed model folder, the triplets and the STS evaluation
+    set in the object store once, so that each node fetches them once."""
+    import ray
+
+    corpus_ref = ray.put(inputs.corpus)
+    model_ref = ray.put(pack_dir(inputs.model_dir))
+    triplets_ref = ray.put(data.triplets) if data.triplets is not None else None
+    eval_ref = None
+    if sts_files:
+        eval_set = STSEvalSet(sts_files, inputs.tokenizer, cfg.data.max_seq_len)
+        eval_ref = ray.put(eval_set)
+        echo(
+            f"[eval] {', '.join(f'{f.name} ({len(f)} pairs)' for f in sts_files)}: "
+            f"{eval_set.num_sentences} sentences, evaluated at the start and every epoch end"
+            + (f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else "")
+        )
+    return InputRefs(corpus_ref, model_ref, triplets_ref, eval_ref)
