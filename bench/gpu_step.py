@@ -6,15 +6,19 @@
     python bench/gpu_step.py --batch 1024 --phases 20           # + where a step's time goes
 
 Measures what one Ray Train worker and the miner spend their time on, without Ray, so it
-runs on any machine with torch, numpy and transformers (faiss optional):
+runs on any machine with torch, numpy, transformers and pyarrow (faiss optional):
 
-- train step: unsupervised SimCSE as ``pipeline.training.worker.train_loop_per_worker`` runs it. A
-  ``--batch`` of random token ids (every row ``--seq-len`` tokens, so the token count is
-  exact) goes through ``pipeline.model.encoder.SentenceEncoder`` (mean pooling, no MLP head) twice,
-  stacked in one forward pass; ``pipeline.training.losses.global_batch_simcse_loss`` (temperature
-  0.05), backward, ``clip_grad_norm_``, AdamW, linear schedule. On CUDA, through
-  ``pipeline.accel`` as the train loop does: bf16 autocast, TF32 matmuls, host batches
-  copied from pinned memory asynchronously; and fused AdamW. Reports
+- train step: unsupervised SimCSE as ``pipeline.training.worker.SimCSEWorker`` runs it, through
+  the pipeline's own step, ``pipeline.training.step.UnsupervisedStep`` (temperature 0.05, no
+  word repetition). A ``pipeline.data.tokenized.TokenizedCorpus`` of random token ids (every
+  row ``--seq-len`` tokens, so the token count is exact) is cut into ``--batch``-row batches
+  by ``pipeline.batching.samplers.random_plan``; each batch goes through
+  ``pipeline.model.encoder.SentenceEncoder`` (mean pooling, no MLP head) twice, stacked in one
+  forward pass, then ``global_batch_simcse_loss``, backward, ``clip_grad_norm_``, AdamW,
+  linear schedule. On CUDA, through ``pipeline.accel`` as the train loop does: bf16 autocast,
+  TF32 matmuls, host batches copied from pinned memory asynchronously; and fused AdamW.
+  The timed steps run on batches collated before timing (``UnsupervisedStep.collate``), so
+  they leave out the host-side collation; ``--phases`` times it. Reports
   sentences/s, tokens/s (both views) and MFU = 6 x non-embedding params x tokens/s / peak
   FLOP/s; attention-score FLOPs are left out (under 1% of the total at 32 tokens).
 - encode: ``pipeline.model.encode.encode_rows`` (eval mode, bf16 autocast on CUDA, length-sorted
@@ -25,8 +29,10 @@ runs on any machine with torch, numpy and transformers (faiss optional):
   matmul + top-k search on CUDA (``_torch_search``), or the same in chunks here on a CPU.
 
 With ``--phases N``, N more steps are timed phase by phase (host collation, host-to-device
-copy, forward, loss, backward, gradient clipping, optimizer, loss read), synchronising the
-device at each boundary; their rows follow the others in the table.
+copy, forward, loss, backward, gradient clipping, optimizer, loss read: the step's own
+stages, ``UnsupervisedStep.collate``, ``.upload``, ``.forward`` and ``.loss``, then the
+worker's optimizer step), synchronising the device at each boundary; their rows follow the
+others in the table.
 
 Prints a header and one markdown table; ``--append FILE`` appends them with the machine,
 the command line and the date, ``--json PATH`` writes the numbers as JSON. ``--compile``
@@ -49,22 +55,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel, get_linear_schedule_with_warmup
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-# These three import only numpy and torch at module level (faiss is imported inside
-# knn_search), so the script needs neither Ray, MLflow, pyarrow nor faiss.
+# None of these imports Ray or MLflow at module level (faiss is imported inside knn_search;
+# pipeline.data.tokenized needs pyarrow).
 from markdown_report import GIB, append_section, machine_line  # noqa: E402
 from markdown_report import machine_info as report_machine_info  # noqa: E402
 
+from pipeline.batching.plan import BatchPlan  # noqa: E402
+from pipeline.batching.samplers import random_plan  # noqa: E402
+from pipeline.data.tokenized import TokenizedCorpus  # noqa: E402
 from pipeline.mining.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
-from pipeline.model.accel import autocast, enable_tf32, fused_adamw, to_device  # noqa: E402
+from pipeline.model.accel import enable_tf32, fused_adamw  # noqa: E402
 from pipeline.model.encode import encode_rows  # noqa: E402
 from pipeline.model.encoder import SentenceEncoder  # noqa: E402
-from pipeline.training.losses import global_batch_simcse_loss  # noqa: E402
+from pipeline.training.step import UnsupervisedStep  # noqa: E402
 
 SIZES = {
     "base": {
@@ -150,6 +160,14 @@ class CompileGuard:
             return fn()
 
 
+def train_inputs(args: argparse.Namespace, device: torch.device) -> tuple[UnsupervisedStep, BatchPlan]:
+    """The pipeline's unsupervised step over a corpus of rows of exactly ``--seq-len`` tokens,
+    and the train loop's random plan over it: at least 4 batches, all of ``--batch`` rows."""
+    corpus = random_corpus(args.batch * max(4, -(-1024 // args.batch)), args.seq_len, args.seq_len, seed=2)
+    plan = random_plan(len(corpus), args.batch, seed=0)
+    return UnsupervisedStep(corpus, TEMPERATURE, dup_rate=0.0, device=device), plan
+
+
 def bench_train(
     model: SentenceEncoder, guard: CompileGuard, args: argparse.Namespace, device: torch.device
 ) -> dict[str, Any]:
@@ -157,16 +175,13 @@ def bench_train(
     optimizer = fused_adamw(model, LR, weight_decay=0.0)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, args.warmup + 1 + args.steps)
 
-    # Made before timing, so the timed steps do not include the host-side batch building
+    train_step, plan = train_inputs(args, device)
+    sizes, rank = [args.batch], 0  # one worker holds the whole global batch
+    augment_rng = np.random.default_rng(0)  # drawn from only with word repetition (dup_rate > 0)
+    # Collated before timing, so the timed steps do not include the host-side batch building
     # (the train loop's collation runs on the CPU); cycled, so consecutive steps differ.
-    # Numpy arrays moved with the train loop's own to_device (pinned, asynchronous on CUDA).
-    rng = np.random.default_rng(0)
-    corpus = RandomCorpus(max(4 * args.batch, 1024), args.seq_len, args.seq_len, seed=2)
-    batches = []
-    for _ in range(4):
-        ids = rng.integers(FIRST_WORD_ID, VOCAB_SIZE, size=(args.batch, args.seq_len))
-        ids = np.concatenate([ids, ids])  # both dropout views, as two_views stacks them
-        batches.append((ids, np.ones_like(ids), np.arange(args.batch)))
+    # The step's own upload moves them (pinned, asynchronous on CUDA) each step.
+    batches = [train_step.collate(plan.batch(i), sizes, rank, augment_rng) for i in range(4)]
 
     model.train()
 
@@ -174,20 +189,18 @@ def bench_train(
         mark = phases.mark if phases is not None else (lambda _name: None)
         if phases is not None:
             phases.start()
-            # What the train loop's two_views does on the host: collate the rows, stack the views.
-            ids, mask = corpus.batch(np.arange(i * args.batch, (i + 1) * args.batch) % len(corpus.lengths))
-            host = (np.concatenate([ids, ids]), np.concatenate([mask, mask]), np.arange(args.batch))
+            # The train loop's collation: the plan's rows padded into both views.
+            batch = train_step.collate(plan.batch(i % plan.num_batches), sizes, rank, augment_rng)
             mark("collate (host)")
         else:
-            host = batches[i % len(batches)]
-        ids, mask, row_ids = (to_device(a, device) for a in host)
+            batch = batches[i % len(batches)]
+        ids, mask, global_ids = train_step.upload(batch)
         mark("host-to-device copy")
-        with autocast(device):
-            embeddings = model(ids, mask)
+        view1, view2 = train_step.forward(model, ids, mask)
         mark("forward")
-        view1, view2 = embeddings.float().split(args.batch)
-        loss, loss_to_backward = global_batch_simcse_loss(view1, view2, [args.batch], row_ids, TEMPERATURE)
+        loss, loss_to_backward = train_step.loss(view1, view2, global_ids, sizes)
         mark("loss (gather: none at 1 worker)")
+        # The rest of SimCSEWorker.train_batch: the optimizer step.
         optimizer.zero_grad(set_to_none=True)
         loss_to_backward.backward()
         mark("backward")
@@ -262,31 +275,21 @@ class PhaseTimer:
         self.last = now
 
 
-class RandomCorpus:
-    """Random sentences behind the two members of ``pipeline.data.tokenized.TokenizedCorpus`` that
-    ``encode_rows`` reads (``pipeline.data`` itself imports pyarrow)."""
-
-    def __init__(self, rows: int, min_len: int, max_len: int, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        self.lengths = rng.integers(min_len, max_len + 1, size=rows)
-        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
-        self.values = rng.integers(FIRST_WORD_ID, VOCAB_SIZE, size=int(self.offsets[-1]))
-        self.pad_token_id = 0
-
-    def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lengths = self.lengths[rows]
-        width = int(lengths.max())
-        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
-        mask = np.arange(width)[None, :] < lengths[:, None]
-        starts = self.offsets[rows]
-        input_ids[mask] = self.values[(starts[:, None] + np.arange(width)[None, :])[mask]]
-        return input_ids, mask.astype(np.int64)
+def random_corpus(rows: int, min_len: int, max_len: int, seed: int = 0) -> TokenizedCorpus:
+    """A ``TokenizedCorpus`` of ``rows`` random sentences of ``min_len`` to ``max_len`` word
+    tokens (ids ``FIRST_WORD_ID`` and up), padded with id 0."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_len, max_len + 1, size=rows)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    values = rng.integers(FIRST_WORD_ID, VOCAB_SIZE, size=int(offsets[-1]))
+    tokens = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, pa.int32()))
+    return TokenizedCorpus(pa.table({"id": np.arange(rows), "input_ids": tokens}), pad_token_id=0)
 
 
 def bench_encode(
     model: SentenceEncoder, guard: CompileGuard, args: argparse.Namespace, device: torch.device
 ) -> dict[str, Any]:
-    corpus = RandomCorpus(args.encode_rows, min(8, args.seq_len), args.seq_len)
+    corpus = random_corpus(args.encode_rows, min(8, args.seq_len), args.seq_len)
 
     def encode(rows: np.ndarray) -> np.ndarray:
         with torch.inference_mode():

@@ -1,8 +1,8 @@
 """Cross-worker negatives under real Ray Train with two gloo workers.
 
-The gradient of the gathered global-batch loss, after DDP's averaging, must equal one
-process computing the loss on the concatenated batch; rows sharing a corpus id must not
-be each other's negatives.
+The train step (pipeline/training/step.py) on each worker's slice: the gradient of the
+gathered global-batch loss, after DDP's averaging, must equal one process computing the loss
+on the concatenated batch; rows sharing a corpus id must not be each other's negatives.
 """
 
 from __future__ import annotations
@@ -18,41 +18,69 @@ from pipeline.training.losses import simcse_loss
 
 pytestmark = pytest.mark.slow
 
-N, D_IN, D_OUT = 7, 5, 4  # 7 rows over 2 workers: uneven slices (4 + 3)
+N = 7  # 7 rows over 2 workers: uneven slices (4 + 3)
 IDS = [11, 12, 11, 13, 14, 15, 12]  # rows 0/2 and 1/6 are the same sentence
+VOCAB = 40
+DUP_RATE = 0.3  # word repetition: the two views differ without dropout
+# Bag-of-words views are nearly the same: at SimCSE's 0.05 the loss would be ~1e-3, too near
+# zero for a float32 comparison.
+TEMPERATURE = 0.5
 
 
-def _inputs():
+class BagEncoder(torch.nn.Module):
+    """Mean of token embeddings: deterministic (no dropout) and blind to padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 6)
+
+    def forward(self, ids, mask):
+        m = mask.unsqueeze(-1).float()
+        return (self.embed(ids) * m).sum(1) / m.sum(1)
+
+
+def _corpus(tokens, ids=None):
+    import pyarrow as pa
+
+    from pipeline.data.tokenized import TokenizedCorpus
+
+    ids = list(range(100, 100 + len(tokens))) if ids is None else ids
+    return TokenizedCorpus(pa.table({"id": ids, "input_ids": pa.array(tokens, pa.list_(pa.int32()))}), 0)
+
+
+def _sentences():
+    """N token rows; rows with the same id (IDS) hold the same tokens."""
     rng = np.random.default_rng(42)
-    return rng.normal(size=(N, D_IN)).tolist(), rng.normal(size=(N, D_IN)).tolist()
+    tokens = [rng.integers(1, VOCAB, size=rng.integers(4, 9)).tolist() for _ in range(N)]
+    tokens[2], tokens[6] = tokens[0], tokens[1]
+    return tokens
 
 
 def ddp_gradient_worker(config):
-    """Runs on each Ray Train worker (shipped by value: test modules are not importable there)."""
+    """Runs pipeline.training.step.UnsupervisedStep on each Ray Train worker's slice (shipped
+    by value: test modules are not importable there)."""
     import json
 
+    import numpy as np
     import ray.train
     import ray.train.torch
     import torch
 
     from pipeline.batching.plan import worker_slices
-    from pipeline.training.losses import global_batch_simcse_loss
+    from pipeline.training.step import UnsupervisedStep
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(0)
-    model = ray.train.torch.prepare_model(torch.nn.Linear(config["d_in"], config["d_out"]))
-    x1, x2 = torch.tensor(config["x1"]), torch.tensor(config["x2"])
-    sizes = worker_slices(len(x1), world)
-    lo = sum(sizes[:rank])
-    local = slice(lo, lo + sizes[rank])
-    loss, to_backward = global_batch_simcse_loss(
-        model(x1[local]), model(x2[local]), sizes, torch.tensor(config["ids"]), config["temperature"]
+    model = BagEncoder()
+    wrapped = ray.train.torch.prepare_model(model)
+    step = UnsupervisedStep(
+        _corpus(config["tokens"], config["ids"]), config["temperature"], DUP_RATE, torch.device("cpu")
     )
+    sizes = worker_slices(N, world)
+    loss, to_backward = step(wrapped, np.arange(N), sizes, rank, np.random.default_rng([0, rank]))
     to_backward.backward()
-    inner = model.module if hasattr(model, "module") else model
-    out = {"loss": loss.item(), "world": world, "sizes": sizes}
-    out.update({name: p.grad.tolist() for name, p in inner.named_parameters()})
+    out = {"loss": loss.item(), "world": world, "sizes": sizes, "grad": model.embed.weight.grad.tolist()}
     with open(f"{config['out']}.{rank}.json", "w") as fh:
         json.dump(out, fh)
 
@@ -62,17 +90,11 @@ def test_gathered_loss_gradient_equals_single_process(ray_local, tmp_path):
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from pipeline.training.step import two_views
+
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    x1, x2 = _inputs()
-    config = {
-        "x1": x1,
-        "x2": x2,
-        "ids": IDS,
-        "temperature": 0.05,
-        "d_in": D_IN,
-        "d_out": D_OUT,
-        "out": str(tmp_path / "grad"),
-    }
+    tokens = _sentences()
+    config = {"tokens": tokens, "ids": IDS, "temperature": TEMPERATURE, "out": str(tmp_path / "grad")}
     trainer = TorchTrainer(
         ddp_gradient_worker,
         train_loop_config=config,
@@ -85,28 +107,35 @@ def test_gathered_loss_gradient_equals_single_process(ray_local, tmp_path):
     per_rank = [json.loads((tmp_path / f"grad.{r}.json").read_text()) for r in range(2)]
     assert per_rank[0]["world"] == 2 and per_rank[0]["sizes"] == [4, 3]
 
-    # One process, whole batch, same initial weights.
+    # One process, whole batch, same initial weights, and the same views: each rank's rows
+    # with the second view drawn from that rank's generator.
     torch.manual_seed(0)
-    reference = torch.nn.Linear(D_IN, D_OUT)
-    ref_loss = simcse_loss(
-        reference(torch.tensor(x1)), reference(torch.tensor(x2)), temperature=0.05, row_ids=torch.tensor(IDS)
-    )
+    reference = BagEncoder()
+    corpus = _corpus(tokens, IDS)
+    views = []
+    for rank, rows in enumerate((np.arange(4), np.arange(4, N))):
+        ids, mask = two_views(corpus, rows, DUP_RATE, np.random.default_rng([0, rank]))
+        views.append(reference(torch.from_numpy(ids), torch.from_numpy(mask)).split(len(rows)))
+    z1 = torch.cat([first for first, _ in views])
+    z2 = torch.cat([second for _, second in views])
+    ref_loss = simcse_loss(z1, z2, temperature=TEMPERATURE, row_ids=torch.tensor(IDS))
     ref_loss.backward()
+    want = reference.embed.weight.grad.numpy()
     for rank_out in per_rank:
         assert rank_out["loss"] == pytest.approx(ref_loss.item(), rel=1e-6)
-        for name, param in reference.named_parameters():
-            got = np.array(rank_out[name])
-            want = param.grad.numpy()
-            assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, name
+        got = np.array(rank_out["grad"])
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
 
     # Same-id rows were masked: the unmasked loss is different, and the masked one matches
     # the independent numpy reference.
     from test_losses import _numpy_infonce
 
-    with torch.no_grad():
-        z1, z2 = reference(torch.tensor(x1)).numpy(), reference(torch.tensor(x2)).numpy()
-        unmasked = simcse_loss(torch.tensor(z1), torch.tensor(z2), temperature=0.05).item()
-    assert per_rank[0]["loss"] == pytest.approx(_numpy_infonce(z1, z2, 0.05, ids=np.array(IDS)), rel=1e-5)
+    z1, z2 = z1.detach().numpy(), z2.detach().numpy()
+    assert not np.allclose(z1, z2)  # word repetition made two different views
+    unmasked = simcse_loss(torch.tensor(z1), torch.tensor(z2), temperature=TEMPERATURE).item()
+    assert per_rank[0]["loss"] == pytest.approx(
+        _numpy_infonce(z1, z2, TEMPERATURE, ids=np.array(IDS)), rel=1e-5
+    )
     assert abs(per_rank[0]["loss"] - unmasked) > 1e-3
 
 
@@ -121,11 +150,10 @@ def _triplet_inputs():
 
 
 def triplet_gradient_worker(config):
-    """Runs pipeline.training.step.triplet_batch_loss on each worker's slice of the global batch."""
+    """Runs pipeline.training.step's triplet step on each worker's slice of the global batch."""
     import json
 
     import numpy as np
-    import pyarrow as pa
     import ray.train
     import ray.train.torch
     import torch
@@ -133,35 +161,24 @@ def triplet_gradient_worker(config):
     from pipeline.batching.plan import worker_slices
     from pipeline.config.loading import load_config
     from pipeline.data.pairs import Triplets
-    from pipeline.data.tokenized import TokenizedCorpus
-    from pipeline.training.step import triplet_batch_loss
-
-    class BagEncoder(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = torch.nn.Embedding(40, 6)
-
-        def forward(self, ids, mask):
-            m = mask.unsqueeze(-1).float()
-            return (self.embed(ids) * m).sum(1) / m.sum(1)
+    from pipeline.training.step import make_train_step
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(0)
     model = BagEncoder()
     wrapped = ray.train.torch.prepare_model(model) if world > 1 else model
-    tokens = config["tokens"]
-    table = pa.table({"id": list(range(100, 112)), "input_ids": pa.array(tokens, pa.list_(pa.int32()))})
-    corpus = TokenizedCorpus(table, 0)
+    corpus = _corpus(config["tokens"])
     triplets = Triplets(*(np.array(config[k]) for k in ("anchor", "positive", "negative")))
-    rows = np.arange(7)
+    cfg = load_config(None, [
+        "mining.negative_mode=triplet", "data.path=rows.jsonl", "train.temperature=0.05",
+        "train.hard_negative_weight=0.5",
+    ])  # fmt: skip
+    step = make_train_step(cfg, corpus, triplets, torch.device("cpu"))
     sizes = worker_slices(7, world)
-    lo = sum(sizes[:rank])
-    cfg = load_config(None, ["train.temperature=0.05", "train.hard_negative_weight=0.5"])
-    loss, to_backward = triplet_batch_loss(
-        wrapped, corpus, triplets, np.array(config["mined"]), rows[lo : lo + sizes[rank]], rows, sizes, cfg,
-        torch.device("cpu"),
-    )  # fmt: skip
+    loss, to_backward = step(
+        wrapped, np.arange(7), sizes, rank, np.random.default_rng([0, rank]), np.array(config["mined"])
+    )
     to_backward.backward()
     with open(f"{config['out']}.{rank}.json", "w") as fh:
         json.dump({"loss": loss.item(), "grad": model.embed.weight.grad.tolist()}, fh)

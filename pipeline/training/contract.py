@@ -40,12 +40,15 @@ class LoopConfig:
 
 def report_metrics(state: TrainState, epoch: float) -> dict[str, Any]:
     """What a checkpoint reports to Ray Train: position (``epoch`` is fractional inside an
-    epoch), the current plan's version and the whole :class:`TrainHistory`."""
+    epoch), the current plan's version, whether its refresh is still pending, and the whole
+    :class:`TrainHistory`."""
     assert state.plan is not None
     return {
         "epoch": epoch,
         "step": state.step,
         "plan_version": state.plan.version,
+        # An epoch-end checkpoint written before its refresh came back: resuming asks again.
+        "plan_pending": state.plan_pending,
         "history": state.history.to_dict(),
     }
 

@@ -1,8 +1,18 @@
-"""One SimCSE training step's forward pass and loss, on this worker's share of the global batch."""
+"""One SimCSE training step's forward pass and loss, on this worker's share of the global batch.
+
+The strategy is chosen once, by :func:`make_train_step`: :class:`UnsupervisedStep` (two
+dropout views of each sentence) or :class:`TripletStep` (anchor, positive and the given and
+mined negatives of each row). Both are called the same way (:class:`TrainStep`) and return
+``(loss, loss_to_backward)``; the backward pass and the optimizer stay with the caller.
+
+No Ray here: ``bench/gpu_step.py`` times this same step on a machine without it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -12,52 +22,222 @@ from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.model.accel import autocast, to_device
 from pipeline.training.augment import repeat_words
-from pipeline.training.losses import gather_across_workers, simcse_loss
+from pipeline.training.losses import gather_across_workers, global_batch_simcse_loss, simcse_loss
+
+__all__ = [
+    "TrainStep",
+    "TripletStep",
+    "UnsupervisedStep",
+    "ViewBatch",
+    "local_share",
+    "make_train_step",
+    "two_views",
+]
 
 
-def triplet_batch_loss(
-    ddp_model: Any,
-    corpus: TokenizedCorpus,
-    triplets: Triplets,
-    mined: np.ndarray | None,
-    local_rows: np.ndarray,
-    global_rows: np.ndarray,
-    sizes: list[int],
-    cfg: Config,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Supervised SimCSE on this worker's triplet rows, negatives gathered from all workers.
+class TrainStep(Protocol):
+    """One step's forward pass and loss on this worker's share of a global batch."""
+
+    def __call__(
+        self,
+        model: Any,
+        global_rows: np.ndarray,
+        sizes: Sequence[int],
+        rank: int,
+        augment_rng: np.random.Generator,
+        mined: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss of one global batch, computed from this worker's rows.
+
+        Args:
+            model: the encoder, or its DDP wrapper: ``model(input_ids, attention_mask)`` gives
+                ``(rows, d)`` embeddings.
+            global_rows: ``(sum(sizes),)`` training-row positions of the whole global batch,
+                rank 0's rows first (a slice of the epoch's plan).
+            sizes: rows held by each rank (:func:`pipeline.batching.plan.worker_slices`).
+            rank: this worker's rank; it trains on ``global_rows``' slice ``rank``.
+            augment_rng: the epoch's augmentation generator (word repetition draws from it).
+            mined: triplet mode: the plan's ``(num_rows, num_negatives)`` mined negatives
+                (-1 where none), or None before the first refresh; ignored otherwise.
+
+        Returns:
+            ``(loss, loss_to_backward)``: the global-batch loss (the same value on every rank),
+            and what to call ``backward()`` on, whose DDP-averaged gradient is the gradient of
+            one process computing ``loss`` on the whole global batch.
+        """
+        ...
+
+
+def local_share(global_rows: np.ndarray, sizes: Sequence[int], rank: int) -> np.ndarray:
+    """Rank ``rank``'s contiguous slice of ``global_rows`` (``sizes[rank]`` rows)."""
+    lo = sum(sizes[:rank])
+    return global_rows[lo : lo + sizes[rank]]
+
+
+def make_train_step(
+    cfg: Config, corpus: TokenizedCorpus, triplets: Triplets | None, device: torch.device
+) -> TrainStep:
+    """The run's step: :class:`TripletStep` when ``mining.negative_mode`` is ``triplet``,
+    else :class:`UnsupervisedStep`; the other settings come from ``cfg.train``.
+
+    Raises:
+        ValueError: triplet mode without triplets, or triplets in another mode.
+    """
+    if cfg.mining.negative_mode == "triplet":
+        if triplets is None:
+            raise ValueError("mining.negative_mode=triplet needs the triplet rows")
+        return TripletStep(corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device)
+    if triplets is not None:
+        raise ValueError(f"triplet rows given, but mining.negative_mode={cfg.mining.negative_mode!r}")
+    return UnsupervisedStep(corpus, cfg.train.temperature, cfg.train.dup_rate, device)
+
+
+@dataclass
+class ViewBatch:
+    """The host arrays of one worker's unsupervised step (:meth:`UnsupervisedStep.collate`)."""
+
+    input_ids: np.ndarray
+    """``(2n, width)`` int64: this worker's n rows, then their second view, right-padded."""
+    attention_mask: np.ndarray
+    """``(2n, width)`` int64, 1 for real tokens."""
+    global_ids: np.ndarray
+    """``(sum(sizes),)`` corpus ids of the whole global batch, rank order: rows sharing one
+    are not each other's negatives."""
+
+
+class UnsupervisedStep:
+    """Unsupervised SimCSE: each sentence's two dropout views (the second with ESimCSE word
+    repetition when ``dup_rate > 0``) are positives; every other sentence of the global
+    batch is a negative.
+
+    A call runs four stages, public so that ``bench/gpu_step.py`` can time them apart:
+    :meth:`collate` (host), :meth:`upload` (host to device), :meth:`forward`, :meth:`loss`.
+    """
+
+    def __init__(self, corpus: TokenizedCorpus, temperature: float, dup_rate: float, device: torch.device):
+        self.corpus = corpus
+        self.temperature = temperature
+        self.dup_rate = dup_rate
+        self.device = device
+
+    def __call__(
+        self,
+        model: Any,
+        global_rows: np.ndarray,
+        sizes: Sequence[int],
+        rank: int,
+        augment_rng: np.random.Generator,
+        mined: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :class:`TrainStep`; ``mined`` is ignored."""
+        batch = self.collate(global_rows, sizes, rank, augment_rng)
+        return self.on_device(model, batch, sizes)
+
+    def collate(
+        self, global_rows: np.ndarray, sizes: Sequence[int], rank: int, augment_rng: np.random.Generator
+    ) -> ViewBatch:
+        """This worker's rows as both views (:func:`two_views`), and the global batch's ids."""
+        input_ids, mask = two_views(
+            self.corpus, local_share(global_rows, sizes, rank), self.dup_rate, augment_rng
+        )
+        return ViewBatch(input_ids, mask, self.corpus.ids[global_rows])
+
+    def on_device(
+        self, model: Any, batch: ViewBatch, sizes: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`upload`, :meth:`forward` and :meth:`loss` of a collated batch."""
+        input_ids, mask, global_ids = self.upload(batch)
+        view1, view2 = self.forward(model, input_ids, mask)
+        return self.loss(view1, view2, global_ids, sizes)
+
+    def upload(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask, global_ids)`` on the device (asynchronous on CUDA)."""
+        return (
+            to_device(batch.input_ids, self.device),
+            to_device(batch.attention_mask, self.device),
+            to_device(batch.global_ids, self.device),
+        )
+
+    def forward(
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both views in one forward pass (the batch twice, stacked), under autocast.
+
+        Returns:
+            ``(view1, view2)``, each ``(n, d)`` fp32.
+        """
+        with autocast(self.device):
+            embeddings = model(input_ids, attention_mask)
+        return embeddings.float().split(input_ids.shape[0] // 2)
+
+    def loss(
+        self, view1: torch.Tensor, view2: torch.Tensor, global_ids: torch.Tensor, sizes: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`pipeline.training.losses.global_batch_simcse_loss` over every worker's views."""
+        return global_batch_simcse_loss(view1, view2, list(sizes), global_ids, self.temperature)
+
+
+class TripletStep:
+    """Supervised SimCSE on triplet rows, negatives gathered from all workers.
 
     Each row's negatives are its given one (if any) and its mined ones (if a refresh has
     happened): ``1 + num_negatives`` slots, absent ones masked. Anchors, positives and the
-    present negatives go through the encoder in one forward pass.
-
-    Returns ``(loss, loss_to_backward)`` as :func:`global_batch_simcse_loss` does.
+    present negatives go through the encoder in one forward pass. Rows sharing a positive
+    text (a premise with several hypotheses) are not each other's negatives.
     """
-    negatives = triplets.negative[local_rows][:, None]
-    if mined is not None:
-        negatives = np.concatenate([negatives, mined[local_rows]], axis=1)
-    present = negatives >= 0
-    texts = np.concatenate([triplets.anchor[local_rows], triplets.positive[local_rows], negatives[present]])
-    input_ids, mask = corpus.batch(texts)
-    with autocast(device):
-        embeddings = ddp_model(to_device(input_ids, device), to_device(mask, device)).float()
-    n = len(local_rows)
-    present_t = to_device(present, device)
-    negative_embeddings = embeddings.new_zeros((n, negatives.shape[1], embeddings.shape[1]))
-    negative_embeddings[present_t] = embeddings[2 * n :]
-    loss = simcse_loss(
-        gather_across_workers(embeddings[:n], sizes),
-        gather_across_workers(embeddings[n : 2 * n], sizes),
-        temperature=cfg.train.temperature,
-        hard_negatives=gather_across_workers(negative_embeddings, sizes),
-        hard_negative_weight=cfg.train.hard_negative_weight,
-        # Rows sharing a positive text (a premise with several hypotheses) are not each
-        # other's negatives.
-        row_ids=to_device(corpus.ids[triplets.positive[global_rows]], device),
-        hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
-    )
-    return loss, loss * len(sizes)
+
+    def __init__(
+        self,
+        corpus: TokenizedCorpus,
+        triplets: Triplets,
+        temperature: float,
+        hard_negative_weight: float,
+        device: torch.device,
+    ):
+        self.corpus = corpus
+        self.triplets = triplets
+        self.temperature = temperature
+        self.hard_negative_weight = hard_negative_weight
+        self.device = device
+
+    def __call__(
+        self,
+        model: Any,
+        global_rows: np.ndarray,
+        sizes: Sequence[int],
+        rank: int,
+        augment_rng: np.random.Generator,
+        mined: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :class:`TrainStep`; ``global_rows`` are triplet rows, ``augment_rng`` is unused."""
+        local_rows = local_share(global_rows, sizes, rank)
+        triplets, device = self.triplets, self.device
+        negatives = triplets.negative[local_rows][:, None]
+        if mined is not None:
+            negatives = np.concatenate([negatives, mined[local_rows]], axis=1)
+        present = negatives >= 0
+        texts = np.concatenate(
+            [triplets.anchor[local_rows], triplets.positive[local_rows], negatives[present]]
+        )
+        input_ids, mask = self.corpus.batch(texts)
+        with autocast(device):
+            embeddings = model(to_device(input_ids, device), to_device(mask, device)).float()
+        n = len(local_rows)
+        present_t = to_device(present, device)
+        negative_embeddings = embeddings.new_zeros((n, negatives.shape[1], embeddings.shape[1]))
+        negative_embeddings[present_t] = embeddings[2 * n :]
+        sizes = list(sizes)
+        loss = simcse_loss(
+            gather_across_workers(embeddings[:n], sizes),
+            gather_across_workers(embeddings[n : 2 * n], sizes),
+            temperature=self.temperature,
+            hard_negatives=gather_across_workers(negative_embeddings, sizes),
+            hard_negative_weight=self.hard_negative_weight,
+            row_ids=to_device(self.corpus.ids[triplets.positive[global_rows]], device),
+            hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
+        )
+        # Every rank backpropagates through its own rows only; DDP averages over the ranks.
+        return loss, loss * len(sizes)
 
 
 def two_views(

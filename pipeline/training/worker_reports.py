@@ -1,0 +1,135 @@
+"""What a training worker reports while it trains: evaluations (:class:`EvalRecorder`) and
+checkpoints (:class:`CheckpointReporter`). Both are collectives: every rank calls them."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipeline.evaluation.in_training import EvalOutcome, TrainingEvaluator, eval_metric_names
+from pipeline.evaluation.whitening import save_whitening
+from pipeline.model.encoder import SentenceEncoder
+from pipeline.model.folders import save_model_dir
+from pipeline.training.checkpoint import save_checkpoint
+from pipeline.training.contract import report_metrics
+from pipeline.training.state import BestModel, TrainState, capture_rng
+
+
+class EvalRecorder:
+    """Scores the live model on the STS set and records the result: an entry in the history,
+    a copy of the best model so far in ``best_dir``, rank 0's metrics and an ``[eval]`` line.
+
+    The starting model is scored (the "before") but never kept as the best: the job ships a
+    trained model.
+    """
+
+    def __init__(
+        self,
+        evaluator: TrainingEvaluator,
+        model: SentenceEncoder,
+        tokenizer: Any,
+        best_dir: Path,
+        max_seq_len: int,
+        logger: Any,
+    ):
+        self.evaluator = evaluator
+        self.model, self.tokenizer = model, tokenizer
+        self.best_dir, self.max_seq_len = best_dir, max_seq_len
+        self.logger = logger
+
+    def evaluate(self, state: TrainState, epoch: float) -> EvalOutcome | None:
+        """Evaluate at ``epoch`` (fractional inside an epoch, 0 for the starting model) and
+        ``state.step``; None where the evaluator scored nothing. Restores train mode."""
+        started = time.perf_counter()
+        outcome = self.evaluator.evaluate(self.model)
+        if outcome is None:
+            return None
+        metrics = outcome.metrics()
+        state.history.evaluations.append({"epoch": float(epoch), "step": float(state.step), **metrics})
+        if epoch > 0 and (state.history.best is None or outcome.selection_score > state.history.best.score):
+            state.history.best = BestModel(outcome.selection_score, float(epoch), state.step)
+            shutil.rmtree(self.best_dir, ignore_errors=True)
+            save_model_dir(self.model, self.tokenizer, self.best_dir, self.max_seq_len)
+            if outcome.whitening is not None:
+                save_whitening(outcome.whitening, self.best_dir)
+        if self.logger is not None:
+            self.logger.log(
+                {**eval_metric_names(metrics), "eval/seconds": time.perf_counter() - started}, state.step
+            )
+            self.logger.flush()
+        first = outcome.scores[0]
+        whitened = f" ({first.spearman_whitened:.2f} whitened)" if first.spearman_whitened is not None else ""
+        print(
+            f"[eval] epoch {epoch:g} step {state.step}: {first.name} spearman {first.spearman:.2f}{whitened}, "
+            f"alignment {first.alignment:.3f}, uniformity {first.uniformity:.3f} "
+            f"({time.perf_counter() - started:.1f}s)",
+            flush=True,
+        )
+        return outcome
+
+
+class CheckpointReporter:
+    """Reports a checkpoint to Ray Train from every rank (``ray.train.report`` is a barrier);
+    rank 0 writes it: weights, tokenizer, optimizer, schedule, :class:`TrainState` and the
+    best model's folder."""
+
+    def __init__(
+        self,
+        model: SentenceEncoder,
+        tokenizer: Any,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        best_dir: Path,
+        max_seq_len: int,
+        rank: int,
+        world: int,
+        logger: Any,
+    ):
+        self.model, self.tokenizer = model, tokenizer
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.best_dir, self.max_seq_len = best_dir, max_seq_len
+        self.rank, self.world = rank, world
+        self.logger = logger
+
+    def report(
+        self, state: TrainState, epoch: float, augment_rng: np.random.Generator | None, whitening: Any
+    ) -> None:
+        """Checkpoint ``state`` at ``epoch`` (fractional inside an epoch), with the evaluation's
+        whitening if there is one.
+
+        Mid-epoch (``augment_rng`` given) every rank's random state goes in, so a resumed
+        run draws the same dropout masks and repetitions as the lost one."""
+        import ray.train
+
+        state.rng = self._gather_rng(augment_rng) if augment_rng is not None else None
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = None
+            if self.rank == 0:
+                if self.logger is not None:
+                    # Send what is buffered now; what the server does not take in time travels
+                    # in the checkpoint and is sent again by whoever resumes from it.
+                    self.logger.wait_sent(timeout=2.0)
+                    state.unsent_metrics = self.logger.unsent()
+                save_checkpoint(
+                    Path(tmp), self.model, self.tokenizer, self.optimizer, self.scheduler, state,
+                    self.max_seq_len, whitening=whitening, best_dir=self.best_dir,
+                )  # fmt: skip
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(report_metrics(state, epoch), checkpoint=ckpt)
+        state.rng = None
+
+    def _gather_rng(self, augment_rng: np.random.Generator) -> list[dict[str, Any]]:
+        """Every rank's random state, rank order."""
+        mine = capture_rng(augment_rng)
+        if self.world == 1:
+            return [mine]
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, mine)
+        return gathered

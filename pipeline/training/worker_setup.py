@@ -1,0 +1,175 @@
+"""What a training worker builds before its first step: its inputs from the object store,
+the model, optimizer and schedule, the resumed state, and rank 0's metric logger.
+
+Used by :meth:`pipeline.training.worker.SimCSEWorker.setup`; each piece runs in the order
+the worker needs it (the model is seeded before it is built, the resumed state is read
+before the model is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.batching.plan import balanced_batch_sizes
+from pipeline.config.schema import Config
+from pipeline.data.pairs import Triplets
+from pipeline.data.tokenized import TokenizedCorpus, row_lengths
+from pipeline.evaluation.in_training import TrainingEvaluator
+from pipeline.model.accel import enable_tf32, fused_adamw
+from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
+from pipeline.model.folders import load_tokenizer, unpack_dir
+from pipeline.training.contract import LoopConfig
+from pipeline.training.refresh import random_batches
+from pipeline.training.resume import ResumePoint
+from pipeline.training.state import TrainState
+
+
+@dataclass
+class WorkerInputs:
+    """The run's data and starting model, fetched from the object store."""
+
+    model_dir: Path
+    """Local folder of the initial model (also where the tokenizer comes from)."""
+    tokenizer: Any
+    corpus: TokenizedCorpus
+    triplets: Triplets | None
+    """Triplet mode's rows; None in unsupervised mode."""
+    lengths: np.ndarray
+    """``(num_rows,)`` tokens per training row (:func:`pipeline.data.tokenized.row_lengths`)."""
+
+    @property
+    def num_rows(self) -> int:
+        """Training rows of an epoch: triplet rows, or corpus sentences."""
+        return len(self.triplets) if self.triplets is not None else len(self.corpus)
+
+
+def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
+    """The initial model folder, tokenizer, corpus and triplets the driver put in the object store."""
+    import ray
+
+    model_dir = unpack_dir(ray.get(loop_config.model_ref))
+    tokenizer = load_tokenizer(model_dir)
+    corpus = TokenizedCorpus(ray.get(loop_config.corpus_ref), tokenizer.pad_token_id)
+    triplets = ray.get(loop_config.triplets_ref) if loop_config.triplets_ref is not None else None
+    return WorkerInputs(model_dir, tokenizer, corpus, triplets, row_lengths(corpus, triplets))
+
+
+def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceEncoder:
+    """The encoder from ``model_dir`` on ``device``, compiled in place when ``train.compile``."""
+    # Same initial weights on every rank: they come from one folder (and the MLP head from
+    # one seed), so DDP starts consistent without a broadcast.
+    torch.manual_seed(cfg.run.seed)
+    model = load_sentence_encoder(
+        model_dir, pooler=cfg.model.pooler, use_mlp=cfg.use_mlp, dropout=cfg.model.dropout
+    )
+    model.to(device)
+    enable_tf32(device)
+    if cfg.train.compile:
+        # In place: the state_dict keys (checkpoints, export) and DDP wrapping stay as they are.
+        model.compile()
+    return model
+
+
+def build_optimizer(cfg: Config, model: SentenceEncoder, num_rows: int) -> tuple[torch.optim.Optimizer, Any]:
+    """Fused AdamW and its linear warm-up/decay schedule over every step of the run."""
+    from transformers import get_linear_schedule_with_warmup
+
+    total_steps = len(balanced_batch_sizes(num_rows, cfg.train.batch_size)) * cfg.train.epochs
+    optimizer = fused_adamw(model, cfg.train.lr, cfg.train.weight_decay)
+    scheduler = get_linear_schedule_with_warmup(
+        optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps
+    )
+    return optimizer, scheduler
+
+
+def initial_state(
+    cfg: Config,
+    lengths: np.ndarray,
+    resume: ResumePoint | None,
+    model: SentenceEncoder,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rank: int,
+) -> tuple[TrainState, Path]:
+    """The state to start from, and the folder holding rank 0's copy of the best evaluated model.
+
+    A fresh run starts at step 0 on a random plan, with an empty best-model folder. A resumed
+    one takes the checkpoint's state, MLP head, optimizer, schedule and best model (its
+    encoder weights were loaded from the checkpoint by :func:`build_model`); rank 0 prints
+    where it resumes.
+    """
+    best_dir = Path(tempfile.mkdtemp(prefix="simcse-best-")) / "model"
+    if resume is None:
+        return TrainState(plan=random_batches(cfg, cfg.run.seed, lengths)), best_dir
+    state = resume.state
+    if model.mlp is not None and resume.extras["mlp"] is not None:
+        model.mlp.load_state_dict(resume.extras["mlp"])
+    optimizer.load_state_dict(resume.extras["optimizer"])
+    scheduler.load_state_dict(resume.extras["scheduler"])
+    if resume.best_dir is not None:
+        best_dir = resume.best_dir
+    assert state.plan is not None
+    if rank == 0:
+        where = (
+            f"in epoch {state.epoch + 1} after batch {state.batches_done}/{state.plan.num_batches}"
+            if state.batches_done
+            else f"after epoch {state.epoch}"
+        )
+        print(
+            f"[train] resumed at step {state.step}, {where} "
+            f"(plan v{state.plan.version}, fingerprint {state.plan.hex_fingerprint()})",
+            flush=True,
+        )
+    return state, best_dir
+
+
+def open_logger(loop_config: LoopConfig, rank: int, state: TrainState, resumed: bool) -> Any:
+    """Rank 0's :class:`~pipeline.tracking.metric_logger.MetricLogger` (None on other ranks or
+    without a run); a run resumed past step 0 logs the step it resumed at."""
+    if rank != 0 or not loop_config.run_id:
+        return None
+    from pipeline.tracking.metric_logger import MetricLogger
+
+    cfg = loop_config.config
+    logger = MetricLogger(loop_config.tracking_uri, loop_config.run_id, cfg.tracking.flush_every_s)
+    if resumed and state.step > 0:
+        logger.log({"train/resumed_at_step": float(state.step)}, state.step)
+    return logger
+
+
+def build_evaluator(
+    loop_config: LoopConfig, corpus: TokenizedCorpus, rank: int, world: int, device: torch.device
+) -> TrainingEvaluator | None:
+    """The in-training STS evaluator, or None when the run has no STS set."""
+    if loop_config.eval_ref is None:
+        return None
+    import ray
+
+    cfg = loop_config.config
+    return TrainingEvaluator(
+        cfg.eval, ray.get(loop_config.eval_ref), corpus, cfg.run.seed, rank, world, device
+    )
+
+
+def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.AbstractContextManager[Any]:
+    """The node's system-metrics monitor (``tracking.system_metrics``) on the node's first
+    worker while it trains; a no-op elsewhere and in runs without tracking."""
+    cfg = loop_config.config
+    if not (cfg.tracking.system_metrics and loop_config.run_id and ctx.get_local_rank() == 0):
+        return contextlib.nullcontext()
+    from pipeline.tracking.system import system_metrics
+
+    several_nodes = ctx.get_local_world_size() < ctx.get_world_size()
+    return system_metrics(
+        loop_config.tracking_uri,
+        loop_config.run_id,
+        cfg.tracking.system_metrics_interval_s,
+        node_id=f"node_{ctx.get_node_rank()}" if several_nodes else None,
+    )

@@ -1,0 +1,139 @@
+"""The importable train step (pipeline/training/step.py) on one process, against hand computations.
+
+The unsupervised step must be InfoNCE over the two dropout views of the rows (a sentence
+that occurs twice is not its own negative); the triplet step must use exactly the given and
+mined negatives that are present; and the config picks the step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_losses import _numpy_infonce
+
+from pipeline.config.loading import load_config
+from pipeline.data.pairs import Triplets
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import load_tokenizer
+from pipeline.training.losses import simcse_loss
+from pipeline.training.step import TripletStep, UnsupervisedStep, make_train_step, two_views
+
+CPU = torch.device("cpu")
+TRIPLET = ["mining.negative_mode=triplet", "data.path=rows.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_model_dir, tokenized_corpus):
+    table, _ = tokenized_corpus
+    return TokenizedCorpus(table, load_tokenizer(tiny_model_dir).pad_token_id)
+
+
+@pytest.fixture
+def model(tiny_model_dir):
+    return load_sentence_encoder(tiny_model_dir, pooler="mean", dropout=0.1)
+
+
+def _embed(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy().astype(np.float64)
+
+
+def test_unsupervised_step_is_infonce_over_two_dropout_views(model, corpus):
+    step = make_train_step(load_config(None, ["train.temperature=0.05"]), corpus, None, CPU)
+    rows = np.array([5, 17, 5, 40, 99, 3])  # row 5 twice: the same sentence, not its own negative
+    model.train()
+    torch.manual_seed(1)
+    loss, to_backward = step(model, rows, [len(rows)], 0, np.random.default_rng(0))
+    assert to_backward.requires_grad and to_backward.item() == loss.item()  # one worker: no scaling
+
+    # By hand: the rows twice in one forward pass, the same dropout masks (same seed, same
+    # input), then InfoNCE over cosine similarities in float64.
+    ids, mask = corpus.batch(rows)
+    torch.manual_seed(1)
+    embeddings = _embed(model, np.concatenate([ids, ids]), np.concatenate([mask, mask]))
+    view1, view2 = embeddings[: len(rows)], embeddings[len(rows) :]
+    assert not np.allclose(view1, view2)  # dropout made two different views
+    a = view1 / np.linalg.norm(view1, axis=1, keepdims=True)
+    p = view2 / np.linalg.norm(view2, axis=1, keepdims=True)
+    logits = a @ p.T / 0.05
+    row_ids = corpus.ids[rows]
+    same = (row_ids[:, None] == row_ids[None, :]) & ~np.eye(len(rows), dtype=bool)
+    logits[same] = -np.inf
+    top = logits.max(axis=1)
+    log_softmax = logits - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))[:, None]
+    assert loss.item() == pytest.approx(-np.diag(log_softmax).mean(), rel=1e-5)
+    assert loss.item() == pytest.approx(_numpy_infonce(view1, view2, 0.05, ids=row_ids), rel=1e-5)
+
+
+def test_unsupervised_step_repeats_words_in_the_second_view(model, corpus):
+    step = UnsupervisedStep(corpus, temperature=0.05, dup_rate=0.32, device=CPU)
+    rows = np.arange(8)
+    model.train()
+    torch.manual_seed(2)
+    loss, _ = step(model, rows, [len(rows)], 0, np.random.default_rng(7))
+
+    ids, mask = two_views(corpus, rows, 0.32, np.random.default_rng(7))
+    n = len(rows)
+    assert mask[n:].sum() > mask[:n].sum()  # the second view is longer: words were repeated
+    torch.manual_seed(2)
+    embeddings = torch.from_numpy(_embed(model, ids, mask))
+    expected = simcse_loss(embeddings[:n], embeddings[n:], 0.05, row_ids=torch.from_numpy(corpus.ids[rows]))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_triplet_step_uses_exactly_the_present_given_and_mined_negatives(model, corpus):
+    cfg = load_config(None, [*TRIPLET, "train.temperature=0.05", "train.hard_negative_weight=0.5"])
+    # Rows 0 and 3 share a positive text: neither is the other's negative.
+    triplets = Triplets(
+        anchor=np.array([0, 1, 2, 3]), positive=np.array([4, 5, 6, 4]), negative=np.array([7, -1, 8, -1])
+    )
+    mined = np.array([[9, -1], [-1, -1], [10, 11], [12, -1]])
+    step = make_train_step(cfg, corpus, triplets, CPU)
+    model.eval()  # no dropout: each text has one embedding, however it is batched
+    rows = np.arange(4)
+    loss, _ = step(model, rows, [4], 0, np.random.default_rng(0), mined)
+
+    def embed_one(text: int) -> np.ndarray:
+        ids, mask = corpus.batch(np.array([text]))  # alone: no padding
+        return _embed(model, ids, mask)[0]
+
+    slots = np.concatenate([triplets.negative[:, None], mined], axis=1)
+    present = slots >= 0
+    negatives = np.zeros((4, 3, model.encoder.config.hidden_size))
+    for i, k in zip(*np.nonzero(present), strict=True):
+        negatives[i, k] = embed_one(slots[i, k])
+    anchors = np.stack([embed_one(t) for t in triplets.anchor])
+    positives = np.stack([embed_one(t) for t in triplets.positive])
+    expected = _numpy_infonce(
+        anchors, positives, 0.05, h=negatives, w=0.5, ids=corpus.ids[triplets.positive], present=present
+    )
+    assert loss.item() == pytest.approx(expected, rel=1e-4)
+
+    # Absent slots are no candidates: all-absent mined negatives change nothing.
+    without_mined, _ = step(model, rows, [4], 0, np.random.default_rng(0), None)
+    all_absent, _ = step(model, rows, [4], 0, np.random.default_rng(0), np.full((4, 2), -1))
+    assert all_absent.item() == pytest.approx(without_mined.item(), rel=1e-6)
+    assert abs(without_mined.item() - loss.item()) > 1e-3
+
+
+def test_the_config_picks_the_step(corpus):
+    triplets = Triplets(anchor=np.array([0, 1]), positive=np.array([2, 3]), negative=np.array([-1, 4]))
+
+    unsupervised = make_train_step(
+        load_config(None, ["train.temperature=0.1", "train.dup_rate=0.2"]), corpus, None, CPU
+    )
+    assert isinstance(unsupervised, UnsupervisedStep)
+    assert (unsupervised.temperature, unsupervised.dup_rate) == (0.1, 0.2)
+
+    cfg = load_config(None, [*TRIPLET, "train.temperature=0.1", "train.hard_negative_weight=0.5"])
+    triplet = make_train_step(cfg, corpus, triplets, CPU)
+    assert isinstance(triplet, TripletStep)
+    assert (triplet.temperature, triplet.hard_negative_weight) == (0.1, 0.5)
+    assert triplet.triplets is triplets
+
+    with pytest.raises(ValueError, match="needs the triplet rows"):
+        make_train_step(cfg, corpus, None, CPU)
+    with pytest.raises(ValueError, match="negative_mode"):
+        make_train_step(load_config(None, []), corpus, triplets, CPU)
