@@ -74,7 +74,7 @@ from pipeline.mining.index import IndexSpec, KnnResult, _torch_search, knn_searc
 from pipeline.model.accel import enable_tf32, fused_adamw  # noqa: E402
 from pipeline.model.encode import encode_rows  # noqa: E402
 from pipeline.model.encoder import SentenceEncoder  # noqa: E402
-from pipeline.training.step import UnsupervisedStep  # noqa: E402
+from pipeline.training.step import GlobalBatch, UnsupervisedStep  # noqa: E402
 
 SIZES = {
     "base": {
@@ -181,7 +181,7 @@ def bench_train(
     # Collated before timing, so the timed steps do not include the host-side batch building
     # (the train loop's collation runs on the CPU); cycled, so consecutive steps differ.
     # The step's own upload moves them (pinned, asynchronous on CUDA) each step.
-    batches = [train_step.collate(plan.batch(i), sizes, rank, augment_rng) for i in range(4)]
+    batches = [train_step.collate(GlobalBatch(plan.batch(i), sizes, rank), augment_rng) for i in range(4)]
 
     model.train()
 
@@ -190,7 +190,9 @@ def bench_train(
         if phases is not None:
             phases.start()
             # The train loop's collation: the plan's rows padded into both views.
-            batch = train_step.collate(plan.batch(i % plan.num_batches), sizes, rank, augment_rng)
+            batch = train_step.collate(
+                GlobalBatch(plan.batch(i % plan.num_batches), sizes, rank), augment_rng
+            )
             mark("collate (host)")
         else:
             batch = batches[i % len(batches)]

@@ -69,8 +69,11 @@ class GeneratedCorpusSection:
     """A synthetic corpus of paraphrase groups, used when ``data.path`` is unset."""
 
     num_groups: int = 300
+    """Paraphrase groups: sentences of one group share most of their words."""
     group_size: int = 4
+    """Sentences per group (the corpus has ``num_groups x group_size`` before dedup)."""
     seed: int = 0
+    """Seed of the generator (vocabulary, groups, noise)."""
     sts_pairs: int = 0
     """Also write an STS file of this many scored pairs over the generated sentences and
     evaluate on it first (before any ``eval.sts`` files). 0: none."""
@@ -125,13 +128,19 @@ class DataSection:
 
 @dataclass
 class TinyModelSection:
-    """Shape of the randomly initialised BERT built when ``model.name_or_path`` is unset."""
+    """Shape of the randomly initialised BERT built when ``model.name_or_path`` is unset: small
+    enough that tests and the demo train in seconds on a CPU."""
 
     hidden_size: int = 64
+    """Width of the embeddings, and so of the sentence vectors the index holds."""
     num_layers: int = 2
+    """Transformer layers."""
     num_heads: int = 2
+    """Attention heads per layer; must divide ``hidden_size``."""
     intermediate_size: int = 128
+    """Width of each layer's feed-forward block."""
     vocab_size: int = 2000
+    """Largest WordPiece vocabulary trained on the corpus (fewer when the corpus is small)."""
 
 
 @dataclass
@@ -158,13 +167,21 @@ class TrainSection:
     """Global batch size: sentences per optimizer step across all workers. Every sentence in
     it is a negative for every other."""
     lr: float = 3e-5
+    """Peak learning rate of AdamW (SimCSE: 3e-5 for BERT-base, 1e-5 for BERT-large)."""
     weight_decay: float = 0.0
+    """AdamW weight decay (SimCSE uses none)."""
     warmup_ratio: float = 0.0
+    """Share of all steps spent warming the learning rate up linearly; it then decays linearly to 0."""
     max_grad_norm: float = 1.0
+    """Gradients are clipped to this global norm before each step."""
     temperature: float = 0.05
+    """InfoNCE temperature (SimCSE's 0.05)."""
     num_workers: int = 1
+    """Ray Train workers (DDP ranks); each holds a slice of every global batch."""
     cpus_per_worker: float = 1.0
+    """CPUs Ray reserves for each worker."""
     use_gpu: bool = False
+    """One GPU per worker, NCCL between them (gloo on CPU)."""
     log_every: int = 10
     """Steps between MLflow metric flushes from rank 0."""
     hard_negative_weight: float = 0.0

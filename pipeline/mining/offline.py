@@ -34,14 +34,25 @@ from pipeline.tracking.run import TrackedRun
 
 @dataclass
 class MiningReport:
+    """What one offline mining run read, kept and wrote (the console summary and the MLflow
+    run's ``mining/`` metrics).
+
+    Counts: ``rows_in`` (anchor, positive) rows read, ``rows_out`` written (those with
+    ``mining.num_negatives`` negatives after the filters), ``pairs_dropped_empty`` (an empty
+    anchor or positive), ``candidate_pool`` distinct positives searched, ``candidates``
+    neighbours considered (``top_k`` per anchor), ``kept_before_sampling`` (what every filter
+    let through), ``removed`` per filter name, ``anchors_short`` (fewer negatives than asked,
+    not written). ``seconds``: wall time per stage.
+    """
+
     rows_in: int = 0
     rows_out: int = 0
     pairs_dropped_empty: int = 0
-    candidate_pool: int = 0
     negatives_per_row: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
+    candidate_pool: int = 0
     candidates: int = 0
     kept_before_sampling: int = 0
-    removed: dict[str, int] = field(default_factory=dict)
     anchors_short: int = 0
     negative_similarity: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 import numpy as np
 
@@ -43,50 +42,34 @@ class PlanRefresher:
 
     Args:
         cfg: the run's config.
-        miner: the miner actor's handle (unused when ``mining.enabled`` is false).
         rank: this worker's rank; rank 0 talks to the miner.
         lengths: tokens per training row (:func:`pipeline.data.tokenized.row_lengths`).
-        logger: rank 0's metric logger, or None.
-        restarts: miner restarts already survived (by the run this one resumes).
-        miner_pid: the miner's process id when last seen, if known.
+        client: the connection to the miner actor (built on every rank, used by rank 0), or
+            None when no miner runs: then every boundary reshuffles.
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        miner: Any,
-        rank: int,
-        lengths: np.ndarray,
-        logger: Any = None,
-        restarts: int = 0,
-        miner_pid: int | None = None,
-    ):
+    def __init__(self, cfg: Config, rank: int, lengths: np.ndarray, client: MinerClient | None):
         self.cfg = cfg
         self.rank = rank
         self.lengths = lengths
         """Tokens per training row, one entry per row."""
         settings = RefreshSettings.from_config(cfg)
-        if miner is None:
+        if client is None:
             settings = dataclasses.replace(settings, enabled=False)  # no actor: nothing to ask
         self.policy = RefreshPolicy(settings, rank)
-        self.client = MinerClient(
-            miner if cfg.mining.enabled else None, settings, logger, restarts=restarts, miner_pid=miner_pid
-        )
+        self.client = client
 
     @property
     def restarts(self) -> int:
         """Miner deaths survived so far in this run (``mining.max_restarts`` bounds them)."""
-        return self.client.restarts
-
-    @restarts.setter
-    def restarts(self, value: int) -> None:
-        self.client.restarts = value
+        return self.client.restarts if self.client is not None else 0
 
     def asks_miner(self, epoch: int) -> bool:
         """Whether the boundary after epoch ``epoch`` gets its plan from the miner (and may wait)."""
         return self.policy.asks_miner(epoch)
 
     def _submit(self, epoch: int, model: SentenceEncoder, version: int, step: int) -> None:
+        assert self.client is not None  # the policy submits only when there is a miner
         ref = self.client.submit(model, version, step)
         self.policy.submitted(epoch, ref, step, time.perf_counter())
 
@@ -123,6 +106,7 @@ class PlanRefresher:
         self, epoch: int, current: BatchPlan, step: int, model: SentenceEncoder
     ) -> tuple[BatchPlan, Boundary]:
         """Rank 0: the miner's plan if the policy adopts one now, else ``current`` reshuffled."""
+        assert self.client is not None  # the policy asks only when there is a miner
         version = current.version + 1
         action = self.policy.boundary_action(time.perf_counter(), self.client.finished)
         report = None

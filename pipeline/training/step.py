@@ -25,40 +25,51 @@ from pipeline.training.augment import repeat_words
 from pipeline.training.losses import gather_across_workers, global_batch_simcse_loss, simcse_loss
 
 __all__ = [
+    "GlobalBatch",
     "TrainStep",
     "TripletStep",
     "UnsupervisedStep",
     "ViewBatch",
-    "local_share",
     "make_train_step",
     "two_views",
 ]
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """One step's rows: the whole global batch, and which slice of it is this worker's."""
+
+    rows: np.ndarray
+    """``(sum(sizes),)`` training-row positions of the global batch, rank 0's rows first (a
+    slice of the epoch's plan)."""
+    sizes: Sequence[int]
+    """Rows held by each rank (:func:`pipeline.batching.plan.worker_slices`)."""
+    rank: int
+    """This worker's rank: it trains on slice ``rank`` of ``rows``."""
+    mined: np.ndarray | None = None
+    """Triplet mode: the plan's ``(num_rows, num_negatives)`` mined negatives (-1 where none),
+    or None before the first refresh; unused otherwise."""
+
+    @property
+    def local_rows(self) -> np.ndarray:
+        """This worker's contiguous slice of :attr:`rows` (``sizes[rank]`` rows)."""
+        lo = sum(self.sizes[: self.rank])
+        return self.rows[lo : lo + self.sizes[self.rank]]
 
 
 class TrainStep(Protocol):
     """One step's forward pass and loss on this worker's share of a global batch."""
 
     def __call__(
-        self,
-        model: Any,
-        global_rows: np.ndarray,
-        sizes: Sequence[int],
-        rank: int,
-        augment_rng: np.random.Generator,
-        mined: np.ndarray | None = None,
+        self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of one global batch, computed from this worker's rows.
 
         Args:
             model: the encoder, or its DDP wrapper: ``model(input_ids, attention_mask)`` gives
                 ``(rows, d)`` embeddings.
-            global_rows: ``(sum(sizes),)`` training-row positions of the whole global batch,
-                rank 0's rows first (a slice of the epoch's plan).
-            sizes: rows held by each rank (:func:`pipeline.batching.plan.worker_slices`).
-            rank: this worker's rank; it trains on ``global_rows``' slice ``rank``.
+            batch: the global batch and this worker's slice of it.
             augment_rng: the epoch's augmentation generator (word repetition draws from it).
-            mined: triplet mode: the plan's ``(num_rows, num_negatives)`` mined negatives
-                (-1 where none), or None before the first refresh; ignored otherwise.
 
         Returns:
             ``(loss, loss_to_backward)``: the global-batch loss (the same value on every rank),
@@ -66,12 +77,6 @@ class TrainStep(Protocol):
             one process computing ``loss`` on the whole global batch.
         """
         ...
-
-
-def local_share(global_rows: np.ndarray, sizes: Sequence[int], rank: int) -> np.ndarray:
-    """Rank ``rank``'s contiguous slice of ``global_rows`` (``sizes[rank]`` rows)."""
-    lo = sum(sizes[:rank])
-    return global_rows[lo : lo + sizes[rank]]
 
 
 def make_train_step(
@@ -105,6 +110,7 @@ class ViewBatch:
     are not each other's negatives."""
 
 
+@dataclass(frozen=True)
 class UnsupervisedStep:
     """Unsupervised SimCSE: each sentence's two dropout views (the second with ESimCSE word
     repetition when ``dup_rate > 0``) are positives; every other sentence of the global
@@ -114,33 +120,22 @@ class UnsupervisedStep:
     :meth:`collate` (host), :meth:`upload` (host to device), :meth:`forward`, :meth:`loss`.
     """
 
-    def __init__(self, corpus: TokenizedCorpus, temperature: float, dup_rate: float, device: torch.device):
-        self.corpus = corpus
-        self.temperature = temperature
-        self.dup_rate = dup_rate
-        self.device = device
+    corpus: TokenizedCorpus
+    temperature: float
+    dup_rate: float
+    """ESimCSE word repetition rate of the second view (0: none)."""
+    device: torch.device
 
     def __call__(
-        self,
-        model: Any,
-        global_rows: np.ndarray,
-        sizes: Sequence[int],
-        rank: int,
-        augment_rng: np.random.Generator,
-        mined: np.ndarray | None = None,
+        self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :class:`TrainStep`; ``mined`` is ignored."""
-        batch = self.collate(global_rows, sizes, rank, augment_rng)
-        return self.on_device(model, batch, sizes)
+        """See :class:`TrainStep`."""
+        return self.on_device(model, self.collate(batch, augment_rng), batch.sizes)
 
-    def collate(
-        self, global_rows: np.ndarray, sizes: Sequence[int], rank: int, augment_rng: np.random.Generator
-    ) -> ViewBatch:
+    def collate(self, batch: GlobalBatch, augment_rng: np.random.Generator) -> ViewBatch:
         """This worker's rows as both views (:func:`two_views`), and the global batch's ids."""
-        input_ids, mask = two_views(
-            self.corpus, local_share(global_rows, sizes, rank), self.dup_rate, augment_rng
-        )
-        return ViewBatch(input_ids, mask, self.corpus.ids[global_rows])
+        input_ids, mask = two_views(self.corpus, batch.local_rows, self.dup_rate, augment_rng)
+        return ViewBatch(input_ids, mask, self.corpus.ids[batch.rows])
 
     def on_device(
         self, model: Any, batch: ViewBatch, sizes: Sequence[int]
@@ -177,6 +172,7 @@ class UnsupervisedStep:
         return global_batch_simcse_loss(view1, view2, list(sizes), global_ids, self.temperature)
 
 
+@dataclass(frozen=True)
 class TripletStep:
     """Supervised SimCSE on triplet rows, negatives gathered from all workers.
 
@@ -186,35 +182,22 @@ class TripletStep:
     text (a premise with several hypotheses) are not each other's negatives.
     """
 
-    def __init__(
-        self,
-        corpus: TokenizedCorpus,
-        triplets: Triplets,
-        temperature: float,
-        hard_negative_weight: float,
-        device: torch.device,
-    ):
-        self.corpus = corpus
-        self.triplets = triplets
-        self.temperature = temperature
-        self.hard_negative_weight = hard_negative_weight
-        self.device = device
+    corpus: TokenizedCorpus
+    triplets: Triplets
+    temperature: float
+    hard_negative_weight: float
+    """Added to the logit of each row's own hard negatives (SimCSE's supervised weight)."""
+    device: torch.device
 
     def __call__(
-        self,
-        model: Any,
-        global_rows: np.ndarray,
-        sizes: Sequence[int],
-        rank: int,
-        augment_rng: np.random.Generator,
-        mined: np.ndarray | None = None,
+        self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :class:`TrainStep`; ``global_rows`` are triplet rows, ``augment_rng`` is unused."""
-        local_rows = local_share(global_rows, sizes, rank)
+        """See :class:`TrainStep`; ``batch.rows`` are triplet rows, ``augment_rng`` is unused."""
+        local_rows, sizes = batch.local_rows, list(batch.sizes)
         triplets, device = self.triplets, self.device
         negatives = triplets.negative[local_rows][:, None]
-        if mined is not None:
-            negatives = np.concatenate([negatives, mined[local_rows]], axis=1)
+        if batch.mined is not None:
+            negatives = np.concatenate([negatives, batch.mined[local_rows]], axis=1)
         present = negatives >= 0
         texts = np.concatenate(
             [triplets.anchor[local_rows], triplets.positive[local_rows], negatives[present]]
@@ -226,14 +209,13 @@ class TripletStep:
         present_t = to_device(present, device)
         negative_embeddings = embeddings.new_zeros((n, negatives.shape[1], embeddings.shape[1]))
         negative_embeddings[present_t] = embeddings[2 * n :]
-        sizes = list(sizes)
         loss = simcse_loss(
             gather_across_workers(embeddings[:n], sizes),
             gather_across_workers(embeddings[n : 2 * n], sizes),
             temperature=self.temperature,
             hard_negatives=gather_across_workers(negative_embeddings, sizes),
             hard_negative_weight=self.hard_negative_weight,
-            row_ids=to_device(self.corpus.ids[triplets.positive[global_rows]], device),
+            row_ids=to_device(self.corpus.ids[triplets.positive[batch.rows]], device),
             hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
         )
         # Every rank backpropagates through its own rows only; DDP averages over the ranks.

@@ -29,10 +29,12 @@ from pipeline.evaluation.in_training import EvalOutcome
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.folders import quiet_libraries
 from pipeline.training.contract import LoopConfig
+from pipeline.training.miner_client import MinerClient
 from pipeline.training.refresh import Boundary, PlanRefresher
+from pipeline.training.refresh_policy import RefreshSettings
 from pipeline.training.resume import find_resume_point
 from pipeline.training.state import TrainState, restore_rng
-from pipeline.training.step import TrainStep, make_train_step
+from pipeline.training.step import GlobalBatch, TrainStep, make_train_step
 from pipeline.training.worker_reports import CheckpointReporter, EvalRecorder
 from pipeline.training.worker_setup import (
     build_evaluator,
@@ -129,15 +131,16 @@ class SimCSEWorker:
         state, best_dir = initial_state(cfg, inputs.lengths, resume, model, optimizer, scheduler, rank)
         ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
         logger = open_logger(loop_config, rank, state, resumed=resume is not None)
-        refresher = PlanRefresher(
-            cfg,
-            loop_config.miner,
-            rank,
-            inputs.lengths,
-            logger,
-            restarts=state.history.miner_restarts,
-            miner_pid=loop_config.miner_pid,
-        )
+        client = None
+        if loop_config.miner is not None and cfg.mining.enabled:
+            client = MinerClient(
+                loop_config.miner,
+                RefreshSettings.from_config(cfg),
+                logger,
+                restarts=state.history.miner_restarts,
+                miner_pid=loop_config.miner_pid,
+            )
+        refresher = PlanRefresher(cfg, rank, inputs.lengths, client)
         sts = build_evaluator(loop_config, inputs.corpus, rank, world, device)
         max_seq_len = cfg.data.max_seq_len
         return cls(
@@ -224,10 +227,10 @@ class SimCSEWorker:
         assert state.plan is not None
         step_start = time.perf_counter()
         global_rows = state.plan.batch(batch_index)
-        sizes = worker_slices(len(global_rows), self.world)
-        loss, loss_to_backward = self.train_step(
-            self.ddp_model, global_rows, sizes, self.rank, self.augment_rng, state.plan.negatives
+        batch = GlobalBatch(
+            global_rows, worker_slices(len(global_rows), self.world), self.rank, state.plan.negatives
         )
+        loss, loss_to_backward = self.train_step(self.ddp_model, batch, self.augment_rng)
         self.optimizer.zero_grad(set_to_none=True)
         loss_to_backward.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)

@@ -67,7 +67,7 @@ def ddp_gradient_worker(config):
     import torch
 
     from pipeline.batching.plan import worker_slices
-    from pipeline.training.step import UnsupervisedStep
+    from pipeline.training.step import GlobalBatch, UnsupervisedStep
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -78,7 +78,9 @@ def ddp_gradient_worker(config):
         _corpus(config["tokens"], config["ids"]), config["temperature"], DUP_RATE, torch.device("cpu")
     )
     sizes = worker_slices(N, world)
-    loss, to_backward = step(wrapped, np.arange(N), sizes, rank, np.random.default_rng([0, rank]))
+    loss, to_backward = step(
+        wrapped, GlobalBatch(np.arange(N), sizes, rank), np.random.default_rng([0, rank])
+    )
     to_backward.backward()
     out = {"loss": loss.item(), "world": world, "sizes": sizes, "grad": model.embed.weight.grad.tolist()}
     with open(f"{config['out']}.{rank}.json", "w") as fh:
@@ -161,7 +163,7 @@ def triplet_gradient_worker(config):
     from pipeline.batching.plan import worker_slices
     from pipeline.config.loading import load_config
     from pipeline.data.pairs import Triplets
-    from pipeline.training.step import make_train_step
+    from pipeline.training.step import GlobalBatch, make_train_step
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -176,9 +178,8 @@ def triplet_gradient_worker(config):
     ])  # fmt: skip
     step = make_train_step(cfg, corpus, triplets, torch.device("cpu"))
     sizes = worker_slices(7, world)
-    loss, to_backward = step(
-        wrapped, np.arange(7), sizes, rank, np.random.default_rng([0, rank]), np.array(config["mined"])
-    )
+    batch = GlobalBatch(np.arange(7), sizes, rank, np.array(config["mined"]))
+    loss, to_backward = step(wrapped, batch, np.random.default_rng([0, rank]))
     to_backward.backward()
     with open(f"{config['out']}.{rank}.json", "w") as fh:
         json.dump({"loss": loss.item(), "grad": model.embed.weight.grad.tolist()}, fh)

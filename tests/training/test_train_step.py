@@ -18,7 +18,7 @@ from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 from pipeline.training.losses import simcse_loss
-from pipeline.training.step import TripletStep, UnsupervisedStep, make_train_step, two_views
+from pipeline.training.step import GlobalBatch, TripletStep, UnsupervisedStep, make_train_step, two_views
 
 CPU = torch.device("cpu")
 TRIPLET = ["mining.negative_mode=triplet", "data.path=rows.jsonl"]
@@ -45,7 +45,7 @@ def test_unsupervised_step_is_infonce_over_two_dropout_views(model, corpus):
     rows = np.array([5, 17, 5, 40, 99, 3])  # row 5 twice: the same sentence, not its own negative
     model.train()
     torch.manual_seed(1)
-    loss, to_backward = step(model, rows, [len(rows)], 0, np.random.default_rng(0))
+    loss, to_backward = step(model, GlobalBatch(rows, [len(rows)], 0), np.random.default_rng(0))
     assert to_backward.requires_grad and to_backward.item() == loss.item()  # one worker: no scaling
 
     # By hand: the rows twice in one forward pass, the same dropout masks (same seed, same
@@ -72,7 +72,7 @@ def test_unsupervised_step_repeats_words_in_the_second_view(model, corpus):
     rows = np.arange(8)
     model.train()
     torch.manual_seed(2)
-    loss, _ = step(model, rows, [len(rows)], 0, np.random.default_rng(7))
+    loss, _ = step(model, GlobalBatch(rows, [len(rows)], 0), np.random.default_rng(7))
 
     ids, mask = two_views(corpus, rows, 0.32, np.random.default_rng(7))
     n = len(rows)
@@ -93,7 +93,7 @@ def test_triplet_step_uses_exactly_the_present_given_and_mined_negatives(model, 
     step = make_train_step(cfg, corpus, triplets, CPU)
     model.eval()  # no dropout: each text has one embedding, however it is batched
     rows = np.arange(4)
-    loss, _ = step(model, rows, [4], 0, np.random.default_rng(0), mined)
+    loss, _ = step(model, GlobalBatch(rows, [4], 0, mined), np.random.default_rng(0))
 
     def embed_one(text: int) -> np.ndarray:
         ids, mask = corpus.batch(np.array([text]))  # alone: no padding
@@ -112,8 +112,8 @@ def test_triplet_step_uses_exactly_the_present_given_and_mined_negatives(model, 
     assert loss.item() == pytest.approx(expected, rel=1e-4)
 
     # Absent slots are no candidates: all-absent mined negatives change nothing.
-    without_mined, _ = step(model, rows, [4], 0, np.random.default_rng(0), None)
-    all_absent, _ = step(model, rows, [4], 0, np.random.default_rng(0), np.full((4, 2), -1))
+    without_mined, _ = step(model, GlobalBatch(rows, [4], 0, None), np.random.default_rng(0))
+    all_absent, _ = step(model, GlobalBatch(rows, [4], 0, np.full((4, 2), -1)), np.random.default_rng(0))
     assert all_absent.item() == pytest.approx(without_mined.item(), rel=1e-6)
     assert abs(without_mined.item() - loss.item()) > 1e-3
 
