@@ -147,10 +147,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return _build(Config, tree, "").validate()
 
 
-def config_from_dict(tree: dict[str, Any]) -> Config:
-    """Rebuild a Config from :meth:`Config.to_dict` output (e.g. inside a Ray worker)."""
-    return _build(Config, tree, "")
-
-
 def dump_yaml(config: Config) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
