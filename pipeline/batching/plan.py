@@ -4,14 +4,15 @@ A plan covers every corpus row exactly once. Batch sizes are balanced (they diff
 most one), so every epoch has the same number of optimizer steps whatever the plan, and
 with ``batch_size >= 2 x num_workers`` every worker gets rows in every batch.
 
-Epoch 1 uses :func:`random_plan` (optionally grouped by length); later epochs use
-:func:`neighbourhood_plan` over the miner's k-NN graph, which groups mutually near sentences
-into a batch so that its in-batch negatives are hard ones.
+Epoch 1 uses :func:`~pipeline.batching.samplers.random_plan` (optionally grouped by length);
+after each refresh the miner plans the next epoch with the sampler ``mining.batch_sampler``
+names (``pipeline/batching/samplers.py`` and ``graph_samplers.py``), and ships with the plan
+what the loss needs to debias its in-batch negatives (``paraphrases`` / ``clusters``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,6 +28,15 @@ class BatchPlan:
     negatives: np.ndarray | None = None
     """Triplet mode: ``(n, num_negatives)`` mined negatives per row (corpus text positions,
     -1 where none passed the filters); None in neighbourhood mode."""
+    sampler: str = "random"
+    """The sampler that grouped the rows (``mining.batch_sampler``; ``random`` for epoch 1)."""
+    paraphrases: np.ndarray | None = None
+    """``(n, m)`` rows the miner marks as likely paraphrases of each row (refresh-model
+    similarity above ``mining.debias_threshold``), -1 elsewhere; the loss masks or
+    down-weights them as in-batch negatives (``mining.debias: threshold``). None: no debiasing."""
+    clusters: np.ndarray | None = None
+    """``(n,)`` k-means cluster of each row under the refresh model; rows of one cluster
+    are treated as likely false negatives of each other (``mining.debias: cluster``)."""
 
     @property
     def num_batches(self) -> int:
@@ -43,9 +53,7 @@ class BatchPlan:
         """The same batches in a seeded random order (same version)."""
         batches = self.batches()
         order = np.random.default_rng(seed).permutation(len(batches))
-        return BatchPlan(
-            self.version, np.concatenate([batches[i] for i in order]), self.sizes[order], self.negatives
-        )
+        return replace(self, rows=np.concatenate([batches[i] for i in order]), sizes=self.sizes[order])
 
     def fingerprint(self) -> int:
         """A 48-bit hash of the plan: two runs, or a run and its resumption, trained on the same
@@ -54,7 +62,7 @@ class BatchPlan:
 
         digest = hashlib.blake2b(digest_size=6)
         digest.update(str(self.version).encode())
-        for part in (self.rows, self.sizes, self.negatives):
+        for part in (self.rows, self.sizes, self.negatives, self.paraphrases, self.clusters):
             if part is not None:
                 digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
         return int.from_bytes(digest.digest(), "little")
@@ -64,16 +72,30 @@ class BatchPlan:
         return f"{self.fingerprint():012x}"
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "rows": self.rows, "sizes": self.sizes, "negatives": self.negatives}
+        return {
+            "version": self.version,
+            "rows": self.rows,
+            "sizes": self.sizes,
+            "negatives": self.negatives,
+            "sampler": self.sampler,
+            "paraphrases": self.paraphrases,
+            "clusters": self.clusters,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> BatchPlan:
-        negatives = data.get("negatives")
+        def optional(key: str) -> np.ndarray | None:
+            value = data.get(key)
+            return None if value is None else np.asarray(value, dtype=np.int64)
+
         return cls(
             int(data["version"]),
             np.asarray(data["rows"], dtype=np.int64),
             np.asarray(data["sizes"], dtype=np.int64),
-            None if negatives is None else np.asarray(negatives, dtype=np.int64),
+            optional("negatives"),
+            str(data.get("sampler", "random")),
+            optional("paraphrases"),
+            optional("clusters"),
         )
 
 

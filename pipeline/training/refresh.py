@@ -127,9 +127,10 @@ class PlanRefresher:
             refresh_seconds=float(report.metrics["mining/total_s"]),
             staleness_steps=self.policy.adopted(step),
         )
-        # The mined negatives travel with the plan (triplet mode); dropping them here once meant
-        # epochs after a refresh trained on the given negatives only.
-        return BatchPlan(version, report.plan.rows, report.plan.sizes, report.plan.negatives), boundary
+        # Everything the miner shipped travels with the plan (mined negatives, debiasing hints):
+        # rebuilding it from rows and sizes once meant epochs after a refresh trained on the
+        # given negatives only.
+        return dataclasses.replace(report.plan, version=version), boundary
 
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
         """The same batches (or a fresh random plan for a random one) in a new order."""

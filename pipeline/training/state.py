@@ -162,14 +162,23 @@ def _plan_tensors(plan: BatchPlan) -> dict[str, Any]:
         "rows": tensor(plan.rows),
         "sizes": tensor(plan.sizes),
         "negatives": tensor(plan.negatives) if plan.negatives is not None else None,
+        "sampler": plan.sampler,
+        "paraphrases": tensor(plan.paraphrases) if plan.paraphrases is not None else None,
+        "clusters": tensor(plan.clusters) if plan.clusters is not None else None,
     }
 
 
 def _plan_from_tensors(saved: dict[str, Any]) -> BatchPlan:
-    negatives = saved["negatives"]
+    def array(key: str) -> np.ndarray | None:
+        value = saved.get(key)
+        return value.numpy() if value is not None else None
+
     return BatchPlan(
         saved["version"],
         saved["rows"].numpy(),
         saved["sizes"].numpy(),
-        negatives.numpy() if negatives is not None else None,
+        array("negatives"),
+        str(saved.get("sampler", "random")),
+        array("paraphrases"),
+        array("clusters"),
     )
