@@ -35,7 +35,7 @@ from pipeline.data.tokenized import TokenizedCorpus  # noqa: E402
 from pipeline.data.utf8 import stable_row_id  # noqa: E402
 from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
 from pipeline.mining.negatives import NegativeFilters, text_keys  # noqa: E402
-from pipeline.mining.plan_quality import plan_from_neighbours  # noqa: E402
+from pipeline.mining.planning import PlanSettings, plan_from_neighbours  # noqa: E402
 from pipeline.model.encode import encode_rows  # noqa: E402
 from pipeline.model.encoder import load_sentence_encoder  # noqa: E402
 from pipeline.model.folders import load_tokenizer  # noqa: E402
@@ -108,7 +108,9 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
 
     def filter_and_plan():
         (keys,) = text_keys(texts)
-        return plan_from_neighbours(knn, keys, NegativeFilters(), batch_size, seed=0, version=1)[0]
+        return plan_from_neighbours(
+            knn, embeddings, keys, NegativeFilters(), PlanSettings(), batch_size, seed=0, version=1
+        ).plan
 
     stage("filter+plan", results, filter_and_plan)
     results["estimate_bytes"] = estimate

@@ -161,6 +161,9 @@ def test_demo_trains_mines_and_logs(tmp_path):
     )
     fingerprints = [run.data.tags[f"plan.fingerprint.epoch_{e}"] for e in (1, 2, 3)]
     assert all(len(f) == 12 for f in fingerprints) and len(set(fingerprints)) == 3
+    # Epoch 1 is random; the refreshed epochs were planned by the configured sampler.
+    samplers = [run.data.tags[f"plan.sampler.epoch_{e}"] for e in (1, 2, 3)]
+    assert samplers == ["random"] + [params["mining.batch_sampler"]] * 2
 
     assert "resolved_config.yaml" in [a.path for a in client.list_artifacts(run_id)]
     review = sorted(a.path for a in client.list_artifacts(run_id, "review"))

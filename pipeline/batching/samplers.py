@@ -7,6 +7,7 @@ import heapq
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
+from pipeline.batching.separation import BatchBuilder, separate_false_negatives
 
 
 def random_plan(
@@ -16,6 +17,7 @@ def random_plan(
     version: int = 0,
     lengths: np.ndarray | None = None,
     group_batches: int = 0,
+    false_negatives: np.ndarray | None = None,
 ) -> BatchPlan:
     """Every row once, in random batches; with ``lengths`` and ``group_batches >= 2``, length-grouped.
 
@@ -34,6 +36,10 @@ def random_plan(
         version: plan version to record.
         lengths: ``(num_rows,)`` tokens per row (the padded width a row forces on its batch).
         group_batches: batches per sorted group; 0 (or 1) leaves batches purely random.
+        false_negatives: optional ``(num_rows, m)`` rows that must not share a batch with the
+            row, -1 elsewhere: pairs the random cut puts together are swapped apart
+            (:func:`separate_false_negatives`; grouped, preferably with a row of the same
+            length, so padding is unchanged). None: the plan is exactly the one without it.
 
     Returns:
         The plan; its batch sizes are the same with and without grouping.
@@ -42,7 +48,10 @@ def random_plan(
     rows = rng.permutation(num_rows).astype(np.int64)
     sizes = balanced_batch_sizes(num_rows, batch_size)
     if lengths is None or group_batches < 2:
-        return BatchPlan(version, rows, sizes)
+        if false_negatives is None:
+            return BatchPlan(version, rows, sizes)
+        batches, _ = separate_false_negatives(np.split(rows, np.cumsum(sizes)[:-1]), false_negatives, rng)
+        return BatchPlan(version, np.concatenate(batches), sizes)
     lengths = np.asarray(lengths)
     if lengths.shape != (num_rows,):
         raise ValueError(f"lengths has shape {lengths.shape}, expected ({num_rows},)")
@@ -52,6 +61,8 @@ def random_plan(
         # Stable, so rows of equal length keep their random order.
         rows[lo:hi] = rows[lo:hi][np.argsort(-lengths[rows[lo:hi]], kind="stable")]
     batches = np.split(rows, bounds[1:-1])
+    # After the sort: separating first would be undone by re-cutting the groups.
+    batches, _ = separate_false_negatives(batches, false_negatives, rng, like=lengths)
     order = rng.permutation(len(batches))
     widest = int(np.argmax([lengths[batches[i]].max() for i in order]))
     order[[0, widest]] = order[[widest, 0]]
@@ -66,7 +77,7 @@ def neighbourhood_plan(
     version: int,
     false_negatives: np.ndarray | None = None,
 ) -> BatchPlan:
-    """Group rows into batches of mutual near neighbours, covering every row once.
+    """Group rows into batches of mutual near neighbours, covering every row once (``knn``).
 
     Each batch starts from a random unassigned seed row and grows like Prim's algorithm on
     the k-NN graph: the next row is always the unassigned candidate most similar to any row
@@ -85,104 +96,93 @@ def neighbourhood_plan(
         version: plan version to record.
         false_negatives: optional ``(n, k)`` rows that must not share a batch with the row
             (likely paraphrases), -1 elsewhere. Checked both ways: a row joins a batch only
-            if it is no member's false negative and no member is its false negative.
+            if it is no member's false negative and no member is its false negative. Only a
+            corpus too small to place every pair apart (the last batches' top-up) can leave
+            a pair together; :func:`separate_false_negatives` then swaps it out if it can.
 
     Returns:
-        The plan, ``version`` recorded; its batch sizes are :func:`balanced_batch_sizes`'s.
+        The plan, ``version`` and sampler ``knn`` recorded; its batch sizes are
+        :func:`balanced_batch_sizes`'s.
     """
     num_rows = neighbours.shape[0]
     sizes = balanced_batch_sizes(num_rows, batch_size)
     rng = np.random.default_rng(seed)
-    visit_order = rng.permutation(num_rows)
-    builder = _NeighbourhoodBatches(neighbours, scores, false_negatives)
-    cursor = 0
-    batches: list[list[int]] = []
-    for size in sizes.tolist():
-        while builder.assigned[visit_order[cursor]]:
-            cursor += 1
-        batches.append(builder.grow(size, visit_order, cursor))
-    order = rng.permutation(len(batches))
-    rows = np.fromiter((r for b in order for r in batches[b]), dtype=np.int64, count=num_rows)
-    return BatchPlan(version, rows, sizes[order])
+    builder = _NeighbourhoodBatches(neighbours, scores, false_negatives, rng.permutation(num_rows))
+    batches = [builder.grow(size) for size in sizes.tolist()]
+    return shuffled_plan(batches, false_negatives, rng, version, "knn")
 
 
-class _NeighbourhoodBatches:
-    """The batches of :func:`neighbourhood_plan`, grown one at a time over the rows not yet
-    assigned to any batch.
+def shuffled_plan(
+    batches: list[list[int]] | list[np.ndarray],
+    false_negatives: np.ndarray | None,
+    rng: np.random.Generator,
+    version: int,
+    sampler: str,
+    like: np.ndarray | None = None,
+) -> BatchPlan:
+    """The plan of ``batches`` in a random order, flagged pairs first swapped apart.
 
-    Rows are converted to Python lists on demand, not all at once: every row joins exactly
-    one batch, so the work is the same, and memory stays O(batch x k) instead of holding
-    n x k Python objects (about 4.5 GB at a million rows with k = 65).
+    Args:
+        batches: the batches, covering rows ``0..n-1`` once each.
+        false_negatives: optional ``(n, m)`` flagged rows, -1 elsewhere (see
+            :func:`separate_false_negatives`; pairs it cannot separate stay in the plan).
+        rng: the sampler's generator, drawn for the separation (only when a pair shares a
+            batch) and the order.
+        version: plan version to record.
+        sampler: the sampler's name to record.
+        like: optional ``(n,)`` labels swaps prefer to keep (see :func:`separate_false_negatives`).
+
+    Returns:
+        The plan.
     """
+    separated, _ = separate_false_negatives([np.asarray(b) for b in batches], false_negatives, rng, like)
+    order = rng.permutation(len(separated))
+    rows = np.concatenate([separated[b] for b in order]).astype(np.int64)
+    sizes = np.array([len(separated[b]) for b in order], dtype=np.int64)
+    return BatchPlan(version, rows, sizes, sampler=sampler)
 
-    def __init__(self, neighbours: np.ndarray, scores: np.ndarray, false_negatives: np.ndarray | None):
+
+class _NeighbourhoodBatches(BatchBuilder):
+    """The batches of :func:`neighbourhood_plan`, grown one at a time over the rows not yet
+    assigned to any batch."""
+
+    def __init__(
+        self,
+        neighbours: np.ndarray,
+        scores: np.ndarray,
+        false_negatives: np.ndarray | None,
+        visit_order: np.ndarray,
+    ):
+        super().__init__(neighbours.shape[0], false_negatives, visit_order)
         self.neighbours = neighbours
         self.scores = scores
-        self.false_negatives = false_negatives
-        self.assigned = np.zeros(neighbours.shape[0], dtype=bool)
-        # The batch being grown: its rows, the same as a set, the rows its members rule out
-        # (their false negatives), and the candidates by similarity (a min-heap of -score).
-        self.members: list[int] = []
-        self.member_set: set[int] = set()
-        self.blocked: set[int] = set()
+        # The candidates of the batch being grown by similarity (a min-heap of -score).
         self.heap: list[tuple[float, int]] = []
 
-    def grow(self, size: int, visit_order: np.ndarray, cursor: int) -> list[int]:
-        """One batch of ``size`` rows: ``visit_order[cursor]`` (unassigned) as its seed, then
-        the nearest unassigned candidates (Prim's order), then rows from ``visit_order`` on
-        from ``cursor``.
+    def grow(self, size: int) -> list[int]:
+        """One batch of ``size`` rows: the first unassigned row of the random order as its
+        seed, then the nearest unassigned candidates (Prim's order), then random rows.
 
         Returns:
             The batch's rows, in the order they joined; they are marked assigned.
         """
-        self.members, self.member_set, self.blocked, self.heap = [], set(), set(), []
+        self.begin()
+        self.heap = []
         # Local names: this loop runs once per candidate of every row (n x k times).
         members, heap, assigned = self.members, self.heap, self.assigned
-        self._add(int(visit_order[cursor]))
+        seed_row = self.next_unassigned()
+        assert seed_row is not None  # the sizes sum to n
+        self.add(seed_row)
         while heap and len(members) < size:
             _, candidate = heapq.heappop(heap)
-            if not assigned[candidate] and self._can_join(candidate):
-                self._add(candidate)
-        self._top_up(size, visit_order, cursor)
+            if not assigned[candidate] and self.can_join(candidate):
+                self.add(candidate)
+        self.top_up(size)
         return members
 
-    def _top_up(self, size: int, visit_order: np.ndarray, cursor: int) -> None:
-        """Fill the batch from the random order, preferring rows that are nobody's false
-        negative here; when none is left (tiny corpora), any unassigned row."""
-        scan = cursor
-        fallback: list[int] = []
-        while len(self.members) < size and scan < len(visit_order):
-            row = int(visit_order[scan])
-            scan += 1
-            if self.assigned[row]:
-                continue
-            if self._can_join(row):
-                self._add(row)
-            else:
-                fallback.append(row)
-        for row in fallback:
-            if len(self.members) == size:
-                break
-            self._add(row)
-
-    def _blocked_of(self, row: int) -> list[int]:
-        """The rows that must not share a batch with ``row``."""
-        assert self.false_negatives is not None
-        return [c for c in self.false_negatives[row].tolist() if c >= 0]
-
-    def _can_join(self, row: int) -> bool:
-        """Whether ``row`` is no member's false negative and no member is its false negative."""
-        if self.false_negatives is None:
-            return True
-        return row not in self.blocked and self.member_set.isdisjoint(self._blocked_of(row))
-
-    def _add(self, row: int) -> None:
+    def add(self, row: int) -> None:
         """Put ``row`` in the batch and its unassigned neighbours on the candidate heap."""
-        self.assigned[row] = True
-        self.members.append(row)
-        self.member_set.add(row)
-        if self.false_negatives is not None:
-            self.blocked.update(self._blocked_of(row))
+        super().add(row)
         assigned, heap = self.assigned, self.heap
         for candidate, score in zip(self.neighbours[row].tolist(), self.scores[row].tolist(), strict=True):
             if candidate >= 0 and not assigned[candidate]:

@@ -72,7 +72,9 @@ class MiningSection:
     from neighbour groups of ``mixed_group_size``, the rest random. See docs/results.md for
     what each measured."""
     restart_probability: float = 0.2
-    """``rwr``: chance per step that the walk jumps back to a random unassigned row."""
+    """``rwr``: chance per step that the walk goes back to the batch's start row (as the
+    authors' code, THUDM/BatchSampler, does; their scripts use 0.2). A walk that adds nothing
+    for a while jumps to a random unassigned row, which becomes the new start."""
     num_clusters: int | None = None
     """``clusters`` sampler and ``debias: cluster``: k-means clusters (``None``: one per
     ``train.batch_size`` rows)."""
@@ -86,7 +88,8 @@ class MiningSection:
     """In-batch false-negative debiasing (neighbourhood mode): ``threshold`` treats in-batch
     candidates whose refresh-model similarity to the anchor is above ``debias_threshold``
     (among its ``top_k`` neighbours) as likely paraphrases; ``cluster`` treats rows of the
-    same k-means cluster so (ClusterNS). Their logits are scaled by ``debias_weight``."""
+    same k-means cluster so (ClusterNS). Their terms in the anchor's softmax are multiplied
+    by ``debias_weight`` (``log(weight)`` added to the logit)."""
     debias_threshold: float = 0.8
     """``debias: threshold``: cosine similarity under the refresh model above which an
     in-batch candidate counts as a likely paraphrase."""

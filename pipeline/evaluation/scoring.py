@@ -1,4 +1,5 @@
-"""STS evaluation of an encoder: Spearman x 100, alignment, uniformity, with and without whitening.
+"""STS evaluation of an encoder: Spearman x 100, alignment, uniformity, with and without whitening,
+and paraphrase retrieval (MRR@10, recall@1) on the same files.
 
 One mechanism serves ``jobs/evaluate.py`` (a model folder on disk) and the train loop (the
 live model, its sentences sharded over the workers): :class:`STSEvalSet` tokenizes the unique
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.evaluation.diagnostics import alignment, uniformity
+from pipeline.evaluation.retrieval import nan_mean, paraphrase_retrieval
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
 from pipeline.evaluation.whitening import Whitening
 
@@ -34,17 +36,27 @@ class STSScore:
     """Over all of the file's sentences."""
     spearman_whitened: float | None = None
     """Spearman x 100 after whitening (None: whitening not evaluated)."""
+    mrr_at_10: float = float("nan")
+    """Paraphrase retrieval (:mod:`pipeline.evaluation.retrieval`): MRR@10 x 100 of finding each
+    positive pair's sentence2 among the file's sentences from its sentence1 (NaN: no positives)."""
+    recall_at_1: float = float("nan")
+    """Paraphrase retrieval: recall@1 x 100 (NaN: no positives)."""
+    retrieval_queries: int = 0
+    """Positive pairs the retrieval scores average over."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def metrics(self) -> dict[str, float]:
-        """MLflow metric names for this file: ``sts_<name>_spearman`` and friends."""
+        """MLflow metric names for this file: ``sts_<name>_spearman`` and friends
+        (``sts_<name>_mrr_at_10``, ``sts_<name>_recall_at_1``)."""
         key = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
         out = {
             f"sts_{key}_spearman": self.spearman,
             f"sts_{key}_alignment": self.alignment,
             f"sts_{key}_uniformity": self.uniformity,
+            f"sts_{key}_mrr_at_10": self.mrr_at_10,
+            f"sts_{key}_recall_at_1": self.recall_at_1,
         }
         if self.spearman_whitened is not None:
             out[f"sts_{key}_spearman_whitened"] = self.spearman_whitened
@@ -123,6 +135,9 @@ def score_embeddings(
 ) -> list[STSScore]:
     """One score per STS file from raw (un-normalised) embeddings of ``eval_set``'s sentences.
 
+    Pairs with gold ``>= positive_threshold`` are the alignment positives and the paraphrase
+    retrieval queries; retrieval uses the plain (not whitened) embeddings.
+
     Args:
         embeddings: ``(eval_set.num_sentences, dim)``, row order of ``eval_set.table``.
         whitening: also report the Spearman of whitened embeddings.
@@ -131,10 +146,12 @@ def score_embeddings(
         raise ValueError(f"{len(embeddings)} embeddings for {eval_set.num_sentences} sentences")
     unit = _normalise(embeddings)
     unit_whitened = _normalise(whitening.apply(embeddings)) if whitening is not None else None
+    texts = eval_set.table.column("text").to_pylist()
     scores = []
     for pairs, (left, right) in zip(eval_set.files, eval_set.pair_rows, strict=True):
         positive = pairs.scores >= positive_threshold
         file_rows = np.unique(np.concatenate([left, right]))
+        retrieval = paraphrase_retrieval(unit, texts, file_rows, left[positive], right[positive])
         scores.append(
             STSScore(
                 name=pairs.name,
@@ -145,6 +162,9 @@ def score_embeddings(
                 spearman_whitened=(
                     _cosine_spearman(pairs, unit_whitened, left, right) if unit_whitened is not None else None
                 ),
+                mrr_at_10=retrieval.mrr_at_10,
+                recall_at_1=retrieval.recall_at_1,
+                retrieval_queries=retrieval.queries,
             )
         )
     return scores
@@ -205,6 +225,9 @@ def average_row(scores: list[STSScore]) -> STSScore:
         alignment=float(np.mean(aligned)) if aligned else float("nan"),
         uniformity=float(np.mean([s.uniformity for s in scores])),
         spearman_whitened=float(np.mean(whitened)) if all(w is not None for w in whitened) else None,
+        mrr_at_10=nan_mean([s.mrr_at_10 for s in scores]),
+        recall_at_1=nan_mean([s.recall_at_1 for s in scores]),
+        retrieval_queries=sum(s.retrieval_queries for s in scores),
     )
 
 
@@ -212,13 +235,14 @@ def format_table(scores: list[STSScore], title: str | None = None) -> str:
     """A plain-text table, one row per file (and an average row for several)."""
     rows = list(scores) + ([average_row(scores)] if len(scores) > 1 else [])
     whitened = any(s.spearman_whitened is not None for s in rows)
-    header = ["file", "pairs", "spearman"] + (["whitened"] if whitened else []) + ["alignment", "uniformity"]
+    header = ["file", "pairs", "spearman"] + (["whitened"] if whitened else [])
+    header += ["mrr@10", "recall@1", "alignment", "uniformity"]
     body = []
     for s in rows:
         cells = [s.name, str(s.pairs), f"{s.spearman:.2f}"]
         if whitened:
             cells.append("" if s.spearman_whitened is None else f"{s.spearman_whitened:.2f}")
-        cells += [f"{s.alignment:.3f}", f"{s.uniformity:.3f}"]
+        cells += [f"{s.mrr_at_10:.2f}", f"{s.recall_at_1:.2f}", f"{s.alignment:.3f}", f"{s.uniformity:.3f}"]
         body.append(cells)
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     lines = [title] if title else []

@@ -96,3 +96,35 @@ def similarity_percentiles(scores: np.ndarray) -> dict[str, float]:
         "mean": float(scores.mean()),
         **{f"p{q}": float(np.percentile(scores, q)) for q in (10, 50, 90)},
     }
+
+
+def random_pool_negatives(
+    keys: np.ndarray, anchor: np.ndarray, positive: np.ndarray, pool: np.ndarray, count: int, seed: int
+) -> np.ndarray:
+    """``count`` random pool texts per anchor, to mix with its mined negatives.
+
+    Mined negatives alone can be too hard, or false negatives the filters missed; mixing in
+    random ones is what made self-mined negatives pay off in tevatron #43. A draw that is the
+    same text as the anchor or its positive is redrawn (a few rounds), and left out (-1) if
+    it still is: a tiny pool of near-identical texts.
+
+    Args:
+        keys: ``(texts,)`` :func:`~pipeline.mining.negatives.text_keys` of the corpus texts.
+        anchor, positive: ``(n,)`` each row's anchor and positive text positions.
+        pool: positions of the candidate texts (the distinct positives).
+        count: random negatives per anchor.
+        seed: makes the draw deterministic.
+
+    Returns:
+        ``(n, count)`` int64 text positions, -1 where no acceptable draw was found.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(anchor)
+    drawn = pool[rng.integers(0, len(pool), size=(n, count))]
+    for _ in range(8):
+        clash = (keys[drawn] == keys[anchor][:, None]) | (keys[drawn] == keys[positive][:, None])
+        if not clash.any():
+            break
+        drawn[clash] = pool[rng.integers(0, len(pool), size=int(clash.sum()))]
+    clash = (keys[drawn] == keys[anchor][:, None]) | (keys[drawn] == keys[positive][:, None])
+    return np.where(clash, -1, drawn).astype(np.int64)

@@ -21,17 +21,18 @@ from pipeline.batching.samplers import random_plan
 from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
 from pipeline.errors import first_line
-from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
+from pipeline.mining.anchor_mining import mine_anchors, random_pool_negatives, similarity_percentiles
 from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search
-from pipeline.mining.negatives import NegativeFilters, text_keys
+from pipeline.mining.negatives import NegativeFilters, passed_each_filter, text_keys
 from pipeline.mining.plan_quality import (
     _first_valid_scores,
+    debias_counts,
     false_negative_pairs,
     in_batch_pair_similarities,
     plan_churn,
-    plan_from_neighbours,
     similarity_histogram_png,
 )
+from pipeline.mining.planning import PlanSettings, plan_from_neighbours
 from pipeline.model.encode import encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
@@ -60,6 +61,10 @@ class MinerSettings:
     """``run.seed``; each refresh searches and plans with ``seed + version``."""
     index_spec: IndexSpec = field(default_factory=IndexSpec)
     filters: NegativeFilters = field(default_factory=NegativeFilters)
+    plan: PlanSettings = field(default_factory=PlanSettings)
+    """Neighbourhood mode: the batch sampler and the debiasing hints shipped with the plan."""
+    random_negatives: int = 0
+    """Triplet mode: random pool rows added per anchor beside the mined negatives."""
     encode_actors: int = 0
     """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool."""
     encode_num_cpus: float = 1.0
@@ -95,6 +100,8 @@ class MinerSettings:
             seed=cfg.run.seed,
             index_spec=mining.index_spec(),
             filters=mining.negative_filters(),
+            plan=PlanSettings.from_mining(mining),
+            random_negatives=mining.random_negatives,
             encode_actors=mining.encode_actors,
             encode_num_cpus=mining.encode_num_cpus,
             encode_num_gpus=mining.encode_num_gpus,
@@ -211,6 +218,12 @@ class HardNegativeMiner:
         plan.negatives = np.where(
             chosen.indices >= 0, pool[np.maximum(chosen.indices, 0)], -1
         )  # text positions
+        if settings.random_negatives:
+            drawn = random_pool_negatives(
+                self.text_keys, triplets.anchor, triplets.positive, pool, settings.random_negatives,
+                settings.seed + version,
+            )  # fmt: skip
+            plan.negatives = np.concatenate([plan.negatives, drawn], axis=1)
         found = chosen.scores[chosen.indices >= 0]
         metrics = {
             "mining/encode_s": t_encode,
@@ -222,6 +235,9 @@ class HardNegativeMiner:
             "mining/candidates": float(chosen.candidates),
             "mining/kept": float(chosen.kept),
             **{f"mining/removed_{name}": float(count) for name, count in chosen.removed.items()},
+            **{f"mining/passed_{name}": float(count) for name, count in passed_each_filter(chosen).items()},
+            "mining/selected": float((chosen.indices >= 0).sum()),
+            "mining/random_negatives": float(settings.random_negatives * len(triplets)),
             "mining/anchors_short": float(chosen.anchors_short),
             "mining/positive_similarity_mean": float(mined.positive_scores.mean()),
             "mining/random_pair_similarity_mean": float(mined.random_pairs.mean()),
@@ -269,9 +285,11 @@ class HardNegativeMiner:
         )
         knn = knn_search(embeddings, k, use_gpu=s.use_gpu, spec=s.index_spec, seed=s.seed + version)
         t1 = time.perf_counter()
-        plan, filtered, false_negatives = plan_from_neighbours(
-            knn, self.text_keys, s.filters, s.batch_size, s.seed + version, version
-        )
+        refreshed = plan_from_neighbours(
+            knn, embeddings, self.text_keys, s.filters, s.plan, s.batch_size, s.seed + version, version,
+            use_gpu=s.use_gpu,
+        )  # fmt: skip
+        plan, filtered, false_negatives = refreshed.plan, refreshed.filtered, refreshed.false_negatives
         t_plan = time.perf_counter() - t1
         top1 = _first_valid_scores(knn.scores, np.where(filtered.duplicate, -1, knn.indices))
         baseline = random_plan(n, s.batch_size, seed=s.seed + 10_000 + version)
@@ -294,6 +312,7 @@ class HardNegativeMiner:
             "mining/false_negatives_flagged": float((false_negatives >= 0).sum()),
             "mining/false_negative_pairs_in_batches": float(false_negative_pairs(plan, false_negatives)),
             "mining/plan_version": float(version),
+            **debias_counts(plan, s.plan.debias),
         }
         if self.previous_plan is not None:
             metrics["mining/churn"] = plan_churn(self.previous_plan, plan)

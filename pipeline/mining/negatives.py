@@ -59,6 +59,17 @@ class SelectedNegatives:
     """Anchors left with fewer than ``num_negatives`` negatives (anchors, not negatives)."""
 
 
+def passed_each_filter(selected: SelectedNegatives) -> dict[str, int]:
+    """Candidates still in the running after each filter, in the order they apply (``FILTERS``):
+    where a run's mined negatives were lost, read next to the ``removed`` counts."""
+    left = selected.candidates
+    passed = {}
+    for name in FILTERS:
+        left -= selected.removed.get(name, 0)
+        passed[name] = left
+    return passed
+
+
 def normalize_text(text: str) -> str:
     """Key for "the same sentence up to case, accents, whitespace and punctuation"."""
     text = unicodedata.normalize("NFKC", text).casefold()

@@ -1,36 +1,10 @@
-"""Turning neighbours into a plan, and the numbers that say how hard and how safe a plan is."""
+"""The numbers that say how hard and how safe a plan is (the plan itself: ``planning.py``)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan
-from pipeline.batching.samplers import neighbourhood_plan
-from pipeline.mining.negatives import (
-    NegativeFilters,
-    duplicate_mask,
-    filter_candidates,
-)
-
-
-def plan_from_neighbours(
-    knn: Any, text_keys: np.ndarray, filters: NegativeFilters, batch_size: int, seed: int, version: int
-) -> tuple[BatchPlan, Any, np.ndarray]:
-    """Neighbourhood mode: filter every row's k-NN candidates and plan the epoch's batches.
-
-    Each row is its own positive (unsupervised), so the relative margin is against 1.0.
-    Returns the plan, the filter result, and each row's flagged false negatives (-1 elsewhere).
-    """
-    n = len(knn.indices)
-    duplicate = duplicate_mask(knn.indices, text_keys, text_keys, text_keys)
-    filtered = filter_candidates(knn.indices, knn.scores, np.ones(n, dtype=np.float32), duplicate, filters)
-    neighbours = np.where(filtered.allowed, knn.indices, -1)
-    itself = knn.indices == np.arange(n)[:, None]
-    false_negatives = np.where(filtered.false_negative & ~itself, knn.indices, -1)
-    plan = neighbourhood_plan(neighbours, knn.scores, batch_size, seed, version, false_negatives)
-    return plan, filtered, false_negatives
 
 
 def in_batch_pair_similarities(
@@ -57,6 +31,30 @@ def false_negative_pairs(plan: BatchPlan, false_negatives: np.ndarray) -> int:
     valid = false_negatives >= 0
     rows = np.broadcast_to(np.arange(len(false_negatives))[:, None], false_negatives.shape)[valid]
     return int((batch_of[rows] == batch_of[false_negatives[valid]]).sum())
+
+
+def debias_counts(plan: BatchPlan, rule: str) -> dict[str, float]:
+    """What ``mining.debias`` will do to the plan's epoch.
+
+    Returns:
+        ``mining/debias_flagged``: (row, likely false negative) entries the miner flagged
+        (ordered: a pair flagged from both sides counts twice); ``mining/debias_pairs_in_batches``:
+        unordered flagged pairs that share a batch, whose terms the loss masks or down-weights.
+        Empty without debiasing.
+    """
+    from pipeline.training.debias import flagged_pairs_in_batches
+
+    if rule == "threshold" and plan.paraphrases is not None:
+        flagged = int((plan.paraphrases >= 0).sum())
+    elif rule == "cluster" and plan.clusters is not None:
+        sizes = np.bincount(plan.clusters[plan.clusters >= 0]).astype(np.int64)
+        flagged = int((sizes * (sizes - 1)).sum())
+    else:
+        return {}
+    return {
+        "mining/debias_flagged": float(flagged),
+        "mining/debias_pairs_in_batches": float(flagged_pairs_in_batches(plan, rule)),
+    }
 
 
 def plan_churn(previous: BatchPlan, current: BatchPlan) -> float:

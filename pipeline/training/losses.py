@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -18,6 +20,8 @@ def simcse_loss(
     hard_negative_weight: float = 0.0,
     row_ids: torch.Tensor | None = None,
     hard_negative_mask: torch.Tensor | None = None,
+    false_negative_mask: torch.Tensor | None = None,
+    false_negative_weight: float = 0.0,
 ) -> torch.Tensor:
     """InfoNCE over cosine similarities, as in SimCSE.
 
@@ -36,10 +40,24 @@ def simcse_loss(
         hard_negative_mask: optional ``(n, m)`` bool, False where a row has no negative in
             that slot (rows may have different numbers); absent slots are no candidate for
             any row.
+        false_negative_mask: optional ``(n, n)`` bool over the in-batch candidates: True at
+            (i, j) when ``positives[j]`` is a likely false negative of row i (a paraphrase;
+            :func:`pipeline.training.debias.false_negative_mask`). The diagonal (each row's
+            own positive) is ignored, and hard-negative candidates are unaffected. A
+            constant: no gradient flows through it.
+        false_negative_weight: in [0, 1]; each flagged candidate's ``exp(logit)`` in row i's
+            softmax denominator is multiplied by it (``log(weight)`` is added to the logit):
+            0.0 removes flagged candidates altogether (DCLR's hard rule), a value in (0, 1)
+            down-weights them, 1.0 leaves them as they are. Unused without a mask.
 
     Returns:
         Scalar tensor: the mean over the n rows of ``-log softmax(logits_i)[i]`` where
-        ``logits_i = [cos(a_i, p_j) / t for all j] ++ [cos(a_i, h_jk) / t for all j, k]``.
+        ``logits_i = [cos(a_i, p_j) / t + log(w_ij) for all j] ++ [cos(a_i, h_jk) / t for all
+        j, k]``, ``w_ij`` being ``false_negative_weight`` for flagged (i, j), 0 for
+        ``row_ids``-duplicates of row i, 1 elsewhere (and for ``j == i``).
+
+    Raises:
+        ValueError: a non-positive temperature, mismatched shapes, or a weight outside [0, 1].
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -52,6 +70,8 @@ def simcse_loss(
         same = row_ids.view(-1, 1) == row_ids.view(1, -1)
         same.fill_diagonal_(False)
         logits = logits.masked_fill(same, float("-inf"))
+    if false_negative_mask is not None:
+        logits = _debias(logits, false_negative_mask, false_negative_weight)
     if hard_negatives is not None:
         negatives = hard_negatives.unsqueeze(1) if hard_negatives.dim() == 2 else hard_negatives
         if negatives.shape[0] != n or negatives.shape[-1] != anchors.shape[-1]:
@@ -71,6 +91,23 @@ def simcse_loss(
         logits = torch.cat([logits, negative_logits], dim=1)
     targets = torch.arange(n, device=anchors.device)
     return F.cross_entropy(logits, targets)
+
+
+def _debias(logits: torch.Tensor, false_negative_mask: torch.Tensor, weight: float) -> torch.Tensor:
+    """``(n, n)`` in-batch logits with the flagged candidates removed (weight 0) or shifted by
+    ``log(weight)``; see :func:`simcse_loss`."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"false_negative_weight must be in [0, 1], got {weight}")
+    n = logits.shape[0]
+    if tuple(false_negative_mask.shape) != (n, n):
+        raise ValueError(f"false_negative_mask {tuple(false_negative_mask.shape)} must be ({n}, {n})")
+    flagged = false_negative_mask.detach().to(device=logits.device, dtype=torch.bool)
+    # The positive is never a negative, whatever the mask says.
+    flagged = flagged & ~torch.eye(n, dtype=torch.bool, device=logits.device)
+    if weight == 0.0:
+        # masked_fill passes no gradient to the filled entries: a removed candidate gets none.
+        return logits.masked_fill(flagged, float("-inf"))
+    return logits + math.log(weight) * flagged.to(logits.dtype)
 
 
 def gather_across_workers(local: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -113,6 +150,8 @@ def global_batch_simcse_loss(
     sizes: list[int],
     global_row_ids: torch.Tensor | None,
     temperature: float,
+    false_negative_mask: torch.Tensor | None = None,
+    false_negative_weight: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unsupervised SimCSE loss over the global batch of all DDP workers.
 
@@ -121,6 +160,10 @@ def global_batch_simcse_loss(
         sizes: rows per rank of this global batch.
         global_row_ids: ``(sum(sizes),)`` corpus ids of the global batch, rank order.
         temperature: InfoNCE temperature.
+        false_negative_mask: optional ``(sum(sizes), sum(sizes))`` bool over the global
+            batch, rank order: likely false negatives (see :func:`simcse_loss`). The same on
+            every rank, so every rank computes the same loss.
+        false_negative_weight: weight of a flagged candidate (0 removes it).
 
     Returns:
         ``(loss, loss_to_backward)``: the global-batch loss (the same value on every rank),
@@ -128,5 +171,12 @@ def global_batch_simcse_loss(
         of one process computing ``loss`` on the concatenated batch.
     """
     views = gather_across_workers(torch.stack([local_view1, local_view2], dim=1), sizes)
-    loss = simcse_loss(views[:, 0], views[:, 1], temperature=temperature, row_ids=global_row_ids)
+    loss = simcse_loss(
+        views[:, 0],
+        views[:, 1],
+        temperature=temperature,
+        row_ids=global_row_ids,
+        false_negative_mask=false_negative_mask,
+        false_negative_weight=false_negative_weight,
+    )
     return loss, loss * len(sizes)

@@ -49,6 +49,11 @@ class GlobalBatch:
     mined: np.ndarray | None = None
     """Triplet mode: the plan's ``(num_rows, num_negatives)`` mined negatives (-1 where none),
     or None before the first refresh; unused otherwise."""
+    false_negative_mask: np.ndarray | None = None
+    """Unsupervised mode with ``mining.debias``: ``(sum(sizes), sum(sizes))`` bool over
+    :attr:`rows`, True at (i, j) when row j is a likely false negative of row i
+    (:func:`pipeline.training.debias.false_negative_mask`, the same on every rank); None: no
+    debiasing. Triplet mode ignores it."""
 
     @property
     def local_rows(self) -> np.ndarray:
@@ -83,7 +88,8 @@ def make_train_step(
     cfg: Config, corpus: TokenizedCorpus, triplets: Triplets | None, device: torch.device
 ) -> TrainStep:
     """The run's step: :class:`TripletStep` when ``mining.negative_mode`` is ``triplet``,
-    else :class:`UnsupervisedStep`; the other settings come from ``cfg.train``.
+    else :class:`UnsupervisedStep`; the other settings come from ``cfg.train`` (and the
+    false-negative weight from ``cfg.mining.debias_weight``).
 
     Raises:
         ValueError: triplet mode without triplets, or triplets in another mode.
@@ -94,7 +100,13 @@ def make_train_step(
         return TripletStep(corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device)
     if triplets is not None:
         raise ValueError(f"triplet rows given, but mining.negative_mode={cfg.mining.negative_mode!r}")
-    return UnsupervisedStep(corpus, cfg.train.temperature, cfg.train.dup_rate, device)
+    return UnsupervisedStep(
+        corpus,
+        cfg.train.temperature,
+        cfg.train.dup_rate,
+        device,
+        false_negative_weight=cfg.mining.debias_weight,
+    )
 
 
 @dataclass
@@ -108,16 +120,22 @@ class ViewBatch:
     global_ids: np.ndarray
     """``(sum(sizes),)`` corpus ids of the whole global batch, rank order: rows sharing one
     are not each other's negatives."""
+    false_negative_mask: np.ndarray | None = None
+    """``(sum(sizes), sum(sizes))`` bool: the global batch's likely false negatives
+    (:attr:`GlobalBatch.false_negative_mask`), or None."""
 
 
 @dataclass(frozen=True)
 class UnsupervisedStep:
     """Unsupervised SimCSE: each sentence's two dropout views (the second with ESimCSE word
     repetition when ``dup_rate > 0``) are positives; every other sentence of the global
-    batch is a negative.
+    batch is a negative, except the likely false negatives a batch's
+    :attr:`GlobalBatch.false_negative_mask` flags (``mining.debias``), whose weight in the
+    softmax is ``false_negative_weight``.
 
     A call runs four stages, public so that ``bench/gpu_step.py`` can time them apart:
-    :meth:`collate` (host), :meth:`upload` (host to device), :meth:`forward`, :meth:`loss`.
+    :meth:`collate` (host), :meth:`upload` (host to device, with :meth:`upload_mask`),
+    :meth:`forward`, :meth:`loss`.
     """
 
     corpus: TokenizedCorpus
@@ -125,6 +143,9 @@ class UnsupervisedStep:
     dup_rate: float
     """ESimCSE word repetition rate of the second view (0: none)."""
     device: torch.device
+    false_negative_weight: float = 0.0
+    """``mining.debias_weight``: a flagged candidate's weight in the anchor's softmax (0
+    removes it); unused for batches without a mask."""
 
     def __call__(
         self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator
@@ -133,17 +154,19 @@ class UnsupervisedStep:
         return self.on_device(model, self.collate(batch, augment_rng), batch.sizes)
 
     def collate(self, batch: GlobalBatch, augment_rng: np.random.Generator) -> ViewBatch:
-        """This worker's rows as both views (:func:`two_views`), and the global batch's ids."""
+        """This worker's rows as both views (:func:`two_views`), and the global batch's ids and
+        false-negative mask."""
         input_ids, mask = two_views(self.corpus, batch.local_rows, self.dup_rate, augment_rng)
-        return ViewBatch(input_ids, mask, self.corpus.ids[batch.rows])
+        return ViewBatch(input_ids, mask, self.corpus.ids[batch.rows], batch.false_negative_mask)
 
     def on_device(
         self, model: Any, batch: ViewBatch, sizes: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`upload`, :meth:`forward` and :meth:`loss` of a collated batch."""
         input_ids, mask, global_ids = self.upload(batch)
+        false_negatives = self.upload_mask(batch)
         view1, view2 = self.forward(model, input_ids, mask)
-        return self.loss(view1, view2, global_ids, sizes)
+        return self.loss(view1, view2, global_ids, sizes, false_negatives)
 
     def upload(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(input_ids, attention_mask, global_ids)`` on the device (asynchronous on CUDA)."""
@@ -152,6 +175,13 @@ class UnsupervisedStep:
             to_device(batch.attention_mask, self.device),
             to_device(batch.global_ids, self.device),
         )
+
+    def upload_mask(self, batch: ViewBatch) -> torch.Tensor | None:
+        """The batch's ``(b, b)`` bool false-negative mask on the device (asynchronous on
+        CUDA), or None. Apart from :meth:`upload`, whose three tensors every batch has."""
+        if batch.false_negative_mask is None:
+            return None
+        return to_device(batch.false_negative_mask, self.device)
 
     def forward(
         self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -166,10 +196,34 @@ class UnsupervisedStep:
         return embeddings.float().split(input_ids.shape[0] // 2)
 
     def loss(
-        self, view1: torch.Tensor, view2: torch.Tensor, global_ids: torch.Tensor, sizes: Sequence[int]
+        self,
+        view1: torch.Tensor,
+        view2: torch.Tensor,
+        global_ids: torch.Tensor,
+        sizes: Sequence[int],
+        false_negative_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`pipeline.training.losses.global_batch_simcse_loss` over every worker's views."""
-        return global_batch_simcse_loss(view1, view2, list(sizes), global_ids, self.temperature)
+        """:func:`pipeline.training.losses.global_batch_simcse_loss` over every worker's views.
+
+        Args:
+            view1, view2: ``(sizes[rank], d)`` this worker's two views.
+            global_ids: ``(sum(sizes),)`` corpus ids of the global batch.
+            sizes: rows per rank.
+            false_negative_mask: optional ``(sum(sizes), sum(sizes))`` bool, the global
+                batch's likely false negatives (weighted by :attr:`false_negative_weight`).
+
+        Returns:
+            ``(loss, loss_to_backward)``, as :class:`TrainStep`.
+        """
+        return global_batch_simcse_loss(
+            view1,
+            view2,
+            list(sizes),
+            global_ids,
+            self.temperature,
+            false_negative_mask=false_negative_mask,
+            false_negative_weight=self.false_negative_weight,
+        )
 
 
 @dataclass(frozen=True)
@@ -179,7 +233,9 @@ class TripletStep:
     Each row's negatives are its given one (if any) and its mined ones (if a refresh has
     happened): ``1 + num_negatives`` slots, absent ones masked. Anchors, positives and the
     present negatives go through the encoder in one forward pass. Rows sharing a positive
-    text (a premise with several hypotheses) are not each other's negatives.
+    text (a premise with several hypotheses) are not each other's negatives. In-batch
+    false-negative debiasing does not apply (the config allows ``mining.debias`` only in
+    neighbourhood mode): :attr:`GlobalBatch.false_negative_mask` is ignored.
     """
 
     corpus: TokenizedCorpus

@@ -29,6 +29,7 @@ from pipeline.evaluation.in_training import EvalOutcome
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.folders import quiet_libraries
 from pipeline.training.contract import LoopConfig
+from pipeline.training.debias import false_negative_mask
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.refresh import Boundary, PlanRefresher
 from pipeline.training.refresh_policy import RefreshSettings
@@ -184,8 +185,14 @@ class SimCSEWorker:
         self.first_batch = self.state.batches_done
         self.augment_rng = self.seed_epoch(epoch)
         if self.logger is not None:
-            # A hash is no quantity to chart: the plan's fingerprint is a tag per epoch.
-            self.logger.set_tags({f"plan.fingerprint.epoch_{epoch + 1}": plan.hex_fingerprint()})
+            # A hash or a name is no quantity to chart: the plan's fingerprint and the sampler
+            # that made it are tags per epoch.
+            self.logger.set_tags(
+                {
+                    f"plan.fingerprint.epoch_{epoch + 1}": plan.hex_fingerprint(),
+                    f"plan.sampler.epoch_{epoch + 1}": plan.sampler,
+                }
+            )
             self.logger.log(
                 {"data/padding_share": padding_share(plan, self.lengths, self.world)}, self.state.step
             )
@@ -228,7 +235,13 @@ class SimCSEWorker:
         step_start = time.perf_counter()
         global_rows = state.plan.batch(batch_index)
         batch = GlobalBatch(
-            global_rows, worker_slices(len(global_rows), self.world), self.rank, state.plan.negatives
+            global_rows,
+            worker_slices(len(global_rows), self.world),
+            self.rank,
+            state.plan.negatives,
+            # Every rank holds the same plan, so every rank builds the same mask of the
+            # global batch (None on epoch 1's random plan, or without mining.debias).
+            false_negative_mask(global_rows, state.plan, cfg.mining.debias),
         )
         loss, loss_to_backward = self.train_step(self.ddp_model, batch, self.augment_rng)
         self.optimizer.zero_grad(set_to_none=True)

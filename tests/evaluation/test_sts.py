@@ -166,6 +166,10 @@ def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphras
     assert result["spearman"] == pytest.approx(_independent_spearman(trained_tiny_model_dir, first), abs=0.1)
     assert result["spearman"] > 30  # the trained model ranks same-group pairs above the rest
     assert -4.5 < result["uniformity"] < 0 and 0 <= result["alignment"] <= 4
+    # paraphrase retrieval over the same embeddings: the distinct pairs of two different
+    # sentences with gold >= 4 are the queries; its values are tested in test_retrieval.py
+    assert result["retrieval_queries"] == len({(a, b) for a, b, s in first if s >= 4 and a != b})
+    assert 0 <= result["recall_at_1"] <= result["mrr_at_10"] <= 100
 
     both = subprocess.run(
         cmd + ["--sts", str(stsb), "--sts", str(jsonl), "--format", "auto"],

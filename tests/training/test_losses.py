@@ -11,19 +11,22 @@ import torch
 from pipeline.training.losses import simcse_loss
 
 
-def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None, present=None):
+def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None, present=None, flagged=None, flagged_weight=0.0):
     """Independent reference: explicit per-row softmax in float64. ``h`` is (n, d) or
-    (n, m, d); ``present`` (n, m) marks which negatives exist."""
+    (n, m, d); ``present`` (n, m) marks which negatives exist; ``flagged`` (n, n) marks
+    in-batch candidates p_j (j != i) whose exp(logit) counts ``flagged_weight`` times in row
+    i's denominator (0: not a candidate)."""
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     p = p / np.linalg.norm(p, axis=1, keepdims=True)
     n = len(a)
     total = 0.0
     for i in range(n):
-        logits = []
+        logits = []  # (is the positive, logit, weight in the denominator)
         for j in range(n):
             if ids is not None and j != i and ids[j] == ids[i]:
                 continue
-            logits.append((j == i, a[i] @ p[j] / t))
+            weight = flagged_weight if flagged is not None and j != i and flagged[i, j] else 1.0
+            logits.append((j == i, a[i] @ p[j] / t, weight))
         if h is not None:
             h3 = h[:, None, :] if h.ndim == 2 else h
             for j in range(n):
@@ -31,10 +34,12 @@ def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None, present=None):
                     if present is not None and not present[j, k]:
                         continue
                     hv = h3[j, k] / np.linalg.norm(h3[j, k])
-                    logits.append((False, a[i] @ hv / t + (w if j == i else 0.0)))
-        values = np.array([v for _, v in logits])
-        target = next(v for is_pos, v in logits if is_pos)
-        total += -(target - np.log(np.exp(values - values.max()).sum()) - values.max())
+                    logits.append((False, a[i] @ hv / t + (w if j == i else 0.0), 1.0))
+        values = np.array([v for _, v, _ in logits])
+        weights = np.array([wt for _, _, wt in logits])
+        target = next(v for is_pos, v, _ in logits if is_pos)
+        top = values.max()
+        total += -(target - top - np.log((weights * np.exp(values - top)).sum()))
     return total / n
 
 
@@ -115,3 +120,28 @@ def test_several_negatives_per_row_with_absent_slots(weight):
     # (n, d) is the m = 1 case.
     single = simcse_loss(torch.tensor(a), torch.tensor(p), 0.07, torch.tensor(h[:, 0]), weight).item()
     assert single == pytest.approx(_numpy_infonce(a, p, 0.07, h[:, 0], weight), rel=1e-5)
+
+
+@pytest.mark.parametrize("fn_weight", [0.0, 0.4])
+def test_false_negative_mask_leaves_hard_negatives_and_duplicates_as_they_are(fn_weight):
+    """The mask acts on the in-batch columns only; hard negatives keep their weight, and a
+    flagged same-id duplicate stays removed whatever the weight."""
+    rng = np.random.default_rng(5)
+    a, p = rng.normal(size=(6, 4)), rng.normal(size=(6, 4))
+    h = rng.normal(size=(6, 2, 4))
+    ids = np.array([1, 2, 1, 3, 4, 5])
+    flagged = rng.random((6, 6)) < 0.4
+    flagged[0, 2] = True  # also a same-id duplicate of row 0
+    got = simcse_loss(
+        torch.tensor(a),
+        torch.tensor(p),
+        temperature=0.1,
+        hard_negatives=torch.tensor(h),
+        hard_negative_weight=0.5,
+        row_ids=torch.tensor(ids),
+        false_negative_mask=torch.tensor(flagged),
+        false_negative_weight=fn_weight,
+    ).item()
+    want = _numpy_infonce(a, p, 0.1, h, 0.5, ids=ids, flagged=flagged, flagged_weight=fn_weight)
+    assert got == pytest.approx(want, rel=1e-6)
+    assert got != pytest.approx(_numpy_infonce(a, p, 0.1, h, 0.5, ids=ids), rel=1e-3)

@@ -1,0 +1,449 @@
+"""Hard-negative batch samplers against random batches and the sentence-transformers peer, on
+the quality of the final model (issue 16): dev Spearman x 100 and paraphrase retrieval
+(MRR@10, recall@1 x 100) over several seeds.
+
+Each variant x seed is one ``jobs/train.py`` run of the task's recipe config with the
+variant's ``--set`` overrides (plus ``run.seed``, ``run.name``, ``data.max_rows``,
+``train.epochs`` and the ``hard-negatives-bench`` MLflow experiment); ``peer`` is
+``bench/st_mnrl_recipe.py`` on the same rows, batch size, max length, learning rate and steps.
+Every run is scored as it ends, not at its best epoch (the peer has no best epoch): a pipeline
+run's scores are read from its MLflow metric history at the last evaluation step.
+
+    python jobs/recipes/prepare.py --data ../shared/data          # once: runs/recipe-data
+    python bench/hard_negatives.py --task cnsd --variants random,knn,rwr,clusters,mixed,peer \\
+        --seeds 1,2,3 --skip-done                                    # a grid, resumable in chunks
+    python bench/hard_negatives.py --task wiki --variants knn+debias,knn+cluster-debias --seeds 1,2,3
+    python bench/hard_negatives.py --task cnsd --variants knn,peer --seeds 1 --max-rows 256 --epochs 2
+    python bench/hard_negatives.py --report                          # markdown table of the results
+
+Variants: ``random`` (refresh on, random batches: ``mining.batch_sampler=random``),
+``random-norefresh`` (``mining.enabled=false``), ``knn``, ``rwr``, ``clusters``, ``mixed``
+(``mining.batch_sampler=<name>``), any of those plus ``+debias`` (``mining.debias=threshold``)
+or ``+cluster-debias`` (``mining.debias=cluster``), and ``peer``.
+
+One JSON line per finished run is appended to ``--results``; a failed run is reported and the
+grid goes on (exit status 1 at the end). Run folders go under ``runs/hard-negatives/`` and are
+removed once their line is written (the MLflow run keeps the metrics and the model) unless
+``--keep-run-dirs``. Children run with ``HF_HUB_OFFLINE=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.markdown_report import machine_info, machine_line  # noqa: E402
+
+EXPERIMENT = "hard-negatives-bench"
+BENCH_DIR = REPO / "runs" / "hard-negatives"
+RECIPE_DATA = REPO / "runs" / "recipe-data"
+TASKS = {"cnsd": "jobs/configs/recipe-cnsd-unsup.yaml", "wiki": "jobs/configs/recipe-wiki-unsup.yaml"}
+SAMPLERS = ("random", "knn", "rwr", "clusters", "mixed")
+DEBIAS = {"debias": "threshold", "cluster-debias": "cluster"}
+BASELINE = "random"
+DEFAULT_VARIANTS = "random,knn,rwr,clusters,mixed,knn+debias,peer"
+SCORES = ("spearman", "mrr_at_10", "recall_at_1")
+
+
+def variant_overrides(variant: str) -> list[str] | None:
+    """The ``--set`` overrides of a variant (None: ``peer``, which is not a pipeline run).
+
+    Raises:
+        ValueError: an unknown variant, naming the known ones.
+    """
+    if variant == "peer":
+        return None
+    if variant == "random-norefresh":
+        return ["mining.enabled=false"]
+    sampler, _, debias = variant.partition("+")
+    if sampler not in SAMPLERS or (debias and debias not in DEBIAS):
+        raise ValueError(
+            f"unknown variant {variant!r}: one of peer, random-norefresh, {', '.join(SAMPLERS)}, "
+            f"optionally with +{' or +'.join(DEBIAS)} (e.g. knn+debias)"
+        )
+    return [f"mining.batch_sampler={sampler}"] + ([f"mining.debias={DEBIAS[debias]}"] if debias else [])
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a task's runs share, resolved from its recipe config and the CLI."""
+
+    name: str
+    config: str
+    max_rows: int | None
+    epochs: int
+    data_path: str
+    model: str
+    sts: str
+    """The first ``eval.sts`` file: the one that picks checkpoints, and the one scored here."""
+    lr: float
+    batch_size: int
+    max_seq_len: int
+    tracking_uri: str
+    experiment: str
+
+
+def resolve_task(name: str, max_rows: int | None, epochs: int | None, experiment: str = EXPERIMENT) -> Task:
+    """The task's recipe config with the CLI's rows and epochs applied (None: the recipe's)."""
+    from pipeline.config.loading import load_config
+    from pipeline.tracking.run import resolve_tracking_uri
+
+    overrides = [f"data.max_rows={max_rows}"] if max_rows else []
+    overrides += [f"train.epochs={epochs}"] if epochs else []
+    cfg = load_config(REPO / TASKS[name], overrides)
+    return Task(
+        name=name,
+        config=TASKS[name],
+        max_rows=cfg.data.max_rows,
+        epochs=cfg.train.epochs,
+        data_path=str(cfg.data.path),
+        model=cfg.model.name_or_path,
+        sts=cfg.eval.sts[0],
+        lr=cfg.train.lr,
+        batch_size=cfg.train.batch_size,
+        max_seq_len=cfg.data.max_seq_len,
+        tracking_uri=resolve_tracking_uri(cfg.tracking.uri, REPO),  # the store the jobs write to
+        experiment=experiment,
+    )
+
+
+def run_name(task: Task, variant: str, seed: int) -> str:
+    """Unique per task, variant, rows, epochs and seed (``+`` is not allowed in run names)."""
+    rows = task.max_rows or "all"
+    return f"hn-{task.name}-{variant.replace('+', '_')}-r{rows}-e{task.epochs}-s{seed}"
+
+
+def child_env() -> dict[str, str]:
+    """The children never reach the hub (the recipe model is a local folder) and keep quiet."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def run_logged(cmd: list[str], log: Path) -> tuple[int, float, str]:
+    """Run ``cmd`` from the repository root, its output to ``log``; (status, wall seconds, output)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with log.open("w", encoding="utf-8") as handle:
+        status = subprocess.run(
+            cmd, cwd=REPO, env=child_env(), stdout=handle, stderr=subprocess.STDOUT
+        ).returncode
+    return status, time.perf_counter() - started, log.read_text(encoding="utf-8", errors="replace")
+
+
+def metric_key(sts_path: str, metric: str) -> str:
+    """The MLflow name of an STS metric, as :meth:`STSScore.metrics` and ``eval_metric_names``
+    build it: ``eval/sts_<file stem>_<metric>``."""
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(sts_path).stem)
+    return f"eval/sts_{stem}_{metric}"
+
+
+def finished_run(task: Task, name: str) -> Any | None:
+    """The finished MLflow run called ``name`` in the task's experiment, if there is one."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking.run import RUN_NAME_TAG, STATE_TAG
+
+    client = MlflowClient(tracking_uri=task.tracking_uri)
+    experiment = client.get_experiment_by_name(task.experiment)
+    if experiment is None:
+        return None
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.`{RUN_NAME_TAG}` = '{name}' and tags.`{STATE_TAG}` = 'finished'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def final_scores(task: Task, run: Any) -> dict[str, Any]:
+    """The final model's scores (the evaluation at the highest step, i.e. after the last epoch,
+    whichever epoch was exported), steps, rows, times and the latest ``mining/`` metrics."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=task.tracking_uri)
+    out: dict[str, Any] = {}
+    for metric in SCORES:
+        history = client.get_metric_history(run.info.run_id, metric_key(task.sts, metric))
+        if not history:
+            raise RuntimeError(f"run {run.info.run_id} logged no {metric_key(task.sts, metric)}")
+        last = max(history, key=lambda m: (m.step, m.timestamp))
+        out[metric] = last.value
+        out["steps"] = last.step
+    metrics = run.data.metrics
+    epoch_seconds = client.get_metric_history(run.info.run_id, "train/epoch_seconds")
+    out["rows"] = int(metrics["data/rows"]) if "data/rows" in metrics else None
+    out["train_seconds"] = round(sum(m.value for m in epoch_seconds), 1) if epoch_seconds else None
+    if run.info.end_time:
+        out["run_seconds"] = round((run.info.end_time - run.info.start_time) / 1000, 1)
+    out["mining"] = {k: v for k, v in sorted(metrics.items()) if k.startswith("mining/")}
+    out["mlflow_run_id"] = run.info.run_id
+    return out
+
+
+def run_pipeline(task: Task, variant: str, seed: int, overrides: list[str], keep_dir: bool) -> dict[str, Any]:
+    """One ``jobs/train.py`` run (or, if a finished MLflow run of that name exists, just its scores)."""
+    name = run_name(task, variant, seed)
+    output_dir = BENCH_DIR / task.name
+    wall = None
+    run = finished_run(task, name)
+    if run is None:
+        cmd = [sys.executable, "jobs/train.py", "--config", task.config]
+        sets = [
+            *overrides,
+            f"run.seed={seed}",
+            f"run.name={name}",
+            f"run.output_dir={output_dir}",
+            f"train.epochs={task.epochs}",
+            f"tracking.experiment={task.experiment}",
+        ]
+        sets += [f"data.max_rows={task.max_rows}"] if task.max_rows else []
+        for item in sets:
+            cmd += ["--set", item]
+        status, wall, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.log")
+        if status != 0:
+            raise RuntimeError(f"jobs/train.py exited {status}:\n{tail(output)}")
+        run = finished_run(task, name)
+        if run is None:
+            raise RuntimeError(f"jobs/train.py finished but no finished MLflow run {name!r}:\n{tail(output)}")
+    record = {"run_name": name, "wall_seconds": None if wall is None else round(wall, 1)}
+    record.update(final_scores(task, run))
+    if not keep_dir:
+        shutil.rmtree(output_dir / name, ignore_errors=True)  # MLflow keeps scores and model
+    return record
+
+
+def run_peer(task: Task, seed: int, keep_dir: bool) -> dict[str, Any]:
+    """``bench/st_mnrl_recipe.py`` on the task's rows, batch size, max length, lr and epochs."""
+    name = run_name(task, "peer", seed)
+    out_dir = BENCH_DIR / task.name / name
+    cmd = [
+        sys.executable, "bench/st_mnrl_recipe.py", "--model", task.model, "--train", task.data_path,
+        "--epochs", str(task.epochs), "--lr", str(task.lr), "--batch-size", str(task.batch_size),
+        "--max-seq-len", str(task.max_seq_len), "--sts", task.sts, "--out", str(out_dir),
+        "--seed", str(seed),
+    ]  # fmt: skip
+    cmd += ["--max-rows", str(task.max_rows)] if task.max_rows else []
+    status, wall, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.log")
+    if status != 0:
+        raise RuntimeError(f"bench/st_mnrl_recipe.py exited {status}:\n{tail(output)}")
+    result = json.loads(next(line for line in reversed(output.splitlines()) if line.startswith("{")))
+    if not keep_dir:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return {
+        "run_name": name,
+        "wall_seconds": round(wall, 1),
+        **{k: result[k] for k in SCORES},
+        "steps": result["steps"],
+        "rows": result["rows"],
+        "train_seconds": result["train_seconds"],
+    }
+
+
+def tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def done_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two runs the same experiment: --skip-done skips a planned run with this key."""
+    return (record["task"], record["variant"], record["seed"], record["max_rows"], record["epochs"])
+
+
+def git_commit() -> str | None:
+    """``HEAD``'s short hash, ``+dirty`` with uncommitted changes (results are only comparable
+    at one code state)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
+    except OSError:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else None
+
+
+def run_grid(args: argparse.Namespace) -> int:
+    """Every variant x seed of ``--task`` not yet done, one results line each."""
+    if not RECIPE_DATA.is_dir():
+        print(
+            f"{RECIPE_DATA.relative_to(REPO)} is missing: run "
+            "`python jobs/recipes/prepare.py --data ../shared/data` first",
+            file=sys.stderr,
+        )
+        return 2
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    try:
+        overrides = {v: variant_overrides(v) for v in variants}
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    task = resolve_task(args.task, args.max_rows, args.epochs, args.experiment)
+    results = Path(args.results)
+    done = {done_key(r) for r in read_results(results)} if args.skip_done else set()
+    common = {"task": task.name, "max_rows": task.max_rows, "epochs": task.epochs}
+    machine, commit = machine_line(machine_info()), git_commit()
+    failed = 0
+    for seed in seeds:  # seeds outermost: a grid cut short still has every variant at seed 1
+        for variant in variants:
+            planned = {**common, "variant": variant, "seed": seed}
+            if done_key(planned) in done:
+                print(f"[skip] {task.name} {variant} seed {seed}: already in {results}", flush=True)
+                continue
+            print(f"[run ] {task.name} {variant} seed {seed} ...", flush=True)
+            try:
+                if overrides[variant] is None:
+                    measured = run_peer(task, seed, args.keep_run_dirs)
+                else:
+                    measured = run_pipeline(task, variant, seed, overrides[variant], args.keep_run_dirs)
+            except Exception as exc:  # one failed run must not lose the rest of the grid
+                failed += 1
+                print(f"[fail] {task.name} {variant} seed {seed}: {exc}", file=sys.stderr, flush=True)
+                continue
+            record = {**planned, **measured, "commit": commit, "machine": machine, "finished_at": time.time()}
+            results.parent.mkdir(parents=True, exist_ok=True)
+            with results.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+            print(
+                f"[done] {task.name} {variant} seed {seed}: spearman {record['spearman']:.2f}, "
+                f"mrr@10 {record['mrr_at_10']:.2f}, recall@1 {record['recall_at_1']:.2f}, "
+                f"{record['steps']} steps, {record['wall_seconds'] or record.get('run_seconds')}s",
+                flush=True,
+            )
+    return 1 if failed else 0
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN for a single value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def difference(variant: list[float], baseline: list[float]) -> str:
+    """``+0.42 (outside)``: the mean difference to the baseline, and whether it is larger than
+    the two spreads together (their mean ± sample std ranges do not overlap)."""
+    (m, s), (mb, sb) = mean_std(variant), mean_std(baseline)
+    delta = m - mb
+    if math.isnan(s) or math.isnan(sb):
+        return f"{delta:+.2f} (1 seed)"
+    return f"{delta:+.2f} ({'outside' if abs(delta) > s + sb else 'within'} spread)"
+
+
+def variant_order(variant: str) -> tuple[int, str]:
+    """Baseline first, then ``random-norefresh``, the samplers in the order of :data:`SAMPLERS`
+    (each before its debiased forms), peer last."""
+    if variant == BASELINE:
+        return (0, variant)
+    if variant == "random-norefresh":
+        return (1, variant)
+    if variant == "peer":
+        return (99, variant)
+    base = variant.partition("+")[0]
+    return (2 + SAMPLERS.index(base) if base in SAMPLERS else 50, variant)
+
+
+def report(records: Iterable[dict[str, Any]]) -> str:
+    """Markdown: per task (and rows, epochs), one row per variant with n seeds, mean ± std of
+    each score and its difference to ``random`` at the same task, rows and epochs."""
+    groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
+    for r in records:
+        groups.setdefault((r["task"], r["max_rows"], r["epochs"]), {}).setdefault(r["variant"], []).append(r)
+    if not groups:
+        return "no results yet"
+    out = []
+    header = (
+        "| variant | n | spearman | Δ random | mrr@10 | Δ random | recall@1 | Δ random | steps | wall s |"
+    )
+    for (task, max_rows, epochs), by_variant in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        rows = {r["rows"] for runs in by_variant.values() for r in runs}
+        out += [
+            f"### {task}: {max_rows or 'all'} rows ({', '.join(map(str, sorted(rows)))} trained), {epochs} epochs",
+            "",
+            "Final model (not the best epoch), dev set; mean ± sample std over seeds. Δ: mean minus "
+            f"`{BASELINE}`'s; 'outside spread' when it exceeds both std together.",
+            "",
+            header,
+            "|" + "---|" * header.count(" | ") + "---|",
+        ]
+        baseline = by_variant.get(BASELINE)
+        for variant in sorted(by_variant, key=variant_order):
+            runs = by_variant[variant]
+            cells = [variant, str(len({r["seed"] for r in runs}))]
+            for score in SCORES:
+                m, s = mean_std([r[score] for r in runs])
+                cells.append(f"{m:.2f}" + ("" if math.isnan(s) else f" ± {s:.2f}"))
+                if baseline is None:
+                    cells.append("n/a")
+                elif variant == BASELINE:
+                    cells.append("")
+                else:
+                    cells.append(difference([r[score] for r in runs], [r[score] for r in baseline]))
+            cells.append("/".join(sorted({str(r["steps"]) for r in runs})))
+            walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds") is not None]
+            cells.append(f"{statistics.fmean(walls):.0f}" if walls else "")
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    machines = sorted(
+        {r.get("machine") or "unknown" for runs in groups.values() for v in runs.values() for r in v}
+    )
+    commits = sorted(
+        {r.get("commit") or "unknown" for runs in groups.values() for v in runs.values() for r in v}
+    )
+    out.append(f"Machines: {'; '.join(machines)}. Commits: {', '.join(commits)}.")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--task", choices=sorted(TASKS), default="cnsd")
+    parser.add_argument(
+        "--variants", default=DEFAULT_VARIANTS, help=f"comma-separated (default: {DEFAULT_VARIANTS})"
+    )
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated run.seed values (default: 1,2,3)")
+    parser.add_argument("--max-rows", type=int, default=None, help="data.max_rows (default: the recipe's)")
+    parser.add_argument("--epochs", type=int, default=None, help="train.epochs (default: the recipe's)")
+    parser.add_argument(
+        "--results",
+        default=str(BENCH_DIR.relative_to(REPO) / "results.jsonl"),
+        help="JSON lines, one per finished run, appended (default: runs/hard-negatives/results.jsonl)",
+    )
+    parser.add_argument(
+        "--experiment",
+        default=EXPERIMENT,
+        help=f"MLflow experiment of the pipeline runs (default: {EXPERIMENT}); a finished run of the "
+        "same name there is read, not trained again",
+    )
+    parser.add_argument("--skip-done", action="store_true", help="skip runs already in --results")
+    parser.add_argument("--keep-run-dirs", action="store_true", help="keep checkpoints and exported models")
+    parser.add_argument(
+        "--report", action="store_true", help="print the markdown table of --results and exit"
+    )
+    args = parser.parse_args(argv)
+    if args.report:
+        print(report(read_results(Path(args.results))))
+        return 0
+    return run_grid(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Keeping flagged false negatives out of each other's batches.
+
+:class:`FalseNegativeGraph` says which rows must not share a batch (a row and a row it
+flags, or a row that flags it: pairs are checked both ways), for two uses: while batches
+are built (:class:`BatchBuilder`, the graph samplers' row-by-row growth, and
+``cluster_plan``'s placement) and after (:func:`separate_false_negatives`, which repairs
+batches cut all at once, random ones, and is every sampler's safety net for the pairs a
+tiny or densely flagged corpus left together).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+
+class BatchBuilder:
+    """Batches built one at a time over the rows not yet assigned to any batch.
+
+    A candidate is checked against the batch in O(its partners), not O(batch), through
+    :class:`FalseNegativeGraph`. Rows are converted to Python lists on demand, not all at
+    once: every row joins exactly one batch, so the work is the same, and memory stays
+    O(batch x k) instead of holding n x k Python objects (about 4.5 GB at a million rows
+    with k = 65).
+
+    Args:
+        num_rows: rows to cover.
+        false_negatives: optional ``(n, m)`` rows that must not share a batch with the row,
+            -1 elsewhere.
+        visit_order: ``(n,)`` a random permutation of the rows: where batches start and what
+            tops them up.
+    """
+
+    def __init__(self, num_rows: int, false_negatives: np.ndarray | None, visit_order: np.ndarray):
+        self.graph = FalseNegativeGraph(false_negatives) if false_negatives is not None else None
+        self.visit_order = visit_order
+        # A bytearray, not a numpy array: the walks index it once per step, and a bytearray
+        # item is several times cheaper to read than a numpy scalar.
+        self.assigned = bytearray(num_rows)
+        self.cursor = 0
+        """Every row of ``visit_order`` before it is assigned."""
+        self.members: list[int] = []
+        self.member_set: set[int] = set()
+
+    def begin(self) -> None:
+        """Start a new, empty batch."""
+        self.members, self.member_set = [], set()
+
+    def next_unassigned(self) -> int | None:
+        """The first unassigned row of the random order (not yet added), None when all are assigned."""
+        order, assigned = self.visit_order, self.assigned
+        while self.cursor < len(order) and assigned[order[self.cursor]]:
+            self.cursor += 1
+        return int(order[self.cursor]) if self.cursor < len(order) else None
+
+    def next_joinable(self) -> int | None:
+        """The first unassigned row of the random order that can join the batch (not yet
+        added), None when there is none."""
+        if self.next_unassigned() is None:
+            return None
+        order, assigned = self.visit_order, self.assigned
+        for scan in range(self.cursor, len(order)):
+            row = int(order[scan])
+            if not assigned[row] and self.can_join(row):
+                return row
+        return None
+
+    def can_join(self, row: int) -> bool:
+        """Whether ``row`` is no member's false negative and no member is its false negative."""
+        return self.graph is None or self.member_set.isdisjoint(self.graph.partners(row).tolist())
+
+    def add(self, row: int) -> None:
+        """Put ``row`` in the batch."""
+        self.assigned[row] = True
+        self.members.append(row)
+        self.member_set.add(row)
+
+    def top_up(self, size: int) -> None:
+        """Fill the batch to ``size`` from the random order, preferring rows that are nobody's
+        false negative here; when none is left (tiny corpora), any unassigned row, which may
+        leave a flagged pair together for :func:`separate_false_negatives` to repair."""
+        if len(self.members) >= size or self.next_unassigned() is None:
+            return
+        order, assigned = self.visit_order, self.assigned
+        fallback: list[int] = []
+        for scan in range(self.cursor, len(order)):
+            if len(self.members) == size:
+                break
+            row = int(order[scan])
+            if assigned[row]:
+                continue
+            if self.can_join(row):
+                self.add(row)
+            else:
+                fallback.append(row)
+        for row in fallback:
+            if len(self.members) == size:
+                break
+            self.add(row)
+
+
+class FalseNegativeGraph:
+    """Which rows must not share a batch: each row and every row it flags, or that flags
+    it, as one sorted array of partners per row (CSR), so a row's partners are one slice away.
+
+    Args:
+        false_negatives: ``(n, m)`` rows that must not share a batch with the row, -1
+            elsewhere (a row flagging itself is ignored).
+    """
+
+    def __init__(self, false_negatives: np.ndarray):
+        false_negatives = np.asarray(false_negatives)
+        num_rows = len(false_negatives)
+        valid = false_negatives >= 0
+        src = np.broadcast_to(np.arange(num_rows)[:, None], false_negatives.shape)[valid]
+        dst = false_negatives[valid].astype(np.int64)
+        keep = src != dst
+        self.src, self.dst = src[keep].astype(np.int64), dst[keep]
+        """The flagged ``(row, flagged row)`` pairs."""
+        both_src = np.concatenate([self.src, self.dst])
+        order = np.argsort(both_src, kind="stable")
+        self._partners = np.concatenate([self.dst, self.src])[order]
+        self._bounds = np.concatenate([[0], np.cumsum(np.bincount(both_src, minlength=num_rows))])
+
+    def partners(self, row: int) -> np.ndarray:
+        """The rows that must not share a batch with ``row`` (a mutual flag appears twice)."""
+        return self._partners[self._bounds[row] : self._bounds[row + 1]]
+
+    def degree(self) -> np.ndarray:
+        """``(n,)`` partners per row."""
+        return np.diff(self._bounds)
+
+    def together(self, batch_of: np.ndarray) -> int:
+        """How many flagged pairs share a batch, given each row's batch (as
+        :func:`~pipeline.mining.plan_quality.false_negative_pairs` counts them)."""
+        return int((batch_of[self.src] == batch_of[self.dst]).sum())
+
+
+def separate_false_negatives(
+    batches: list[np.ndarray],
+    false_negatives: np.ndarray | None,
+    rng: np.random.Generator,
+    like: np.ndarray | None = None,
+    attempts: int = 48,
+    passes: int = 3,
+) -> tuple[list[np.ndarray], int]:
+    """Swap rows between batches until no batch holds a row and a row it flags (or that flags it).
+
+    For each row r that shares its batch A with a flagged partner, random rows s of other
+    batches B are tried; the first for which the swap creates no new conflict (r has no
+    partner in B without s, s none in A without r) is swapped with r. Batch sizes never
+    change. With ``like`` (labels such as clusters or row lengths), the tries go in three
+    rounds of ``attempts``, so that each batch keeps its make-up where it can:
+
+    1. s of r's own label: every batch keeps its labels exactly;
+    2. s of a batch holding r's label, s's label one A holds: no batch gains a label (a
+       batch keeps its clusters, its widest row);
+    3. any s.
+
+    Work is bounded: at most ``passes x conflicting rows x 3 attempts`` tries, each
+    O(partners). Conflicts that remain (a corpus too small or too densely flagged to place
+    every pair apart) are left in the plan and counted in the return value.
+
+    Args:
+        batches: the batches, covering rows ``0..n-1`` once each (not modified).
+        false_negatives: ``(n, m)`` rows that must not share a batch with the row, -1
+            elsewhere; None: nothing to separate.
+        rng: the sampler's generator; not drawn from when there is no conflict, so a plan
+            without conflicts is the same with and without this step.
+        like: optional ``(n,)`` labels swaps should keep (see above).
+        attempts: tries per conflicting row, pass and round.
+        passes: rounds over the rows still in conflict.
+
+    Returns:
+        The batches after the swaps (new arrays), and how many (row, flagged row) pairs still
+        share a batch (as :func:`~pipeline.mining.plan_quality.false_negative_pairs` counts them).
+    """
+    batches = [np.asarray(b, dtype=np.int64).copy() for b in batches]
+    if false_negatives is None:
+        return batches, 0
+    n = sum(len(b) for b in batches)
+    batch_of = np.empty(n, dtype=np.int64)
+    position = np.empty(n, dtype=np.int64)
+    for index, rows in enumerate(batches):
+        batch_of[rows] = index
+        position[rows] = np.arange(len(rows))
+    graph = FalseNegativeGraph(false_negatives)
+    together = batch_of[graph.src] == batch_of[graph.dst]
+    if len(batches) < 2 or not together.any():
+        return batches, int(together.sum())
+    labels = _Labels(like, batches) if like is not None else None
+    for _ in range(passes):
+        together = batch_of[graph.src] == batch_of[graph.dst]
+        if not together.any():
+            break
+        conflicted = np.unique(np.concatenate([graph.src[together], graph.dst[together]]))
+        for row in rng.permutation(conflicted).tolist():
+            home = int(batch_of[row])
+            mine = graph.partners(row)
+            if not (batch_of[mine] == home).any():
+                continue  # an earlier swap already moved its partner away
+            for attempt in range(3 * attempts if labels is not None else attempts):
+                if labels is None or attempt >= 2 * attempts:
+                    other = int(rng.integers(n))
+                elif attempt < attempts:
+                    other = labels.draw_same(row, rng)
+                else:
+                    other = labels.draw_keeping(row, home, batches, batch_of, rng)
+                    if other < 0:
+                        continue
+                away = int(batch_of[other])
+                if away == home:
+                    continue
+                theirs = graph.partners(other)
+                if ((batch_of[mine] == away) & (mine != other)).any():
+                    continue
+                if ((batch_of[theirs] == home) & (theirs != row)).any():
+                    continue
+                batches[home][position[row]], batches[away][position[other]] = other, row
+                batch_of[row], batch_of[other] = away, home
+                position[row], position[other] = position[other], position[row]
+                if labels is not None:
+                    labels.swapped(row, home, other, away)
+                break
+    return batches, graph.together(batch_of)
+
+
+class _Labels:
+    """The rows' labels for :func:`separate_false_negatives`: rows by label, to draw one of a
+    given label, and each batch's label counts, kept up to date through the swaps."""
+
+    def __init__(self, labels: np.ndarray, batches: list[np.ndarray]):
+        self.labels = np.asarray(labels)
+        self.rows = np.argsort(self.labels, kind="stable")
+        ordered = self.labels[self.rows]
+        self.starts = np.searchsorted(ordered, self.labels, side="left")
+        self.ends = np.searchsorted(ordered, self.labels, side="right")
+        self.counts = [Counter(self.labels[rows].tolist()) for rows in batches]
+
+    def draw_same(self, row: int, rng: np.random.Generator) -> int:
+        """A random row with ``row``'s label (maybe ``row`` itself)."""
+        lo, hi = int(self.starts[row]), int(self.ends[row])
+        return int(self.rows[lo + int(rng.integers(hi - lo))])
+
+    def draw_keeping(
+        self, row: int, home: int, batches: list[np.ndarray], batch_of: np.ndarray, rng: np.random.Generator
+    ) -> int:
+        """A random row of a batch that holds ``row``'s label, whose label batch ``home``
+        holds; -1 if the one drawn has not."""
+        batch = batches[int(batch_of[self.draw_same(row, rng)])]
+        other = int(batch[int(rng.integers(len(batch)))])
+        return other if self.counts[home][self.labels[other].item()] > 0 else -1
+
+    def swapped(self, row: int, home: int, other: int, away: int) -> None:
+        mine, theirs = self.labels[row].item(), self.labels[other].item()
+        for batch, gone, came in ((home, mine, theirs), (away, theirs, mine)):
+            counts = self.counts[batch]
+            counts[gone] -= 1
+            if counts[gone] == 0:
+                del counts[gone]
+            counts[came] += 1

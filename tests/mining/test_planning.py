@@ -1,0 +1,177 @@
+"""The miner's refresh with each batch sampler and debiasing rule, on a corpus with known
+paraphrase groups (groups of 4 near-identical sentences), through the real miner and FAISS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.config.loading import load_config
+from pipeline.mining.anchor_mining import random_pool_negatives
+from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+from pipeline.mining.negatives import FILTERS, NegativeFilters
+from pipeline.mining.planning import SAMPLERS, PlanSettings, likely_paraphrases
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import pack_dir
+
+
+@pytest.fixture(scope="module")
+def refresh(trained_tiny_model_dir, tokenized_corpus):
+    """``refresh(plan_settings) -> RefreshReport`` of the real miner on the paraphrase corpus."""
+    table, _ = tokenized_corpus
+    weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
+    blob = pack_dir(trained_tiny_model_dir)
+
+    def run(plan: PlanSettings, seed: int = 11):
+        settings = MinerSettings(
+            pooler="mean", batch_size=16, top_k=32, encode_batch_size=64, seed=seed, plan=plan
+        )
+        return HardNegativeMiner(table, blob, settings).refresh(weights, version=1, step=0)
+
+    return run
+
+
+def _same_group_share(plan, groups):
+    """Share of in-batch pairs that are paraphrases (same group)."""
+    together = total = 0
+    for rows in plan.batches():
+        g = groups[rows]
+        together += int((g[:, None] == g[None, :]).sum() - len(rows))
+        total += len(rows) * (len(rows) - 1)
+    return together / total
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_sampler_plans_a_safe_epoch_and_records_itself(refresh, tokenized_corpus, sampler):
+    table, groups = tokenized_corpus
+    n = table.num_rows
+    report = refresh(PlanSettings(batch_sampler=sampler))
+    plan, metrics = report.plan, report.metrics
+    assert plan.sampler == sampler
+    assert sorted(plan.rows.tolist()) == list(range(n))
+    assert plan.sizes.max() - plan.sizes.min() <= 1
+    # Flagged false negatives (each row's nearest, its paraphrases here) stay apart...
+    assert (
+        metrics["mining/false_negative_pairs_in_batches"] <= 0.02 * metrics["mining/false_negatives_flagged"]
+    )
+    # ...so paraphrases rarely share a batch, whatever the sampler (random: 3 of 1199 by chance).
+    assert _same_group_share(plan, groups) <= 0.01
+    if sampler == "random":
+        assert metrics["mining/batch_similarity_mean"] == pytest.approx(
+            metrics["mining/random_batch_similarity_mean"], abs=0.05
+        )
+    else:
+        assert metrics["mining/batch_similarity_mean"] > metrics["mining/random_batch_similarity_mean"]
+    # Deterministic for a seed, different for another.
+    assert np.array_equal(refresh(PlanSettings(batch_sampler=sampler)).plan.rows, plan.rows)
+    assert not np.array_equal(refresh(PlanSettings(batch_sampler=sampler), seed=12).plan.rows, plan.rows)
+
+
+def test_threshold_debiasing_ships_each_rows_likely_paraphrases(refresh, tokenized_corpus):
+    table, groups = tokenized_corpus
+    report = refresh(PlanSettings(batch_sampler="random", debias="threshold", debias_threshold=0.8))
+    plan, metrics = report.plan, report.metrics
+    assert plan.clusters is None and plan.paraphrases is not None
+    assert plan.paraphrases.shape[0] == table.num_rows
+    flagged = plan.paraphrases[plan.paraphrases >= 0]
+    rows = np.nonzero(plan.paraphrases >= 0)[0]
+    assert len(flagged) > 0 and not (flagged == rows).any()
+    # On this corpus the rows above 0.8 are mostly the row's own paraphrase group.
+    assert (groups[flagged] == groups[rows]).mean() > 0.8
+    assert metrics["mining/debias_flagged"] == len(flagged)
+    assert 0 <= metrics["mining/debias_pairs_in_batches"] <= len(flagged)
+
+
+def test_cluster_debiasing_ships_kmeans_clusters(refresh, tokenized_corpus):
+    table, groups = tokenized_corpus
+    report = refresh(PlanSettings(batch_sampler="clusters", debias="cluster", num_clusters=40))
+    plan, metrics = report.plan, report.metrics
+    assert plan.paraphrases is None and plan.clusters is not None
+    assert plan.clusters.shape == (table.num_rows,) and len(np.unique(plan.clusters)) <= 40
+    # A group of 4 paraphrases lands whole in one cluster far more often than chance (40^-3).
+    same = [len(np.unique(plan.clusters[groups == g])) == 1 for g in np.unique(groups)]
+    assert np.mean(same) > 0.2
+    sizes = np.bincount(plan.clusters)
+    assert metrics["mining/debias_flagged"] == (sizes * (sizes - 1)).sum()
+    # Independent count of same-cluster pairs sharing a batch (unordered).
+    in_batches = sum(
+        int((np.triu(plan.clusters[b][:, None] == plan.clusters[b][None, :], k=1)).sum())
+        for b in plan.batches()
+    )
+    assert metrics["mining/debias_pairs_in_batches"] == in_batches
+
+
+def test_likely_paraphrases_against_a_loop():
+    rng = np.random.default_rng(0)
+    indices = rng.integers(-1, 50, size=(50, 8))
+    indices[:, 0] = np.arange(50)  # each row finds itself first
+    scores = -np.sort(-rng.random((50, 8)), axis=1)
+    hints = likely_paraphrases(indices, scores, 0.6)
+    for row in range(50):
+        expected = [
+            int(c) for c, s in zip(indices[row], scores[row], strict=True) if c >= 0 and c != row and s > 0.6
+        ]
+        assert [int(c) for c in hints[row] if c >= 0] == expected
+    assert hints.shape[1] == max(1, max(len([c for c in r if c >= 0]) for r in hints))
+
+
+def test_plan_settings_come_from_the_config():
+    cfg = load_config(
+        overrides=["mining.batch_sampler=rwr", "mining.restart_probability=0.3", "mining.debias=cluster"]
+    )
+    settings = MinerSettings.from_config(cfg).plan
+    assert (settings.batch_sampler, settings.restart_probability, settings.debias) == ("rwr", 0.3, "cluster")
+    assert settings.needs_clusters and settings.cluster_count(6400, 64) == 100
+
+
+def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
+    trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs
+):
+    from pipeline.data.pairs import index_triplets
+    from pipeline.data.tokenize import tokenize_table
+    from pipeline.mining.negatives import text_keys
+    from pipeline.model.folders import load_tokenizer
+
+    anchors, positives = paraphrase_pairs
+    table, triplets = index_triplets(anchors, positives, None)
+    tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
+    settings = MinerSettings(
+        pooler="mean", batch_size=32, top_k=32, encode_batch_size=64, seed=0,
+        filters=NegativeFilters(num_negatives=2), random_negatives=1,
+    )  # fmt: skip
+    miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)
+    weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
+    report = miner.refresh(weights, version=1, step=0)
+    plan, metrics = report.plan, report.metrics
+    assert plan.negatives.shape == (len(triplets), 3)  # 2 mined + 1 random
+    (keys,) = text_keys(table.column("text").to_pylist())
+    drawn = plan.negatives[:, 2]
+    assert (drawn >= 0).all()
+    assert (
+        not (keys[drawn] == keys[triplets.anchor]).any()
+        and not (keys[drawn] == keys[triplets.positive]).any()
+    )
+    # Random draws are far less similar to the anchor than mined ones: they are not mined twice.
+    assert (drawn != plan.negatives[:, 0]).mean() > 0.9
+    # Candidates left after each filter, in order, end at what was kept; the selection is within it.
+    passed = [metrics[f"mining/passed_{name}"] for name in FILTERS]
+    assert passed == sorted(passed, reverse=True) and passed[0] <= metrics["mining/candidates"]
+    assert (
+        passed[-1]
+        == metrics["mining/kept"]
+        >= metrics["mining/selected"]
+        == (plan.negatives[:, :2] >= 0).sum()
+    )
+    assert metrics["mining/random_negatives"] == len(triplets)
+
+
+def test_random_pool_negatives_avoid_the_anchor_and_positive_and_are_seeded():
+    keys = np.array([0, 1, 2, 3, 4, 5, 0, 1])  # texts 6 and 7 repeat texts 0 and 1
+    anchor, positive = np.array([0, 2, 4]), np.array([1, 3, 5])
+    pool = np.array([1, 3, 5, 6, 7])
+    drawn = random_pool_negatives(keys, anchor, positive, pool, 4, seed=3)
+    assert drawn.shape == (3, 4)
+    for i in range(3):
+        for j in drawn[i]:
+            assert j in pool and keys[j] not in (keys[anchor[i]], keys[positive[i]])
+    assert np.array_equal(drawn, random_pool_negatives(keys, anchor, positive, pool, 4, seed=3))
