@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=4.0,
         metavar="SCORE",
-        help="gold score from which a pair is an alignment positive (default: 4.0)",
+        help="gold score from which a pair is a positive: for alignment, and a paraphrase-retrieval query (default: 4.0)",
     )
     parser.add_argument(
         "--whiten-on", metavar="CORPUS", help="fit BERT-whitening on this text file's sentences"

@@ -270,7 +270,9 @@ class EvalSection:
     only epoch ends. 0: off."""
     batch_size: int = 128
     positive_threshold: float = 4.0
-    """Gold score from which an STS pair counts as a positive for the alignment metric."""
+    """Gold score from which an STS pair counts as a positive: for the alignment metric, and as
+    a paraphrase-retrieval query (its first sentence must find its second among every
+    sentence of the file: ``mrr_at_10``, ``recall_at_1``)."""
     whitening: bool = False
     """Fit BERT-whitening on corpus embeddings at each evaluation, report STS with and without
     it, pick the best checkpoint by the whitened score and export the whitening layer."""
