@@ -1,11 +1,12 @@
 """Hard-negative batch samplers against random batches and the sentence-transformers peer, on
 the quality of the final model (issue 16): dev Spearman x 100 and paraphrase retrieval
-(MRR@10, recall@1 x 100) over several seeds.
+(MRR@10, recall@1 x 100) over several seeds. For supervised triplet mode (task ``snli``): the
+given contradictions against mined negatives beside them, and the peer's own miner.
 
 Each variant x seed is one ``jobs/train.py`` run of the task's recipe config with the
 variant's ``--set`` overrides (plus ``run.seed``, ``run.name``, ``data.max_rows``,
 ``train.epochs`` and the ``hard-negatives-bench`` MLflow experiment); ``peer`` is
-``bench/st_mnrl_recipe.py`` on the same rows, batch size, max length, learning rate and steps.
+``bench/st_mnrl_recipe.py`` on the same rows, batch size, max length, learning rate and epochs.
 Every run is scored as it ends, not at its best epoch (the peer has no best epoch): a pipeline
 run's scores are read from its MLflow metric history at the last evaluation step.
 
@@ -14,12 +15,28 @@ run's scores are read from its MLflow metric history at the last evaluation step
         --seeds 1,2,3 --skip-done                                    # a grid, resumable in chunks
     python bench/hard_negatives.py --task wiki --variants knn+debias,knn+cluster-debias --seeds 1,2,3
     python bench/hard_negatives.py --task cnsd --variants knn,peer --seeds 1 --max-rows 256 --epochs 2
+    python bench/hard_negatives.py --task snli --seeds 1,2,3         # the triplet variants, 2 epochs
     python bench/hard_negatives.py --report                          # markdown table of the results
 
-Variants: ``random`` (refresh on, random batches: ``mining.batch_sampler=random``),
-``random-norefresh`` (``mining.enabled=false``), ``knn``, ``rwr``, ``clusters``, ``mixed``
+Tasks ``cnsd`` and ``wiki`` (unsupervised SimCSE, neighbourhood mode; baseline ``random``):
+``random`` (refresh on, random batches: ``mining.batch_sampler=random``), ``random-norefresh``
+(``mining.enabled=false``), ``knn``, ``rwr``, ``clusters``, ``mixed``
 (``mining.batch_sampler=<name>``), any of those plus ``+debias`` (``mining.debias=threshold``)
 or ``+cluster-debias`` (``mining.debias=cluster``), and ``peer``.
+
+Task ``snli`` (recipe (b): supervised SimCSE on SNLI triplets, ``mining.negative_mode=triplet``,
+STS-B dev; baseline ``given``): ``given`` (``mining.enabled=false``: each anchor's given
+contradiction only), ``mined`` (refresh on, ``mining.num_negatives=1``: a mined negative beside
+the given one), ``mined+random`` (also ``mining.random_negatives=1``), ``peer`` (MNRL on the
+given triplets) and ``peer-mined`` (``st_mnrl_recipe.py --mine-hard-negatives``: the peer's
+``mine_hard_negatives`` on the (anchor, positive) pairs of the same rows with the same model and
+the pipeline's settings (``range_min``, ``relative_margin``, ``num_negatives``, ``sampling``,
+``top_k`` as its ``range_max``), then MNRL on anchor, positive, given and mined negative). The
+pipeline mines between epochs, so its mined negatives exist from epoch 2 on: the task defaults
+to 2 epochs (the recipe trains 1), and ``mined`` variants need ``--epochs`` >= 2. The peer
+mines once, up front, with the starting model (its documented use), and leaves out of training
+the rows it found no negative for (``mined_anchors`` in the results, beside the pipeline's
+``mining/selected``; the table's "mined" column).
 
 One JSON line per finished run is appended to ``--results``; a failed run is reported and the
 grid goes on (exit status 1 at the end). Run folders go under ``runs/hard-negatives/`` and are
@@ -51,31 +68,91 @@ from bench.markdown_report import machine_info, machine_line  # noqa: E402
 EXPERIMENT = "hard-negatives-bench"
 BENCH_DIR = REPO / "runs" / "hard-negatives"
 RECIPE_DATA = REPO / "runs" / "recipe-data"
-TASKS = {"cnsd": "jobs/configs/recipe-cnsd-unsup.yaml", "wiki": "jobs/configs/recipe-wiki-unsup.yaml"}
 SAMPLERS = ("random", "knn", "rwr", "clusters", "mixed")
 DEBIAS = {"debias": "threshold", "cluster-debias": "cluster"}
-BASELINE = "random"
-DEFAULT_VARIANTS = "random,knn,rwr,clusters,mixed,knn+debias,peer"
+TRIPLET_VARIANTS = {
+    "given": ["mining.enabled=false"],
+    "mined": ["mining.enabled=true", "mining.num_negatives=1"],
+    "mined+random": ["mining.enabled=true", "mining.num_negatives=1", "mining.random_negatives=1"],
+}
+"""Task ``snli``'s pipeline variants (triplet mode); ``mined`` is the setting the peer matches."""
+PEERS = {"peer": False, "peer-mined": True}
+"""The sentence-transformers variants: whether they run ``mine_hard_negatives`` first."""
 SCORES = ("spearman", "mrr_at_10", "recall_at_1")
 
 
-def variant_overrides(variant: str) -> list[str] | None:
-    """The ``--set`` overrides of a variant (None: ``peer``, which is not a pipeline run).
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task of the grid: its recipe config and the variants that apply to it."""
+
+    config: str
+    triplet: bool
+    """Supervised triplet mode: the triplet variants and both peers; else (neighbourhood mode)
+    the batch samplers and ``peer``."""
+    baseline: str
+    """The variant every other one is compared with in the report."""
+    variants: str
+    """``--variants`` by default."""
+    epochs: int | None = None
+    """``train.epochs`` unless ``--epochs`` says (None: the recipe's)."""
+
+
+SAMPLER_VARIANTS = "random,knn,rwr,clusters,mixed,knn+debias,peer"
+TASKS = {
+    "cnsd": TaskSpec(
+        "jobs/configs/recipe-cnsd-unsup.yaml", triplet=False, baseline="random", variants=SAMPLER_VARIANTS
+    ),
+    "wiki": TaskSpec(
+        "jobs/configs/recipe-wiki-unsup.yaml", triplet=False, baseline="random", variants=SAMPLER_VARIANTS
+    ),
+    "snli": TaskSpec(
+        "jobs/configs/recipe-snli-sup.yaml", triplet=True, baseline="given",
+        variants="given,mined,mined+random,peer,peer-mined", epochs=2,
+    ),
+}  # fmt: skip
+BASELINE = "random"
+"""The report's baseline for a task it does not know."""
+
+
+def variant_overrides(task: str, variant: str) -> list[str] | None:
+    """The ``--set`` overrides of one of ``task``'s variants (None: a peer, not a pipeline run).
 
     Raises:
-        ValueError: an unknown variant, naming the known ones.
+        ValueError: a variant that is unknown or not one of ``task``'s (a sampler for a triplet
+            task, a triplet variant for an unsupervised one), naming ``task``'s.
     """
-    if variant == "peer":
-        return None
-    if variant == "random-norefresh":
-        return ["mining.enabled=false"]
     sampler, _, debias = variant.partition("+")
-    if sampler not in SAMPLERS or (debias and debias not in DEBIAS):
-        raise ValueError(
-            f"unknown variant {variant!r}: one of peer, random-norefresh, {', '.join(SAMPLERS)}, "
-            f"optionally with +{' or +'.join(DEBIAS)} (e.g. knn+debias)"
+    if TASKS[task].triplet:
+        if variant in TRIPLET_VARIANTS:
+            return TRIPLET_VARIANTS[variant]
+        if variant in PEERS:
+            return None
+        known = ", ".join([*TRIPLET_VARIANTS, *PEERS])
+        other_mode = variant == "random-norefresh" or sampler in SAMPLERS
+        why = f"Batch samplers and debiasing are for neighbourhood mode (tasks {tasks(False)}); {task} trains triplets"
+    else:
+        if variant == "peer":
+            return None
+        if variant == "random-norefresh":
+            return ["mining.enabled=false"]
+        if sampler in SAMPLERS and (not debias or debias in DEBIAS):
+            return [f"mining.batch_sampler={sampler}"] + (
+                [f"mining.debias={DEBIAS[debias]}"] if debias else []
+            )
+        known = (
+            f"peer, random-norefresh, {', '.join(SAMPLERS)}, optionally with +{' or +'.join(DEBIAS)} "
+            "(e.g. knn+debias)"
         )
-    return [f"mining.batch_sampler={sampler}"] + ([f"mining.debias={DEBIAS[debias]}"] if debias else [])
+        other_mode = variant in TRIPLET_VARIANTS or variant in PEERS
+        why = f"The triplet variants and peer-mined are for triplet mode (tasks {tasks(True)}); {task} is unsupervised"
+    raise ValueError(
+        f"variant {variant!r} is not one of task {task}'s: {known}" + (f". {why}." if other_mode else "")
+    )
+
+
+def tasks(triplet: bool) -> str:
+    """The names of the triplet (or of the neighbourhood-mode) tasks."""
+    return ", ".join(name for name, spec in TASKS.items() if spec.triplet == triplet)
 
 
 @dataclass(frozen=True)
@@ -95,19 +172,43 @@ class Task:
     max_seq_len: int
     tracking_uri: str
     experiment: str
+    peer_mining: tuple[str, ...] = ()
+    """``st_mnrl_recipe.py``'s mining options for ``peer-mined``: the ``mined`` variant's
+    settings (triplet tasks only)."""
+
+
+def peer_mining_args(mining: Any) -> tuple[str, ...]:
+    """``st_mnrl_recipe.py --mine-hard-negatives`` with a ``MiningSection``'s settings: its
+    ``top_k`` candidates (or ``range_max``) as the peer's ``range_max``, the same ``range_min``,
+    ``relative_margin``, ``num_negatives``, ``sampling`` and encode batch."""
+    margin = -1.0 if mining.relative_margin is None else mining.relative_margin  # -1: none
+    return (
+        "--mine-hard-negatives", "--range-min", str(mining.range_min),
+        "--range-max", str(mining.range_max or mining.top_k), "--relative-margin", str(margin),
+        "--num-negatives", str(mining.num_negatives), "--sampling", mining.sampling,
+        "--mining-batch-size", str(mining.encode_batch_size),
+    )  # fmt: skip
 
 
 def resolve_task(name: str, max_rows: int | None, epochs: int | None, experiment: str = EXPERIMENT) -> Task:
-    """The task's recipe config with the CLI's rows and epochs applied (None: the recipe's)."""
+    """The task's recipe config with the CLI's rows and epochs applied (None: the task's
+    default, else the recipe's)."""
     from pipeline.config.loading import load_config
     from pipeline.tracking.run import resolve_tracking_uri
 
+    spec = TASKS[name]
+    epochs = epochs or spec.epochs
     overrides = [f"data.max_rows={max_rows}"] if max_rows else []
     overrides += [f"train.epochs={epochs}"] if epochs else []
-    cfg = load_config(REPO / TASKS[name], overrides)
+    cfg = load_config(REPO / spec.config, overrides)
+    peer_mining = ()
+    if spec.triplet:
+        peer_mining = peer_mining_args(
+            load_config(REPO / spec.config, overrides + TRIPLET_VARIANTS["mined"]).mining
+        )
     return Task(
         name=name,
-        config=TASKS[name],
+        config=spec.config,
         max_rows=cfg.data.max_rows,
         epochs=cfg.train.epochs,
         data_path=str(cfg.data.path),
@@ -118,6 +219,7 @@ def resolve_task(name: str, max_rows: int | None, epochs: int | None, experiment
         max_seq_len=cfg.data.max_seq_len,
         tracking_uri=resolve_tracking_uri(cfg.tracking.uri, REPO),  # the store the jobs write to
         experiment=experiment,
+        peer_mining=peer_mining,
     )
 
 
@@ -226,9 +328,10 @@ def run_pipeline(task: Task, variant: str, seed: int, overrides: list[str], keep
     return record
 
 
-def run_peer(task: Task, seed: int, keep_dir: bool) -> dict[str, Any]:
-    """``bench/st_mnrl_recipe.py`` on the task's rows, batch size, max length, lr and epochs."""
-    name = run_name(task, "peer", seed)
+def run_peer(task: Task, variant: str, seed: int, keep_dir: bool) -> dict[str, Any]:
+    """``bench/st_mnrl_recipe.py`` on the task's rows, batch size, max length, lr and epochs;
+    ``peer-mined``: after ``mine_hard_negatives`` with the task's :attr:`Task.peer_mining`."""
+    name = run_name(task, variant, seed)
     out_dir = BENCH_DIR / task.name / name
     cmd = [
         sys.executable, "bench/st_mnrl_recipe.py", "--model", task.model, "--train", task.data_path,
@@ -237,12 +340,14 @@ def run_peer(task: Task, seed: int, keep_dir: bool) -> dict[str, Any]:
         "--seed", str(seed),
     ]  # fmt: skip
     cmd += ["--max-rows", str(task.max_rows)] if task.max_rows else []
+    cmd += list(task.peer_mining) if PEERS[variant] else []
     status, wall, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.log")
     if status != 0:
         raise RuntimeError(f"bench/st_mnrl_recipe.py exited {status}:\n{tail(output)}")
     result = json.loads(next(line for line in reversed(output.splitlines()) if line.startswith("{")))
     if not keep_dir:
         shutil.rmtree(out_dir, ignore_errors=True)
+    mining = ("mined_anchors", "mining_rows_in", "mining_seconds", "mining_settings")
     return {
         "run_name": name,
         "wall_seconds": round(wall, 1),
@@ -250,7 +355,13 @@ def run_peer(task: Task, seed: int, keep_dir: bool) -> dict[str, Any]:
         "steps": result["steps"],
         "rows": result["rows"],
         "train_seconds": result["train_seconds"],
+        **{k: result[k] for k in mining if k in result},
     }
+
+
+def parse_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def tail(text: str, lines: int = 25) -> str:
@@ -290,14 +401,23 @@ def run_grid(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    variants = parse_list(args.variants or TASKS[args.task].variants)
+    seeds = [int(s) for s in parse_list(args.seeds)]
     try:
-        overrides = {v: variant_overrides(v) for v in variants}
+        overrides = {v: variant_overrides(args.task, v) for v in variants}
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     task = resolve_task(args.task, args.max_rows, args.epochs, args.experiment)
+    mined = [v for v in variants if "mining.enabled=true" in (overrides[v] or [])]
+    if TASKS[task.name].triplet and mined and task.epochs < 2:
+        print(
+            f"error: --epochs {task.epochs} is too few for {', '.join(mined)}: triplet mode mines "
+            "between epochs, so its mined negatives exist from epoch 2 on "
+            f"(task {task.name}'s default: {TASKS[task.name].epochs} epochs)",
+            file=sys.stderr,
+        )
+        return 2
     results = Path(args.results)
     done = {done_key(r) for r in read_results(results)} if args.skip_done else set()
     common = {"task": task.name, "max_rows": task.max_rows, "epochs": task.epochs}
@@ -312,7 +432,7 @@ def run_grid(args: argparse.Namespace) -> int:
             print(f"[run ] {task.name} {variant} seed {seed} ...", flush=True)
             try:
                 if overrides[variant] is None:
-                    measured = run_peer(task, seed, args.keep_run_dirs)
+                    measured = run_peer(task, variant, seed, args.keep_run_dirs)
                 else:
                     measured = run_pipeline(task, variant, seed, overrides[variant], args.keep_run_dirs)
             except Exception as exc:  # one failed run must not lose the rest of the grid
@@ -347,44 +467,61 @@ def difference(variant: list[float], baseline: list[float]) -> str:
     return f"{delta:+.2f} ({'outside' if abs(delta) > s + sb else 'within'} spread)"
 
 
-def variant_order(variant: str) -> tuple[int, str]:
-    """Baseline first, then ``random-norefresh``, the samplers in the order of :data:`SAMPLERS`
-    (each before its debiased forms), peer last."""
-    if variant == BASELINE:
+def variant_order(variant: str, baseline: str = BASELINE) -> tuple[int, str]:
+    """The baseline first, then ``random-norefresh``, the samplers in the order of
+    :data:`SAMPLERS` (each before its debiased forms), the triplet variants, anything else, the
+    peers last."""
+    if variant == baseline:
         return (0, variant)
-    if variant == "random-norefresh":
-        return (1, variant)
-    if variant == "peer":
-        return (99, variant)
-    base = variant.partition("+")[0]
-    return (2 + SAMPLERS.index(base) if base in SAMPLERS else 50, variant)
+    known = ["random-norefresh", *SAMPLERS, *TRIPLET_VARIANTS]
+    if variant in PEERS:
+        return (100 + list(PEERS).index(variant), variant)
+    base = variant if variant in known else variant.partition("+")[0]
+    return (1 + known.index(base) if base in known else 50, variant)
+
+
+def mined_count(record: dict[str, Any]) -> float | None:
+    """Anchors that got a mined negative: the peer's ``mined_anchors``, or the pipeline's
+    ``mining/selected`` at its last refresh (None: no mining)."""
+    if record.get("mined_anchors") is not None:
+        return record["mined_anchors"]
+    return (record.get("mining") or {}).get("mining/selected")
 
 
 def report(records: Iterable[dict[str, Any]]) -> str:
     """Markdown: per task (and rows, epochs), one row per variant with n seeds, mean ± std of
-    each score and its difference to ``random`` at the same task, rows and epochs."""
+    each score and its difference to the task's baseline (``random``; ``given`` for ``snli``)
+    at the same task, rows and epochs; triplet tasks also show the anchors with a mined negative."""
     groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     for r in records:
         groups.setdefault((r["task"], r["max_rows"], r["epochs"]), {}).setdefault(r["variant"], []).append(r)
     if not groups:
         return "no results yet"
     out = []
-    header = (
-        "| variant | n | spearman | Δ random | mrr@10 | Δ random | recall@1 | Δ random | steps | wall s |"
-    )
     for (task, max_rows, epochs), by_variant in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        spec = TASKS.get(task)
+        base, triplet = (spec.baseline, spec.triplet) if spec else (BASELINE, False)
+        delta = f"Δ {base}"
+        columns = ["variant", "n", "spearman", delta, "mrr@10", delta, "recall@1", delta]
+        columns += ["mined", "steps", "wall s"] if triplet else ["steps", "wall s"]
         rows = {r["rows"] for runs in by_variant.values() for r in runs}
         out += [
             f"### {task}: {max_rows or 'all'} rows ({', '.join(map(str, sorted(rows)))} trained), {epochs} epochs",
             "",
             "Final model (not the best epoch), dev set; mean ± sample std over seeds. Δ: mean minus "
-            f"`{BASELINE}`'s; 'outside spread' when it exceeds both std together.",
+            f"`{base}`'s; 'outside spread' when it exceeds both std together."
+            + (
+                " mined: anchors with a mined negative (the pipeline's last refresh; the peer's "
+                "one mining pass, whose other rows it leaves out)."
+                if triplet
+                else ""
+            ),
             "",
-            header,
-            "|" + "---|" * header.count(" | ") + "---|",
+            "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns),
         ]
-        baseline = by_variant.get(BASELINE)
-        for variant in sorted(by_variant, key=variant_order):
+        baseline = by_variant.get(base)
+        for variant in sorted(by_variant, key=lambda v: variant_order(v, base)):
             runs = by_variant[variant]
             cells = [variant, str(len({r["seed"] for r in runs}))]
             for score in SCORES:
@@ -392,10 +529,13 @@ def report(records: Iterable[dict[str, Any]]) -> str:
                 cells.append(f"{m:.2f}" + ("" if math.isnan(s) else f" ± {s:.2f}"))
                 if baseline is None:
                     cells.append("n/a")
-                elif variant == BASELINE:
+                elif variant == base:
                     cells.append("")
                 else:
                     cells.append(difference([r[score] for r in runs], [r[score] for r in baseline]))
+            if triplet:
+                mined = [m for m in map(mined_count, runs) if m is not None]
+                cells.append(f"{statistics.fmean(mined):.0f}" if mined else "")
             cells.append("/".join(sorted({str(r["steps"]) for r in runs})))
             walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds") is not None]
             cells.append(f"{statistics.fmean(walls):.0f}" if walls else "")
@@ -417,11 +557,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--task", choices=sorted(TASKS), default="cnsd")
     parser.add_argument(
-        "--variants", default=DEFAULT_VARIANTS, help=f"comma-separated (default: {DEFAULT_VARIANTS})"
+        "--variants",
+        default=None,
+        help="comma-separated (default: the task's; "
+        + "; ".join(f"{name}: {spec.variants}" for name, spec in TASKS.items())
+        + ")",
     )
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated run.seed values (default: 1,2,3)")
     parser.add_argument("--max-rows", type=int, default=None, help="data.max_rows (default: the recipe's)")
-    parser.add_argument("--epochs", type=int, default=None, help="train.epochs (default: the recipe's)")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="train.epochs (default: snli 2, the others the recipe's)"
+    )
     parser.add_argument(
         "--results",
         default=str(BENCH_DIR.relative_to(REPO) / "results.jsonl"),

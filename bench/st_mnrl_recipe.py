@@ -13,6 +13,18 @@ scale 20 is SimCSE's temperature 0.05. ``--seed`` (default 42, as ``run.seed``) 
 trainer: dropout, initialisation of anything new, and the order of the rows in batches (the
 rows themselves do not depend on it). Prints one JSON line: Spearman x 100 and the paraphrase
 retrieval scores (MRR@10, recall@1, x 100) of the final model, per file and averaged.
+
+``--mine-hard-negatives`` first runs ``sentence_transformers.util.mine_hard_negatives`` on the
+(anchor, positive) pairs of those rows with the starting model, once, before training (the
+peer's documented use: mine, then train on the mined tuples), and trains MNRL on anchor,
+positive, the given negative (where the file has one) and the mined negatives. The defaults
+are the pipeline's triplet-mode ``mining`` defaults: ``--range-min 10``, ``--range-max 64``
+(``mining.top_k``: the candidates searched), ``--relative-margin 0.05``, ``--num-negatives 1``,
+``--sampling top``; exact faiss search, the model's max length, ``--mining-batch-size``
+sentences per encode batch. Rows whose pair got fewer than ``--num-negatives`` negatives are
+left out of training, as the peer's ``n-tuple`` output leaves them out (a batch of MNRL needs
+the same columns in every row). The JSON line then also has ``mined_anchors`` (rows that got
+their negatives, of ``mining_rows_in``), ``mining_seconds`` and ``mining_settings``.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,6 +62,67 @@ def training_rows(path: str, max_rows: int | None) -> dict[str, list[str]]:
     ordered = sorted(lines, key=stable_row_id)
     ordered = ordered[:max_rows] if max_rows else ordered
     return {"anchor": ordered, "positive": list(ordered)}
+
+
+class PeerMining(NamedTuple):
+    """``mine_hard_negatives``' settings; the defaults are the pipeline's ``mining`` defaults.
+    (A NamedTuple, not a dataclass: tests load this file without registering it as a module.)"""
+
+    range_min: int = 10
+    range_max: int = 64
+    """The candidates searched per anchor (the pipeline's ``mining.top_k``)."""
+    relative_margin: float | None = 0.05
+    num_negatives: int = 1
+    sampling: str = "top"
+    batch_size: int = 64
+    """Sentences per encode batch (the pipeline's ``mining.encode_batch_size``)."""
+
+
+def mine_negatives(
+    model_dir: str | Path, rows: dict[str, list[str]], settings: PeerMining, *, max_seq_len: int, seed: int
+) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """``mine_hard_negatives`` on the (anchor, positive) pairs of ``rows`` with the model in
+    ``model_dir`` as it starts; returns the rows that got ``num_negatives`` negatives, in their
+    order, with columns ``mined_negative_1`` .. ``_n`` after the given ones, and a report
+    (``mined_anchors``, ``mining_rows_in``, ``mining_seconds``, ``mining_settings``)."""
+    import contextlib
+    import random
+
+    import datasets
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives
+
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    model.max_seq_length = max_seq_len
+    random.seed(seed)  # sampling="random" draws with Python's random
+    pairs = datasets.Dataset.from_dict({"anchor": rows["anchor"], "positive": rows["positive"]})
+    started = time.perf_counter()
+    with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):  # its progress bars
+        mined = mine_hard_negatives(
+            pairs, model, range_min=settings.range_min, range_max=settings.range_max,
+            relative_margin=settings.relative_margin, num_negatives=settings.num_negatives,
+            sampling_strategy=settings.sampling, output_format="n-tuple",
+            batch_size=settings.batch_size, use_faiss=True, verbose=False,
+        )  # fmt: skip
+    seconds = time.perf_counter() - started
+    # The output is one row per distinct (anchor, positive), reordered: join it back to the rows.
+    found = mined.to_dict()
+    negative_columns = [f"negative_{i}" for i in range(1, settings.num_negatives + 1)]
+    by_pair = {
+        (a, p): [found[c][i] for c in negative_columns]
+        for i, (a, p) in enumerate(zip(found["anchor"], found["positive"], strict=True))
+    }
+    keep = [i for i, pair in enumerate(zip(rows["anchor"], rows["positive"], strict=True)) if pair in by_pair]
+    out = {name: [values[i] for i in keep] for name, values in rows.items()}
+    for n in range(settings.num_negatives):
+        out[f"mined_negative_{n + 1}"] = [by_pair[(rows["anchor"][i], rows["positive"][i])][n] for i in keep]
+    report = {
+        "mined_anchors": len(keep),
+        "mining_rows_in": len(rows["anchor"]),
+        "mining_seconds": round(seconds, 1),
+        "mining_settings": settings._asdict(),
+    }
+    return out, report
 
 
 def build_mnrl_trainer(
@@ -116,12 +189,57 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed", type=int, default=42, help="trainer seed: dropout and batch order (default: 42)"
     )
+    defaults = PeerMining()
+    mining = parser.add_argument_group(
+        "hard-negative mining",
+        "before training, with the starting model (defaults: the pipeline's mining defaults)",
+    )
+    mining.add_argument(
+        "--mine-hard-negatives",
+        action="store_true",
+        help="run sentence-transformers' mine_hard_negatives first",
+    )
+    mining.add_argument("--range-min", type=int, default=defaults.range_min, help="(default: %(default)s)")
+    mining.add_argument(
+        "--range-max", type=int, default=defaults.range_max, help="candidates searched (default: %(default)s)"
+    )
+    mining.add_argument(
+        "--relative-margin",
+        type=float,
+        default=defaults.relative_margin,
+        help="a negative value: none (default: %(default)s)",
+    )
+    mining.add_argument(
+        "--num-negatives", type=int, default=defaults.num_negatives, help="(default: %(default)s)"
+    )
+    mining.add_argument(
+        "--sampling", choices=("top", "random"), default=defaults.sampling, help="(default: %(default)s)"
+    )
+    mining.add_argument(
+        "--mining-batch-size",
+        type=int,
+        default=defaults.batch_size,
+        help="sentences per encode batch (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from pipeline.evaluation.scoring import evaluate_model_dir, score_summary
 
     rows = training_rows(args.train, args.max_rows)
+    mining_report: dict[str, Any] = {}
+    if args.mine_hard_negatives:
+        settings = PeerMining(
+            range_min=args.range_min, range_max=args.range_max,
+            relative_margin=args.relative_margin if args.relative_margin >= 0 else None,
+            num_negatives=args.num_negatives, sampling=args.sampling, batch_size=args.mining_batch_size,
+        )  # fmt: skip
+        rows, mining_report = mine_negatives(
+            args.model, rows, settings, max_seq_len=args.max_seq_len, seed=args.seed
+        )
+        if not rows["anchor"]:
+            print("error: mine_hard_negatives found negatives for no row", file=sys.stderr)
+            return 1
     trainer = build_mnrl_trainer(
         args.model, rows, Path(args.out) / "trainer", max_seq_len=args.max_seq_len,
         batch_size=args.batch_size, lr=args.lr, epochs=args.epochs, seed=args.seed,
@@ -135,9 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     scores = evaluate_model_dir(out, args.sts, max_seq_len=args.max_seq_len)
     summary = score_summary(scores)  # NaN (a file without positive pairs) already null here
     result = {
-        "peer": "sentence-transformers MNRL",
+        "peer": "sentence-transformers MNRL" + (" on mine_hard_negatives" if mining_report else ""),
         "seed": args.seed,
         "rows": len(rows["anchor"]),
+        **mining_report,
         "steps": trainer.state.global_step,
         "train_seconds": round(train_seconds, 1),
         "sentences_per_s": round(len(rows["anchor"]) * args.epochs / train_seconds, 1),

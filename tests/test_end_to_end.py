@@ -235,6 +235,8 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         "train.batch_size=32",
         "train.dup_rate=0.32",  # ESimCSE word repetition on the second view
         "train.group_by_length=true",
+        "mining.batch_sampler=mixed",  # a refreshed epoch from another sampler, debiased
+        "mining.debias=threshold",
         "tracking.experiment=folder",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -242,6 +244,16 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     run = _only_run(_client(tmp_path), "folder")
     assert run.info.status == "FINISHED" and run.data.params["model.name_or_path"] == str(tiny_model_dir)
     assert run.data.params["train.dup_rate"] == "0.32"
+    # Epoch 2 trained on the mixed sampler's plan, carrying each row's likely paraphrases to
+    # the workers; the miner logged how many of them share a batch.
+    assert [run.data.tags[f"plan.sampler.epoch_{e}"] for e in (1, 2)] == ["random", "mixed"]
+    state, _ = load_checkpoint(max((p for p in (tmp_path / "runs/folder").glob("checkpoint_*") if p.is_dir()),
+                                   key=lambda p: p.stat().st_mtime))  # fmt: skip
+    assert state.plan.sampler == "mixed" and state.plan.paraphrases.shape[0] == len(texts)
+    assert (state.plan.paraphrases >= 0).any()
+    history = _client(tmp_path).get_metric_history(run.info.run_id, "mining/debias_pairs_in_batches")
+    assert len(history) == 1 and history[0].value >= 0
+    assert _client(tmp_path).get_metric_history(run.info.run_id, "mining/debias_flagged")[0].value > 0
     # Epoch 1 trained on length-grouped batches: the plan an independent tokenization gives.
     from transformers import AutoTokenizer
 
@@ -352,7 +364,8 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     proc = _run_job(
         tmp_path, "run.name=sup", f"model.name_or_path={tiny_model_dir}", f"data.path={data}",
         "data.anchor_column=premise", "data.positive_column=hypothesis", "data.negative_column=contra",
-        "mining.negative_mode=triplet", "mining.num_negatives=2", "train.hard_negative_weight=0.5",
+        "mining.negative_mode=triplet", "mining.num_negatives=2", "mining.random_negatives=1",
+        "train.hard_negative_weight=0.5",
         "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -373,8 +386,9 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     folders = [p for p in (tmp_path / "runs/sup").glob("checkpoint_*") if p.is_dir()]
     newest = max(folders, key=lambda p: p.stat().st_mtime)
     state, _ = load_checkpoint(newest)
-    assert state.plan.version == 1 and state.plan.negatives.shape == (len(rows), 2)
-    assert (state.plan.negatives >= 0).mean() > 0.5
+    assert state.plan.version == 1 and state.plan.negatives.shape == (len(rows), 3)  # 2 mined, 1 random
+    assert (state.plan.negatives[:, :2] >= 0).mean() > 0.5 and (state.plan.negatives[:, 2] >= 0).all()
+    assert client.get_metric_history(run_id, "mining/random_negatives")[0].value == len(rows)
     assert len(client.get_metric_history(run_id, "mining/negative_similarity_mean")) == 1
     assert client.get_metric_history(run_id, "mining/anchors_short")[0].value < len(rows)
     losses = [m.value for m in client.get_metric_history(run_id, "train/loss")]

@@ -1,0 +1,129 @@
+"""bench/hard_negatives.py's pure parts: variants per task, the peer's mining options, the report."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+from conftest import REPO
+
+from pipeline.config.mining_section import MiningSection
+
+
+@pytest.fixture(scope="module")
+def hn():
+    spec = importlib.util.spec_from_file_location("hard_negatives", REPO / "bench/hard_negatives.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_sampler_variants_of_the_unsupervised_tasks(hn):
+    assert hn.variant_overrides("cnsd", "peer") is None
+    assert hn.variant_overrides("cnsd", "random-norefresh") == ["mining.enabled=false"]
+    assert hn.variant_overrides("wiki", "knn+cluster-debias") == [
+        "mining.batch_sampler=knn",
+        "mining.debias=cluster",
+    ]
+    for variant in hn.parse_list(hn.TASKS["cnsd"].variants):
+        hn.variant_overrides("cnsd", variant)  # the defaults are all valid
+
+
+def test_triplet_variants_of_snli(hn):
+    assert hn.variant_overrides("snli", "given") == ["mining.enabled=false"]
+    assert hn.variant_overrides("snli", "mined") == ["mining.enabled=true", "mining.num_negatives=1"]
+    assert "mining.random_negatives=1" in hn.variant_overrides("snli", "mined+random")
+    assert hn.variant_overrides("snli", "peer") is None and hn.variant_overrides("snli", "peer-mined") is None
+    assert hn.TASKS["snli"].baseline == "given" and hn.TASKS["snli"].epochs == 2
+    for variant in hn.parse_list(hn.TASKS["snli"].variants):
+        hn.variant_overrides("snli", variant)
+
+
+@pytest.mark.parametrize(
+    ("task", "variant", "hint"),
+    [
+        ("snli", "knn", "neighbourhood mode"),
+        ("snli", "random+debias", "neighbourhood mode"),
+        ("snli", "random-norefresh", "neighbourhood mode"),
+        ("cnsd", "given", "triplet mode"),
+        ("wiki", "peer-mined", "triplet mode"),
+        ("cnsd", "mined+random", "triplet mode"),
+    ],
+)
+def test_a_variant_of_the_other_mode_is_rejected_saying_why(hn, task, variant, hint):
+    with pytest.raises(ValueError, match=hint) as raised:
+        hn.variant_overrides(task, variant)
+    assert f"task {task}'s" in str(raised.value)
+
+
+@pytest.mark.parametrize(("task", "variant"), [("snli", "nope"), ("cnsd", "knn+nope"), ("cnsd", "bogus")])
+def test_an_unknown_variant_is_rejected_naming_the_known_ones(hn, task, variant):
+    with pytest.raises(ValueError, match="unknown|not one of") as raised:
+        hn.variant_overrides(task, variant)
+    assert "mode" not in str(raised.value)
+    assert ("mined+random" if task == "snli" else "random-norefresh") in str(raised.value)
+
+
+def test_the_peer_mines_with_the_pipelines_settings(hn):
+    args = hn.peer_mining_args(MiningSection(negative_mode="triplet"))
+    options = dict(zip(args[1::2], args[2::2], strict=True))
+    assert args[0] == "--mine-hard-negatives"
+    assert options == {
+        "--range-min": "10",
+        "--range-max": "64",  # mining.top_k: the candidates searched
+        "--relative-margin": "0.05",
+        "--num-negatives": "1",
+        "--sampling": "top",
+        "--mining-batch-size": "64",
+    }
+    args = hn.peer_mining_args(MiningSection(range_max=32, relative_margin=None))
+    assert args[args.index("--range-max") + 1] == "32" and args[args.index("--relative-margin") + 1] == "-1.0"
+
+
+def record(variant, seed, spearman, **extra):
+    return {
+        "task": "snli", "max_rows": 256, "epochs": 2, "variant": variant, "seed": seed, "rows": 256,
+        "spearman": spearman, "mrr_at_10": 50.0, "recall_at_1": 40.0, "steps": 8, "wall_seconds": 100.0,
+        **extra,
+    }  # fmt: skip
+
+
+def test_the_snli_report_compares_with_given_and_counts_mined_negatives(hn):
+    records = [
+        record("peer-mined", 1, 81.0, mined_anchors=250, rows=250),
+        record("mined", 1, 82.0, mining={"mining/selected": 240.0}),
+        record("mined", 2, 84.0, mining={"mining/selected": 244.0}),
+        record("given", 1, 80.0, mining={}),
+        record("given", 2, 81.0, mining={}),
+        record("peer", 1, 79.0),
+    ]
+    text = hn.report(records)
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| variant"))
+    assert "Δ given" in header and "| mined |" in header and "Δ random" not in header
+    rows = [line for line in lines if line.startswith("| ") and line != header]
+    assert [row.split(" | ")[0][2:] for row in rows] == ["given", "mined", "peer", "peer-mined"]
+    given, mined, peer, peer_mined = (row.split(" | ") for row in rows)
+    assert given[2] == "80.50 ± 0.71" and given[3] == "" and given[-3] == ""
+    assert mined[2] == "83.00 ± 1.41" and mined[3] == "+2.50 (outside spread)" and mined[-3] == "242"
+    assert peer[3] == "-1.50 (1 seed)" and peer_mined[-3] == "250"
+    assert "(250, 256 trained)" in text
+
+
+def test_the_sampler_report_keeps_random_as_its_baseline(hn):
+    records = [
+        {**record("knn", 1, 50.0), "task": "cnsd"},
+        {**record("random", 1, 49.0), "task": "cnsd"},
+        {**record("random-norefresh", 1, 48.0), "task": "cnsd"},
+        {**record("peer", 1, 47.0), "task": "cnsd"},
+    ]
+    lines = hn.report(records).splitlines()
+    header = next(line for line in lines if line.startswith("| variant"))
+    assert "Δ random" in header and "mined" not in header
+    rows = [line.split(" | ")[0][2:] for line in lines if line.startswith("| ") and line != header]
+    assert rows == ["random", "random-norefresh", "knn", "peer"]
