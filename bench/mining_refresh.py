@@ -108,8 +108,9 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
 
     def filter_and_plan():
         (keys,) = text_keys(texts)
+        settings = PlanSettings(batch_sampler="knn")  # the costliest sampler to plan
         return plan_from_neighbours(
-            knn, embeddings, keys, NegativeFilters(), PlanSettings(), batch_size, seed=0, version=1
+            knn, embeddings, keys, NegativeFilters(), settings, batch_size, seed=0, version=1
         ).plan
 
     stage("filter+plan", results, filter_and_plan)

@@ -61,10 +61,12 @@ class MiningSection:
     are groups of near sentences. ``triplet`` (supervised SimCSE on anchor/positive
     [/negative] columns): each anchor gets ``num_negatives`` mined negatives, used with any
     given negative and ``train.hard_negative_weight``."""
-    batch_sampler: Literal["random", "knn", "rwr", "clusters", "mixed"] = "knn"
+    batch_sampler: Literal["random", "knn", "rwr", "clusters", "mixed"] = "random"
     """How a refreshed epoch's rows are grouped into batches (neighbourhood mode); every
     sampler covers each row once, in balanced batches, and keeps flagged false negatives
-    apart. ``random``: random batches (the refresh then only serves debiasing).
+    apart. ``random`` (the default, because no sampler has yet beaten it on dev scores by
+    more than the seed spread: docs/results.md): random batches, the refresh then only
+    measures (``mining/`` metrics) and serves debiasing.
     ``knn``: each batch grown from a seed row's nearest neighbours (Prim's order), the
     BatchSampler paper's kNN baseline. ``rwr``: random walk with restart on the k-NN graph
     (BatchSampler). ``clusters``: FAISS k-means over the refreshed embeddings, each batch

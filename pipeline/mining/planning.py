@@ -30,7 +30,7 @@ class PlanSettings:
     """How the miner groups a refreshed epoch and what it ships for debiasing (the
     ``mining`` keys of the same names)."""
 
-    batch_sampler: str = "knn"
+    batch_sampler: str = "random"
     restart_probability: float = 0.2
     num_clusters: int | None = None
     clusters_per_batch: int = 4

@@ -13,6 +13,7 @@ from pipeline.batching.samplers import neighbourhood_plan, random_plan
 from pipeline.mining.index import knn_search
 from pipeline.mining.miner import HardNegativeMiner, MinerSettings
 from pipeline.mining.plan_quality import false_negative_pairs, plan_churn
+from pipeline.mining.planning import PlanSettings
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
 
@@ -126,8 +127,9 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
 
     def refresh(filters, version=1):
         settings = MinerSettings(
-            pooler="mean", batch_size=16, top_k=64, encode_batch_size=64, seed=11, filters=filters
-        )
+            pooler="mean", batch_size=16, top_k=64, encode_batch_size=64, seed=11, filters=filters,
+            plan=PlanSettings(batch_sampler="knn"),  # batches of near neighbours, paraphrases apart
+        )  # fmt: skip
         miner = HardNegativeMiner(table, pack_dir(trained_tiny_model_dir), settings)
         assert miner.ready() == os.getpid()  # its process: a restarted miner answers another
         return miner, miner.refresh(weights, version=version, step=0)
