@@ -108,7 +108,7 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
 
     def filter_and_plan():
         (keys,) = text_keys(texts)
-        settings = PlanSettings(batch_sampler="knn")  # the costliest sampler to plan
+        settings = PlanSettings(batch_sampler="knn")  # the sampler docs/benchmarks.md measured
         return plan_from_neighbours(
             knn, embeddings, keys, NegativeFilters(), settings, batch_size, seed=0, version=1
         ).plan
