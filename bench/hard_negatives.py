@@ -488,10 +488,17 @@ def mined_count(record: dict[str, Any]) -> float | None:
     return (record.get("mining") or {}).get("mining/selected")
 
 
+def batch_similarity(record: dict[str, Any]) -> float | None:
+    """Mean cosine similarity of the in-batch pairs of the last refreshed plan, under the
+    refresh model (``mining/batch_similarity_mean``; None: no refresh): how hard its batches were."""
+    return (record.get("mining") or {}).get("mining/batch_similarity_mean")
+
+
 def report(records: Iterable[dict[str, Any]]) -> str:
     """Markdown: per task (and rows, epochs), one row per variant with n seeds, mean ± std of
     each score and its difference to the task's baseline (``random``; ``given`` for ``snli``)
-    at the same task, rows and epochs; triplet tasks also show the anchors with a mined negative."""
+    at the same task, rows and epochs; triplet tasks also show the anchors with a mined negative,
+    the others the in-batch similarity of the refreshed epoch's batches."""
     groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     for r in records:
         groups.setdefault((r["task"], r["max_rows"], r["epochs"]), {}).setdefault(r["variant"], []).append(r)
@@ -503,7 +510,7 @@ def report(records: Iterable[dict[str, Any]]) -> str:
         base, triplet = (spec.baseline, spec.triplet) if spec else (BASELINE, False)
         delta = f"Δ {base}"
         columns = ["variant", "n", "spearman", delta, "mrr@10", delta, "recall@1", delta]
-        columns += ["mined", "steps", "wall s"] if triplet else ["steps", "wall s"]
+        columns += ["mined" if triplet else "batch sim", "steps", "wall s"]
         rows = {r["rows"] for runs in by_variant.values() for r in runs}
         out += [
             f"### {task}: {max_rows or 'all'} rows ({', '.join(map(str, sorted(rows)))} trained), {epochs} epochs",
@@ -514,7 +521,8 @@ def report(records: Iterable[dict[str, Any]]) -> str:
                 " mined: anchors with a mined negative (the pipeline's last refresh; the peer's "
                 "one mining pass, whose other rows it leaves out)."
                 if triplet
-                else ""
+                else " batch sim: mean cosine similarity of in-batch pairs in the refreshed "
+                "epoch's batches, under the refresh model (how hard the sampler made them)."
             ),
             "",
             "| " + " | ".join(columns) + " |",
@@ -536,6 +544,9 @@ def report(records: Iterable[dict[str, Any]]) -> str:
             if triplet:
                 mined = [m for m in map(mined_count, runs) if m is not None]
                 cells.append(f"{statistics.fmean(mined):.0f}" if mined else "")
+            else:
+                similarity = [m for m in map(batch_similarity, runs) if m is not None]
+                cells.append(f"{statistics.fmean(similarity):.3f}" if similarity else "")
             cells.append("/".join(sorted({str(r["steps"]) for r in runs})))
             walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds") is not None]
             cells.append(f"{statistics.fmean(walls):.0f}" if walls else "")

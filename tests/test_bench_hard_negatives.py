@@ -122,8 +122,12 @@ def test_the_sampler_report_keeps_random_as_its_baseline(hn):
         {**record("random-norefresh", 1, 48.0), "task": "cnsd"},
         {**record("peer", 1, 47.0), "task": "cnsd"},
     ]
+    records[0]["mining"] = {"mining/batch_similarity_mean": 0.25}
+    records[1]["mining"] = {"mining/batch_similarity_mean": 0.0625}
     lines = hn.report(records).splitlines()
     header = next(line for line in lines if line.startswith("| variant"))
-    assert "Δ random" in header and "mined" not in header
-    rows = [line.split(" | ")[0][2:] for line in lines if line.startswith("| ") and line != header]
-    assert rows == ["random", "random-norefresh", "knn", "peer"]
+    assert "Δ random" in header and "mined" not in header and "| batch sim |" in header
+    rows = [line.split(" | ") for line in lines if line.startswith("| ") and line != header]
+    assert [row[0][2:] for row in rows] == ["random", "random-norefresh", "knn", "peer"]
+    similarity = {row[0][2:]: row[-3] for row in rows}
+    assert similarity == {"random": "0.062", "random-norefresh": "", "knn": "0.250", "peer": ""}
