@@ -467,6 +467,24 @@ def difference(variant: list[float], baseline: list[float]) -> str:
     return f"{delta:+.2f} ({'outside' if abs(delta) > s + sb else 'within'} spread)"
 
 
+def paired_difference(variant: dict[int, float], baseline: dict[int, float]) -> str:
+    """``+0.42 ± 0.10 (outside spread, 3 seeds)``: the mean and sample std of the per-seed
+    differences ``variant[seed] - baseline[seed]`` over the seeds both have, and whether the
+    mean is larger than that std.
+
+    A pipeline variant and its baseline at the same seed train the same epoch 1 (the same
+    random plan, dropout and weights; only the refreshed epochs differ), so the per-seed
+    difference removes what the seed does to every variant alike, which is most of the spread
+    across seeds. Its own spread is then the spread that matters."""
+    deltas = [variant[seed] - baseline[seed] for seed in sorted(variant) if seed in baseline]
+    if not deltas:
+        return "n/a"
+    if len(deltas) == 1:
+        return f"{deltas[0]:+.2f} (1 seed)"
+    m, s = mean_std(deltas)
+    return f"{m:+.2f} ± {s:.2f} ({'outside' if abs(m) > s else 'within'} spread, {len(deltas)} seeds)"
+
+
 def variant_order(variant: str, baseline: str = BASELINE) -> tuple[int, str]:
     """The baseline first, then ``random-norefresh``, the samplers in the order of
     :data:`SAMPLERS` (each before its debiased forms), the triplet variants, anything else, the
@@ -515,8 +533,11 @@ def report(records: Iterable[dict[str, Any]]) -> str:
         out += [
             f"### {task}: {max_rows or 'all'} rows ({', '.join(map(str, sorted(rows)))} trained), {epochs} epochs",
             "",
-            "Final model (not the best epoch), dev set; mean ± sample std over seeds. Δ: mean minus "
-            f"`{base}`'s; 'outside spread' when it exceeds both std together."
+            "Final model (not the best epoch), dev set; mean ± sample std over seeds. Δ of a "
+            f"pipeline variant: mean ± std over seeds of its score minus `{base}`'s at the same "
+            "seed (both trained the same first epoch), 'outside spread' when the mean exceeds "
+            f"that std; Δ of a peer: its mean minus `{base}`'s, 'outside spread' when that "
+            "exceeds both std together."
             + (
                 " mined: anchors with a mined negative (the pipeline's last refresh; the peer's "
                 "one mining pass, whose other rows it leaves out)."
@@ -539,8 +560,14 @@ def report(records: Iterable[dict[str, Any]]) -> str:
                     cells.append("n/a")
                 elif variant == base:
                     cells.append("")
-                else:
+                elif variant in PEERS:  # its own trainer: nothing in common with the baseline's seeds
                     cells.append(difference([r[score] for r in runs], [r[score] for r in baseline]))
+                else:
+                    cells.append(
+                        paired_difference(
+                            {r["seed"]: r[score] for r in runs}, {r["seed"]: r[score] for r in baseline}
+                        )
+                    )
             if triplet:
                 mined = [m for m in map(mined_count, runs) if m is not None]
                 cells.append(f"{statistics.fmean(mined):.0f}" if mined else "")

@@ -110,7 +110,8 @@ def test_the_snli_report_compares_with_given_and_counts_mined_negatives(hn):
     assert [row.split(" | ")[0][2:] for row in rows] == ["given", "mined", "peer", "peer-mined"]
     given, mined, peer, peer_mined = (row.split(" | ") for row in rows)
     assert given[2] == "80.50 ± 0.71" and given[3] == "" and given[-3] == ""
-    assert mined[2] == "83.00 ± 1.41" and mined[3] == "+2.50 (outside spread)" and mined[-3] == "242"
+    assert mined[2] == "83.00 ± 1.41" and mined[-3] == "242"
+    assert mined[3] == "+2.50 ± 0.71 (outside spread, 2 seeds)"  # paired: +2 at seed 1, +3 at seed 2
     assert peer[3] == "-1.50 (1 seed)" and peer_mined[-3] == "250"
     assert "(250, 256 trained)" in text
 
@@ -131,3 +132,24 @@ def test_the_sampler_report_keeps_random_as_its_baseline(hn):
     assert [row[0][2:] for row in rows] == ["random", "random-norefresh", "knn", "peer"]
     similarity = {row[0][2:]: row[-3] for row in rows}
     assert similarity == {"random": "0.062", "random-norefresh": "", "knn": "0.250", "peer": ""}
+
+
+def test_pipeline_variants_are_compared_seed_by_seed_and_the_peer_by_means(hn):
+    """At the same seed a variant trains the baseline's first epoch: the per-seed differences
+    are what the refreshed epochs did, without the spread the seed gives every variant alike."""
+    records = [
+        {**record("random", 1, 50.0), "task": "cnsd"},
+        {**record("random", 2, 53.0), "task": "cnsd"},
+        {**record("rwr", 1, 50.5), "task": "cnsd"},
+        {**record("rwr", 2, 53.4), "task": "cnsd"},
+        {**record("rwr", 3, 60.0), "task": "cnsd"},  # no baseline at seed 3: left out of Δ
+        {**record("peer", 1, 50.5), "task": "cnsd"},
+        {**record("peer", 2, 53.4), "task": "cnsd"},
+    ]
+    lines = hn.report(records).splitlines()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in lines if line.startswith("| ")}
+    assert rows["rwr"][3] == "+0.45 ± 0.07 (outside spread, 2 seeds)"
+    # The same scores from the peer, its own trainer: only the means compare, within 2.1 + 2.1.
+    assert rows["peer"][3] == "+0.45 (within spread)"
+    assert hn.paired_difference({3: 1.0}, {1: 0.0}) == "n/a"
+    assert hn.paired_difference({1: 1.0, 2: 7.0}, {1: 0.0, 2: 0.0}) == "+4.00 ± 4.24 (within spread, 2 seeds)"
