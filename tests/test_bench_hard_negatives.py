@@ -153,3 +153,50 @@ def test_pipeline_variants_are_compared_seed_by_seed_and_the_peer_by_means(hn):
     assert rows["peer"][3] == "+0.45 (within spread)"
     assert hn.paired_difference({3: 1.0}, {1: 0.0}) == "n/a"
     assert hn.paired_difference({1: 1.0, 2: 7.0}, {1: 0.0, 2: 0.0}) == "+4.00 ± 4.24 (within spread, 2 seeds)"
+
+
+def test_the_peers_mining_joins_each_mined_negative_to_its_own_row(
+    tmp_path, trained_tiny_model_dir, paraphrase_pairs
+):
+    """``st_mnrl_recipe.py --mine-hard-negatives``: sentence-transformers returns its rows
+    reordered; each kept row must get the negative mined for its own (anchor, positive), one
+    that passes the relative margin against that pair under the same model."""
+    import importlib.util
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    spec = importlib.util.spec_from_file_location("st_mnrl_recipe", REPO / "bench/st_mnrl_recipe.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    anchors, positives = paraphrase_pairs
+    rows = {
+        "anchor": list(anchors),
+        "positive": list(positives),
+        "negative": [f"given {i}" for i in range(len(anchors))],
+    }
+    settings = peer.PeerMining(range_min=2, range_max=16, relative_margin=0.05, num_negatives=1)
+    mined, report = peer.mine_negatives(trained_tiny_model_dir, rows, settings, max_seq_len=32, seed=0)
+
+    kept = len(mined["anchor"])
+    assert report["mined_anchors"] == kept and report["mining_rows_in"] == len(anchors) and kept > 0
+    assert list(mined) == ["anchor", "positive", "negative", "mined_negative_1"]
+    order = [rows["anchor"].index(a) for a in mined["anchor"]]
+    assert order == sorted(order)  # the rows' own order, the dropped ones left out
+    assert mined["negative"] == [rows["negative"][i] for i in order]  # the given column travels along
+    model = SentenceTransformer(str(trained_tiny_model_dir), device="cpu")
+    model.max_seq_length = 32
+
+    def cosine(a, b):
+        ea, eb = (model.encode(x, normalize_embeddings=True) for x in (a, b))
+        return (ea * eb).sum(axis=1)
+
+    positive_sim = cosine(mined["anchor"], mined["positive"])
+    negative_sim = cosine(mined["anchor"], mined["mined_negative_1"])
+    assert (negative_sim <= positive_sim * 0.95 + 1e-4).all()
+    assert set(mined["mined_negative_1"]) <= set(positives)
+    assert not any(
+        n in (a, p)
+        for a, p, n in zip(mined["anchor"], mined["positive"], mined["mined_negative_1"], strict=True)
+    )
+    assert np.isfinite(report["mining_seconds"])
