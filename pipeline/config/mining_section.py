@@ -65,8 +65,9 @@ class MiningSection:
     """How a refreshed epoch's rows are grouped into batches (neighbourhood mode); every
     sampler covers each row once, in balanced batches, and keeps flagged false negatives
     apart. ``random`` (the default, because no sampler has yet beaten it on dev scores by
-    more than the seed spread: docs/results.md): random batches, the refresh then only
-    measures (``mining/`` metrics) and serves debiasing.
+    more than the seed spread: docs/results.md): random batches with each row's flagged
+    false negatives kept apart; the refresh then measures (``mining/`` metrics) and serves
+    debiasing.
     ``knn``: each batch grown from a seed row's nearest neighbours (Prim's order), the
     BatchSampler paper's kNN baseline. ``rwr``: random walk with restart on the k-NN graph
     (BatchSampler). ``clusters``: FAISS k-means over the refreshed embeddings, each batch
