@@ -84,9 +84,13 @@ def similarity_histogram_png(series: dict[str, np.ndarray], xlabel: str, path: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Float error puts a cosine of identical embeddings just past 1.0, and a collapsed model
+    # (or a corpus its vocabulary does not cover) has nothing else: the bins must still rise.
+    clipped = {label: np.clip(values, -1.0, 1.0) for label, values in series.items()}
+    low = min(min(float(v.min()) for v in clipped.values()), 0.99)
+    bins = np.linspace(low, 1.0, 60)
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    bins = np.linspace(min(float(v.min()) for v in series.values()), 1.0, 60)
-    for label, values in series.items():
+    for label, values in clipped.items():
         ax.hist(values, bins=bins, alpha=0.55, density=True, label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("density")
