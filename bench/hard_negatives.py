@@ -64,11 +64,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.markdown_report import machine_info, machine_line  # noqa: E402
+from pipeline.mining.planning import SAMPLERS  # noqa: E402  (the samplers the miner knows)
 
 EXPERIMENT = "hard-negatives-bench"
 BENCH_DIR = REPO / "runs" / "hard-negatives"
 RECIPE_DATA = REPO / "runs" / "recipe-data"
-SAMPLERS = ("random", "knn", "rwr", "clusters", "mixed")
 DEBIAS = {"debias": "threshold", "cluster-debias": "cluster"}
 TRIPLET_VARIANTS = {
     "given": ["mining.enabled=false"],
