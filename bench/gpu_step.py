@@ -19,8 +19,9 @@ runs on any machine with torch, numpy, transformers and pyarrow (faiss optional)
   TF32 matmuls, host batches copied from pinned memory asynchronously; and fused AdamW.
   The timed steps run on batches collated before timing (``UnsupervisedStep.collate``), so
   they leave out the host-side collation; ``--phases`` times it. Reports
-  sentences/s, tokens/s (both views) and MFU = 6 x non-embedding params x tokens/s / peak
-  FLOP/s; attention-score FLOPs are left out (under 1% of the total at 32 tokens).
+  sentences/s, tokens/s (both views) and MFU: model FLOP/s as the train loop counts them
+  (``pipeline.model.flops``: 6 x non-embedding params per token plus the attention scores,
+  under 1% more at 32 tokens) over the device's peak.
 - encode: ``pipeline.model.encode.encode_rows`` (eval mode, bf16 autocast on CUDA, length-sorted
   batches padded to their own longest row) over random sentences of 8 to ``--seq-len``
   tokens, inside ``torch.inference_mode``.
@@ -74,6 +75,7 @@ from pipeline.mining.index import IndexSpec, KnnResult, _torch_search, knn_searc
 from pipeline.model.accel import enable_tf32, fused_adamw  # noqa: E402
 from pipeline.model.encode import encode_rows  # noqa: E402
 from pipeline.model.encoder import SentenceEncoder  # noqa: E402
+from pipeline.model.flops import EncoderFlops, datasheet_peak_tflops  # noqa: E402
 from pipeline.training.step import GlobalBatch, UnsupervisedStep  # noqa: E402
 
 SIZES = {
@@ -92,18 +94,6 @@ LR = 3e-5
 MAX_GRAD_NORM = 1.0
 
 
-def default_peak_tflops(device_name: str) -> float | None:
-    """Dense bf16 tensor-core peak from NVIDIA's datasheets (their headline figures are
-    with 2:4 sparsity, twice these); ``None`` where unknown."""
-    if "H100" not in device_name and "H200" not in device_name:
-        return None
-    if "PCIe" in device_name:
-        return 756.0
-    if "NVL" in device_name:
-        return 835.0
-    return 989.0
-
-
 def build_model(size: str, seq_len: int) -> SentenceEncoder:
     config = BertConfig(
         vocab_size=VOCAB_SIZE,
@@ -113,12 +103,6 @@ def build_model(size: str, seq_len: int) -> SentenceEncoder:
     )
     encoder = BertModel(config, add_pooling_layer=False)
     return SentenceEncoder(encoder, pooler="mean", use_mlp=False)
-
-
-def non_embedding_params(model: SentenceEncoder) -> int:
-    # The embedding lookups do no matmul work, so the 6N FLOPs-per-token rule leaves them out.
-    embedding = {id(p) for p in model.encoder.embeddings.parameters()}
-    return sum(p.numel() for p in model.parameters() if id(p) not in embedding)
 
 
 def sync(device: torch.device) -> None:
@@ -529,14 +513,14 @@ def main() -> None:
     info = machine_info(device)
     peak = args.peak_tflops
     if peak is None and device.type == "cuda":
-        peak = default_peak_tflops(info["device"])
+        peak = datasheet_peak_tflops(info["device"])
 
     model = build_model(args.size, args.seq_len).to(device)
     config = model.encoder.config
     model_info = {
         "hidden": config.hidden_size,
         "layers": config.num_hidden_layers,
-        "non_embedding_params": non_embedding_params(model),
+        "non_embedding_params": EncoderFlops.of(model).non_embedding_params,
         "attention": getattr(config, "_attn_implementation", None) or "default",
         "peak_tflops": peak,
     }
@@ -545,9 +529,8 @@ def main() -> None:
 
     print("train step ...", flush=True)
     train = bench_train(model, guard, args, device)
-    train["mfu"] = (
-        6 * model_info["non_embedding_params"] * train["tokens_per_s"] / (peak * 1e12) if peak else None
-    )
+    flops_per_s = EncoderFlops.of(model).training_flops(train["tokens_per_s"], args.seq_len)
+    train["mfu"] = flops_per_s / (peak * 1e12) if peak else None
     print("encode ...", flush=True)
     encode = bench_encode(model, guard, args, device)
     del model, guard

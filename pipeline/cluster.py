@@ -180,7 +180,7 @@ def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
     cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + (
         cfg.mining.num_cpus if cfg.mining.enabled else 0
     )
-    gpu_need = (cfg.train.num_workers if cfg.train.use_gpu else 0) + (
+    gpu_need = (cfg.train.num_workers * cfg.train.gpus_per_worker if cfg.train.use_gpu else 0) + (
         cfg.mining.num_gpus if cfg.mining.enabled else 0
     )
     problems = []
@@ -195,7 +195,7 @@ def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
         )
     if gpu_need > total.get("GPU", 0):
         problems.append(
-            f"{gpu_need:g} GPUs needed (train.use_gpu / mining.num_gpus), the cluster has {total.get('GPU', 0):g}"
+            f"{gpu_need:g} GPUs needed (train.num_workers x train.gpus_per_worker + mining.num_gpus), the cluster has {total.get('GPU', 0):g}"
         )
     if problems and started_locally:
         raise ConfigError("; ".join(problems))

@@ -25,6 +25,19 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
+def load_script(relative_path: str, name: str):
+    """A script of the repository (``bench/*.py``, ``jobs/*.py``: not an installed package),
+    imported as module ``name`` and registered in ``sys.modules`` (dataclasses look their
+    module up there)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / relative_path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def paraphrase_corpus():
     from pipeline.data.synthetic import generate_paraphrase_corpus

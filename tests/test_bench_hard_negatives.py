@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
-from conftest import REPO
+from conftest import load_script
 
 from pipeline.config.mining_section import MiningSection
 
 
 @pytest.fixture(scope="module")
 def hn():
-    spec = importlib.util.spec_from_file_location("hard_negatives", REPO / "bench/hard_negatives.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+    return load_script("bench/hard_negatives.py", "hard_negatives")
 
 
 def test_sampler_variants_of_the_unsupervised_tasks(hn):
@@ -161,14 +151,10 @@ def test_the_peers_mining_joins_each_mined_negative_to_its_own_row(
     """``st_mnrl_recipe.py --mine-hard-negatives``: sentence-transformers returns its rows
     reordered; each kept row must get the negative mined for its own (anchor, positive), one
     that passes the relative margin against that pair under the same model."""
-    import importlib.util
-
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
-    spec = importlib.util.spec_from_file_location("st_mnrl_recipe", REPO / "bench/st_mnrl_recipe.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = load_script("bench/st_mnrl_recipe.py", "st_mnrl_recipe")
     anchors, positives = paraphrase_pairs
     rows = {
         "anchor": list(anchors),

@@ -181,7 +181,10 @@ class TrainSection:
     cpus_per_worker: float = 1.0
     """CPUs Ray reserves for each worker."""
     use_gpu: bool = False
-    """One GPU per worker, NCCL between them (gloo on CPU)."""
+    """Train on GPUs (``gpus_per_worker`` each), bf16 autocast and fused AdamW."""
+    gpus_per_worker: float = 1.0
+    """GPUs Ray reserves for each worker when ``use_gpu``. A fraction packs workers (and a
+    miner with a fractional ``mining.num_gpus``) onto one GPU; see :attr:`backend`."""
     log_every: int = 10
     """Steps between MLflow metric flushes from rank 0."""
     hard_negative_weight: float = 0.0
@@ -202,10 +205,21 @@ class TrainSection:
     length_group_batches: int = 50
     """Batches per length-sorted group (Hugging Face's megabatch is 50): larger groups mean
     less padding and narrower length ranges inside a batch."""
+    peak_tflops: float | None = None
+    """Peak dense bf16 TFLOP/s of one worker's device, for the ``train/mfu`` metric. Unset:
+    NVIDIA's datasheet figure on an H100/H200, and no MFU on other devices."""
     compile: bool = False
     """``torch.compile`` the model in each worker (in place). Faster GPU steps for a compile
     at start, and each new batch width may compile again, so it pays off on long runs; see
     docs/benchmarks.md (Per-worker compute on one H100). Needs a working C++ compiler on CPU."""
+
+    @property
+    def backend(self) -> str:
+        """The workers' collective backend: NCCL when each rank owns a GPU (or there is one
+        rank), else gloo, which also reduces CUDA tensors: NCCL refuses two ranks on one
+        device, which fractional ``gpus_per_worker`` allows."""
+        own_gpu = self.gpus_per_worker >= 1 or self.num_workers == 1
+        return "nccl" if self.use_gpu and own_gpu else "gloo"
 
     @property
     def group_batches(self) -> int:
@@ -223,6 +237,12 @@ class TrainSection:
             ("train.max_grad_norm", self.max_grad_norm > 0, "must be > 0"),
             ("train.num_workers", self.num_workers >= 1, "must be >= 1"),
             ("train.cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
+            (
+                "train.gpus_per_worker",
+                self.gpus_per_worker > 0
+                and (self.gpus_per_worker <= 1 or float(self.gpus_per_worker).is_integer()),
+                "must be > 0, and a whole number above 1 (Ray does not split a worker over part-GPUs)",
+            ),
             ("train.log_every", self.log_every >= 1, "must be >= 1"),
             ("train.dup_rate", 0 <= self.dup_rate <= 1, "must be in [0, 1]"),
             (
@@ -232,6 +252,7 @@ class TrainSection:
             ),
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
+            ("train.peak_tflops", self.peak_tflops is None or self.peak_tflops > 0, "must be > 0 (or unset)"),
             (
                 "train.batch_size",
                 self.batch_size >= 2 * self.num_workers,

@@ -68,7 +68,7 @@ def build_trainer(cfg: Config, loop_config: LoopConfig, storage_path: str, run_n
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = f"{cfg.train.placement_timeout_s:g}"
     resources = {"CPU": cfg.train.cpus_per_worker}
     if cfg.train.use_gpu:
-        resources["GPU"] = 1
+        resources["GPU"] = cfg.train.gpus_per_worker
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
@@ -76,7 +76,7 @@ def build_trainer(cfg: Config, loop_config: LoopConfig, storage_path: str, run_n
             num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu, resources_per_worker=resources
         ),
         torch_config=TorchConfig(
-            backend="nccl" if cfg.train.use_gpu else "gloo",
+            backend=cfg.train.backend,
             # Ranks other than 0 wait in a collective while rank 0 waits on the miner.
             timeout_s=int(cfg.mining.timeout_s) + 600,
         ),

@@ -27,6 +27,7 @@ from pipeline.batching.plan import padding_share, worker_slices
 from pipeline.config.schema import Config
 from pipeline.evaluation.in_training import EvalOutcome
 from pipeline.model.encoder import SentenceEncoder
+from pipeline.model.flops import CountingEncoder, EncoderFlops, device_peak_tflops
 from pipeline.model.folders import quiet_libraries
 from pipeline.training.contract import LoopConfig
 from pipeline.training.debias import false_negative_mask
@@ -98,6 +99,7 @@ class SimCSEWorker:
         evaluator: EvalRecorder | None,
         checkpoints: CheckpointReporter,
         logger: Any,
+        peak_tflops: float | None = None,
     ):
         self.cfg, self.rank, self.world = cfg, rank, world
         self.model, self.ddp_model, self.train_step = model, ddp_model, train_step
@@ -108,6 +110,10 @@ class SimCSEWorker:
         self.refresher, self.evaluator, self.checkpoints = refresher, evaluator, checkpoints
         self.logger = logger
         """Rank 0's metric logger; None on the other ranks and in runs without tracking."""
+        self.counted_model = CountingEncoder(ddp_model, EncoderFlops.of(model))
+        """What the train step calls: the DDP model, counting the tokens and FLOPs it encodes."""
+        self.peak_tflops = peak_tflops
+        """The device's peak for ``train/mfu`` (None: no MFU logged)."""
         # The epoch in progress: its augmentation generator (set by run_epoch), the start of
         # its current timed segment (restarted by each mid-epoch checkpoint), its first batch
         # in this run, and when rank 0 last printed progress.
@@ -153,6 +159,7 @@ class SimCSEWorker:
                 model, inputs.tokenizer, optimizer, scheduler, best_dir, max_seq_len, rank, world, logger
             ),
             logger,
+            device_peak_tflops(device, cfg.train.peak_tflops),
         )  # fmt: skip
 
     def start(self) -> None:
@@ -243,7 +250,7 @@ class SimCSEWorker:
             # global batch (None on epoch 1's random plan, or without mining.debias).
             false_negative_mask(global_rows, state.plan, cfg.mining.debias),
         )
-        loss, loss_to_backward = self.train_step(self.ddp_model, batch, self.augment_rng)
+        loss, loss_to_backward = self.train_step(self.counted_model, batch, self.augment_rng)
         self.optimizer.zero_grad(set_to_none=True)
         loss_to_backward.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
@@ -251,18 +258,21 @@ class SimCSEWorker:
         self.scheduler.step()
         state.step += 1
         state.batches_done = batch_index + 1
-        loss_value = float(loss.detach())
+        loss_value = float(loss.detach())  # waits for the step's device work
+        elapsed = max(time.perf_counter() - step_start, 1e-9)
+        tokens, flops = self.counted_model.take()
         state.loss_sum += loss_value
         if self.logger is not None:
-            elapsed = time.perf_counter() - step_start
-            self.logger.log(
-                {
-                    "train/loss": loss_value,
-                    "train/learning_rate": self.scheduler.get_last_lr()[0],
-                    "train/sentences_per_s": len(global_rows) / max(elapsed, 1e-9),
-                },
-                state.step,
-            )
+            metrics = {
+                "train/loss": loss_value,
+                "train/learning_rate": self.scheduler.get_last_lr()[0],
+                "train/sentences_per_s": len(global_rows) / elapsed,
+                # This rank's share: the tokens its encoder ran (both views, or the triplet's texts).
+                "train/tokens_per_s": tokens / elapsed,
+            }
+            if self.peak_tflops:
+                metrics["train/mfu"] = flops / elapsed / (self.peak_tflops * 1e12)
+            self.logger.log(metrics, state.step)
             if state.step % cfg.train.log_every == 0:
                 self.logger.flush()
 

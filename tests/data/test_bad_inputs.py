@@ -10,7 +10,6 @@ runs as its own process, since it needs a Ray the job starts itself.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -20,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO, job_env, load_script
 from mlflow.tracking import MlflowClient
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
@@ -29,10 +28,7 @@ TINY = ["train.epochs=1", "mining.enabled=false", "train.batch_size=16", "train.
 
 
 def _load_job(name: str):
-    spec = importlib.util.spec_from_file_location(f"jobs_{name}_bad_inputs", REPO / f"jobs/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"jobs/{name}.py", f"jobs_{name}_bad_inputs")
 
 
 TRAIN = _load_job("train")

@@ -109,9 +109,8 @@ def test_tokenize_matches_tokenizer_and_batches_pad(ray_local, tmp_path, tiny_mo
 def test_max_rows_sample_is_the_one_the_recipe_peer_trains_on(tmp_path, ray_local, paraphrase_corpus):
     """data.max_rows keeps a fixed sample (the first distinct sentences by content hash), and the
     sentence-transformers side of the recipes picks exactly the same sentences."""
-    import importlib.util
 
-    from conftest import REPO
+    from conftest import load_script
 
     texts, _ = paraphrase_corpus
     path = tmp_path / "corpus.txt"
@@ -121,9 +120,7 @@ def test_max_rows_sample_is_the_one_the_recipe_peer_trains_on(tmp_path, ray_loca
     expected = sorted(texts[:500], key=stable_row_id)[:120]
     assert corpus.column("text").to_pylist() == expected
 
-    spec = importlib.util.spec_from_file_location("st_mnrl_recipe", REPO / "bench/st_mnrl_recipe.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = load_script("bench/st_mnrl_recipe.py", "st_mnrl_recipe")
     rows = peer.training_rows(str(path), 120)
     assert rows["anchor"] == expected and rows["positive"] == expected
 

@@ -175,3 +175,47 @@ def test_the_config_picks_the_step(corpus):
         make_train_step(cfg, corpus, None, CPU)
     with pytest.raises(ValueError, match="negative_mode"):
         make_train_step(load_config(None, []), corpus, triplets, CPU)
+
+
+class _RecordedMetrics:
+    """Rank 0's metric logger, as far as a train step uses it."""
+
+    def __init__(self):
+        self.logged: list[dict] = []
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.logged.append(metrics)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, corpus):
+    """train/tokens_per_s counts both views' real tokens (from the corpus's own lengths), and
+    train/mfu is the model FLOPs of those tokens at the batch's width over the configured peak."""
+    from pipeline.batching.samplers import random_plan
+    from pipeline.model.flops import EncoderFlops
+    from pipeline.training.state import TrainState
+    from pipeline.training.worker import SimCSEWorker
+
+    cfg = load_config(None, ["train.batch_size=8", "train.peak_tflops=0.5"])
+    plan = random_plan(len(corpus.lengths), 8, seed=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    metrics = _RecordedMetrics()
+    worker = SimCSEWorker(
+        cfg, 0, 1, model, model, make_train_step(cfg, corpus, None, CPU), optimizer, scheduler,
+        TrainState(plan=plan), corpus.lengths, None, None, None, metrics, peak_tflops=0.5,
+    )  # fmt: skip
+    worker.train_batch(0)
+    (logged,) = metrics.logged
+    rows = plan.batch(0)
+    tokens = 2 * int(corpus.lengths[rows].sum())
+    seconds = len(rows) / logged["train/sentences_per_s"]
+    assert logged["train/tokens_per_s"] * seconds == pytest.approx(tokens, rel=1e-9)
+    flops = EncoderFlops.of(model).training_flops(tokens, int(corpus.lengths[rows].max()))
+    assert logged["train/mfu"] * 0.5e12 * seconds == pytest.approx(flops, rel=1e-9)
+
+    worker.peak_tflops = None  # what a CPU worker gets without train.peak_tflops
+    worker.train_batch(1)
+    assert "train/mfu" not in metrics.logged[-1] and metrics.logged[-1]["train/tokens_per_s"] > 0

@@ -1,0 +1,59 @@
+"""GPU resources come from config: what Ray reserves per worker, the collective backend, and
+the resource check, for whole and fractional GPUs (checked on CPU: nothing here runs on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO
+
+from pipeline.cluster import check_cluster_fits
+from pipeline.config.loading import load_config
+from pipeline.config.sections import ConfigError
+from pipeline.training.trainer import build_trainer
+
+DEMO = REPO / "jobs/configs/demo.yaml"  # 2 workers
+
+
+@pytest.mark.parametrize(
+    "overrides,gpus,backend",
+    [
+        ([], None, "gloo"),
+        (["train.use_gpu=true"], 1.0, "nccl"),
+        (["train.use_gpu=true", "train.gpus_per_worker=2"], 2.0, "nccl"),
+        # Two ranks may share one GPU, which NCCL refuses: gloo, which reduces CUDA tensors too.
+        (["train.use_gpu=true", "train.gpus_per_worker=0.5"], 0.5, "gloo"),
+        # One rank on half a GPU (the miner on the other half): no peer, NCCL is fine.
+        (["train.use_gpu=true", "train.gpus_per_worker=0.5", "train.num_workers=1"], 0.5, "nccl"),
+    ],
+)
+def test_trainer_reserves_the_configured_gpus_and_picks_the_backend(
+    overrides, gpus, backend, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)  # build_trainer sets it
+    cfg = load_config(DEMO, [f"run.output_dir={tmp_path}", "train.cpus_per_worker=0.5", *overrides])
+    trainer = build_trainer(cfg, None, str(tmp_path / "storage"), "gpu-resources")
+    resources = trainer.scaling_config.resources_per_worker
+    assert resources.get("GPU") == gpus and resources["CPU"] == 0.5
+    assert trainer.scaling_config.use_gpu is cfg.train.use_gpu
+    assert trainer.backend_config.backend == backend
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5"])
+def test_gpus_per_worker_must_be_a_fraction_or_whole_gpus(value):
+    with pytest.raises(ConfigError, match=r"train\.gpus_per_worker"):
+        load_config(DEMO, [f"train.gpus_per_worker={value}"])
+
+
+def test_resource_check_counts_fractional_gpus(ray_local, tmp_path):
+    cfg = load_config(
+        DEMO,
+        [
+            f"run.output_dir={tmp_path}",
+            "train.use_gpu=true",
+            "train.gpus_per_worker=0.25",
+            "mining.num_gpus=0.5",
+        ],
+    )
+    # 2 x 0.25 + 0.5 = 1 GPU, and this local Ray has none.
+    with pytest.raises(ConfigError, match=r"1 GPUs needed \(train\.num_workers x train\.gpus_per_worker"):
+        check_cluster_fits(cfg, started_locally=True)
