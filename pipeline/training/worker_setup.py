@@ -73,7 +73,7 @@ def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceE
     enable_tf32(device)
     if cfg.train.compile:
         # In place: the state_dict keys (checkpoints, export) and DDP wrapping stay as they are.
-        model.compile()
+        model.compile(mode=cfg.train.compile_mode)
     return model
 
 

@@ -45,6 +45,8 @@ def test_defaults_follow_simcse():
         ("train.batch_size=5000", "train.batch_size"),
         ("train.num_workers=0", "train.num_workers"),
         ("model.dropout=1.5", "model.dropout"),
+        ("train.compile_mode=fast", "train.compile_mode"),
+        ("train.peak_tflops=0", "train.peak_tflops"),
         ("run.name=a/b", "run.name"),
     ],
 )

@@ -1,0 +1,76 @@
+"""Inputs for the peer comparisons on a machine with neither ../shared nor a model hub (the
+lent GPU machine): generated sentences where the benches read the Wikipedia file, and a
+random-weights BERT folder that both sides load.
+
+    python bench/gpu_inputs.py --out /tmp/gpu-inputs [--config jobs/configs/gpu-one.yaml] [--rows 100000]
+
+Writes ``OUT/wiki/wiki1m_for_simcse.first11914.txt`` (the path ``--data OUT`` points the
+benches at; ``--rows`` distinct generated sentences, one a line) and ``OUT/bert-random``: a
+WordPiece tokenizer trained on those sentences and a randomly initialised BERT of the
+config's ``model.tiny`` shape (BERT-base in ``gpu-one.yaml``), built as the training job
+builds its own initial model (``pipeline.model.tiny.build_tiny_model_dir``). Then, e.g.:
+
+    python bench/train_throughput.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/bert-random \\
+        --configs ours-1w st --steps 300 --set train.use_gpu=true
+    python bench/mining_vs_st.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/bert-random \\
+        --workloads wiki --batch-size 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from encode_throughput import WIKI  # noqa: E402
+
+from pipeline.config.loading import load_config  # noqa: E402
+from pipeline.data.synthetic import generate_paraphrase_corpus  # noqa: E402
+from pipeline.model.tiny import build_tiny_model_dir  # noqa: E402
+
+GROUP_SIZE = 4
+
+
+def write_inputs(out: Path, config: Path, rows: int) -> tuple[Path, Path]:
+    """The sentence file and the model folder; returns their paths."""
+    cfg = load_config(config)
+    sentences, _ = generate_paraphrase_corpus(-(-rows // GROUP_SIZE), GROUP_SIZE, cfg.run.seed)
+    distinct = list(dict.fromkeys(s.strip() for s in sentences if s.strip()))[:rows]
+    text_file = out / WIKI
+    text_file.parent.mkdir(parents=True, exist_ok=True)
+    text_file.write_text("\n".join(distinct) + "\n", encoding="utf-8")
+    tiny = cfg.model.tiny
+    model_dir = build_tiny_model_dir(
+        distinct,
+        out / "bert-random",
+        hidden_size=tiny.hidden_size,
+        num_layers=tiny.num_layers,
+        num_heads=tiny.num_heads,
+        intermediate_size=tiny.intermediate_size,
+        vocab_size=tiny.vocab_size,
+        max_seq_len=cfg.data.max_seq_len,
+        dropout=cfg.model.dropout,
+        seed=cfg.run.seed,
+    )
+    return text_file, model_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--config", type=Path, default=REPO / "jobs" / "configs" / "gpu-one.yaml")
+    parser.add_argument("--rows", type=int, default=100_000, help="distinct sentences to write")
+    args = parser.parse_args(argv)
+    text_file, model_dir = write_inputs(args.out, args.config, args.rows)
+    lines = sum(1 for _ in text_file.open(encoding="utf-8"))
+    print(f"{lines:,} sentences in {text_file}; model in {model_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
