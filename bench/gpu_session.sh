@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The measurements of the real job on one lent H100/H200 (issue 17), in parts that each fit
+# one device command (10 minutes); run from the repository root on the GPU machine, with
+# the bundle carried (python bench/gpu_bundle.py here, then carry [".gpu-bundle"]):
+#
+#   bash bench/gpu_session.sh PART [PART ...]
+#
+# Parts, in the order a session runs them:
+#   setup     unpack the bundle once (/tmp/gpu-site), check the imports, print the GPU,
+#             write the peers' inputs (bench/gpu_inputs.py: 100k generated sentences and a
+#             random-weights BERT-base) to /tmp/gpu-inputs
+#   step      bench/gpu_step.py: the per-worker step without Ray, eager and compiled
+#   job       the real job (jobs/configs/gpu-one.yaml) through bench/refresh_share.py at
+#             batch 64, sync and async: train sentences/s, MFU, refresh share, encode/kNN rates
+#   job1024   the same at batch 1,024, sync
+#   compile   the job without mining, eager vs torch.compile default vs reduce-overhead
+#   workers2  two DDP ranks on the one GPU (gloo), 0.25 GPU each + the miner's 0.5, with
+#             mid-epoch checkpoints; then the same run.name again, one epoch more: a resume
+#   peers     sentence-transformers MNRL training and mine_hard_negatives (torch path) next
+#             to ours, same GPU, model and sentences
+#
+# Results go to $OUT (tables appended to $OUT/benchmarks.md, MLflow stores, logs); without
+# $OUT, to runs/gpu-session. Every part appends; nothing here stops other processes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-runs/gpu-session}
+SITE=/tmp/gpu-site
+INPUTS=/tmp/gpu-inputs
+ROWS=${ROWS:-100000}
+CONFIG=${CONFIG:-jobs/configs/gpu-one.yaml}  # another config (e.g. demo.yaml) tries a part on a CPU
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+PY=${PYTHON:-python3}
+# The bundle only where this Python lacks Ray (the GPU machine), never over an installed one.
+if ! "$PY" -c "import ray" 2>/dev/null && [ -f .gpu-bundle/gpu-site.tar.xz ]; then
+  [ -d "$SITE/ray" ] || { mkdir -p "$SITE" && tar -xJf .gpu-bundle/gpu-site.tar.xz -C "$SITE"; }
+  export PYTHONPATH="$SITE:$PWD"
+fi
+
+for part in "$@"; do
+  echo "=== $part ($(date -u +%H:%M:%S))"
+  case "$part" in
+    setup)
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+      "$PY" -c "import ray.train.torch, ray.data, mlflow, faiss, torch; print('ray', ray.__version__, 'mlflow', mlflow.__version__, 'faiss', faiss.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+      [ -d "$INPUTS/bert-random" ] || "$PY" bench/gpu_inputs.py --out "$INPUTS" --config "$CONFIG" --rows "$ROWS"
+      ;;
+    step)
+      "$PY" bench/gpu_step.py --append "$OUT/benchmarks.md" --json "$OUT/gpu-step.json"
+      "$PY" bench/gpu_step.py --compile --batch 1024 --append "$OUT/benchmarks.md"
+      ;;
+    job)
+      "$PY" bench/refresh_share.py --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes sync async \
+        --append "$OUT/benchmarks.md" --copy-dbs "$OUT"
+      ;;
+    job1024)
+      "$PY" bench/refresh_share.py --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes sync \
+        --set train.batch_size=1024 --set train.lr=5e-4 --append "$OUT/benchmarks.md"
+      ;;
+    compile)
+      for mode in eager default reduce-overhead; do
+        if [ "$mode" = eager ]; then flags=(--set train.compile=false); else
+          flags=(--set train.compile=true --set "train.compile_mode=$mode"); fi
+        "$PY" bench/refresh_share.py --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes off \
+          "${flags[@]}" --append "$OUT/benchmarks.md"
+      done
+      ;;
+    workers2)
+      # Killed (driver and its local Ray, by process group) once epoch 1 has ended and epoch 2
+      # has run a while, then the same command again: it must resume from the checkpoint.
+      two=(--config "$CONFIG" --set run.name=gpu-two-ranks --set run.output_dir=/tmp/gpu-session-runs
+        --set "tracking.uri=sqlite:///$OUT/workers2.db" --set train.num_workers=2
+        --set train.gpus_per_worker=0.25 --set checkpoint.every_steps=200 --set train.epochs=2
+        --set "data.generated.num_groups=$((ROWS / 4))")
+      log="$OUT/workers2.log"
+      setsid "$PY" jobs/train.py "${two[@]}" >"$log" 2>&1 &
+      job=$!
+      until grep -q '\[train\] epoch 1/2:' "$log" || ! kill -0 "$job" 2>/dev/null; do sleep 2; done
+      sleep "${KILL_AFTER_S:-30}"
+      kill -KILL -- "-$job" 2>/dev/null || true
+      wait "$job" || true
+      "$PY" jobs/train.py "${two[@]}" 2>&1 | tee -a "$log"
+      grep -m1 '\[train\] resumed at step' "$log" || { echo "workers2: no resume" >&2; exit 1; }
+      ;;
+    peers)
+      "$PY" bench/train_throughput.py --data "$INPUTS" --model "$INPUTS/bert-random" \
+        --configs ours-1w st --steps 300 --warmup-steps 20 --repeats 2 \
+        --set train.use_gpu=true --set train.gpus_per_worker=1 --set train.cpus_per_worker=4 \
+        --append "$OUT/benchmarks.md"
+      "$PY" bench/mining_vs_st.py --data "$INPUTS" --model "$INPUTS/bert-random" --workloads wiki \
+        --rows "$ROWS" --batch-size 1024 --repeats 2 --append "$OUT/benchmarks.md"
+      ;;
+    *)
+      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers)" >&2
+      exit 2
+      ;;
+  esac
+done
