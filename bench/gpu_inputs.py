@@ -5,14 +5,14 @@ random-weights BERT folder that both sides load.
     python bench/gpu_inputs.py --out /tmp/gpu-inputs [--config jobs/configs/gpu-one.yaml] [--rows 100000]
 
 Writes ``OUT/wiki/wiki1m_for_simcse.first11914.txt`` (the path ``--data OUT`` points the
-benches at; ``--rows`` distinct generated sentences, one a line) and ``OUT/bert-random``: a
-WordPiece tokenizer trained on those sentences and a randomly initialised BERT of the
-config's ``model.tiny`` shape (BERT-base in ``gpu-one.yaml``), built as the training job
-builds its own initial model (``pipeline.model.tiny.build_tiny_model_dir``). Then, e.g.:
+benches at; ``--rows`` distinct generated sentences, one a line) and ``OUT/initial_model``:
+a WordPiece tokenizer trained on those sentences and a randomly initialised BERT of the
+config's ``model.tiny`` shape (BERT-base in ``gpu-one.yaml``), made as the training job
+makes its own (``pipeline.train_inputs.prepare_model_dir``). Then, e.g.:
 
-    python bench/train_throughput.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/bert-random \\
+    python bench/train_throughput.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
         --configs ours-1w st --steps 300 --set train.use_gpu=true
-    python bench/mining_vs_st.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/bert-random \\
+    python bench/mining_vs_st.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
         --workloads wiki --batch-size 1024
 """
 
@@ -29,7 +29,7 @@ from encode_throughput import WIKI  # noqa: E402
 
 from pipeline.config.loading import load_config  # noqa: E402
 from pipeline.data.synthetic import generate_paraphrase_corpus  # noqa: E402
-from pipeline.model.tiny import build_tiny_model_dir  # noqa: E402
+from pipeline.train_inputs import prepare_model_dir  # noqa: E402
 
 GROUP_SIZE = 4
 
@@ -42,19 +42,8 @@ def write_inputs(out: Path, config: Path, rows: int) -> tuple[Path, Path]:
     text_file = out / WIKI
     text_file.parent.mkdir(parents=True, exist_ok=True)
     text_file.write_text("\n".join(distinct) + "\n", encoding="utf-8")
-    tiny = cfg.model.tiny
-    model_dir = build_tiny_model_dir(
-        distinct,
-        out / "bert-random",
-        hidden_size=tiny.hidden_size,
-        num_layers=tiny.num_layers,
-        num_heads=tiny.num_heads,
-        intermediate_size=tiny.intermediate_size,
-        vocab_size=tiny.vocab_size,
-        max_seq_len=cfg.data.max_seq_len,
-        dropout=cfg.model.dropout,
-        seed=cfg.run.seed,
-    )
+    # The job's own initial model (a tiny BERT of the config's shape when no model is named).
+    model_dir = prepare_model_dir(cfg, distinct, out)
     return text_file, model_dir
 
 

@@ -45,7 +45,7 @@ for part in "$@"; do
     setup)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
       "$PY" -c "import ray.train.torch, ray.data, mlflow, faiss, torch; print('ray', ray.__version__, 'mlflow', mlflow.__version__, 'faiss', faiss.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-      [ -d "$INPUTS/bert-random" ] || "$PY" bench/gpu_inputs.py --out "$INPUTS" --config "$CONFIG" --rows "$ROWS"
+      [ -d "$INPUTS/initial_model" ] || "$PY" bench/gpu_inputs.py --out "$INPUTS" --config "$CONFIG" --rows "$ROWS"
       ;;
     step)
       "$PY" bench/gpu_step.py --append "$OUT/benchmarks.md" --json "$OUT/gpu-step.json"
@@ -85,11 +85,11 @@ for part in "$@"; do
       grep -m1 '\[train\] resumed at step' "$log" || { echo "workers2: no resume" >&2; exit 1; }
       ;;
     peers)
-      "$PY" bench/train_throughput.py --data "$INPUTS" --model "$INPUTS/bert-random" \
+      "$PY" bench/train_throughput.py --data "$INPUTS" --model "$INPUTS/initial_model" \
         --configs ours-1w st --steps 300 --warmup-steps 20 --repeats 2 \
         --set train.use_gpu=true --set train.gpus_per_worker=1 --set train.cpus_per_worker=4 \
         --append "$OUT/benchmarks.md"
-      "$PY" bench/mining_vs_st.py --data "$INPUTS" --model "$INPUTS/bert-random" --workloads wiki \
+      "$PY" bench/mining_vs_st.py --data "$INPUTS" --model "$INPUTS/initial_model" --workloads wiki \
         --rows "$ROWS" --batch-size 1024 --repeats 2 --append "$OUT/benchmarks.md"
       ;;
     *)
