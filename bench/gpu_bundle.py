@@ -8,12 +8,13 @@ alone is 79 MB. This script:
 1. resolves the job's dependencies (``pyproject.toml``'s, with the ``cpu`` extra's FAISS) for
    CPython 3.12 on manylinux x86-64, with pip's resolver in dry-run mode;
 2. drops every package the GPU machine already has (``bench/gpu_machine_packages.txt``);
-3. installs the rest, unpacked, into a staging folder, deletes the parts of Ray a Train/Data
-   job never imports (``ray/jars``, ``ray/rllib``, ``ray/serve``, ``ray/llm``), byte-code
-   caches and console scripts (their shebangs name this machine's interpreter);
-4. packs the folder with ``tar | xz`` into ``.gpu-bundle/gpu-site.tar.xz`` (git-ignored),
-   prints its size, the working tree's size and their sum against the 64 MiB limit (exit 1
-   when over), and the one line that unpacks it on the GPU machine.
+3. installs the rest, unpacked, into a staging folder, deletes what a Train/Data job never
+   imports or serves (``ray/jars``, ``ray/rllib``, ``ray/serve``, ``ray/llm``, MLflow's web
+   UI), byte-code caches and console scripts (their shebangs name this machine's interpreter);
+4. packs the folder with ``tar | xz -9e`` (6 MiB smaller than ``-6``, a minute slower) into
+   ``.gpu-bundle/gpu-site.tar.xz`` (git-ignored), prints its size, the working tree's size
+   and their sum against the 64 MiB limit (exit 1 when over), and the one line that unpacks
+   it on the GPU machine.
 
 ``--check`` then tests the bundle the way the GPU machine will use it: a clean Python 3.12
 venv gets the machine's own packages (the pinned versions in the list, newest otherwise;
@@ -205,7 +206,7 @@ def build(bundle_dir: Path, python: str) -> Path:
         )
         with bundle.open("wb") as out:
             tar = subprocess.Popen(["tar", "-C", str(site), "-cf", "-", "."], stdout=subprocess.PIPE)
-            subprocess.run(["xz", "-6", "-T0"], stdin=tar.stdout, stdout=out, check=True)
+            subprocess.run(["xz", "-9e", "-T0"], stdin=tar.stdout, stdout=out, check=True)
             if tar.wait() != 0:
                 raise SystemExit("gpu_bundle: tar failed")
     return bundle

@@ -172,13 +172,6 @@ def exposed_seconds(r: dict[str, Any]) -> tuple[list[float], float]:
     return exposed, base_first
 
 
-def load_config_uses_gpu(args: argparse.Namespace) -> bool:
-    from pipeline.config.loading import load_config
-
-    cfg = load_config(args.config, args.set)
-    return cfg.train.use_gpu or cfg.mining.num_gpus > 0
-
-
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -191,8 +184,8 @@ def rate_text(value: float) -> str:
     return "-" if value != value else f"{value:,.0f}"
 
 
-def describe_job(args: argparse.Namespace) -> str:
-    """The run's model and hardware in a few words, from its config."""
+def describe_job(args: argparse.Namespace) -> tuple[str, str]:
+    """``(CPU or GPU, the run's model and resources in a few words)``, from its config."""
     from pipeline.config.loading import load_config
 
     cfg = load_config(args.config, args.set)
@@ -206,7 +199,8 @@ def describe_job(args: argparse.Namespace) -> str:
     miner = (
         f"miner {cfg.mining.num_gpus:g} GPU" if cfg.mining.num_gpus else f"miner {cfg.mining.num_cpus:g} CPU"
     )
-    return f"{model}, {where}, {miner}, batch {cfg.train.batch_size}, top_k {cfg.mining.top_k}"
+    device = "GPU" if cfg.train.use_gpu or cfg.mining.num_gpus > 0 else "CPU"
+    return device, f"{model}, {where}, {miner}, batch {cfg.train.batch_size}, top_k {cfg.mining.top_k}"
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
@@ -277,11 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.append:
         info = machine_info(("torch", "ray", "faiss-cpu"))
         command = shlex.join(["python", "bench/refresh_share.py", *(argv or sys.argv[1:])])
-        where = "GPU" if load_config_uses_gpu(args) else "CPU"
+        where, job = describe_job(args)
         section = (
             f"\n### Refresh share of an epoch, sync and async, on {where} ({date.today().isoformat()})\n\n"
             f"Machine: {machine_and_versions(info)}. Command: `{command}`. The job `{args.config.name}` "
-            f"({describe_job(args)}) on {args.rows:,} generated "
+            f"({job}) on {args.rows:,} generated "
             f"sentences, {args.epochs} epochs, no evaluation. Exposed = boundary wait + the extra time of the steps "
             "that ended while the miner worked, against the mean step before it started; share = "
             "exposed / (steps per epoch x that step).\n\n" + table
