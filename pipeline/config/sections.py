@@ -223,8 +223,9 @@ class TrainSection:
     @property
     def backend(self) -> str:
         """The workers' collective backend: NCCL when each rank owns a GPU (or there is one
-        rank), else gloo, which also reduces CUDA tensors: NCCL refuses two ranks on one
-        device, which fractional ``gpus_per_worker`` allows."""
+        rank), else gloo, which also reduces CUDA tensors. Ray packs fractional workers onto
+        one GPU, and NCCL refuses two ranks on one device ("Duplicate GPU detected",
+        ray-project/ray#48012)."""
         own_gpu = self.gpus_per_worker >= 1 or self.num_workers == 1
         return "nccl" if self.use_gpu and own_gpu else "gloo"
 
