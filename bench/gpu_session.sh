@@ -86,7 +86,7 @@ for part in "$@"; do
       ;;
     peers)
       "$PY" bench/train_throughput.py --data "$INPUTS" --model "$INPUTS/initial_model" \
-        --configs ours-1w st --steps 300 --warmup-steps 20 --repeats 2 \
+        --configs ours-1w st --steps 300 --warmup-steps 20 --repeats 2 --corpus-label generated \
         --set train.use_gpu=true --set train.gpus_per_worker=1 --set train.cpus_per_worker=4 \
         --append "$OUT/benchmarks.md"
       "$PY" bench/mining_vs_st.py --data "$INPUTS" --model "$INPUTS/initial_model" --workloads wiki \

