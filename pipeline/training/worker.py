@@ -115,10 +115,12 @@ class SimCSEWorker:
         self.peak_tflops = peak_tflops
         """The device's peak for ``train/mfu`` (None: no MFU logged)."""
         # The epoch in progress: its augmentation generator (set by run_epoch), the start of
-        # its current timed segment (restarted by each mid-epoch checkpoint), its first batch
-        # in this run, and when rank 0 last printed progress.
+        # its current timed segment (restarted by each mid-epoch checkpoint, so checkpoint
+        # time stays out of the epoch's time) and the batch that segment started at, its
+        # first batch in this run, and when rank 0 last printed progress.
         self.augment_rng = np.random.default_rng()
         self.segment_start = self.last_progress = 0.0
+        self.segment_first_batch = 0
         self.first_batch = 0
 
     @classmethod
@@ -205,6 +207,7 @@ class SimCSEWorker:
             )
         self.model.train()
         self.segment_start = self.last_progress = time.perf_counter()
+        self.segment_first_batch = self.first_batch
         self.refresher.after_step(epoch, self.first_batch, plan, self.state.step, self.model)
         for batch_index in range(self.first_batch, plan.num_batches):
             self.train_batch(batch_index)
@@ -298,7 +301,7 @@ class SimCSEWorker:
         assert state.plan is not None
         now = time.perf_counter()
         state.epoch_seconds += now - self.segment_start
-        self.segment_start = now
+        self.segment_start, self.segment_first_batch = now, state.batches_done
         self.checkpoint(
             epoch + state.batches_done / state.plan.num_batches,
             self.augment_rng,
@@ -312,7 +315,7 @@ class SimCSEWorker:
         state = self.state
         assert state.plan is not None
         self.last_progress = time.perf_counter()
-        done = state.batches_done - self.first_batch
+        done = state.batches_done - self.segment_first_batch  # the rate of the segment's steps
         rate = done * self.cfg.train.batch_size / (self.last_progress - self.segment_start + 1e-9)
         print(
             f"[train] epoch {epoch + 1}/{self.cfg.train.epochs} step {state.batches_done}/{state.plan.num_batches}: "
