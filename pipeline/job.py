@@ -176,7 +176,7 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     Raises:
         TimeoutError: the actor was not placed within ``mining.timeout_s``.
     """
-    if not (cfg.mining.enabled and cfg.train.epochs > 1):
+    if not cfg.mining.runs_miner(cfg.train.epochs):
         yield None, None
         return
     import ray

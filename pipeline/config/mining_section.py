@@ -11,14 +11,39 @@ from pipeline.config.sections import Check
 @dataclass
 class MiningSection:
     enabled: bool = True
-    """Refresh the batch plan from the newest weights between epochs (epoch 1 is random)."""
+    """Run the miner at all (see ``refresh`` for when it mines)."""
+
+    @property
+    def mines(self) -> bool:
+        """Whether the run mines at all: enabled and ``refresh`` is not ``never``."""
+        return self.enabled and self.refresh != "never"
+
+    @property
+    def mines_before_training(self) -> bool:
+        """Pair mode mines once with the starting model before epoch 1 (static negatives)."""
+        return self.mines and self.negative_mode == "triplet"
+
+    @property
+    def refreshes_at_boundaries(self) -> bool:
+        """Whether epoch boundaries ask the miner for a plan from the newest weights."""
+        return self.mines and self.refresh == "every_epoch"
+
+    def runs_miner(self, epochs: int) -> bool:
+        """Whether a run of ``epochs`` epochs needs the miner actor (and FAISS)."""
+        return self.mines_before_training or (self.refreshes_at_boundaries and epochs > 1)
+
     top_k: int = 64
     """Neighbours searched per row (the candidate list every filter works on)."""
-    range_min: int = 10
+    range_min: int | None = None
     """Skip this many nearest candidates of those the other filters left (sentence-transformers'
-    order): the top ranks of a natural corpus are mostly paraphrases, i.e. false negatives.
-    10 is where FlagEmbedding's hn_mine window starts and what the sentence-transformers
-    mining example uses."""
+    order). ``None``: 10 in neighbourhood mode, 0 in triplet (pair) mode.
+    Neighbourhood mode has no positive to measure a candidate against, and the top ranks of a
+    natural corpus are mostly paraphrases, i.e. false negatives: 10 is where FlagEmbedding's
+    hn_mine window starts and what the sentence-transformers mining example uses. Pair mode
+    knows each anchor's positives (all excluded) and has the relative margin against the
+    positive's score, so the nearest surviving candidates are the true hard negatives a
+    retriever must learn to rank below its positives: skipping 10 of them would throw those
+    away where each anchor has only a few positives."""
     range_max: int | None = None
     """Consider candidates ranked below this only (``None``: all ``top_k``)."""
     max_score: float | None = None
@@ -103,6 +128,13 @@ class MiningSection:
     """Triplet mode: random negatives added per anchor beside its ``num_negatives`` mined
     ones (drawn from the positives' pool, duplicates of the anchor and positive excluded);
     mixing is what worked in tevatron #43."""
+    refresh: Literal["every_epoch", "once", "never"] = "every_epoch"
+    """Triplet (pair) mode: when negatives are mined. ``every_epoch``: once before epoch 1 with
+    the starting model (static, as sentence-transformers' ``mine_hard_negatives`` does), then
+    again at every epoch boundary with the newest weights (ANCE). ``once``: before epoch 1
+    only; later epochs reshuffle the rows and keep their negatives. ``never``: no mining (the
+    given negatives and in-batch negatives only), the same as ``enabled: false``.
+    Neighbourhood mode: ``every_epoch`` or ``never`` (its epoch 1 is always random)."""
     mode: Literal["sync", "async"] = "sync"
     """``sync``: refresh at the epoch boundary while training waits. ``async``: the miner
     works while training goes on, from weights at most ``max_staleness_steps`` old at the
@@ -116,6 +148,13 @@ class MiningSection:
     """Times a dead miner actor is restarted (it then re-mines from the newest weights)
     before the job fails."""
 
+    @property
+    def window_start(self) -> int:
+        """``range_min`` as resolved for the negative mode (see ``range_min``)."""
+        if self.range_min is not None:
+            return self.range_min
+        return 0 if self.negative_mode == "triplet" else 10
+
     def index_spec(
         self,
     ):  # -> pipeline.mining.index.IndexSpec (imported lazily: config stays dependency-free)
@@ -127,7 +166,7 @@ class MiningSection:
         from pipeline.mining.negatives import NegativeFilters
 
         return NegativeFilters(
-            self.range_min,
+            self.window_start,
             self.range_max,
             self.max_score,
             self.relative_margin,
@@ -140,10 +179,10 @@ class MiningSection:
         return [
             ("mining.max_restarts", self.max_restarts >= 0, "must be >= 0"),
             ("mining.top_k", self.top_k >= 1, "must be >= 1"),
-            ("mining.range_min", 0 <= self.range_min < self.top_k, "must be in [0, mining.top_k)"),
+            ("mining.range_min", 0 <= self.window_start < self.top_k, "must be in [0, mining.top_k)"),
             (
                 "mining.range_max",
-                self.range_max is None or self.range_min < self.range_max <= self.top_k,
+                self.range_max is None or self.window_start < self.range_max <= self.top_k,
                 "must be in (mining.range_min, mining.top_k]",
             ),
             (
@@ -176,6 +215,11 @@ class MiningSection:
                 "mining.debias",
                 self.debias == "none" or self.negative_mode == "neighbourhood",
                 "needs mining.negative_mode=neighbourhood (triplet mode has no in-batch debiasing)",
+            ),
+            (
+                "mining.refresh",
+                self.refresh != "once" or self.negative_mode == "triplet",
+                "once needs mining.negative_mode=triplet (neighbourhood mode mines at epoch boundaries only)",
             ),
             (
                 "mining.random_negatives",

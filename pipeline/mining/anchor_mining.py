@@ -15,7 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.mining.index import IndexSpec, KnnResult
-from pipeline.mining.negatives import NegativeFilters, SelectedNegatives, mine_anchor_negatives
+from pipeline.mining.negatives import (
+    NegativeFilters,
+    SelectedNegatives,
+    duplicate_mask,
+    known_positive_mask,
+    mine_anchor_negatives,
+)
 
 RANDOM_PAIRS = 20_000
 """Most (anchor, random candidate) pairs in the baseline sample."""
@@ -49,6 +55,7 @@ def mine_anchors(
     use_gpu: bool,
     seed: int,
     baseline_seed: int,
+    exclude_known_positives: bool = True,
 ) -> MinedAnchors:
     """Mine each anchor's negatives among the ``pool`` rows and sample the random baseline.
 
@@ -60,16 +67,20 @@ def mine_anchors(
         filters, k, spec, use_gpu, seed: as :func:`~pipeline.mining.negatives.mine_anchor_negatives`.
         baseline_seed: seeds the random-pair sample (fixed across refreshes, so that their
             baselines compare).
+        exclude_known_positives: remove every positive any row gives an anchor's text from
+            its candidates, not only the row's own (retrieval pairs: several positives per
+            anchor, texts that are the positive of several anchors).
 
     Returns:
         The selected negatives (pool positions), the anchor-positive and random-pair
         similarities, the search result and the filtering time.
     """
     anchor_vectors, pool_vectors = vectors[anchor], vectors[pool]
+    known_pairs = (keys[anchor], keys[positive]) if exclude_known_positives else None
     t0 = time.perf_counter()
     mined = mine_anchor_negatives(
         anchor_vectors, vectors[positive], pool_vectors, keys[anchor], keys[positive], keys[pool],
-        filters, k, spec=spec, use_gpu=use_gpu, seed=seed,
+        filters, k, spec=spec, use_gpu=use_gpu, seed=seed, known_pairs=known_pairs,
     )  # fmt: skip
     knn = mined.knn
     filter_seconds = time.perf_counter() - t0 - knn.index_seconds - knn.search_seconds
@@ -106,7 +117,8 @@ def random_pool_negatives(
     Mined negatives alone can be too hard, or false negatives the filters missed; mixing in
     random ones is what made self-mined negatives pay off in tevatron #43. A draw that is the
     same text as the anchor or its positive is redrawn (a few rounds), and left out (-1) if
-    it still is: a tiny pool of near-identical texts.
+    it still is: a tiny pool of near-identical texts. A known positive of the anchor (another
+    row's positive for the same anchor text) is redrawn the same way.
 
     Args:
         keys: ``(texts,)`` :func:`~pipeline.mining.negatives.text_keys` of the corpus texts.
@@ -121,10 +133,14 @@ def random_pool_negatives(
     rng = np.random.default_rng(seed)
     n = len(anchor)
     drawn = pool[rng.integers(0, len(pool), size=(n, count))]
+
+    def clashes() -> np.ndarray:
+        same = duplicate_mask(drawn, keys[anchor], keys[positive], keys)
+        return same | known_positive_mask(drawn, keys[anchor], keys, keys[anchor], keys[positive])
+
     for _ in range(8):
-        clash = (keys[drawn] == keys[anchor][:, None]) | (keys[drawn] == keys[positive][:, None])
+        clash = clashes()
         if not clash.any():
             break
         drawn[clash] = pool[rng.integers(0, len(pool), size=int(clash.sum()))]
-    clash = (keys[drawn] == keys[anchor][:, None]) | (keys[drawn] == keys[positive][:, None])
-    return np.where(clash, -1, drawn).astype(np.int64)
+    return np.where(clashes(), -1, drawn).astype(np.int64)

@@ -201,10 +201,11 @@ class HardNegativeMiner:
     def _refresh_triplets(
         self, embeddings: np.ndarray, version: int, step: int, t0: float, t_encode: float
     ) -> RefreshReport:
-        """Triplet mode: mine each anchor's negatives among the distinct positives."""
+        """Triplet mode: mine each anchor's negatives among the candidate pool (``data.pool``,
+        else the distinct positives), every known positive of the anchor excluded."""
         triplets, settings = self.triplets, self.settings
         assert triplets is not None
-        pool = np.unique(triplets.positive)
+        pool = triplets.candidate_pool()
         mined = mine_anchors(
             embeddings, self.text_keys, triplets.anchor, triplets.positive, pool, settings.filters,
             settings.top_k, settings.index_spec, settings.use_gpu, settings.seed + version, settings.seed,

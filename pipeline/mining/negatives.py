@@ -7,8 +7,10 @@ only if its similarity is at most ``pos - |pos| x margin``, ``pos`` being the
 anchor-positive similarity), ``num_negatives`` and ``sampling``, with its semantics too:
 duplicates of the anchor or positive go first, then ``max_score`` and the margin, and
 ``range_min`` skips the nearest of the candidates that are left (``range_max`` bounds the
-rank in the search list). Each filter's removals are counted, so a run can say where its
-candidates went.
+rank in the search list). Pair mode adds one filter before the scores are looked at: a
+candidate that is a *known positive* of the anchor (any row's positive of the same anchor text,
+not only the row's own) is no negative, whatever its score. Each filter's removals are
+counted, so a run can say where its candidates went.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from pipeline.mining.index import IndexSpec, KnnResult, knn_search
 
-FILTERS = ("duplicate", "max_score", "relative_margin", "rank_window")
+FILTERS = ("duplicate", "known_positive", "max_score", "relative_margin", "rank_window")
 
 
 @dataclass
@@ -49,8 +51,7 @@ class SelectedNegatives:
     scores: np.ndarray
     """``(n, num_negatives)`` anchor-negative similarity, NaN where missing."""
     removed: dict[str, int] = field(default_factory=dict)
-    """Candidates removed by each filter, in order: ``duplicate``, ``rank_window``,
-    ``max_score``, ``relative_margin``."""
+    """Candidates removed by each filter (:data:`FILTERS`)."""
     candidates: int = 0
     """Candidates looked at, over all anchors (valid k-NN entries)."""
     kept: int = 0
@@ -97,6 +98,7 @@ def filter_candidates(
     positive_scores: np.ndarray,
     duplicate: np.ndarray,
     filters: NegativeFilters,
+    known_positive: np.ndarray | None = None,
 ) -> FilteredCandidates:
     """Apply the filters in order and count what each removes (arguments as in
     :func:`select_negatives`)."""
@@ -115,6 +117,9 @@ def filter_candidates(
             false_negative = false_negative | hit
 
     drop("duplicate", duplicate)
+    removed.setdefault("known_positive", 0)
+    if known_positive is not None:
+        drop("known_positive", known_positive)
     # range_max bounds the rank in the searched list (duplicates not counted): sentence-
     # transformers' search depth.
     searched_rank = np.cumsum(alive, axis=1) - 1
@@ -141,6 +146,7 @@ def select_negatives(
     duplicate: np.ndarray,
     filters: NegativeFilters,
     seed: int = 0,
+    known_positive: np.ndarray | None = None,
 ) -> SelectedNegatives:
     """Apply the filters to each anchor's candidate list and pick its negatives.
 
@@ -154,6 +160,8 @@ def select_negatives(
             the same text as either (exactly or after :func:`normalize_text`).
         filters: the settings.
         seed: for ``sampling="random"``.
+        known_positive: optional ``(n, k)`` bool, True where the candidate is a known positive
+            of the anchor (:func:`known_positive_mask`); removed before any score filter.
 
     Returns:
         The chosen negatives and how many candidates each filter removed.
@@ -161,7 +169,9 @@ def select_negatives(
     if filters.sampling not in ("top", "random"):
         raise ValueError(f"mining.sampling must be top or random (got {filters.sampling!r})")
     n, k = candidates.shape
-    filtered = filter_candidates(candidates, candidate_scores, positive_scores, duplicate, filters)
+    filtered = filter_candidates(
+        candidates, candidate_scores, positive_scores, duplicate, filters, known_positive
+    )
     alive = filtered.allowed
     kept = int(alive.sum())
     m = filters.num_negatives
@@ -214,6 +224,39 @@ def duplicate_mask(
     return valid & ((keys == anchor_keys[:, None]) | (keys == positive_keys[:, None]))
 
 
+def known_positive_mask(
+    candidates: np.ndarray,
+    anchor_keys: np.ndarray,
+    candidate_keys: np.ndarray,
+    known_anchor_keys: np.ndarray,
+    known_positive_keys: np.ndarray,
+) -> np.ndarray:
+    """True where a candidate's text is a known positive of its anchor's text.
+
+    In retrieval pairs an anchor has several positives (one per row) and a text can be the
+    positive of several anchors: each row's own positive is not enough to exclude, every
+    positive any row gives the anchor's text is.
+
+    Args:
+        candidates: ``(n, k)`` positions in ``candidate_keys``, -1 for an empty slot.
+        anchor_keys: ``(n,)`` the text key of each row's anchor.
+        candidate_keys: text key of each candidate position.
+        known_anchor_keys, known_positive_keys: ``(m,)`` the (anchor, positive) text keys of
+            every known positive pair (all rows of the training data).
+
+    Returns:
+        ``(n, k)`` bool.
+    """
+    valid = candidates >= 0
+    if not len(known_anchor_keys) or not valid.any():
+        return np.zeros(candidates.shape, dtype=bool)
+    keys = candidate_keys[np.where(valid, candidates, 0)]
+    # One int64 code per (anchor key, text key): keys are < base, so codes never collide.
+    base = int(max(keys.max(), anchor_keys.max(), known_anchor_keys.max(), known_positive_keys.max())) + 1
+    known = np.unique(known_anchor_keys.astype(np.int64) * base + known_positive_keys)
+    return valid & np.isin(anchor_keys.astype(np.int64)[:, None] * base + keys, known)
+
+
 @dataclass
 class AnchorNegatives:
     selected: SelectedNegatives
@@ -235,17 +278,25 @@ def mine_anchor_negatives(
     spec: IndexSpec | None = None,
     use_gpu: bool = False,
     seed: int = 0,
+    known_pairs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> AnchorNegatives:
     """Search each anchor's ``k`` nearest pool vectors and select its negatives.
 
     The one code path of supervised mining, shared by the offline job and the training
     miner's triplet mode. Vectors are L2-normalised; keys are :func:`duplicate_mask` keys
     (one per normalised text) for the anchors, their positives and the pool.
+    ``known_pairs``: the (anchor, positive) text keys of every known positive pair; a
+    candidate that is one of its anchor's is removed (:func:`known_positive_mask`).
     """
     knn = knn_search(
         pool_vectors, min(k, len(pool_vectors)), use_gpu=use_gpu, spec=spec, seed=seed, queries=anchor_vectors
     )
     duplicate = duplicate_mask(knn.indices, anchor_keys, positive_keys, pool_keys)
+    known = None
+    if known_pairs is not None:
+        known = known_positive_mask(knn.indices, anchor_keys, pool_keys, *known_pairs)
     positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors)
-    selected = select_negatives(knn.indices, knn.scores, positive_scores, duplicate, filters, seed=seed)
+    selected = select_negatives(
+        knn.indices, knn.scores, positive_scores, duplicate, filters, seed=seed, known_positive=known
+    )
     return AnchorNegatives(selected, positive_scores, knn)

@@ -115,8 +115,11 @@ def mine_pairs(
     cfg: Config,
     device: Any = None,
     echo: Any = None,
+    pool_texts: list[str] | None = None,
 ) -> tuple[pa.Table, MiningReport]:
-    """Mine negatives for each (anchor, positive) among the distinct positives.
+    """Mine negatives for each (anchor, positive) among the candidate pool: ``pool_texts``
+    (``data.pool``), else the distinct positives. Every positive any row gives an anchor's
+    text is excluded from its candidates, as the training miner does.
 
     Returns the output table (``anchor``, ``positive``, ``negative_1``..``negative_n``) and
     the report of what each filter removed.
@@ -128,7 +131,7 @@ def mine_pairs(
     device = device or torch.device("cpu")
     mining = cfg.mining
     report = MiningReport(rows_in=len(anchors), negatives_per_row=mining.num_negatives)
-    pool = sorted(set(positives))
+    pool = sorted(set(pool_texts if pool_texts is not None else positives))
     report.candidate_pool = len(pool)
     t0 = time.perf_counter()
 
@@ -137,7 +140,7 @@ def mine_pairs(
 
     # Each distinct text is encoded once: anchors repeat (SNLI premises) or are positives too.
     # The pool comes first, so pool position i is text position i.
-    texts = pool + sorted(set(anchors).difference(pool))
+    texts = pool + sorted(set(anchors).union(positives).difference(pool))
     vectors = encode(pool)
     if len(texts) > len(pool):
         vectors = np.concatenate([vectors, encode(texts[len(pool) :])])

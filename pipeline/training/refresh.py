@@ -68,6 +68,25 @@ class PlanRefresher:
         """Whether the boundary after epoch ``epoch`` gets its plan from the miner (and may wait)."""
         return self.policy.asks_miner(epoch)
 
+    def mines_before_training(self, step: int) -> bool:
+        """Whether a run at ``step`` first mines with the starting weights (pair mode, fresh run)."""
+        return self.policy.mines_before_training(step)
+
+    def initial_plan(self, state: TrainState, model: SentenceEncoder) -> tuple[BatchPlan, Boundary]:
+        """Pair mode, before epoch 1: the plan mined with the starting weights, waited for in
+        either ``mining.mode`` (the static negatives sentence-transformers' ``mine_hard_negatives``
+        gives, and the baseline every refresh improves on). The same on every rank."""
+        assert state.plan is not None and self.client is not None
+        start = time.perf_counter()
+        chosen = None
+        if self.rank == 0:
+            version = state.plan.version + 1
+            ref = self.client.submit(model, version, state.step)
+            report = self.client.wait(ref, model, version, state.step)
+            boundary = Boundary(refresh_seconds=float(report.metrics["mining/total_s"]))
+            chosen = (dataclasses.replace(report.plan, version=version), boundary)
+        return broadcast_plan(chosen, start)
+
     def _submit(self, epoch: int, model: SentenceEncoder, version: int, step: int) -> None:
         assert self.client is not None  # the policy submits only when there is a miner
         ref = self.client.submit(model, version, step)
@@ -133,10 +152,16 @@ class PlanRefresher:
         return dataclasses.replace(report.plan, version=version), boundary
 
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
-        """The same batches (or a fresh random plan for a random one) in a new order."""
+        """A fresh random plan for a random one; a pair-mode plan's rows in fresh random
+        batches, each row keeping its mined negatives (its batches carry no structure, and the
+        same batches every epoch would repeat the same in-batch negatives); a mined
+        neighbourhood plan's same batches in a new order."""
         seed = self.policy.reshuffle_seed(epoch)
         if plan.version == 0:
             return random_batches(self.cfg, seed, self.lengths)
+        if plan.negatives is not None:
+            fresh = random_batches(self.cfg, seed, self.lengths)
+            return dataclasses.replace(plan, rows=fresh.rows, sizes=fresh.sizes)
         return plan.reordered(seed)
 
 

@@ -40,7 +40,12 @@ class RefreshSettings:
     max_restarts: int
     seed: int
     enabled: bool
-    """Whether there is a miner to ask at all (``mining.enabled``)."""
+    """Whether there is a miner to ask at all (``mining.enabled`` and ``mining.refresh``)."""
+    at_boundaries: bool = True
+    """Whether epoch boundaries ask it (``mining.refresh=every_epoch``); pair mode's
+    ``once`` mines before epoch 1 only."""
+    before_training: bool = False
+    """Pair mode: mine once with the starting model before epoch 1."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> RefreshSettings:
@@ -52,7 +57,9 @@ class RefreshSettings:
             timeout_s=cfg.mining.timeout_s,
             max_restarts=cfg.mining.max_restarts,
             seed=cfg.run.seed,
-            enabled=cfg.mining.enabled,
+            enabled=cfg.mining.mines,
+            at_boundaries=cfg.mining.refreshes_at_boundaries,
+            before_training=cfg.mining.mines_before_training,
         )
 
 
@@ -104,8 +111,14 @@ class RefreshPolicy:
 
     def asks_miner(self, epoch: int) -> bool:
         """Whether the boundary after epoch ``epoch`` (0-based) gets its plan from the miner
-        (and may wait): never after the last epoch, never without a miner."""
-        return self.settings.enabled and not self._last_epoch(epoch)
+        (and may wait): never after the last epoch, never without a miner, never when it mines
+        only before training."""
+        return self.settings.enabled and self.settings.at_boundaries and not self._last_epoch(epoch)
+
+    def mines_before_training(self, step: int) -> bool:
+        """Whether a run at ``step`` first asks the miner for negatives from the starting
+        weights: pair mode, a fresh run (a resumed one carries its plan in the checkpoint)."""
+        return self.settings.enabled and self.settings.before_training and step == 0
 
     def _rank0_asking(self, epoch: int, mode: str) -> bool:
         return self.rank == 0 and self.settings.mode == mode and self.asks_miner(epoch)

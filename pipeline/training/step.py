@@ -233,9 +233,11 @@ class TripletStep:
     Each row's negatives are its given one (if any) and its mined ones (if a refresh has
     happened): ``1 + num_negatives`` slots, absent ones masked. Anchors, positives and the
     present negatives go through the encoder in one forward pass. Rows sharing a positive
-    text (a premise with several hypotheses) are not each other's negatives. In-batch
-    false-negative debiasing does not apply (the config allows ``mining.debias`` only in
-    neighbourhood mode): :attr:`GlobalBatch.false_negative_mask` is ignored.
+    text (a premise with several hypotheses) are not each other's negatives, and neither are
+    rows sharing an anchor text (a headline with several paraphrases: each row's positive is
+    a known positive of the other's anchor). In-batch false-negative debiasing does not apply
+    (the config allows ``mining.debias`` only in neighbourhood mode):
+    :attr:`GlobalBatch.false_negative_mask` is ignored.
     """
 
     corpus: TokenizedCorpus
@@ -273,9 +275,18 @@ class TripletStep:
             hard_negative_weight=self.hard_negative_weight,
             row_ids=to_device(self.corpus.ids[triplets.positive[batch.rows]], device),
             hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
+            false_negative_mask=to_device(same_anchor_mask(triplets.anchor[batch.rows]), device),
         )
         # Every rank backpropagates through its own rows only; DDP averages over the ranks.
         return loss, loss * len(sizes)
+
+
+def same_anchor_mask(anchors: np.ndarray) -> np.ndarray:
+    """``(n, n)`` bool: rows ``i != j`` with the same anchor text (positions in the text table),
+    whose positives are known positives of each other's anchor: never in-batch negatives."""
+    same = anchors[:, None] == anchors[None, :]
+    np.fill_diagonal(same, False)
+    return same
 
 
 def two_views(

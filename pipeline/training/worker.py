@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.batching.plan import padding_share, worker_slices
+from pipeline.batching.plan import BatchPlan, padding_share, worker_slices
 from pipeline.config.schema import Config
 from pipeline.evaluation.in_training import EvalOutcome
 from pipeline.model.encoder import SentenceEncoder
@@ -141,7 +141,7 @@ class SimCSEWorker:
         ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
         logger = open_logger(loop_config, rank, state, resumed=resume is not None)
         client = None
-        if loop_config.miner is not None and cfg.mining.enabled:
+        if loop_config.miner is not None and cfg.mining.mines:
             client = MinerClient(
                 loop_config.miner,
                 RefreshSettings.from_config(cfg),
@@ -181,6 +181,14 @@ class SimCSEWorker:
                 print(
                     f"[train] epoch {state.epoch} was checkpointed before its refresh; next plan "
                     f"v{state.plan.version} (waited {boundary.wait_seconds:.1f}s)",
+                    flush=True,
+                )
+        if self.refresher.mines_before_training(state.step):
+            boundary = self.adopt_initial_plan()
+            if self.rank == 0:
+                print(
+                    f"[train] negatives mined with the starting weights: plan v{state.plan.version} "
+                    f"(waited {boundary.wait_seconds:.1f}s)",
                     flush=True,
                 )
         if self.evaluator is not None and state.step == 0:
@@ -366,11 +374,17 @@ class SimCSEWorker:
         if not asks_miner:
             self.checkpoint(float(state.epoch), None, whitening)
 
+    def adopt_initial_plan(self) -> Boundary:
+        """Pair mode, before epoch 1: adopt the plan mined with the starting weights."""
+        return self._adopt(*self.refresher.initial_plan(self.state, self.model))
+
     def adopt_next_plan(self, epoch: int) -> Boundary:
         """Get the plan that follows epoch ``epoch`` (0-based) from the refresher and make it
         the current one, with the boundary's numbers recorded and logged."""
+        return self._adopt(*self.refresher.next_plan(epoch, self.state, self.model))
+
+    def _adopt(self, next_plan: BatchPlan, boundary: Boundary) -> Boundary:
         state = self.state
-        next_plan, boundary = self.refresher.next_plan(epoch, state, self.model)
         state.history.wait_seconds.append(boundary.wait_seconds)
         state.history.refresh_seconds.append(boundary.refresh_seconds)
         state.history.staleness_steps.append(boundary.staleness_steps)

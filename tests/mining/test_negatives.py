@@ -5,13 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.mining.negatives import NegativeFilters, duplicate_mask, normalize_text, select_negatives
+from pipeline.mining.negatives import (
+    NegativeFilters,
+    duplicate_mask,
+    known_positive_mask,
+    mine_anchor_negatives,
+    normalize_text,
+    select_negatives,
+    text_keys,
+)
 
 
-def _reference(cands, scores, pos, dup, f: NegativeFilters):
+def _reference(cands, scores, pos, dup, f: NegativeFilters, known=None):
     """Straight-line version: walk each anchor's list and apply the rules one by one, in
     sentence-transformers' order (score filters first, then skip ``range_min`` survivors)."""
-    out, removed, short = [], {"duplicate": 0, "rank_window": 0, "max_score": 0, "relative_margin": 0}, 0
+    removed = {"duplicate": 0, "known_positive": 0, "rank_window": 0, "max_score": 0, "relative_margin": 0}
+    out, short = [], 0
     for i in range(len(cands)):
         searched, survivors, kept = 0, 0, []
         for j in range(cands.shape[1]):
@@ -20,6 +29,9 @@ def _reference(cands, scores, pos, dup, f: NegativeFilters):
                 continue
             if dup[i, j]:
                 removed["duplicate"] += 1
+                continue
+            if known is not None and known[i, j]:
+                removed["known_positive"] += 1
                 continue
             r, searched = searched, searched + 1
             hi = cands.shape[1] if f.range_max is None else f.range_max
@@ -61,10 +73,14 @@ def _arrays(seed=0, n=40, k=12, pool=200, low=0.1):
     ],
 )
 @pytest.mark.parametrize("low", [0.1, -0.6], ids=["positive-scores", "negative-scores"])
-def test_filters_match_reference(filters, low):
+@pytest.mark.parametrize("with_known", [False, True], ids=["own-positive", "known-positives"])
+def test_filters_match_reference(filters, low, with_known):
     cands, scores, pos, dup = _arrays(low=low)
-    got = select_negatives(cands, scores, pos, dup, filters)
-    kept, removed, short = _reference(cands, scores, pos, dup, filters)
+    known = None
+    if with_known:
+        known = (np.random.default_rng(1).random(cands.shape) < 0.1) & (cands >= 0)
+    got = select_negatives(cands, scores, pos, dup, filters, known_positive=known)
+    kept, removed, short = _reference(cands, scores, pos, dup, filters, known)
     assert got.removed == removed
     assert got.kept == sum(len(k) for k in kept)
     assert got.candidates == int((cands >= 0).sum())
@@ -84,7 +100,9 @@ def test_range_min_counts_what_the_score_filters_left_as_sentence_transformers_d
     filters = NegativeFilters(range_min=1, relative_margin=0.05, num_negatives=1)
     got = select_negatives(cands, scores, np.array([0.84]), dup, filters)
     assert got.indices.tolist() == [[3]]
-    assert got.removed == {"duplicate": 0, "max_score": 0, "relative_margin": 2, "rank_window": 1}
+    assert got.removed == {
+        "duplicate": 0, "known_positive": 0, "max_score": 0, "relative_margin": 2, "rank_window": 1
+    }  # fmt: skip
 
 
 def test_relative_margin_below_a_negative_positive_score():
@@ -140,3 +158,49 @@ def test_config_defaults_are_the_filter_defaults():
     from pipeline.config.loading import load_config
 
     assert load_config(None).mining.negative_filters() == NegativeFilters()
+
+
+def test_known_positive_mask_matches_a_set_lookup():
+    rng = np.random.default_rng(3)
+    anchor_keys = rng.integers(0, 30, size=50)
+    candidate_keys = rng.integers(0, 400, size=120)
+    cands = rng.integers(-1, 120, size=(50, 9))
+    known_a = rng.integers(0, 30, size=300)
+    known_p = rng.integers(0, 400, size=300)
+    pairs = set(zip(known_a.tolist(), known_p.tolist(), strict=True))
+    want = np.array(
+        [
+            [c >= 0 and (anchor_keys[i], candidate_keys[c]) in pairs for c in row]
+            for i, row in enumerate(cands)
+        ]
+    )
+    got = known_positive_mask(cands, anchor_keys, candidate_keys, known_a, known_p)
+    assert want.any() and (got == want).all()
+
+
+def test_every_known_positive_of_an_anchor_is_excluded_not_only_its_own_rows():
+    """A headline with two paraphrase rows: mining row 1, row 2's positive (the nearest
+    candidate) is a known positive, never its negative; a tweet that is the positive of another
+    headline only is a fair negative."""
+    anchors = ["storm hits coast", "storm hits coast", "market falls"]
+    positives = ["coast hit by storm", "a storm hit the coast", "markets fall today"]
+    pool = ["coast hit by storm", "a storm hit the coast", "markets fall today", "storm warning issued"]
+    anchor_keys, positive_keys, pool_keys = text_keys(anchors, positives, pool)
+    e = np.eye(4, dtype=np.float32)
+    # Pool vectors: near the storm anchor for 0, 1 and 3 (3 the least), 2 far away.
+    pool_vectors = np.stack([e[0] + 0.30 * e[1], e[0] + 0.25 * e[1], e[2], e[0] + 0.6 * e[3]])
+    pool_vectors /= np.linalg.norm(pool_vectors, axis=1, keepdims=True)
+    anchor_vectors = np.stack([e[0], e[0], e[2]])
+    positive_vectors = pool_vectors[[0, 1, 2]]
+    filters = NegativeFilters(range_min=0, relative_margin=None, num_negatives=1)
+    own_only = mine_anchor_negatives(
+        anchor_vectors, positive_vectors, pool_vectors, anchor_keys, positive_keys, pool_keys, filters, k=4
+    )
+    assert own_only.selected.indices[:2, 0].tolist() == [1, 0]  # the other paraphrase: a false negative
+    known = mine_anchor_negatives(
+        anchor_vectors, positive_vectors, pool_vectors, anchor_keys, positive_keys, pool_keys, filters, k=4,
+        known_pairs=(anchor_keys, positive_keys),
+    )  # fmt: skip
+    assert known.selected.indices[:2, 0].tolist() == [3, 3]
+    assert known.selected.removed["known_positive"] == 2
+    assert known.selected.indices[2, 0] in (0, 1, 3)  # the storm tweets are fair negatives for "market falls"

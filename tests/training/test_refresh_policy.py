@@ -47,8 +47,45 @@ def test_settings_are_read_from_the_config_once():
         ],
     )  # fmt: skip
     assert RefreshSettings.from_config(cfg) == RefreshSettings(
-        epochs=4, mode="async", max_staleness_steps=5, timeout_s=12.5, max_restarts=2, seed=7, enabled=False
+        epochs=4, mode="async", max_staleness_steps=5, timeout_s=12.5, max_restarts=2, seed=7, enabled=False,
+        at_boundaries=False, before_training=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mode", "refresh", "before", "boundaries"),
+    [
+        ("triplet", "every_epoch", True, True),
+        ("triplet", "once", True, False),
+        ("triplet", "never", False, False),
+        ("neighbourhood", "every_epoch", False, True),
+        ("neighbourhood", "never", False, False),
+    ],
+)
+def test_refresh_modes_decide_when_the_miner_is_asked(mode, refresh, before, boundaries):
+    cfg = load_config(
+        None,
+        [
+            "train.epochs=3",
+            "data.path=pairs.tsv",
+            f"mining.negative_mode={mode}",
+            f"mining.refresh={refresh}",
+        ],
     )
+    policy = RefreshPolicy(RefreshSettings.from_config(cfg), rank=0)
+    assert policy.mines_before_training(step=0) is before
+    assert not policy.mines_before_training(step=5)  # a resumed run carries its plan
+    assert [policy.asks_miner(epoch) for epoch in range(3)] == [boundaries, boundaries, False]
+    # The actor is started exactly when something will ask it, even for a single epoch.
+    assert cfg.mining.runs_miner(3) is (before or boundaries)
+    assert cfg.mining.runs_miner(1) is before
+
+
+def test_refresh_once_is_for_pair_mode_only():
+    from pipeline.config.sections import ConfigError
+
+    with pytest.raises(ConfigError, match="mining.refresh"):
+        load_config(None, ["mining.refresh=once"])
 
 
 def test_async_submits_exactly_when_max_staleness_steps_remain_and_once_per_epoch():
