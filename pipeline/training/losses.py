@@ -42,9 +42,11 @@ def simcse_loss(
             any row.
         false_negative_mask: optional ``(n, n)`` bool over the in-batch candidates: True at
             (i, j) when ``positives[j]`` is a likely false negative of row i (a paraphrase;
-            :func:`pipeline.training.debias.false_negative_mask`). The diagonal (each row's
-            own positive) is ignored, and hard-negative candidates are unaffected. A
-            constant: no gradient flows through it.
+            :func:`pipeline.training.debias.false_negative_mask`); hard-negative candidates
+            are then unaffected. Or ``(n, n + n*m)`` with ``hard_negatives``, also covering
+            them (column ``n + j*m + k``: row j's k-th hard negative), e.g. another row's
+            negative that is a known positive of row i. The diagonal (each row's own
+            positive) is ignored. A constant: no gradient flows through it.
         false_negative_weight: in [0, 1]; each flagged candidate's ``exp(logit)`` in row i's
             softmax denominator is multiplied by it (``log(weight)`` is added to the logit):
             0.0 removes flagged candidates altogether (DCLR's hard rule), a value in (0, 1)
@@ -70,8 +72,6 @@ def simcse_loss(
         same = row_ids.view(-1, 1) == row_ids.view(1, -1)
         same.fill_diagonal_(False)
         logits = logits.masked_fill(same, float("-inf"))
-    if false_negative_mask is not None:
-        logits = _debias(logits, false_negative_mask, false_negative_weight)
     if hard_negatives is not None:
         negatives = hard_negatives.unsqueeze(1) if hard_negatives.dim() == 2 else hard_negatives
         if negatives.shape[0] != n or negatives.shape[-1] != anchors.shape[-1]:
@@ -89,21 +89,27 @@ def simcse_loss(
             absent = ~hard_negative_mask.reshape(1, n * m).to(torch.bool)
             negative_logits = negative_logits.masked_fill(absent, float("-inf"))
         logits = torch.cat([logits, negative_logits], dim=1)
+    if false_negative_mask is not None:
+        logits = _debias(logits, false_negative_mask, false_negative_weight)
     targets = torch.arange(n, device=anchors.device)
     return F.cross_entropy(logits, targets)
 
 
 def _debias(logits: torch.Tensor, false_negative_mask: torch.Tensor, weight: float) -> torch.Tensor:
-    """``(n, n)`` in-batch logits with the flagged candidates removed (weight 0) or shifted by
-    ``log(weight)``; see :func:`simcse_loss`."""
+    """``(n, c)`` logits (in-batch candidates first) with the flagged candidates removed
+    (weight 0) or shifted by ``log(weight)``; an ``(n, n)`` mask leaves the hard-negative
+    columns after the first ``n`` alone. See :func:`simcse_loss`."""
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"false_negative_weight must be in [0, 1], got {weight}")
-    n = logits.shape[0]
-    if tuple(false_negative_mask.shape) != (n, n):
-        raise ValueError(f"false_negative_mask {tuple(false_negative_mask.shape)} must be ({n}, {n})")
+    n, c = logits.shape
+    if tuple(false_negative_mask.shape) not in ((n, n), (n, c)):
+        want = f"({n}, {n})" + (f" or ({n}, {c})" if c != n else "")
+        raise ValueError(f"false_negative_mask {tuple(false_negative_mask.shape)} must be {want}")
     flagged = false_negative_mask.detach().to(device=logits.device, dtype=torch.bool)
+    if flagged.shape[1] < c:
+        flagged = torch.nn.functional.pad(flagged, (0, c - flagged.shape[1]))
     # The positive is never a negative, whatever the mask says.
-    flagged = flagged & ~torch.eye(n, dtype=torch.bool, device=logits.device)
+    flagged = flagged & ~torch.eye(n, c, dtype=torch.bool, device=logits.device)
     if weight == 0.0:
         # masked_fill passes no gradient to the filled entries: a removed candidate gets none.
         return logits.masked_fill(flagged, float("-inf"))

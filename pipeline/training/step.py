@@ -10,6 +10,7 @@ No Ray here: ``bench/gpu_step.py`` times this same step on a machine without it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -247,6 +248,19 @@ class TripletStep:
     """Added to the logit of each row's own hard negatives (SimCSE's supervised weight)."""
     device: torch.device
 
+    @functools.cached_property
+    def _known_pairs(self) -> tuple[np.ndarray, int]:
+        """Every training row's (anchor, positive) as sorted codes, and the code base."""
+        base = len(self.corpus.ids) + 1
+        return np.unique(self.triplets.anchor.astype(np.int64) * base + self.triplets.positive), base
+
+    def known_positive_candidates(self, rows: np.ndarray, negatives: np.ndarray) -> np.ndarray:
+        """:func:`known_positive_candidates` of the global batch ``rows`` with their negatives."""
+        known, base = self._known_pairs
+        return known_positive_candidates(
+            self.triplets.anchor[rows], self.triplets.positive[rows], negatives, known, base
+        )
+
     def __call__(
         self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,6 +271,9 @@ class TripletStep:
         if batch.mined is not None:
             negatives = np.concatenate([negatives, batch.mined[local_rows]], axis=1)
         present = negatives >= 0
+        global_negatives = triplets.negative[batch.rows][:, None]
+        if batch.mined is not None:
+            global_negatives = np.concatenate([global_negatives, batch.mined[batch.rows]], axis=1)
         texts = np.concatenate(
             [triplets.anchor[local_rows], triplets.positive[local_rows], negatives[present]]
         )
@@ -275,18 +292,35 @@ class TripletStep:
             hard_negative_weight=self.hard_negative_weight,
             row_ids=to_device(self.corpus.ids[triplets.positive[batch.rows]], device),
             hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
-            false_negative_mask=to_device(same_anchor_mask(triplets.anchor[batch.rows]), device),
+            false_negative_mask=to_device(
+                self.known_positive_candidates(batch.rows, global_negatives), device
+            ),
         )
         # Every rank backpropagates through its own rows only; DDP averages over the ranks.
         return loss, loss * len(sizes)
 
 
-def same_anchor_mask(anchors: np.ndarray) -> np.ndarray:
-    """``(n, n)`` bool: rows ``i != j`` with the same anchor text (positions in the text table),
-    whose positives are known positives of each other's anchor: never in-batch negatives."""
-    same = anchors[:, None] == anchors[None, :]
-    np.fill_diagonal(same, False)
-    return same
+def known_positive_candidates(
+    anchors: np.ndarray, positives: np.ndarray, negatives: np.ndarray, known_pairs: np.ndarray, base: int
+) -> np.ndarray:
+    """Which of a global batch's candidates are known positives of each row's anchor.
+
+    Args:
+        anchors, positives: ``(n,)`` the rows' anchor and positive texts (text-table positions).
+        negatives: ``(n, m)`` each row's hard-negative texts, -1 where absent.
+        known_pairs: sorted ``anchor * base + positive`` codes of every training row.
+        base: more than the largest text position.
+
+    Returns:
+        ``(n, n + n*m)`` bool over :func:`~pipeline.training.losses.simcse_loss`'s candidates
+        (the batch's positives, then its hard negatives row by row): True where the candidate
+        is a known positive of row i's anchor (another row of the same anchor, or another
+        row's negative that is a paraphrase of this anchor). Row i's own positive is left to
+        the loss, which never masks it.
+    """
+    candidates = np.concatenate([positives, negatives.reshape(-1)])
+    codes = anchors.astype(np.int64)[:, None] * base + candidates[None, :]
+    return np.isin(codes, known_pairs) & (candidates >= 0)[None, :]
 
 
 def two_views(

@@ -11,11 +11,14 @@ import torch
 from pipeline.training.losses import simcse_loss
 
 
-def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None, present=None, flagged=None, flagged_weight=0.0):
+def _numpy_infonce(
+    a, p, t, h=None, w=0.0, ids=None, present=None, flagged=None, flagged_weight=0.0, flagged_negatives=None
+):
     """Independent reference: explicit per-row softmax in float64. ``h`` is (n, d) or
     (n, m, d); ``present`` (n, m) marks which negatives exist; ``flagged`` (n, n) marks
     in-batch candidates p_j (j != i) whose exp(logit) counts ``flagged_weight`` times in row
-    i's denominator (0: not a candidate)."""
+    i's denominator (0: not a candidate); ``flagged_negatives`` (n, n, m) does the same for
+    row j's k-th hard negative in row i."""
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     p = p / np.linalg.norm(p, axis=1, keepdims=True)
     n = len(a)
@@ -34,7 +37,10 @@ def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None, present=None, flagged=None,
                     if present is not None and not present[j, k]:
                         continue
                     hv = h3[j, k] / np.linalg.norm(h3[j, k])
-                    logits.append((False, a[i] @ hv / t + (w if j == i else 0.0), 1.0))
+                    hit = flagged_negatives is not None and flagged_negatives[i, j, k]
+                    logits.append(
+                        (False, a[i] @ hv / t + (w if j == i else 0.0), flagged_weight if hit else 1.0)
+                    )
         values = np.array([v for _, v, _ in logits])
         weights = np.array([wt for _, _, wt in logits])
         target = next(v for is_pos, v, _ in logits if is_pos)
@@ -145,3 +151,47 @@ def test_false_negative_mask_leaves_hard_negatives_and_duplicates_as_they_are(fn
     want = _numpy_infonce(a, p, 0.1, h, 0.5, ids=ids, flagged=flagged, flagged_weight=fn_weight)
     assert got == pytest.approx(want, rel=1e-6)
     assert got != pytest.approx(_numpy_infonce(a, p, 0.1, h, 0.5, ids=ids), rel=1e-3)
+
+
+@pytest.mark.parametrize("fn_weight", [0.0, 0.4])
+def test_a_wide_false_negative_mask_also_covers_hard_negative_columns(fn_weight):
+    """``(n, n + n*m)``: another row's hard negative that is a known positive of row i is
+    removed (or down-weighted) from row i's softmax only; the diagonal is never masked."""
+    rng = np.random.default_rng(8)
+    n, m = 5, 2
+    a, p, h = rng.normal(size=(n, 4)), rng.normal(size=(n, 4)), rng.normal(size=(n, m, 4))
+    in_batch = rng.random((n, n)) < 0.3
+    on_negatives = rng.random((n, n, m)) < 0.3
+    wide = np.concatenate([in_batch | np.eye(n, dtype=bool), on_negatives.reshape(n, n * m)], axis=1)
+    got = simcse_loss(
+        torch.tensor(a), torch.tensor(p), temperature=0.1, hard_negatives=torch.tensor(h),
+        false_negative_mask=torch.tensor(wide), false_negative_weight=fn_weight,
+    ).item()  # fmt: skip
+    want = _numpy_infonce(
+        a, p, 0.1, h, flagged=in_batch, flagged_weight=fn_weight, flagged_negatives=on_negatives
+    )
+    assert got == pytest.approx(want, rel=1e-6)
+    with pytest.raises(ValueError, match="false_negative_mask"):
+        simcse_loss(
+            torch.tensor(a), torch.tensor(p), hard_negatives=torch.tensor(h),
+            false_negative_mask=torch.ones(n, n + 1, dtype=torch.bool),
+        )  # fmt: skip
+
+
+def test_known_positives_of_an_anchor_are_never_its_in_batch_negatives():
+    """Pair mode: rows 0 and 1 share an anchor (both positives are known positives of it), and
+    row 2's mined negative is row 0's positive text."""
+    from pipeline.training.step import known_positive_candidates
+
+    anchors = np.array([10, 10, 11, 12])
+    positives = np.array([20, 21, 22, 23])
+    negatives = np.array([[24], [-1], [20], [21]])
+    base = 100
+    known = np.unique(np.array([10 * base + 20, 10 * base + 21, 11 * base + 22, 12 * base + 23]))
+    got = known_positive_candidates(anchors, positives, negatives, known, base)
+    want = np.zeros((4, 8), dtype=bool)
+    want[0, [0, 1]] = want[1, [0, 1]] = True  # same anchor: each other's positive (and their own)
+    want[0, 4 + 2] = want[1, 4 + 2] = True  # row 2's negative (text 20) is a positive of anchor 10
+    want[0, 4 + 3] = want[1, 4 + 3] = True  # row 3's negative (text 21) too
+    want[2, 2] = want[3, 3] = True  # their own positives, which the loss never masks
+    assert (got == want).all()
