@@ -40,7 +40,7 @@ from pipeline.tracking.run import (
     resolve_tracking_uri,
     start_or_resume_run,
 )
-from pipeline.train_inputs import InputRefs, load_training_data, put_inputs, tokenize_inputs
+from pipeline.train_inputs import InputRefs, describe_corpus, load_training_data, put_inputs, tokenize_inputs
 
 Echo = Callable[[str], None]
 
@@ -164,7 +164,7 @@ def train_in_ray(
     refs = put_inputs(cfg, data, inputs, sts_files, echo)
     with miner_actor(cfg, tracked, refs) as (miner, miner_pid):
         result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo)
-        summary = export_and_summarise(cfg, tracked, result, data.description, run_dir)
+        summary = export_and_summarise(cfg, tracked, result, describe_corpus(data, inputs), run_dir)
         return log_exported_model(cfg, tracked, summary, run_dir)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from pipeline.config.schema import Config
 from pipeline.config.sections import ConfigError
 from pipeline.data.corpus import load_clean_corpus
-from pipeline.data.pairs import Triplets, index_triplets, read_pairs
+from pipeline.data.pairs import Triplets, index_pairs, load_pairs
 from pipeline.data.tokenize import tokenize_corpus_with_stats
 from pipeline.data.tokenized import dataset_digest
 from pipeline.evaluation.scoring import STSEvalSet
@@ -51,6 +51,15 @@ class TokenizedInputs:
     tokenizer: Any
     corpus: Any
     """The tokenized corpus table (``id``, ``input_ids``)."""
+    unk_share: float | None = None
+    """``[UNK]`` tokens among the corpus' non-special tokens; None: the tokenizer has none."""
+
+
+def describe_corpus(data: TrainingData, inputs: TokenizedInputs) -> str:
+    """The job summary's corpus line: the training data and its ``[UNK]`` share."""
+    if inputs.unk_share is None:
+        return data.description
+    return f"{data.description}; {inputs.unk_share:.2%} of tokens [UNK]"
 
 
 @dataclass(frozen=True)
@@ -89,15 +98,25 @@ def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> Training
 
 
 def _read_triplets(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
-    anchors, positives, negatives, rows = read_pairs(cfg.data)
-    corpus, triplets = index_triplets(anchors, positives, negatives)
-    given = int((triplets.negative >= 0).sum())
-    echo(
-        f"[data] {cfg.data.path}: {len(triplets)} (anchor, positive) rows of {rows} "
-        f"({rows - len(triplets)} with an empty field dropped), {given} with a given negative, "
-        f"{corpus.num_rows} distinct texts"
+    pairs = load_pairs(cfg.data)
+    corpus, triplets = index_pairs(pairs)
+    rows = pairs.rows_read
+    pool = (
+        f", mining pool {len(triplets.candidate_pool())} texts ({len(pairs.pool)} distinct in {cfg.data.pool} "
+        "and the positives)"
+        if pairs.pool is not None and triplets.pool is not None
+        else ""
     )
-    tracked.set_tags({"data.rows_read": rows, "data.triplets": len(triplets), "data.texts": corpus.num_rows})
+    echo(f"[data] {cfg.data.path}: {pairs.describe()}, {corpus.num_rows} distinct texts{pool}")
+    tags = {
+        "data.rows_read": rows,
+        "data.triplets": len(triplets),
+        "data.texts": corpus.num_rows,
+        "data.given_negative_rows": pairs.given,
+    }
+    if triplets.pool is not None:
+        tags["data.pool_texts"] = len(triplets.candidate_pool())
+    tracked.set_tags(tags)
     description = f"{len(triplets)} triplet rows over {corpus.num_rows} distinct texts"
     return TrainingData(corpus, triplets, len(triplets), description)
 
@@ -138,22 +157,29 @@ def tokenize_inputs(
     cfg: Config, data: TrainingData, run_dir: Path, tracked: TrackedRun, echo: Echo
 ) -> TokenizedInputs:
     """Prepare the initial model folder and tokenize the corpus with its tokenizer; tag the
-    run with the token statistics and log the ``data/`` metrics at step 0."""
+    run with the token statistics and log the ``data/`` metrics at step 0 (``data/unk_share``
+    where the tokenizer has an unknown token), with a warning line when many tokens are
+    ``[UNK]``."""
     model_dir = prepare_model_dir(cfg, data.corpus.column("text").to_pylist(), run_dir)
     tokenizer = load_tokenizer(model_dir)
     t0 = time.perf_counter()
     tokenized, token_stats = tokenize_corpus_with_stats(data.corpus, tokenizer, cfg.data)
-    echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - t0:.1f}s")
+    unk_share = token_stats.unk_share
+    unk = f"; [UNK] {unk_share:.2%} of tokens" if unk_share is not None else ""
+    echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - t0:.1f}s{unk}")
+    warning = token_stats.unk_warning()
+    if warning:
+        echo(f"[data] {warning}")
     tracked.set_tags(token_stats.tags())
-    tracked.log_metrics(
-        {
-            "data/rows": data.rows,
-            "data/texts": data.corpus.num_rows,
-            "data/truncated_share": token_stats.truncated / max(1, token_stats.sentences),
-        },
-        step=0,
-    )
-    return TokenizedInputs(model_dir, tokenizer, tokenized)
+    metrics = {
+        "data/rows": data.rows,
+        "data/texts": data.corpus.num_rows,
+        "data/truncated_share": token_stats.truncated / max(1, token_stats.sentences),
+    }
+    if unk_share is not None:
+        metrics["data/unk_share"] = unk_share
+    tracked.log_metrics(metrics, step=0)
+    return TokenizedInputs(model_dir, tokenizer, tokenized, unk_share)
 
 
 def put_inputs(

@@ -91,7 +91,10 @@ class GeneratedCorpusSection:
 class DataSection:
     path: str | None = None
     """Corpus file, directory or URI. ``None`` generates a corpus (see ``data.generated``)."""
-    format: Literal["auto", "text", "csv", "tsv", "jsonl", "parquet"] = "auto"
+    format: Literal["auto", "text", "csv", "tsv", "jsonl", "parquet", "pairs_tsv"] = "auto"
+    """``auto`` (by extension), ``text``, ``csv``, ``tsv``, ``jsonl``, ``parquet``, or
+    ``pairs_tsv``: pairs without a header, tab-separated, no quoting, 2 or 3 fields per line
+    (sentence1, sentence2[, label]), as STS-B and the Twitter URL corpus are written."""
     text_column: str = "text"
     """Column holding the sentence for csv/tsv/jsonl/parquet."""
     anchor_column: str = "anchor"
@@ -101,6 +104,19 @@ class DataSection:
     negative_column: str | None = None
     """Triplet inputs: a column of given hard negatives (e.g. NLI contradictions); empty
     cells mean none for that row."""
+    label_column: str | None = None
+    """Pair inputs: a column of labels, 1 (the row is an (anchor, positive) pair) or 0 (its
+    second text is a given negative of its anchor). ``pairs_tsv`` files: the third field."""
+    given_negatives: bool = True
+    """Pair inputs: train on given negatives (label-0 rows, or ``negative_column``); false
+    leaves them out."""
+    pool: str | None = None
+    """Pair inputs: a corpus (file, folder or URI) whose distinct texts, with the distinct
+    positives, are the candidates negatives are mined from. ``None``: the distinct positives."""
+    pool_format: Literal["auto", "text", "csv", "tsv", "jsonl", "parquet", "pairs_tsv"] = "auto"
+    """Format of ``pool``, as ``format`` (``pairs_tsv``: every sentence2 of the file)."""
+    pool_text_column: str = "text"
+    """The text column of a csv/tsv/jsonl/parquet ``pool``."""
     max_seq_len: int = 32
     max_rows: int | None = None
     """Train on at most this many rows: for a text corpus a fixed pseudo-random sample of the
@@ -119,6 +135,11 @@ class DataSection:
         return [
             ("data.max_seq_len", self.max_seq_len >= 4, "must be >= 4"),
             ("data.max_rows", self.max_rows is None or self.max_rows >= 1, "must be >= 1"),
+            (
+                "data.negative_column",
+                not (self.negative_column and self.label_column),
+                "must be unset with data.label_column (label-0 rows are the given negatives)",
+            ),
             ("data.tokenize_batch_size", self.tokenize_batch_size >= 1, "must be >= 1"),
             ("data.tokenize_num_cpus", self.tokenize_num_cpus > 0, "must be > 0"),
             ("data.tokenize_actors", self.tokenize_actors >= 1, "must be >= 1"),

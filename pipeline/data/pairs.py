@@ -1,9 +1,11 @@
-"""Supervised rows: (anchor, positive[, negative]) columns, indexed into one table of
-distinct texts.
+"""Supervised rows: (anchor, positive[, negative]) pairs read from columns, labelled rows or
+headerless pair files, with an optional candidate pool, indexed into one table of distinct
+texts.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +18,11 @@ from pipeline.data.readers import (
     DataError,
     infer_format,
     pair_columns,
+    pool_columns,
     read_dataset,
     reading,
     require_columns,
+    require_pairs_tsv_fields,
     require_text_column,
 )
 from pipeline.data.utf8 import _as_text, stable_row_id
@@ -30,47 +34,247 @@ def _clean_text(column: Any) -> Any:
     return pc.utf8_trim_whitespace(pc.fill_null(text, ""))
 
 
-def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | None, int]:
-    """``(anchors, positives, negatives, rows read)``, stripped, rows with an empty anchor or
-    positive dropped.
+def _non_empty(column: Any) -> np.ndarray:
+    return pc.greater(pc.utf8_length(column), 0).to_numpy(zero_copy_only=False)
 
-    A text file gives each sentence as its own positive. Pair files use
-    ``data.anchor_column`` / ``data.positive_column``, and ``data.negative_column`` when set
-    (an empty cell: no given negative for that row; ``negatives`` is None when unset).
-    """
+
+def _table(ds: Any, columns: list[str]) -> pa.Table:
+    """The dataset's ``columns`` as one Arrow table, in the file's row order."""
     import ray
 
+    tables = [t for t in ray.get(ds.select_columns(columns).to_arrow_refs()) if t.num_rows]
+    if not tables:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    return pa.concat_tables(tables)
+
+
+@dataclass
+class PairRows:
+    """A pair input as read (:func:`load_pairs`): the (anchor, positive) rows in file order,
+    their given negatives, the candidate pool, and what was left out."""
+
+    anchors: list[str]
+    positives: list[str]
+    negatives: list[str] | None
+    """Given negative per row (``""``: none for that row); None when the input gives none or
+    ``data.given_negatives`` is false."""
+    rows_read: int
+    """Rows in the file, whatever their label."""
+    empty_dropped: int = 0
+    """Rows with an empty (or not UTF-8) first or second text, dropped whatever their label."""
+    negative_rows: int = 0
+    """Label-0 rows (non-empty): the given negatives of their anchors, or left out when
+    ``data.given_negatives`` is false."""
+    beyond_max_rows: int = 0
+    """(anchor, positive) rows after the first ``data.max_rows``, not trained on."""
+    pool: list[str] | None = None
+    """The distinct texts of ``data.pool``; None when unset."""
+
+    def __len__(self) -> int:
+        return len(self.anchors)
+
+    @property
+    def given(self) -> int:
+        """Rows with a given negative."""
+        return sum(1 for t in self.negatives if t) if self.negatives is not None else 0
+
+    def describe(self) -> str:
+        """``7710 (anchor, positive) rows of 30993 read (23283 labelled 0, ...), 7710 with a
+        given negative``: the reading half of the ``[data]`` line."""
+        left = [f"{self.negative_rows} labelled 0"] if self.negative_rows else []
+        left.append(f"{self.empty_dropped} with an empty field dropped")
+        if self.beyond_max_rows:
+            left.append(f"{self.beyond_max_rows} beyond data.max_rows")
+        return (
+            f"{len(self)} (anchor, positive) rows of {self.rows_read} read ({', '.join(left)}), "
+            f"{self.given} with a given negative"
+        )
+
+
+def load_pairs(section: DataSection) -> PairRows:
+    """Read ``data.path`` as (anchor, positive) rows, and ``data.pool`` when set.
+
+    - A text file gives each sentence as its own positive.
+    - ``pairs_tsv`` (headerless, tab-separated, unquoted): fields sentence1, sentence2 and an
+      optional label.
+    - csv/tsv/jsonl/parquet: ``data.anchor_column`` / ``data.positive_column``, and
+      ``data.label_column`` or ``data.negative_column`` when set.
+
+    With labels, label-1 rows are the (anchor, positive) rows and the second texts of label-0
+    rows are given negatives of their anchor (:func:`round_robin_negatives`). Texts are
+    stripped; a row with an empty first or second text is dropped. ``data.given_negatives``
+    false leaves label-0 rows and the negative column out. ``data.max_rows`` keeps the first
+    (anchor, positive) rows.
+
+    Raises:
+        DataError: one line naming the key and the file: unreadable, a missing column, a
+            label other than 0 and 1, no label-1 row, no pair left.
+    """
     assert section.path is not None
     fmt = infer_format(section.path, section.format)
     columns = pair_columns(section)
-    negatives = None
+    labels = column_negatives = None
+    label_key = "data.label_column"
     with reading(section.path, fmt):
-        ds = read_dataset(section.path, fmt, text_columns=list(columns.values()))
+        text_columns = [c for key, c in columns.items() if key != "data.label_column"]
+        ds = read_dataset(section.path, fmt, text_columns=text_columns)
         if fmt == "text":
-            tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-            text = pa.concat_tables(tables).column("text") if tables else pa.array([], pa.string())
-            anchors = positives = _clean_text(text)  # lines that are not UTF-8 are empty here
+            anchors = seconds = _clean_text(_table(ds, ["text"]).column("text"))  # not UTF-8: empty
+        elif fmt == "pairs_tsv":
+            names = ds.schema().names
+            require_pairs_tsv_fields(names, section.path, "data.path")
+            table = _table(ds, names)
+            anchors, seconds = _clean_text(table.column("sentence1")), _clean_text(table.column("sentence2"))
+            labels = table.column("label") if "label" in names else None
+            label_key = "data.path"
         else:
             require_columns(ds, section.path, columns)
             for key, column in columns.items():
-                require_text_column(ds, section.path, key, column)
-            wanted = list(dict.fromkeys(columns.values()))
-            table = pa.concat_tables(ray.get(ds.select_columns(wanted).to_arrow_refs()))
+                if key != "data.label_column":
+                    require_text_column(ds, section.path, key, column)
+            table = _table(ds, list(dict.fromkeys(columns.values())))
             anchors = _clean_text(table.column(section.anchor_column))
-            positives = _clean_text(table.column(section.positive_column))
-            if section.negative_column:
-                negatives = _clean_text(table.column(section.negative_column))
-    keep = pc.and_(pc.greater(pc.utf8_length(anchors), 0), pc.greater(pc.utf8_length(positives), 0))
-    rows = len(anchors)
-    anchors_list = pc.filter(anchors, keep).to_pylist()
+            seconds = _clean_text(table.column(section.positive_column))
+            labels = table.column(section.label_column) if section.label_column else None
+            if "data.negative_column" in columns:
+                column_negatives = _clean_text(table.column(columns["data.negative_column"]))
+    rows_read = len(anchors)
+    keep = _non_empty(anchors) & _non_empty(seconds)
+    positive = np.ones(rows_read, dtype=bool)
+    if labels is not None:
+        positive = label_is_positive(labels, section.path, label_key)
+        if not positive.any():
+            raise DataError(
+                f"{label_key}: {section.path} has no row labelled 1 (a pair to train on) among its "
+                f"{rows_read} rows"
+            )
+    anchors_list = pc.filter(anchors, pa.array(keep & positive)).to_pylist()
     if not anchors_list:
         raise DataError(f"data.path: {section.path} has no non-empty (anchor, positive) pairs")
-    positives_list = pc.filter(positives, keep).to_pylist()
-    negatives_list = pc.filter(negatives, keep).to_pylist() if negatives is not None else None
-    if section.max_rows is not None:  # the first rows: pair files keep their own order
+    positives_list = pc.filter(seconds, pa.array(keep & positive)).to_pylist()
+    negative_rows = int((keep & ~positive).sum())
+    negatives_list = None
+    if column_negatives is not None:
+        negatives_list = pc.filter(column_negatives, pa.array(keep & positive)).to_pylist()
+    elif labels is not None and section.given_negatives:
+        negatives_list = round_robin_negatives(
+            anchors_list,
+            positives_list,
+            pc.filter(anchors, pa.array(keep & ~positive)).to_pylist(),
+            pc.filter(seconds, pa.array(keep & ~positive)).to_pylist(),
+        )
+    beyond = 0
+    if section.max_rows is not None and len(anchors_list) > section.max_rows:  # pair files keep their order
+        beyond = len(anchors_list) - section.max_rows
         anchors_list, positives_list = anchors_list[: section.max_rows], positives_list[: section.max_rows]
         negatives_list = negatives_list[: section.max_rows] if negatives_list is not None else None
-    return anchors_list, positives_list, negatives_list, rows
+    return PairRows(
+        anchors_list,
+        positives_list,
+        negatives_list,
+        rows_read,
+        empty_dropped=int((~keep).sum()),
+        negative_rows=negative_rows,
+        beyond_max_rows=beyond,
+        pool=read_pool(section) if section.pool is not None else None,
+    )
+
+
+def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | None, int]:
+    """``(anchors, positives, negatives, rows read)`` of :func:`load_pairs` (which also gives
+    the candidate pool and the counts)."""
+    rows = load_pairs(section)
+    return rows.anchors, rows.positives, rows.negatives, rows.rows_read
+
+
+def label_is_positive(labels: Any, path: str, key: str) -> np.ndarray:
+    """Per row: label 1 (True) or 0 (False). Integers, floats and booleans compare as numbers,
+    strings after stripping (``"1"``, ``"0"``).
+
+    Raises:
+        DataError: naming ``key``, the file, the first row with another value, and the value.
+    """
+    dtype = labels.type
+    if pa.types.is_dictionary(dtype):
+        labels, dtype = labels.cast(dtype.value_type), dtype.value_type
+    if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype):
+        numbers = labels.cast(pa.float64())
+        is_one, is_zero = pc.equal(numbers, 1.0), pc.equal(numbers, 0.0)
+    elif pa.types.is_null(dtype):
+        is_one = is_zero = pa.array(np.zeros(len(labels), dtype=bool))
+    else:
+        text, _ = _as_text(labels)
+        text = pc.utf8_trim_whitespace(text)
+        is_one, is_zero = pc.equal(text, "1"), pc.equal(text, "0")
+    one = pc.fill_null(is_one, False).to_numpy(zero_copy_only=False)
+    zero = pc.fill_null(is_zero, False).to_numpy(zero_copy_only=False)
+    bad = ~(one | zero)
+    if bad.any():
+        row = int(np.argmax(bad))
+        value = labels[row].as_py()
+        value = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        raise DataError(
+            f"{key}: {path}, row {row + 1}: label {value!r} is neither 1 (a pair to "
+            "train on) nor 0 (a given negative of its anchor)"
+        )
+    return one
+
+
+def round_robin_negatives(
+    anchors: list[str], positives: list[str], negative_anchors: list[str], negative_texts: list[str]
+) -> list[str]:
+    """A given negative per (anchor, positive) row from the label-0 rows
+    ``(negative_anchors[i], negative_texts[i])``: the j-th row of anchor ``a`` gets the
+    (j mod n)-th of a's n distinct label-0 texts, in file order; ``""`` where ``a`` has none.
+    A label-0 text that is also a positive of the same anchor is not its negative."""
+    positives_of: dict[str, set[str]] = defaultdict(set)
+    for anchor, text in zip(anchors, positives, strict=True):
+        positives_of[anchor].add(text)
+    candidates: dict[str, dict[str, None]] = defaultdict(dict)  # ordered, distinct
+    for anchor, text in zip(negative_anchors, negative_texts, strict=True):
+        if text not in positives_of[anchor]:
+            candidates[anchor][text] = None
+    ordered = {anchor: list(texts) for anchor, texts in candidates.items()}
+    seen: dict[str, int] = defaultdict(int)
+    negatives = []
+    for anchor in anchors:
+        texts = ordered.get(anchor)
+        if texts:
+            negatives.append(texts[seen[anchor] % len(texts)])
+            seen[anchor] += 1
+        else:
+            negatives.append("")
+    return negatives
+
+
+def read_pool(section: DataSection) -> list[str]:
+    """The distinct non-empty texts of ``data.pool`` in first-seen order: lines of a text
+    file, ``data.pool_text_column`` of a csv/tsv/jsonl/parquet file, every sentence2 of a
+    ``pairs_tsv`` file.
+
+    Raises:
+        DataError: naming ``data.pool`` (unreadable, no text) or ``data.pool_text_column``.
+    """
+    path = section.pool
+    assert path is not None
+    fmt = infer_format(path, section.pool_format, key="data.pool_format")
+    columns = pool_columns(section)
+    with reading(path, fmt, key="data.pool"):
+        ds = read_dataset(path, fmt, text_columns=list(columns.values()))
+        if fmt == "text":
+            texts = _table(ds, ["text"]).column("text")
+        elif fmt == "pairs_tsv":
+            require_pairs_tsv_fields(ds.schema().names, path, "data.pool")
+            texts = _table(ds, ["sentence2"]).column("sentence2")
+        else:
+            require_columns(ds, path, columns)
+            require_text_column(ds, path, "data.pool_text_column", section.pool_text_column)
+            texts = _table(ds, [section.pool_text_column]).column(section.pool_text_column)
+    cleaned = _clean_text(texts)
+    distinct = pc.unique(pc.filter(cleaned, pa.array(_non_empty(cleaned)))).to_pylist()
+    if not distinct:
+        raise DataError(f"data.pool: {path} has no non-empty texts")
+    return distinct
 
 
 @dataclass
@@ -81,17 +285,33 @@ class Triplets:
     positive: np.ndarray
     negative: np.ndarray
     """Given negative per row, -1 where none."""
+    pool: np.ndarray | None = None
+    """Positions of the candidate texts mining searches (``data.pool``: a separate corpus whose
+    texts were added to the table, with the distinct positives, as sentence-transformers'
+    ``mine_hard_negatives(corpus=...)`` adds them); None: the distinct positives."""
 
     def __len__(self) -> int:
         return len(self.anchor)
 
+    def candidate_pool(self) -> np.ndarray:
+        """Sorted, distinct positions of the texts negatives are mined from."""
+        return np.unique(self.pool if self.pool is not None else self.positive)
+
 
 def index_triplets(
-    anchors: list[str], positives: list[str], negatives: list[str] | None
+    anchors: list[str],
+    positives: list[str],
+    negatives: list[str] | None,
+    pool: list[str] | None = None,
 ) -> tuple[pa.Table, Triplets]:
     """One ``(id, text)`` table of every distinct text, sorted by id, and the rows as positions
-    in it: each text is tokenized and encoded once however often it occurs."""
+    in it: each text is tokenized and encoded once however often it occurs.
+
+    ``pool``: candidate texts for mining (``data.pool``); they join the table, and
+    ``Triplets.pool`` holds their positions and the distinct positives'.
+    """
     texts = set(anchors) | set(positives) | ({t for t in negatives if t} if negatives else set())
+    texts |= set(pool or ())
     ids = np.array([stable_row_id(t) for t in texts], dtype=np.int64)
     text_list = list(texts)
     order = np.argsort(ids)
@@ -102,9 +322,20 @@ def index_triplets(
         if negatives is not None
         else np.full(len(anchors), -1, dtype=np.int64)
     )
+    positive = np.array([position[t] for t in positives], dtype=np.int64)
     triplets = Triplets(
         np.array([position[t] for t in anchors], dtype=np.int64),
-        np.array([position[t] for t in positives], dtype=np.int64),
+        positive,
         negative,
+        pool=(
+            np.union1d(np.array([position[t] for t in pool], dtype=np.int64), positive)
+            if pool is not None
+            else None
+        ),
     )
     return table, triplets
+
+
+def index_pairs(rows: PairRows) -> tuple[pa.Table, Triplets]:
+    """:func:`index_triplets` of what :func:`load_pairs` read, the pool included."""
+    return index_triplets(rows.anchors, rows.positives, rows.negatives, rows.pool)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -17,6 +18,12 @@ class TokenizeStats:
     truncated: int
     """Sentences longer than ``max_seq_len`` tokens (special tokens included), cut to it."""
     max_seq_len: int
+    unk_tokens: int = 0
+    """``[UNK]`` tokens in the tokenized (truncated) corpus."""
+    word_tokens: int = 0
+    """Tokens other than special ones (``[CLS]``, ``[SEP]``, ...), ``[UNK]`` included."""
+    has_unk: bool = False
+    """The tokenizer has an unknown token; without one there is no ``[UNK]`` share."""
 
     HINT_SHARE = 0.05
     """From this share of truncated sentences on, :meth:`describe` suggests a longer
@@ -39,6 +46,46 @@ class TokenizeStats:
 
     def tags(self) -> dict[str, int]:
         return {"data.truncated": self.truncated}
+
+    UNK_WARN_SHARE = 0.01
+    """From this share of ``[UNK]`` tokens on, :meth:`unk_warning` warns."""
+
+    @property
+    def unk_share(self) -> float | None:
+        """``[UNK]`` tokens among the corpus' non-special tokens; None when the tokenizer has
+        no unknown token."""
+        if not self.has_unk:
+            return None
+        return self.unk_tokens / self.word_tokens if self.word_tokens else 0.0
+
+    def unk_warning(self) -> str | None:
+        """One line when at least :attr:`UNK_WARN_SHARE` of the tokens are ``[UNK]``: the
+        model cannot tell those words apart, whatever it is trained on."""
+        share = self.unk_share
+        if share is None or share < self.UNK_WARN_SHARE:
+            return None
+        return (
+            f"warning: {share:.1%} of the corpus' tokens are [UNK] ({self.unk_tokens} of "
+            f"{self.word_tokens}): the tokenizer probably does not cover this language or "
+            "script; use a model whose vocabulary does"
+        )
+
+
+def count_unknown(input_ids: Any, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``input_ids`` (list<int>): ``[UNK]`` tokens and tokens that are not special
+    (``[UNK]`` counts as one of those). Zeros when the tokenizer has no unknown token."""
+    if isinstance(input_ids, pa.ChunkedArray):
+        input_ids = input_ids.combine_chunks()
+    rows = len(input_ids)
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+    if unk_id is None or rows == 0:
+        return np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+    flat = pc.list_flatten(input_ids).to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(input_ids).to_numpy(zero_copy_only=False)
+    special = np.array(sorted(set(tokenizer.all_special_ids) - {unk_id}), dtype=flat.dtype)
+    unk = np.bincount(parents, weights=flat == unk_id, minlength=rows)
+    words = np.bincount(parents, weights=~np.isin(flat, special), minlength=rows)
+    return unk.astype(np.int32), words.astype(np.int32)
 
 
 def _encode(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
@@ -89,7 +136,9 @@ class _TokenizeBatches:
         self.max_seq_len = max_seq_len
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return tokenize_table(batch, self.tokenizer, self.max_seq_len, flag_truncated=True)
+        table = tokenize_table(batch, self.tokenizer, self.max_seq_len, flag_truncated=True)
+        unk, words = count_unknown(table.column("input_ids"), self.tokenizer)
+        return table.append_column("unk_tokens", pa.array(unk)).append_column("word_tokens", pa.array(words))
 
 
 def tokenize_corpus_with_stats(
@@ -98,8 +147,8 @@ def tokenize_corpus_with_stats(
     """Tokenize ``(id, text)`` with Ray Data ``map_batches`` over a pool of tokenizer actors.
 
     Returns:
-        ``(id, text, input_ids)`` in the input's row order (sorted by id), and how many
-        sentences were cut to ``data.max_seq_len``.
+        ``(id, text, input_ids)`` in the input's row order (sorted by id), how many
+        sentences were cut to ``data.max_seq_len``, and the corpus' ``[UNK]`` share.
     """
     import warnings
 
@@ -129,10 +178,18 @@ def tokenize_corpus_with_stats(
             max_restarts=0,
         )
     tokenized = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+
+    def total(column: str) -> int:
+        return int(pc.sum(tokenized.column(column)).as_py() or 0)
+
     stats = TokenizeStats(
         sentences=tokenized.num_rows,
-        truncated=int(pc.sum(tokenized.column("truncated")).as_py() or 0),
+        truncated=total("truncated"),
         max_seq_len=section.max_seq_len,
+        unk_tokens=total("unk_tokens"),
+        word_tokens=total("word_tokens"),
+        has_unk=getattr(tokenizer, "unk_token_id", None) is not None,
     )
     # Blocks may finish out of order; ids are unique, so sorting restores the input order.
-    return tokenized.drop_columns(["truncated"]).sort_by("id").combine_chunks(), stats
+    tokenized = tokenized.drop_columns(["truncated", "unk_tokens", "word_tokens"])
+    return tokenized.sort_by("id").combine_chunks(), stats
