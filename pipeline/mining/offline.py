@@ -1,8 +1,10 @@
 """Offline hard-negative mining: (anchor, positive) pairs in, (anchor, positive, negative_1..n) out.
 
 Input is a text file (one sentence per line; the anchor is its own positive, as in
-unsupervised SimCSE) or pairs in csv/tsv/jsonl/parquet. The candidate pool is every
-distinct positive. Each anchor's ``mining.top_k`` nearest candidates go through
+unsupervised SimCSE) or pairs as the training job reads them (csv/tsv/jsonl/parquet columns,
+labelled rows, headerless ``pairs_tsv``). The candidate pool is every distinct positive and
+the texts of ``data.pool``: with the same config and model, the negatives are those the
+training job mines before epoch 1. Each anchor's ``mining.top_k`` nearest candidates go through
 :func:`pipeline.mining.negatives.select_negatives`; anchors left with fewer than
 ``mining.num_negatives`` negatives are dropped from the output and counted. The output
 (parquet or jsonl, by extension) loads as a sentence-transformers training dataset.
@@ -23,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config.schema import Config
-from pipeline.data.pairs import index_triplets, read_pairs
+from pipeline.data.pairs import index_pairs, load_pairs
 from pipeline.data.readers import DataError
 from pipeline.data.tokenized import dataset_digest
 from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
@@ -117,9 +119,9 @@ def mine_pairs(
     echo: Any = None,
     pool_texts: list[str] | None = None,
 ) -> tuple[pa.Table, MiningReport]:
-    """Mine negatives for each (anchor, positive) among the candidate pool: ``pool_texts``
-    (``data.pool``), else the distinct positives. Every positive any row gives an anchor's
-    text is excluded from its candidates, as the training miner does.
+    """Mine negatives for each (anchor, positive) among the candidate pool: the distinct
+    positives and ``pool_texts`` (``data.pool``), as the training miner's pool. Every positive
+    any row gives an anchor's text is excluded from its candidates, as the training miner does.
 
     Returns the output table (``anchor``, ``positive``, ``negative_1``..``negative_n``) and
     the report of what each filter removed.
@@ -131,7 +133,7 @@ def mine_pairs(
     device = device or torch.device("cpu")
     mining = cfg.mining
     report = MiningReport(rows_in=len(anchors), negatives_per_row=mining.num_negatives)
-    pool = sorted(set(pool_texts if pool_texts is not None else positives))
+    pool = sorted(set(positives).union(pool_texts or ()))
     report.candidate_pool = len(pool)
     t0 = time.perf_counter()
 
@@ -254,9 +256,11 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
         tracked.set_tags(
             {"simcse.job": "mine", "simcse.output": output, "simcse.model": cfg.model.name_or_path}
         )
-        anchors, positives, negatives, rows = read_pairs(cfg.data)
-        echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs")
-        texts, pairs = index_triplets(anchors, positives, negatives)
+        read = load_pairs(cfg.data)
+        anchors, positives, rows = read.anchors, read.positives, read.rows_read
+        pool_note = f", pool {cfg.data.pool}: {len(read.pool)} texts" if read.pool is not None else ""
+        echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs{pool_note}")
+        texts, pairs = index_pairs(read)
         no_commit = log_run_context(
             tracked, cfg.data.path, len(anchors), dataset_digest(texts, pairs), "pairs", context="mining"
         )
@@ -266,9 +270,9 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
             model_dir = fetch_pretrained_dir(cfg.model.name_or_path, tmp)
             tokenizer = load_tokenizer(model_dir)
             model = load_sentence_encoder(model_dir, pooler=cfg.model.pooler)
-        table, report = mine_pairs(anchors, positives, model, tokenizer, cfg, echo=echo)
+        table, report = mine_pairs(anchors, positives, model, tokenizer, cfg, echo=echo, pool_texts=read.pool)
         report.rows_in = rows
-        report.pairs_dropped_empty = rows - len(anchors)
+        report.pairs_dropped_empty = read.empty_dropped
         report.run_id, report.experiment, report.tracking_uri = (
             tracked.run_id,
             cfg.tracking.experiment,
