@@ -1,13 +1,18 @@
-"""Evaluate a sentence encoder on STS files: Spearman x 100 of cosine similarity.
+"""Evaluate a sentence encoder on STS files (Spearman x 100 of cosine similarity) and on
+retrieval sets (nDCG@10, MRR@10, Recall@1/@10/@100 x 100).
 
     python jobs/evaluate.py --model runs/demo/model --sts runs/demo/generated_sts.tsv
     python jobs/evaluate.py --model DIR --sts sts-dev.csv --sts cnsd-sts-dev.txt --json
     python jobs/evaluate.py --model DIR --sts sts-dev.csv --whiten-on corpus.txt --whitening-dim 256
+    python jobs/evaluate.py --model DIR --retrieval beir-folder --retrieval pairs.tsv --json
 
 Reads the STS-B release (tab-separated), CNSD (id||s1||s2||score) and csv/tsv/jsonl with
-sentence1, sentence2, score columns. Prints a table (one row per file, plus their average for
-several), or with --json one JSON object: spearman and pairs (the average and the total for
-several files) and files. A model folder with a whitening layer is scored with and without it.
+sentence1, sentence2, score columns. Retrieval sets are BEIR folders (queries.jsonl,
+corpus.jsonl, qrels/dev.tsv; FOLDER#SPLIT for another qrels split) or pair files
+(sentence1, sentence2, label 0/1: a headerless, unquoted .tsv, or .csv/.jsonl/.parquet).
+Prints a table per kind, or with --json one JSON object: spearman and pairs (the average and
+the total for several STS files) and files, and retrieval with one entry per set. A model
+folder with a whitening layer is scored with and without it on STS.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", required=True, metavar="DIR", help="model folder (a pipeline export or any HF/ST folder)"
     )
-    parser.add_argument("--sts", action="append", required=True, metavar="FILE", help="STS file (repeatable)")
+    parser.add_argument("--sts", action="append", default=[], metavar="FILE", help="STS file (repeatable)")
+    parser.add_argument(
+        "--retrieval",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="retrieval set: a BEIR folder (FOLDER#SPLIT picks the qrels) or a pair file (repeatable)",
+    )
     parser.add_argument(
         "--format",
         default="auto",
@@ -68,8 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-whitening", action="store_true", help="ignore a whitening layer in the folder")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = parser.parse_args(argv)
+    if not args.sts and not args.retrieval:
+        parser.error("give at least one --sts FILE or --retrieval PATH")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        from pipeline.evaluation.retrieval_scoring import (
+            evaluate_retrieval_model_dir,
+            format_retrieval_table,
+        )
+        from pipeline.evaluation.retrieval_sets import read_retrieval_sets
         from pipeline.evaluation.scoring import (
             evaluate_model_dir,
             format_table,
@@ -81,16 +100,26 @@ def main(argv: list[str] | None = None) -> int:
         quiet_libraries()
         if not os.path.isdir(args.model):
             raise FileNotFoundError(f"--model: no model folder at {args.model}")
-        scores = evaluate_model_dir(
-            args.model,
-            args.sts,
-            format=args.format,
-            batch_size=args.batch_size,
-            max_seq_len=args.max_seq_len,
-            positive_threshold=args.positive_threshold,
-            use_saved_whitening=not args.no_whitening,
-            whitening_texts=read_sentences(args.whiten_on, args.whitening_rows) if args.whiten_on else None,
-            whitening_dim=args.whitening_dim,
+        retrieval_sets = read_retrieval_sets(args.retrieval)  # a bad set fails before any encoding
+        scores = []
+        if args.sts:
+            scores = evaluate_model_dir(
+                args.model,
+                args.sts,
+                format=args.format,
+                batch_size=args.batch_size,
+                max_seq_len=args.max_seq_len,
+                positive_threshold=args.positive_threshold,
+                use_saved_whitening=not args.no_whitening,
+                whitening_texts=read_sentences(args.whiten_on, args.whitening_rows)
+                if args.whiten_on
+                else None,
+                whitening_dim=args.whitening_dim,
+            )
+        retrieval = (
+            evaluate_retrieval_model_dir(args.model, retrieval_sets, args.batch_size, args.max_seq_len)
+            if retrieval_sets
+            else []
         )
     except Exception as exc:
         if args.debug:
@@ -100,13 +129,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(score_summary(scores)))
-    else:
-        print(
+        summary = score_summary(scores) if scores else {}
+        if retrieval:
+            summary["retrieval"] = [score.as_dict() for score in retrieval]
+        print(json.dumps(summary))
+        return 0
+    tables = []
+    if scores:
+        tables.append(
             format_table(
                 scores, title=f"STS evaluation of {args.model} (Spearman x 100 of cosine similarity)"
             )
         )
+    if retrieval:
+        tables.append(
+            format_retrieval_table(
+                retrieval, title=f"Retrieval evaluation of {args.model} (x 100, cosine similarity)"
+            )
+        )
+    print("\n\n".join(tables))
     return 0
 
 

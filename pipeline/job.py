@@ -29,6 +29,8 @@ from pipeline.config.loading import dump_yaml
 from pipeline.config.schema import Config
 from pipeline.data.readers import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
+from pipeline.evaluation.in_training import check_eval_sets
+from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.scoring import read_sts_files, with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts
 from pipeline.model.folders import check_model_path, quiet_libraries
@@ -67,12 +69,14 @@ def run_train_job(cfg: Config, echo: Echo = print) -> JobSummary:
     started_at = time.perf_counter()
     check_train_inputs(cfg)
     sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)  # bad STS files fail before any compute
+    retrieval_sets = read_retrieval_sets(cfg.eval.retrieval)  # and bad retrieval sets
     resolved = resolve_config(cfg)
     # resolve_config puts the generated STS file (if any) before the configured ones.
     generated_sts = resolved.eval.sts[: len(resolved.eval.sts) - len(cfg.eval.sts)]
     if generated_sts:
         sts_files = with_distinct_names([*(read_sts(p, "stsb") for p in generated_sts), *sts_files])
-    return _run_resolved(resolved, sts_files, started_at, echo)
+    check_eval_sets(resolved.eval, [f.name for f in sts_files], [s.name for s in retrieval_sets])
+    return _run_resolved(resolved, sts_files, started_at, echo, retrieval_sets)
 
 
 def check_train_inputs(cfg: Config) -> None:
@@ -116,7 +120,13 @@ def resolve_config(cfg: Config) -> Config:
     return resolved
 
 
-def _run_resolved(cfg: Config, sts_files: list[STSPairs], started_at: float, echo: Echo) -> JobSummary:
+def _run_resolved(
+    cfg: Config,
+    sts_files: list[STSPairs],
+    started_at: float,
+    echo: Echo,
+    retrieval_sets: list[RetrievalSet] | None = None,
+) -> JobSummary:
     """Open the MLflow run, record the resolved ``cfg`` and train in a Ray session; the run
     is FINISHED with the summary as its description, or FAILED."""
     assert cfg.run.name is not None
@@ -143,7 +153,7 @@ def _run_resolved(cfg: Config, sts_files: list[STSPairs], started_at: float, ech
         tracked.log_artifact(resolved_file)
         with ray_session(cfg) as started_ray:
             check_cluster_fits(cfg, started_ray)
-            summary = train_in_ray(cfg, tracked, storage_root, sts_files, echo)
+            summary = train_in_ray(cfg, tracked, storage_root, sts_files, echo, retrieval_sets=retrieval_sets)
     summary = dataclasses.replace(summary, wall_seconds=time.perf_counter() - started_at)
     tracked.set_note("```\n" + summary.render() + "\n```")
     tracked.finish()
@@ -151,7 +161,12 @@ def _run_resolved(cfg: Config, sts_files: list[STSPairs], started_at: float, ech
 
 
 def train_in_ray(
-    cfg: Config, tracked: TrackedRun, storage_root: str, sts_files: list[STSPairs], echo: Echo
+    cfg: Config,
+    tracked: TrackedRun,
+    storage_root: str,
+    sts_files: list[STSPairs],
+    echo: Echo,
+    retrieval_sets: list[RetrievalSet] | None = None,
 ) -> JobSummary:
     """The job's sections inside the Ray session: data, model, miner, trainer and export.
 
@@ -161,7 +176,7 @@ def train_in_ray(
     run_dir = run_dir_of(cfg)
     data = load_training_data(cfg, tracked, echo)
     inputs = tokenize_inputs(cfg, data, run_dir, tracked, echo)
-    refs = put_inputs(cfg, data, inputs, sts_files, echo)
+    refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
     with miner_actor(cfg, tracked, refs) as (miner, miner_pid):
         result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo)
         summary = export_and_summarise(cfg, tracked, result, describe_corpus(data, inputs), run_dir)
@@ -226,6 +241,7 @@ def fit(
         corpus_ref=refs.corpus,
         triplets_ref=refs.triplets,
         eval_ref=refs.eval,
+        retrieval_ref=refs.retrieval,
         miner=miner,
         miner_pid=miner_pid,
         tracking_uri=tracked.tracking_uri,

@@ -72,22 +72,33 @@ class JobSummary:
         return len(self.history.epoch_losses)
 
     def sts_line(self) -> str | None:
-        """``first file: start -> exported (epoch N)``, from the evaluation history."""
+        """``first file: start -> exported`` (Spearman), each retrieval set's nDCG@10 the same
+        way, and which evaluation was exported, from the evaluation history."""
         evaluations = self.history.evaluations
         if not evaluations or self.exported_step is None:
             return None
         first = evaluations[0]
-        key = next(k for k in first if k.startswith("sts_") and k.endswith("_spearman"))
         start = first if first["epoch"] == 0 else None
         shipped = next((h for h in evaluations if h["step"] == self.exported_step), None)
         if shipped is None:
             return None
-        before = f"{start[key]:.2f} -> " if start is not None else ""
-        text = f"{key.removeprefix('sts_').removesuffix('_spearman')} spearman {before}{shipped[key]:.2f}"
-        whitened = key + "_whitened"
-        if whitened in shipped:
-            w_before = f"{start[whitened]:.2f} -> " if start is not None and whitened in start else ""
-            text += f" (whitened {w_before}{shipped[whitened]:.2f})"
+
+        def change(key: str) -> str:
+            before = f"{start[key]:.2f} -> " if start is not None and key in start else ""
+            return f"{before}{shipped.get(key, float('nan')):.2f}"
+
+        parts = []
+        key = next((k for k in first if k.startswith("sts_") and k.endswith("_spearman")), None)
+        if key is not None:
+            text = f"{key.removeprefix('sts_').removesuffix('_spearman')} spearman {change(key)}"
+            if key + "_whitened" in shipped:
+                text += f" (whitened {change(key + '_whitened')})"
+            parts.append(text)
+        for key in (k for k in first if k.startswith("retrieval_") and k.endswith("_ndcg_at_10")):
+            parts.append(
+                f"{key.removeprefix('retrieval_').removesuffix('_ndcg_at_10')} ndcg@10 {change(key)}"
+            )
+        text = "; ".join(parts)
         candidates = len(evaluations) - (start is not None)
         return (
             f"{text}; exported epoch {self.exported_epoch:g} (step {self.exported_step}, best of "

@@ -20,6 +20,8 @@ from pipeline.data.corpus import load_clean_corpus
 from pipeline.data.pairs import Triplets, index_pairs, load_pairs
 from pipeline.data.tokenize import tokenize_corpus_with_stats
 from pipeline.data.tokenized import dataset_digest
+from pipeline.evaluation.retrieval_scoring import RetrievalEvalSet
+from pipeline.evaluation.retrieval_sets import RetrievalSet
 from pipeline.evaluation.scoring import STSEvalSet
 from pipeline.evaluation.sts import STSPairs
 from pipeline.model.folders import fetch_pretrained_dir, load_tokenizer, pack_dir
@@ -71,7 +73,10 @@ class InputRefs:
     """The packed initial model folder (:func:`pipeline.model.folders.pack_dir`)."""
     triplets: Any = None
     eval: Any = None
-    """The :class:`~pipeline.evaluation.scoring.STSEvalSet`; None without evaluation."""
+    """The :class:`~pipeline.evaluation.scoring.STSEvalSet`; None without STS evaluation."""
+    retrieval: Any = None
+    """The :class:`~pipeline.evaluation.retrieval_scoring.RetrievalEvalSet`; None without
+    retrieval evaluation."""
 
 
 def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
@@ -183,10 +188,15 @@ def tokenize_inputs(
 
 
 def put_inputs(
-    cfg: Config, data: TrainingData, inputs: TokenizedInputs, sts_files: list[STSPairs], echo: Echo
+    cfg: Config,
+    data: TrainingData,
+    inputs: TokenizedInputs,
+    sts_files: list[STSPairs],
+    echo: Echo,
+    retrieval_sets: list[RetrievalSet] | None = None,
 ) -> InputRefs:
-    """Put the tokenized corpus, the packed model folder, the triplets and the STS evaluation
-    set in the object store once, so that each node fetches them once."""
+    """Put the tokenized corpus, the packed model folder, the triplets and the STS and
+    retrieval evaluation sets in the object store once, so that each node fetches them once."""
     import ray
 
     corpus_ref = ray.put(inputs.corpus)
@@ -201,4 +211,13 @@ def put_inputs(
             f"{eval_set.num_sentences} sentences, evaluated at the start and every epoch end"
             + (f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else "")
         )
-    return InputRefs(corpus_ref, model_ref, triplets_ref, eval_ref)
+    retrieval_ref = None
+    if retrieval_sets:
+        retrieval_set = RetrievalEvalSet(retrieval_sets, inputs.tokenizer, cfg.data.max_seq_len)
+        retrieval_ref = ray.put(retrieval_set)
+        echo(
+            f"[eval] retrieval {retrieval_set.describe()}: {retrieval_set.num_sentences} texts, "
+            "evaluated at the start and every epoch end"
+            + (f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else "")
+        )
+    return InputRefs(corpus_ref, model_ref, triplets_ref, eval_ref, retrieval_ref)

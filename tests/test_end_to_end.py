@@ -220,12 +220,24 @@ def test_demo_trains_mines_and_logs(tmp_path):
 
 
 def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corpus):
-    """`model.name_or_path` = a HF model folder and `data.path` = a jsonl file with a text column."""
+    """`model.name_or_path` = a HF model folder and `data.path` = a jsonl file with a text column;
+    evaluated on a retrieval set only (no STS file), which picks the exported model."""
     import json
 
-    texts, _ = paraphrase_corpus
+    texts, groups = paraphrase_corpus
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"sentence": t, "source": "gen"}) + "\n" for t in texts))
+    # retrieval pairs: a group's first member finds its second and third (label 1) among them
+    # and the next group's members (label 0)
+    members: dict[int, list[str]] = {}
+    for text, group in zip(texts, groups.tolist(), strict=True):
+        members.setdefault(group, []).append(text)
+    ordered = list(members.values())
+    pairs = tmp_path / "groups.tsv"
+    pairs.write_text("".join(
+        f"{m[0]}\t{m[1]}\t1\n{m[0]}\t{m[2]}\t1\n{m[0]}\t{ordered[(g + 1) % 60][3]}\t0\n"
+        for g, m in enumerate(ordered[:60])
+    ))  # fmt: skip
     proc = _run_job(
         tmp_path,
         "run.name=folder",
@@ -239,10 +251,29 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         "mining.batch_sampler=mixed",  # a refreshed epoch from another sampler, debiased
         "mining.debias=threshold",
         "tracking.experiment=folder",
+        f"eval.retrieval={pairs}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{len(texts)} sentences (0 empty, 0 duplicates dropped)" in proc.stdout
     run = _only_run(_client(tmp_path), "folder")
+    # retrieval at the start and both epoch ends; the better epoch's nDCG@10 picked the export
+    client, run_id = _client(tmp_path), run.info.run_id
+    ndcg = {m.step: m.value for m in client.get_metric_history(run_id, "eval/retrieval_groups_ndcg_at_10")}
+    steps_per_epoch = -(-len(texts) // 32)
+    assert sorted(ndcg) == [0, steps_per_epoch, 2 * steps_per_epoch]
+    score = {m.step: m.value for m in client.get_metric_history(run_id, "eval/score")}
+    assert score == ndcg
+    for name in ("mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100"):
+        assert len(client.get_metric_history(run_id, f"eval/retrieval_groups_{name}")) == 3, name
+    best_step = max((s for s in ndcg if s > 0), key=ndcg.get)
+    assert run.data.tags["simcse.exported_step"] == str(best_step)
+    assert run.data.metrics["best/retrieval_groups_ndcg_at_10"] == ndcg[best_step]
+    assert (
+        "[eval] retrieval groups (60 queries, 180 documents): 240 texts, evaluated at the start"
+        in proc.stdout
+    )
+    assert "[eval] epoch 1 step " in proc.stdout and ": groups ndcg@10 " in proc.stdout
+    assert f"groups ndcg@10 {ndcg[0]:.2f} -> {ndcg[best_step]:.2f}; exported epoch" in proc.stdout
     assert run.info.status == "FINISHED" and run.data.params["model.name_or_path"] == str(tiny_model_dir)
     assert run.data.params["train.dup_rate"] == "0.32"
     # Epoch 2 trained on the mixed sampler's plan, carrying each row's likely paraphrases to

@@ -1,19 +1,27 @@
-"""STS evaluation inside the train loop, sharded over the workers.
+"""STS and retrieval evaluation inside the train loop, sharded over the workers.
 
-Every worker encodes its slice of the STS sentences (and of the whitening sample), the
-slices are gathered to rank 0, and rank 0 scores them. Evaluation then costs each worker
-1/world of the encoding instead of idling while rank 0 encodes everything.
+Every worker encodes its slice of the STS sentences, of the retrieval sets' texts (and of
+the whitening sample), the slices are gathered to rank 0, and rank 0 scores them. Evaluation
+then costs each worker 1/world of the encoding instead of idling while rank 0 encodes
+everything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline.config.sections import EvalSection
+from pipeline.config.sections import SELECTABLE_METRICS, ConfigError, EvalSection
+from pipeline.evaluation.retrieval_scoring import (
+    RetrievalEvalSet,
+    RetrievalSetScore,
+    metric_key,
+    score_retrieval_embeddings,
+)
 from pipeline.evaluation.scoring import STSEvalSet, STSScore, score_embeddings
 from pipeline.evaluation.whitening import Whitening, fit_whitening
 from pipeline.model.encode import sharded_encode
@@ -26,18 +34,76 @@ class EvalOutcome:
 
     scores: list[STSScore]
     whitening: Whitening | None
+    retrieval: list[RetrievalSetScore] = field(default_factory=list)
+    select_by: str | None = None
+    """``eval.select_by``: the metric that picks the best checkpoint (None: the default)."""
 
     @property
     def selection_score(self) -> float:
-        """The first STS file's score (whitened when whitening is on): what picks the best checkpoint."""
-        return self.scores[0].selection_score
+        """What picks the best checkpoint: the ``select_by`` metric (NaN where it was not
+        measured), else the first STS file's score (whitened when whitening is on), else the
+        first retrieval set's nDCG@10."""
+        if self.select_by is not None:
+            return self._set_metrics().get(self.select_by, math.nan)
+        if self.scores:
+            return self.scores[0].selection_score
+        return self.retrieval[0].ndcg_at_10
+
+    def _set_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for score in [*self.scores, *self.retrieval]:
+            out.update(score.metrics())
+        return out
 
     def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for score in self.scores:
-            out.update(score.metrics())
+        out = self._set_metrics()
         out["eval_score"] = self.selection_score
         return out
+
+    def describe(self) -> str:
+        """The ``[eval]`` line's scores: the first STS file's, then each retrieval set's nDCG@10."""
+        parts = []
+        if self.scores:
+            first = self.scores[0]
+            whitened = (
+                f" ({first.spearman_whitened:.2f} whitened)" if first.spearman_whitened is not None else ""
+            )
+            parts.append(
+                f"{first.name} spearman {first.spearman:.2f}{whitened}, "
+                f"alignment {first.alignment:.3f}, uniformity {first.uniformity:.3f}"
+            )
+        parts += [f"{r.name} ndcg@10 {r.ndcg_at_10:.2f}, mrr@10 {r.mrr_at_10:.2f}" for r in self.retrieval]
+        return "; ".join(parts)
+
+
+def selectable_metrics(sts_names: list[str], retrieval_names: list[str], whitening: bool) -> list[str]:
+    """Every metric ``eval.select_by`` can name for these STS files and retrieval sets."""
+    sts_metrics = [m for m in SELECTABLE_METRICS["sts"] if whitening or m != "spearman_whitened"]
+    return [f"sts_{metric_key(n)}_{m}" for n in sts_names for m in sts_metrics] + [
+        f"retrieval_{metric_key(n)}_{m}" for n in retrieval_names for m in SELECTABLE_METRICS["retrieval"]
+    ]
+
+
+def check_eval_sets(section: EvalSection, sts_names: list[str], retrieval_names: list[str]) -> None:
+    """The eval section against the sets the job really evaluates (names known once read).
+
+    Raises:
+        ConfigError: ``eval.select_by`` names no metric of these sets, or ``eval.whitening``
+            is on with retrieval sets but no STS file (nothing would pick by the whitened score).
+    """
+    if section.whitening and retrieval_names and not sts_names:
+        raise ConfigError(
+            "eval.whitening needs an eval.sts file: retrieval scores the plain embeddings, so a "
+            "retrieval-only run would export a whitening it never measured"
+        )
+    if section.select_by is None:
+        return
+    choices = selectable_metrics(sts_names, retrieval_names, section.whitening)
+    if section.select_by not in choices:
+        raise ConfigError(
+            f"eval.select_by: no metric {section.select_by!r} among the evaluated sets "
+            f"(one of {', '.join(choices) or 'none: set eval.sts or eval.retrieval'})"
+        )
 
 
 def eval_metric_names(metrics: dict[str, float]) -> dict[str, float]:
@@ -47,21 +113,27 @@ def eval_metric_names(metrics: dict[str, float]) -> dict[str, float]:
 
 
 class TrainingEvaluator:
-    """Evaluates the live model on the configured STS files (all ranks must call :meth:`evaluate`)."""
+    """Evaluates the live model on the configured STS files and retrieval sets (all ranks must
+    call :meth:`evaluate`)."""
 
     def __init__(
         self,
         section: EvalSection,
-        eval_set: STSEvalSet,
+        eval_set: STSEvalSet | None,
         train_corpus: Any,
         seed: int,
         rank: int,
         world: int,
         device: torch.device,
+        retrieval_set: RetrievalEvalSet | None = None,
     ):
+        if eval_set is None and retrieval_set is None:
+            raise ValueError("TrainingEvaluator needs an STS or a retrieval eval set")
         self.section = section
         self.eval_set = eval_set
-        self.sts_corpus = eval_set.corpus()
+        self.sts_corpus = eval_set.corpus() if eval_set is not None else None
+        self.retrieval_set = retrieval_set
+        self.retrieval_corpus = retrieval_set.corpus() if retrieval_set is not None else None
         self.train_corpus = train_corpus
         self.rank, self.world, self.device = rank, world, device
         self.whitening_rows: np.ndarray | None = None
@@ -72,10 +144,23 @@ class TrainingEvaluator:
 
     def evaluate(self, model: SentenceEncoder) -> EvalOutcome | None:
         """Score the model (in eval mode, no dropout); the outcome on rank 0, None elsewhere."""
-        rows = np.arange(self.eval_set.num_sentences)
-        embeddings = sharded_encode(
-            model, self.sts_corpus, rows, self.section.batch_size, self.device, self.rank, self.world
-        )
+        embeddings = retrieval_embeddings = None
+        if self.eval_set is not None:
+            rows = np.arange(self.eval_set.num_sentences)
+            embeddings = sharded_encode(
+                model, self.sts_corpus, rows, self.section.batch_size, self.device, self.rank, self.world
+            )
+        if self.retrieval_set is not None:
+            rows = np.arange(self.retrieval_set.num_sentences)
+            retrieval_embeddings = sharded_encode(
+                model,
+                self.retrieval_corpus,
+                rows,
+                self.section.batch_size,
+                self.device,
+                self.rank,
+                self.world,
+            )
         whitening = None
         if self.whitening_rows is not None:
             corpus_embeddings = sharded_encode(
@@ -91,6 +176,12 @@ class TrainingEvaluator:
                 whitening = fit_whitening(corpus_embeddings, self.section.whitening_dim)
         if self.rank != 0:
             return None
-        assert embeddings is not None
-        scores = score_embeddings(self.eval_set, embeddings, self.section.positive_threshold, whitening)
-        return EvalOutcome(scores, whitening)
+        scores = []
+        if self.eval_set is not None:
+            assert embeddings is not None
+            scores = score_embeddings(self.eval_set, embeddings, self.section.positive_threshold, whitening)
+        retrieval = []
+        if self.retrieval_set is not None:
+            assert retrieval_embeddings is not None
+            retrieval = score_retrieval_embeddings(self.retrieval_set, retrieval_embeddings)
+        return EvalOutcome(scores, whitening, retrieval, self.section.select_by)

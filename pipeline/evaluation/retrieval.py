@@ -30,10 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TIE_TOLERANCE = 1e-9
-"""Cosines closer than this count as equal. The same vector compared through two rows of a
-matrix product can differ in the last bits (BLAS sums blocks in different orders), which
-must not decide a rank; real differences between float32 model outputs are far larger."""
+from pipeline.evaluation.retrieval_metrics import TIE_TOLERANCE, expected_reciprocal_rank
 
 QUERY_BLOCK = 1024
 """Queries scored per matrix product: bounds the (queries x pool) similarity block."""
@@ -50,14 +47,6 @@ class RetrievalScore:
     (NaN: no queries)."""
     recall_at_1: float
     """Share of queries whose answer ranks first, x 100 (NaN: no queries)."""
-
-
-def _expected_reciprocal_rank(greater: np.ndarray, tied: np.ndarray, k: int) -> np.ndarray:
-    """E[1/rank if rank <= k else 0] for rank uniform on ``greater+1 .. greater+tied+1``."""
-    harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, k + 1))])  # harmonic[n] = H(n)
-    low = np.minimum(greater, k)  # ranks 1..greater are taken by strictly better candidates
-    high = np.minimum(greater + tied + 1, k)
-    return (harmonic[high] - harmonic[low]) / (tied + 1)
 
 
 def paraphrase_retrieval(
@@ -118,7 +107,8 @@ def paraphrase_retrieval(
         gap = sims - answer_sim[:, None]
         greater = ((gap > TIE_TOLERANCE) & candidate).sum(1)
         tied = ((np.abs(gap) <= TIE_TOLERANCE) & candidate).sum(1)
-        reciprocal.append(_expected_reciprocal_rank(greater, tied, k))
+        # the answer and its ``tied`` rivals share ranks greater+1 .. greater+tied+1
+        reciprocal.append(expected_reciprocal_rank(greater, tied + 1, np.ones(len(tied)), k))
         first.append(np.where(greater == 0, 1.0 / (tied + 1), 0.0))
     mrr = float(np.concatenate(reciprocal).mean())
     recall = float(np.concatenate(first).mean())

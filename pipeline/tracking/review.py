@@ -24,11 +24,16 @@ def _plt() -> Any:
 
 
 def eval_table_markdown(history: list[dict[str, float]], best_epoch: float | None = None) -> str:
-    """A markdown table: one row per evaluation, one column per STS metric."""
+    """A markdown table: one row per evaluation, one column per STS metric and per retrieval
+    set's nDCG@10, MRR@10 and Recall@10."""
     if not history:
         return ""
     metric_keys = [
         k for k in history[0] if k.startswith("sts_") and not k.endswith(("_alignment", "_uniformity"))
+    ] + [
+        k
+        for k in history[0]
+        if k.startswith("retrieval_") and k.endswith(("_ndcg_at_10", "_mrr_at_10", "_recall_at_10"))
     ]
     diag_keys = [k for k in history[0] if k.endswith(("_alignment", "_uniformity"))]
     columns = ["epoch", "step", *metric_keys, *diag_keys]
@@ -137,13 +142,15 @@ def log_review(
             {int(m.step) for m in tracked.client.get_metric_history(tracked.run_id, "train/epoch_loss")}
         )
         plot_loss([p[0] for p in points], [p[1] for p in points], out / "loss.png", ends)
-    if history:
+    if history and any(k.startswith("sts_") for k in history[0]):  # retrieval only: no STS plots
         plot_sts_per_epoch(history, out / "sts_by_epoch.png")
         plot_alignment_uniformity(history, out / "alignment_uniformity.png")
+    if history:
         table = eval_table_markdown(history, exported_epoch)
         losses = ", ".join(f"epoch {i + 1}: {loss:.4f}" for i, loss in enumerate(epoch_losses))
         (out / "eval_by_epoch.md").write_text(
-            "# STS evaluation by epoch\n\nSpearman x 100 of cosine similarity; epoch 0 is the starting model; "
+            "# Evaluation by epoch\n\nSpearman x 100 of cosine similarity (STS files), nDCG@10, MRR@10 and "
+            "Recall@10 x 100 (retrieval sets); epoch 0 is the starting model; "
             "fractional epochs are `eval.every_steps` evaluations. The exported model is marked (best).\n\n"
             f"{table}\n\nMean training loss: {losses}\n"
         )

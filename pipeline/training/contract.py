@@ -28,7 +28,10 @@ class LoopConfig:
     triplets_ref: Any = None
     """Object ref of the :class:`~pipeline.data.pairs.Triplets` in triplet mode, else None."""
     eval_ref: Any = None
-    """Object ref of the :class:`~pipeline.evaluation.scoring.STSEvalSet`, or None (no eval)."""
+    """Object ref of the :class:`~pipeline.evaluation.scoring.STSEvalSet`, or None (no STS eval)."""
+    retrieval_ref: Any = None
+    """Object ref of the :class:`~pipeline.evaluation.retrieval_scoring.RetrievalEvalSet`, or
+    None (no retrieval eval)."""
     miner: Any = None
     """The miner actor's handle, or None when no refresh runs."""
     miner_pid: int | None = None

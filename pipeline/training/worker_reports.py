@@ -23,7 +23,7 @@ from pipeline.training.state import BestModel, TrainState, capture_rng
 
 
 class EvalRecorder:
-    """Scores the live model on the STS set and records the result: an entry in the history,
+    """Scores the live model on the STS and retrieval sets and records the result: an entry in the history,
     a copy of the best model so far in ``best_dir``, rank 0's metrics and an ``[eval]`` line.
 
     The starting model is scored (the "before") but never kept as the best: the job ships a
@@ -64,11 +64,8 @@ class EvalRecorder:
                 {**eval_metric_names(metrics), "eval/seconds": time.perf_counter() - started}, state.step
             )
             self.logger.flush()
-        first = outcome.scores[0]
-        whitened = f" ({first.spearman_whitened:.2f} whitened)" if first.spearman_whitened is not None else ""
         print(
-            f"[eval] epoch {epoch:g} step {state.step}: {first.name} spearman {first.spearman:.2f}{whitened}, "
-            f"alignment {first.alignment:.3f}, uniformity {first.uniformity:.3f} "
+            f"[eval] epoch {epoch:g} step {state.step}: {outcome.describe()} "
             f"({time.perf_counter() - started:.1f}s)",
             flush=True,
         )

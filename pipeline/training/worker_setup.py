@@ -147,15 +147,15 @@ def open_logger(loop_config: LoopConfig, rank: int, state: TrainState, resumed: 
 def build_evaluator(
     loop_config: LoopConfig, corpus: TokenizedCorpus, rank: int, world: int, device: torch.device
 ) -> TrainingEvaluator | None:
-    """The in-training STS evaluator, or None when the run has no STS set."""
-    if loop_config.eval_ref is None:
+    """The in-training evaluator, or None when the run has neither an STS nor a retrieval set."""
+    if loop_config.eval_ref is None and loop_config.retrieval_ref is None:
         return None
     import ray
 
     cfg = loop_config.config
-    return TrainingEvaluator(
-        cfg.eval, ray.get(loop_config.eval_ref), corpus, cfg.run.seed, rank, world, device
-    )
+    sts = ray.get(loop_config.eval_ref) if loop_config.eval_ref is not None else None
+    retrieval = ray.get(loop_config.retrieval_ref) if loop_config.retrieval_ref is not None else None
+    return TrainingEvaluator(cfg.eval, sts, corpus, cfg.run.seed, rank, world, device, retrieval)
 
 
 def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.AbstractContextManager[Any]:

@@ -1,0 +1,172 @@
+"""Retrieval evaluation of an encoder on :mod:`retrieval sets <pipeline.evaluation.retrieval_sets>`:
+nDCG@10, MRR@10, Recall@1/@10/@100 (x 100).
+
+The same mechanism as STS (:mod:`pipeline.evaluation.scoring`) serves ``jobs/evaluate.py`` and
+the train loop: :class:`RetrievalEvalSet` tokenizes the distinct texts of every set's queries
+and corpus once, something encodes them (a model folder here, the live model sharded over the
+workers in training), and :func:`score_retrieval_embeddings` turns the embeddings into one
+:class:`RetrievalSetScore` per set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.evaluation.retrieval_metrics import ranking_metrics
+from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
+
+RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100")
+"""The per-set metrics, as they end the metric keys (``retrieval_<set>_ndcg_at_10`` ...)."""
+
+
+def metric_key(name: str) -> str:
+    """A set or file name as it goes into a metric key (characters MLflow refuses become ``_``)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+@dataclass
+class RetrievalSetScore:
+    """The evaluation of one retrieval set (scores x 100; NaN when no query was scored)."""
+
+    name: str
+    path: str
+    queries: int
+    """Queries scored."""
+    skipped: int
+    """Queries not scored: no relevant document (or only their own text)."""
+    corpus: int
+    """Corpus documents."""
+    ndcg_at_10: float
+    mrr_at_10: float
+    recall_at_1: float
+    recall_at_10: float
+    recall_at_100: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+    def metrics(self) -> dict[str, float]:
+        """MLflow metric names for this set: ``retrieval_<name>_ndcg_at_10``, ``..._mrr_at_10``,
+        ``..._recall_at_1``, ``..._recall_at_10``, ``..._recall_at_100`` (NaN ones left out)."""
+        key = metric_key(self.name)
+        out = {f"retrieval_{key}_{m}": getattr(self, m) for m in RETRIEVAL_METRICS}
+        return {k: v for k, v in out.items() if not math.isnan(v)}
+
+
+class RetrievalEvalSet:
+    """The distinct texts of several retrieval sets (queries and corpora), tokenized once, and
+    where each set's queries and documents sit among them.
+
+    ``table`` is a pyarrow table (``text``, ``input_ids``) that pickles cheaply into Ray's
+    object store; rows are in first-seen order. Equal texts share a row, which is how a query's
+    own text is found in the corpus (and left out of its candidates).
+    """
+
+    def __init__(self, sets: list[RetrievalSet], tokenizer: Any, max_seq_len: int):
+        import pyarrow as pa
+
+        from pipeline.data.tokenize import tokenize_table
+
+        position: dict[str, int] = {}
+        self.sets = sets
+        self.rows: list[tuple[np.ndarray, np.ndarray]] = []  # per set: (query rows, document rows)
+        for item in sets:
+            queries = [position.setdefault(t, len(position)) for t in item.queries]
+            docs = [position.setdefault(t, len(position)) for t in item.docs]
+            self.rows.append((np.asarray(queries, dtype=np.int64), np.asarray(docs, dtype=np.int64)))
+        self.table = tokenize_table(pa.table({"text": list(position)}), tokenizer, max_seq_len)
+        self.pad_token_id = tokenizer.pad_token_id
+
+    @property
+    def num_sentences(self) -> int:
+        return self.table.num_rows
+
+    def corpus(self) -> Any:
+        from pipeline.data.tokenized import TokenizedCorpus
+
+        return TokenizedCorpus(self.table, self.pad_token_id)
+
+    def describe(self) -> str:
+        """``dev (400 queries, 3951 documents), ...``."""
+        return ", ".join(f"{s.name} ({len(s.queries)} queries, {len(s.docs)} documents)" for s in self.sets)
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def score_retrieval_embeddings(eval_set: RetrievalEvalSet, embeddings: np.ndarray) -> list[RetrievalSetScore]:
+    """One score per set from raw (un-normalised) embeddings of ``eval_set``'s texts, row order
+    of ``eval_set.table``; ranked by cosine similarity."""
+    if len(embeddings) != eval_set.num_sentences:
+        raise ValueError(f"{len(embeddings)} embeddings for {eval_set.num_sentences} texts")
+    unit = _normalise(embeddings)
+    scores = []
+    for item, (query_rows, doc_rows) in zip(eval_set.sets, eval_set.rows, strict=True):
+        docs_of_row: dict[int, list[int]] = {}
+        for doc, row in enumerate(doc_rows.tolist()):
+            docs_of_row.setdefault(row, []).append(doc)
+        own_text = [docs_of_row.get(row, []) for row in query_rows.tolist()]
+        got = ranking_metrics(unit[query_rows], unit[doc_rows], item.relevance, own_text)
+        scores.append(
+            RetrievalSetScore(
+                name=item.name,
+                path=item.path,
+                queries=got.queries,
+                skipped=got.skipped + item.unjudged,
+                corpus=got.corpus,
+                ndcg_at_10=got.ndcg_at_10,
+                mrr_at_10=got.mrr_at_10,
+                recall_at_1=got.recall_at_1,
+                recall_at_10=got.recall_at_10,
+                recall_at_100=got.recall_at_100,
+            )
+        )
+    return scores
+
+
+def evaluate_retrieval_model_dir(
+    model_dir: str | Path,
+    sets: list[RetrievalSet] | list[str],
+    batch_size: int = 128,
+    max_seq_len: int | None = None,
+) -> list[RetrievalSetScore]:
+    """Evaluate a model folder on retrieval sets (read ones, or their paths: BEIR folders or
+    pair files), on CPU or the first GPU."""
+    import torch
+
+    from pipeline.model.encode import encode_rows
+    from pipeline.model.encoder import load_sentence_encoder
+    from pipeline.model.folders import load_tokenizer, max_seq_len_of
+
+    if any(isinstance(item, str) for item in sets):
+        sets = read_retrieval_sets([str(item) for item in sets])
+    tokenizer = load_tokenizer(model_dir)
+    eval_set = RetrievalEvalSet(sets, tokenizer, max_seq_len or max_seq_len_of(model_dir))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_sentence_encoder(model_dir).to(device)
+    embeddings = encode_rows(
+        model, eval_set.corpus(), np.arange(eval_set.num_sentences), batch_size, device, normalize=False
+    )
+    return score_retrieval_embeddings(eval_set, embeddings)
+
+
+def format_retrieval_table(scores: list[RetrievalSetScore], title: str | None = None) -> str:
+    """A plain-text table, one row per set."""
+    header = ["set", "queries", "corpus", "ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100"]
+    body = [
+        [s.name, str(s.queries), str(s.corpus)] + [f"{getattr(s, m):.2f}" for m in RETRIEVAL_METRICS]
+        for s in scores
+    ]
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = [title] if title else []
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in body]
+    return "\n".join(lines)
