@@ -77,7 +77,6 @@ def test_demo_trains_mines_and_logs(tmp_path):
         m.value for m in sorted(client.get_metric_history(run_id, "train/epoch_loss"), key=lambda m: m.step)
     ]
     assert len(epoch_loss) == 3 and epoch_loss[-1] < 0.5 * epoch_loss[0]  # the loss fell
-    steps_per_epoch = -(-len(rows) // 32)
     versions = [
         m.value for m in sorted(client.get_metric_history(run_id, "train/plan_version"), key=lambda m: m.step)
     ]
