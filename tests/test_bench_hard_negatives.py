@@ -1,6 +1,13 @@
-"""bench/hard_negatives.py's pure parts: variants per task, the peer's mining options, the report."""
+"""bench/hard_negatives.py's pure parts: variants per task, the peer's mining options, the report;
+for the retrieval task (twitter-url): each arm's overrides and commands, the evaluator's JSON, the
+report's numbers and goals, --skip-done, BM25 through the evaluator's metrics, and
+st_mnrl_recipe.py's pair-file reading. Nothing trains and nothing reads ../shared."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import math
 
 import pytest
 from conftest import load_script
@@ -64,7 +71,7 @@ def test_the_peer_mines_with_the_pipelines_settings(hn):
     options = dict(zip(args[1::2], args[2::2], strict=True))
     assert args[0] == "--mine-hard-negatives"
     assert options == {
-        "--range-min": "10",
+        "--range-min": "0",  # pair mode's window start: every known positive is excluded instead
         "--range-max": "64",  # mining.top_k: the candidates searched
         "--relative-margin": "0.05",
         "--num-negatives": "1",
@@ -73,6 +80,7 @@ def test_the_peer_mines_with_the_pipelines_settings(hn):
     }
     args = hn.peer_mining_args(MiningSection(range_max=32, relative_margin=None))
     assert args[args.index("--range-max") + 1] == "32" and args[args.index("--relative-margin") + 1] == "-1.0"
+    assert args[args.index("--range-min") + 1] == "10"  # neighbourhood mode's window start
 
 
 def record(variant, seed, spearman, **extra):
@@ -186,3 +194,327 @@ def test_the_peers_mining_joins_each_mined_negative_to_its_own_row(
         for a, p, n in zip(mined["anchor"], mined["positive"], mined["mined_negative_1"], strict=True)
     )
     assert np.isfinite(report["mining_seconds"])
+
+
+# --- task twitter-url (retrieval) ----------------------------------------------------------
+
+
+def test_each_retrieval_arm_trains_the_recipe_with_its_overrides_and_no_in_training_eval(hn):
+    no_eval = ["eval.retrieval=[]", "eval.sts=[]"]
+    assert hn.variant_overrides("twitter-url", "A") == [
+        "mining.refresh=never", "data.given_negatives=false", *no_eval
+    ]  # fmt: skip
+    assert hn.variant_overrides("twitter-url", "G") == [
+        "mining.refresh=never", "data.given_negatives=true", *no_eval
+    ]  # fmt: skip
+    static, refreshed, unfiltered = (hn.variant_overrides("twitter-url", arm) for arm in "SCU")
+    assert "mining.refresh=once" in static and "data.given_negatives=false" in static
+    assert "mining.refresh=every_epoch" in refreshed and "data.given_negatives=false" in refreshed
+    assert unfiltered == [
+        *refreshed[: -len(no_eval)],
+        "mining.relative_margin=null", "mining.range_min=0", "mining.max_score=null", *no_eval,
+    ]  # fmt: skip
+    for arm in ("st", "st-mined", "start", "bm25"):
+        assert hn.variant_overrides("twitter-url", arm) is None
+    assert hn.parse_list(hn.TASKS["twitter-url"].variants) == [
+        "start", "bm25", "A", "G", "S", "C", "U", "st", "st-mined"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="not one of task twitter-url's: start,bm25,A"):
+        hn.variant_overrides("twitter-url", "knn")
+    with pytest.raises(ValueError, match="not one of task snli's"):
+        hn.variant_overrides("snli", "C")
+
+
+def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(hn, tmp_path):
+    """Each arm's ``--set`` list loads (keys, types, the checks between them) on a pair-mode
+    config like the recipe's, and does what its name says."""
+    from pipeline.config.loading import load_config
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("a headline\ta tweet\t1\na headline\tanother tweet\t0\n", encoding="utf-8")
+    base = [f"data.path={pairs}", "data.format=pairs_tsv", "mining.negative_mode=triplet"]
+    configs = {
+        arm: load_config(None, base + hn.variant_overrides("twitter-url", arm)) for arm in hn.RETRIEVAL_ARMS
+    }
+    assert {arm: c.mining.refresh for arm, c in configs.items()} == {
+        "A": "never", "G": "never", "S": "once", "C": "every_epoch", "U": "every_epoch"
+    }  # fmt: skip
+    assert [arm for arm, c in configs.items() if c.data.given_negatives] == ["G"]
+    assert all(c.eval.retrieval == [] and c.eval.sts == [] for c in configs.values())
+    assert configs["C"].mining.relative_margin == 0.05 and configs["U"].mining.relative_margin is None
+    assert configs["U"].mining.range_min == 0 and configs["U"].mining.max_score is None
+
+
+def retrieval_task(hn, tmp_path):
+    return hn.Task(
+        name="twitter-url", config="jobs/configs/recipe-twitter-url.yaml", max_rows=None, epochs=3,
+        data_path=str(tmp_path / "train.tsv"), model=str(tmp_path / "minilm"), sts=None, lr=5e-5,
+        batch_size=64, max_seq_len=32, tracking_uri=f"sqlite:///{tmp_path}/mlruns.db", experiment="bench",
+        dev=str(tmp_path / "dev"), warmup_ratio=0.1,
+    )  # fmt: skip
+
+
+def evaluator_json(ndcg, **extra):
+    """``jobs/evaluate.py --retrieval DEV --json``'s object for one BEIR set."""
+    scores = {
+        "ndcg_at_10": ndcg,
+        "mrr_at_10": 92.0,
+        "recall_at_1": 85.0,
+        "recall_at_10": 96.0,
+        "recall_at_100": 99.5,
+    }
+    return json.dumps(
+        {
+            **extra,
+            "retrieval": [
+                {"name": "dev", "path": "dev", "queries": 400, "skipped": 0, "corpus": 3951, **scores}
+            ],
+        }
+    )
+
+
+def test_the_evaluators_json_gives_the_retrieval_scores_not_the_sts_ones(hn):
+    output = "[eval] encoding 4351 texts\n" + evaluator_json(90.7)
+    assert hn.retrieval_scores(output) == {
+        "ndcg_at_10": 90.7, "mrr_at_10": 92.0, "recall_at_1": 85.0, "recall_at_10": 96.0, "recall_at_100": 99.5
+    }  # fmt: skip
+    # With STS files too, the top level has STS's own mrr_at_10 and recall_at_1: not these.
+    both = evaluator_json(91.0, spearman=86.7, mrr_at_10=40.0, recall_at_1=30.0, files=[])
+    assert hn.retrieval_scores(both)["mrr_at_10"] == 92.0
+    no_ndcg = json.dumps({"retrieval": [{"name": "dev", "mrr_at_10": 1.0, "ndcg_at_10": None}]})
+    with pytest.raises(RuntimeError, match="printed no ndcg_at_10, recall_at_1, recall_at_10, recall_at_100"):
+        hn.retrieval_scores(no_ndcg)  # a NaN score is printed as null
+    with pytest.raises(RuntimeError, match="printed no JSON line"):
+        hn.retrieval_scores("error: retrieval set not found: dev")
+
+
+def test_the_peers_train_on_the_recipes_settings_and_are_scored_by_the_evaluator(hn, tmp_path, monkeypatch):
+    task = retrieval_task(hn, tmp_path)
+    calls = []
+
+    def fake_run_logged(cmd, log):
+        calls.append(cmd)
+        if cmd[1] == "bench/st_mnrl_recipe.py":
+            out = cmd[cmd.index("--out") + 1]
+            line = {"steps": 306, "rows": 6500, "train_seconds": 600.0, "mined_anchors": 6500,
+                    "mining_rows_in": 7710, "mining_seconds": 113.0, "model_dir": f"{out}/model"}  # fmt: skip
+            return 0, 700.04, "training...\n" + json.dumps(line)
+        return 0, 20.0, evaluator_json(91.4)
+
+    monkeypatch.setattr(hn, "run_logged", fake_run_logged)
+    record = hn.run_retrieval_arm(task, "st-mined", 2, keep_dir=True)
+    train, evaluate = calls
+    options = dict(zip(train[2::2], train[3::2], strict=False))
+    assert options["--seed"] == "2" and options["--warmup-ratio"] == "0.1" and options["--lr"] == "5e-05"
+    assert options["--batch-size"] == "64" and options["--max-seq-len"] == "32" and options["--epochs"] == "3"
+    assert "--no-duplicates" in train and "--sts" not in train
+    mining = train[train.index("--mine-hard-negatives") :]
+    assert dict(zip(mining[1::2], mining[2::2], strict=True)) == {
+        "--mining-corpus": "all-rows", "--num-negatives": "1", "--relative-margin": "0.05",
+        "--sampling": "top", "--range-min": "0", "--range-max": "-1",  # sentence-transformers derives it
+    }  # fmt: skip
+    model_dir = str(hn.BENCH_DIR / "twitter-url" / "hn-twitter-url-st-mined-rall-e3-s2" / "model")
+    assert evaluate[1:] == [
+        "jobs/evaluate.py", "--model", model_dir, "--retrieval", task.dev, "--max-seq-len", "32", "--json"
+    ]  # fmt: skip
+    assert record["ndcg_at_10"] == 91.4 and record["wall_seconds"] == 700.0 and record["eval_seconds"] == 20.0
+    assert record["mining_seconds"] == 113.0 and record["mined_anchors"] == 6500 and record["rows"] == 6500
+
+    calls.clear()
+    record = hn.run_retrieval_arm(task, "st", 1, keep_dir=True)
+    assert "--no-duplicates" in calls[0] and "--mine-hard-negatives" not in calls[0]
+    calls.clear()
+    record = hn.run_retrieval_arm(task, "start", None, keep_dir=True)
+    assert [c[1] for c in calls] == ["jobs/evaluate.py"] and calls[0][
+        calls[0].index("--model") + 1
+    ] == task.model
+    assert record["steps"] == 0 and record["wall_seconds"] is None and record["ndcg_at_10"] == 91.4
+
+
+def retrieval_record(arm, seed, ndcg, r10=96.0, wall=600.0, **extra):
+    return {
+        "task": "twitter-url", "max_rows": None, "epochs": 3, "variant": arm, "seed": seed, "rows": 7710,
+        "steps": 363, "ndcg_at_10": ndcg, "mrr_at_10": ndcg + 1, "recall_at_1": ndcg - 10, "recall_at_10": r10,
+        "recall_at_100": 99.0, "wall_seconds": wall, **extra,
+    }  # fmt: skip
+
+
+def write_results(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def test_the_retrieval_report_table_deltas_and_goals(hn, tmp_path, capsys):
+    a = [90.0, 90.5, 91.0]
+    s = [90.5, 91.2, 91.6]  # S - A: +0.5, +0.7, +0.6
+    c = [90.6, 91.6, 91.4]  # C - S: +0.1, +0.4, -0.2
+    records = [
+        retrieval_record("start", None, 90.7, wall=None),
+        retrieval_record("bm25", None, 70.0, wall=3.0),
+    ]
+    for i, seed in enumerate((1, 2, 3)):
+        records += [
+            retrieval_record("A", seed, a[i], r10=96.0),
+            retrieval_record("S", seed, s[i], mining_seconds=30.0),
+            retrieval_record("C", seed, c[i], r10=95.9, wall=700.0, mining_seconds=90.0),
+            retrieval_record("U", seed, c[i] - 0.3, wall=700.0),
+            retrieval_record("st-mined", seed, 90.4 + i / 10, wall=500.0, rows=6500, mining_seconds=113.0),
+        ]
+    write_results(tmp_path / "r.jsonl", records)
+    assert hn.main(["--report", "--task", "twitter-url", "--results", str(tmp_path / "r.jsonl")]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| arm"))
+    assert header.split(" | ")[1:] == [
+        "n", "nDCG@10", "Δ A", "MRR@10", "Δ A", "R@1", "Δ A", "R@10", "Δ A", "rows", "steps", "mining s", "wall s |"
+    ]  # fmt: skip
+    rows = {
+        line.split(" | ")[0][2:]: line.split(" | ")
+        for line in lines
+        if line.startswith("| ") and line != header
+    }
+    assert list(rows) == ["start", "bm25", "A", "S", "C", "U", "st-mined"]
+    assert rows["A"][1:4] == ["3", "90.50 ± 0.50", ""]
+    assert rows["S"][2:4] == ["91.10 ± 0.56", "+0.60 ± 0.10 (outside spread, 3 seeds)"]  # paired
+    assert (
+        rows["C"][3] == "+0.70 ± 0.36 (outside spread, 3 seeds)"
+        and rows["C"][9] == "-0.10 ± 0.00 (outside spread, 3 seeds)"
+    )
+    assert rows["st-mined"][3] == "+0.00 (within spread)"  # by means: 90.5 against 90.5
+    assert rows["start"][1:4] == ["1", "90.70", "+0.20 (within spread)"]  # no spread of its own, A's 0.5
+    assert rows["bm25"][3] == "-20.50 (outside spread)"
+    assert rows["st-mined"][-4:] == ["6500", "363", "113", "500 |"] and rows["start"][-1] == " |"
+    goals = [line for line in lines if line.startswith("- ")]
+    assert len(goals) == len(hn.GOALS) == 6
+    s_over_a, c_over_s, c_vs_peer, u_below_c, r10, wall = goals
+    assert s_over_a.startswith(
+        "- **met**: S > A by more than the spread: Δ nDCG@10 S - A +0.60 ± 0.10 over 3 seed(s)"
+    )
+    assert "(per seed: s1 +0.50, s2 +0.70, s3 +0.60), 0.50 beyond the spread" in s_over_a
+    assert c_over_s.startswith("- **not met**: C > S") and c_over_s.endswith(
+        "+0.10 ± 0.30 over 3 seed(s) (per seed: s1 +0.10, s2 +0.40, s3 -0.20), 0.20 short of the spread"
+    )
+    assert c_vs_peer.startswith(
+        "- **met**: C >= st-mined + 0.5 nDCG@10: nDCG@10 C 91.20 - st-mined 90.50 = +0.70, 0.20 above the +0.5 target"
+    )
+    assert "per seed C: s1 90.60, s2 91.60, s3 91.40; st-mined: s1 90.40, s2 90.50, s3 90.60" in c_vs_peer
+    assert u_below_c.startswith("- **met**: U < C: Δ nDCG@10 C - U +0.30") and u_below_c.endswith("by +0.30")
+    assert r10.startswith("- **not met**: R@10 of C not below A's: Δ R@10 C - A -0.10") and r10.endswith(
+        "by -0.10"
+    )
+    assert wall.startswith(
+        "- **not met**: C's wall time <= 1.3x st-mined's: C 700 s / st-mined 500 s = 1.40x, 0.10x over the 1.3x limit"
+    )
+    assert "per seed C: s1 700, s2 700, s3 700" in wall
+
+
+def test_a_goal_without_its_arms_or_with_one_seed_says_so(hn):
+    by_arm = {"A": [retrieval_record("A", 1, 90.0)], "S": [retrieval_record("S", 1, 91.0)]}
+    assert hn.goal_line(hn.GOALS[0], by_arm).startswith(
+        "- n/a: S > A by more than the spread: Δ nDCG@10 S - A +1.00 over 1 seed(s)"
+    )
+    assert hn.goal_line(hn.GOALS[1], by_arm) == "- n/a: C > S by more than the spread (no C results yet)"
+    assert (
+        hn.goal_line(hn.GOALS[2], by_arm)
+        == "- n/a: C >= st-mined + 0.5 nDCG@10 (no C and st-mined results yet)"
+    )
+    by_arm["U"] = [retrieval_record("U", 2, 90.0)]
+    by_arm["C"] = [retrieval_record("C", 1, 90.0)]
+    assert hn.goal_line(hn.GOALS[3], by_arm) == "- n/a: U < C (no seed with both C and U)"
+
+
+def test_the_grid_skips_what_is_done_and_runs_start_and_bm25_once(hn, tmp_path, monkeypatch, capsys):
+    task = retrieval_task(hn, tmp_path)
+    ran = []
+
+    def fake_arm(task_, arm, seed, keep_dir):
+        ran.append((arm, seed))
+        return {"run_name": None, "wall_seconds": 1.0, "steps": 0, "rows": 0,
+                **dict.fromkeys(hn.RETRIEVAL_SCORES, 50.0)}  # fmt: skip
+
+    monkeypatch.setattr(hn, "resolve_task", lambda *args: task)
+    monkeypatch.setattr(hn, "missing_inputs", lambda task_: None)
+    monkeypatch.setattr(hn, "run_retrieval_arm", fake_arm)
+    results = tmp_path / "results.jsonl"
+    write_results(results, [retrieval_record("A", 1, 90.0)])
+    argv = [
+        "--task",
+        "twitter-url",
+        "--arms",
+        "start,A,st",
+        "--seeds",
+        "1,2",
+        "--results",
+        str(results),
+        "--skip-done",
+    ]
+    assert hn.main(argv) == 0
+    assert ran == [("start", None), ("st", 1), ("A", 2), ("st", 2)]
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["variant"], r["seed"], r["epochs"]) for r in lines[1:]] == [
+        ("start", None, 3), ("st", 1, 3), ("A", 2, 3), ("st", 2, 3)
+    ]  # fmt: skip
+    assert "[skip] twitter-url A seed 1" in capsys.readouterr().out
+    ran.clear()
+    assert hn.main(argv) == 0 and ran == []  # resumed: all done
+    assert hn.main(argv[:-1]) == 0 and len(ran) == 5  # without --skip-done: all again
+
+
+def test_the_grid_default_results_file_is_the_tasks_own(hn):
+    assert hn.results_path("twitter-url") == "runs/hard-negatives/twitter-url.jsonl"
+    assert hn.results_path("cnsd") == "runs/hard-negatives/results.jsonl"
+
+
+def test_bm25_is_scored_by_the_evaluators_ranking_metrics(hn, tmp_path):
+    """A query whose own text is in the corpus does not find itself, and a relevant document
+    BM25 ranks second counts 1/2 in MRR@10 and 1/log2(3) in nDCG@10."""
+    pytest.importorskip("bm25s")
+    dev = tmp_path / "dev"
+    (dev / "qrels").mkdir(parents=True)
+    queries = {"q0": "red apple pie recipe", "q1": "stock market crash", "q2": "sunny weather forecast"}
+    docs = {"d0": "apple pie with red apples recipe", "d1": "market stocks crash today",
+            "d2": "weather sunny", "d3": "stock market crash", "d4": "forecast rain"}  # fmt: skip
+    (dev / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items())
+    )
+    (dev / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items())
+    )
+    (dev / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td1\t1\nq2\td4\t1\n")
+    task = dataclasses.replace(retrieval_task(hn, tmp_path), dev=str(dev))
+    record = hn.bm25_scores(task)
+    assert record["recall_at_1"] == pytest.approx(200 / 3)
+    assert record["mrr_at_10"] == pytest.approx(100 * (1 + 1 + 0.5) / 3)
+    assert record["ndcg_at_10"] == pytest.approx(100 * (2 + 1 / math.log2(3)) / 3)
+    assert record["recall_at_10"] == pytest.approx(100.0) and record["steps"] == 0
+
+
+def test_the_peer_reads_a_headerless_pair_file_as_it_is(tmp_path):
+    peer = load_script("bench/st_mnrl_recipe.py", "st_mnrl_recipe")
+    path = tmp_path / "train.tsv"
+    path.write_text(
+        'obama says " no " \t obama : " no "\t1\n'
+        "obama says no\tweather today\t0\n"
+        "second headline\tits tweet\t1\n"
+        "\tan empty anchor\t1\n"
+        "second headline\tweather today\t0\n",
+        encoding="utf-8",
+    )
+    rows = peer.training_rows(str(path), None)
+    assert rows == {
+        "anchor": ['obama says " no "', "second headline"],
+        "positive": ['obama : " no "', "its tweet"],
+    }
+    assert peer.training_rows(str(path), 1)["anchor"] == ['obama says " no "']
+    assert peer.mining_corpus(peer.ALL_ROWS, str(path)) == [
+        'obama : " no "',
+        "weather today",
+        "its tweet",
+        "an empty anchor",
+    ]
+    assert peer.mining_corpus(None, str(path)) is None
+    path.write_text("a\tb\tyes\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train.tsv:1: label 'yes' is not an integer"):
+        peer.training_rows(str(path), None)
+    path.write_text("a\tb\t1\tc\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="train.tsv:1: 4 tab-separated columns"):
+        peer.read_pair_file(path)
