@@ -97,7 +97,8 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     tmp_path, twitter_like, tiny_model_dir
 ):
     proc = _train(
-        tmp_path, twitter_like, tiny_model_dir, "run.name=refreshed", "mining.mode=async",
+        tmp_path, twitter_like, tiny_model_dir, "run.name=refreshed", "mining.refresh=every_epoch",
+        "mining.mode=async",
         # Submitted at the first step of epoch 1: the boundary adopts it if it has finished,
         # else keeps v1 and says it was late. Both are the contract; which one is timing.
         "mining.max_staleness_steps=1000",
