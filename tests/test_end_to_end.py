@@ -13,6 +13,7 @@ from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
 
 from pipeline.training.checkpoint import load_checkpoint
+from pipeline.training.refresh import ASYNC_BOUNDARIES_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -327,40 +328,44 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
 
 
 def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
-    max_staleness = 20
-    proc = _run_job(
-        tmp_path, "run.name=async", "train.epochs=3", "mining.mode=async",
-        f"mining.max_staleness_steps={max_staleness}", "tracking.experiment=async",
-    )  # fmt: skip
+    """Both async branches, each made to happen (the seam scripts whether a refresh is ready at
+    a boundary: otherwise it is timing): a refresh ready at its boundary is adopted there with
+    ``max_staleness_steps``; one that is late leaves the plan in place, says so, and is adopted
+    a boundary later with an epoch more of staleness."""
+    max_staleness, steps_per_epoch = 20, 25
+    args = [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO]
+    for item in ("run.name=async", "train.epochs=4", "mining.mode=async",
+                 f"mining.max_staleness_steps={max_staleness}", "tracking.experiment=async"):  # fmt: skip
+        args += ["--set", item]
+    env = job_env({ASYNC_BOUNDARIES_ENV: "ready,late,ready"})
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = _client(tmp_path)
     run = _only_run(client, "async")
     assert run.info.status == "FINISHED"
     run_id = run.info.run_id
-    steps_per_epoch = 25
 
     def history(key):
         return {int(m.step): m.value for m in client.get_metric_history(run_id, key)}
 
-    trained_on = [v for _, v in sorted(history("train/plan_version").items())]
-    assert trained_on == sorted(trained_on) and trained_on[-1] >= 1  # mined plans were adopted
-    adopted = history("mining/next_plan_version")
-    staleness = history("mining/next_plan_staleness_steps")
-    late = history("mining/refresh_late")
-    assert set(history("mining/refresh_wait_s")) == set(adopted)  # the wait is logged at every boundary
-    # The miner logs each plan at the step of its weights snapshot: an independent record.
-    snapshot_step = {v: s for s, v in history("mining/plan_version").items()}
-    previous = 0.0
-    for boundary in sorted(adopted):
-        version = adopted[boundary]
-        if version > previous:  # a new plan was adopted here
-            assert staleness[boundary] == boundary - snapshot_step[version]
-            # Submitted max_staleness steps before an epoch end; used there, or a boundary later.
-            assert staleness[boundary] in (max_staleness, max_staleness + steps_per_epoch)
-            assert (staleness[boundary] == max_staleness) == (late.get(boundary - steps_per_epoch, 0) == 0)
-        else:
-            assert staleness[boundary] == 0
-        previous = version
+    e1, e2, e3 = (k * steps_per_epoch for k in (1, 2, 3))
+    # v1 is mined from the weights 20 steps before the end of epoch 1 and ready there; v2 is
+    # submitted 20 steps before the end of epoch 2, late there, adopted at the end of epoch 3.
+    assert history("mining/plan_version") == {e1 - max_staleness: 1.0, e2 - max_staleness: 2.0}
+    # Every epoch end is a boundary; the last one (e4) asks no miner and keeps v2.
+    e4 = 4 * steps_per_epoch
+    assert history("mining/refresh_late") == {e1: 0.0, e2: 1.0, e3: 0.0, e4: 0.0}
+    assert history("mining/next_plan_version") == {e1: 1.0, e2: 1.0, e3: 2.0, e4: 2.0}
+    assert history("mining/next_plan_staleness_steps") == {
+        e1: max_staleness,
+        e2: 0.0,
+        e3: max_staleness + steps_per_epoch,
+        e4: 0.0,
+    }
+    assert set(history("mining/refresh_wait_s")) == {e1, e2, e3, e4}  # the wait is logged at every boundary
+    # The plan each epoch trained on, logged at its end: the late boundary kept v1.
+    assert history("train/plan_version") == {e1: 0.0, e2: 1.0, e3: 1.0, e4: 2.0}
+    assert "the refresh under way was not ready: plan kept, reshuffled" in proc.stdout
     assert "training waited" in proc.stdout
 
 

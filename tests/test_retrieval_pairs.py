@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.data.pairs import index_triplets
 from pipeline.training.checkpoint import load_checkpoint
+from pipeline.training.refresh import ASYNC_BOUNDARIES_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +68,7 @@ def twitter_like(tmp_path_factory, paraphrase_corpus) -> dict[str, Path]:
 
 
 def _train(
-    cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str
+    cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     settings = [
         f"model.name_or_path={model_dir}", f"data.path={files['train']}", f"data.pool={files['pool']}",
@@ -78,7 +79,7 @@ def _train(
     args = [PYTHON, str(REPO / "jobs/train.py"), "--config", RECIPE]
     for item in settings:
         args += ["--set", item]
-    return subprocess.run(args, cwd=cwd, env=job_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(args, cwd=cwd, env=job_env(env), capture_output=True, text=True, timeout=600)
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -98,10 +99,9 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
 ):
     proc = _train(
         tmp_path, twitter_like, tiny_model_dir, "run.name=refreshed", "mining.refresh=every_epoch",
-        "mining.mode=async",
-        # Submitted at the first step of epoch 1: the boundary adopts it if it has finished,
-        # else keeps v1 and says it was late. Both are the contract; which one is timing.
-        "mining.max_staleness_steps=1000",
+        # Submitted at the first step of epoch 1 and made ready at the boundary (the seam: a
+        # late refresh is the demo's async test's case).
+        "mining.mode=async", "mining.max_staleness_steps=1000", env={ASYNC_BOUNDARIES_ENV: "ready"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = 2 * TRAIN_GROUPS
@@ -112,11 +112,11 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     run_id, steps = run.info.run_id, -(-rows // BATCH)
     versions = [v for _, v in _history(client, run_id, "train/plan_version")]
     late = _history(client, run_id, "mining/refresh_late")
-    assert versions[0] == 1.0
-    if versions[1] == 2.0:  # the async refresh was adopted at the boundary
-        assert (steps, 0.0) in late
-    else:  # still under way at the boundary: epoch 2 reshuffles v1, and says so
-        assert versions[1] == 1.0 and (steps, 1.0) in late
+    # Mined before epoch 1 (logged at step 0), refreshed after it; the last boundary keeps v2.
+    assert versions == [1.0, 2.0] and late == [(0, 0.0), (steps, 0.0), (2 * steps, 0.0)]
+    # max_staleness_steps above the epoch's steps: v2 was submitted as epoch 1 began, an epoch stale.
+    staleness = _history(client, run_id, "mining/next_plan_staleness_steps")
+    assert staleness == [(0, 0.0), (steps, float(steps)), (2 * steps, 0.0)]
     # Every known positive of an anchor is kept out of its candidates: each headline has two
     # paraphrase rows, the other one's tweet is a known positive, never a negative.
     removed = _history(client, run_id, "mining/removed_known_positive")

@@ -50,11 +50,12 @@ class MinerClient:
 
         return self.miner.refresh.remote(ray.put(cpu_state_dict(model.encoder)), version, step)
 
-    def finished(self, ref: Any) -> bool:
-        """Whether the refresh behind ``ref`` has finished (or failed), without waiting."""
+    def finished(self, ref: Any, within_s: float = 0.0) -> bool:
+        """Whether the refresh behind ``ref`` has finished (or failed), waiting at most
+        ``within_s`` seconds for it (by default not at all)."""
         import ray
 
-        return bool(ray.wait([ref], timeout=0)[0])
+        return bool(ray.wait([ref], timeout=within_s)[0])
 
     def _timed_out(self, version: int) -> UnrecoverableError:
         return UnrecoverableError(

@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +25,23 @@ from pipeline.training.plan_broadcast import broadcast_plan
 from pipeline.training.refresh_policy import Boundary, BoundaryAction, RefreshPolicy, RefreshSettings
 from pipeline.training.state import TrainState
 
-__all__ = ["Boundary", "PlanRefresher", "random_batches"]
+__all__ = ["ASYNC_BOUNDARIES_ENV", "Boundary", "PlanRefresher", "random_batches"]
+
+ASYNC_BOUNDARIES_ENV = "SIMCSE_TEST_ASYNC_BOUNDARIES"
+"""A test seam: whether an async refresh is ready at a boundary is otherwise a matter of
+timing, so a test that checks either branch scripts it here, one word per boundary that finds a
+refresh under way, in order: ``ready`` (rank 0 waits for the refresh to finish, up to
+``mining.timeout_s``, and adopts it) or ``late`` (treated as unfinished, whatever it is).
+Boundaries past the script's end, and every boundary without the variable, use the clock."""
+
+
+def scripted_boundaries(value: str | None) -> list[str]:
+    """The outcomes that :data:`ASYNC_BOUNDARIES_ENV` scripts, in boundary order."""
+    words = [w.strip() for w in (value or "").split(",") if w.strip()]
+    unknown = sorted(set(words) - {"ready", "late"})
+    if unknown:
+        raise ValueError(f"{ASYNC_BOUNDARIES_ENV}: expected ready or late, got {', '.join(unknown)}")
+    return words
 
 
 class PlanRefresher:
@@ -58,6 +77,7 @@ class PlanRefresher:
             settings = dataclasses.replace(settings, enabled=False)  # no actor: nothing to ask
         self.policy = RefreshPolicy(settings, rank)
         self.client = client
+        self._scripted = scripted_boundaries(os.environ.get(ASYNC_BOUNDARIES_ENV))
 
     @property
     def restarts(self) -> int:
@@ -127,7 +147,7 @@ class PlanRefresher:
         """Rank 0: the miner's plan if the policy adopts one now, else ``current`` reshuffled."""
         assert self.client is not None  # the policy asks only when there is a miner
         version = current.version + 1
-        action = self.policy.boundary_action(time.perf_counter(), self.client.finished)
+        action = self.policy.boundary_action(time.perf_counter(), self._finished_predicate())
         report = None
         if action is BoundaryAction.WAIT:
             pending = self.policy.pending
@@ -150,6 +170,17 @@ class PlanRefresher:
         # rebuilding it from rows and sizes once meant epochs after a refresh trained on the
         # given negatives only.
         return dataclasses.replace(report.plan, version=version), boundary
+
+    def _finished_predicate(self) -> Callable[[Any], bool]:
+        """Whether a pending refresh counts as finished at this boundary: by the clock, or as
+        :data:`ASYNC_BOUNDARIES_ENV` scripts it for a test."""
+        assert self.client is not None
+        client = self.client
+        if not self._scripted or self.policy.pending is None or self.cfg.mining.mode != "async":
+            return client.finished
+        if self._scripted.pop(0) == "late":
+            return lambda ticket: False
+        return lambda ticket: client.finished(ticket, within_s=self.cfg.mining.timeout_s)
 
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
         """A fresh random plan for a random one; a pair-mode plan's rows in fresh random

@@ -368,7 +368,8 @@ class SimCSEWorker:
             print(
                 f"[train] epoch {epoch + 1}/{self.cfg.train.epochs}: loss {epoch_loss:.4f} over {plan.num_batches} "
                 f"steps on plan v{plan.version}, {epoch_seconds:.1f}s; next plan v{state.plan.version} "
-                f"(waited {boundary.wait_seconds:.1f}s, staleness {boundary.staleness_steps} steps)",
+                f"(waited {boundary.wait_seconds:.1f}s, staleness {boundary.staleness_steps} steps"
+                f"{'; the refresh under way was not ready: plan kept, reshuffled' if boundary.late else ''})",
                 flush=True,
             )
         if not asks_miner:

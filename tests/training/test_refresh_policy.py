@@ -210,3 +210,12 @@ def test_a_resubmitted_refresh_replaces_the_pending_one():
 def test_reshuffle_seed_is_run_seed_plus_next_epoch():
     policy = _policy(seed=42)
     assert [policy.reshuffle_seed(epoch) for epoch in range(3)] == [43, 44, 45]
+
+
+def test_the_async_boundary_seam_reads_ready_and_late_in_order_and_names_a_bad_word():
+    from pipeline.training.refresh import ASYNC_BOUNDARIES_ENV, scripted_boundaries
+
+    assert scripted_boundaries(None) == [] and scripted_boundaries("") == []
+    assert scripted_boundaries("ready, late,ready") == ["ready", "late", "ready"]
+    with pytest.raises(ValueError, match=rf"^{ASYNC_BOUNDARIES_ENV}: expected ready or late, got soon$"):
+        scripted_boundaries("ready,soon")
