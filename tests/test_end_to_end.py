@@ -12,8 +12,8 @@ import pytest
 from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
 
+from pipeline.seams import ASYNC_BOUNDARIES_ENV
 from pipeline.training.checkpoint import load_checkpoint
-from pipeline.training.refresh import ASYNC_BOUNDARIES_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -23,6 +23,7 @@ from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
 
 from pipeline.cluster import free_port
+from pipeline.seams import HOLD_DIR_ENV, HOLD_ENV
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 
@@ -127,46 +128,56 @@ def steps_redone(history) -> tuple[list[int], float]:
     return redone, (last[-1] - last[0]) / 1000
 
 
+# The demo's 1600 rows in batches of 64: 25 steps an epoch; checkpoints every 10 steps put
+# one inside epoch 2 at step 30. Rank 0 is held before step 36 (steps 31-35 trained, and sent at
+# train.log_every=5) and killed there: the seam decides where the kill lands, not the clock.
+STEPS_PER_EPOCH, MID_EPOCH_CHECKPOINT, KILLED_BEFORE_STEP = 25, 30, 36
+
+
 @pytest.fixture(scope="module")
 def faulted_run(tmp_path_factory):
-    """One job, two faults: the miner is SIGKILLed while it computes the epoch-1 refresh, then
-    rank 0's train worker is SIGKILLed in the middle of epoch 2, between two checkpoints."""
+    """One job, two faults: the miner is SIGKILLed while it computes the epoch-1 refresh (held
+    there by the seam), then rank 0's train worker is SIGKILLed in the middle of epoch 2,
+    between two checkpoints."""
     cwd = tmp_path_factory.mktemp("faults")
-    job = RunningJob(
-        cwd,
-        [
-            "run.name=faults", "data.generated.num_groups=1500", "train.epochs=2",
-            "checkpoint.every_steps=40", "train.log_every=5", "tracking.flush_every_s=1",
-        ],
-    )  # fmt: skip
+    holds = cwd / "holds"
+    holds.mkdir()
+    env = {HOLD_ENV: f"miner_refresh=1,train_step={KILLED_BEFORE_STEP}", HOLD_DIR_ENV: str(holds)}
+    overrides = ["run.name=faults", "train.epochs=2", "checkpoint.every_steps=10", "train.log_every=5",
+                 "tracking.flush_every_s=1"]  # fmt: skip
+    job = RunningJob(cwd, overrides, env)
     run_dir = cwd / "runs" / "faults"
     facts: dict = {"cwd": cwd}
     try:
-        miner = wait_for(
-            lambda: job.processes("HardNegativeMiner.refresh"), 400, "the epoch-1 refresh", job, 0.02
-        )
-        miner[0].kill()
-        facts["miner_killed_pid"] = miner[0].pid
+        wait_for(lambda: (holds / "miner_refresh=1.held").exists(), 400, "the epoch-1 refresh", job)
+        # Only now: the job has made its MLflow store (two processes creating it at once collide).
+        client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlruns.db'}")
+        (miner,) = job.processes("HardNegativeMiner")
+        miner.kill()
+        facts["miner_killed_pid"] = miner.pid
 
-        def mid_epoch_two():
-            checkpoints = snapshot_checkpoints(run_dir)
-            return checkpoints and 1 < checkpoints[-1]["epoch"] < 2 and checkpoints[-1]
+        wait_for(lambda: (holds / f"train_step={KILLED_BEFORE_STEP}.held").exists(), 400, "step 36", job)
+        # Ray Train registers a reported checkpoint a moment later; nothing newer can land while held.
+        checkpoint = wait_for(
+            lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == MID_EPOCH_CHECKPOINT and c[-1],
+            120, "the checkpoint at step 30 registered", job,
+        )  # fmt: skip
+        assert 1 < checkpoint["epoch"] < 2
 
-        checkpoint = wait_for(mid_epoch_two, 400, "a checkpoint inside epoch 2", job)
+        def steps_sent():
+            (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+            return {m.step for m in train_loss_history(client, run.info.run_id)}
+
+        wait_for(lambda: KILLED_BEFORE_STEP - 1 in steps_sent(), 120, "the steps before the hold sent", job)
         rank0 = re.findall(r"RayTrainWorker pid=(\d+)\)", job.output)
         victims = [p for p in job.processes("RayTrainWorker") if str(p.pid) in set(rank0)]
         assert victims, "rank 0 of the train workers not found"
-        time.sleep(0.5)  # a few steps past the checkpoint: those are lost and redone
-        if snapshot_checkpoints(run_dir)[-1]["step"] != checkpoint["step"]:
-            pytest.fail("another checkpoint landed before the kill; the run is too fast for this test")
         victims[0].kill()
-        facts["worker_killed_at"] = time.monotonic()
-        facts["checkpoint_step"] = checkpoint["step"]
+        facts["checkpoint_step"] = MID_EPOCH_CHECKPOINT
         facts["returncode"] = job.wait(timeout=600)
     finally:
         job.kill_all()
     facts["output"] = job.output
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlruns.db'}")
     runs = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
     facts["client"], facts["runs"] = client, runs
     return facts
@@ -191,13 +202,13 @@ def test_worker_killed_mid_epoch_resumes_at_its_checkpoint(faulted_run):
 
     # As many steps as an uninterrupted run, every one of them logged: no gap.
     steps_per_epoch = int(client.get_metric_history(run_id, "train/plan_version")[0].step)
-    assert f"epochs        2 ({2 * steps_per_epoch} steps)" in out
+    assert steps_per_epoch == STEPS_PER_EPOCH and f"epochs        2 ({2 * steps_per_epoch} steps)" in out
     history = train_loss_history(client, run_id)
     assert {m.step for m in history} == set(range(1, 2 * steps_per_epoch + 1))
     # Only the steps after the checkpoint were trained twice, and identically: same plan, same
     # weights, same dropout masks (every rank's RNG state came back from the checkpoint).
     redone, seconds_lost = steps_redone(history)
-    assert redone and redone[0] == ckpt_step + 1 and redone == list(range(redone[0], redone[-1] + 1))
+    assert redone == list(range(ckpt_step + 1, KILLED_BEFORE_STEP))
     for step in redone:
         values = [m.value for m in history if m.step == step]
         assert values[0] == pytest.approx(values[1], abs=1e-6), (step, values)
@@ -207,7 +218,7 @@ def test_worker_killed_mid_epoch_resumes_at_its_checkpoint(faulted_run):
     assert f"(plan v1, fingerprint {fingerprint})" in out
     assert "batch plans   v0 (random), v1 (mined)" in out
     print(
-        f"\nworker kill: checkpoint every 40 steps, resumed from step {ckpt_step}, "
+        f"\nworker kill: checkpoint every 10 steps, resumed from step {ckpt_step}, "
         f"{len(redone)} steps redone, {seconds_lost:.1f}s lost"
     )
 

@@ -20,8 +20,8 @@ from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
 
 from pipeline.data.pairs import index_triplets
+from pipeline.seams import ASYNC_BOUNDARIES_ENV
 from pipeline.training.checkpoint import load_checkpoint
-from pipeline.training.refresh import ASYNC_BOUNDARIES_ENV
 
 pytestmark = pytest.mark.slow
 

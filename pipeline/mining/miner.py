@@ -37,6 +37,7 @@ from pipeline.model.encode import encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 from pipeline.retry import call_with_retries
+from pipeline.seams import hold_once
 
 if TYPE_CHECKING:
     from pipeline.config.schema import Config
@@ -270,6 +271,7 @@ class HardNegativeMiner:
 
     def refresh(self, encoder_state: dict[str, torch.Tensor], version: int, step: int) -> RefreshReport:
         """Mine with the given encoder weights and return the plan tagged ``version``."""
+        hold_once("miner_refresh", version)
         t0 = time.perf_counter()
         embeddings = self.encode(encoder_state)
         if self.triplets is not None:

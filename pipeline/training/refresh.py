@@ -20,28 +20,13 @@ from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.config.schema import Config
 from pipeline.model.encoder import SentenceEncoder
+from pipeline.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.plan_broadcast import broadcast_plan
 from pipeline.training.refresh_policy import Boundary, BoundaryAction, RefreshPolicy, RefreshSettings
 from pipeline.training.state import TrainState
 
-__all__ = ["ASYNC_BOUNDARIES_ENV", "Boundary", "PlanRefresher", "random_batches"]
-
-ASYNC_BOUNDARIES_ENV = "SIMCSE_TEST_ASYNC_BOUNDARIES"
-"""A test seam: whether an async refresh is ready at a boundary is otherwise a matter of
-timing, so a test that checks either branch scripts it here, one word per boundary that finds a
-refresh under way, in order: ``ready`` (rank 0 waits for the refresh to finish, up to
-``mining.timeout_s``, and adopts it) or ``late`` (treated as unfinished, whatever it is).
-Boundaries past the script's end, and every boundary without the variable, use the clock."""
-
-
-def scripted_boundaries(value: str | None) -> list[str]:
-    """The outcomes that :data:`ASYNC_BOUNDARIES_ENV` scripts, in boundary order."""
-    words = [w.strip() for w in (value or "").split(",") if w.strip()]
-    unknown = sorted(set(words) - {"ready", "late"})
-    if unknown:
-        raise ValueError(f"{ASYNC_BOUNDARIES_ENV}: expected ready or late, got {', '.join(unknown)}")
-    return words
+__all__ = ["Boundary", "PlanRefresher", "random_batches"]
 
 
 class PlanRefresher:
@@ -173,7 +158,7 @@ class PlanRefresher:
 
     def _finished_predicate(self) -> Callable[[Any], bool]:
         """Whether a pending refresh counts as finished at this boundary: by the clock, or as
-        :data:`ASYNC_BOUNDARIES_ENV` scripts it for a test."""
+        a test scripts it (:mod:`pipeline.seams`)."""
         assert self.client is not None
         client = self.client
         if not self._scripted or self.policy.pending is None or self.cfg.mining.mode != "async":

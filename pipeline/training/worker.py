@@ -29,6 +29,7 @@ from pipeline.evaluation.in_training import EvalOutcome
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.flops import CountingEncoder, EncoderFlops, device_peak_tflops
 from pipeline.model.folders import quiet_libraries
+from pipeline.seams import hold_once
 from pipeline.training.contract import LoopConfig
 from pipeline.training.debias import false_negative_mask
 from pipeline.training.miner_client import MinerClient
@@ -218,6 +219,8 @@ class SimCSEWorker:
         self.segment_first_batch = self.first_batch
         self.refresher.after_step(epoch, self.first_batch, plan, self.state.step, self.model)
         for batch_index in range(self.first_batch, plan.num_batches):
+            if self.rank == 0:
+                hold_once("train_step", self.state.step + 1)
             self.train_batch(batch_index)
             self.refresher.after_step(epoch, batch_index + 1, plan, self.state.step, self.model)
             outcome = self.maybe_eval(epoch)

@@ -213,7 +213,7 @@ def test_reshuffle_seed_is_run_seed_plus_next_epoch():
 
 
 def test_the_async_boundary_seam_reads_ready_and_late_in_order_and_names_a_bad_word():
-    from pipeline.training.refresh import ASYNC_BOUNDARIES_ENV, scripted_boundaries
+    from pipeline.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 
     assert scripted_boundaries(None) == [] and scripted_boundaries("") == []
     assert scripted_boundaries("ready, late,ready") == ["ready", "late", "ready"]

@@ -1,0 +1,52 @@
+"""Test seams: the places where a test makes a timing-dependent branch happen on purpose.
+
+Whether an async refresh is ready at a boundary, or where exactly a worker is when it is
+killed, is otherwise a matter of how fast the machine is. A test that checks such a branch
+sets one of the variables below in the job's environment (Ray's local workers and actors
+inherit it); a run without them behaves as if this module did not exist.
+
+``SIMCSE_TEST_ASYNC_BOUNDARIES``
+    One word per async boundary that finds a refresh under way, in order: ``ready`` (rank 0
+    waits for the refresh to finish, up to ``mining.timeout_s``, and adopts it) or ``late``
+    (treated as unfinished, whatever it is). Later boundaries use the clock.
+``SIMCSE_TEST_HOLD`` and ``SIMCSE_TEST_HOLD_DIR``
+    ``point=key`` items, comma separated (``train_step=36,miner_refresh=1``): the process that
+    reaches that point writes ``<point>=<key>.held`` into the folder and blocks there until a
+    ``<point>=<key>.release`` file appears (or it is killed: what a fault test does). It holds
+    once per run: a restarted process finds the ``.held`` file and goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+ASYNC_BOUNDARIES_ENV = "SIMCSE_TEST_ASYNC_BOUNDARIES"
+HOLD_ENV = "SIMCSE_TEST_HOLD"
+HOLD_DIR_ENV = "SIMCSE_TEST_HOLD_DIR"
+
+
+def scripted_boundaries(value: str | None) -> list[str]:
+    """The outcomes that ``SIMCSE_TEST_ASYNC_BOUNDARIES`` scripts, in boundary order."""
+    words = [w.strip() for w in (value or "").split(",") if w.strip()]
+    unknown = sorted(set(words) - {"ready", "late"})
+    if unknown:
+        raise ValueError(f"{ASYNC_BOUNDARIES_ENV}: expected ready or late, got {', '.join(unknown)}")
+    return words
+
+
+def hold_once(point: str, key: int) -> None:
+    """Block here if ``SIMCSE_TEST_HOLD`` names ``point=key`` and no process has held here yet
+    in this run (see the module's docstring); return at once otherwise."""
+    spec = os.environ.get(HOLD_ENV)
+    if not spec or f"{point}={key}" not in {item.strip() for item in spec.split(",")}:
+        return
+    folder = Path(os.environ[HOLD_DIR_ENV])
+    held, release = folder / f"{point}={key}.held", folder / f"{point}={key}.release"
+    try:
+        held.touch(exist_ok=False)
+    except FileExistsError:
+        return  # held once already: a restarted process goes on
+    while not release.exists():
+        time.sleep(0.05)
