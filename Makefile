@@ -24,7 +24,7 @@ demo: $(STAMP)
 	RAY_AUTH_MODE=disabled $(PY) jobs/train.py --config jobs/configs/demo.yaml
 
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(PY) -m pytest -q tests
+	RAY_AUTH_MODE=disabled $(PY) -m pytest -q --durations=25 tests
 
 test-fast: $(STAMP)
 	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -m "not slow" tests

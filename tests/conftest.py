@@ -94,10 +94,11 @@ def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
     return tokenize_table(table, load_tokenizer(tiny_model_dir), 32), groups[order]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_local():
     """A local Ray started as a job starts its own (:func:`pipeline.cluster.ray_session`): on
-    free ports, never joining another Ray that runs on the machine."""
+    free ports, never joining another Ray that runs on the machine. One for the whole session:
+    starting Ray is not what the tests that use it test, and each start costs seconds."""
     import ray
 
     from pipeline.cluster import ray_session
