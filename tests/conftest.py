@@ -224,3 +224,11 @@ class RayHead:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items):
+    """A test that uses the session's Ray is ``slow`` whether or not it says so: ``make
+    test-fast`` (``-m "not slow"``) then starts no Ray cluster at all."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -35,17 +35,28 @@ def test_missing_faiss_is_named_with_the_extra_only_when_mining_needs_it(without
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
 def test_gpu_asked_for_on_a_machine_without_one(tmp_path):
-    for setting, named in [
-        ("train.use_gpu=true", "train.use_gpu=true"),
-        ("mining.num_gpus=1", "mining.num_gpus=1"),
-    ]:
-        cfg = load_config(DEMO, [f"run.output_dir={tmp_path}", setting])
-        with pytest.raises(ConfigError, match=rf"{named} but this machine has no usable CUDA device"):
-            preflight_train(cfg)
-    # Joining a cluster: the GPUs are on its workers, checked against its resources later.
-    preflight_train(
-        load_config(DEMO, [f"run.output_dir={tmp_path}", "train.use_gpu=true", "ray.address=10.0.0.1:6379"])
-    )
+    # In a fresh interpreter: the Ray this test session runs in-process counts as a joined cluster.
+    script = f"""
+from pipeline.config.loading import load_config
+from pipeline.config.sections import ConfigError
+from pipeline.preflight import preflight_train
+for setting in ("train.use_gpu=true", "mining.num_gpus=1"):
+    try:
+        preflight_train(load_config({DEMO!r}, ["run.output_dir={tmp_path}", setting]))
+        print("passed:", setting)
+    except ConfigError as error:
+        print("error:", error)
+# Joining a cluster: the GPUs are on its workers, checked against its resources later.
+joined = ["run.output_dir={tmp_path}", "train.use_gpu=true", "ray.address=10.0.0.1:6379"]
+preflight_train(load_config({DEMO!r}, joined))
+print("joined: passed")
+"""
+    proc = subprocess.run([PYTHON, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3 and lines[2] == "joined: passed", proc.stdout
+    for line, named in zip(lines[:2], ["train.use_gpu=true", "mining.num_gpus=1"], strict=True):
+        assert line.startswith(f"error: {named} but this machine has no usable CUDA device"), line
 
 
 def test_output_folders_that_cannot_be_written(tmp_path):
