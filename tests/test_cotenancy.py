@@ -130,6 +130,7 @@ def test_jobs_at_once_beside_each_other_and_a_ray_start_head(tmp_path, trained_t
         assert run.info.status == "FINISHED"
     tags = _finished_run(tmp_path / "submitted" / "mlruns.db", "simcse-demo").data.tags
     assert tags["mlflow.source.git.commit"] == SUBMITTED_COMMIT
+    assert tags["mlflow.source.name"] == "jobs/train.py"  # the uploaded working dir's script
     assert tags["simcse.git_commit_from"] == "SIMCSE_GIT_COMMIT"
     assert "mined triplets.parquet" in outputs["mine"]
     assert _finished_run(tmp_path / "mine" / "mlruns.db", "simcse-mining").info.status == "FINISHED"

@@ -69,6 +69,12 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert params["data.path"] == str(tmp_path / "runs/demo/generated_corpus.txt")
     assert str(tmp_path / "runs/demo/generated_sts.tsv") in params["eval.sts"]
     assert int(run.data.tags["data.sentences"]) > 1500 and int(run.data.tags["data.duplicates_dropped"]) > 0
+    # The runs table's Source column: the job and the commit it ran from.
+    assert (
+        run.data.tags["mlflow.source.name"] == "jobs/train.py"
+        and run.data.tags["mlflow.source.type"] == "JOB"
+    )
+    assert len(run.data.tags["mlflow.source.git.commit"]) == 40
 
     losses = client.get_metric_history(run_id, "train/loss")
     steps = sorted(m.step for m in losses)

@@ -33,6 +33,18 @@ def package_versions() -> dict[str, str]:
 
 
 GIT_COMMIT_ENV = "SIMCSE_GIT_COMMIT"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def job_source(argv0: str | None = None) -> str:
+    """What started the run, for MLflow's Source column: the job script relative to the
+    repository (``jobs/train.py``), or the command's name when it is not a file inside it."""
+    import sys
+
+    script = Path(argv0 if argv0 is not None else (sys.argv[0] or "python"))
+    with suppress(ValueError, OSError):
+        return script.resolve().relative_to(REPO_ROOT).as_posix()
+    return script.name
 
 
 def git_commit(start: Path | None = None) -> tuple[str | None, str]:
@@ -82,6 +94,9 @@ def log_run_context(
         tracked.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])]
     )
     tags: dict[str, Any] = {"data.path": source, "data.rows": rows, "data.digest": digest}
+    # The runs table's Source column reads these two (and shows the commit beside them).
+    tags["mlflow.source.name"] = job_source()
+    tags["mlflow.source.type"] = "JOB"
     commit, origin = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking.context import GIT_COMMIT_ENV, git_commit
+from pipeline.tracking.context import GIT_COMMIT_ENV, git_commit, job_source
 from pipeline.tracking.export import best_model_metrics, exported_eval_metrics
 from pipeline.tracking.metric_logger import MetricLogger
 
@@ -77,6 +77,12 @@ def test_metric_logger_sends_tags_with_the_metrics(tmp_path):
     tags = client.get_run(run_id).data.tags
     assert tags["plan.fingerprint.epoch_1"] == "00ab" and tags["plan.fingerprint.epoch_2"] == "00ef"
     assert [m.value for m in client.get_metric_history(run_id, "train/loss")] == [1.0]
+
+
+def test_the_source_is_the_job_script_in_the_repository_else_the_commands_name(tmp_path):
+    assert job_source(str(REPO / "jobs/train.py")) == "jobs/train.py"
+    assert job_source(str(REPO / "jobs" / ".." / "jobs/mine.py")) == "jobs/mine.py"
+    assert job_source(str(tmp_path / "bin" / "raysimcse")) == "raysimcse"
 
 
 def test_git_commit_from_the_checkout_else_from_the_submitter(tmp_path, monkeypatch):
