@@ -19,7 +19,7 @@ import copy
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,23 @@ def _run_resolved(
         resolved_file.write_text(dump_yaml(cfg))
         tracked.log_params(cfg.flat())
         tracked.log_artifact(resolved_file)
-        with ray_session(cfg) as started_ray:
+        with driver_system_metrics(cfg, tracked), ray_session(cfg) as started_ray:
             check_cluster_fits(cfg, started_ray)
             summary = train_in_ray(cfg, tracked, storage_root, sts_files, echo, retrieval_sets=retrieval_sets)
     summary = dataclasses.replace(summary, wall_seconds=time.perf_counter() - started_at)
     tracked.set_note("```\n" + summary.render() + "\n```")
     tracked.finish()
     return summary
+
+
+def driver_system_metrics(cfg: Config, tracked: TrackedRun) -> AbstractContextManager[Any]:
+    """The driver's machine's system metrics for the whole job (``tracking.system_metrics``):
+    from the run's start, through data loading and export, not only while workers train."""
+    if not cfg.tracking.system_metrics:
+        return nullcontext()
+    from pipeline.tracking.system import system_metrics
+
+    return system_metrics(tracked.tracking_uri, tracked.run_id, cfg.tracking.system_metrics_interval_s)
 
 
 def train_in_ray(
@@ -231,6 +241,8 @@ def fit(
     Raises:
         The training error Ray Train ended with.
     """
+    import ray
+
     from pipeline.training.contract import LoopConfig
     from pipeline.training.trainer import build_trainer
 
@@ -246,6 +258,7 @@ def fit(
         miner_pid=miner_pid,
         tracking_uri=tracked.tracking_uri,
         run_id=tracked.run_id,
+        driver_node_id=ray.get_runtime_context().get_node_id(),
     )
     echo(
         f"[train] {cfg.train.epochs} epochs on {cfg.train.num_workers} worker(s), global batch {cfg.train.batch_size}; "

@@ -418,10 +418,12 @@ class TrackingSection:
     them (saying how many) rather than on the run."""
     system_metrics: bool = True
     """Log MLflow's system metrics (``system/...``: CPU, memory, disk, network; GPU
-    utilisation and memory where ``nvidia-ml-py`` is installed) from every node that runs
-    training workers, so a reviewer sees whether the hardware was busy."""
+    utilisation and memory where ``nvidia-ml-py`` is installed) from the driver's machine for
+    the whole job and from every other node that runs training workers, so a reviewer sees
+    whether the hardware was busy."""
     system_metrics_interval_s: float = 10.0
-    """Seconds between system-metric samples."""
+    """Seconds between system-metric samples; there is also one a second after the start and
+    one at the end, so a one-minute run has a handful of points and a ten-hour run 3,600."""
 
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""

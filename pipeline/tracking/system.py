@@ -1,9 +1,14 @@
-"""MLflow's system metrics (CPU, memory, GPU) for the node a training worker runs on."""
+"""MLflow's system metrics (CPU, memory, disk, network, GPU) for the machines a run uses."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+
+FIRST_SAMPLE_AFTER_S = 1.0
+"""The first sample's delay: a CPU share is measured between two readings, so one taken at
+once would read a meaningless 0."""
 
 
 @contextmanager
@@ -11,19 +16,48 @@ def system_metrics(
     tracking_uri: str, run_id: str, interval_s: float, node_id: str | None = None
 ) -> Iterator[None]:
     """MLflow's own system metrics (``system/cpu_utilization_percentage``, memory, disk,
-    network, and ``system/gpu_*`` where NVIDIA's NVML is installed) for this machine, sampled
-    every ``interval_s`` seconds while the block runs. ``node_id`` puts a machine's metrics
-    under ``system/<node_id>/`` when a run spans several."""
+    network, and ``system/gpu_*`` where NVIDIA's NVML is installed) for this machine: a sample
+    a second after the block starts, every ``interval_s`` seconds while it runs, and one when
+    it ends, so that a run of a minute has its chart as a run of a day does. ``node_id`` puts
+    a machine's metrics under ``system/<node_id>/``.
+
+    MLflow's monitor is used for what it measures and how it names and logs it; the schedule
+    is ours: its own loop samples first after a whole interval and drops the sample in hand
+    when it stops, which left short runs without a single point."""
     import logging
 
+    import psutil
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
     monitor = SystemMetricsMonitor(
         run_id, sampling_interval=interval_s, resume_logging=True, node_id=node_id, tracking_uri=tracking_uri
     )
-    monitor.start()
+    psutil.cpu_percent()  # the reference reading the first sample's CPU share is measured from
+    stop = threading.Event()
+
+    def sample() -> None:
+        monitor.collect_metrics()
+        monitor.publish_metrics(monitor.aggregate_metrics())
+        monitor.mlflow_logger.flush()
+
+    def sample_until_stopped() -> None:
+        if stop.wait(min(FIRST_SAMPLE_AFTER_S, interval_s)):
+            return
+        while True:
+            try:
+                sample()
+            except Exception:  # a tracking store that stopped answering: the run's own metrics say so
+                return
+            if stop.wait(interval_s):
+                return
+
+    thread = threading.Thread(target=sample_until_stopped, daemon=True, name="system-metrics")
+    thread.start()
     try:
         yield
     finally:
-        monitor.finish()
+        stop.set()
+        thread.join()
+        with suppress(Exception):  # never fail a run for its last system sample
+            sample()

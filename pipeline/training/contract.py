@@ -39,6 +39,9 @@ class LoopConfig:
     tracking_uri: str | None = None
     run_id: str | None = None
     """The MLflow run rank 0 logs to; None logs nothing."""
+    driver_node_id: str | None = None
+    """The Ray node the driver runs on: it samples that machine's system metrics for the whole
+    job, so workers sample only the other nodes."""
 
 
 def report_metrics(state: TrainState, epoch: float) -> dict[str, Any]:

@@ -159,17 +159,21 @@ def build_evaluator(
 
 
 def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.AbstractContextManager[Any]:
-    """The node's system-metrics monitor (``tracking.system_metrics``) on the node's first
-    worker while it trains; a no-op elsewhere and in runs without tracking."""
+    """The node's system-metrics monitor (``tracking.system_metrics``) on the first worker of
+    each node the driver does not run on (the driver samples its own for the whole job), as
+    ``system/node_<rank>/...``; a no-op elsewhere and in runs without tracking."""
+    import ray
+
     cfg = loop_config.config
     if not (cfg.tracking.system_metrics and loop_config.run_id and ctx.get_local_rank() == 0):
         return contextlib.nullcontext()
+    if ray.get_runtime_context().get_node_id() == loop_config.driver_node_id:
+        return contextlib.nullcontext()
     from pipeline.tracking.system import system_metrics
 
-    several_nodes = ctx.get_local_world_size() < ctx.get_world_size()
     return system_metrics(
         loop_config.tracking_uri,
         loop_config.run_id,
         cfg.tracking.system_metrics_interval_s,
-        node_id=f"node_{ctx.get_node_rank()}" if several_nodes else None,
+        node_id=f"node_{ctx.get_node_rank()}",
     )
