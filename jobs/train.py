@@ -1,41 +1,13 @@
-"""Train a sentence encoder with SimCSE on Ray; the run is tracked in MLflow.
-
-Common invocations (from the repository root):
-
-  the demo: a generated corpus and a tiny BERT, no downloads (a few minutes on a CPU)
-    python jobs/train.py --config jobs/configs/demo.yaml
-
-  your corpus with a real pretrained encoder (all-MiniLM-L6-v2 unless you name another)
-    python jobs/train.py --config jobs/configs/your-corpus.yaml \\
-        --set data.path=corpus.parquet --set data.text_column=sentence \\
-        --set model.name_or_path=sentence-transformers/all-MiniLM-L6-v2 --set run.name=my-run
-
-  another run of a config, with changed values; the same run.name again resumes that run
-  from its latest checkpoint (a finished run is not re-run)
-    python jobs/train.py --config jobs/configs/demo.yaml --set run.name=demo-5 --set train.epochs=5
-
-Runs locally (starting a local Ray) or unchanged under
-ray job submit --working-dir . -- python jobs/train.py --config ...
-"""
-
-from __future__ import annotations
+"""``python jobs/train.py``: the entry point that ``ray job submit --working-dir`` runs; the job
+itself, its flags and its help are :mod:`pipeline.jobs.train` (also ``raysimcse train``)."""
 
 import os
 import sys
 
+# Run as a script from a checkout or an uploaded working dir, where the package is not installed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.cli import job_main
-
-
-def main(argv: list[str] | None = None) -> int:
-    def body(cfg, echo, _args):
-        from pipeline.job import run_train_job
-
-        echo(run_train_job(cfg, echo=echo).render())
-
-    return job_main(__doc__, argv, body, needs_config=True)
-
+from pipeline.jobs.train import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

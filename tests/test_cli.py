@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, job_env
@@ -106,3 +107,44 @@ def test_config_summary_ends_at_a_whole_clause(tmp_path, header, summary):
     path = tmp_path / "c.yaml"
     path.write_text(header + "run:\n  name: x\n")
     assert config_summary(path) == summary
+
+
+def _console(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """The installed ``raysimcse`` console script (``pip install -e .`` puts it beside python)."""
+    script = str(Path(PYTHON).parent / "raysimcse")
+    return subprocess.run(
+        [script, *args], cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_console_script_names_its_version_and_jobs(tmp_path):
+    from importlib.metadata import version
+
+    done = _console(tmp_path, "--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"raysimcse {version('raysimcse')}"
+    done = _console(tmp_path)
+    assert done.returncode == 2 and all(f"  {job} " in done.stdout for job in ("train", "mine", "evaluate"))
+    done = _console(tmp_path, "fit")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "error: unknown job 'fit'; one of: train, mine, evaluate"
+
+
+@pytest.mark.parametrize("job", ["train", "mine", "evaluate"])
+def test_each_console_job_takes_the_flags_of_its_script(tmp_path, job):
+    console, script = _console(tmp_path, job, "--help"), _job(tmp_path, f"{job}.py", "--help")
+    assert console.returncode == script.returncode == 0, console.stderr[-2000:]
+    assert console.stdout.startswith(f"usage: raysimcse {job} ")
+
+    # The same help but for the program's name (argparse wraps usage lines by its length).
+    def body(text: str) -> str:
+        return " ".join(text.split("\n\n", 1)[1].split())
+
+    assert body(console.stdout) == body(script.stdout)
+
+
+def test_a_console_job_runs_as_its_script_does(tmp_path):
+    done = _console(
+        tmp_path, "train", "--config", str(REPO / "jobs/configs/demo.yaml"), "--set", "train.epochs=0"
+    )
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == "error: train.epochs must be >= 1 (got 0)"

@@ -1,0 +1,56 @@
+"""Mine hard negatives for a dataset with a given model, offline.
+
+    python jobs/mine.py --model DIR_OR_NAME --input FILE --output FILE.parquet|.jsonl \\
+        [--config FILE] [--set mining.num_negatives=3 ...] [--debug]
+
+Input: a text file (one sentence per line; each is its own positive) or pairs in
+csv/tsv/jsonl/parquet (columns data.anchor_column / data.positive_column, default
+anchor / positive). Output columns: anchor, positive, negative_1 ... negative_n.
+The mining.* keys (docs/configuration.md) set how many negatives and which candidates count.
+Each job is an MLflow run in experiment simcse-mining: counts, a similarity histogram and a
+sample of the output; the summary ends with the run id (docs/mlflow.md).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pipeline.cli import job_main
+
+
+def _arguments(parser):
+    parser.add_argument(
+        "--model", required=True, metavar="DIR_OR_NAME", help="model folder or hub name (model.name_or_path)"
+    )
+    parser.add_argument("--input", required=True, metavar="FILE", help="text file or pairs file (data.path)")
+    parser.add_argument(
+        "--output", required=True, metavar="FILE", help="where to write the triplets (.parquet or .jsonl)"
+    )
+
+
+def _overrides(args) -> list[str]:
+    return [
+        f"model.name_or_path={args.model}",
+        f"data.path={args.input}",
+        "tracking.experiment=simcse-mining",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(cfg, echo, args):
+        from pipeline.mining.offline import run_mine_job
+
+        echo(run_mine_job(cfg, args.output, echo=echo).render(args.output))
+
+    return job_main(
+        __doc__,
+        argv,
+        body,
+        add_arguments=_arguments,
+        to_overrides=_overrides,
+        set_example="mining.num_negatives=3",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
