@@ -155,7 +155,7 @@ def _run_resolved(
             check_cluster_fits(cfg, started_ray)
             summary = train_in_ray(cfg, tracked, storage_root, sts_files, echo, retrieval_sets=retrieval_sets)
     summary = dataclasses.replace(summary, wall_seconds=time.perf_counter() - started_at)
-    tracked.set_note("```\n" + summary.render() + "\n```")
+    tracked.set_note(summary.description())
     tracked.finish()
     return summary
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.tracking.run import ui_command
+from pipeline.tracking.run import run_description, ui_command
 from pipeline.training.state import BestModel, TrainHistory
 
 
@@ -71,9 +71,9 @@ class JobSummary:
         """Epochs completed."""
         return len(self.history.epoch_losses)
 
-    def sts_line(self) -> str | None:
-        """``first file: start -> exported`` (Spearman), each retrieval set's nDCG@10 the same
-        way, and which evaluation was exported, from the evaluation history."""
+    def scores(self) -> str | None:
+        """``first file spearman start -> exported``, each retrieval set's nDCG@10 the same way
+        (None without an evaluation of the exported step)."""
         evaluations = self.history.evaluations
         if not evaluations or self.exported_step is None:
             return None
@@ -98,16 +98,36 @@ class JobSummary:
             parts.append(
                 f"{key.removeprefix('retrieval_').removesuffix('_ndcg_at_10')} ndcg@10 {change(key)}"
             )
-        text = "; ".join(parts)
-        candidates = len(evaluations) - (start is not None)
+        return "; ".join(parts)
+
+    def sts_line(self) -> str | None:
+        """:meth:`scores` and which evaluation was exported, from the evaluation history."""
+        text = self.scores()
+        if text is None:
+            return None
+        evaluations = self.history.evaluations
+        candidates = len(evaluations) - (evaluations[0]["epoch"] == 0)
         return (
             f"{text}; exported epoch {self.exported_epoch:g} (step {self.exported_step}, best of "
             f"{candidates} evaluation{'s' if candidates != 1 else ''} after training; the starting "
             f"model's is the 'before', never exported)"
         )
 
+    def headline(self) -> str:
+        """One line for the top of the run's description: what was trained, on what, and the
+        shipped score against the starting one."""
+        scores = self.scores()
+        trained = f"SimCSE run {self.run_name!r}: {self.epochs} epochs ({self.steps} steps) on {self.corpus}"
+        if scores is None:
+            return trained
+        return f"{trained}. Shipped the model of step {self.exported_step}: {scores}."
+
+    def description(self) -> str:
+        """The MLflow run's description: the headline, then the console summary as a list."""
+        return run_description(self.render(), self.headline())
+
     def render(self) -> str:
-        """The console summary (also the MLflow run's description)."""
+        """The console summary."""
         if self.already_finished:
             return (
                 f"run {self.run_name!r} already finished (MLflow run {self.run_id}); nothing to do.\n"

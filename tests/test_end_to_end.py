@@ -185,10 +185,11 @@ def test_demo_trains_mines_and_logs(tmp_path):
     table = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="review/eval_by_epoch.md",
                                                      tracking_uri=client.tracking_uri)).read_text()  # fmt: skip
     assert f"| {best:g} (best) | {best_step} |" in table
-    assert (
-        "```" in run.data.tags["mlflow.note.content"]
-        and "exported epoch" in run.data.tags["mlflow.note.content"]
-    )
+    # The description: the headline (data, shipped score against the start), then short lines.
+    note = run.data.tags["mlflow.note.content"].splitlines()
+    assert note[0].startswith("SimCSE run 'demo': 3 epochs (75 steps) on 1600 sentences")
+    assert "generated_sts spearman" in " ".join(note[:3])
+    assert all(len(line) <= 100 or len(line.split()) == 1 for line in note)
     # dataset fingerprint, commit and versions for comparing runs
     (dataset,) = run.inputs.dataset_inputs
     assert dataset.dataset.digest == run.data.tags["data.digest"] and len(dataset.dataset.digest) == 16

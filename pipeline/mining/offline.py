@@ -31,7 +31,7 @@ from pipeline.data.tokenized import dataset_digest
 from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
 from pipeline.mining.index import estimate_index_bytes
 from pipeline.mining.negatives import FILTERS, text_keys
-from pipeline.tracking.run import TrackedRun
+from pipeline.tracking.run import TrackedRun, run_description
 
 
 @dataclass
@@ -293,7 +293,7 @@ def log_mining_review(tracked: TrackedRun, table: pa.Table, report: MiningReport
 
     from pipeline.mining.plan_quality import similarity_histogram_png
 
-    tracked.set_note("```\n" + report.render(output) + "\n```")
+    tracked.set_note(run_description(report.render(output)))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         series = {name: values for name, values in report.similarities.items() if len(values)}

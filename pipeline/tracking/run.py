@@ -53,6 +53,27 @@ def artifact_location_for(tracking_uri: str) -> str | None:
     return None
 
 
+DESCRIPTION_WIDTH = 100
+
+
+def run_description(summary: str, headline: str | None = None, width: int = DESCRIPTION_WIDTH) -> str:
+    """A console summary as an MLflow run description that reads in the run page: the
+    headline first (the summary's first line unless given), then one bullet per labelled line
+    (``  label   value`` becomes ``- **label**: value``), every line at most ``width``
+    characters where the text has spaces to wrap at. No code block: the UI does not wrap one,
+    and a single long line pushed the page's "About this run" out of view."""
+    import textwrap
+
+    lines = summary.splitlines()
+    wrap = {"width": width, "break_long_words": False, "break_on_hyphens": False}
+    out = textwrap.wrap(headline or lines[0], **wrap) + [""]
+    for line in lines[1:]:
+        label, _, value = line.strip().partition("  ")
+        item = f"- **{label}**: {value.strip()}" if value.strip() else f"- {label}"
+        out += textwrap.wrap(item, subsequent_indent="  ", **wrap)
+    return "\n".join(out)
+
+
 def ui_command(tracking_uri: str) -> str:
     parsed = urlparse(tracking_uri)
     if parsed.scheme in ("http", "https"):

@@ -65,6 +65,31 @@ def test_summary_counts_the_evaluations_that_could_be_exported():
     assert "best of 2 evaluations after training; the starting model's is the 'before'" in line
 
 
+def test_the_run_description_puts_the_headline_first_in_short_lines():
+    from pipeline.summary import JobSummary
+    from pipeline.training.state import BestModel, TrainHistory
+
+    summary = JobSummary.from_training(
+        "r", "id", "sqlite:///" + "/very/long/folder" * 8 + "/mlruns.db", "e", corpus="1600 sentences",
+        history=TrainHistory(evaluations=HISTORY, epoch_losses=[1.0, 0.5], plan_versions=[0, 1]), steps=50,
+        best=BestModel(score=80.0, epoch=1.0, step=25), model_dir=Path("m"),
+    )  # fmt: skip
+    text = summary.description()
+    lines = text.splitlines()
+    # At most 100 characters, but for a word too long to wrap (the store's URI), on its own line.
+    assert "```" not in text and all(len(line) <= 100 or len(line.split()) == 1 for line in lines)
+    assert any(line.strip() == "sqlite:///" + "/very/long/folder" * 8 + "/mlruns.db" for line in lines)
+    assert lines[0].startswith("SimCSE run 'r': 2 epochs (50 steps) on 1600 sentences. Shipped the model")
+    assert "dev spearman 70.00 -> 80.00" in " ".join(lines[:3])  # the headline, however wrapped
+    # Every console line is an item, its words all there in order.
+    items = [" ".join(chunk.split()) for chunk in text.split("\n- ")[1:]]
+    console = summary.render().splitlines()[1:]
+    assert len(items) == len(console)
+    for item, line in zip(items, console, strict=True):
+        label, _, value = line.strip().partition("  ")
+        assert item == f"**{label}**: {' '.join(value.split())}"
+
+
 def test_metric_logger_sends_tags_with_the_metrics(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     client = MlflowClient(uri)
