@@ -26,6 +26,7 @@ from typing import Any
 
 from pipeline.cluster import check_cluster_fits, ray_session
 from pipeline.config.loading import dump_yaml
+from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
 from pipeline.data.readers import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
@@ -149,7 +150,7 @@ def _run_resolved(
         run_dir.mkdir(parents=True, exist_ok=True)
         resolved_file = run_dir / "resolved_config.yaml"
         resolved_file.write_text(dump_yaml(cfg))
-        tracked.log_params(cfg.flat())
+        tracked.log_params(params_in_effect(cfg))
         tracked.log_artifact(resolved_file)
         with driver_system_metrics(cfg, tracked), ray_session(cfg) as started_ray:
             check_cluster_fits(cfg, started_ray)

@@ -102,3 +102,27 @@ def test_config_defaults_are_the_index_defaults():
     from pipeline.mining.index import IndexSpec
 
     assert load_config(None).mining.index_spec() == IndexSpec()
+
+
+def test_params_leave_out_what_a_setting_turns_off():
+    from pipeline.config.params import RULES, params_in_effect
+
+    demo = "jobs/configs/demo.yaml"
+    cpu = params_in_effect(load_config(REPO / demo))
+    assert "train.use_gpu" in cpu and "train.gpus_per_worker" not in cpu  # no GPU count on a CPU run
+    gpu = params_in_effect(load_config(REPO / demo, ["train.use_gpu=true", "train.gpus_per_worker=0.5"]))
+    assert gpu["train.gpus_per_worker"] == 0.5
+    off = params_in_effect(load_config(REPO / demo, ["mining.enabled=false"]))
+    assert [k for k in off if k.startswith("mining.")] == ["mining.enabled"]
+    # What is left is the config's own values, unchanged.
+    flat = load_config(REPO / demo).flat()
+    assert all(flat[k] == v for k, v in cpu.items()) and "mining.batch_sampler" in cpu
+    assert "mining.restart_probability" not in cpu  # knn, not rwr
+    rwr = params_in_effect(load_config(REPO / demo, ["mining.batch_sampler=rwr"]))
+    assert "mining.restart_probability" in rwr
+    pairs = params_in_effect(load_config(REPO / "jobs/configs/recipe-twitter-url.yaml"))
+    assert "data.text_column" not in pairs and pairs["data.anchor_column"] == flat["data.anchor_column"]
+    assert "mining.mode" not in pairs  # refresh: once mines before epoch 1 only, waiting in any mode
+    # A rule naming a key that does not exist would silently keep what it meant to leave out.
+    for key, _ in RULES:
+        assert any(k == key or (key.endswith(".") and k.startswith(key)) for k in flat), key

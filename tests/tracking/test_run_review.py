@@ -171,6 +171,7 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
 
     import pipeline.job as job
     from pipeline.config.loading import dump_yaml, load_config
+    from pipeline.config.params import params_in_effect
     from pipeline.summary import JobSummary
 
     monkeypatch.chdir(tmp_path)
@@ -201,5 +202,8 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
     assert (run_dir / "resolved_config.yaml").read_text() == dump_yaml(resolved)
     assert load_config(run_dir / "resolved_config.yaml") == resolved
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}").get_run(summary.run_id)
-    assert run.data.params == {k: "null" if v is None else str(v) for k, v in resolved.flat().items()}
+    # The params are the resolved values in effect (the whole config is the artifact).
+    in_effect = params_in_effect(resolved)
+    assert run.data.params == {k: "null" if v is None else str(v) for k, v in in_effect.items()}
+    assert "train.gpus_per_worker" not in run.data.params and run.data.params["train.use_gpu"] == "False"
     assert run.info.status == "FINISHED"

@@ -1,0 +1,89 @@
+"""The run's MLflow params: the resolved settings the run used, and only those.
+
+``config.yaml`` (the whole resolved config) is logged as an artifact beside them; the params
+leave out what a setting turns off, so that a reviewer never reads a contradiction such as
+``train.gpus_per_worker=1.0`` beside ``train.use_gpu=False``. Every rule is here, one line
+each: a key (or a ``prefix.``) and when it is in effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pipeline.config.schema import Config
+
+Rule = tuple[str, Callable[[Config], bool]]
+
+
+def _pairs(cfg: Config) -> bool:
+    return cfg.mining.negative_mode == "triplet"
+
+
+def _ivf(cfg: Config) -> bool:
+    return cfg.mining.index != "flat"
+
+
+def _sampler(*names: str) -> Callable[[Config], bool]:
+    return lambda cfg: not _pairs(cfg) and cfg.mining.batch_sampler in names
+
+
+RULES: list[Rule] = [
+    ("train.gpus_per_worker", lambda cfg: cfg.train.use_gpu),
+    ("train.compile_mode", lambda cfg: cfg.train.compile),
+    ("train.length_group_batches", lambda cfg: cfg.train.group_by_length),
+    ("train.hard_negative_weight", _pairs),
+    ("model.tiny.", lambda cfg: cfg.model.name_or_path is None),
+    ("data.text_column", lambda cfg: not _pairs(cfg)),
+    ("data.anchor_column", _pairs),
+    ("data.positive_column", _pairs),
+    ("data.negative_column", _pairs),
+    ("data.label_column", _pairs),
+    ("data.given_negatives", _pairs),
+    ("data.pool", _pairs),
+    ("data.pool_format", _pairs),
+    ("data.pool_text_column", _pairs),
+    ("eval.whitening_dim", lambda cfg: cfg.eval.whitening),
+    ("eval.whitening_rows", lambda cfg: cfg.eval.whitening),
+    ("tracking.system_metrics_interval_s", lambda cfg: cfg.tracking.system_metrics),
+    # Mining: nothing but mining.enabled when no miner runs; then what the chosen mode,
+    # index, sampler and debiasing read.
+    ("mining.", lambda cfg: cfg.mining.runs_miner(cfg.train.epochs)),
+    ("mining.mode", lambda cfg: cfg.mining.refreshes_at_boundaries),
+    (
+        "mining.max_staleness_steps",
+        lambda cfg: cfg.mining.refreshes_at_boundaries and cfg.mining.mode == "async",
+    ),
+    ("mining.nlist", _ivf),
+    ("mining.nprobe", _ivf),
+    ("mining.pq_m", lambda cfg: cfg.mining.index in ("auto", "ivfpq")),
+    ("mining.flat_max_rows", lambda cfg: cfg.mining.index == "auto"),
+    ("mining.encode_num_cpus", lambda cfg: cfg.mining.encode_actors > 0),
+    ("mining.encode_num_gpus", lambda cfg: cfg.mining.encode_actors > 0),
+    ("mining.num_negatives", _pairs),
+    ("mining.random_negatives", _pairs),
+    ("mining.batch_sampler", lambda cfg: not _pairs(cfg)),
+    ("mining.restart_probability", _sampler("rwr")),
+    ("mining.clusters_per_batch", _sampler("clusters")),
+    ("mining.num_clusters", lambda cfg: _sampler("clusters")(cfg) or cfg.mining.debias == "cluster"),
+    ("mining.mixed_share", _sampler("mixed")),
+    ("mining.mixed_group_size", _sampler("mixed")),
+    ("mining.debias", lambda cfg: not _pairs(cfg)),
+    ("mining.debias_threshold", lambda cfg: not _pairs(cfg) and cfg.mining.debias == "threshold"),
+    ("mining.debias_weight", lambda cfg: not _pairs(cfg) and cfg.mining.debias != "none"),
+]
+
+
+def _matches(key: str, rule_key: str) -> bool:
+    return key == rule_key or (rule_key.endswith(".") and key.startswith(rule_key))
+
+
+def params_in_effect(cfg: Config) -> dict[str, Any]:
+    """``cfg``'s dotted keys and values (:meth:`Config.flat`) without those a rule in
+    :data:`RULES` says are not in effect (``mining.enabled`` is always kept)."""
+    off = [key for key, applies in RULES if not applies(cfg)]
+    return {
+        key: value
+        for key, value in cfg.flat().items()
+        if key == "mining.enabled" or not any(_matches(key, rule_key) for rule_key in off)
+    }
