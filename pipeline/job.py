@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -323,8 +324,46 @@ def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, ru
         cfg.tracking.register_as,
         step=step,
         linked_metrics=[*exported_eval_metrics(evaluations, step), *best_scores],
-        description=f"SimCSE run {summary.run_name!r} (MLflow run {summary.run_id}): "
-        + (summary.sts_line() or f"exported at epoch {epoch:g}, step {step}"),
+        description=model_description(cfg, summary),
+        name=model_name(summary.run_name),
+        tags=model_tags(cfg, tracked),
     )
     registered = f"{cfg.tracking.register_as}/{version}" if version is not None else None
     return dataclasses.replace(summary, model_uri=model_uri, registered_as=registered)
+
+
+def model_name(run_name: str) -> str:
+    """The logged model's name: the run's, in the characters a model name may hold."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", run_name).strip("-") or "model"
+
+
+def model_description(cfg: Config, summary: JobSummary) -> str:
+    """What a registry user reads first: the base model, the data, the shipped score and what
+    selected it."""
+    base = cfg.model.name_or_path or "a tiny BERT built from model.tiny (random weights)"
+    first = "the first STS file's Spearman" if cfg.eval.sts else "the first retrieval set's nDCG@10"
+    selected = cfg.eval.select_by or first
+    scores = summary.scores()
+    shipped = (
+        f"Shipped the model of step {summary.exported_step} (selected by {selected}): {scores}."
+        if scores
+        else f"Shipped the last epoch's model (step {summary.exported_step}; no evaluation)."
+    )
+    return (
+        f"SimCSE fine-tune of {base} on {cfg.data.path} ({summary.corpus}), "
+        f"{summary.epochs} epochs, run {summary.run_name!r} (MLflow run {summary.run_id}). {shipped}"
+    )
+
+
+def model_tags(cfg: Config, tracked: TrackedRun) -> dict[str, str]:
+    """The logged model's (and registered version's) tags: the data it was trained on, by
+    path and content digest, its base model and the run and commit it came from."""
+    run_tags = tracked.client.get_run(tracked.run_id).data.tags
+    tags = {
+        "base_model": cfg.model.name_or_path or "tiny (model.tiny)",
+        "source_run": tracked.run_id,
+        **{key: run_tags[key] for key in ("data.path", "data.digest", "data.rows") if key in run_tags},
+    }
+    if "mlflow.source.git.commit" in run_tags:
+        tags["git_commit"] = run_tags["mlflow.source.git.commit"]
+    return tags

@@ -147,6 +147,14 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert linked[key].value == pytest.approx(rescored[0].spearman_whitened, abs=0.05)
     assert linked["eval/sts_generated_sts_spearman"].value == pytest.approx(rescored[0].spearman, abs=0.05)
     assert not any(k.startswith(("system/", "train/", "mining/")) for k in linked)
+    # A model a registry user recognises: named after the run, described, and tagged with the
+    # data it was trained on (the run's dataset digest).
+    assert logged.name == "demo"
+    description = logged.tags["mlflow.note.content"]
+    assert description.startswith("SimCSE fine-tune of a tiny BERT built from model.tiny")
+    assert f"Shipped the model of step {best_step} (selected by the first STS file's Spearman)" in description
+    assert "generated_sts spearman" in description and "generated_corpus.txt" in description
+    assert logged.tags["data.digest"] == run.data.tags["data.digest"] and logged.tags["source_run"] == run_id
     # Its scores under stable names, to sort and compare runs on what they ship.
     metrics = run.data.metrics
     assert metrics["best/step"] == best_step and metrics["best/epoch"] == pytest.approx(best)
@@ -202,7 +210,8 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert float(version.tags["best/sts_generated_sts_spearman_whitened"]) == pytest.approx(
         history[best_step], abs=1e-3
     )
-    assert version.tags["source_run"] == run_id and "exported epoch" in version.description
+    assert version.tags["source_run"] == run_id and version.description == description
+    assert version.tags["data.digest"] == run.data.tags["data.digest"]
     sentences = ["Zonouku pai nabrou.", "Truvikai voze noura."]
     from pipeline.evaluation.whitening import load_whitening
     from pipeline.model.encode import encode_texts

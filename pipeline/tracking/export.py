@@ -61,10 +61,14 @@ def log_sentence_transformers_model(
     step: int,
     linked_metrics: list[str],
     description: str,
+    name: str = "model",
+    tags: dict[str, str] | None = None,
 ) -> tuple[str, str | None]:
-    """Log the folder with MLflow's sentence-transformers flavor as the run's model, output
-    at training step ``step`` (the step it was exported from), and (under ``register_as``)
-    as a new registry version whose description and tags hold its ``best/`` scores.
+    """Log the folder with MLflow's sentence-transformers flavor as the run's model ``name``,
+    output at training step ``step`` (the step it was exported from), with ``description``
+    (the UI's Description column) and ``tags`` (what it was trained on), and (under
+    ``register_as``) as a new registry version with the same description and tags beside its
+    ``best/`` scores.
 
     The run's values of ``linked_metrics`` at ``step`` become the model's metrics. MLflow's
     own ``log_model(step=...)`` would link every metric logged at that step number, system
@@ -84,8 +88,13 @@ def log_sentence_transformers_model(
     requirements = [f"{name}=={versions[name]}" for name in ("sentence-transformers", "transformers", "torch")
                     if name in versions]  # fmt: skip
     client, run_id = tracked.client, tracked.run_id
+    model_tags = {"mlflow.note.content": description, **(tags or {})}
     logged = client.create_logged_model(
-        tracked.experiment_id, name="model", source_run_id=run_id, params=client.get_run(run_id).data.params
+        tracked.experiment_id,
+        name=name,
+        source_run_id=run_id,
+        params=client.get_run(run_id).data.params,
+        tags=model_tags,
     )
     model = SentenceTransformer(str(export_dir), device="cpu")
     mlflow.set_tracking_uri(tracked.tracking_uri)
@@ -110,6 +119,8 @@ def log_sentence_transformers_model(
     if register_as is not None:
         version = str(info.registered_model_version)
         client.update_model_version(register_as, version, description=description)
+        for key, value in (tags or {}).items():
+            client.set_model_version_tag(register_as, version, key, value)
         for m in linked:
             if m.key.startswith("best/"):
                 client.set_model_version_tag(register_as, version, m.key, f"{m.value:g}")
