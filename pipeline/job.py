@@ -209,12 +209,14 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     import ray
 
     from pipeline.mining.miner import MinerSettings, start_miner_actor
+    from pipeline.training.contract import miner_inputs
 
     settings = MinerSettings.from_config(cfg, tracked.tracking_uri, tracked.run_id)
-    miner = start_miner_actor(settings, refs.corpus, refs.model, refs.triplets)
+    miner = start_miner_actor(settings)
     try:
         try:
-            miner_pid = ray.get(miner.ready.remote(), timeout=cfg.mining.timeout_s)
+            inputs = miner_inputs(refs.corpus, refs.model, refs.triplets)
+            miner_pid = ray.get(miner.ready.remote(inputs), timeout=cfg.mining.timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(
                 f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "

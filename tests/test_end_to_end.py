@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO, assert_no_alarming_lines, job_env
 from mlflow.tracking import MlflowClient
 
 from pipeline.seams import ASYNC_BOUNDARIES_ENV
@@ -54,6 +54,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "SimCSE run 'demo' finished" in out
+    assert_no_alarming_lines(proc)
     assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlruns.db'}" in out
     assert "batch plans   v0 (random), v1 (mined), v2 (mined)" in out
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO, assert_no_alarming_lines, job_env
 from mlflow.tracking import MlflowClient
 
 from pipeline.data.pairs import index_triplets
@@ -107,6 +107,7 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     rows = 2 * TRAIN_GROUPS
     assert f"{rows} (anchor, positive) rows of {3 * TRAIN_GROUPS} read" in proc.stdout
     assert "negatives mined with the starting weights: plan v1" in proc.stdout
+    assert_no_alarming_lines(proc)
     client, run = _run(tmp_path, "refreshed")
     assert run.info.status == "FINISHED"
     run_id, steps = run.info.run_id, -(-rows // BATCH)

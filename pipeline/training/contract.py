@@ -44,6 +44,13 @@ class LoopConfig:
     job, so workers sample only the other nodes."""
 
 
+def miner_inputs(corpus_ref: Any, model_ref: Any, triplets_ref: Any = None) -> list[Any]:
+    """What every call to the miner actor (:class:`pipeline.mining.miner.HardNegativeMinerActor`)
+    brings: the object refs of the tokenized corpus, the packed model folder and the triplets
+    (None in neighbourhood mode), in that order. A list, so that Ray hands them over unresolved."""
+    return [corpus_ref, model_ref, triplets_ref]
+
+
 def report_metrics(state: TrainState, epoch: float) -> dict[str, Any]:
     """What a checkpoint reports to Ray Train: position (``epoch`` is fractional inside an
     epoch), the current plan's version, whether its refresh is still pending, and the whole

@@ -21,6 +21,8 @@ class MinerClient:
         logger: rank 0's metric logger (or None): restarts are logged as ``mining/miner_restarts``.
         restarts: miner restarts already survived (by the run this one resumes).
         miner_pid: the miner's process id when last seen, if known.
+        inputs: what every call to the actor brings (:func:`pipeline.mining.miner.miner_inputs`);
+            a restarted miner loads itself from them.
     """
 
     def __init__(
@@ -30,8 +32,10 @@ class MinerClient:
         logger: Any = None,
         restarts: int = 0,
         miner_pid: int | None = None,
+        inputs: list[Any] | None = None,
     ):
         self.miner = miner
+        self.inputs = inputs or []
         self.settings = settings
         self.logger = logger
         self.restarts = restarts
@@ -48,7 +52,7 @@ class MinerClient:
         report, whose plan becomes version ``version`` (``step``: the weights' step)."""
         import ray
 
-        return self.miner.refresh.remote(ray.put(cpu_state_dict(model.encoder)), version, step)
+        return self.miner.refresh.remote(self.inputs, ray.put(cpu_state_dict(model.encoder)), version, step)
 
     def finished(self, ref: Any, within_s: float = 0.0) -> bool:
         """Whether the refresh behind ``ref`` has finished (or failed), waiting at most
@@ -106,7 +110,7 @@ class MinerClient:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise self._timed_out(version)
-        return ray.get(self.miner.ready.remote(), timeout=remaining)
+        return ray.get(self.miner.ready.remote(self.inputs), timeout=remaining)
 
     def recover(self, exc: BaseException, version: int, step: int, deadline: float) -> float:
         """A refresh call failed on the actor (``exc``): wait until the miner answers again and

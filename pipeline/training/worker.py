@@ -30,7 +30,7 @@ from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.flops import CountingEncoder, EncoderFlops, device_peak_tflops
 from pipeline.model.folders import quiet_libraries
 from pipeline.seams import hold_once
-from pipeline.training.contract import LoopConfig
+from pipeline.training.contract import LoopConfig, miner_inputs
 from pipeline.training.debias import false_negative_mask
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.refresh import Boundary, PlanRefresher
@@ -149,6 +149,7 @@ class SimCSEWorker:
                 logger,
                 restarts=state.history.miner_restarts,
                 miner_pid=loop_config.miner_pid,
+                inputs=miner_inputs(loop_config.corpus_ref, loop_config.model_ref, loop_config.triplets_ref),
             )
         refresher = PlanRefresher(cfg, rank, inputs.lengths, client)
         sts = build_evaluator(loop_config, inputs.corpus, rank, world, device)

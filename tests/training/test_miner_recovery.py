@@ -34,11 +34,11 @@ def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ra
     class PidActor:  # local: pickled by value, since workers cannot import test modules
         """Answers ``ready()`` as the miner does: with its process id."""
 
-        def ready(self) -> int:
+        def ready(self, inputs: list) -> int:
             return os.getpid()
 
     miner = ray.remote(max_restarts=1)(PidActor).remote()
-    pid = ray.get(miner.ready.remote())
+    pid = ray.get(miner.ready.remote([]))
     lost_call = ray.exceptions.ActorUnavailableError("RPC timed out", None)
 
     # Same process answers again: not a death, the refresh keeps its deadline.
@@ -72,7 +72,7 @@ def test_a_miner_that_never_answers_ends_at_the_deadline(ray_local):
     ray = ray_local
 
     class Frozen:
-        def ready(self) -> int:
+        def ready(self, inputs: list) -> int:
             time.sleep(60)
             return os.getpid()
 
