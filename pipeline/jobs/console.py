@@ -28,7 +28,7 @@ def installed_version() -> str:
 def usage() -> str:
     """The one-screen help: the jobs and where each one's flags are."""
     width = max(map(len, JOBS))
-    lines = ["usage: raysimcse {train,mine,evaluate} [flags]   (raysimcse <job> --help for its flags)", ""]
+    lines = [f"usage: raysimcse {{{','.join(JOBS)}}} [flags]   (raysimcse <job> --help for its flags)", ""]
     lines += [f"  {name:<{width}}  {text}" for name, text in JOBS.items()]
     lines += ["", "  --version  print the version and exit"]
     return "\n".join(lines)
