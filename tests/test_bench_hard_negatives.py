@@ -460,8 +460,8 @@ def test_the_grid_skips_what_is_done_and_runs_start_and_bm25_once(hn, tmp_path, 
 
 
 def test_the_grid_default_results_file_is_the_tasks_own(hn):
-    assert hn.results_path("twitter-url") == "runs/hard-negatives/twitter-url.jsonl"
-    assert hn.results_path("cnsd") == "runs/hard-negatives/results.jsonl"
+    assert hn.results_path("twitter-url") == "bench/results/twitter-url.jsonl"
+    assert hn.results_path("cnsd") == "bench/results/results.jsonl"
 
 
 def test_bm25_is_scored_by_the_evaluators_ranking_metrics(hn, tmp_path):
