@@ -416,7 +416,7 @@ def run_facts(task: Task, run: Any) -> dict[str, Any]:
         return round(sum(m.value for m in history), 1) if history else None
 
     out: dict[str, Any] = {
-        "rows": int(metrics["data/rows"]) if "data/rows" in metrics else None,
+        "rows": int(run.data.params["data/rows"]) if "data/rows" in run.data.params else None,
         "steps": int(metrics["best/step"]) if "best/step" in metrics else None,
         "train_seconds": total("train/epoch_seconds"),
         "mining_seconds": total("mining/total_s"),

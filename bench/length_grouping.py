@@ -11,7 +11,7 @@ batches (``train.group_by_length=true``), so both see the same machine state in 
 
 Reported per run, read back from the run's MLflow store:
 
-- padding share: the ``data/padding_share`` metric (pad tokens / all tokens of the epoch);
+- padding share: the ``train/padding_share`` metric (pad tokens / all tokens of the epoch);
 - steady sentences/s: batch x steps / time, over the steps after ``--warmup-steps``, from
   the ``train/loss`` metric's timestamps (every step's end);
 - STS-B dev Spearman (cosine, x100, as the job logs it) before training and after the epoch.
@@ -89,7 +89,7 @@ def run_job(args: argparse.Namespace, mode: str, seed: int, workdir: Path) -> di
     steady = ends[args.warmup_steps :]
     (spearman_key,) = [k for k in run.data.metrics if k.startswith("eval/sts_") and k.endswith("_spearman")]
     spearman = sorted(client.get_metric_history(run_id, spearman_key), key=lambda m: m.step)
-    (padding,) = client.get_metric_history(run_id, "data/padding_share")
+    (padding,) = client.get_metric_history(run_id, "train/padding_share")
     return {
         "padding": padding.value,
         "sentences_per_s": args.batch_size * (len(steady) - 1) / (steady[-1] - steady[0]),

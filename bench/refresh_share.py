@@ -104,6 +104,8 @@ def read_run(workdir: Path) -> dict[str, Any]:
     """A finished run's per-epoch, per-step and per-refresh numbers from its MLflow store."""
     from mlflow.tracking import MlflowClient
 
+    from pipeline.tracking.review import refresh_table
+
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlruns.db'}")
     (run,) = client.search_runs(client.get_experiment_by_name("bench-refresh-share").experiment_id)
 
@@ -120,9 +122,10 @@ def read_run(workdir: Path) -> dict[str, Any]:
         "step_end_s": [m.timestamp / 1000 for m in metrics("train/loss")],
         "snapshot_steps": [m.step for m in metrics("mining/total_s")],
     }
+    table = refresh_table(client, run.info.run_id)  # the per-refresh diagnostics
     for stage in ("encode", "index", "search", "plan", "total"):
-        result[f"mining_{stage}_s"] = history(f"mining/{stage}_s")
-    result["corpus_size"] = history("mining/corpus_size")
+        result[f"mining_{stage}_s"] = [row[f"{stage}_s"] for row in table]
+    result["corpus_size"] = [row["corpus_size"] for row in table]
     for key in ("sentences_per_s", "tokens_per_s", "mfu"):
         result[key] = steady_median(history(f"train/{key}"))
     result["exposed_s"], result["base_period_s"] = exposed_seconds(result)

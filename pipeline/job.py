@@ -318,7 +318,7 @@ def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, ru
     evaluations = summary.history.evaluations
     log_review(tracked, evaluations, epoch, summary.history.epoch_losses, run_dir)
     tracked.set_tags({"simcse.exported_epoch": f"{epoch:g}", "simcse.exported_step": step})
-    best_scores = best_model_metrics(evaluations, epoch, step)
+    best_scores = best_model_metrics(evaluations, step)
     tracked.log_metrics(best_scores, step=step)
     model_uri, version = log_sentence_transformers_model(
         tracked,

@@ -162,9 +162,9 @@ def tokenize_inputs(
     cfg: Config, data: TrainingData, run_dir: Path, tracked: TrackedRun, echo: Echo
 ) -> TokenizedInputs:
     """Prepare the initial model folder and tokenize the corpus with its tokenizer; tag the
-    run with the token statistics and log the ``data/`` metrics at step 0 (``data/unk_share``
-    where the tokenizer has an unknown token), with a warning line when many tokens are
-    ``[UNK]``."""
+    run with the token statistics and log the ``data/`` params (``data/unk_share`` where the
+    tokenizer has an unknown token; params, not charts: they never change within a run), with
+    a warning line when many tokens are ``[UNK]``."""
     model_dir = prepare_model_dir(cfg, data.corpus.column("text").to_pylist(), run_dir)
     tokenizer = load_tokenizer(model_dir)
     t0 = time.perf_counter()
@@ -176,14 +176,14 @@ def tokenize_inputs(
     if warning:
         echo(f"[data] {warning}")
     tracked.set_tags(token_stats.tags())
-    metrics = {
+    params = {
         "data/rows": data.rows,
         "data/texts": data.corpus.num_rows,
-        "data/truncated_share": token_stats.truncated / max(1, token_stats.sentences),
+        "data/truncated_share": f"{token_stats.truncated / max(1, token_stats.sentences):.4g}",
     }
     if unk_share is not None:
-        metrics["data/unk_share"] = unk_share
-    tracked.log_metrics(metrics, step=0)
+        params["data/unk_share"] = f"{unk_share:.4g}"
+    tracked.log_params(params)
     return TokenizedInputs(model_dir, tokenizer, tokenized, unk_share)
 
 

@@ -12,7 +12,9 @@ import pytest
 from conftest import PYTHON, REPO, assert_no_alarming_lines, job_env
 from mlflow.tracking import MlflowClient
 
+from pipeline.config.metric_catalogue import MAX_MINING_CHARTS, undeclared
 from pipeline.seams import ASYNC_BOUNDARIES_ENV
+from pipeline.tracking.review import refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -88,27 +90,26 @@ def test_demo_trains_mines_and_logs(tmp_path):
         m.value for m in sorted(client.get_metric_history(run_id, "train/plan_version"), key=lambda m: m.step)
     ]
     assert versions == [0.0, 1.0, 2.0]  # epochs 2 and 3 trained on mined plans
-    for key in (
-        "mining/encode_s",
-        "mining/index_s",
-        "mining/search_s",
-        "mining/corpus_size",
-        "mining/top1_similarity_mean",
-    ):
-        assert len(client.get_metric_history(run_id, key)) == 2, key  # one per refresh
-    mined = client.get_metric_history(run_id, "mining/batch_similarity_mean")
-    baseline = client.get_metric_history(run_id, "mining/random_batch_similarity_mean")
-    assert all(m.value > b.value for m, b in zip(mined, baseline, strict=True))  # mined batches are harder
-    assert len(client.get_metric_history(run_id, "mining/churn")) == 1  # second refresh vs the first
-    for key in (
-        "mining/removed_duplicate",
-        "mining/removed_rank_window",
-        "mining/kept",
-        "mining/batch_similarity_p90",
-    ):
-        assert len(client.get_metric_history(run_id, key)) == 2, key
+    # Every diagnostic of a refresh is one row of the refresh table; the charts are the few
+    # that move (mining/total_s, the plan's hardness, churn).
+    table = refresh_table(client, run_id)
+    assert [row["plan_version"] for row in table] == [1.0, 2.0]
+    for row in table:
+        assert {"encode_s", "index_s", "search_s", "corpus_size", "top1_similarity_mean"} <= set(row)
+        assert {"removed_duplicate", "removed_rank_window", "kept", "batch_similarity_p90"} <= set(row)
+        assert row["corpus_size"] == int(run.data.params["data/texts"])
+        assert row["batch_similarity_mean"] > row["random_batch_similarity_mean"]  # mined batches are harder
+    assert "churn" not in table[0] and 0 < table[1]["churn"] <= 1  # the second refresh vs the first
+    charted = {m.step: m.value for m in client.get_metric_history(run_id, "mining/batch_similarity_mean")}
+    assert charted == {int(row["step"]): row["batch_similarity_mean"] for row in table}
+    assert len(client.get_metric_history(run_id, "mining/total_s")) == 2
+    assert "mining/corpus_size" not in run.data.metrics and "mining/kept" not in run.data.metrics
     histograms = sorted(a.path for a in client.list_artifacts(run_id, "mining"))
-    assert histograms == ["mining/negative_similarity_v1.png", "mining/negative_similarity_v2.png"]
+    assert histograms == [
+        "mining/negative_similarity_v1.png",
+        "mining/negative_similarity_v2.png",
+        "mining/refreshes.json",
+    ]
 
     # STS at the start, every 10 steps and every epoch end; the best evaluation after the start
     # (by the whitened score of the first file, since whitening is on), mid-epoch or not, is
@@ -158,7 +159,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert logged.tags["data.digest"] == run.data.tags["data.digest"] and logged.tags["source_run"] == run_id
     # Its scores under stable names, to sort and compare runs on what they ship.
     metrics = run.data.metrics
-    assert metrics["best/step"] == best_step and metrics["best/epoch"] == pytest.approx(best)
+    assert metrics["best/step"] == best_step and "best/epoch" not in metrics  # the epoch is a tag
     assert metrics["best/sts_generated_sts_spearman_whitened"] == history[best_step]
     assert metrics["best/score"] == history[best_step]  # whitened score of the first file selects
     assert linked["best/sts_generated_sts_spearman_whitened"].value == history[best_step]
@@ -167,10 +168,18 @@ def test_demo_trains_mines_and_logs(tmp_path):
     )
     assert best_runs[0].info.run_id == run_id
 
-    # Chart sections: every metric sits under train/, eval/, mining/, data/, best/ or system/;
+    # Chart sections: every metric sits under train/, eval/, mining/, best/ or system/ and is
+    # declared in the metric catalogue; the data/ values, which never change, are params, and
     # the plan fingerprint is a tag per epoch, not a chart.
     sections = {k.split("/", 1)[0] for k in metrics}
-    assert sections == {"train", "eval", "mining", "data", "best", "system"}, sorted(metrics)
+    assert sections == {"train", "eval", "mining", "best", "system"}, sorted(metrics)
+    assert undeclared(set(metrics), kinds=("chart", "summary", "system")) == []
+    assert len([k for k in metrics if k.startswith("mining/")]) <= MAX_MINING_CHARTS
+    assert (
+        undeclared({f"mining/{k}" for row in table for k in row if k != "step"}, kinds=("chart", "table"))
+        == []
+    )
+    assert int(params["data/rows"]) == 1600 and float(params["data/truncated_share"]) >= 0
     assert (
         "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
     )
@@ -304,9 +313,8 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
                                    key=lambda p: p.stat().st_mtime))  # fmt: skip
     assert state.plan.sampler == "mixed" and state.plan.paraphrases.shape[0] == len(texts)
     assert (state.plan.paraphrases >= 0).any()
-    history = _client(tmp_path).get_metric_history(run.info.run_id, "mining/debias_pairs_in_batches")
-    assert len(history) == 1 and history[0].value >= 0
-    assert _client(tmp_path).get_metric_history(run.info.run_id, "mining/debias_flagged")[0].value > 0
+    (refreshed,) = refresh_table(_client(tmp_path), run.info.run_id)
+    assert refreshed["debias_pairs_in_batches"] >= 0 and refreshed["debias_flagged"] > 0
     # Epoch 1 trained on length-grouped batches: the plan an independent tokenization gives.
     from transformers import AutoTokenizer
 
@@ -326,7 +334,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         len(texts), 32, seed=int(run.data.params["run.seed"]), lengths=lengths, group_batches=50
     )
     assert run.data.tags["plan.fingerprint.epoch_1"] == expected.hex_fingerprint()
-    padding = _client(tmp_path).get_metric_history(run.info.run_id, "data/padding_share")
+    padding = _client(tmp_path).get_metric_history(run.info.run_id, "train/padding_share")
     assert min(padding, key=lambda m: m.step).value == pytest.approx(
         padding_share(expected, lengths, world_size=int(run.data.params["train.num_workers"])), abs=1e-9
     )
@@ -372,11 +380,11 @@ def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
     e1, e2, e3 = (k * steps_per_epoch for k in (1, 2, 3))
     # v1 is mined from the weights 20 steps before the end of epoch 1 and ready there; v2 is
     # submitted 20 steps before the end of epoch 2, late there, adopted at the end of epoch 3.
-    assert history("mining/plan_version") == {e1 - max_staleness: 1.0, e2 - max_staleness: 2.0}
+    mined = {int(row["step"]): row["plan_version"] for row in refresh_table(client, run_id)}
+    assert mined == {e1 - max_staleness: 1.0, e2 - max_staleness: 2.0}
     # Every epoch end is a boundary; the last one (e4) asks no miner and keeps v2.
     e4 = 4 * steps_per_epoch
     assert history("mining/refresh_late") == {e1: 0.0, e2: 1.0, e3: 0.0, e4: 0.0}
-    assert history("mining/next_plan_version") == {e1: 1.0, e2: 1.0, e3: 2.0, e4: 2.0}
     assert history("mining/next_plan_staleness_steps") == {
         e1: max_staleness,
         e2: 0.0,
@@ -448,15 +456,12 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     state, _ = load_checkpoint(newest)
     assert state.plan.version == 2 and state.plan.negatives.shape == (len(rows), 3)  # 2 mined, 1 random
     assert (state.plan.negatives[:, :2] >= 0).mean() > 0.5 and (state.plan.negatives[:, 2] >= 0).all()
-    assert client.get_metric_history(run_id, "mining/random_negatives")[0].value == len(rows)
-    mined_versions = sorted(
-        (m.step, m.value) for m in client.get_metric_history(run_id, "mining/plan_version")
-    )
-    assert mined_versions == [(0, 1.0), (steps_per_epoch, 2.0)]
+    table = refresh_table(client, run_id)
+    assert table[0]["random_negatives"] == len(rows)
+    assert [(row["step"], row["plan_version"]) for row in table] == [(0, 1.0), (steps_per_epoch, 2.0)]
     # The untrained tiny model ranks few candidates below the positive's margin; after an
     # epoch most anchors find theirs. Anchors left short are counted, never an error.
-    short = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "mining/anchors_short"))
-    assert [step for step, _ in short] == [0, steps_per_epoch] and short[-1][1] < len(rows)
+    assert table[-1]["anchors_short"] < len(rows)
     assert client.get_metric_history(run_id, "mining/negative_similarity_mean")[-1].step == steps_per_epoch
     losses = [m.value for m in client.get_metric_history(run_id, "train/loss")]
     assert len(losses) == 2 * -(-len(rows) // 32) and all(np.isfinite(losses))
@@ -465,7 +470,7 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     want = [
         f"mining/negative_similarity_v{v}.png" for v, step in ((1, 0), (2, steps_per_epoch)) if step in found
     ]
-    assert sorted(a.path for a in client.list_artifacts(run_id, "mining")) == want
+    assert sorted(a.path for a in client.list_artifacts(run_id, "mining")) == [*want, "mining/refreshes.json"]
     # evaluation in triplet mode: the start and both epoch ends; the better epoch is exported
     scores = {m.step: m.value for m in client.get_metric_history(run_id, "eval/sts_dev_spearman")}
     assert sorted(scores) == [0, steps_per_epoch, 2 * steps_per_epoch]

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.cluster import free_port
 from pipeline.seams import HOLD_DIR_ENV, HOLD_ENV
+from pipeline.tracking.review import refresh_table
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 
@@ -236,7 +237,7 @@ def test_miner_killed_during_refresh_is_restarted_and_remines(faulted_run):
     # The re-mined plan was adopted for epoch 2 and the miner reported it once.
     versions = sorted(client.get_metric_history(run_id, "train/plan_version"), key=lambda m: m.step)
     assert [m.value for m in versions] == [0.0, 1.0]
-    assert [m.value for m in client.get_metric_history(run_id, "mining/plan_version")] == [1.0]
+    assert [row["plan_version"] for row in refresh_table(client, run_id)] == [1.0]
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.data.pairs import index_triplets
 from pipeline.seams import ASYNC_BOUNDARIES_ENV
+from pipeline.tracking.review import refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -120,12 +121,10 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     assert staleness == [(0, 0.0), (steps, float(steps)), (2 * steps, 0.0)]
     # Every known positive of an anchor is kept out of its candidates: each headline has two
     # paraphrase rows, the other one's tweet is a known positive, never a negative.
-    removed = _history(client, run_id, "mining/removed_known_positive")
-    assert removed and removed[0][0] == 0 and sum(v for _, v in removed) > 0
+    table = refresh_table(client, run_id)
+    assert table[0]["step"] == 0 and sum(row["removed_known_positive"] for row in table) > 0
     # The pool: the pool file's distinct texts (which hold every positive here).
-    assert _history(client, run_id, "mining/corpus_size")[0][1] == len(
-        set(twitter_like["pool"].read_text().split("\n")) - {""}
-    )
+    assert table[0]["corpus_size"] == len(set(twitter_like["pool"].read_text().split("\n")) - {""})
     # Retrieval evaluation at the start and at both epoch ends; the exported model scores
     # offline what it scored in training.
     ndcg = dict(_history(client, run_id, "eval/retrieval_dev_ndcg_at_10"))
@@ -140,7 +139,7 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     scored = json.loads(offline.stdout)
     (dev,) = scored["retrieval"].values() if isinstance(scored["retrieval"], dict) else scored["retrieval"]
     assert dev["ndcg_at_10"] == pytest.approx(ndcg[exported_step], abs=1e-3)
-    assert _history(client, run_id, "data/unk_share")[0][1] < 0.01
+    assert float(run.data.params["data/unk_share"]) < 0.01
 
 
 def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ import torch
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
+from pipeline.config.metric_catalogue import MINING_TABLE, mining_charts
 from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
 from pipeline.errors import first_line
@@ -42,8 +44,9 @@ from pipeline.seams import hold_once
 if TYPE_CHECKING:
     from pipeline.config.schema import Config
 
-HISTOGRAM_UPLOAD_ATTEMPTS = 12
-"""With waits doubling from 1 s up to 60 s: about ten minutes of retries."""
+UPLOAD_ATTEMPTS = 12
+"""Histogram and refresh-table uploads: with waits doubling from 1 s up to 60 s, about ten
+minutes of retries."""
 
 
 @dataclass(frozen=True)
@@ -146,22 +149,61 @@ class HardNegativeMiner:
         (self.text_keys,) = text_keys(corpus_table.column("text").to_pylist())
         self.previous_plan: BatchPlan | None = None
         self.logger = None
+        self._uploads: Any = None
         if settings.tracking_uri and settings.run_id:
             from pipeline.tracking.metric_logger import MetricLogger
 
             self.logger = MetricLogger(settings.tracking_uri, settings.run_id)
 
-    def _log_histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int) -> None:
-        """Similarity histogram of the negatives the loss will see, next to random pairs.
+    def _upload(
+        self, what: str, upload: Callable[[Any], None], cleanup: Callable[[], None] | None = None
+    ) -> None:
+        """Run ``upload(logger)`` off the refresh's path, one upload at a time in refresh order
+        (the refresh table is appended to, so two appends must not interleave).
 
-        Uploaded from a background thread: a slow or restarting tracking server must not
-        hold up the plan (MLflow's client retries for minutes), and a failed upload only warns.
+        A slow or restarting tracking server must not hold up the plan (MLflow's client retries
+        for minutes), and a failed upload only warns.
         """
+        logger = self.logger
+        if logger is None:
+            return
+        if self._uploads is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mining-upload")
+
+        def run() -> None:
+            try:
+                call_with_retries(
+                    lambda: upload(logger),
+                    retry_on=Exception,
+                    attempts=UPLOAD_ATTEMPTS,
+                    wait_s=1.0,
+                    max_wait_s=60.0,
+                )
+            except Exception as exc:
+                print(f"[mining] warning: {what} not logged: {first_line(exc)}", flush=True)
+            finally:
+                if cleanup is not None:
+                    cleanup()
+
+        self._uploads.submit(run)
+
+    def wait_logged(self, timeout: float) -> None:
+        """Block until the metrics, histograms and table rows sent so far reached MLflow (or
+        ``timeout`` seconds passed): what a caller does before reading the run."""
+        if self.logger is None:
+            return
+        if self._uploads is not None:
+            self._uploads.submit(lambda: None).result(timeout=timeout)
+        self.logger.wait_sent(timeout)
+
+    def _log_histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int) -> None:
+        """Similarity histogram of the negatives the loss will see, next to random pairs."""
         if self.logger is None:
             return
         import shutil
         import tempfile
-        import threading
         from pathlib import Path
 
         folder = Path(tempfile.mkdtemp(prefix="simcse-hist-"))
@@ -173,30 +215,24 @@ class HardNegativeMiner:
             labels = ("random pairs", f"mined negatives v{version}")
             xlabel = "cosine similarity to the anchor"
         similarity_histogram_png({labels[0]: random_pairs, labels[1]: mined}, xlabel, str(path))
-        logger = self.logger
-
-        def upload() -> None:
-            try:
-                call_with_retries(
-                    lambda: logger.client.log_artifact(logger.run_id, str(path), "mining"),
-                    retry_on=Exception,
-                    attempts=HISTOGRAM_UPLOAD_ATTEMPTS,
-                    wait_s=1.0,
-                    max_wait_s=60.0,
-                )
-            except Exception as exc:
-                print(f"[mining] warning: histogram v{version} not logged: {first_line(exc)}", flush=True)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-
-        threading.Thread(target=upload, name=f"histogram-v{version}", daemon=True).start()
+        self._upload(
+            f"histogram v{version}",
+            lambda logger: logger.client.log_artifact(logger.run_id, str(path), "mining"),
+            cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
+        )
 
     def _report(self, plan: BatchPlan, metrics: dict[str, float], step: int) -> RefreshReport:
-        """Remember the plan (the next refresh's churn is against it) and log the metrics."""
+        """Remember the plan (the next refresh's churn is against it), chart the few metrics that
+        move and append every diagnostic as one row of the refresh table."""
         self.previous_plan = plan
         if self.logger is not None:
-            self.logger.log(metrics, step)
+            self.logger.log(mining_charts(metrics), step)
             self.logger.flush()
+            row = {"step": [step], **{key.removeprefix("mining/"): [value] for key, value in metrics.items()}}
+            self._upload(
+                f"refresh table row v{plan.version}",
+                lambda logger: logger.client.log_table(logger.run_id, row, MINING_TABLE),
+            )
         return RefreshReport(plan, metrics)
 
     def _refresh_triplets(

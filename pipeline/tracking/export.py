@@ -42,13 +42,12 @@ def exported_eval_metrics(eval_history: list[dict[str, float]], exported_step: i
     return eval_metric_names({k: v for k, v in evaluated.items() if k not in ("epoch", "step")})
 
 
-def best_model_metrics(
-    eval_history: list[dict[str, float]], exported_epoch: float, exported_step: int
-) -> dict[str, float]:
+def best_model_metrics(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, float]:
     """The shipped model's scores under stable names, to sort and compare runs on:
-    ``best/epoch``, ``best/step`` and, when it was evaluated, ``best/<eval metric>`` for each
-    of its evaluation's metrics (``best/sts_stsb-dev_spearman``, ``best/score`` ...)."""
-    out = {"best/epoch": float(exported_epoch), "best/step": float(exported_step)}
+    ``best/step`` and, when it was evaluated, ``best/<eval metric>`` for each of its
+    evaluation's metrics (``best/sts_stsb-dev_spearman``, ``best/score`` ...). The epoch is the
+    run's ``simcse.exported_epoch`` tag (a second single-point chart would say nothing more)."""
+    out = {"best/step": float(exported_step)}
     evaluated = exported_eval_metrics(eval_history, exported_step)
     out.update({"best/" + key.removeprefix("eval/"): v for key, v in evaluated.items()})
     return out

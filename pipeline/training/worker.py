@@ -213,7 +213,7 @@ class SimCSEWorker:
                 }
             )
             self.logger.log(
-                {"data/padding_share": padding_share(plan, self.lengths, self.world)}, self.state.step
+                {"train/padding_share": padding_share(plan, self.lengths, self.world)}, self.state.step
             )
         self.model.train()
         self.segment_start = self.last_progress = time.perf_counter()
@@ -398,7 +398,6 @@ class SimCSEWorker:
             self.logger.log(
                 {
                     "mining/refresh_wait_s": boundary.wait_seconds,
-                    "mining/next_plan_version": float(next_plan.version),
                     "mining/next_plan_staleness_steps": float(boundary.staleness_steps),
                     "mining/refresh_late": float(boundary.late),
                 },

@@ -233,7 +233,7 @@ def test_unk_share_counts_what_the_tokenizer_cannot_read(
 ):
     """A tiny WordPiece tokenizer trained on Latin-script sentences meets Greek ones: the share
     of [UNK] among non-special tokens matches a count from the tokenizer itself, and the job
-    warns with one line and logs data/unk_share."""
+    warns with one line and logs the data/unk_share param."""
     import pyarrow as pa
 
     from pipeline.data.utf8 import stable_row_id
@@ -255,20 +255,20 @@ def test_unk_share_counts_what_the_tokenizer_cannot_read(
     assert stats.unk_share == pytest.approx(unk / sum(map(len, encoded))) and stats.unk_share > 0.01
 
     class Tracked:
-        metrics: dict = {}
+        params: dict = {}
 
         def set_tags(self, tags):
             pass
 
-        def log_metrics(self, metrics, step):
-            self.metrics.update(metrics)
+        def log_params(self, params):
+            self.params.update(params)
 
     cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "data.max_seq_len=64"])
     lines: list[str] = []
     tracked = Tracked()
     data = TrainingData(corpus, None, len(texts), f"{len(texts)} sentences")
     inputs = tokenize_inputs(cfg, data, tmp_path, tracked, lines.append)
-    assert tracked.metrics["data/unk_share"] == pytest.approx(stats.unk_share)
+    assert float(tracked.params["data/unk_share"]) == pytest.approx(stats.unk_share, rel=1e-3)
     warnings = [line for line in lines if "[UNK]" in line and "warning" in line]
     assert warnings == [
         f"[data] warning: {stats.unk_share:.1%} of the corpus' tokens are [UNK] ({unk} of "

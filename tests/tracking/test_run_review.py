@@ -25,19 +25,15 @@ HISTORY = [
 
 
 def test_best_metrics_are_the_exported_evaluation_under_stable_names():
-    best = best_model_metrics(HISTORY, exported_epoch=1.0, exported_step=25)
+    best = best_model_metrics(HISTORY, exported_step=25)
     assert best == {
-        "best/epoch": 1.0,
         "best/step": 25.0,
         "best/sts_dev_spearman": 80.0,
         "best/sts_dev_alignment": 0.2,
         "best/score": 80.0,
     }
     # No evaluation at the exported step (evaluation off): only where the model comes from.
-    assert best_model_metrics([], exported_epoch=2.0, exported_step=50) == {
-        "best/epoch": 2.0,
-        "best/step": 50.0,
-    }
+    assert best_model_metrics([], exported_step=50) == {"best/step": 50.0}
 
 
 def test_linked_model_metrics_are_the_exported_evaluation_as_logged():
