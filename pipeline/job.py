@@ -31,6 +31,7 @@ from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
 from pipeline.data.readers import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
+from pipeline.errors import first_line
 from pipeline.evaluation.in_training import check_eval_sets
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.scoring import read_sts_files, with_distinct_names
@@ -47,6 +48,8 @@ from pipeline.tracking.run import (
 from pipeline.train_inputs import InputRefs, describe_corpus, load_training_data, put_inputs, tokenize_inputs
 
 Echo = Callable[[str], None]
+MINER_LOG_WAIT_S = 30.0
+"""How long the job lets the miner's last uploads (table row, histogram) finish before killing it."""
 
 
 def _is_uri(path: str) -> bool:
@@ -223,6 +226,12 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
                 f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
             ) from None
         yield miner, miner_pid
+        # The last refresh's table row and histogram go up in the miner's background; let them
+        # land before the actor is killed (a failure here costs a diagnostic, never the run).
+        try:
+            ray.get(miner.wait_logged.remote(MINER_LOG_WAIT_S), timeout=MINER_LOG_WAIT_S + 5)
+        except Exception as exc:
+            print(f"[mining] warning: the miner's last uploads did not finish: {first_line(exc)}", flush=True)
     finally:
         ray.kill(miner)
 

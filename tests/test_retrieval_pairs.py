@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, assert_no_alarming_lines, job_env
+from conftest import PYTHON, REPO, RunningJob, assert_no_alarming_lines, job_env, wait_for
 from mlflow.tracking import MlflowClient
 
 from pipeline.data.pairs import index_triplets
-from pipeline.seams import ASYNC_BOUNDARIES_ENV
+from pipeline.seams import ASYNC_BOUNDARIES_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.tracking.review import refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 
@@ -68,17 +68,20 @@ def twitter_like(tmp_path_factory, paraphrase_corpus) -> dict[str, Path]:
     return {"train": root / "train.tsv", "pool": root / "pool.txt", "dev": beir}
 
 
-def _train(
-    cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    settings = [
+def _settings(files: dict[str, Path], model_dir: Path, *overrides: str) -> list[str]:
+    return [
         f"model.name_or_path={model_dir}", f"data.path={files['train']}", f"data.pool={files['pool']}",
         "data.pool_format=text", f"eval.retrieval=[{files['dev']}]", "train.epochs=2",
         f"train.batch_size={BATCH}", "train.lr=1e-3", "train.warmup_ratio=0", "train.cpus_per_worker=1",
         "mining.num_cpus=1", "tracking.experiment=pairs", *overrides,
     ]  # fmt: skip
+
+
+def _train(
+    cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
     args = [PYTHON, str(REPO / "jobs/train.py"), "--config", RECIPE]
-    for item in settings:
+    for item in _settings(files, model_dir, *overrides):
         args += ["--set", item]
     return subprocess.run(args, cwd=cwd, env=job_env(env), capture_output=True, text=True, timeout=600)
 
@@ -155,7 +158,7 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     client, run = _run(tmp_path, "static")
     run_id = run.info.run_id
     assert [v for _, v in _history(client, run_id, "train/plan_version")] == [1.0, 1.0]
-    assert [s for s, _ in _history(client, run_id, "mining/plan_version")] == [0]  # mined once
+    assert [row["step"] for row in refresh_table(client, run_id)] == [0]  # mined once
     folders = [p for p in (tmp_path / "runs/static").glob("checkpoint_*") if p.is_dir()]
     state, _ = load_checkpoint(max(folders, key=lambda p: p.stat().st_mtime))
     plan = state.plan
@@ -189,3 +192,38 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     assert len(shared) >= 0.8 * len(pairs)
     agree = np.mean([offline[pair] == trained[pair] for pair in shared])
     assert agree >= 0.95, agree
+
+
+def test_pair_mode_miner_killed_in_a_refresh_is_restarted_and_the_job_finishes(
+    tmp_path, twitter_like, tiny_model_dir
+):
+    """The miner is SIGKILLed while it mines v2 after epoch 1 (held there by the seam). Ray
+    restarts it from what its calls bring (no object-store reference held by the actor), the
+    refresh is submitted again, and the job finishes with nothing alarming in its output."""
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    overrides = _settings(twitter_like, tiny_model_dir, "run.name=killed", "mining.refresh=every_epoch",
+                          "mining.mode=sync", "eval.retrieval=[]")  # fmt: skip
+    job = RunningJob(
+        tmp_path, overrides, {HOLD_ENV: "miner_refresh=2", HOLD_DIR_ENV: str(holds)}, config=RECIPE
+    )
+    try:
+        wait_for(lambda: (holds / "miner_refresh=2.held").exists(), 400, "the refresh after epoch 1", job)
+        (miner,) = job.processes("HardNegativeMiner")
+        miner.kill()
+        code = job.wait(timeout=600)
+    finally:
+        job.kill_all()
+    out = job.output
+    assert code == 0, out[-4000:]
+    assert (
+        "[mining] the miner actor died during refresh v2" in out and "the miner actor was restarted 1x" in out
+    )
+    assert_no_alarming_lines(subprocess.CompletedProcess([], 0, out, ""))
+    client, run = _run(tmp_path, "killed")
+    assert run.info.status == "FINISHED"
+    run_id = run.info.run_id
+    assert [v for _, v in _history(client, run_id, "mining/miner_restarts")] == [1.0]
+    # v1 from the starting weights, then v2 mined once by the restarted miner and trained on.
+    assert [row["plan_version"] for row in refresh_table(client, run_id)] == [1.0, 2.0]
+    assert [v for _, v in _history(client, run_id, "train/plan_version")] == [1.0, 2.0]

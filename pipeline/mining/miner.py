@@ -391,6 +391,11 @@ class HardNegativeMinerActor:
         """:meth:`HardNegativeMiner.refresh`, loading the miner first if this process has not."""
         return self._loaded(inputs).refresh(encoder_state, version, step)
 
+    def wait_logged(self, timeout: float) -> None:
+        """:meth:`HardNegativeMiner.wait_logged` (nothing to wait for before the first load)."""
+        if self.miner is not None:
+            self.miner.wait_logged(timeout)
+
 
 def start_miner_actor(settings: MinerSettings) -> Any:
     """Start :class:`HardNegativeMinerActor` with the settings' own resources; its calls take
