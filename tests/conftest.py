@@ -119,13 +119,20 @@ def job_env(extra: dict | None = None) -> dict:
     return env
 
 
-def assert_no_alarming_lines(proc: subprocess.CompletedProcess) -> None:
+def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tuple[int, ...] = ()) -> None:
     """A healthy run prints no error-level line and no traceback. The one exception is Ray
     Train 2.60's own: its PreemptionWatcher actor makes Ray print the restart warning that our
-    miner no longer causes (docs/operations.md, "Console lines left in on purpose")."""
+    miner no longer causes (docs/operations.md, "Console lines left in on purpose"). Where a
+    test killed a process, the raylet's one report of that death (naming its pid) is expected."""
     lines = (proc.stdout + proc.stderr).splitlines()
     alarming = [line for line in lines if " E " in line or "ERROR" in line or "Traceback" in line]
-    assert all("'PreemptionWatcher'" in line for line in alarming), alarming
+    reported = [f"Worker PID: {pid} " for pid in killed_pids]
+    expected = [
+        line for line in alarming
+        if "'PreemptionWatcher'" in line
+        or ("A worker died or was killed" in line and any(pid in line for pid in reported))
+    ]  # fmt: skip
+    assert alarming == expected, [line for line in alarming if line not in expected]
 
 
 @pytest.fixture(scope="session")

@@ -82,6 +82,12 @@ _EVAL = [
         "eval/sts_{set}_uniformity", "chart", "Uniformity: log mean Gaussian potential over random pairs."
     ),
     MetricSpec(
+        "eval/sts_{set}_mrr_at_10", "chart", "Paraphrase retrieval inside the STS file: MRR@10 x 100."
+    ),
+    MetricSpec(
+        "eval/sts_{set}_recall_at_1", "chart", "The same: Recall@1 x 100 (see eval.positive_threshold)."
+    ),
+    MetricSpec(
         "eval/retrieval_{set}_{metric}",
         "chart",
         "nDCG@10, MRR@10, Recall@1/@10/@100 x 100, per retrieval set.",
