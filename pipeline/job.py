@@ -317,6 +317,7 @@ def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, ru
     """
     from pipeline.tracking.export import (
         best_model_metrics,
+        best_model_tags,
         exported_eval_metrics,
         log_sentence_transformers_model,
     )
@@ -326,7 +327,8 @@ def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, ru
     assert epoch is not None and step is not None and summary.model_dir is not None
     evaluations = summary.history.evaluations
     log_review(tracked, evaluations, epoch, summary.history.epoch_losses, run_dir)
-    tracked.set_tags({"simcse.exported_epoch": f"{epoch:g}", "simcse.exported_step": step})
+    tracked.set_tags({"simcse.exported_epoch": f"{epoch:g}", "simcse.exported_step": step,
+                      **best_model_tags(evaluations, step)})  # fmt: skip
     best_scores = best_model_metrics(evaluations, step)
     tracked.log_metrics(best_scores, step=step)
     model_uri, version = log_sentence_transformers_model(

@@ -160,12 +160,17 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # Its scores under stable names, to sort and compare runs on what they ship.
     metrics = run.data.metrics
     assert metrics["best/step"] == best_step and "best/epoch" not in metrics  # the epoch is a tag
-    assert metrics["best/sts_generated_sts_spearman_whitened"] == history[best_step]
     assert metrics["best/score"] == history[best_step]  # whitened score of the first file selects
-    assert linked["best/sts_generated_sts_spearman_whitened"].value == history[best_step]
-    best_runs = client.search_runs(
-        [run.info.experiment_id], order_by=["metrics.`best/sts_generated_sts_spearman` DESC"]
+    assert linked["best/score"].value == history[best_step]
+    assert {k for k in metrics if k.startswith("best/")} == {"best/score", "best/step"}  # two dots, not 8
+    tags = run.data.tags
+    assert float(tags["best.sts_generated_sts_spearman_whitened"]) == pytest.approx(
+        history[best_step], rel=1e-3
     )
+    assert float(tags["best.sts_generated_sts_spearman"]) == pytest.approx(
+        linked["eval/sts_generated_sts_spearman"].value, rel=1e-3
+    )
+    best_runs = client.search_runs([run.info.experiment_id], order_by=["metrics.`best/score` DESC"])
     assert best_runs[0].info.run_id == run_id
 
     # Chart sections: every metric sits under train/, eval/, mining/, best/ or system/ and is
@@ -217,7 +222,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # gives the pipeline's (whitened) embeddings; so do AutoModel + whitening and SentenceTransformer.
     (version,) = client.search_model_versions("name='demo-encoder'")
     assert version.run_id == run_id and f"  registered    demo-encoder/{version.version}" in out
-    assert float(version.tags["best/sts_generated_sts_spearman_whitened"]) == pytest.approx(
+    assert float(version.tags["eval/sts_generated_sts_spearman_whitened"]) == pytest.approx(
         history[best_step], abs=1e-3
     )
     assert version.tags["source_run"] == run_id and version.description == description
@@ -297,7 +302,10 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         assert len(client.get_metric_history(run_id, f"eval/retrieval_groups_{name}")) == 3, name
     best_step = max((s for s in ndcg if s > 0), key=ndcg.get)
     assert run.data.tags["simcse.exported_step"] == str(best_step)
-    assert run.data.metrics["best/retrieval_groups_ndcg_at_10"] == ndcg[best_step]
+    assert run.data.metrics["best/score"] == ndcg[best_step]
+    assert float(run.data.tags["best.retrieval_groups_ndcg_at_10"]) == pytest.approx(
+        ndcg[best_step], rel=1e-3
+    )
     assert (
         "[eval] retrieval groups (60 queries, 180 documents): 240 texts, evaluated at the start"
         in proc.stdout

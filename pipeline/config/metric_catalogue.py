@@ -5,7 +5,8 @@ a run. Where a key lives:
 
 - ``chart``: an MLflow metric with one point per step, epoch or refresh.
 - ``summary``: one point per run, kept as a metric (not a param) because the runs table sorts
-  and filters on metrics: the shipped model's scores.
+  and filters on metrics: the shipped model's selection score and step (its other scores are
+  the logged model's metrics and ``best.*`` run tags).
 - ``table``: a column of the per-refresh table artifact ``mining/refreshes.json`` (one row per
   mining, every diagnostic of the miner), not a chart; such values matter when something is
   wrong, and a table shows all of them for every refresh on one screen.
@@ -97,9 +98,7 @@ _EVAL = [
 ]
 _BEST = [
     MetricSpec("best/score", "summary", "The exported model's eval/score: sort runs by what they ship."),
-    MetricSpec("best/step", "summary", "The step the exported model comes from."),
-    MetricSpec("best/sts_{set}_{metric}", "summary", "The exported model's STS scores, under stable names."),
-    MetricSpec("best/retrieval_{set}_{metric}", "summary", "The exported model's retrieval scores."),
+    MetricSpec("best/step", "summary", "The step the exported model comes from (its epoch: a tag)."),
 ]
 _MINING_CHARTS = [
     MetricSpec("mining/total_s", "chart", "Seconds one refresh took: encode, index, search and planning."),

@@ -43,14 +43,28 @@ def exported_eval_metrics(eval_history: list[dict[str, float]], exported_step: i
 
 
 def best_model_metrics(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, float]:
-    """The shipped model's scores under stable names, to sort and compare runs on:
-    ``best/step`` and, when it was evaluated, ``best/<eval metric>`` for each of its
-    evaluation's metrics (``best/sts_stsb-dev_spearman``, ``best/score`` ...). The epoch is the
-    run's ``simcse.exported_epoch`` tag (a second single-point chart would say nothing more)."""
+    """The shipped model's selection score and where it came from, as metrics to sort and
+    filter runs on: ``best/step`` and, when it was evaluated, ``best/score`` (its
+    ``eval.select_by`` score). Two single-point charts, not one per score: its other scores
+    are the logged model's metrics and the run's ``best.*`` tags (:func:`best_model_tags`);
+    the epoch is the ``simcse.exported_epoch`` tag."""
     out = {"best/step": float(exported_step)}
     evaluated = exported_eval_metrics(eval_history, exported_step)
-    out.update({"best/" + key.removeprefix("eval/"): v for key, v in evaluated.items()})
+    if "eval/score" in evaluated:
+        out["best/score"] = evaluated["eval/score"]
     return out
+
+
+def best_model_tags(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, str]:
+    """Every score of the shipped model as a run tag, for the runs table's columns:
+    ``best.sts_stsb-dev_spearman`` = ``"84.12"`` ... (4 significant digits); empty when no
+    evaluation ran at ``exported_step``."""
+    evaluated = exported_eval_metrics(eval_history, exported_step)
+    return {
+        "best." + key.removeprefix("eval/"): f"{value:.4g}"
+        for key, value in evaluated.items()
+        if key not in ("eval/score", "eval/seconds")
+    }
 
 
 def log_sentence_transformers_model(
@@ -120,8 +134,8 @@ def log_sentence_transformers_model(
         client.update_model_version(register_as, version, description=description)
         for key, value in (tags or {}).items():
             client.set_model_version_tag(register_as, version, key, value)
-        for m in linked:
-            if m.key.startswith("best/"):
+        for m in linked:  # its scores, findable in the registry without opening the run
+            if m.key.startswith(("best/", "eval/")) and m.key != "eval/seconds":
                 client.set_model_version_tag(register_as, version, m.key, f"{m.value:g}")
         client.set_model_version_tag(register_as, version, "source_run", run_id)
     return info.model_uri, version

@@ -14,7 +14,7 @@ from conftest import REPO
 from mlflow.tracking import MlflowClient
 
 from pipeline.tracking.context import GIT_COMMIT_ENV, git_commit, job_source
-from pipeline.tracking.export import best_model_metrics, exported_eval_metrics
+from pipeline.tracking.export import best_model_metrics, best_model_tags, exported_eval_metrics
 from pipeline.tracking.metric_logger import MetricLogger
 
 HISTORY = [
@@ -25,15 +25,15 @@ HISTORY = [
 
 
 def test_best_metrics_are_the_exported_evaluation_under_stable_names():
-    best = best_model_metrics(HISTORY, exported_step=25)
-    assert best == {
-        "best/step": 25.0,
-        "best/sts_dev_spearman": 80.0,
-        "best/sts_dev_alignment": 0.2,
-        "best/score": 80.0,
+    # Two metrics to sort and filter runs on; every score as a tag for the runs table's columns.
+    assert best_model_metrics(HISTORY, exported_step=25) == {"best/step": 25.0, "best/score": 80.0}
+    assert best_model_tags(HISTORY, exported_step=25) == {
+        "best.sts_dev_spearman": "80",
+        "best.sts_dev_alignment": "0.2",
     }
     # No evaluation at the exported step (evaluation off): only where the model comes from.
     assert best_model_metrics([], exported_step=50) == {"best/step": 50.0}
+    assert best_model_tags([], exported_step=50) == {}
 
 
 def test_linked_model_metrics_are_the_exported_evaluation_as_logged():
