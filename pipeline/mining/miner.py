@@ -228,7 +228,9 @@ class HardNegativeMiner:
         if self.logger is not None:
             self.logger.log(mining_charts(metrics), step)
             self.logger.flush()
-            row = {"step": [step], **{key.removeprefix("mining/"): [value] for key, value in metrics.items()}}
+            # step and plan version first: the columns a reviewer reads a row by
+            row = {"step": [step], "plan_version": [float(plan.version)]}
+            row.update({key.removeprefix("mining/"): [value] for key, value in metrics.items()})
             self._upload(
                 f"refresh table row v{plan.version}",
                 lambda logger: logger.client.log_table(logger.run_id, row, MINING_TABLE),
