@@ -32,6 +32,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline jobs tests bench
 	$(PY) -m ruff format --check pipeline jobs tests bench
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf runs mlruns.db mlartifacts

@@ -8,7 +8,7 @@ Writes ``OUT/wiki/wiki1m_for_simcse.first11914.txt`` (the path ``--data OUT`` po
 benches at; ``--rows`` distinct generated sentences, one a line) and ``OUT/initial_model``:
 a WordPiece tokenizer trained on those sentences and a randomly initialised BERT of the
 config's ``model.tiny`` shape (BERT-base in ``gpu-one.yaml``), made as the training job
-makes its own (``pipeline.train_inputs.prepare_model_dir``). Then, e.g.:
+makes its own (``pipeline.jobs.train_inputs.prepare_model_dir``). Then, e.g.:
 
     python bench/train_throughput.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
         --configs ours-1w st --steps 300 --set train.use_gpu=true
@@ -29,7 +29,7 @@ from encode_throughput import WIKI  # noqa: E402
 
 from pipeline.config.loading import load_config  # noqa: E402
 from pipeline.data.synthetic import generate_paraphrase_corpus  # noqa: E402
-from pipeline.train_inputs import prepare_model_dir  # noqa: E402
+from pipeline.jobs.train_inputs import prepare_model_dir  # noqa: E402
 
 GROUP_SIZE = 4
 

@@ -16,7 +16,7 @@ pooling, no MLP head, max length 32, lr 3e-5 with linear decay and no warm-up, o
 exactly ``--steps`` steps, each side in its own process, the configurations alternating
 (``--configs`` order, ``--repeats`` rounds):
 
-- ``ours-1w`` / ``ours-2w``: ``pipeline.job.run_train_job`` (what ``jobs/train.py`` runs)
+- ``ours-1w`` / ``ours-2w``: ``pipeline.jobs.train_job.run_train_job`` (what ``jobs/train.py`` runs)
   with a config from ``pipeline.config.loading.load_config``: a local Ray with ``ray.num_cpus`` =
   2 x cores (the demo config's logical oversubscription), 1 or 2 DDP workers with
   ``train.cpus_per_worker`` = cores / workers (Ray sets each worker's OMP/torch threads to
@@ -125,7 +125,7 @@ def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
     from pipeline.config.loading import load_config
-    from pipeline.job import run_train_job
+    from pipeline.jobs.train_job import run_train_job
 
     marks: list[tuple[str, float]] = [("python + imports", time.time())]
     # The job's own progress lines end its start-up phases; the first matching line wins.

@@ -18,7 +18,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from pipeline.cluster import free_port
+from pipeline.runtime.cluster import free_port
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -99,13 +99,13 @@ def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray started as a job starts its own (:func:`pipeline.cluster.ray_session`): on
+    """A local Ray started as a job starts its own (:func:`pipeline.runtime.cluster.ray_session`): on
     free ports, never joining another Ray that runs on the machine. One for the whole session:
     starting Ray is not what the tests that use it test, and each start costs seconds."""
     import ray
 
-    from pipeline.cluster import ray_session
     from pipeline.config.loading import load_config
+    from pipeline.runtime.cluster import ray_session
 
     with ray_session(load_config(None, ["ray.num_cpus=4"])):
         yield ray

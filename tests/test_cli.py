@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, REPO, job_env
 
-from pipeline.cli import EXIT_CONFIG, config_summary, job_main
+from pipeline.runtime.cli import EXIT_CONFIG, config_summary, job_main
 
 SHIPPED = sorted(path.name for path in (REPO / "jobs/configs").glob("*.yaml"))
 

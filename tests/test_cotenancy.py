@@ -20,7 +20,7 @@ import pytest
 from conftest import PYTHON, REPO, RayHead, job_env
 from mlflow.tracking import MlflowClient
 
-from pipeline.cluster import free_port
+from pipeline.runtime.cluster import free_port
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 SMALL = ["train.epochs=2", "data.generated.num_groups=150", "data.generated.sts_pairs=100"]

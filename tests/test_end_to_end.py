@@ -13,7 +13,7 @@ from conftest import PYTHON, REPO, assert_no_alarming_lines, job_env
 from mlflow.tracking import MlflowClient
 
 from pipeline.config.metric_catalogue import MAX_MINING_CHARTS, undeclared
-from pipeline.seams import ASYNC_BOUNDARIES_ENV
+from pipeline.core.seams import ASYNC_BOUNDARIES_ENV
 from pipeline.tracking.review import refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 

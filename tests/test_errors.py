@@ -3,8 +3,7 @@ types Ray really raises (built here, not mocked)."""
 
 from __future__ import annotations
 
-from pipeline.data.readers import DataError
-from pipeline.errors import describe_error, first_line
+from pipeline.core.errors import DataError, describe_error, first_line
 
 
 def test_exception_ray_could_not_rebuild_is_described_by_its_original_line():
@@ -53,8 +52,7 @@ def test_errors_that_repeat_on_every_restart_are_told_from_infrastructure():
     import torch
     from ray.exceptions import ActorDiedError
 
-    from pipeline.config.sections import ConfigError
-    from pipeline.errors import UnrecoverableError, is_deterministic
+    from pipeline.core.errors import ConfigError, UnrecoverableError, is_deterministic
 
     repeats = [
         ModuleNotFoundError("No module named 'faiss'"),
@@ -83,7 +81,7 @@ def test_failure_callback_ends_the_run_on_a_repeating_error_and_retries_a_dead_w
     from ray.exceptions import ActorDiedError
     from ray.train import ControllerError
 
-    from pipeline.errors import root_cause
+    from pipeline.core.errors import root_cause
     from pipeline.training.trainer import worker_failure_reporter
 
     reporter = worker_failure_reporter(max_failures=3)

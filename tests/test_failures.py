@@ -20,8 +20,8 @@ import pytest
 from conftest import PYTHON, REPO, RunningJob, job_env, wait_for
 from mlflow.tracking import MlflowClient
 
-from pipeline.cluster import free_port
-from pipeline.seams import HOLD_DIR_ENV, HOLD_ENV
+from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
+from pipeline.runtime.cluster import free_port
 from pipeline.tracking.review import refresh_table
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")

@@ -11,8 +11,8 @@ import pytest
 from conftest import PYTHON, REPO, job_env
 
 from pipeline.config.loading import load_config
-from pipeline.config.sections import ConfigError
-from pipeline.preflight import preflight_mine, preflight_train
+from pipeline.core.errors import ConfigError
+from pipeline.runtime.preflight import preflight_mine, preflight_train
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 
@@ -38,8 +38,8 @@ def test_gpu_asked_for_on_a_machine_without_one(tmp_path):
     # In a fresh interpreter: the Ray this test session runs in-process counts as a joined cluster.
     script = f"""
 from pipeline.config.loading import load_config
-from pipeline.config.sections import ConfigError
-from pipeline.preflight import preflight_train
+from pipeline.core.errors import ConfigError
+from pipeline.runtime.preflight import preflight_train
 for setting in ("train.use_gpu=true", "mining.num_gpus=1"):
     try:
         preflight_train(load_config({DEMO!r}, ["run.output_dir={tmp_path}", setting]))

@@ -19,8 +19,8 @@ import pytest
 from conftest import PYTHON, REPO, RunningJob, assert_no_alarming_lines, job_env, wait_for
 from mlflow.tracking import MlflowClient
 
+from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.data.pairs import index_triplets
-from pipeline.seams import ASYNC_BOUNDARIES_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.tracking.review import refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 

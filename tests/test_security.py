@@ -13,7 +13,7 @@ import torch
 from conftest import PYTHON, job_env
 
 from pipeline.config.loading import load_config
-from pipeline.config.sections import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def test_config_with_a_python_tag_is_rejected_without_running_it(tmp_path):
@@ -53,7 +53,7 @@ def test_local_ray_dashboard_listens_on_loopback_only(tmp_path):
     script = (
         "import json, ray\n"
         "from pipeline.config.loading import load_config\n"
-        "from pipeline.cluster import init_ray\n"
+        "from pipeline.runtime.cluster import init_ray\n"
         "init_ray(load_config(None, ['ray.num_cpus=1']))\n"
         "print(json.dumps({'url': ray._private.worker.get_dashboard_url()}), flush=True)\n"
         "import sys; sys.stdin.readline()\n"

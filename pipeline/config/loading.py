@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.config.schema import Config
-from pipeline.config.sections import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def _coerce(value: Any, annotation: Any, key: str) -> Any:

@@ -155,25 +155,6 @@ class MiningSection:
             return self.range_min
         return 0 if self.negative_mode == "triplet" else 10
 
-    def index_spec(
-        self,
-    ):  # -> pipeline.mining.index.IndexSpec (imported lazily: config stays dependency-free)
-        from pipeline.mining.index import IndexSpec
-
-        return IndexSpec(self.index, self.flat_max_rows, self.nlist, self.nprobe, self.pq_m)
-
-    def negative_filters(self):  # -> pipeline.mining.negatives.NegativeFilters
-        from pipeline.mining.negatives import NegativeFilters
-
-        return NegativeFilters(
-            self.window_start,
-            self.range_max,
-            self.max_score,
-            self.relative_margin,
-            self.num_negatives,
-            self.sampling,
-        )
-
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""
         return [

@@ -9,7 +9,6 @@ from typing import Any
 from pipeline.config.mining_section import MiningSection
 from pipeline.config.sections import (
     CheckpointSection,
-    ConfigError,
     DataSection,
     EvalSection,
     ModelSection,
@@ -18,6 +17,7 @@ from pipeline.config.sections import (
     TrackingSection,
     TrainSection,
 )
+from pipeline.core.errors import ConfigError
 
 
 @dataclass

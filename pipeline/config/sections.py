@@ -7,11 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the offending key."""
-
-
 Check = tuple[str, bool, str]
 """One validation rule of a section: ``(dotted key, holds, what the value must be)``;
 :meth:`pipeline.config.schema.Config.validate` raises for the first that does not hold."""

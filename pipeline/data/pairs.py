@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config.sections import DataSection
+from pipeline.core.errors import DataError
 from pipeline.data.readers import (
-    DataError,
     infer_format,
     pair_columns,
     pool_columns,

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pipeline.config.sections import DataSection
+from pipeline.core.errors import DataError, first_line, root_cause
 from pipeline.data.utf8 import _utf8_lines_datasource
 
 _EXTENSIONS = {
@@ -27,10 +28,6 @@ _EXTENSIONS = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-
-
-class DataError(ValueError):
-    """The corpus cannot be used; the message says why and names the config key."""
 
 
 PAIRS_TSV_COLUMNS = ("sentence1", "sentence2", "label")
@@ -426,9 +423,6 @@ def read_corpus(section: DataSection) -> Any:
 
 def _root_message(exc: BaseException) -> str:
     """The first line of the innermost cause: what went wrong in the reader, not Ray's wrapper."""
-    # Imported here: pipeline.errors imports this module (for DataError).
-    from pipeline.errors import first_line, root_cause
-
     exc = root_cause(exc, follow_context=True)
     if isinstance(exc, UnicodeDecodeError):
         # Ray Data appends its retry advice to the codec name, so str(exc) is garbled.

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.readers import DataError
+from pipeline.core.errors import DataError
 
 BEIR_FILES = ("queries.jsonl", "corpus.jsonl")
 PAIR_SUFFIXES = (".tsv", ".csv", ".jsonl", ".parquet")

@@ -269,7 +269,7 @@ def read_sentences(path: str | Path, max_rows: int, seed: int = 0) -> list[str]:
     """Non-empty lines of a text file; a fixed random sample of ``max_rows`` when it has more."""
     p = Path(path)
     if not p.is_file():
-        from pipeline.data.readers import DataError
+        from pipeline.core.errors import DataError
 
         raise DataError(f"corpus file not found: {p}")
     lines = [line.strip() for line in p.read_text(encoding="utf-8", errors="replace").splitlines()]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.readers import DataError
+from pipeline.core.errors import DataError
 
 STS_FORMATS = ("auto", "stsb", "cnsd", "csv", "tsv", "jsonl")
 COLUMNS = ("sentence1", "sentence2", "score")

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        from pipeline.errors import describe_error
+        from pipeline.core.errors import describe_error
 
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 1

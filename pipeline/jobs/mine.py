@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.cli import job_main
+from pipeline.runtime.cli import job_main
 
 
 def _arguments(parser):
@@ -38,7 +38,7 @@ def _overrides(args) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     def body(cfg, echo, args):
-        from pipeline.mining.offline import run_mine_job
+        from pipeline.jobs.mine_job import run_mine_job
 
         echo(run_mine_job(cfg, args.output, echo=echo).render(args.output))
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.cli import job_main
+from pipeline.runtime.cli import job_main
 
 
 def main(argv: list[str] | None = None) -> int:
     def body(cfg, echo, _args):
-        from pipeline.job import run_train_job
+        from pipeline.jobs.train_job import run_train_job
 
         echo(run_train_job(cfg, echo=echo).render())
 

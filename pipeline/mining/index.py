@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.config.mining_section import MiningSection
+
 INDEX_KINDS = ("auto", "flat", "ivf", "ivfpq")
 # k-means training points per IVF cell. FAISS wants 39 to 256; 64 kept recall@10 at 0.992
 # (vs 0.993 with 256) on 100k clustered vectors, and trains on 4x fewer points at 1M rows.
@@ -39,6 +41,11 @@ class IndexSpec:
     nprobe: int = 32
     pq_m: int = 16
     """Bytes per vector for ``ivfpq`` (must divide the dimension)."""
+
+    @classmethod
+    def from_section(cls, mining: MiningSection) -> IndexSpec:
+        """The ``mining`` section's index settings."""
+        return cls(mining.index, mining.flat_max_rows, mining.nlist, mining.nprobe, mining.pq_m)
 
     def resolve(self, n: int) -> str:
         if self.kind not in INDEX_KINDS:

@@ -20,9 +20,11 @@ import torch
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.config.metric_catalogue import MINING_TABLE, mining_charts
+from pipeline.core.errors import first_line
+from pipeline.core.retry import call_with_retries
+from pipeline.core.seams import hold_once
 from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
-from pipeline.errors import first_line
 from pipeline.mining.anchor_mining import mine_anchors, random_pool_negatives, similarity_percentiles
 from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search
 from pipeline.mining.negatives import NegativeFilters, passed_each_filter, text_keys
@@ -38,8 +40,6 @@ from pipeline.mining.planning import PlanSettings, plan_from_neighbours
 from pipeline.model.encode import encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
-from pipeline.retry import call_with_retries
-from pipeline.seams import hold_once
 
 if TYPE_CHECKING:
     from pipeline.config.schema import Config
@@ -102,8 +102,8 @@ class MinerSettings:
             top_k=mining.top_k,
             encode_batch_size=mining.encode_batch_size,
             seed=cfg.run.seed,
-            index_spec=mining.index_spec(),
-            filters=mining.negative_filters(),
+            index_spec=IndexSpec.from_section(mining),
+            filters=NegativeFilters.from_section(mining),
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,
             encode_actors=mining.encode_actors,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.config.mining_section import MiningSection
 from pipeline.mining.index import IndexSpec, KnnResult, knn_search
 
 FILTERS = ("duplicate", "known_positive", "max_score", "relative_margin", "rank_window")
@@ -42,6 +43,12 @@ class NegativeFilters:
     num_negatives: int = 1
     sampling: str = "top"
     """``top``: the nearest that pass; ``random``: a seeded uniform draw among those that pass."""
+
+    @classmethod
+    def from_section(cls, mining: MiningSection) -> NegativeFilters:
+        """The ``mining`` section's filters (``range_min`` as resolved for the negative mode)."""
+        return cls(mining.window_start, mining.range_max, mining.max_score, mining.relative_margin,
+                   mining.num_negatives, mining.sampling)  # fmt: skip
 
 
 @dataclass

@@ -72,7 +72,7 @@ def check_model_path(name_or_path: str) -> None:
     Raises:
         ConfigError: naming ``model.name_or_path``.
     """
-    from pipeline.config.sections import ConfigError
+    from pipeline.core.errors import ConfigError
 
     local = Path(name_or_path).expanduser()
     if local.is_dir():

@@ -1,70 +1,15 @@
-"""Choosing the checkpoint to ship, writing it out, and logging it to MLflow as the run's model.
+"""Logging the exported model folder to MLflow as the run's model (and registering it).
 
-The exported folder is the checkpoint's model folder as it is: Hugging Face weights and
-tokenizer, the sentence-transformers module files, and the whitening layer when evaluation
-fitted one. It loads with ``AutoModel``/``AutoTokenizer`` and with ``SentenceTransformer``.
+The folder comes from :func:`pipeline.training.checkpoint.export_checkpoint_model`; its scores
+from :mod:`pipeline.evaluation.exported`. Tracking takes both as arguments: it knows MLflow,
+not checkpoints or evaluators.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-from typing import Any
 
 from pipeline.tracking.run import TrackedRun
-from pipeline.training.checkpoint import best_model_folder
-from pipeline.training.state import BestModel
-
-
-def export_checkpoint_model(checkpoint: Any, export_dir: Path) -> tuple[Path, BestModel | None]:
-    """Copy the model to ship out of the run's final checkpoint into ``export_dir`` (replacing
-    an earlier export): the best evaluated model it carries, else its current model.
-
-    Returns the folder and the evaluation that chose it (None without evaluation).
-    """
-    if export_dir.exists():
-        shutil.rmtree(export_dir)
-    with checkpoint.as_directory() as ckpt_dir:
-        folder, best = best_model_folder(Path(ckpt_dir))
-        shutil.copytree(folder, export_dir)
-    return export_dir, best
-
-
-def exported_eval_metrics(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, float]:
-    """The exported model's own evaluation under the names the run logged it with
-    (:func:`~pipeline.evaluation.in_training.eval_metric_names`: ``eval/sts_stsb-dev_spearman``,
-    ``eval/score`` ...); empty when no evaluation ran at ``exported_step``."""
-    from pipeline.evaluation.in_training import eval_metric_names
-
-    evaluated = next((row for row in eval_history if int(row["step"]) == exported_step), None)
-    if evaluated is None:
-        return {}
-    return eval_metric_names({k: v for k, v in evaluated.items() if k not in ("epoch", "step")})
-
-
-def best_model_metrics(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, float]:
-    """The shipped model's selection score and where it came from, as metrics to sort and
-    filter runs on: ``best/step`` and, when it was evaluated, ``best/score`` (its
-    ``eval.select_by`` score). Two single-point charts, not one per score: its other scores
-    are the logged model's metrics and the run's ``best.*`` tags (:func:`best_model_tags`);
-    the epoch is the ``simcse.exported_epoch`` tag."""
-    out = {"best/step": float(exported_step)}
-    evaluated = exported_eval_metrics(eval_history, exported_step)
-    if "eval/score" in evaluated:
-        out["best/score"] = evaluated["eval/score"]
-    return out
-
-
-def best_model_tags(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, str]:
-    """Every score of the shipped model as a run tag, for the runs table's columns:
-    ``best.sts_stsb-dev_spearman`` = ``"84.12"`` ... (4 significant digits); empty when no
-    evaluation ran at ``exported_step``."""
-    evaluated = exported_eval_metrics(eval_history, exported_step)
-    return {
-        "best." + key.removeprefix("eval/"): f"{value:.4g}"
-        for key, value in evaluated.items()
-        if key not in ("eval/score", "eval/seconds")
-    }
 
 
 def log_sentence_transformers_model(

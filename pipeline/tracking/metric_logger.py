@@ -10,7 +10,7 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from pipeline.errors import first_line
+from pipeline.core.errors import first_line
 from pipeline.tracking.run import quick_http_failures
 
 

@@ -19,8 +19,8 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
-from pipeline.errors import first_line
-from pipeline.retry import call_with_retries
+from pipeline.core.errors import first_line
+from pipeline.core.retry import call_with_retries
 
 RUN_NAME_TAG = "simcse.run_name"
 STATE_TAG = "simcse.state"
@@ -128,7 +128,7 @@ class TrackedRun:
     @contextmanager
     def failing_on_error(self) -> Iterator[None]:
         """Mark the run FAILED, with the one-line reason as a tag, if the block raises."""
-        from pipeline.errors import describe_error
+        from pipeline.core.errors import describe_error
 
         try:
             yield

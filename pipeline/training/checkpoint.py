@@ -106,3 +106,17 @@ def best_model_folder(directory: Path) -> tuple[Path, BestModel | None]:
     if best is not None and (directory / BEST_SUBDIR).is_dir():
         return directory / BEST_SUBDIR, best
     return directory / MODEL_SUBDIR, best
+
+
+def export_checkpoint_model(checkpoint: Any, export_dir: Path) -> tuple[Path, BestModel | None]:
+    """Copy the model to ship out of the run's final checkpoint into ``export_dir`` (replacing
+    an earlier export): the best evaluated model it carries, else its current model.
+
+    Returns the folder and the evaluation that chose it (None without evaluation).
+    """
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
+    with checkpoint.as_directory() as ckpt_dir:
+        folder, best = best_model_folder(Path(ckpt_dir))
+        shutil.copytree(folder, export_dir)
+    return export_dir, best

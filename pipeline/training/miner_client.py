@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pipeline.errors import UnrecoverableError, first_line
+from pipeline.core.errors import UnrecoverableError, first_line
+from pipeline.core.retry import call_with_retries
 from pipeline.model.encoder import SentenceEncoder, cpu_state_dict
-from pipeline.retry import call_with_retries
 from pipeline.training.refresh_policy import RefreshSettings
 
 

@@ -19,8 +19,8 @@ import numpy as np
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.config.schema import Config
+from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 from pipeline.model.encoder import SentenceEncoder
-from pipeline.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.plan_broadcast import broadcast_plan
 from pipeline.training.refresh_policy import Boundary, BoundaryAction, RefreshPolicy, RefreshSettings
@@ -158,7 +158,7 @@ class PlanRefresher:
 
     def _finished_predicate(self) -> Callable[[Any], bool]:
         """Whether a pending refresh counts as finished at this boundary: by the clock, or as
-        a test scripts it (:mod:`pipeline.seams`)."""
+        a test scripts it (:mod:`pipeline.core.seams`)."""
         assert self.client is not None
         client = self.client
         if not self._scripted or self.policy.pending is None or self.cfg.mining.mode != "async":

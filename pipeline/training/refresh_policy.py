@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pipeline.errors import UnrecoverableError
+from pipeline.core.errors import UnrecoverableError
 
 if TYPE_CHECKING:
     from pipeline.config.schema import Config

@@ -17,14 +17,14 @@ def worker_failure_reporter(max_failures: int) -> Any:
     Ray Train's own report of a failure is a traceback (hidden by ``ray.train_log_level``);
     this line says which rank failed, why, and whether the group is restarted. Ray Train
     retries every worker error up to ``train.max_failures``; an error that
-    :func:`pipeline.errors.is_deterministic` (a missing package, bad input, out of memory
+    :func:`pipeline.core.errors.is_deterministic` (a missing package, bad input, out of memory
     on a batch) would come back from the same checkpoint each time, so the callback raises
     Ray Train's ``ControllerError``, which its failure policy never retries. A dead worker
     is always retried. The callback runs in the Train controller, whose prints reach the
     driver's console."""
     from ray.train import ControllerError, UserCallback
 
-    from pipeline.errors import describe_error, is_deterministic, is_process_death, root_cause
+    from pipeline.core.errors import describe_error, is_deterministic, is_process_death, root_cause
 
     class WorkerFailureReporter(UserCallback):
         def __init__(self) -> None:

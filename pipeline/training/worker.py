@@ -25,11 +25,11 @@ import torch.distributed as dist
 
 from pipeline.batching.plan import BatchPlan, padding_share, worker_slices
 from pipeline.config.schema import Config
+from pipeline.core.seams import hold_once
 from pipeline.evaluation.in_training import EvalOutcome
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.flops import CountingEncoder, EncoderFlops, device_peak_tflops
 from pipeline.model.folders import quiet_libraries
-from pipeline.seams import hold_once
 from pipeline.training.contract import LoopConfig, miner_inputs
 from pipeline.training.debias import false_negative_mask
 from pipeline.training.miner_client import MinerClient

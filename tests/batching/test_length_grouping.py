@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.batching.samplers import random_plan
 from pipeline.config.loading import load_config
-from pipeline.config.sections import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def _padding_share(plan, lengths: np.ndarray) -> float:

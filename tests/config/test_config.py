@@ -9,7 +9,7 @@ import pytest
 from conftest import PYTHON, REPO, job_env
 
 from pipeline.config.loading import load_config
-from pipeline.config.sections import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def test_demo_config_loads_with_overrides():
@@ -101,7 +101,7 @@ def test_cli_fails_fast_with_one_line(tmp_path, args, needle):
 def test_config_defaults_are_the_index_defaults():
     from pipeline.mining.index import IndexSpec
 
-    assert load_config(None).mining.index_spec() == IndexSpec()
+    assert IndexSpec.from_section(load_config(None).mining) == IndexSpec()
 
 
 def test_params_leave_out_what_a_setting_turns_off():

@@ -241,7 +241,7 @@ def test_mine_job_rejected_before_anything_starts(tmp_path, capfd, monkeypatch, 
 
 
 def test_only_paths_that_look_local_are_checked_up_front(tmp_path, monkeypatch):
-    from pipeline.config.sections import ConfigError
+    from pipeline.core.errors import ConfigError
     from pipeline.model.folders import check_model_path
 
     monkeypatch.chdir(tmp_path)

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config.sections import DataSection
+from pipeline.core.errors import DataError
 from pipeline.data.corpus import load_clean_corpus
 from pipeline.data.pairs import read_pairs
 from pipeline.data.readers import (
-    DataError,
     check_corpus_columns,
     check_corpus_path,
     corpus_columns,
@@ -290,8 +290,8 @@ def test_progress_bar_notice_is_silenced_when_the_config_turns_bars_off(ray_loca
     bars are off is dropped, and only that logger is quietened."""
     import logging
 
-    from pipeline.cluster import init_ray
     from pipeline.config.loading import load_config
+    from pipeline.runtime.cluster import init_ray
 
     progress = logging.getLogger("ray.data._internal.progress")
     assert not progress.isEnabledFor(logging.WARNING) and progress.isEnabledFor(logging.ERROR)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from pipeline.config.loading import load_config
-from pipeline.config.sections import ConfigError, DataSection
+from pipeline.config.sections import DataSection
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.data.pairs import index_pairs, index_triplets, load_pairs, read_pairs, round_robin_negatives
-from pipeline.data.readers import DataError, check_corpus_columns
+from pipeline.data.readers import check_corpus_columns
 from pipeline.data.tokenize import TokenizeStats, count_unknown, tokenize_corpus_with_stats
 
 # Quotes anywhere in a field, as in the Twitter URL corpus: quoting is off, a field runs to the tab.
@@ -160,7 +161,7 @@ def test_bad_pair_files_fail_with_one_line(ray_local, tmp_path):
 
 def test_pool_path_and_column_checked_before_ray(tmp_path):
     """No Ray: the train job's input check names data.pool."""
-    from pipeline.job import check_train_inputs
+    from pipeline.jobs.train_job import check_train_inputs
 
     pairs = _tsv(tmp_path / "l.tsv", LABELLED)
     keys = [
@@ -237,8 +238,8 @@ def test_unk_share_counts_what_the_tokenizer_cannot_read(
     import pyarrow as pa
 
     from pipeline.data.utf8 import stable_row_id
+    from pipeline.jobs.train_inputs import TrainingData, describe_corpus, tokenize_inputs
     from pipeline.model.folders import load_tokenizer
-    from pipeline.train_inputs import TrainingData, describe_corpus, tokenize_inputs
 
     greek = ["καλημέρα κόσμε", "η γάτα κάθεται στο χαλί", "ο σκύλος γαβγίζει τη νύχτα"]
     texts = list(dict.fromkeys(paraphrase_corpus[0][:10])) + greek

@@ -10,7 +10,8 @@ import torch
 from test_retrieval_sets import ROWS, _write_beir, _write_pairs_tsv
 
 from pipeline.config.loading import load_config
-from pipeline.config.sections import ConfigError, EvalSection
+from pipeline.config.sections import EvalSection
+from pipeline.core.errors import ConfigError
 from pipeline.evaluation.in_training import (
     EvalOutcome,
     TrainingEvaluator,

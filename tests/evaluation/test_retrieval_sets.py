@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import load_script
 
-from pipeline.data.readers import DataError
+from pipeline.core.errors import DataError
 from pipeline.evaluation.retrieval_metrics import ranking_metrics
 from pipeline.evaluation.retrieval_scoring import (
     RetrievalEvalSet,

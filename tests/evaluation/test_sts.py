@@ -10,7 +10,7 @@ import pytest
 from conftest import PYTHON, REPO, job_env
 from scipy.stats import spearmanr
 
-from pipeline.data.readers import DataError
+from pipeline.core.errors import DataError
 from pipeline.evaluation.sts import read_sts, spearman
 
 # (sentence1, sentence2, score): a quote inside a sentence, as STS-B has

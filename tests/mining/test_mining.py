@@ -10,8 +10,9 @@ import torch
 
 from pipeline.batching.plan import balanced_batch_sizes, worker_slices
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
-from pipeline.mining.index import knn_search
+from pipeline.mining.index import IndexSpec, knn_search
 from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.plan_quality import false_negative_pairs, plan_churn
 from pipeline.mining.planning import PlanSettings
 from pipeline.model.encoder import load_sentence_encoder
@@ -109,8 +110,8 @@ def test_miner_settings_come_from_the_config():
     settings = MinerSettings.from_config(cfg, "sqlite:///x.db", "run-1")
     assert (settings.top_k, settings.group_batches, settings.max_restarts) == (16, 8, 2)
     assert settings.use_gpu and settings.num_gpus == 1 and settings.pooler == cfg.model.pooler
-    assert settings.filters == cfg.mining.negative_filters() and settings.filters.range_min == 3
-    assert settings.index_spec == cfg.mining.index_spec() and settings.index_spec.kind == "ivf"
+    assert settings.filters == NegativeFilters.from_section(cfg.mining) and settings.filters.range_min == 3
+    assert settings.index_spec == IndexSpec.from_section(cfg.mining) and settings.index_spec.kind == "ivf"
     assert (settings.tracking_uri, settings.run_id) == ("sqlite:///x.db", "run-1")
     # Length grouping off: the miner's random plans are not grouped, whatever the group size.
     assert (

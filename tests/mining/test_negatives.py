@@ -157,7 +157,7 @@ def test_bad_sampling_is_rejected():
 def test_config_defaults_are_the_filter_defaults():
     from pipeline.config.loading import load_config
 
-    assert load_config(None).mining.negative_filters() == NegativeFilters()
+    assert NegativeFilters.from_section(load_config(None).mining) == NegativeFilters()
 
 
 def test_known_positive_mask_matches_a_set_lookup():

@@ -13,8 +13,8 @@ from conftest import PYTHON, REPO, job_env
 from mlflow.tracking import MlflowClient
 
 from pipeline.config.loading import load_config
+from pipeline.jobs.mine_job import mine_pairs
 from pipeline.mining.negatives import normalize_text
-from pipeline.mining.offline import mine_pairs
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 

@@ -13,8 +13,8 @@ import pytest
 from conftest import REPO
 from mlflow.tracking import MlflowClient
 
+from pipeline.evaluation.exported import best_model_metrics, best_model_tags, exported_eval_metrics
 from pipeline.tracking.context import GIT_COMMIT_ENV, git_commit, job_source
-from pipeline.tracking.export import best_model_metrics, best_model_tags, exported_eval_metrics
 from pipeline.tracking.metric_logger import MetricLogger
 
 HISTORY = [
@@ -48,7 +48,7 @@ def test_linked_model_metrics_are_the_exported_evaluation_as_logged():
 
 
 def test_summary_counts_the_evaluations_that_could_be_exported():
-    from pipeline.summary import JobSummary
+    from pipeline.jobs.summary import JobSummary
     from pipeline.training.state import BestModel, TrainHistory
 
     summary = JobSummary.from_training(
@@ -62,7 +62,7 @@ def test_summary_counts_the_evaluations_that_could_be_exported():
 
 
 def test_the_run_description_puts_the_headline_first_in_short_lines():
-    from pipeline.summary import JobSummary
+    from pipeline.jobs.summary import JobSummary
     from pipeline.training.state import BestModel, TrainHistory
 
     summary = JobSummary.from_training(
@@ -165,10 +165,10 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
     import copy
     import dataclasses
 
-    import pipeline.job as job
+    import pipeline.jobs.train_job as job
     from pipeline.config.loading import dump_yaml, load_config
     from pipeline.config.params import params_in_effect
-    from pipeline.summary import JobSummary
+    from pipeline.jobs.summary import JobSummary
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

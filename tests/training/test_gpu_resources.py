@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import REPO
 
-from pipeline.cluster import check_cluster_fits
 from pipeline.config.loading import load_config
-from pipeline.config.sections import ConfigError
+from pipeline.core.errors import ConfigError
+from pipeline.runtime.cluster import check_cluster_fits
 from pipeline.training.trainer import build_trainer
 
 DEMO = REPO / "jobs/configs/demo.yaml"  # 2 workers

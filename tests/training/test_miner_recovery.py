@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from pipeline.config.loading import load_config
-from pipeline.errors import UnrecoverableError
+from pipeline.core.errors import UnrecoverableError
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.refresh_policy import RefreshSettings
 

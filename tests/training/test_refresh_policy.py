@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from pipeline.config.loading import load_config
-from pipeline.errors import UnrecoverableError
+from pipeline.core.errors import UnrecoverableError
 from pipeline.training.refresh_policy import BoundaryAction, RefreshPolicy, RefreshSettings
 
 NUM_BATCHES = 10
@@ -82,7 +82,7 @@ def test_refresh_modes_decide_when_the_miner_is_asked(mode, refresh, before, bou
 
 
 def test_refresh_once_is_for_pair_mode_only():
-    from pipeline.config.sections import ConfigError
+    from pipeline.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="mining.refresh"):
         load_config(None, ["mining.refresh=once"])
@@ -213,7 +213,7 @@ def test_reshuffle_seed_is_run_seed_plus_next_epoch():
 
 
 def test_the_async_boundary_seam_reads_ready_and_late_in_order_and_names_a_bad_word():
-    from pipeline.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
+    from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 
     assert scripted_boundaries(None) == [] and scripted_boundaries("") == []
     assert scripted_boundaries("ready, late,ready") == ["ready", "late", "ready"]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from pipeline.config.loading import load_config
 from pipeline.config.schema import Config
-from pipeline.config.sections import ConfigError
+from pipeline.core.errors import ConfigError
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "jobs" / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "jobs" / "configs"
 """The job configs shipped with the project."""
 
 
@@ -131,7 +131,7 @@ def job_main(
     except Exception as exc:
         if args.debug:
             raise
-        from pipeline.errors import describe_error
+        from pipeline.core.errors import describe_error
 
         code = EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
         print(f"error: {describe_error(exc)}", file=sys.stderr)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from pipeline.config.sections import ConfigError
-from pipeline.data.readers import DataError
-
 
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, or its type name when it has none."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+class DataError(ValueError):
+    """The corpus cannot be used; the message says why and names the config key."""
 
 
 class UnrecoverableError(RuntimeError):

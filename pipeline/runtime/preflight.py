@@ -12,9 +12,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.cluster import cluster_address
 from pipeline.config.schema import Config
-from pipeline.config.sections import ConfigError
+from pipeline.core.errors import ConfigError
+from pipeline.runtime.cluster import cluster_address
 
 
 def check_faiss(why: str) -> None:
@@ -37,7 +37,7 @@ def check_cuda(cfg: Config) -> None:
 
     On a joined cluster (configured, or a Ray this process already joined) the workers run
     elsewhere; the cluster's resources are checked once Ray is up
-    (:func:`pipeline.cluster.check_cluster_fits`).
+    (:func:`pipeline.runtime.cluster.check_cluster_fits`).
     """
     wants = []
     if cfg.train.use_gpu:

@@ -2,7 +2,7 @@
 training data (with its ``[data]`` lines, tags and the batch-size check), the model folder
 and the tokenized corpus, and their object-store references.
 
-Every function here takes the resolved config (:func:`pipeline.job.resolve_config`) and
+Every function here takes the resolved config (:func:`pipeline.jobs.train_job.resolve_config`) and
 only reads it.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.schema import Config
-from pipeline.config.sections import ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.data.corpus import load_clean_corpus
 from pipeline.data.pairs import Triplets, index_pairs, load_pairs
 from pipeline.data.tokenize import tokenize_corpus_with_stats

@@ -25,12 +25,12 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config.schema import Config
+from pipeline.core.errors import DataError
 from pipeline.data.pairs import index_pairs, load_pairs
-from pipeline.data.readers import DataError
 from pipeline.data.tokenized import dataset_digest
 from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
-from pipeline.mining.index import estimate_index_bytes
-from pipeline.mining.negatives import FILTERS, text_keys
+from pipeline.mining.index import IndexSpec, estimate_index_bytes
+from pipeline.mining.negatives import FILTERS, NegativeFilters, text_keys
 from pipeline.tracking.run import TrackedRun, run_description
 
 
@@ -150,7 +150,7 @@ def mine_pairs(
     report.seconds["encode"] = time.perf_counter() - t0
 
     k = min(mining.top_k, len(pool))
-    spec = mining.index_spec()
+    spec = IndexSpec.from_section(mining)
     report.index = spec.resolve(len(pool))
     report.estimated_index_bytes = estimate_index_bytes(len(pool), vectors.shape[1], k, report.index, spec)
     if echo is not None:
@@ -161,7 +161,7 @@ def mine_pairs(
     (keys,) = text_keys(texts)
     mined = mine_anchors(
         vectors, keys, np.array([position[a] for a in anchors]), np.array([position[p] for p in positives]),
-        np.arange(len(pool)), mining.negative_filters(), k, spec, mining.num_gpus > 0, cfg.run.seed, cfg.run.seed,
+        np.arange(len(pool)), NegativeFilters.from_section(mining), k, spec, mining.num_gpus > 0, cfg.run.seed, cfg.run.seed,
     )  # fmt: skip
     chosen, knn = mined.selected, mined.knn
     report.index = knn.backend
@@ -226,11 +226,11 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
     import tempfile
     from datetime import datetime
 
-    from pipeline.cluster import ray_session
     from pipeline.data.readers import check_corpus_columns, check_corpus_path
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
-    from pipeline.preflight import preflight_mine
+    from pipeline.runtime.cluster import ray_session
+    from pipeline.runtime.preflight import preflight_mine
     from pipeline.tracking.context import log_run_context
     from pipeline.tracking.run import resolve_tracking_uri, start_or_resume_run
 

@@ -9,7 +9,7 @@ filled in) before it is written beside the run and logged as its params; from th
 that resolved config is used, and nothing changes it, so that ``resolved_config.yaml``, the
 params and what the workers and the miner get are the same. Inside the Ray session the job
 runs its sections in order (:func:`train_in_ray`): load the training data, tokenize, put
-the inputs in the object store (:mod:`pipeline.train_inputs`), start the miner, fit,
+the inputs in the object store (:mod:`pipeline.jobs.train_inputs`), start the miner, fit,
 export and summarise, log the model.
 """
 
@@ -25,27 +25,33 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.cluster import check_cluster_fits, ray_session
 from pipeline.config.loading import dump_yaml
 from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
+from pipeline.core.errors import first_line
 from pipeline.data.readers import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
-from pipeline.errors import first_line
 from pipeline.evaluation.in_training import check_eval_sets
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.scoring import read_sts_files, with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts
+from pipeline.jobs.summary import JobSummary
+from pipeline.jobs.train_inputs import (
+    InputRefs,
+    describe_corpus,
+    load_training_data,
+    put_inputs,
+    tokenize_inputs,
+)
 from pipeline.model.folders import check_model_path, quiet_libraries
-from pipeline.preflight import preflight_train
-from pipeline.summary import JobSummary
+from pipeline.runtime.cluster import check_cluster_fits, ray_session
+from pipeline.runtime.preflight import preflight_train
 from pipeline.tracking.run import (
     TrackedRun,
     check_tracking_reachable,
     resolve_tracking_uri,
     start_or_resume_run,
 )
-from pipeline.train_inputs import InputRefs, describe_corpus, load_training_data, put_inputs, tokenize_inputs
 
 Echo = Callable[[str], None]
 MINER_LOG_WAIT_S = 30.0
@@ -288,7 +294,7 @@ def export_and_summarise(
 ) -> JobSummary:
     """Export the model to ship from the final checkpoint to ``run_dir/model`` and summarise
     the run from the workers' last report."""
-    from pipeline.tracking.export import export_checkpoint_model
+    from pipeline.training.checkpoint import export_checkpoint_model
     from pipeline.training.contract import history_from_report
 
     assert cfg.run.name is not None
@@ -315,12 +321,8 @@ def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, ru
 
     Returns the summary with the model's URI and registered version.
     """
-    from pipeline.tracking.export import (
-        best_model_metrics,
-        best_model_tags,
-        exported_eval_metrics,
-        log_sentence_transformers_model,
-    )
+    from pipeline.evaluation.exported import best_model_metrics, best_model_tags, exported_eval_metrics
+    from pipeline.tracking.export import log_sentence_transformers_model
     from pipeline.tracking.review import log_review
 
     epoch, step = summary.exported_epoch, summary.exported_step

@@ -26,9 +26,8 @@ from contextlib import contextmanager
 from urllib.parse import urlparse
 
 from pipeline.config.schema import Config
-from pipeline.config.sections import ConfigError
-from pipeline.errors import UnrecoverableError
-from pipeline.retry import call_with_retries
+from pipeline.core.errors import ConfigError, UnrecoverableError
+from pipeline.core.retry import call_with_retries
 
 log = logging.getLogger("pipeline")
 

@@ -1,0 +1,1 @@
+"""What the job drivers need and the stages never do: the command line, the Ray cluster, preflight checks."""
