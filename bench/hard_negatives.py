@@ -102,7 +102,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.markdown_report import machine_info, machine_line  # noqa: E402
-from pipeline.mining.planning import SAMPLERS  # noqa: E402  (the samplers the miner knows)
+from pipeline.batching.registry import SAMPLERS  # noqa: E402  (the samplers the miner knows)
 
 EXPERIMENT = "hard-negatives-bench"
 BENCH_DIR = REPO / "runs" / "hard-negatives"

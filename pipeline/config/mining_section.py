@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pipeline.batching.registry import SAMPLER_NAMES
 from pipeline.config.sections import Check
+
+SamplerName = Literal[SAMPLER_NAMES]  # the names pipeline.batching.registry declares
 
 
 @dataclass
@@ -86,7 +89,7 @@ class MiningSection:
     are groups of near sentences. ``triplet`` (supervised SimCSE on anchor/positive
     [/negative] columns): each anchor gets ``num_negatives`` mined negatives, used with any
     given negative and ``train.hard_negative_weight``."""
-    batch_sampler: Literal["random", "knn", "rwr", "clusters", "mixed"] = "random"
+    batch_sampler: SamplerName = "random"
     """How a refreshed epoch's rows are grouped into batches (neighbourhood mode); every
     sampler covers each row once, in balanced batches, and keeps flagged false negatives
     apart. ``random`` (the default, because no sampler has yet beaten it on dev scores by

@@ -14,15 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.batching.graph_samplers import cluster_plan, mixed_plan, random_walk_plan
 from pipeline.batching.plan import BatchPlan
-from pipeline.batching.samplers import neighbourhood_plan, random_plan
+from pipeline.batching.registry import SAMPLERS, SamplerInputs, build_plan
 from pipeline.mining.negatives import FilteredCandidates, NegativeFilters, duplicate_mask, filter_candidates
 
 if TYPE_CHECKING:
     from pipeline.config.mining_section import MiningSection
-
-SAMPLERS = ("random", "knn", "rwr", "clusters", "mixed")
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,7 @@ class PlanSettings:
 
     @property
     def needs_clusters(self) -> bool:
-        return self.batch_sampler == "clusters" or self.debias == "cluster"
+        return SAMPLERS[self.batch_sampler].needs_clusters or self.debias == "cluster"
 
     def cluster_count(self, num_rows: int, batch_size: int) -> int:
         """``num_clusters``, or one cluster per batch's worth of rows (at least 2)."""
@@ -111,51 +108,17 @@ def plan_from_neighbours(
         from pipeline.mining.clustering import kmeans_clusters
 
         clusters = kmeans_clusters(embeddings, settings.cluster_count(n, batch_size), seed, use_gpu=use_gpu)
-    plan = _sample(settings, neighbours, knn.scores, clusters, false_negatives, batch_size, seed, version)
+    inputs = SamplerInputs(
+        neighbours, knn.scores, false_negatives, batch_size, seed, version, clusters=clusters,
+        restart_probability=settings.restart_probability, clusters_per_batch=settings.clusters_per_batch,
+        mixed_share=settings.mixed_share, mixed_group_size=settings.mixed_group_size,
+    )  # fmt: skip
+    plan = build_plan(settings.batch_sampler, inputs)
     if settings.debias == "threshold":
         plan.paraphrases = likely_paraphrases(knn.indices, knn.scores, settings.debias_threshold)
     elif settings.debias == "cluster":
         plan.clusters = clusters
     return RefreshedPlan(plan, filtered, false_negatives)
-
-
-def _sample(
-    settings: PlanSettings,
-    neighbours: np.ndarray,
-    scores: np.ndarray,
-    clusters: np.ndarray | None,
-    false_negatives: np.ndarray,
-    batch_size: int,
-    seed: int,
-    version: int,
-) -> BatchPlan:
-    """The plan of the sampler ``settings.batch_sampler``."""
-    name = settings.batch_sampler
-    if name == "knn":
-        return neighbourhood_plan(neighbours, scores, batch_size, seed, version, false_negatives)
-    if name == "rwr":
-        return random_walk_plan(
-            neighbours, scores, batch_size, seed, version, false_negatives,
-            restart_probability=settings.restart_probability,
-        )  # fmt: skip
-    if name == "clusters":
-        assert clusters is not None
-        return cluster_plan(
-            clusters,
-            batch_size,
-            seed,
-            version,
-            false_negatives,
-            clusters_per_batch=settings.clusters_per_batch,
-        )
-    if name == "mixed":
-        return mixed_plan(
-            neighbours, scores, batch_size, seed, version, false_negatives,
-            neighbour_share=settings.mixed_share, group_size=settings.mixed_group_size,
-        )  # fmt: skip
-    if name == "random":
-        return random_plan(len(neighbours), batch_size, seed, version, false_negatives=false_negatives)
-    raise ValueError(f"mining.batch_sampler must be one of {', '.join(SAMPLERS)} (got {name!r})")
 
 
 def likely_paraphrases(indices: np.ndarray, scores: np.ndarray, threshold: float) -> np.ndarray:

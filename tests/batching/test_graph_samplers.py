@@ -11,12 +11,12 @@ import pytest
 
 from pipeline.batching.graph_samplers import cluster_plan, mixed_plan, random_walk_plan
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes, padding_share
+from pipeline.batching.registry import SAMPLERS, SamplerInputs, build_plan
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
 from pipeline.batching.separation import separate_false_negatives
 from pipeline.mining.plan_quality import false_negative_pairs
 
 N, K, BATCH = 2000, 32, 64
-SAMPLERS = ("random", "knn", "rwr", "clusters", "mixed")
 
 
 def _topics(n: int = N, topics: int = 20, dim: int = 32, noise: float = 1.0, seed: int = 0):
@@ -55,15 +55,11 @@ def corpus() -> SimpleNamespace:
 
 
 def _plan(name: str, c: SimpleNamespace, seed: int, false_negatives=None, **options) -> BatchPlan:
-    if name == "random":
-        return random_plan(N, BATCH, seed, version=1, false_negatives=false_negatives)
-    if name == "knn":
-        return neighbourhood_plan(c.neighbours, c.scores, BATCH, seed, 1, false_negatives)
-    if name == "rwr":
-        return random_walk_plan(c.neighbours, c.scores, BATCH, seed, 1, false_negatives, **options)
-    if name == "clusters":
-        return cluster_plan(c.topic, BATCH, seed, 1, false_negatives, **options)
-    return mixed_plan(c.neighbours, c.scores, BATCH, seed, 1, false_negatives, **options)
+    """The registry's sampler ``name`` (the miner's own factory) on the test corpus."""
+    renamed = {"neighbour_share": "mixed_share", "group_size": "mixed_group_size"}
+    inputs = SamplerInputs(c.neighbours, c.scores, false_negatives, BATCH, seed, 1, clusters=c.topic,
+                           **{renamed.get(k, k): v for k, v in options.items()})  # fmt: skip
+    return build_plan(name, inputs)
 
 
 def _mean_in_batch_cosine(x: np.ndarray, plan: BatchPlan) -> float:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.batching.registry import SAMPLERS
 from pipeline.config.loading import load_config
 from pipeline.mining.anchor_mining import random_pool_negatives
 from pipeline.mining.miner import HardNegativeMiner, MinerSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters
-from pipeline.mining.planning import SAMPLERS, PlanSettings, likely_paraphrases
+from pipeline.mining.planning import PlanSettings, likely_paraphrases
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
 
