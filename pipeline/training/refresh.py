@@ -192,3 +192,24 @@ def random_batches(cfg: Config, seed: int, lengths: np.ndarray) -> BatchPlan:
         lengths=lengths,
         group_batches=cfg.train.group_batches,
     )
+
+
+def adopt_plan(state: TrainState, next_plan: BatchPlan, boundary: Boundary, logger: Any) -> Boundary:
+    """Make ``next_plan`` the current one and record the boundary: its wait, refresh time and
+    staleness in the history, and (rank 0's ``logger``) as ``mining/`` boundary metrics.
+    Returns ``boundary``."""
+    state.history.wait_seconds.append(boundary.wait_seconds)
+    state.history.refresh_seconds.append(boundary.refresh_seconds)
+    state.history.staleness_steps.append(boundary.staleness_steps)
+    state.plan, state.plan_pending = next_plan, False
+    if logger is not None:
+        logger.log(
+            {
+                "mining/refresh_wait_s": boundary.wait_seconds,
+                "mining/next_plan_staleness_steps": float(boundary.staleness_steps),
+                "mining/refresh_late": float(boundary.late),
+            },
+            state.step,
+        )
+        logger.flush()
+    return boundary

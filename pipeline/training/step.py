@@ -18,11 +18,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from pipeline.batching.plan import BatchPlan, worker_slices
 from pipeline.config.schema import Config
 from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.model.accel import autocast, to_device
 from pipeline.training.augment import repeat_words
+from pipeline.training.debias import false_negative_mask
 from pipeline.training.losses import gather_across_workers, global_batch_simcse_loss, simcse_loss
 
 __all__ = [
@@ -55,6 +57,15 @@ class GlobalBatch:
     :attr:`rows`, True at (i, j) when row j is a likely false negative of row i
     (:func:`pipeline.training.debias.false_negative_mask`, the same on every rank); None: no
     debiasing. Triplet mode ignores it."""
+
+    @classmethod
+    def of_plan(cls, plan: BatchPlan, batch_index: int, world: int, rank: int, debias: str) -> GlobalBatch:
+        """Batch ``batch_index`` of ``plan`` as rank ``rank`` of ``world`` trains it. Every rank
+        holds the same plan, so every rank builds the same mask of the global batch (None on
+        epoch 1's random plan, or without ``mining.debias``)."""
+        rows = plan.batch(batch_index)
+        mask = false_negative_mask(rows, plan, debias)
+        return cls(rows, worker_slices(len(rows), world), rank, plan.negatives, mask)
 
     @property
     def local_rows(self) -> np.ndarray:

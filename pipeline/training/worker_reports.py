@@ -1,5 +1,6 @@
 """What a training worker reports while it trains: evaluations (:class:`EvalRecorder`) and
-checkpoints (:class:`CheckpointReporter`). Both are collectives: every rank calls them."""
+checkpoints (:class:`CheckpointReporter`), both collectives that every rank calls, and rank
+0's console lines (:class:`ProgressLine`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.batching.plan import BatchPlan
 from pipeline.evaluation.in_training import EvalOutcome, TrainingEvaluator, eval_metric_names
 from pipeline.evaluation.whitening import save_whitening
 from pipeline.model.encoder import SentenceEncoder
@@ -130,3 +132,80 @@ class CheckpointReporter:
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, mine)
         return gathered
+
+
+PROGRESS_EVERY_S = 30.0
+
+
+class ProgressLine:
+    """Rank 0's ``[train]`` lines: the epoch's running loss every :data:`PROGRESS_EVERY_S`
+    seconds, and the epoch's summary at its end."""
+
+    def __init__(self, epochs: int, batch_size: int):
+        self.epochs, self.batch_size = epochs, batch_size
+        self.last = 0.0
+
+    def restart(self, now: float) -> None:
+        self.last = now
+
+    def maybe_print(
+        self, epoch: int, state: TrainState, segment_first_batch: int, segment_start: float
+    ) -> None:
+        if time.perf_counter() - self.last <= PROGRESS_EVERY_S:
+            return
+        assert state.plan is not None
+        self.last = time.perf_counter()
+        done = state.batches_done - segment_first_batch  # the rate of the segment's steps
+        rate = done * self.batch_size / (self.last - segment_start + 1e-9)
+        print(
+            f"[train] epoch {epoch + 1}/{self.epochs} step {state.batches_done}/{state.plan.num_batches}: "
+            f"loss {state.loss_sum / state.batches_done:.4f}, {rate:.0f} sentences/s",
+            flush=True,
+        )
+
+    def epoch_line(
+        self, epoch: int, loss: float, plan: BatchPlan, seconds: float, next_plan: BatchPlan, boundary: Any
+    ) -> str:
+        late = "; the refresh under way was not ready: plan kept, reshuffled" if boundary.late else ""
+        return (
+            f"[train] epoch {epoch + 1}/{self.epochs}: loss {loss:.4f} over {plan.num_batches} steps on plan "
+            f"v{plan.version}, {seconds:.1f}s; next plan v{next_plan.version} (waited {boundary.wait_seconds:.1f}s, "
+            f"staleness {boundary.staleness_steps} steps{late})"
+        )
+
+
+def log_epoch_start(logger: Any, epoch: int, plan: BatchPlan, padding: float, step: int) -> None:
+    """Rank 0, as epoch ``epoch`` (0-based) starts: its plan's fingerprint and sampler as tags
+    (a hash or a name is no quantity to chart) and the padding share its batches carry."""
+    logger.set_tags({f"plan.fingerprint.epoch_{epoch + 1}": plan.hex_fingerprint(),
+                     f"plan.sampler.epoch_{epoch + 1}": plan.sampler})  # fmt: skip
+    logger.log({"train/padding_share": padding}, step)
+
+
+def log_epoch_end(logger: Any, epoch: int, loss: float, plan: BatchPlan, seconds: float, step: int) -> None:
+    """Rank 0, at the last step of epoch ``epoch`` (0-based): its mean loss, the plan version it
+    trained on, its training time and the epochs done."""
+    logger.log({"train/epoch_loss": loss, "train/plan_version": float(plan.version),
+                "train/epoch_seconds": seconds, "train/epoch": float(epoch + 1)}, step)  # fmt: skip
+
+
+def step_metrics(
+    loss: float,
+    learning_rate: float,
+    rows: int,
+    tokens: int,
+    flops: float,
+    seconds: float,
+    peak_tflops: float | None,
+) -> dict[str, float]:
+    """A step's ``train/`` metrics: ``tokens`` is this rank's share, the tokens its encoder ran
+    (both views, or the triplet's texts); ``train/mfu`` only where the device's peak is known."""
+    metrics = {
+        "train/loss": loss,
+        "train/learning_rate": learning_rate,
+        "train/sentences_per_s": rows / seconds,
+        "train/tokens_per_s": tokens / seconds,
+    }
+    if peak_tflops:
+        metrics["train/mfu"] = flops / seconds / (peak_tflops * 1e12)
+    return metrics

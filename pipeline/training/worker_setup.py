@@ -1,7 +1,7 @@
 """What a training worker builds before its first step: its inputs from the object store,
 the model, optimizer and schedule, the resumed state, and rank 0's metric logger.
 
-Used by :meth:`pipeline.training.worker.SimCSEWorker.setup`; each piece runs in the order
+:func:`worker_parts` is :meth:`pipeline.training.worker.SimCSEWorker.setup`; each piece runs in the order
 the worker needs it (the model is seeded before it is built, the resumed state is read
 before the model is).
 """
@@ -24,11 +24,16 @@ from pipeline.data.tokenized import TokenizedCorpus, row_lengths
 from pipeline.evaluation.in_training import TrainingEvaluator
 from pipeline.model.accel import enable_tf32, fused_adamw
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
-from pipeline.model.folders import load_tokenizer, unpack_dir
-from pipeline.training.contract import LoopConfig
-from pipeline.training.refresh import random_batches
-from pipeline.training.resume import ResumePoint
+from pipeline.model.flops import device_peak_tflops
+from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.training.contract import LoopConfig, miner_inputs
+from pipeline.training.miner_client import MinerClient
+from pipeline.training.refresh import PlanRefresher, random_batches
+from pipeline.training.refresh_policy import RefreshSettings
+from pipeline.training.resume import ResumePoint, find_resume_point
 from pipeline.training.state import TrainState
+from pipeline.training.step import make_train_step
+from pipeline.training.worker_reports import CheckpointReporter, EvalRecorder
 
 
 @dataclass
@@ -177,3 +182,44 @@ def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.Abst
         cfg.tracking.system_metrics_interval_s,
         node_id=f"node_{ctx.get_node_rank()}",
     )
+
+
+def worker_parts(loop_config: LoopConfig, ctx: Any) -> tuple[Any, ...]:
+    """:class:`~pipeline.training.worker.SimCSEWorker`'s constructor arguments for this rank,
+    from the driver's inputs and the Ray Train context; from the latest complete checkpoint
+    when the run resumes."""
+    import ray.train.torch  # a Ray Train worker's module; the driver never needs it
+
+    cfg = loop_config.config
+    quiet_libraries()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    inputs = fetch_inputs(loop_config)
+    resume = find_resume_point()
+    model = build_model(cfg, resume.model_dir if resume is not None else inputs.model_dir, device)
+    optimizer, scheduler = build_optimizer(cfg, model, inputs.num_rows)
+    state, best_dir = initial_state(cfg, inputs.lengths, resume, model, optimizer, scheduler, rank)
+    ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
+    logger = open_logger(loop_config, rank, state, resumed=resume is not None)
+    client = None
+    if loop_config.miner is not None and cfg.mining.mines:
+        client = MinerClient(
+            loop_config.miner,
+            RefreshSettings.from_config(cfg),
+            logger,
+            restarts=state.history.miner_restarts,
+            miner_pid=loop_config.miner_pid,
+            inputs=miner_inputs(loop_config.corpus_ref, loop_config.model_ref, loop_config.triplets_ref),
+        )
+    refresher = PlanRefresher(cfg, rank, inputs.lengths, client)
+    sts = build_evaluator(loop_config, inputs.corpus, rank, world, device)
+    max_seq_len = cfg.data.max_seq_len
+    return (
+        cfg, rank, world, model, ddp_model,
+        make_train_step(cfg, inputs.corpus, inputs.triplets, device),
+        optimizer, scheduler, state, inputs.lengths, refresher,
+        EvalRecorder(sts, model, inputs.tokenizer, best_dir, max_seq_len, logger) if sts is not None else None,
+        CheckpointReporter(model, inputs.tokenizer, optimizer, scheduler, best_dir, max_seq_len, rank, world, logger),
+        logger,
+        device_peak_tflops(device, cfg.train.peak_tflops),
+    )  # fmt: skip

@@ -221,31 +221,20 @@ def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, cor
     assert "train/mfu" not in metrics.logged[-1] and metrics.logged[-1]["train/tokens_per_s"] > 0
 
 
-def test_progress_line_rate_counts_only_the_steps_since_its_timer_restarted(
-    model, corpus, capsys, monkeypatch
-):
+def test_progress_line_rate_counts_only_the_steps_since_its_timer_restarted(capsys, monkeypatch):
     """A mid-epoch checkpoint restarts the progress timer (checkpoint time is not training
     time); the sentences/s printed after it must count only the steps since then."""
     import re
     import time
 
-    import pipeline.training.worker as worker_module
+    import pipeline.training.worker_reports as reports
     from pipeline.batching.samplers import random_plan
     from pipeline.training.state import TrainState
-    from pipeline.training.worker import SimCSEWorker
 
-    cfg = load_config(None, ["train.batch_size=8"])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    worker = SimCSEWorker(
-        cfg, 0, 1, model, model, make_train_step(cfg, corpus, None, CPU), optimizer,
-        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
-        TrainState(plan=random_plan(len(corpus.lengths), 8, seed=3)), corpus.lengths, None, None, None, None,
-    )  # fmt: skip
-    monkeypatch.setattr(worker_module, "PROGRESS_EVERY_S", -1.0)
-    worker.state.batches_done, worker.state.loss_sum = 30, 30.0
+    monkeypatch.setattr(reports, "PROGRESS_EVERY_S", -1.0)
+    state = TrainState(plan=random_plan(400, 8, seed=3))
+    state.batches_done, state.loss_sum = 30, 30.0
     # The epoch started at batch 0; a checkpoint at batch 10 restarted the timer 2 s ago.
-    worker.first_batch, worker.segment_first_batch = 0, 10
-    worker.segment_start = time.perf_counter() - 2.0
-    worker.print_progress(0)
+    reports.ProgressLine(epochs=1, batch_size=8).maybe_print(0, state, 10, time.perf_counter() - 2.0)
     rate = float(re.search(r"([\d.]+) sentences/s", capsys.readouterr().out).group(1))
     assert rate == pytest.approx(20 * 8 / 2.0, rel=0.05)  # not 30 steps' worth
