@@ -11,6 +11,7 @@ tiny or densely flagged corpus left together).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -176,54 +177,92 @@ def separate_false_negatives(
         The batches after the swaps (new arrays), and how many (row, flagged row) pairs still
         share a batch (as :func:`~pipeline.mining.plan_quality.false_negative_pairs` counts them).
     """
-    batches = [np.asarray(b, dtype=np.int64).copy() for b in batches]
+    placement = Placement.of(batches)
     if false_negatives is None:
-        return batches, 0
-    n = sum(len(b) for b in batches)
-    batch_of = np.empty(n, dtype=np.int64)
-    position = np.empty(n, dtype=np.int64)
-    for index, rows in enumerate(batches):
-        batch_of[rows] = index
-        position[rows] = np.arange(len(rows))
+        return placement.batches, 0
     graph = FalseNegativeGraph(false_negatives)
-    together = batch_of[graph.src] == batch_of[graph.dst]
-    if len(batches) < 2 or not together.any():
-        return batches, int(together.sum())
-    labels = _Labels(like, batches) if like is not None else None
+    if len(batches) < 2 or not placement.conflicts(graph).any():
+        return placement.batches, graph.together(placement.batch_of)
+    labels = _Labels(like, placement.batches) if like is not None else None
+    tries = 3 * attempts if labels is not None else attempts
     for _ in range(passes):
-        together = batch_of[graph.src] == batch_of[graph.dst]
+        together = placement.conflicts(graph)
         if not together.any():
             break
         conflicted = np.unique(np.concatenate([graph.src[together], graph.dst[together]]))
         for row in rng.permutation(conflicted).tolist():
-            home = int(batch_of[row])
-            mine = graph.partners(row)
-            if not (batch_of[mine] == home).any():
+            if not (placement.batch_of[graph.partners(row)] == placement.batch_of[row]).any():
                 continue  # an earlier swap already moved its partner away
-            for attempt in range(3 * attempts if labels is not None else attempts):
-                if labels is None or attempt >= 2 * attempts:
-                    other = int(rng.integers(n))
-                elif attempt < attempts:
-                    other = labels.draw_same(row, rng)
-                else:
-                    other = labels.draw_keeping(row, home, batches, batch_of, rng)
-                    if other < 0:
-                        continue
-                away = int(batch_of[other])
-                if away == home:
-                    continue
-                theirs = graph.partners(other)
-                if ((batch_of[mine] == away) & (mine != other)).any():
-                    continue
-                if ((batch_of[theirs] == home) & (theirs != row)).any():
-                    continue
-                batches[home][position[row]], batches[away][position[other]] = other, row
-                batch_of[row], batch_of[other] = away, home
-                position[row], position[other] = position[other], position[row]
-                if labels is not None:
-                    labels.swapped(row, home, other, away)
-                break
-    return batches, graph.together(batch_of)
+            for attempt in range(tries):
+                other = draw_swap_partner(row, attempt // attempts, placement, labels, rng)
+                if other >= 0 and swap_keeps_apart(placement, graph, row, other):
+                    if labels is not None:
+                        labels.swapped(
+                            row, int(placement.batch_of[row]), other, int(placement.batch_of[other])
+                        )
+                    placement.swap(row, other)
+                    break
+    return placement.batches, graph.together(placement.batch_of)
+
+
+@dataclass
+class Placement:
+    """Which batch each row is in, and where in it: the state the swaps of
+    :func:`separate_false_negatives` change, kept consistent by :meth:`swap`."""
+
+    batches: list[np.ndarray]
+    batch_of: np.ndarray
+    """``(n,)`` the batch index of each row."""
+    position: np.ndarray
+    """``(n,)`` each row's index inside its batch."""
+
+    @classmethod
+    def of(cls, batches: list[np.ndarray]) -> Placement:
+        """A placement over copies of ``batches`` (which cover rows ``0..n-1`` once each)."""
+        copies = [np.asarray(b, dtype=np.int64).copy() for b in batches]
+        n = sum(len(b) for b in copies)
+        batch_of, position = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        for index, rows in enumerate(copies):
+            batch_of[rows] = index
+            position[rows] = np.arange(len(rows))
+        return cls(copies, batch_of, position)
+
+    def conflicts(self, graph: FalseNegativeGraph) -> np.ndarray:
+        """``(edges,)`` True where an edge's two rows share a batch."""
+        return self.batch_of[graph.src] == self.batch_of[graph.dst]
+
+    def swap(self, row: int, other: int) -> None:
+        """Exchange two rows of different batches, each taking the other's place."""
+        home, away = int(self.batch_of[row]), int(self.batch_of[other])
+        self.batches[home][self.position[row]], self.batches[away][self.position[other]] = other, row
+        self.batch_of[row], self.batch_of[other] = away, home
+        self.position[row], self.position[other] = self.position[other], self.position[row]
+
+
+def swap_keeps_apart(placement: Placement, graph: FalseNegativeGraph, row: int, other: int) -> bool:
+    """Whether swapping ``row`` and ``other`` creates no new conflict: they are in different
+    batches, ``row`` has no partner in ``other``'s batch (``other`` aside) and ``other`` none
+    in ``row``'s (``row`` aside)."""
+    home, away = int(placement.batch_of[row]), int(placement.batch_of[other])
+    if home == away:
+        return False
+    mine, theirs = graph.partners(row), graph.partners(other)
+    if ((placement.batch_of[mine] == away) & (mine != other)).any():
+        return False
+    return not ((placement.batch_of[theirs] == home) & (theirs != row)).any()
+
+
+def draw_swap_partner(
+    row: int, round_index: int, placement: Placement, labels: _Labels | None, rng: np.random.Generator
+) -> int:
+    """A row to try swapping ``row`` with, by round (see :func:`separate_false_negatives`):
+    0 one of ``row``'s own label, 1 one of a batch holding its label whose label ``row``'s
+    batch holds (-1 when the one drawn has not), 2 (or without labels) any row."""
+    if labels is None or round_index >= 2:
+        return int(rng.integers(len(placement.batch_of)))
+    if round_index == 0:
+        return labels.draw_same(row, rng)
+    return labels.draw_keeping(row, int(placement.batch_of[row]), placement.batches, placement.batch_of, rng)
 
 
 class _Labels:
