@@ -12,6 +12,7 @@ what the loss needs to debias its in-batch negatives (``paraphrases`` / ``cluste
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -58,7 +59,6 @@ class BatchPlan:
     def fingerprint(self) -> int:
         """A 48-bit hash of the plan: two runs, or a run and its resumption, trained on the same
         batches exactly when their fingerprints match."""
-        import hashlib
 
         digest = hashlib.blake2b(digest_size=6)
         digest.update(str(self.version).encode())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,7 +151,6 @@ def tokenize_corpus_with_stats(
         ``(id, text, input_ids)`` in the input's row order (sorted by id), how many
         sentences were cut to ``data.max_seq_len``, and the corpus' ``[UNK]`` share.
     """
-    import warnings
 
     import ray
     import ray.data

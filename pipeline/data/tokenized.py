@@ -4,6 +4,8 @@ row lengths, and the digest that names the dataset in MLflow.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
 
@@ -50,7 +52,6 @@ def row_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np
 def dataset_digest(corpus: pa.Table, triplets: Triplets | None = None) -> str:
     """A content fingerprint of the cleaned training data: the same sentences (and, for
     triplets, the same rows) give the same digest whatever the file's name or row order."""
-    import hashlib
 
     digest = hashlib.blake2b(digest_size=8)
     digest.update(np.sort(corpus.column("id").to_numpy()).astype("<i8").tobytes())

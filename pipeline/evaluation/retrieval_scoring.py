@@ -17,8 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.data.tokenize import tokenize_table
+from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.evaluation.retrieval_metrics import ranking_metrics
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
+from pipeline.model.encode import encode_rows
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import load_tokenizer, max_seq_len_of
 
 RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100")
 """The per-set metrics, as they end the metric keys (``retrieval_<set>_ndcg_at_10`` ...)."""
@@ -70,8 +75,6 @@ class RetrievalEvalSet:
     def __init__(self, sets: list[RetrievalSet], tokenizer: Any, max_seq_len: int):
         import pyarrow as pa
 
-        from pipeline.data.tokenize import tokenize_table
-
         position: dict[str, int] = {}
         self.sets = sets
         self.rows: list[tuple[np.ndarray, np.ndarray]] = []  # per set: (query rows, document rows)
@@ -87,7 +90,6 @@ class RetrievalEvalSet:
         return self.table.num_rows
 
     def corpus(self) -> Any:
-        from pipeline.data.tokenized import TokenizedCorpus
 
         return TokenizedCorpus(self.table, self.pad_token_id)
 
@@ -140,10 +142,6 @@ def evaluate_retrieval_model_dir(
     """Evaluate a model folder on retrieval sets (read ones, or their paths: BEIR folders or
     pair files), on CPU or the first GPU."""
     import torch
-
-    from pipeline.model.encode import encode_rows
-    from pipeline.model.encoder import load_sentence_encoder
-    from pipeline.model.folders import load_tokenizer, max_seq_len_of
 
     if any(isinstance(item, str) for item in sets):
         sets = read_retrieval_sets([str(item) for item in sets])

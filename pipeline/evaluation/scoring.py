@@ -16,10 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.errors import DataError
+from pipeline.data.tokenize import tokenize_table
+from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.evaluation.diagnostics import alignment, uniformity
 from pipeline.evaluation.retrieval import nan_mean, paraphrase_retrieval
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
-from pipeline.evaluation.whitening import Whitening
+from pipeline.evaluation.whitening import Whitening, fit_whitening, load_whitening
+from pipeline.model.encode import encode_rows, encode_texts
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import load_tokenizer, max_seq_len_of
 
 
 @dataclass
@@ -79,8 +85,6 @@ class STSEvalSet:
     def __init__(self, files: list[STSPairs], tokenizer: Any, max_seq_len: int):
         import pyarrow as pa
 
-        from pipeline.data.tokenize import tokenize_table
-
         position: dict[str, int] = {}
         self.files = files
         self.pair_rows: list[tuple[np.ndarray, np.ndarray]] = []
@@ -96,7 +100,6 @@ class STSEvalSet:
         return self.table.num_rows
 
     def corpus(self) -> Any:
-        from pipeline.data.tokenized import TokenizedCorpus
 
         return TokenizedCorpus(self.table, self.pad_token_id)
 
@@ -189,11 +192,6 @@ def evaluate_model_dir(
     """
     import torch
 
-    from pipeline.evaluation.whitening import fit_whitening, load_whitening
-    from pipeline.model.encode import encode_rows, encode_texts
-    from pipeline.model.encoder import load_sentence_encoder
-    from pipeline.model.folders import load_tokenizer, max_seq_len_of
-
     files = read_sts_files(sts_paths, format)
     tokenizer = load_tokenizer(model_dir)
     max_seq_len = max_seq_len or max_seq_len_of(model_dir)
@@ -269,8 +267,6 @@ def read_sentences(path: str | Path, max_rows: int, seed: int = 0) -> list[str]:
     """Non-empty lines of a text file; a fixed random sample of ``max_rows`` when it has more."""
     p = Path(path)
     if not p.is_file():
-        from pipeline.core.errors import DataError
-
         raise DataError(f"corpus file not found: {p}")
     lines = [line.strip() for line in p.read_text(encoding="utf-8", errors="replace").splitlines()]
     lines = [line for line in lines if line]

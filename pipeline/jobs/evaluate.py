@@ -22,6 +22,8 @@ import json
 import os
 import sys
 
+from pipeline.core.errors import describe_error
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least one --sts FILE or --retrieval PATH")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        # Deferred: --help and a bad flag answer before torch and transformers are imported.
         from pipeline.evaluation.retrieval_scoring import (
             evaluate_retrieval_model_dir,
             format_retrieval_table,
@@ -122,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        from pipeline.core.errors import describe_error
 
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 1

@@ -38,6 +38,7 @@ def _overrides(args) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     def body(cfg, echo, args):
+        # Deferred: --help and a bad flag answer before Ray, torch and MLflow are imported.
         from pipeline.jobs.mine_job import run_mine_job
 
         echo(run_mine_job(cfg, args.output, echo=echo).render(args.output))

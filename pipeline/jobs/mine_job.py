@@ -16,8 +16,11 @@ summary as its description, and a similarity histogram and a sample of the outpu
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +30,25 @@ import pyarrow as pa
 from pipeline.config.schema import Config
 from pipeline.core.errors import DataError
 from pipeline.data.pairs import index_pairs, load_pairs
+from pipeline.data.readers import check_corpus_columns, check_corpus_path
 from pipeline.data.tokenized import dataset_digest
 from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
 from pipeline.mining.index import IndexSpec, estimate_index_bytes
 from pipeline.mining.negatives import FILTERS, NegativeFilters, text_keys
-from pipeline.tracking.run import TrackedRun, run_description
+from pipeline.mining.plan_quality import similarity_histogram_png
+from pipeline.model.encode import encode_texts
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
+from pipeline.runtime.cluster import ray_session
+from pipeline.runtime.preflight import preflight_mine
+from pipeline.tracking.context import log_run_context
+from pipeline.tracking.run import (
+    TrackedRun,
+    resolve_tracking_uri,
+    run_description,
+    start_or_resume_run,
+    ui_command,
+)
 
 
 @dataclass
@@ -85,8 +102,6 @@ class MiningReport:
             )
         lines.append(f"  time          {timing}")
         if self.run_id:
-            from pipeline.tracking.run import ui_command
-
             lines += [
                 f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
                 f"  review with   {ui_command(self.tracking_uri)}",
@@ -127,8 +142,6 @@ def mine_pairs(
     the report of what each filter removed.
     """
     import torch
-
-    from pipeline.model.encode import encode_texts
 
     device = device or torch.device("cpu")
     mining = cfg.mining
@@ -208,8 +221,6 @@ def write_triplets(table: pa.Table, output: str) -> None:
 
         pq.write_table(table, path)
     elif suffix in (".jsonl", ".json"):
-        import json
-
         with path.open("w", encoding="utf-8") as fh:
             for row in table.to_pylist():
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -223,16 +234,6 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
     Raises:
         ConfigError, DataError, ValueError: one-line problems; the MLflow run is marked FAILED.
     """
-    import tempfile
-    from datetime import datetime
-
-    from pipeline.data.readers import check_corpus_columns, check_corpus_path
-    from pipeline.model.encoder import load_sentence_encoder
-    from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
-    from pipeline.runtime.cluster import ray_session
-    from pipeline.runtime.preflight import preflight_mine
-    from pipeline.tracking.context import log_run_context
-    from pipeline.tracking.run import resolve_tracking_uri, start_or_resume_run
 
     if not cfg.data.path:
         raise DataError("--input (data.path) is required")
@@ -289,9 +290,6 @@ def log_mining_review(tracked: TrackedRun, table: pa.Table, report: MiningReport
     """What a reviewer opens on the mining run: the console summary as its description, and
     under ``review/`` the similarity histogram (random pairs, positives, mined negatives) and
     the first rows of the output as a markdown table."""
-    import tempfile
-
-    from pipeline.mining.plan_quality import similarity_histogram_png
 
     tracked.set_note(run_description(report.render(output)))
     with tempfile.TemporaryDirectory() as tmp:

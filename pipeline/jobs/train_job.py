@@ -31,6 +31,7 @@ from pipeline.config.schema import Config
 from pipeline.core.errors import first_line
 from pipeline.data.readers import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
+from pipeline.evaluation.exported import best_model_metrics, best_model_tags, exported_eval_metrics
 from pipeline.evaluation.in_training import check_eval_sets
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.scoring import read_sts_files, with_distinct_names
@@ -43,15 +44,22 @@ from pipeline.jobs.train_inputs import (
     put_inputs,
     tokenize_inputs,
 )
+from pipeline.mining.miner import MinerSettings, start_miner_actor
 from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.runtime.cluster import check_cluster_fits, ray_session
 from pipeline.runtime.preflight import preflight_train
+from pipeline.tracking.export import log_sentence_transformers_model
+from pipeline.tracking.review import log_review
 from pipeline.tracking.run import (
     TrackedRun,
     check_tracking_reachable,
     resolve_tracking_uri,
     start_or_resume_run,
 )
+from pipeline.tracking.system import system_metrics
+from pipeline.training.checkpoint import export_checkpoint_model
+from pipeline.training.contract import LoopConfig, history_from_report, miner_inputs
+from pipeline.training.trainer import build_trainer
 
 Echo = Callable[[str], None]
 MINER_LOG_WAIT_S = 30.0
@@ -176,7 +184,6 @@ def driver_system_metrics(cfg: Config, tracked: TrackedRun) -> AbstractContextMa
     from the run's start, through data loading and export, not only while workers train."""
     if not cfg.tracking.system_metrics:
         return nullcontext()
-    from pipeline.tracking.system import system_metrics
 
     return system_metrics(tracked.tracking_uri, tracked.run_id, cfg.tracking.system_metrics_interval_s)
 
@@ -216,9 +223,6 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
         yield None, None
         return
     import ray
-
-    from pipeline.mining.miner import MinerSettings, start_miner_actor
-    from pipeline.training.contract import miner_inputs
 
     settings = MinerSettings.from_config(cfg, tracked.tracking_uri, tracked.run_id)
     miner = start_miner_actor(settings)
@@ -262,9 +266,6 @@ def fit(
     """
     import ray
 
-    from pipeline.training.contract import LoopConfig
-    from pipeline.training.trainer import build_trainer
-
     assert cfg.run.name is not None
     loop_config = LoopConfig(
         config=cfg,
@@ -294,8 +295,6 @@ def export_and_summarise(
 ) -> JobSummary:
     """Export the model to ship from the final checkpoint to ``run_dir/model`` and summarise
     the run from the workers' last report."""
-    from pipeline.training.checkpoint import export_checkpoint_model
-    from pipeline.training.contract import history_from_report
 
     assert cfg.run.name is not None
     metrics = result.metrics or {}
@@ -321,9 +320,6 @@ def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, ru
 
     Returns the summary with the model's URI and registered version.
     """
-    from pipeline.evaluation.exported import best_model_metrics, best_model_tags, exported_eval_metrics
-    from pipeline.tracking.export import log_sentence_transformers_model
-    from pipeline.tracking.review import log_review
 
     epoch, step = summary.exported_epoch, summary.exported_step
     assert epoch is not None and step is not None and summary.model_dir is not None

@@ -9,9 +9,13 @@ through :func:`start_miner_actor`. Everything it is configured with is one
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +44,7 @@ from pipeline.mining.planning import PlanSettings, plan_from_neighbours
 from pipeline.model.encode import encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.tracking.metric_logger import MetricLogger
 
 if TYPE_CHECKING:
     from pipeline.config.schema import Config
@@ -151,8 +156,6 @@ class HardNegativeMiner:
         self.logger = None
         self._uploads: Any = None
         if settings.tracking_uri and settings.run_id:
-            from pipeline.tracking.metric_logger import MetricLogger
-
             self.logger = MetricLogger(settings.tracking_uri, settings.run_id)
 
     def _upload(
@@ -168,8 +171,6 @@ class HardNegativeMiner:
         if logger is None:
             return
         if self._uploads is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mining-upload")
 
         def run() -> None:
@@ -202,9 +203,6 @@ class HardNegativeMiner:
         """Similarity histogram of the negatives the loss will see, next to random pairs."""
         if self.logger is None:
             return
-        import shutil
-        import tempfile
-        from pathlib import Path
 
         folder = Path(tempfile.mkdtemp(prefix="simcse-hist-"))
         path = folder / f"negative_similarity_v{version}.png"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan
+from pipeline.training.debias import flagged_pairs_in_batches
 
 
 def in_batch_pair_similarities(
@@ -42,7 +43,6 @@ def debias_counts(plan: BatchPlan, rule: str) -> dict[str, float]:
         unordered flagged pairs that share a batch, whose terms the loss masks or down-weights.
         Empty without debiasing.
     """
-    from pipeline.training.debias import flagged_pairs_in_batches
 
     if rule == "threshold" and plan.paraphrases is not None:
         flagged = int((plan.paraphrases >= 0).sum())

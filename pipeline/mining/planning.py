@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.registry import SAMPLERS, SamplerInputs, build_plan
+from pipeline.mining.clustering import kmeans_clusters
 from pipeline.mining.negatives import FilteredCandidates, NegativeFilters, duplicate_mask, filter_candidates
 
 if TYPE_CHECKING:
@@ -105,8 +106,6 @@ def plan_from_neighbours(
     false_negatives = np.where(filtered.false_negative & ~itself, knn.indices, -1)
     clusters = None
     if settings.needs_clusters:
-        from pipeline.mining.clustering import kmeans_clusters
-
         clusters = kmeans_clusters(embeddings, settings.cluster_count(n, batch_size), seed, use_gpu=use_gpu)
     inputs = SamplerInputs(
         neighbours, knn.scores, false_negatives, batch_size, seed, version, clusters=clusters,

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.data.tokenize import tokenize_table
+from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.model.accel import autocast, to_device
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
@@ -81,7 +83,6 @@ def _encode_table(
 ) -> np.ndarray:
     """:func:`encode_rows` of every row of an Arrow table with an ``input_ids`` column, in
     the table's order."""
-    from pipeline.data.tokenized import TokenizedCorpus
 
     corpus = TokenizedCorpus(table, pad_token_id)
     return encode_rows(model, corpus, np.arange(table.num_rows), batch_size, device, normalize)
@@ -99,8 +100,6 @@ def encode_texts(
     """Embeddings of raw texts (tokenized here, truncated to ``max_seq_len``, then
     :func:`encode_rows`); row ``i`` for ``texts[i]``."""
     import pyarrow as pa
-
-    from pipeline.data.tokenize import tokenize_table
 
     table = tokenize_table(pa.table({"text": texts}), tokenizer, max_seq_len)
     return _encode_table(model, table, tokenizer.pad_token_id, batch_size, device, normalize)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import logging
 import os
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.errors import ConfigError
 from pipeline.model.encoder import POOLING_FILE, SentenceEncoder
 
 _TRAIN_CONTEXT_FILE = ("train", "v2", "_internal", "execution", "context.py")
@@ -21,7 +23,6 @@ _TRAIN_CONTEXT_FILE = ("train", "v2", "_internal", "execution", "context.py")
 
 def quiet_libraries() -> None:
     """Silence per-process chatter (weight-loading reports, progress bars) in Ray workers."""
-    import logging
 
     import transformers
 
@@ -72,7 +73,6 @@ def check_model_path(name_or_path: str) -> None:
     Raises:
         ConfigError: naming ``model.name_or_path``.
     """
-    from pipeline.core.errors import ConfigError
 
     local = Path(name_or_path).expanduser()
     if local.is_dir():

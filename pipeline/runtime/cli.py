@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.config.loading import load_config
 from pipeline.config.schema import Config
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, describe_error
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -131,7 +131,6 @@ def job_main(
     except Exception as exc:
         if args.debug:
             raise
-        from pipeline.core.errors import describe_error
 
         code = EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
         print(f"error: {describe_error(exc)}", file=sys.stderr)

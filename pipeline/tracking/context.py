@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import subprocess
+import sys
 from contextlib import suppress
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +27,6 @@ VERSIONED_PACKAGES = (
 
 def package_versions() -> dict[str, str]:
     """Installed versions of the packages a run's numbers depend on (absent ones left out)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}
     for name in VERSIONED_PACKAGES:
@@ -39,7 +42,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def job_source(argv0: str | None = None) -> str:
     """What started the run, for MLflow's Source column: the job script relative to the
     repository (``jobs/train.py``), or the command's name when it is not a file inside it."""
-    import sys
 
     script = Path(argv0 if argv0 is not None else (sys.argv[0] or "python"))
     with suppress(ValueError, OSError):
@@ -55,7 +57,6 @@ def git_commit(start: Path | None = None) -> tuple[str | None, str]:
     Returns ``(commit, source)``; ``commit`` is None when neither is there, and ``source``
     then says why.
     """
-    import subprocess
 
     where = start or Path(__file__).resolve().parent
     try:
@@ -79,7 +80,6 @@ def log_run_context(
     ``context``), the git commit and package versions.
 
     Returns a one-line note when no commit could be recorded (None when it was)."""
-    import json
 
     from mlflow.entities import Dataset, DatasetInput, InputTag
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.tracking.context import package_versions
 from pipeline.tracking.run import TrackedRun
 
 
@@ -39,8 +40,6 @@ def log_sentence_transformers_model(
     import mlflow.sentence_transformers
     from mlflow.entities import LoggedModelOutput, Metric
     from sentence_transformers import SentenceTransformer
-
-    from pipeline.tracking.context import package_versions
 
     versions = package_versions()
     requirements = [f"{name}=={versions[name]}" for name in ("sentence-transformers", "transformers", "torch")

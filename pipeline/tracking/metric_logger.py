@@ -4,6 +4,7 @@ slow tracking server never stalls a training step.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -27,7 +28,6 @@ class MetricLogger:
     """
 
     def __init__(self, tracking_uri: str, run_id: str, flush_every_s: float = 5.0):
-        import threading
 
         quick_http_failures()
         self.client = MlflowClient(tracking_uri=tracking_uri)

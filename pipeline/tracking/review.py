@@ -7,10 +7,13 @@ history), so it can be rebuilt for any finished run.
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from pipeline.config.metric_catalogue import MINING_TABLE
 from pipeline.tracking.run import TrackedRun
 
 
@@ -163,10 +166,6 @@ def refresh_table(client: Any, run_id: str) -> list[dict[str, float]]:
     ``removed_known_positive`` ...) plus ``step``; a column a refresh did not have (``churn`` on
     the first) is left out of its row. Empty when the run mined nothing. A row sent twice (an
     upload retried after the server took it) is kept once."""
-    import json
-    import tempfile
-
-    from pipeline.config.metric_catalogue import MINING_TABLE
 
     if MINING_TABLE not in {a.path for a in client.list_artifacts(run_id, MINING_TABLE.split("/")[0])}:
         return []

@@ -8,7 +8,10 @@ the run id and log through :class:`MetricLogger`, a thin buffer over ``MlflowCli
 from __future__ import annotations
 
 import os
+import textwrap
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +22,7 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
-from pipeline.core.errors import first_line
+from pipeline.core.errors import describe_error, first_line
 from pipeline.core.retry import call_with_retries
 
 RUN_NAME_TAG = "simcse.run_name"
@@ -62,7 +65,6 @@ def run_description(summary: str, headline: str | None = None, width: int = DESC
     (``  label   value`` becomes ``- **label**: value``), every line at most ``width``
     characters where the text has spaces to wrap at. No code block: the UI does not wrap one,
     and a single long line pushed the page's "About this run" out of view."""
-    import textwrap
 
     lines = summary.splitlines()
     wrap = {"width": width, "break_long_words": False, "break_on_hyphens": False}
@@ -128,7 +130,6 @@ class TrackedRun:
     @contextmanager
     def failing_on_error(self) -> Iterator[None]:
         """Mark the run FAILED, with the one-line reason as a tag, if the block raises."""
-        from pipeline.core.errors import describe_error
 
         try:
             yield
@@ -202,8 +203,6 @@ def check_tracking_reachable(tracking_uri: str, timeout_s: float) -> None:
     Raises:
         RuntimeError: naming the URI and what went wrong.
     """
-    import urllib.error
-    import urllib.request
 
     if urlparse(tracking_uri).scheme not in ("http", "https"):
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -24,7 +25,6 @@ def system_metrics(
     MLflow's monitor is used for what it measures and how it names and logs it; the schedule
     is ours: its own loop samples first after a whole interval and drops the sample in hand
     when it stops, which left short runs without a single point."""
-    import logging
 
     import psutil
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from pipeline.evaluation.whitening import save_whitening
+from pipeline.model.folders import save_model_dir
 from pipeline.training.state import BestModel, TrainState
 
 STATE_FILE = "train_state.pt"
@@ -47,8 +49,6 @@ def save_checkpoint(
     ``best_dir`` is the local copy of the best evaluated model; it is included unless the
     best evaluation is this very step (then ``model/`` is the best model).
     """
-    from pipeline.evaluation.whitening import save_whitening
-    from pipeline.model.folders import save_model_dir
 
     save_model_dir(model, tokenizer, directory / MODEL_SUBDIR, max_seq_len)
     if whitening is not None:

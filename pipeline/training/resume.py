@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.training.checkpoint import MODEL_SUBDIR, checkpoint_problem, load_checkpoint
+from pipeline.training.checkpoint import BEST_SUBDIR, MODEL_SUBDIR, checkpoint_problem, load_checkpoint
 from pipeline.training.state import TrainState
 
 
@@ -31,8 +31,6 @@ def find_resume_point() -> ResumePoint | None:
     manifest, older reported checkpoints are tried newest first (each skip is printed).
     """
     import ray.train
-
-    from pipeline.training.checkpoint import BEST_SUBDIR
 
     latest = ray.train.get_checkpoint()
     if latest is None:

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from pipeline.config.schema import Config
+from pipeline.core.errors import describe_error, is_deterministic, is_process_death, root_cause
 from pipeline.training.contract import LoopConfig
 from pipeline.training.worker import train_loop_per_worker
 
@@ -23,8 +24,6 @@ def worker_failure_reporter(max_failures: int) -> Any:
     is always retried. The callback runs in the Train controller, whose prints reach the
     driver's console."""
     from ray.train import ControllerError, UserCallback
-
-    from pipeline.core.errors import describe_error, is_deterministic, is_process_death, root_cause
 
     class WorkerFailureReporter(UserCallback):
         def __init__(self) -> None:

@@ -26,6 +26,8 @@ from pipeline.model.accel import enable_tf32, fused_adamw
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.flops import device_peak_tflops
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.tracking.metric_logger import MetricLogger
+from pipeline.tracking.system import system_metrics
 from pipeline.training.contract import LoopConfig, miner_inputs
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.refresh import PlanRefresher, random_batches
@@ -140,7 +142,6 @@ def open_logger(loop_config: LoopConfig, rank: int, state: TrainState, resumed: 
     without a run); a run resumed past step 0 logs the step it resumed at."""
     if rank != 0 or not loop_config.run_id:
         return None
-    from pipeline.tracking.metric_logger import MetricLogger
 
     cfg = loop_config.config
     logger = MetricLogger(loop_config.tracking_uri, loop_config.run_id, cfg.tracking.flush_every_s)
@@ -174,7 +175,6 @@ def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.Abst
         return contextlib.nullcontext()
     if ray.get_runtime_context().get_node_id() == loop_config.driver_node_id:
         return contextlib.nullcontext()
-    from pipeline.tracking.system import system_metrics
 
     return system_metrics(
         loop_config.tracking_uri,
