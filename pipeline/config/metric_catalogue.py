@@ -54,12 +54,12 @@ def _compile(pattern: str) -> re.Pattern[str]:
     )
 
 
+# One line per key: pattern, kind, what it says (a table, so not formatted call by call).
+# fmt: off
 _TRAIN = [
     MetricSpec("train/loss", "chart", "InfoNCE loss of the step's global batch (rank 0's view)."),
     MetricSpec("train/learning_rate", "chart", "The scheduler's learning rate after the step."),
-    MetricSpec(
-        "train/sentences_per_s", "chart", "Texts encoded per second over all workers, data wait included."
-    ),
+    MetricSpec("train/sentences_per_s", "chart", "Texts encoded per second over all workers, data wait included."),
     MetricSpec("train/tokens_per_s", "chart", "Non-padding tokens per second over all workers."),
     MetricSpec("train/mfu", "chart", "Model FLOPs utilisation against the device's peak (GPU runs only)."),
     MetricSpec("train/epoch_loss", "chart", "Mean step loss of the epoch, logged at its last step."),
@@ -70,29 +70,13 @@ _TRAIN = [
     MetricSpec("train/resumed_at_step", "chart", "The step a resumed run restarted from (only on resume)."),
 ]
 _EVAL = [
-    MetricSpec(
-        "eval/sts_{set}_spearman", "chart", "Spearman x 100 of cosine similarity against gold, per STS file."
-    ),
-    MetricSpec(
-        "eval/sts_{set}_spearman_whitened", "chart", "The same after BERT-whitening (eval.whitening)."
-    ),
-    MetricSpec(
-        "eval/sts_{set}_alignment", "chart", "Alignment: mean squared distance of gold-positive pairs."
-    ),
-    MetricSpec(
-        "eval/sts_{set}_uniformity", "chart", "Uniformity: log mean Gaussian potential over random pairs."
-    ),
-    MetricSpec(
-        "eval/sts_{set}_mrr_at_10", "chart", "Paraphrase retrieval inside the STS file: MRR@10 x 100."
-    ),
-    MetricSpec(
-        "eval/sts_{set}_recall_at_1", "chart", "The same: Recall@1 x 100 (see eval.positive_threshold)."
-    ),
-    MetricSpec(
-        "eval/retrieval_{set}_{metric}",
-        "chart",
-        "nDCG@10, MRR@10, Recall@1/@10/@100 x 100, per retrieval set.",
-    ),
+    MetricSpec("eval/sts_{set}_spearman", "chart", "Spearman x 100 of cosine similarity against gold, per STS file."),
+    MetricSpec("eval/sts_{set}_spearman_whitened", "chart", "The same after BERT-whitening (eval.whitening)."),
+    MetricSpec("eval/sts_{set}_alignment", "chart", "Alignment: mean squared distance of gold-positive pairs."),
+    MetricSpec("eval/sts_{set}_uniformity", "chart", "Uniformity: log mean Gaussian potential over random pairs."),
+    MetricSpec("eval/sts_{set}_mrr_at_10", "chart", "Paraphrase retrieval inside the STS file: MRR@10 x 100."),
+    MetricSpec("eval/sts_{set}_recall_at_1", "chart", "The same: Recall@1 x 100 (see eval.positive_threshold)."),
+    MetricSpec("eval/retrieval_{set}_{metric}", "chart", "nDCG@10, MRR@10, Recall@1/@10/@100 x 100, per retrieval set."),
     MetricSpec("eval/score", "chart", "The score that selects the exported model (eval.select_by)."),
     MetricSpec("eval/seconds", "chart", "Wall time of the evaluation."),
 ]
@@ -103,27 +87,13 @@ _BEST = [
 _MINING_CHARTS = [
     MetricSpec("mining/total_s", "chart", "Seconds one refresh took: encode, index, search and planning."),
     MetricSpec("mining/selected", "chart", "Pair mode: rows that got a mined negative in this refresh."),
-    MetricSpec(
-        "mining/negative_similarity_mean",
-        "chart",
-        "Pair mode: mean cosine of the mined negatives to their anchors.",
-    ),
-    MetricSpec(
-        "mining/batch_similarity_mean",
-        "chart",
-        "Neighbourhood mode: mean in-batch pair cosine of the new plan.",
-    ),
+    MetricSpec("mining/negative_similarity_mean", "chart", "Pair mode: mean cosine of the mined negatives to their anchors."),
+    MetricSpec("mining/batch_similarity_mean", "chart", "Neighbourhood mode: mean in-batch pair cosine of the new plan."),
     MetricSpec("mining/churn", "chart", "Share of the plan that changed since the previous refresh."),
-    MetricSpec(
-        "mining/refresh_wait_s", "chart", "Seconds the trainer waited for the refresh at the boundary."
-    ),
-    MetricSpec(
-        "mining/next_plan_staleness_steps", "chart", "Steps the adopted plan's weights were behind (async)."
-    ),
+    MetricSpec("mining/refresh_wait_s", "chart", "Seconds the trainer waited for the refresh at the boundary."),
+    MetricSpec("mining/next_plan_staleness_steps", "chart", "Steps the adopted plan's weights were behind (async)."),
     MetricSpec("mining/refresh_late", "chart", "1 where the boundary found the refresh not ready (async)."),
-    MetricSpec(
-        "mining/miner_restarts", "chart", "Times the miner actor was restarted (logged only when it happens)."
-    ),
+    MetricSpec("mining/miner_restarts", "chart", "Times the miner actor was restarted (logged only when it happens)."),
 ]
 _MINING_TABLE = [
     MetricSpec("mining/plan_version", "table", "The plan version this refresh produced."),
@@ -133,41 +103,15 @@ _MINING_TABLE = [
     MetricSpec("mining/candidates", "table", "Neighbours looked at before the filters."),
     MetricSpec("mining/kept", "table", "Candidates left after every filter."),
     MetricSpec("mining/removed_{filter}", "table", "Candidates each filter removed."),
-    MetricSpec(
-        "mining/passed_{filter}", "table", "Pair mode: candidates still in the running after each filter."
-    ),
-    MetricSpec(
-        "mining/random_negatives",
-        "table",
-        "Pair mode: random pool negatives added (mining.random_negatives).",
-    ),
-    MetricSpec(
-        "mining/anchors_short",
-        "table",
-        "Pair mode: anchors left with fewer negatives than asked (never an error).",
-    ),
-    MetricSpec(
-        "mining/positive_similarity_mean", "table", "Pair mode: mean cosine of anchors to their positives."
-    ),
-    MetricSpec(
-        "mining/random_pair_similarity_mean",
-        "table",
-        "Pair mode: mean cosine of anchors to random pool rows.",
-    ),
-    MetricSpec(
-        "mining/negative_similarity_{stat}", "table", "Pair mode: the mined negatives' cosine percentiles."
-    ),
-    MetricSpec(
-        "mining/top1_similarity_mean",
-        "table",
-        "Neighbourhood mode: mean cosine to the nearest kept neighbour.",
-    ),
-    MetricSpec(
-        "mining/batch_similarity_{stat}", "table", "Neighbourhood mode: in-batch pair cosine percentiles."
-    ),
-    MetricSpec(
-        "mining/random_batch_similarity_mean", "table", "Neighbourhood mode: the same for random batches."
-    ),
+    MetricSpec("mining/passed_{filter}", "table", "Pair mode: candidates still in the running after each filter."),
+    MetricSpec("mining/random_negatives", "table", "Pair mode: random pool negatives added (mining.random_negatives)."),
+    MetricSpec("mining/anchors_short", "table", "Pair mode: anchors left with fewer negatives than asked (never an error)."),
+    MetricSpec("mining/positive_similarity_mean", "table", "Pair mode: mean cosine of anchors to their positives."),
+    MetricSpec("mining/random_pair_similarity_mean", "table", "Pair mode: mean cosine of anchors to random pool rows."),
+    MetricSpec("mining/negative_similarity_{stat}", "table", "Pair mode: the mined negatives' cosine percentiles."),
+    MetricSpec("mining/top1_similarity_mean", "table", "Neighbourhood mode: mean cosine to the nearest kept neighbour."),
+    MetricSpec("mining/batch_similarity_{stat}", "table", "Neighbourhood mode: in-batch pair cosine percentiles."),
+    MetricSpec("mining/random_batch_similarity_mean", "table", "Neighbourhood mode: the same for random batches."),
     MetricSpec("mining/false_negatives_flagged", "table", "Rows with a likely false negative flagged."),
     MetricSpec("mining/false_negative_pairs_in_batches", "table", "Flagged pairs that still share a batch."),
     MetricSpec("mining/debias_flagged", "table", "Entries the debiasing rule flagged (mining.debias)."),
@@ -177,30 +121,29 @@ _PARAMS = [
     MetricSpec("data/rows", "param", "Training rows (sentences, or pairs in pair mode)."),
     MetricSpec("data/texts", "param", "Distinct texts tokenized (the corpus the miner encodes)."),
     MetricSpec("data/truncated_share", "param", "Share of texts cut at data.max_seq_len."),
-    MetricSpec(
-        "data/unk_share", "param", "Share of [UNK] tokens; above 1% the job warns (wrong tokenizer?)."
-    ),
+    MetricSpec("data/unk_share", "param", "Share of [UNK] tokens; above 1% the job warns (wrong tokenizer?)."),
 ]
 _SYSTEM = [
     MetricSpec("system/{metric}", "system", "MLflow's system metrics: CPU, memory, disk, network, GPU."),
-    MetricSpec(
-        "system/node_{set}/{metric}", "system", "The same for each worker node other than the driver's."
-    ),
+    MetricSpec("system/node_{set}/{metric}", "system", "The same for each worker node other than the driver's."),
 ]
 _OFFLINE = [
     MetricSpec("mining/rows_in", "offline", "Offline mining: pairs read."),
     MetricSpec("mining/rows_out", "offline", "Offline mining: rows written with their negatives."),
     MetricSpec("mining/candidate_pool", "offline", "Offline mining: texts in the candidate pool."),
-    MetricSpec(
-        "mining/kept_before_sampling", "offline", "Offline mining: candidates that passed every filter."
-    ),
-    MetricSpec(
-        "mining/negative_similarity_positive_mean", "offline", "Offline mining: anchor-positive cosine."
-    ),
+    MetricSpec("mining/kept_before_sampling", "offline", "Offline mining: candidates that passed every filter."),
+    MetricSpec("mining/negative_similarity_positive_mean", "offline", "Offline mining: anchor-positive cosine."),
 ]
-
+# fmt: on
 CATALOGUE: tuple[MetricSpec, ...] = (
-    *_TRAIN, *_EVAL, *_BEST, *_MINING_CHARTS, *_MINING_TABLE, *_PARAMS, *_SYSTEM, *_OFFLINE
+    *_TRAIN,
+    *_EVAL,
+    *_BEST,
+    *_MINING_CHARTS,
+    *_MINING_TABLE,
+    *_PARAMS,
+    *_SYSTEM,
+    *_OFFLINE,
 )  # fmt: skip
 CHARTED_MINING_KEYS = frozenset(spec.pattern for spec in _MINING_CHARTS)
 

@@ -202,22 +202,17 @@ def put_inputs(
     corpus_ref = ray.put(inputs.corpus)
     model_ref = ray.put(pack_dir(inputs.model_dir))
     triplets_ref = ray.put(data.triplets) if data.triplets is not None else None
-    eval_ref = None
+    when = "evaluated at the start and every epoch end" + (
+        f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else ""
+    )
+    eval_ref = retrieval_ref = None
     if sts_files:
         eval_set = STSEvalSet(sts_files, inputs.tokenizer, cfg.data.max_seq_len)
         eval_ref = ray.put(eval_set)
-        echo(
-            f"[eval] {', '.join(f'{f.name} ({len(f)} pairs)' for f in sts_files)}: "
-            f"{eval_set.num_sentences} sentences, evaluated at the start and every epoch end"
-            + (f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else "")
-        )
-    retrieval_ref = None
+        named = ", ".join(f"{f.name} ({len(f)} pairs)" for f in sts_files)
+        echo(f"[eval] {named}: {eval_set.num_sentences} sentences, {when}")
     if retrieval_sets:
         retrieval_set = RetrievalEvalSet(retrieval_sets, inputs.tokenizer, cfg.data.max_seq_len)
         retrieval_ref = ray.put(retrieval_set)
-        echo(
-            f"[eval] retrieval {retrieval_set.describe()}: {retrieval_set.num_sentences} texts, "
-            "evaluated at the start and every epoch end"
-            + (f" and every {cfg.eval.every_steps} steps" if cfg.eval.every_steps else "")
-        )
+        echo(f"[eval] retrieval {retrieval_set.describe()}: {retrieval_set.num_sentences} texts, {when}")
     return InputRefs(corpus_ref, model_ref, triplets_ref, eval_ref, retrieval_ref)
