@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.tokenize import tokenize_table
-from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.evaluation.distinct_texts import DistinctTexts
 from pipeline.evaluation.retrieval_metrics import ranking_metrics
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.model.encode import encode_rows
@@ -63,35 +62,13 @@ class RetrievalSetScore:
         return {k: v for k, v in out.items() if not math.isnan(v)}
 
 
-class RetrievalEvalSet:
-    """The distinct texts of several retrieval sets (queries and corpora), tokenized once, and
-    where each set's queries and documents sit among them.
-
-    ``table`` is a pyarrow table (``text``, ``input_ids``) that pickles cheaply into Ray's
-    object store; rows are in first-seen order. Equal texts share a row, which is how a query's
-    own text is found in the corpus (and left out of its candidates).
-    """
+class RetrievalEvalSet(DistinctTexts):
+    """The distinct texts of several retrieval sets (queries and corpora), tokenized once;
+    ``rows`` holds each set's (query rows, document rows)."""
 
     def __init__(self, sets: list[RetrievalSet], tokenizer: Any, max_seq_len: int):
-        import pyarrow as pa
-
-        position: dict[str, int] = {}
+        super().__init__([(item.queries, item.docs) for item in sets], tokenizer, max_seq_len)
         self.sets = sets
-        self.rows: list[tuple[np.ndarray, np.ndarray]] = []  # per set: (query rows, document rows)
-        for item in sets:
-            queries = [position.setdefault(t, len(position)) for t in item.queries]
-            docs = [position.setdefault(t, len(position)) for t in item.docs]
-            self.rows.append((np.asarray(queries, dtype=np.int64), np.asarray(docs, dtype=np.int64)))
-        self.table = tokenize_table(pa.table({"text": list(position)}), tokenizer, max_seq_len)
-        self.pad_token_id = tokenizer.pad_token_id
-
-    @property
-    def num_sentences(self) -> int:
-        return self.table.num_rows
-
-    def corpus(self) -> Any:
-
-        return TokenizedCorpus(self.table, self.pad_token_id)
 
     def describe(self) -> str:
         """``dev (400 queries, 3951 documents), ...``."""

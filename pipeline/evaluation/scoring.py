@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.errors import DataError
-from pipeline.data.tokenize import tokenize_table
-from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.evaluation.diagnostics import alignment, uniformity
+from pipeline.evaluation.distinct_texts import DistinctTexts
 from pipeline.evaluation.retrieval import nan_mean, paraphrase_retrieval
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
 from pipeline.evaluation.whitening import Whitening, fit_whitening, load_whitening
@@ -74,34 +73,13 @@ class STSScore:
         return self.spearman_whitened if self.spearman_whitened is not None else self.spearman
 
 
-class STSEvalSet:
-    """The unique sentences of several STS files, tokenized once, and where each pair's
-    sentences sit among them.
-
-    ``table`` is a pyarrow table (``text``, ``input_ids``) that pickles cheaply into Ray's
-    object store; rows are in first-seen order.
-    """
+class STSEvalSet(DistinctTexts):
+    """The unique sentences of several STS files, tokenized once; ``rows`` holds each file's
+    (first sentences' rows, second sentences' rows)."""
 
     def __init__(self, files: list[STSPairs], tokenizer: Any, max_seq_len: int):
-        import pyarrow as pa
-
-        position: dict[str, int] = {}
+        super().__init__([(pairs.sentences1, pairs.sentences2) for pairs in files], tokenizer, max_seq_len)
         self.files = files
-        self.pair_rows: list[tuple[np.ndarray, np.ndarray]] = []
-        for pairs in files:
-            left = [position.setdefault(s, len(position)) for s in pairs.sentences1]
-            right = [position.setdefault(s, len(position)) for s in pairs.sentences2]
-            self.pair_rows.append((np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)))
-        self.table = tokenize_table(pa.table({"text": list(position)}), tokenizer, max_seq_len)
-        self.pad_token_id = tokenizer.pad_token_id
-
-    @property
-    def num_sentences(self) -> int:
-        return self.table.num_rows
-
-    def corpus(self) -> Any:
-
-        return TokenizedCorpus(self.table, self.pad_token_id)
 
 
 def read_sts_files(paths: list[str], format: str = "auto") -> list[STSPairs]:
@@ -151,7 +129,7 @@ def score_embeddings(
     unit_whitened = _normalise(whitening.apply(embeddings)) if whitening is not None else None
     texts = eval_set.table.column("text").to_pylist()
     scores = []
-    for pairs, (left, right) in zip(eval_set.files, eval_set.pair_rows, strict=True):
+    for pairs, (left, right) in zip(eval_set.files, eval_set.rows, strict=True):
         positive = pairs.scores >= positive_threshold
         file_rows = np.unique(np.concatenate([left, right]))
         retrieval = paraphrase_retrieval(unit, texts, file_rows, left[positive], right[positive])
