@@ -11,14 +11,14 @@ workers in training), and :func:`score_retrieval_embeddings` turns the embedding
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.evaluation.distinct_texts import DistinctTexts
-from pipeline.evaluation.retrieval_metrics import ranking_metrics
+from pipeline.evaluation.retrieval_metrics import RankingMetrics, ranking_metrics
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import load_sentence_encoder
@@ -33,23 +33,13 @@ def metric_key(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-@dataclass
-class RetrievalSetScore:
-    """The evaluation of one retrieval set (scores x 100; NaN when no query was scored)."""
+@dataclass(frozen=True)
+class RetrievalSetScore(RankingMetrics):
+    """The evaluation of one retrieval set: its :class:`RankingMetrics` (``skipped`` also
+    counts the queries the set's qrels do not judge), with the set's name and path."""
 
-    name: str
-    path: str
-    queries: int
-    """Queries scored."""
-    skipped: int
-    """Queries not scored: no relevant document (or only their own text)."""
-    corpus: int
-    """Corpus documents."""
-    ndcg_at_10: float
-    mrr_at_10: float
-    recall_at_1: float
-    recall_at_10: float
-    recall_at_100: float
+    name: str = field(kw_only=True)
+    path: str = field(kw_only=True)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
@@ -95,16 +85,7 @@ def score_retrieval_embeddings(eval_set: RetrievalEvalSet, embeddings: np.ndarra
         got = ranking_metrics(unit[query_rows], unit[doc_rows], item.relevance, own_text)
         scores.append(
             RetrievalSetScore(
-                name=item.name,
-                path=item.path,
-                queries=got.queries,
-                skipped=got.skipped + item.unjudged,
-                corpus=got.corpus,
-                ndcg_at_10=got.ndcg_at_10,
-                mrr_at_10=got.mrr_at_10,
-                recall_at_1=got.recall_at_1,
-                recall_at_10=got.recall_at_10,
-                recall_at_100=got.recall_at_100,
+                **{**asdict(got), "skipped": got.skipped + item.unjudged}, name=item.name, path=item.path
             )
         )
     return scores

@@ -27,7 +27,7 @@ from pipeline.model.folders import load_tokenizer
 
 
 def _retrieval_score(name: str, ndcg: float) -> RetrievalSetScore:
-    return RetrievalSetScore(name, name, 3, 0, 8, ndcg, 50.0, 10.0, 60.0, 100.0)
+    return RetrievalSetScore(3, 0, 8, ndcg, 50.0, 10.0, 60.0, 100.0, name=name, path=name)
 
 
 def test_selection_score_default_and_select_by():
