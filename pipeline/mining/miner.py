@@ -49,6 +49,8 @@ from pipeline.tracking.metric_logger import MetricLogger
 if TYPE_CHECKING:
     from pipeline.config.schema import Config
 
+PREVIOUS_UPLOADS_WAIT_S = 60.0
+"""How long a refresh waits for the previous one's uploads before it starts without them."""
 UPLOAD_ATTEMPTS = 12
 """Histogram and refresh-table uploads: with waits doubling from 1 s up to 60 s, about ten
 minutes of retries."""
@@ -190,14 +192,21 @@ class HardNegativeMiner:
 
         self._uploads.submit(run)
 
-    def wait_logged(self, timeout: float) -> None:
-        """Block until the metrics, histograms and table rows sent so far reached MLflow (or
-        ``timeout`` seconds passed): what a caller does before reading the run."""
+    def wait_logged(self, timeout: float) -> bool:
+        """Block until the metrics, histograms and table rows sent so far reached MLflow;
+        False (and a warning) when ``timeout`` seconds passed first."""
         if self.logger is None:
-            return
+            return True
+        done = True
         if self._uploads is not None:
-            self._uploads.submit(lambda: None).result(timeout=timeout)
-        self.logger.wait_sent(timeout)
+            try:
+                self._uploads.submit(lambda: None).result(timeout=timeout)
+            except TimeoutError:
+                done = False
+        done = self.logger.wait_sent(timeout) and done
+        if not done:
+            print(f"[mining] warning: uploads still under way after {timeout:g}s; going on", flush=True)
+        return done
 
     def _log_histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int) -> None:
         """Similarity histogram of the negatives the loss will see, next to random pairs."""
@@ -307,6 +316,9 @@ class HardNegativeMiner:
 
     def refresh(self, encoder_state: dict[str, torch.Tensor], version: int, step: int) -> RefreshReport:
         """Mine with the given encoder weights and return the plan tagged ``version``."""
+        # The previous refresh's table row and histogram land first (they had an epoch to go
+        # up), so a miner that dies in this refresh loses none of them.
+        self.wait_logged(PREVIOUS_UPLOADS_WAIT_S)
         hold_once("miner_refresh", version)
         t0 = time.perf_counter()
         embeddings = self.encode(encoder_state)
@@ -391,10 +403,9 @@ class HardNegativeMinerActor:
         """:meth:`HardNegativeMiner.refresh`, loading the miner first if this process has not."""
         return self._loaded(inputs).refresh(encoder_state, version, step)
 
-    def wait_logged(self, timeout: float) -> None:
+    def wait_logged(self, timeout: float) -> bool:
         """:meth:`HardNegativeMiner.wait_logged` (nothing to wait for before the first load)."""
-        if self.miner is not None:
-            self.miner.wait_logged(timeout)
+        return self.miner.wait_logged(timeout) if self.miner is not None else True
 
 
 def start_miner_actor(settings: MinerSettings) -> Any:
