@@ -17,8 +17,8 @@ a run. Where a key lives:
 Patterns name their variable parts in braces: ``{set}`` an eval file or retrieval set,
 ``{filter}`` a negative filter (:data:`pipeline.mining.negatives.FILTERS`), ``{stat}`` one of
 ``mean``/``p10``/``p50``/``p90``, ``{stage}`` a timed stage, ``{metric}`` a retrieval score.
-tests/tracking/test_metric_catalogue.py holds a demo run's and a pair-mode run's keys to
-this list, and docs/mlflow.md to its patterns.
+tests/tracking/test_metric_catalogue.py holds the source's key literals, both miner modes'
+output and docs/mlflow.md to this list; tests/test_end_to_end.py holds a demo run's keys to it.
 """
 
 from __future__ import annotations

@@ -194,16 +194,17 @@ class HardNegativeMiner:
 
     def wait_logged(self, timeout: float) -> bool:
         """Block until the metrics, histograms and table rows sent so far reached MLflow;
-        False (and a warning) when ``timeout`` seconds passed first."""
+        False (and a warning) when ``timeout`` seconds passed first (one budget for both)."""
         if self.logger is None:
             return True
+        deadline = time.monotonic() + timeout
         done = True
         if self._uploads is not None:
             try:
                 self._uploads.submit(lambda: None).result(timeout=timeout)
             except TimeoutError:
                 done = False
-        done = self.logger.wait_sent(timeout) and done
+        done = self.logger.wait_sent(max(0.0, deadline - time.monotonic())) and done
         if not done:
             print(f"[mining] warning: uploads still under way after {timeout:g}s; going on", flush=True)
         return done

@@ -166,7 +166,6 @@ def refresh_table(client: Any, run_id: str) -> list[dict[str, float]]:
     ``removed_known_positive`` ...) plus ``step``; a column a refresh did not have (``churn`` on
     the first) is left out of its row. Empty when the run mined nothing. A row sent twice (an
     upload retried after the server took it) is kept once."""
-
     if MINING_TABLE not in {a.path for a in client.list_artifacts(run_id, MINING_TABLE.split("/")[0])}:
         return []
     with tempfile.TemporaryDirectory() as folder:

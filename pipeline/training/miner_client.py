@@ -21,7 +21,7 @@ class MinerClient:
         logger: rank 0's metric logger (or None): restarts are logged as ``mining/miner_restarts``.
         restarts: miner restarts already survived (by the run this one resumes).
         miner_pid: the miner's process id when last seen, if known.
-        inputs: what every call to the actor brings (:func:`pipeline.mining.miner.miner_inputs`);
+        inputs: what every call to the actor brings (:func:`pipeline.training.contract.miner_inputs`);
             a restarted miner loads itself from them.
     """
 

@@ -149,10 +149,10 @@ class SimCSEWorker:
     def run_epoch(self, epoch: int) -> None:
         """Train epoch ``epoch`` (0-based) on the current plan, from the batch the state is at,
         with the mid-epoch evaluations and checkpoints the config asks for."""
-        plan = self.state.plan
-        assert plan is not None
-        self.first_batch = self.state.batches_done
         state = self.state
+        plan = state.plan
+        assert plan is not None
+        self.first_batch = state.batches_done
         self.augment_rng = seed_epoch(
             self.cfg.run.seed, self.rank, self.world, epoch, self.first_batch, state.rng
         )
