@@ -82,7 +82,8 @@ def _refresh_twice(tmp_path, model_dir, tokenized, triplets=None):
     from pipeline.model.folders import pack_dir
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
-    run_id = client.create_run(client.create_experiment("catalogue")).info.run_id
+    experiment = client.create_experiment("catalogue", artifact_location=str(tmp_path / "artifacts"))
+    run_id = client.create_run(experiment).info.run_id
     settings = MinerSettings(
         pooler="mean", batch_size=32, top_k=16, encode_batch_size=64, seed=0,
         filters=NegativeFilters(num_negatives=1), tracking_uri=client.tracking_uri, run_id=run_id,
@@ -136,7 +137,8 @@ def test_pair_refresh_charts_a_few_keys_and_tables_the_rest(tmp_path, tiny_model
 def test_refresh_table_reads_a_resent_row_once(tmp_path):
     """An upload retried after the server took it appends the row twice; the reader keeps one."""
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
-    run_id = client.create_run(client.create_experiment("resent")).info.run_id
+    experiment = client.create_experiment("resent", artifact_location=str(tmp_path / "artifacts"))
+    run_id = client.create_run(experiment).info.run_id
     assert refresh_table(client, run_id) == []
     for row in ({"step": [0], "plan_version": [1.0], "kept": [5.0]},) * 2 + (
         {"step": [9], "plan_version": [2.0], "kept": [7.0], "churn": [0.5]},
