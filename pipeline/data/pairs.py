@@ -42,7 +42,13 @@ def _table(ds: Any, columns: list[str]) -> pa.Table:
     """The dataset's ``columns`` as one Arrow table, in the file's row order."""
     import ray
 
-    tables = [t for t in ray.get(ds.select_columns(columns).to_arrow_refs()) if t.num_rows]
+    ds = ds.select_columns(columns)
+    # Row order is meaning here (a label-0 row's negative goes to its anchor's rows in turn,
+    # data.max_rows keeps the first rows), and Ray Data hands blocks back in the order they
+    # finish unless asked: under load a later block overtook an earlier one. The flag is on
+    # this read's own context (a read copies the current one), not the job's.
+    ds.context.execution_options.preserve_order = True
+    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
     if not tables:
         return pa.table({c: pa.array([], pa.string()) for c in columns})
     return pa.concat_tables(tables)
