@@ -6,6 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= cpu,dev
+# Test processes (pytest-xdist). A job-level test keeps about one core of two busy (it waits on
+# Ray's starts and its own processes), so two share a 2-core machine well. Each test process
+# starts a local Ray of its own: raise it with the cores and memory.
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast lint venv clean
@@ -24,10 +28,10 @@ demo: $(STAMP)
 	RAY_AUTH_MODE=disabled $(PY) jobs/train.py --config jobs/configs/demo.yaml
 
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(PY) -m pytest -q --durations=25 tests
+	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
 
 test-fast: $(STAMP)
-	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -m "not slow" tests
+	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline jobs tests bench

@@ -100,8 +100,9 @@ def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray started as a job starts its own (:func:`pipeline.runtime.cluster.ray_session`): on
-    free ports, never joining another Ray that runs on the machine. One for the whole session:
-    starting Ray is not what the tests that use it test, and each start costs seconds."""
+    free ports, never joining another Ray that runs on the machine. One for the whole session (one
+    per test process under pytest-xdist): starting Ray is not what the tests that use it test,
+    and each start costs seconds."""
     import ray
 
     from pipeline.config.loading import load_config
@@ -243,6 +244,16 @@ class RayHead:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``make test``), each test process keeps torch to one thread: two
+    processes with a thread per core each would oversubscribe the cores, and OpenMP's waiting
+    threads spin."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items):
