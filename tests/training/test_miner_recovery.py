@@ -73,7 +73,7 @@ def test_a_miner_that_never_answers_ends_at_the_deadline(ray_local):
 
     class Frozen:
         def ready(self, inputs: list) -> int:
-            time.sleep(60)
+            time.sleep(600)
             return os.getpid()
 
     miner = ray.remote(Frozen).remote()
@@ -83,5 +83,5 @@ def test_a_miner_that_never_answers_ends_at_the_deadline(ray_local):
         UnrecoverableError, match=r"^the miner did not return plan v1 within mining\.timeout_s=3s$"
     ):
         client.recover(ray.exceptions.ActorUnavailableError("x", None), 1, 0, time.monotonic() + 3)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 300  # at the 3 s deadline, not when the actor answers (600 s)
     ray.kill(miner)
