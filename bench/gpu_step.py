@@ -14,8 +14,9 @@ runs on any machine with torch, numpy, transformers and pyarrow (faiss optional)
   row ``--seq-len`` tokens, so the token count is exact) is cut into ``--batch``-row batches
   by ``pipeline.batching.samplers.random_plan``; each batch goes through
   ``pipeline.model.encoder.SentenceEncoder`` (mean pooling, no MLP head) twice, stacked in one
-  forward pass, then ``global_batch_simcse_loss``, backward, ``clip_grad_norm_``, AdamW,
-  linear schedule. On CUDA, through ``pipeline.accel`` as the train loop does: bf16 autocast,
+  forward pass, then ``global_batch_simcse_loss``, and the worker's own optimizer step
+  (``pipeline.training.step.OptimizerStep``: backward, ``clip_grad_norm_``, AdamW, linear
+  schedule). On CUDA, through ``pipeline.accel`` as the train loop does: bf16 autocast,
   TF32 matmuls, host batches copied from pinned memory asynchronously; and fused AdamW.
   The timed steps run on batches collated before timing (``UnsupervisedStep.collate``), so
   they leave out the host-side collation; ``--phases`` times it. Reports
@@ -27,12 +28,12 @@ runs on any machine with torch, numpy, transformers and pyarrow (faiss optional)
   tokens, inside ``torch.inference_mode``.
 - k-NN: ``pipeline.mining.index.knn_search`` over random unit vectors, the first ``--knn-queries``
   of them as queries. Where faiss is not installed it uses the index module's torch
-  matmul + top-k search on CUDA (``_torch_search``), or the same in chunks here on a CPU.
+  matmul + top-k search (``pipeline.mining.index.torch_search``), on CUDA or on the CPU.
 
 With ``--phases N``, N more steps are timed phase by phase (host collation, host-to-device
 copy, forward, loss, backward, gradient clipping, optimizer, loss read: the step's own
-stages, ``UnsupervisedStep.collate``, ``.upload``, ``.forward`` and ``.loss``, then the
-worker's optimizer step), synchronising the device at each boundary; their rows follow the
+stages, ``UnsupervisedStep.collate``, ``.upload``, ``.forward`` and ``.loss``, then
+``OptimizerStep.backward``, ``.clip`` and ``.step``), synchronising the device at each boundary; their rows follow the
 others in the table.
 
 Prints a header and one markdown table; ``--append FILE`` appends them with the machine,
@@ -71,12 +72,12 @@ from markdown_report import machine_info as report_machine_info  # noqa: E402
 from pipeline.batching.plan import BatchPlan  # noqa: E402
 from pipeline.batching.samplers import random_plan  # noqa: E402
 from pipeline.data.tokenized import TokenizedCorpus  # noqa: E402
-from pipeline.mining.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
+from pipeline.mining.index import IndexSpec, KnnResult, knn_search, torch_search  # noqa: E402
 from pipeline.model.accel import enable_tf32, fused_adamw  # noqa: E402
 from pipeline.model.encode import encode_rows  # noqa: E402
 from pipeline.model.encoder import SentenceEncoder  # noqa: E402
 from pipeline.model.flops import EncoderFlops, datasheet_peak_tflops  # noqa: E402
-from pipeline.training.step import GlobalBatch, UnsupervisedStep  # noqa: E402
+from pipeline.training.step import GlobalBatch, OptimizerStep, UnsupervisedStep  # noqa: E402
 
 SIZES = {
     "base": {
@@ -158,6 +159,7 @@ def bench_train(
     cuda = device.type == "cuda"
     optimizer = fused_adamw(model, LR, weight_decay=0.0)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, args.warmup + 1 + args.steps)
+    optimizer_step = OptimizerStep(model, optimizer, scheduler, MAX_GRAD_NORM)
 
     train_step, plan = train_inputs(args, device)
     sizes, rank = [args.batch], 0  # one worker holds the whole global batch
@@ -186,14 +188,12 @@ def bench_train(
         mark("forward")
         loss, loss_to_backward = train_step.loss(view1, view2, global_ids, sizes)
         mark("loss (gather: none at 1 worker)")
-        # The rest of SimCSEWorker.train_batch: the optimizer step.
-        optimizer.zero_grad(set_to_none=True)
-        loss_to_backward.backward()
+        # The rest of SimCSEWorker.train_batch: its optimizer step, stage by stage.
+        optimizer_step.backward(loss_to_backward)
         mark("backward")
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer_step.clip()
         mark("clip grad norm")
-        optimizer.step()
-        scheduler.step()
+        optimizer_step.step()
         mark("optimizer (fused AdamW)")
         # The train loop reads the loss every step (for logging), which syncs: so do we.
         value = float(loss.detach())
@@ -315,21 +315,6 @@ def random_unit_vectors(rows: int, dim: int, device: torch.device) -> np.ndarray
     return out
 
 
-def cpu_torch_search(vectors: np.ndarray, queries: np.ndarray, k: int, query_chunk: int) -> KnnResult:
-    """``pipeline.mining.index._torch_search`` on the CPU, for a machine with neither faiss nor CUDA."""
-    start = time.perf_counter()
-    base = torch.from_numpy(vectors)
-    built = time.perf_counter()
-    scores = np.empty((len(queries), k), dtype=np.float32)
-    indices = np.empty((len(queries), k), dtype=np.int64)
-    for lo in range(0, len(queries), query_chunk):
-        top = torch.topk(torch.from_numpy(queries[lo : lo + query_chunk]) @ base.T, k, dim=1)
-        scores[lo : lo + query_chunk] = top.values.numpy()
-        indices[lo : lo + query_chunk] = top.indices.numpy()
-    done = time.perf_counter()
-    return KnnResult(scores, indices, "torch-cpu/flat", built - start, done - built)
-
-
 def search(
     vectors: np.ndarray, queries: np.ndarray, args: argparse.Namespace, device: torch.device
 ) -> KnnResult:
@@ -346,11 +331,7 @@ def search(
     except ImportError:
         pass
     # No faiss here: the exact search the index module runs when its faiss lacks GPU support.
-    k = min(args.k, len(vectors))
-    if cuda:
-        result = _torch_search(vectors, queries, k, args.knn_query_chunk)
-    else:
-        result = cpu_torch_search(vectors, queries, k, args.knn_query_chunk)
+    result = torch_search(vectors, queries, min(args.k, len(vectors)), args.knn_query_chunk, device.type)
     result.backend += " (no faiss)"
     return result
 
