@@ -1,9 +1,9 @@
 """Per-worker compute benchmark: one SimCSE train step, corpus encoding and k-NN search.
 
-    python bench/gpu_step.py                                   # BERT-base on the GPU, if there is one
-    python bench/gpu_step.py --size tiny                       # seconds on a 2-core CPU
-    python bench/gpu_step.py --compile --append docs/benchmarks.md --json gpu_step.json
-    python bench/gpu_step.py --batch 1024 --phases 20           # + where a step's time goes
+    python -m bench.gpu_step                                   # BERT-base on the GPU, if there is one
+    python -m bench.gpu_step --size tiny                       # seconds on a 2-core CPU
+    python -m bench.gpu_step --compile --append docs/benchmarks.md --json gpu_step.json
+    python -m bench.gpu_step --batch 1024 --phases 20           # + where a step's time goes
 
 Measures what one Ray Train worker and the miner spend their time on, without Ray, so it
 runs on any machine with torch, numpy, transformers and pyarrow (faiss optional):
@@ -48,8 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
-import sys
 import time
 from collections.abc import Callable
 from datetime import date
@@ -62,23 +60,26 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel, get_linear_schedule_with_warmup
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-
 # None of these imports Ray or MLflow at module level (faiss is imported inside knn_search;
 # pipeline.data.tokenized needs pyarrow).
-from markdown_report import GIB, append_section, machine_line  # noqa: E402
-from markdown_report import machine_info as report_machine_info  # noqa: E402
+from bench.common import (
+    GIB,
+    Benchmark,
+    command_line,
+    machine_line,
+)
+from bench.common import machine_info as report_machine_info
+from pipeline.batching.plan import BatchPlan
+from pipeline.batching.samplers import random_plan
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.mining.index import IndexSpec, KnnResult, knn_search, torch_search
+from pipeline.model.accel import enable_tf32, fused_adamw
+from pipeline.model.encode import encode_rows
+from pipeline.model.encoder import SentenceEncoder
+from pipeline.model.flops import EncoderFlops, datasheet_peak_tflops
+from pipeline.training.step import GlobalBatch, OptimizerStep, UnsupervisedStep
 
-from pipeline.batching.plan import BatchPlan  # noqa: E402
-from pipeline.batching.samplers import random_plan  # noqa: E402
-from pipeline.data.tokenized import TokenizedCorpus  # noqa: E402
-from pipeline.mining.index import IndexSpec, KnnResult, knn_search, torch_search  # noqa: E402
-from pipeline.model.accel import enable_tf32, fused_adamw  # noqa: E402
-from pipeline.model.encode import encode_rows  # noqa: E402
-from pipeline.model.encoder import SentenceEncoder  # noqa: E402
-from pipeline.model.flops import EncoderFlops, datasheet_peak_tflops  # noqa: E402
-from pipeline.training.step import GlobalBatch, OptimizerStep, UnsupervisedStep  # noqa: E402
-
+BENCHMARK = Benchmark(__spec__.name, "Per-worker compute: train step, encode, k-NN")
 SIZES = {
     "base": {
         "hidden_size": 768,
@@ -423,17 +424,13 @@ def render(
 def append_markdown(
     path: Path, args: argparse.Namespace, info: dict[str, Any], header: str, table: str
 ) -> None:
-    machine = machine_line(info)
-    command = "python bench/gpu_step.py " + shlex.join(sys.argv[1:])
-    section = (
-        f"\n### Per-worker step, encode and k-NN, {args.size} BERT on {args.device_type} ({date.today()})\n\n"
-        f"Machine: {machine}. Command: `{command}`. {header}\n\n{table}\n"
-    )
-    append_section(section, path)
+    title = f"{args.size} BERT on {args.device_type}"
+    body = f"{header}\n\n{table}"
+    BENCHMARK.append(title, machine_line(info), body, path)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BENCHMARK.parser(__doc__)
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument(
@@ -465,7 +462,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--peak-tflops", type=float, default=None, help="for MFU (default: H100/H200 bf16 dense)"
     )
-    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results as JSON")
     args = parser.parse_args()
     args.device_type = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type
@@ -533,7 +529,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "date": str(date.today()),
-            "command": "python bench/gpu_step.py " + shlex.join(sys.argv[1:]),
+            "command": command_line(BENCHMARK.module),
             "machine": info,
             "model": {"size": args.size, **model_info},
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
