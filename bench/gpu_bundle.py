@@ -24,8 +24,8 @@ torch is the CUDA build, as there), the bundle is unpacked beside it on ``PYTHON
 
 Usage (from the repository root; needs pip's access to the package registry):
 
-    python bench/gpu_bundle.py                 # build, print sizes and the unpack line
-    python bench/gpu_bundle.py --check         # build if missing, then the venv check
+    python -m bench.gpu_bundle                 # build, print sizes and the unpack line
+    python -m bench.gpu_bundle --check         # build if missing, then the venv check
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from pathlib import Path
 
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
-PRESENT_LIST = ROOT / "bench" / "gpu_machine_packages.txt"
-BUNDLE_DIR = ROOT / ".gpu-bundle"
+from bench.common import REPO, argument_parser
+
+PRESENT_LIST = REPO / "bench" / "gpu_machine_packages.txt"
+BUNDLE_DIR = REPO / ".gpu-bundle"
 BUNDLE_NAME = "gpu-site.tar.xz"
 # What one device call may take along: the working tree plus carried paths.
 CARRY_LIMIT_BYTES = 64 * 1024 * 1024
@@ -81,7 +82,7 @@ def read_present(path: Path = PRESENT_LIST) -> dict[str, str | None]:
     return present
 
 
-def job_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+def job_requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]:
     """The job's runtime requirements: the project's dependencies plus the ``cpu`` extra
     (faiss-cpu; the GPU machine is CUDA 13, for which there is no faiss-gpu wheel, so GPU
     nearest-neighbour search there is the torch path)."""
@@ -153,7 +154,7 @@ def tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-def working_tree_bytes(root: Path = ROOT) -> int:
+def working_tree_bytes(root: Path = REPO) -> int:
     """Bytes of what a device call sends besides carried paths: tracked files and untracked
     files git does not ignore."""
     listing = subprocess.run(
@@ -168,7 +169,7 @@ def working_tree_bytes(root: Path = ROOT) -> int:
 
 def unpack_line(bundle: Path = BUNDLE_DIR / BUNDLE_NAME) -> str:
     """The shell line that unpacks the bundle on the GPU machine once and puts it on the path."""
-    rel = bundle.relative_to(ROOT)
+    rel = bundle.relative_to(REPO)
     return (
         f"[ -d {DEVICE_SITE}/ray ] || {{ mkdir -p {DEVICE_SITE} && tar -xJf {rel} -C {DEVICE_SITE}; }}"
         f" && export PYTHONPATH={DEVICE_SITE}:$PWD"
@@ -218,13 +219,13 @@ def report_size(bundle: Path) -> bool:
     tree = working_tree_bytes()
     total = bundle_bytes + tree
     fits = total <= CARRY_LIMIT_BYTES
-    print(f"bundle        {bundle_bytes / 2**20:6.1f} MiB  {bundle.relative_to(ROOT)}")
+    print(f"bundle        {bundle_bytes / 2**20:6.1f} MiB  {bundle.relative_to(REPO)}")
     print(f"working tree  {tree / 2**20:6.1f} MiB  (tracked and untracked, not ignored)")
     print(
         f"together      {total / 2**20:6.1f} MiB  of {CARRY_LIMIT_BYTES / 2**20:.0f} MiB: "
         + ("fits" if fits else "OVER THE LIMIT")
     )
-    print(f"carry: [{str(bundle.parent.relative_to(ROOT))!r}]; on the GPU machine, first:")
+    print(f"carry: [{str(bundle.parent.relative_to(REPO))!r}]; on the GPU machine, first:")
     print(f"  {unpack_line(bundle)}")
     return fits
 
@@ -247,7 +248,7 @@ def check(bundle: Path, python312: str) -> None:
         site = work / "site"
         site.mkdir()
         subprocess.run(["tar", "-xJf", str(bundle), "-C", str(site)], check=True)
-        env = dict(os.environ, PYTHONPATH=f"{site}:{ROOT}", RAY_AUTH_MODE="disabled")
+        env = dict(os.environ, PYTHONPATH=f"{site}:{REPO}", RAY_AUTH_MODE="disabled")
         env.pop("VIRTUAL_ENV", None)
         probe = (
             "import sys, ray.train.torch, ray.data, mlflow, faiss, torch;"
@@ -267,14 +268,12 @@ def check(bundle: Path, python312: str) -> None:
             f"tracking.uri=sqlite:///{work / 'mlflow.db'}",
         ]
         print("demo job in the stand-in venv ...", flush=True)
-        subprocess.run(demo, env=env, cwd=ROOT, check=True)
+        subprocess.run(demo, env=env, cwd=REPO, check=True)
         print("check passed: the bundle imports and runs the demo job on Python 3.12")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__spec__.name, __doc__, whole_doc=True)
     parser.add_argument("--check", action="store_true", help="test the bundle in a clean Python 3.12 venv")
     parser.add_argument("--rebuild", action="store_true", help="build even when a bundle exists")
     parser.add_argument(

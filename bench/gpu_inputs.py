@@ -2,7 +2,7 @@
 lent GPU machine): generated sentences where the benches read the Wikipedia file, and a
 random-weights BERT folder that both sides load.
 
-    python bench/gpu_inputs.py --out /tmp/gpu-inputs [--config jobs/configs/gpu-one.yaml] [--rows 100000]
+    python -m bench.gpu_inputs --out /tmp/gpu-inputs [--config jobs/configs/gpu-one.yaml] [--rows 100000]
 
 Writes ``OUT/wiki/wiki1m_for_simcse.first11914.txt`` (the path ``--data OUT`` points the
 benches at; ``--rows`` distinct generated sentences, one a line) and ``OUT/initial_model``:
@@ -10,26 +10,21 @@ a WordPiece tokenizer trained on those sentences and a randomly initialised BERT
 config's ``model.tiny`` shape (BERT-base in ``gpu-one.yaml``), made as the training job
 makes its own (``pipeline.jobs.train_inputs.prepare_model_dir``). Then, e.g.:
 
-    python bench/train_throughput.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
+    python -m bench.train_throughput --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
         --configs ours-1w st --steps 300 --set train.use_gpu=true
-    python bench/mining_vs_st.py --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
+    python -m bench.mining_vs_st --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
         --workloads wiki --batch-size 1024
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
-
-from encode_throughput import WIKI  # noqa: E402
-
-from pipeline.config.loading import load_config  # noqa: E402
-from pipeline.data.synthetic import generate_paraphrase_corpus  # noqa: E402
-from pipeline.jobs.train_inputs import prepare_model_dir  # noqa: E402
+from bench.common import REPO, WIKI, argument_parser
+from pipeline.config.loading import load_config
+from pipeline.data.synthetic import generate_paraphrase_corpus
+from pipeline.jobs.train_inputs import prepare_model_dir
 
 GROUP_SIZE = 4
 
@@ -48,9 +43,7 @@ def write_inputs(out: Path, config: Path, rows: int) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__spec__.name, __doc__, whole_doc=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--config", type=Path, default=REPO / "jobs" / "configs" / "gpu-one.yaml")
     parser.add_argument("--rows", type=int, default=100_000, help="distinct sentences to write")

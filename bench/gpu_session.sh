@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The measurements of the real job on one lent H100/H200 (issue 17), in parts that each fit
 # one device command (10 minutes); run from the repository root on the GPU machine, with
-# the bundle carried (python bench/gpu_bundle.py here, then carry [".gpu-bundle"]):
+# the bundle carried (python -m bench.gpu_bundle here, then carry [".gpu-bundle"]):
 #
 #   bash bench/gpu_session.sh PART [PART ...]
 #
 # Parts, in the order a session runs them:
 #   setup     unpack the bundle once (/tmp/gpu-site), check the imports, print the GPU,
-#             write the peers' inputs (bench/gpu_inputs.py: 100k generated sentences and a
+#             write the peers' inputs (bench.gpu_inputs: 100k generated sentences and a
 #             random-weights BERT-base) to /tmp/gpu-inputs
-#   step      bench/gpu_step.py: the per-worker step without Ray, eager and compiled
-#   job       the real job (jobs/configs/gpu-one.yaml) through bench/refresh_share.py at
+#   step      bench.gpu_step: the per-worker step without Ray, eager and compiled
+#   job       the real job (jobs/configs/gpu-one.yaml) through bench.refresh_share at
 #             batch 64, sync and async: train sentences/s, MFU, refresh share, encode/kNN rates
 #   job1024   the same at batch 1,024, sync
 #   compile   the job without mining, eager vs torch.compile default vs reduce-overhead
@@ -45,25 +45,25 @@ for part in "$@"; do
     setup)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
       "$PY" -c "import ray.train.torch, ray.data, mlflow, faiss, torch; print('ray', ray.__version__, 'mlflow', mlflow.__version__, 'faiss', faiss.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-      [ -d "$INPUTS/initial_model" ] || "$PY" bench/gpu_inputs.py --out "$INPUTS" --config "$CONFIG" --rows "$ROWS"
+      [ -d "$INPUTS/initial_model" ] || "$PY" -m bench.gpu_inputs --out "$INPUTS" --config "$CONFIG" --rows "$ROWS"
       ;;
     step)
-      "$PY" bench/gpu_step.py --append "$OUT/benchmarks.md" --json "$OUT/gpu-step.json"
-      "$PY" bench/gpu_step.py --compile --batch 1024 --append "$OUT/benchmarks.md"
+      "$PY" -m bench.gpu_step --append "$OUT/benchmarks.md" --json "$OUT/gpu-step.json"
+      "$PY" -m bench.gpu_step --compile --batch 1024 --append "$OUT/benchmarks.md"
       ;;
     job)
-      "$PY" bench/refresh_share.py --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes sync async \
+      "$PY" -m bench.refresh_share --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes sync async \
         --append "$OUT/benchmarks.md" --copy-dbs "$OUT"
       ;;
     job1024)
-      "$PY" bench/refresh_share.py --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes sync \
+      "$PY" -m bench.refresh_share --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes sync \
         --set train.batch_size=1024 --set train.lr=5e-4 --append "$OUT/benchmarks.md"
       ;;
     compile)
       for mode in eager default reduce-overhead; do
         if [ "$mode" = eager ]; then flags=(--set train.compile=false); else
           flags=(--set train.compile=true --set "train.compile_mode=$mode"); fi
-        "$PY" bench/refresh_share.py --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes off \
+        "$PY" -m bench.refresh_share --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes off \
           "${flags[@]}" --append "$OUT/benchmarks.md"
       done
       ;;
@@ -85,11 +85,11 @@ for part in "$@"; do
       grep -m1 '\[train\] resumed at step' "$log" || { echo "workers2: no resume" >&2; exit 1; }
       ;;
     peers)
-      "$PY" bench/train_throughput.py --data "$INPUTS" --model "$INPUTS/initial_model" \
+      "$PY" -m bench.train_throughput --data "$INPUTS" --model "$INPUTS/initial_model" \
         --configs ours-1w st --steps 300 --warmup-steps 20 --repeats 2 --corpus-label generated \
         --set train.use_gpu=true --set train.gpus_per_worker=1 --set train.cpus_per_worker=4 \
         --append "$OUT/benchmarks.md"
-      "$PY" bench/mining_vs_st.py --data "$INPUTS" --model "$INPUTS/initial_model" --workloads wiki \
+      "$PY" -m bench.mining_vs_st --data "$INPUTS" --model "$INPUTS/initial_model" --workloads wiki \
         --rows "$ROWS" --batch-size 1024 --repeats 2 --append "$OUT/benchmarks.md"
       ;;
     *)

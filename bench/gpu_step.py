@@ -1,9 +1,9 @@
 """Per-worker compute benchmark: one SimCSE train step, corpus encoding and k-NN search.
 
-    python bench/gpu_step.py                                   # BERT-base on the GPU, if there is one
-    python bench/gpu_step.py --size tiny                       # seconds on a 2-core CPU
-    python bench/gpu_step.py --compile --append docs/benchmarks.md --json gpu_step.json
-    python bench/gpu_step.py --batch 1024 --phases 20           # + where a step's time goes
+    python -m bench.gpu_step                                   # BERT-base on the GPU, if there is one
+    python -m bench.gpu_step --size tiny                       # seconds on a 2-core CPU
+    python -m bench.gpu_step --compile --append docs/benchmarks.md --json gpu_step.json
+    python -m bench.gpu_step --batch 1024 --phases 20           # + where a step's time goes
 
 Measures what one Ray Train worker and the miner spend their time on, without Ray, so it
 runs on any machine with torch, numpy, transformers and pyarrow (faiss optional):
@@ -14,8 +14,9 @@ runs on any machine with torch, numpy, transformers and pyarrow (faiss optional)
   row ``--seq-len`` tokens, so the token count is exact) is cut into ``--batch``-row batches
   by ``pipeline.batching.samplers.random_plan``; each batch goes through
   ``pipeline.model.encoder.SentenceEncoder`` (mean pooling, no MLP head) twice, stacked in one
-  forward pass, then ``global_batch_simcse_loss``, backward, ``clip_grad_norm_``, AdamW,
-  linear schedule. On CUDA, through ``pipeline.accel`` as the train loop does: bf16 autocast,
+  forward pass, then ``global_batch_simcse_loss``, and the worker's own optimizer step
+  (``pipeline.training.step.OptimizerStep``: backward, ``clip_grad_norm_``, AdamW, linear
+  schedule). On CUDA, through ``pipeline.accel`` as the train loop does: bf16 autocast,
   TF32 matmuls, host batches copied from pinned memory asynchronously; and fused AdamW.
   The timed steps run on batches collated before timing (``UnsupervisedStep.collate``), so
   they leave out the host-side collation; ``--phases`` times it. Reports
@@ -27,12 +28,12 @@ runs on any machine with torch, numpy, transformers and pyarrow (faiss optional)
   tokens, inside ``torch.inference_mode``.
 - k-NN: ``pipeline.mining.index.knn_search`` over random unit vectors, the first ``--knn-queries``
   of them as queries. Where faiss is not installed it uses the index module's torch
-  matmul + top-k search on CUDA (``_torch_search``), or the same in chunks here on a CPU.
+  matmul + top-k search (``pipeline.mining.index.torch_search``), on CUDA or on the CPU.
 
 With ``--phases N``, N more steps are timed phase by phase (host collation, host-to-device
 copy, forward, loss, backward, gradient clipping, optimizer, loss read: the step's own
-stages, ``UnsupervisedStep.collate``, ``.upload``, ``.forward`` and ``.loss``, then the
-worker's optimizer step), synchronising the device at each boundary; their rows follow the
+stages, ``UnsupervisedStep.collate``, ``.upload``, ``.forward`` and ``.loss``, then
+``OptimizerStep.backward``, ``.clip`` and ``.step``), synchronising the device at each boundary; their rows follow the
 others in the table.
 
 Prints a header and one markdown table; ``--append FILE`` appends them with the machine,
@@ -47,8 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
-import sys
 import time
 from collections.abc import Callable
 from datetime import date
@@ -61,23 +60,26 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel, get_linear_schedule_with_warmup
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-
 # None of these imports Ray or MLflow at module level (faiss is imported inside knn_search;
 # pipeline.data.tokenized needs pyarrow).
-from markdown_report import GIB, append_section, machine_line  # noqa: E402
-from markdown_report import machine_info as report_machine_info  # noqa: E402
+from bench.common import (
+    GIB,
+    Benchmark,
+    command_line,
+    machine_line,
+)
+from bench.common import machine_info as report_machine_info
+from pipeline.batching.plan import BatchPlan
+from pipeline.batching.samplers import random_plan
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.mining.index import IndexSpec, KnnResult, knn_search, torch_search
+from pipeline.model.accel import enable_tf32, fused_adamw
+from pipeline.model.encode import encode_rows
+from pipeline.model.encoder import SentenceEncoder
+from pipeline.model.flops import EncoderFlops, datasheet_peak_tflops
+from pipeline.training.step import GlobalBatch, OptimizerStep, UnsupervisedStep
 
-from pipeline.batching.plan import BatchPlan  # noqa: E402
-from pipeline.batching.samplers import random_plan  # noqa: E402
-from pipeline.data.tokenized import TokenizedCorpus  # noqa: E402
-from pipeline.mining.index import IndexSpec, KnnResult, _torch_search, knn_search  # noqa: E402
-from pipeline.model.accel import enable_tf32, fused_adamw  # noqa: E402
-from pipeline.model.encode import encode_rows  # noqa: E402
-from pipeline.model.encoder import SentenceEncoder  # noqa: E402
-from pipeline.model.flops import EncoderFlops, datasheet_peak_tflops  # noqa: E402
-from pipeline.training.step import GlobalBatch, UnsupervisedStep  # noqa: E402
-
+BENCHMARK = Benchmark(__spec__.name, "Per-worker compute: train step, encode, k-NN")
 SIZES = {
     "base": {
         "hidden_size": 768,
@@ -158,6 +160,7 @@ def bench_train(
     cuda = device.type == "cuda"
     optimizer = fused_adamw(model, LR, weight_decay=0.0)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, args.warmup + 1 + args.steps)
+    optimizer_step = OptimizerStep(model, optimizer, scheduler, MAX_GRAD_NORM)
 
     train_step, plan = train_inputs(args, device)
     sizes, rank = [args.batch], 0  # one worker holds the whole global batch
@@ -186,14 +189,12 @@ def bench_train(
         mark("forward")
         loss, loss_to_backward = train_step.loss(view1, view2, global_ids, sizes)
         mark("loss (gather: none at 1 worker)")
-        # The rest of SimCSEWorker.train_batch: the optimizer step.
-        optimizer.zero_grad(set_to_none=True)
-        loss_to_backward.backward()
+        # The rest of SimCSEWorker.train_batch: its optimizer step, stage by stage.
+        optimizer_step.backward(loss_to_backward)
         mark("backward")
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        optimizer_step.clip()
         mark("clip grad norm")
-        optimizer.step()
-        scheduler.step()
+        optimizer_step.step()
         mark("optimizer (fused AdamW)")
         # The train loop reads the loss every step (for logging), which syncs: so do we.
         value = float(loss.detach())
@@ -315,21 +316,6 @@ def random_unit_vectors(rows: int, dim: int, device: torch.device) -> np.ndarray
     return out
 
 
-def cpu_torch_search(vectors: np.ndarray, queries: np.ndarray, k: int, query_chunk: int) -> KnnResult:
-    """``pipeline.mining.index._torch_search`` on the CPU, for a machine with neither faiss nor CUDA."""
-    start = time.perf_counter()
-    base = torch.from_numpy(vectors)
-    built = time.perf_counter()
-    scores = np.empty((len(queries), k), dtype=np.float32)
-    indices = np.empty((len(queries), k), dtype=np.int64)
-    for lo in range(0, len(queries), query_chunk):
-        top = torch.topk(torch.from_numpy(queries[lo : lo + query_chunk]) @ base.T, k, dim=1)
-        scores[lo : lo + query_chunk] = top.values.numpy()
-        indices[lo : lo + query_chunk] = top.indices.numpy()
-    done = time.perf_counter()
-    return KnnResult(scores, indices, "torch-cpu/flat", built - start, done - built)
-
-
 def search(
     vectors: np.ndarray, queries: np.ndarray, args: argparse.Namespace, device: torch.device
 ) -> KnnResult:
@@ -346,11 +332,7 @@ def search(
     except ImportError:
         pass
     # No faiss here: the exact search the index module runs when its faiss lacks GPU support.
-    k = min(args.k, len(vectors))
-    if cuda:
-        result = _torch_search(vectors, queries, k, args.knn_query_chunk)
-    else:
-        result = cpu_torch_search(vectors, queries, k, args.knn_query_chunk)
+    result = torch_search(vectors, queries, min(args.k, len(vectors)), args.knn_query_chunk, device.type)
     result.backend += " (no faiss)"
     return result
 
@@ -442,17 +424,13 @@ def render(
 def append_markdown(
     path: Path, args: argparse.Namespace, info: dict[str, Any], header: str, table: str
 ) -> None:
-    machine = machine_line(info)
-    command = "python bench/gpu_step.py " + shlex.join(sys.argv[1:])
-    section = (
-        f"\n### Per-worker step, encode and k-NN, {args.size} BERT on {args.device_type} ({date.today()})\n\n"
-        f"Machine: {machine}. Command: `{command}`. {header}\n\n{table}\n"
-    )
-    append_section(section, path)
+    title = f"{args.size} BERT on {args.device_type}"
+    body = f"{header}\n\n{table}"
+    BENCHMARK.append(title, machine_line(info), body, path)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BENCHMARK.parser(__doc__)
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument(
@@ -484,7 +462,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--peak-tflops", type=float, default=None, help="for MFU (default: H100/H200 bf16 dense)"
     )
-    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results as JSON")
     args = parser.parse_args()
     args.device_type = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type
@@ -552,7 +529,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "date": str(date.today()),
-            "command": "python bench/gpu_step.py " + shlex.join(sys.argv[1:]),
+            "command": command_line(BENCHMARK.module),
             "machine": info,
             "model": {"size": args.size, **model_info},
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

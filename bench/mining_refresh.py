@@ -1,6 +1,6 @@
 """One hard-negative refresh at scale: time and peak memory per stage, tiny model on CPU.
 
-    python bench/mining_refresh.py --rows 100000 --rows 1000000 [--index flat --index ivf] \
+    python -m bench.mining_refresh --rows 100000 --rows 1000000 [--index flat --index ivf] \
         [--model DIR] [--encode-batch-size 1024]
 
 Generates a corpus of paraphrase groups, tokenizes it, builds the tiny BERT the demo uses
@@ -13,58 +13,27 @@ mark sampled every 50 ms during the stage.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
-import threading
 import time
-from datetime import date
 from pathlib import Path
 
 import numpy as np
-import psutil
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+from bench.common import GIB, Benchmark, PeakRss, machine_report
+from pipeline.data.synthetic import generate_paraphrase_corpus
+from pipeline.data.tokenize import tokenize_table
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.utf8 import stable_row_id
+from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search
+from pipeline.mining.negatives import NegativeFilters, text_keys
+from pipeline.mining.planning import PlanSettings, plan_from_neighbours
+from pipeline.model.encode import encode_rows
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import load_tokenizer
+from pipeline.model.tiny import build_tiny_model_dir
 
-from markdown_report import GIB, append_section, machine_info, machine_line  # noqa: E402
-
-from pipeline.data.synthetic import generate_paraphrase_corpus  # noqa: E402
-from pipeline.data.tokenize import tokenize_table  # noqa: E402
-from pipeline.data.tokenized import TokenizedCorpus  # noqa: E402
-from pipeline.data.utf8 import stable_row_id  # noqa: E402
-from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
-from pipeline.mining.negatives import NegativeFilters, text_keys  # noqa: E402
-from pipeline.mining.planning import PlanSettings, plan_from_neighbours  # noqa: E402
-from pipeline.model.encode import encode_rows  # noqa: E402
-from pipeline.model.encoder import load_sentence_encoder  # noqa: E402
-from pipeline.model.folders import load_tokenizer  # noqa: E402
-from pipeline.model.tiny import build_tiny_model_dir  # noqa: E402
-
-
-class PeakRss:
-    """Samples this process's RSS in a thread; ``peak`` is the high-water mark since start."""
-
-    def __init__(self, interval: float = 0.05):
-        self.process = psutil.Process(os.getpid())
-        self.interval = interval
-        self.peak = 0
-
-    def __enter__(self) -> PeakRss:
-        self.peak = self.process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
+BENCHMARK = Benchmark(__spec__.name, "Mining refresh at scale")
 
 
 def stage(name: str, results: dict, fn):
@@ -120,7 +89,7 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BENCHMARK.parser(__doc__, append=False)
     parser.add_argument("--rows", type=int, action="append", help="corpus sizes (repeatable)")
     parser.add_argument(
         "--index", action="append", choices=["flat", "ivf", "ivfpq"], help="index kinds (repeatable)"
@@ -166,19 +135,19 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if not args.no_record:
-        machine = machine_line(machine_info())
-        command = "python bench/mining_refresh.py " + " ".join(sys.argv[1:])
         model = (
             f"model {args.model.parent.name}/{args.model.name}"
             if args.model
             else "Tiny BERT (64 hidden, 2 layers)"
         )
-        section = (
-            f"\n### Mining refresh, {'a real' if args.model else 'tiny'} model on CPU ({date.today()})\n\n"
-            f"Machine: {machine}. Command: `{command}`. {model}, top_k={args.top_k}, plan batch "
-            f"{args.batch_size}, encode batch {args.encode_batch_size}, default filters.\n\n{table}\n"
+        body = (
+            f"{model}, top_k={args.top_k}, plan batch {args.batch_size}, encode batch "
+            f"{args.encode_batch_size}, default filters.\n\n{table}"
         )
-        append_section(section)
+        title = (
+            f"{'A real' if args.model else 'Tiny'} model on CPU, {', '.join(f'{n:,}' for n in sizes)} rows"
+        )
+        BENCHMARK.append(title, machine_report(), body)
 
 
 if __name__ == "__main__":

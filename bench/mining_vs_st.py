@@ -1,6 +1,6 @@
 """One hard-negative mining pass: ours next to sentence-transformers' ``mine_hard_negatives``.
 
-    python bench/mining_vs_st.py [--workloads snli wiki] [--rows N] [--repeats 2] [--top-k 64] \\
+    python -m bench.mining_vs_st [--workloads snli wiki] [--rows N] [--repeats 2] [--top-k 64] \\
         [--range-min 10] [--batch-size 64] [--threads N] [--model DIR] [--append docs/benchmarks.md]
 
 Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N pairs of each):
@@ -48,21 +48,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shlex
 import statistics
 import sys
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+from bench.common import Alternating, Benchmark, machine_report, model_label, time_calls, wiki_file
+from bench.st_mnrl_recipe import peer_device
 
-from encode_throughput import WIKI, default_model_dir, model_label  # noqa: E402
-from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
-from st_mnrl_recipe import peer_device  # noqa: E402
-
+BENCHMARK = Benchmark(__spec__.name, "Mining pass: ours vs sentence-transformers mine_hard_negatives")
 SNLI = Path("nli") / "snli-senteval"
 Pairs = tuple[list[str], list[str]]
 
@@ -78,9 +73,7 @@ def read_workload(name: str, data_dir: Path, rows: int | None) -> Pairs:
         pairs = [(a, p) for a, p, lab in zip(s1, s2, labels, strict=True) if lab == "entailment" and a and p]
         anchors, positives = [a for a, _ in pairs], [p for _, p in pairs]
     else:
-        path = data_dir / WIKI
-        if not path.is_file():
-            sys.exit(f"error: {path} not found (pass --data, see ../shared/data/README.md)")
+        path = wiki_file(data_dir)
         anchors = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
         positives = anchors
     if rows is not None:  # wiki stays equal lists: ours compares by value, encodes once
@@ -151,19 +144,12 @@ class Peer:
         self.encode_seconds = 0.0
         self.encoded = 0
         for name in ("encode_query", "encode_document"):
-            # An instance attribute shadows the method: mine_hard_negatives calls the wrapper.
-            setattr(self.model, name, self._timed(getattr(self.model, name)))
+            # On the instance: mine_hard_negatives' calls go through the timer.
+            time_calls(self.model, name, self._count)
 
-    def _timed(self, original: Any) -> Any:
-        def timed(sentences: Any, *a: Any, **kw: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return original(sentences, *a, **kw)
-            finally:
-                self.encode_seconds += time.perf_counter() - started
-                self.encoded += len(sentences)
-
-        return timed
+    def _count(self, seconds: float, args: tuple[Any, ...]) -> None:
+        self.encode_seconds += seconds
+        self.encoded += len(args[0])
 
     def run(self, anchors: list[str], positives: list[str]) -> dict[str, Any]:
         from datasets import Dataset
@@ -211,9 +197,7 @@ def benchmark(args: argparse.Namespace, name: str, ours: Ours, peer: Peer) -> di
     samples: dict[str, list[dict[str, Any]]] = {"ours": [], "peer": []}
     agreement = (0, 0.0)
     for repeat in range(args.repeats):
-        order = [("ours", ours), ("peer", peer)]
-        if repeat % 2:
-            order.reverse()  # drift in machine load must not favour one side
+        order = Alternating.order(repeat, [("ours", ours), ("peer", peer)])
         for side, tool in order:
             samples[side].append(tool.run(anchors, positives))
         o, p = samples["ours"][-1], samples["peer"][-1]
@@ -239,6 +223,22 @@ def benchmark(args: argparse.Namespace, name: str, ours: Ours, peer: Peer) -> di
     }  # fmt: skip
 
 
+def append_markdown(path: Path, args: argparse.Namespace, machine: str, table: str) -> None:
+    device = peer_device()
+    search = "torch top-k on the GPU" if device == "cuda" else "exact flat faiss"
+    body = (
+        f"Ours: `pipeline.jobs.mine_job.mine_pairs`; ST: "
+        f"`mine_hard_negatives(use_faiss={device == 'cpu'})`; search: {search}. Same model, max length {args.max_seq_len}, encode batch "
+        f"{args.batch_size}, {args.threads} torch threads, k = range_max = {args.top_k}, "
+        f"range_min {args.range_min}, relative_margin 0.05, 1 negative, top sampling. "
+        f"{Alternating.note(args.repeats)} On wiki (anchor = positive) ST encodes every sentence twice, "
+        "ours once. Same negative: over the pairs both output; the filters are ST's, in its order, "
+        f"except that ours also drops normalised-text duplicates of the anchor and positive.\n\n{table}"
+    )
+    title = f"{' and '.join(args.workloads)}, {model_label(args.model)} on {device.upper()}"
+    BENCHMARK.append(title, machine, body, path)
+
+
 def render(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     header = (
         "| workload | pairs | texts encoded (ours / ST) | k | ours encode s | ours index+search s "
@@ -257,50 +257,18 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
-    machine = machine_and_versions(info)
-    command = "python bench/mining_vs_st.py " + shlex.join(sys.argv[1:])
-    device = peer_device()
-    model = model_label(args.model)
-    search = "torch top-k on the GPU" if device == "cuda" else "exact flat faiss"
-    section = (
-        f"\n### Mining pass: ours vs sentence-transformers mine_hard_negatives, {model} on {device.upper()} "
-        f"({date.today()})\n\n"
-        f"Machine: {machine}. Command: `{command}`. Ours: `pipeline.jobs.mine_job.mine_pairs`; ST: "
-        f"`mine_hard_negatives(use_faiss={device == 'cpu'})`; search: {search}. Same model, max length {args.max_seq_len}, encode batch "
-        f"{args.batch_size}, {args.threads} torch threads, k = range_max = {args.top_k}, "
-        f"range_min {args.range_min}, relative_margin 0.05, 1 negative, top sampling; medians of "
-        f"{args.repeats} alternating repeats after one warm-up each. Ratio > 1: ours is faster. On wiki "
-        f"(anchor = positive) ST encodes every sentence twice, ours once. Same negative: over the pairs "
-        f"both output; the filters are ST's, in its order, except that ours also drops normalised-text "
-        f"duplicates of the anchor and positive.\n\n{table}\n"
-    )
-    append_section(section, path)
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")
+    parser = BENCHMARK.parser(__doc__, side_by_side=True)
     parser.add_argument("--workloads", nargs="+", choices=["snli", "wiki"], default=["snli", "wiki"])
     parser.add_argument(
         "--rows", type=int, default=None, help="first N pairs of each workload (default: all)"
     )
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--top-k", type=int, default=64, help="ours mining.top_k = ST range_max")
     parser.add_argument("--range-min", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=64, help="encode batch size, both sides")
-    parser.add_argument("--max-seq-len", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads, both sides")
-    parser.add_argument(
-        "--model", type=Path, default=None, help="model folder (default: the minilm package's)"
-    )
-    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
-    args = parser.parse_args()
-    if min(args.repeats, args.batch_size, args.threads, args.rows or 1) < 1:
-        parser.error("--rows, --repeats, --batch-size and --threads must be at least 1")
+    Alternating.add_options(parser, repeats=2, batch_size=64, batch_help="encode batch size, both sides")
+    args = BENCHMARK.parse(parser)
     if not 0 <= args.range_min < args.top_k:
         parser.error("--range-min must be in [0, --top-k)")
-    args.model = args.model or default_model_dir()
     return args
 
 
@@ -315,7 +283,7 @@ def main() -> None:
 
     quiet_libraries()
     torch.set_num_threads(args.threads)
-    info = machine_info(("torch", "sentence-transformers", "faiss-cpu"))
+    machine = machine_report("torch", "sentence-transformers", "faiss-cpu")
     print(f"model {args.model}, {args.threads} torch threads, k {args.top_k}, range_min {args.range_min}")
     ours, peer = Ours(args), Peer(args)
     results = [benchmark(args, name, ours, peer) for name in args.workloads]
@@ -328,7 +296,7 @@ def main() -> None:
     )
     print(table)
     if args.append is not None:
-        append_markdown(args.append, args, info, table)
+        append_markdown(args.append, args, machine, table)
 
 
 if __name__ == "__main__":

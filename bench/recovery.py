@@ -1,6 +1,6 @@
 """What a failure costs, against the checkpoint interval, and how long a killed job takes to resume.
 
-    python bench/recovery.py [--intervals 0 50 10] [--kill-at 80] [--append docs/benchmarks.md]
+    python -m bench.recovery [--intervals 0 50 10] [--kill-at 80] [--append docs/benchmarks.md]
 
 For each ``checkpoint.every_steps`` value one demo-sized job (2 workers, 2 epochs, ~9.6k
 generated sentences, mining on) runs; rank 0's train worker is SIGKILLed once its MLflow
@@ -20,20 +20,19 @@ the same command is run again: time to resume is from that command's start to it
 
 from __future__ import annotations
 
-import argparse
+import os
 import platform
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+from mlflow.tracking import MlflowClient
 
-from markdown_report import append_section, machine_info, machine_line  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-from test_failures import RunningJob, snapshot_checkpoints, steps_redone, wait_for  # noqa: E402
+from bench.common import Benchmark, machine_report
+from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wait_for
+
+BENCHMARK = Benchmark(__spec__.name, "Recovery: worker kill and driver kill")
 
 BASE = ["data.generated.num_groups=2500", "train.epochs=2", "train.log_every=5", "tracking.flush_every_s=1"]
 
@@ -113,18 +112,17 @@ def driver_kill() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BENCHMARK.parser(__doc__)
     parser.add_argument("--intervals", type=int, nargs="+", default=[0, 50, 10])
     parser.add_argument(
         "--kill-at", type=int, default=80, help="steps into epoch 2 at which rank 0 is killed"
     )
-    parser.add_argument("--append", help="markdown file to append the table to")
     args = parser.parse_args()
     rows = [worker_kill(every, args.kill_at) for every in args.intervals]
     driver = driver_kill()
     lines = [
         f"Worker kill ({platform.processor() or platform.machine()}, 2 train workers on "
-        f"{__import__('os').cpu_count()} CPUs; rank 0 SIGKILLed ~{args.kill_at} steps into epoch 2):",
+        f"{os.cpu_count()} CPUs; rank 0 SIGKILLed ~{args.kill_at} steps into epoch 2):",
         "",
         "| checkpoint.every_steps | resumed from step | steps redone | seconds lost | of which redoing steps | restart overhead |",
         "|---|---|---|---|---|---|",
@@ -143,12 +141,8 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.append:
-        command = "python bench/recovery.py " + " ".join(sys.argv[1:])
-        append_section(
-            f"\n### Recovery: worker kill and driver kill ({time.strftime('%Y-%m-%d')})\n\n"
-            f"Machine: {machine_line(machine_info())}. Command: `{command}`.\n\n{table}\n",
-            Path(args.append),
-        )
+        title = f"{len(args.intervals)} checkpoint intervals, demo-sized job on CPU"
+        BENCHMARK.append(title, machine_report(), table, args.append)
 
 
 if __name__ == "__main__":

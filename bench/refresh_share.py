@@ -1,8 +1,8 @@
 """What a hard-negative refresh costs a training run: its share of an epoch, sync and async.
 
-    python bench/refresh_share.py [--rows 100000] [--epochs 2] [--modes off sync async] \\
+    python -m bench.refresh_share [--rows 100000] [--epochs 2] [--modes off sync async] \\
         [--set mining.index=ivf ...] [--keep] [--append docs/benchmarks.md]
-    python bench/refresh_share.py --reread /tmp/refresh-share-XXXX   # re-render kept runs
+    python -m bench.refresh_share --reread /tmp/refresh-share-XXXX   # re-render kept runs
 
 Runs the real training job (``jobs/train.py`` with ``jobs/configs/demo.yaml``: the tiny BERT,
 2 DDP CPU workers, a local Ray) on a generated corpus of ``--rows`` sentences, once per mode,
@@ -36,20 +36,14 @@ else meanwhile.
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
-import subprocess
-import sys
+import shutil
 import tempfile
-import time
-from datetime import date
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+from bench.common import REPO, Benchmark, machine_report, run_train_job
 
-from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
+BENCHMARK = Benchmark(__spec__.name, "Refresh share of an epoch, sync and async")
 
 MODES = ("off", "sync", "async")
 GROUP_SIZE = 4
@@ -72,22 +66,10 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         "mining.enabled=false" if mode == "off" else f"mining.mode={mode}",
         *args.set,
     ]
-    command = [sys.executable, str(REPO / "jobs" / "train.py"), "--config", str(args.config)]
-    for override in overrides:
-        command += ["--set", override]
-    env = dict(os.environ)
-    env.pop("OMP_NUM_THREADS", None)
-    env.update({"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "output.log"
-    print(f"[bench] {mode}: {shlex.join(command[1:3])} ... ({log_path})", flush=True)
-    start = time.perf_counter()
-    with log_path.open("w") as log:
-        code = subprocess.call(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - start
-    if code != 0:
-        output = log_path.read_text(errors="replace")
-        sys.exit(f"error: the {mode} run failed (exit {code}); the end of {log_path}:\n{output[-3000:]}")
+    print(f"[bench] {mode}: jobs/train.py --config {args.config} ... ({log_path})", flush=True)
+    wall = run_train_job(overrides, workdir, log_path, f"the {mode} run", config=args.config)
 
     result = read_run(workdir)
     result["wall_s"] = wall
@@ -237,9 +219,7 @@ def render(results: dict[str, dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = BENCHMARK.parser(__doc__, whole_doc=True)
     parser.add_argument("--rows", type=int, default=100_000, help="generated corpus size")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
@@ -252,7 +232,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="DIR",
         help="render the runs a --keep run left in DIR instead of running",
     )
-    parser.add_argument("--append", type=Path, help="append the table to this markdown file")
     parser.add_argument("--copy-dbs", type=Path, metavar="DIR", help="copy each mode's MLflow store to DIR")
     args = parser.parse_args(argv)
     if args.rows < 4 * GROUP_SIZE or args.epochs < 2:
@@ -272,27 +251,20 @@ def main(argv: list[str] | None = None) -> None:
     table = render(results)
     print(table)
     if args.append:
-        info = machine_info(("torch", "ray", "faiss-cpu"))
-        command = shlex.join(["python", "bench/refresh_share.py", *(argv or sys.argv[1:])])
         where, job = describe_job(args)
-        section = (
-            f"\n### Refresh share of an epoch, sync and async, on {where} ({date.today().isoformat()})\n\n"
-            f"Machine: {machine_and_versions(info)}. Command: `{command}`. The job `{args.config.name}` "
-            f"({job}) on {args.rows:,} generated "
+        body = (
+            f"The job `{args.config.name}` ({job}) on {args.rows:,} generated "
             f"sentences, {args.epochs} epochs, no evaluation. Exposed = boundary wait + the extra time of the steps "
             "that ended while the miner worked, against the mean step before it started; share = "
             "exposed / (steps per epoch x that step).\n\n" + table
         )
-        append_section(section, args.append)
+        title = f"`{args.config.name}` on {where}, {' / '.join(args.modes)}"
+        BENCHMARK.append(title, machine_report("torch", "ray", "faiss-cpu"), body, args.append, argv)
     if args.copy_dbs:
-        import shutil
-
         args.copy_dbs.mkdir(parents=True, exist_ok=True)
         for mode in results:
             shutil.copy2(root / mode / "mlruns.db", args.copy_dbs / f"refresh-share-{mode}.db")
     if not args.keep:
-        import shutil
-
         shutil.rmtree(root, ignore_errors=True)
     else:
         print(f"[bench] runs kept in {root}")

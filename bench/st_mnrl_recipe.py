@@ -2,7 +2,7 @@
 the same model, rows, batch size, max length, learning rate and steps, scored by the same STS
 evaluation as the pipeline's runs.
 
-    python bench/st_mnrl_recipe.py --model runs/recipe-data/all-MiniLM-L6-v2 \\
+    python -m bench.st_mnrl_recipe --model runs/recipe-data/all-MiniLM-L6-v2 \\
         --train runs/recipe-data/wiki-sentences.txt --max-rows 3072 --epochs 2 --lr 3e-5 \\
         --sts ../shared/data/stsb/sts-dev.csv --out runs/st-wiki
 
@@ -19,7 +19,7 @@ linearly over that share of the steps; ``--no-duplicates`` batches with sentence
 anchor's other positives are then never its in-batch negatives). Prints one JSON line: with
 ``--sts``, Spearman x 100 and the paraphrase retrieval scores (MRR@10, recall@1, x 100) of the
 final model, per file and averaged; always ``model_dir``, the final model's folder, for an
-evaluation elsewhere (``bench/hard_negatives.py --task twitter-url`` scores it with
+evaluation elsewhere (``python -m bench.hard_negatives --task twitter-url`` scores it with
 ``jobs/evaluate.py --retrieval``).
 
 ``--mine-hard-negatives`` first runs ``sentence_transformers.util.mine_hard_negatives`` on the
@@ -42,7 +42,6 @@ their negatives, of ``mining_rows_in``), ``mining_seconds`` and ``mining_setting
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -50,8 +49,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from bench.common import argument_parser
 
 POSITIVE_LABEL = 1
 """The label of a paraphrase (positive) row in a headerless pair file."""
@@ -132,8 +130,7 @@ def training_rows(path: str, max_rows: int | None) -> dict[str, list[str]]:
 
 
 class PeerMining(NamedTuple):
-    """``mine_hard_negatives``' settings; the defaults are the pipeline's ``mining`` defaults.
-    (A NamedTuple, not a dataclass: tests load this file without registering it as a module.)"""
+    """``mine_hard_negatives``' settings; the defaults are the pipeline's ``mining`` defaults."""
 
     range_min: int = 10
     range_max: int | None = 64
@@ -269,7 +266,7 @@ def peer_device() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = argument_parser(__spec__.name, __doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--train", required=True)
     parser.add_argument("--max-rows", type=int, default=None)
@@ -300,12 +297,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run sentence-transformers' mine_hard_negatives first",
     )
-    mining.add_argument("--range-min", type=int, default=defaults.range_min, help="(default: %(default)s)")
+    for flag, kind, default, meaning in (
+        ("--range-min", int, defaults.range_min, ""),
+        ("--range-max", int, defaults.range_max, "candidates searched; 0 or a negative value: derived by sentence-transformers "),
+        ("--relative-margin", float, defaults.relative_margin, "a negative value: none "),
+        ("--num-negatives", int, defaults.num_negatives, ""),
+        ("--mining-batch-size", int, defaults.batch_size, "sentences per encode batch "),
+    ):  # fmt: skip
+        mining.add_argument(flag, type=kind, default=default, help=f"{meaning}(default: %(default)s)")
     mining.add_argument(
-        "--range-max",
-        type=int,
-        default=defaults.range_max,
-        help="candidates searched; 0 or a negative value: derived by sentence-transformers (default: %(default)s)",
+        "--sampling", choices=("top", "random"), default=defaults.sampling, help="(default: %(default)s)"
     )
     mining.add_argument(
         "--mining-corpus",
@@ -313,24 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar=f"FILE|{ALL_ROWS}",
         help="candidate negatives: a text file's lines, or every row's second column of the --train "
         "pair file (default: the training rows' positives)",
-    )
-    mining.add_argument(
-        "--relative-margin",
-        type=float,
-        default=defaults.relative_margin,
-        help="a negative value: none (default: %(default)s)",
-    )
-    mining.add_argument(
-        "--num-negatives", type=int, default=defaults.num_negatives, help="(default: %(default)s)"
-    )
-    mining.add_argument(
-        "--sampling", choices=("top", "random"), default=defaults.sampling, help="(default: %(default)s)"
-    )
-    mining.add_argument(
-        "--mining-batch-size",
-        type=int,
-        default=defaults.batch_size,
-        help="sentences per encode batch (default: %(default)s)",
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,13 +1,13 @@
 """Training throughput: this pipeline's SimCSE job next to sentence-transformers' MNRL trainer.
 
-    python bench/train_throughput.py [--data ../shared/data] [--steps 60] [--batch-size 64] \\
+    python -m bench.train_throughput [--data ../shared/data] [--steps 60] [--batch-size 64] \\
         [--max-seq-len 32] [--warmup-steps 5] [--repeats 2] \\
         [--configs ours-1w st ours-2w ours-1w-grouped] \\
         [--model DIR] [--set KEY=VALUE ...] [--append docs/benchmarks.md]
 
 On a GPU machine both sides train there: ours with ``--set train.use_gpu=true`` (bf16
-autocast), sentence-transformers on CUDA in bf16 (``st_mnrl_recipe.peer_device``); there
-``bench/gpu_inputs.py`` writes the ``--data`` folder and a random-weights ``--model``.
+autocast), sentence-transformers on CUDA in bf16 (``bench.st_mnrl_recipe.peer_device``); there
+``python -m bench.gpu_inputs`` writes the ``--data`` folder and a random-weights ``--model``.
 
 Unsupervised SimCSE on the same ``--steps x --batch-size`` Wikipedia sentences (the rows
 ``data.max_rows`` picks: distinct sentences, first by content hash), all-MiniLM-L6-v2 from
@@ -26,10 +26,10 @@ exactly ``--steps`` steps, each side in its own process, the configurations alte
   length-sorted groups of 50, so they carry little padding). It is listed apart because it
   changes which sentences share a batch; sentence-transformers has no such sampler (its
   batch samplers are random, no-duplicates and group-by-label), and its quality effect is
-  measured by ``bench/length_grouping.py``.
+  measured by ``bench.length_grouping``.
 - ``st``: ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss(scale=20)`` (=
   temperature 0.05) on (anchor, positive = the same sentence) pairs, set up as
-  ``bench/st_mnrl_recipe.py`` does, ``torch.set_num_threads(--threads)``; dropout makes the
+  ``bench.st_mnrl_recipe`` does, ``torch.set_num_threads(--threads)``; dropout makes the
   two views differ, which is unsupervised SimCSE.
 
 Measured, each as the median over repeats:
@@ -68,24 +68,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+from bench.common import (
+    REPO,
+    Benchmark,
+    TreeCpuSampler,
+    machine_report,
+    model_label,
+    timed_job_env,
+    wiki_file,
+)
+from bench.st_mnrl_recipe import build_mnrl_trainer, peer_device, training_rows
 
-from encode_throughput import WIKI, default_model_dir, model_label  # noqa: E402
-from markdown_report import append_section, machine_and_versions, machine_info  # noqa: E402
-
+BENCHMARK = Benchmark(__spec__.name, "Training throughput: ours vs sentence-transformers MNRL")
 RESULT_PREFIX = "TRAIN_THROUGHPUT_RESULT "
 CONFIGS = ("ours-1w", "ours-2w", "ours-1w-grouped", "st")
 
@@ -105,7 +108,7 @@ def wiki_simcse_overrides(args: argparse.Namespace, rows: int, workdir: Path, tr
     warm-up, mining off, an MLflow store at ``tracking_uri``."""
     return [
         f"run.output_dir={workdir / 'runs'}",
-        f"data.path={args.data / WIKI}",
+        f"data.path={wiki_file(args.data)}",
         "data.format=text",
         f"data.max_rows={rows}",
         f"data.max_seq_len={args.max_seq_len}",
@@ -181,12 +184,11 @@ def child_ours(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def child_st(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     import torch
-    from st_mnrl_recipe import build_mnrl_trainer, training_rows
     from transformers import TrainerCallback
 
     marks: list[tuple[str, float]] = [("python + imports", time.time())]
     torch.set_num_threads(args.threads)
-    rows = training_rows(str(args.data / WIKI), args.steps * args.batch_size)
+    rows = training_rows(str(wiki_file(args.data)), args.steps * args.batch_size)
     begins: list[float] = []
     ends: list[float] = []
     losses: list[float] = []
@@ -235,90 +237,20 @@ def child_main(args: argparse.Namespace) -> None:
 # The parent: runs the children, samples their CPU use, reduces and prints.
 
 
-class TreeCpuSampler:
-    """Samples the CPU seconds of a process and all its descendants every ``interval`` s,
-    labelling each as the root, a Ray Train worker or something else."""
-
-    def __init__(self, root_pid: int, interval: float = 0.5):
-        self.root_pid = root_pid
-        self.interval = interval
-        self.samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> TreeCpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            now = time.time()
-            snapshot: dict[int, tuple[str, float]] = {}
-            try:
-                root = psutil.Process(self.root_pid)
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                procs = []
-            for proc in procs:
-                try:
-                    cpu = proc.cpu_times()
-                    title = " ".join(proc.cmdline())
-                except psutil.Error:
-                    continue
-                if proc.pid == self.root_pid:
-                    label = "root"
-                else:
-                    label = "worker" if "RayTrainWorker" in title else "other"
-                snapshot[proc.pid] = (label, cpu.user + cpu.system)
-            self.samples.append((now, snapshot))
-            self._stop.wait(self.interval)
-
-    def cores_busy(self, start: float, end: float, root_is_worker: bool) -> dict[str, float]:
-        """Mean cores busy per label between the samples nearest ``start`` and ``end``."""
-        if len(self.samples) < 2:
-            return {"worker": float("nan"), "other": float("nan")}
-        first = min(self.samples, key=lambda s: abs(s[0] - start))
-        last = min(self.samples, key=lambda s: abs(s[0] - end))
-        span = last[0] - first[0]
-        busy = {"worker": 0.0, "other": 0.0}
-        for pid, (label, cpu) in last[1].items():
-            if pid in first[1]:
-                if label == "root":
-                    # ST trains in its one process; our driver only waits on Ray.
-                    label = "worker" if root_is_worker else "other"
-                busy[label] += cpu - first[1][pid][1]
-        return {k: v / span if span > 0 else float("nan") for k, v in busy.items()}
-
-
 def run_child(
     name: str, args: argparse.Namespace, workdir: Path, ray_tmp: Path
 ) -> tuple[dict[str, Any], TreeCpuSampler, float, float]:
     """One configuration in its own process; returns its result, CPU samples, spawn and exit times."""
-    command = [sys.executable, str(Path(__file__).resolve()), *args.child_argv]
+    command = [sys.executable, "-m", __spec__.name, *args.child_argv]
     if name == "st":
         command += ["--child", "st"]
     else:
         command += ["--child", "ours", "--workers", str(ours_workers(name))]
         if name.endswith("-grouped"):
             command.append("--group-by-length")
-    env = dict(os.environ)
-    # Ray must pick each worker's thread count from its CPUs: an inherited value would win.
-    env.pop("OMP_NUM_THREADS", None)
-    env.update(
-        {
-            "RAY_AUTH_MODE": "disabled",
-            "RAY_TMPDIR": str(ray_tmp),
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
+    # The child runs in its own folder: the repository root on its path finds this package.
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = timed_job_env({"RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": python_path})
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "output.log"
     with log_path.open("w") as log:
@@ -394,6 +326,23 @@ LABELS = {
 }
 
 
+def append_markdown(path: Path, args: argparse.Namespace, machine: str, table: str) -> None:
+    overrides = f" Ours also with `{' '.join(args.set)}`." if args.set else ""
+    body = (
+        f"Unsupervised SimCSE on {args.steps * args.batch_size:,} "
+        f"{args.corpus_label} sentences ({args.steps} steps of {args.batch_size}, max length {args.max_seq_len}, "
+        f"lr {args.lr:g}, mean pooling, temperature 0.05 = MNRL scale 20); medians of {args.repeats} "
+        f"rounds of `{' '.join(args.configs)}`, each run in its own process.{overrides} Steady = steps "
+        f"{args.warmup_steps + 1}-{args.steps} from step-end times (ours: MLflow `train/loss` timestamps; "
+        f"ST: `on_step_end`); in-step = ours' `train/sentences_per_s` metric, ST's `on_step_begin`-`on_step_end`. "
+        f"End-to-end includes ours' Ray start, Ray Data tokenization and Ray Train start-up "
+        f"(~20 s fixed) before the first step, and checkpoint, export and MLflow model logging "
+        f"after the last.\n\n{table}"
+    )
+    title = f"`{' '.join(args.configs)}`, {model_label(args.model)} on {peer_device().upper()}"
+    BENCHMARK.append(title, machine, body, path)
+
+
 def render(medians: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
     cores = os.cpu_count() or 1
     header = (
@@ -424,38 +373,10 @@ def render(medians: dict[str, dict[str, float]], args: argparse.Namespace) -> st
     return "\n".join(lines)
 
 
-def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], table: str) -> None:
-    machine = machine_and_versions(info)
-    command = "python bench/train_throughput.py " + shlex.join(sys.argv[1:])
-    from st_mnrl_recipe import peer_device
-
-    model = model_label(args.model)
-    overrides = f" Ours also with `{' '.join(args.set)}`." if args.set else ""
-    section = (
-        f"\n### Training throughput: ours vs sentence-transformers MNRL, {model} on "
-        f"{peer_device().upper()} ({date.today()})\n\n"
-        f"Machine: {machine}. Command: `{command}`.{overrides} Unsupervised SimCSE on {args.steps * args.batch_size:,} "
-        f"{args.corpus_label} sentences ({args.steps} steps of {args.batch_size}, max length {args.max_seq_len}, "
-        f"lr {args.lr:g}, mean pooling, temperature 0.05 = MNRL scale 20); medians of {args.repeats} "
-        f"rounds of `{' '.join(args.configs)}`, each run in its own process. Steady = steps "
-        f"{args.warmup_steps + 1}-{args.steps} from step-end times (ours: MLflow `train/loss` timestamps; "
-        f"ST: `on_step_end`); in-step = ours' `train/sentences_per_s` metric, ST's `on_step_begin`-`on_step_end`. "
-        f"End-to-end includes ours' Ray start, Ray Data tokenization and Ray Train start-up "
-        f"(~20 s fixed) before the first step, and checkpoint, export and MLflow model logging "
-        f"after the last.\n\n{table}\n"
-    )
-    append_section(section, path)
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="../shared/data")
-    parser.add_argument(
-        "--model", type=Path, default=None, help="model folder (default: the minilm package's)"
-    )
+    parser = BENCHMARK.parser(__doc__, side_by_side=True)
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per run (one epoch)")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
-    parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--warmup-steps", type=int, default=5, help="first steps left out of steady state")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over --configs")
@@ -481,17 +402,14 @@ def parse_args() -> argparse.Namespace:
         "--corpus-label", default="Wikipedia", help="what the --data sentences are, for the report"
     )
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
-    parser.add_argument("--append", type=Path, default=None, metavar="FILE", help="append the table to FILE")
     parser.add_argument("--child", choices=["ours", "st"], help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--group-by-length", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    # A window starts at a step's end, so at least the first step is left out.
+    args = BENCHMARK.parse(parser)
     if args.steps < args.warmup_steps + 2:
         parser.error("--steps must exceed --warmup-steps by at least 2")
-    if min(args.batch_size, args.repeats, args.threads, args.warmup_steps) < 1:
-        # A window starts at a step's end, so at least the first step is left out.
-        parser.error("--batch-size, --repeats, --threads and --warmup-steps must be at least 1")
-    args.model = (args.model or default_model_dir()).resolve()
+    args.model = args.model.resolve()
     args.data = args.data.resolve()
     # What every child gets: the shared settings, resolved (children run in other folders).
     args.child_argv = [
@@ -507,11 +425,7 @@ def parse_args() -> argparse.Namespace:
 
 def check_corpus(args: argparse.Namespace) -> None:
     """Enough distinct sentences for ``steps x batch``, so both sides train on exactly that."""
-    from st_mnrl_recipe import training_rows
-
-    path = args.data / WIKI
-    if not path.is_file():
-        sys.exit(f"error: {path} not found (pass --data, the folder described in ../shared/data/README.md)")
+    path = wiki_file(args.data)
     need = args.steps * args.batch_size
     have = len(training_rows(str(path), None)["anchor"])
     if have < need:
@@ -525,7 +439,7 @@ def main() -> None:
         child_main(args)
         return
     check_corpus(args)
-    info = machine_info(("torch", "transformers", "sentence-transformers", "ray", "mlflow"))
+    machine = machine_report("torch", "transformers", "sentence-transformers", "ray", "mlflow")
     root = Path(tempfile.mkdtemp(prefix="train-throughput-"))
     # Ray's socket paths must stay short: its temp dir goes directly under /tmp.
     ray_tmp = Path(tempfile.mkdtemp(prefix="tt-ray-", dir="/tmp"))
@@ -553,7 +467,7 @@ def main() -> None:
     table = render(medians, args)
     print("\n" + table)
     if args.append is not None:
-        append_markdown(args.append, args, info, table)
+        append_markdown(args.append, args, machine, table)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import pyarrow as pa
 import pytest
 
+from bench.common import job_env
 from pipeline.runtime.cluster import free_port
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -29,7 +27,7 @@ PYTHON = sys.executable
 
 
 def load_script(relative_path: str, name: str):
-    """A script of the repository (``bench/*.py``, ``jobs/*.py``: not an installed package),
+    """A script of the repository (``jobs/*.py``: not an installed package),
     imported as module ``name`` and registered in ``sys.modules`` (dataclasses look their
     module up there)."""
     import importlib.util
@@ -110,14 +108,6 @@ def ray_local():
 
     with ray_session(load_config(None, ["ray.num_cpus=4"])):
         yield ray
-
-
-def job_env(extra: dict | None = None) -> dict:
-    """Environment for running jobs/*.py as a user would, isolated from the caller's MLflow."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_ADDRESS"))}
-    env.update({"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
-    env.update(extra or {})
-    return env
 
 
 def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tuple[int, ...] = ()) -> None:
@@ -262,84 +252,3 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-
-
-class RunningJob:
-    """``jobs/train.py`` in its own session, its output collected line by line with arrival times."""
-
-    def __init__(self, cwd: Path, overrides: list[str], env: dict | None = None, config: str | None = None):
-        args = [
-            PYTHON,
-            str(REPO / "jobs/train.py"),
-            "--config",
-            config or str(REPO / "jobs/configs/demo.yaml"),
-        ]
-        for item in overrides:
-            args += ["--set", item]
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            args, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
-        )  # fmt: skip
-        self.lines: list[tuple[float, str]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(line for _, line in self.lines)
-
-    def first_line_time(self, pattern: str) -> float | None:
-        found = next((t for t, line in self.lines if re.search(pattern, line)), None)
-        return None if found is None else found - self.started
-
-    def processes(self, title: str) -> list[psutil.Process]:
-        """Descendants of the job whose process title (Ray sets ``ray::Class.method``) contains ``title``."""
-        found = []
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        for child in children:
-            try:
-                if title in " ".join(child.cmdline()):
-                    found.append(child)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        return found
-
-    def wait(self, timeout: float) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        finally:
-            self.kill_all()
-        self._reader.join(timeout=10)
-        return code
-
-    def kill_all(self) -> None:
-        """SIGKILL the job and everything it started (its local Ray included)."""
-        with_children = []
-        with contextlib.suppress(psutil.NoSuchProcess):
-            with_children = psutil.Process(self.proc.pid).children(recursive=True)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        for child in with_children:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
-
-
-def wait_for(condition, timeout: float, what: str, job: RunningJob | None = None, poll: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if job is not None and job.proc.poll() is not None:
-            pytest.fail(f"the job ended while waiting for {what}:\n{job.output[-4000:]}")
-        time.sleep(poll)
-    pytest.fail(f"timed out waiting for {what}" + (f":\n{job.output[-4000:]}" if job else ""))

@@ -1,7 +1,7 @@
-"""bench/hard_negatives.py's pure parts: variants per task, the peer's mining options, the report;
+"""bench.hard_negatives' pure parts: variants per task, the peer's mining options, the report;
 for the retrieval task (twitter-url): each arm's overrides and commands, the evaluator's JSON, the
 report's numbers and goals, --skip-done, BM25 through the evaluator's metrics, and
-st_mnrl_recipe.py's pair-file reading. Nothing trains and nothing reads ../shared."""
+bench.st_mnrl_recipe's pair-file reading. Nothing trains and nothing reads ../shared."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import json
 import math
 
 import pytest
-from conftest import load_script
 
+import bench.hard_negatives
+from bench import st_mnrl_recipe
 from pipeline.config.mining_section import MiningSection
 
 
 @pytest.fixture(scope="module")
 def hn():
-    return load_script("bench/hard_negatives.py", "hard_negatives")
+    return bench.hard_negatives
 
 
 def test_sampler_variants_of_the_unsupervised_tasks(hn):
@@ -156,21 +157,22 @@ def test_pipeline_variants_are_compared_seed_by_seed_and_the_peer_by_means(hn):
 def test_the_peers_mining_joins_each_mined_negative_to_its_own_row(
     tmp_path, trained_tiny_model_dir, paraphrase_pairs
 ):
-    """``st_mnrl_recipe.py --mine-hard-negatives``: sentence-transformers returns its rows
+    """``bench.st_mnrl_recipe --mine-hard-negatives``: sentence-transformers returns its rows
     reordered; each kept row must get the negative mined for its own (anchor, positive), one
     that passes the relative margin against that pair under the same model."""
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
-    peer = load_script("bench/st_mnrl_recipe.py", "st_mnrl_recipe")
     anchors, positives = paraphrase_pairs
     rows = {
         "anchor": list(anchors),
         "positive": list(positives),
         "negative": [f"given {i}" for i in range(len(anchors))],
     }
-    settings = peer.PeerMining(range_min=2, range_max=16, relative_margin=0.05, num_negatives=1)
-    mined, report = peer.mine_negatives(trained_tiny_model_dir, rows, settings, max_seq_len=32, seed=0)
+    settings = st_mnrl_recipe.PeerMining(range_min=2, range_max=16, relative_margin=0.05, num_negatives=1)
+    mined, report = st_mnrl_recipe.mine_negatives(
+        trained_tiny_model_dir, rows, settings, max_seq_len=32, seed=0
+    )
 
     kept = len(mined["anchor"])
     assert report["mined_anchors"] == kept and report["mining_rows_in"] == len(anchors) and kept > 0
@@ -294,7 +296,7 @@ def test_the_peers_train_on_the_recipes_settings_and_are_scored_by_the_evaluator
 
     def fake_run_logged(cmd, log):
         calls.append(cmd)
-        if cmd[1] == "bench/st_mnrl_recipe.py":
+        if cmd[1:3] == ["-m", "bench.st_mnrl_recipe"]:
             out = cmd[cmd.index("--out") + 1]
             line = {"steps": 306, "rows": 6500, "train_seconds": 600.0, "mined_anchors": 6500,
                     "mining_rows_in": 7710, "mining_seconds": 113.0, "model_dir": f"{out}/model"}  # fmt: skip
@@ -304,7 +306,7 @@ def test_the_peers_train_on_the_recipes_settings_and_are_scored_by_the_evaluator
     monkeypatch.setattr(hn, "run_logged", fake_run_logged)
     record = hn.run_retrieval_arm(task, "st-mined", 2, keep_dir=True)
     train, evaluate = calls
-    options = dict(zip(train[2::2], train[3::2], strict=False))
+    options = dict(zip(train[3::2], train[4::2], strict=False))
     assert options["--seed"] == "2" and options["--warmup-ratio"] == "0.1" and options["--lr"] == "5e-05"
     assert options["--batch-size"] == "64" and options["--max-seq-len"] == "32" and options["--epochs"] == "3"
     assert "--no-duplicates" in train and "--sts" not in train
@@ -489,7 +491,6 @@ def test_bm25_is_scored_by_the_evaluators_ranking_metrics(hn, tmp_path):
 
 
 def test_the_peer_reads_a_headerless_pair_file_as_it_is(tmp_path):
-    peer = load_script("bench/st_mnrl_recipe.py", "st_mnrl_recipe")
     path = tmp_path / "train.tsv"
     path.write_text(
         'obama says " no " \t obama : " no "\t1\n'
@@ -499,22 +500,22 @@ def test_the_peer_reads_a_headerless_pair_file_as_it_is(tmp_path):
         "second headline\tweather today\t0\n",
         encoding="utf-8",
     )
-    rows = peer.training_rows(str(path), None)
+    rows = st_mnrl_recipe.training_rows(str(path), None)
     assert rows == {
         "anchor": ['obama says " no "', "second headline"],
         "positive": ['obama : " no "', "its tweet"],
     }
-    assert peer.training_rows(str(path), 1)["anchor"] == ['obama says " no "']
-    assert peer.mining_corpus(peer.ALL_ROWS, str(path)) == [
+    assert st_mnrl_recipe.training_rows(str(path), 1)["anchor"] == ['obama says " no "']
+    assert st_mnrl_recipe.mining_corpus(st_mnrl_recipe.ALL_ROWS, str(path)) == [
         'obama : " no "',
         "weather today",
         "its tweet",
         "an empty anchor",
     ]
-    assert peer.mining_corpus(None, str(path)) is None
+    assert st_mnrl_recipe.mining_corpus(None, str(path)) is None
     path.write_text("a\tb\tyes\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"train.tsv:1: label 'yes' is not an integer"):
-        peer.training_rows(str(path), None)
+        st_mnrl_recipe.training_rows(str(path), None)
     path.write_text("a\tb\t1\tc\n", encoding="utf-8")
     with pytest.raises(ValueError, match="train.tsv:1: 4 tab-separated columns"):
-        peer.read_pair_file(path)
+        st_mnrl_recipe.read_pair_file(path)

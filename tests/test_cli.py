@@ -6,8 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO
 
+from bench.common import job_env
 from pipeline.runtime.cli import EXIT_CONFIG, config_summary, job_main
 
 SHIPPED = sorted(path.name for path in (REPO / "jobs/configs").glob("*.yaml"))

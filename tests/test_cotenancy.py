@@ -17,9 +17,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, RayHead, job_env
+from conftest import PYTHON, REPO, RayHead
 from mlflow.tracking import MlflowClient
 
+from bench.common import job_env
 from pipeline.runtime.cluster import free_port
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")

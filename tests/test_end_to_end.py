@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, assert_no_alarming_lines, job_env
+from conftest import PYTHON, REPO, assert_no_alarming_lines
 from mlflow.tracking import MlflowClient
 
+from bench.common import job_env
 from pipeline.config.metric_catalogue import MAX_MINING_CHARTS, undeclared
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV
 from pipeline.tracking.review import refresh_table

@@ -7,18 +7,18 @@ metric step missing.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
 import subprocess
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, RunningJob, job_env, wait_for
+from conftest import PYTHON, REPO
 from mlflow.tracking import MlflowClient
 
+from bench.common import job_env
+from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wait_for
 from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
 from pipeline.runtime.cluster import free_port
 from pipeline.tracking.review import refresh_table
@@ -26,28 +26,8 @@ from pipeline.tracking.review import refresh_table
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 
 
-def snapshot_checkpoints(run_dir: Path) -> list[dict]:
-    """The checkpoints Ray Train has registered (name + reported metrics), oldest first."""
-    try:
-        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
-    except (OSError, ValueError):
-        return []
-    return [{"dir": r["checkpoint_dir_name"], **r["metrics"]} for r in snapshot["checkpoint_results"]]
-
-
 def train_loss_history(client: MlflowClient, run_id: str):
     return client.get_metric_history(run_id, "train/loss")
-
-
-def steps_redone(history) -> tuple[list[int], float]:
-    """Steps logged twice (trained, lost, trained again) and the seconds between the first and
-    the second logging of the last of them: the time the failure cost."""
-    counts = Counter(m.step for m in history)
-    redone = sorted(step for step, n in counts.items() if n > 1)
-    if not redone:
-        return [], 0.0
-    last = sorted(m.timestamp for m in history if m.step == redone[-1])
-    return redone, (last[-1] - last[0]) / 1000
 
 
 # The demo's 1600 rows in batches of 64: 25 steps an epoch; checkpoints every 10 steps put

@@ -1,17 +1,19 @@
-"""bench/gpu_bundle.py's pure parts: which packages travel, what it trims, the size it counts.
-(Building it needs the package registry and minutes: `python bench/gpu_bundle.py --check`.)"""
+"""bench.gpu_bundle's pure parts: which packages travel, what it trims, the size it counts.
+(Building it needs the package registry and minutes: `python -m bench.gpu_bundle --check`.)"""
 
 from __future__ import annotations
 
 import subprocess
 
 import pytest
-from conftest import REPO, load_script
+from conftest import REPO
+
+import bench.gpu_bundle
 
 
 @pytest.fixture(scope="module")
 def bundle():
-    return load_script("bench/gpu_bundle.py", "gpu_bundle")
+    return bench.gpu_bundle
 
 
 def test_the_machines_list_names_what_the_job_finds_there(bundle):

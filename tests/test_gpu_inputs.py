@@ -1,11 +1,13 @@
-"""bench/gpu_inputs.py: the sentences and the random-weights model the GPU machine's peer
+"""bench.gpu_inputs: the sentences and the random-weights model the GPU machine's peer
 comparisons use load on both sides, as one model."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from conftest import REPO, load_script
+from conftest import REPO
+
+from bench.gpu_inputs import write_inputs
 
 
 def test_inputs_load_as_one_model_in_ours_and_in_sentence_transformers(tmp_path):
@@ -15,8 +17,7 @@ def test_inputs_load_as_one_model_in_ours_and_in_sentence_transformers(tmp_path)
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer
 
-    inputs = load_script("bench/gpu_inputs.py", "gpu_inputs")
-    text_file, model_dir = inputs.write_inputs(tmp_path, REPO / "jobs/configs/demo.yaml", rows=300)
+    text_file, model_dir = write_inputs(tmp_path, REPO / "jobs/configs/demo.yaml", rows=300)
     lines = text_file.read_text(encoding="utf-8").splitlines()
     assert text_file == tmp_path / "wiki/wiki1m_for_simcse.first11914.txt"
     assert len(lines) == len(set(lines)) == 300 and all(line.strip() == line != "" for line in lines)

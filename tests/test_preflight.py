@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO
 
+from bench.common import job_env
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
 from pipeline.runtime.preflight import preflight_mine, preflight_train

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO
+
+from bench.common import job_env
 
 
 def test_prepare_builds_recipe_inputs(tmp_path):

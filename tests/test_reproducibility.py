@@ -7,8 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO
 from mlflow.tracking import MlflowClient
+
+from bench.common import job_env
 
 pytestmark = pytest.mark.slow
 

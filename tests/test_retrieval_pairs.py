@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, RunningJob, assert_no_alarming_lines, job_env, wait_for
+from conftest import PYTHON, REPO, assert_no_alarming_lines
 from mlflow.tracking import MlflowClient
 
+from bench.common import job_env
+from bench.running_job import RunningJob, wait_for
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.data.pairs import index_triplets
 from pipeline.tracking.review import refresh_table

@@ -10,8 +10,9 @@ import subprocess
 import psutil
 import pytest
 import torch
-from conftest import PYTHON, job_env
+from conftest import PYTHON
 
+from bench.common import job_env
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
 

@@ -62,19 +62,19 @@ class MiningSection:
     flat_max_rows: int = 50_000
     """Largest corpus ``auto`` searches exactly. All-rows flat search grows as n^2, IVF's about
     as n^1.5 for a small loss of recall, so the default suits CPUs; GPU clusters, where flat
-    search is far faster, can raise it. See docs/benchmarks.md (Mining refresh, a real model
-    on CPU)."""
+    search is far faster, can raise it. See docs/benchmarks.md (Mining refresh at scale: a real
+    model on CPU)."""
     nlist: int | None = None
     """IVF cells (``None``: 4 x sqrt(rows))."""
     nprobe: int = 32
     """IVF cells searched per query: more cells, higher recall, slower search. See
-    docs/benchmarks.md (Mining refresh, a real model on CPU)."""
+    docs/benchmarks.md (Mining refresh at scale: a real model on CPU)."""
     pq_m: int = 16
     """Bytes per vector for ``ivfpq``."""
     encode_batch_size: int = 64
     """Sentences per encode batch in the miner. The default suits CPUs; a GPU wants far larger
     batches (``jobs/configs/cluster-gpu.yaml`` sets 1024). See docs/benchmarks.md (Corpus
-    encoding; Per-worker compute on one H100)."""
+    encoding; Per-worker compute: base BERT on one H100)."""
     encode_actors: int = 0
     """0: the miner actor encodes the corpus itself. N: the re-encode fans out over a Ray
     Data pool of up to N actors (each with ``encode_num_cpus``/``encode_num_gpus``); they

@@ -230,7 +230,7 @@ class TrainSection:
     compile: bool = False
     """``torch.compile`` the model in each worker (in place). Faster GPU steps for a compile
     at start, and each new batch width may compile again, so it pays off on long runs; see
-    docs/benchmarks.md (Per-worker compute on one H100). Needs a working C++ compiler on CPU."""
+    docs/benchmarks.md (Per-worker compute: base BERT on one H100). Needs a working C++ compiler on CPU."""
     compile_mode: str = "default"
     """``torch.compile``'s mode with ``compile``: ``default``, ``reduce-overhead`` (CUDA graphs:
     one launch for the step's many small kernels, which bounds a batch-64 step on a GPU; a

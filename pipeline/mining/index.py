@@ -130,7 +130,7 @@ def knn_search(
     kind = spec.resolve(n)
     backend = choose_backend(use_gpu)
     if backend == "torch-cuda" and kind == "flat":
-        return _torch_search(vectors, queries, k, query_chunk)
+        return torch_search(vectors, queries, k, query_chunk)
     if backend == "torch-cuda":
         backend = "faiss-cpu"
     import faiss
@@ -161,19 +161,33 @@ def knn_search(
     return KnnResult(scores, indices.astype(np.int64), f"{backend}/{kind}", built - start, done - built)
 
 
-def _torch_search(vectors: np.ndarray, queries: np.ndarray, k: int, query_chunk: int) -> KnnResult:
+def torch_search(
+    vectors: np.ndarray, queries: np.ndarray, k: int, query_chunk: int, device: str = "cuda"
+) -> KnnResult:
+    """Exact top-``k`` by inner product, as chunked matrix products and ``topk`` in torch on
+    ``device``: the ``torch-cuda`` backend, and on ``"cpu"`` the same search for a machine
+    with neither faiss nor CUDA (``bench.gpu_step`` times it there).
+
+    Args:
+        vectors: ``(n, d)`` float32, L2-normalised, C-contiguous: the searched corpus.
+        queries: ``(m, d)`` float32, L2-normalised, C-contiguous.
+        k: neighbours per query, at most ``n``.
+        query_chunk: queries per matrix product (bounds memory to ``chunk x n`` scores).
+        device: ``"cuda"`` or ``"cpu"``; the backend is named ``torch-<device>/flat``.
+    """
     import torch
 
     start = time.perf_counter()
-    base = torch.from_numpy(vectors).to("cuda")
-    torch.cuda.synchronize()
+    base = torch.from_numpy(vectors).to(device)
+    if base.is_cuda:
+        torch.cuda.synchronize()
     built = time.perf_counter()
     scores = np.empty((len(queries), k), dtype=np.float32)
     indices = np.empty((len(queries), k), dtype=np.int64)
     for lo in range(0, len(queries), query_chunk):
-        sims = torch.from_numpy(queries[lo : lo + query_chunk]).to("cuda") @ base.T
+        sims = torch.from_numpy(queries[lo : lo + query_chunk]).to(device) @ base.T
         top = torch.topk(sims, k, dim=1)
         scores[lo : lo + query_chunk] = top.values.cpu().numpy()
         indices[lo : lo + query_chunk] = top.indices.cpu().numpy()
     done = time.perf_counter()
-    return KnnResult(scores, indices, "torch-cuda/flat", built - start, done - built)
+    return KnnResult(scores, indices, f"torch-{device}/flat", built - start, done - built)

@@ -3,9 +3,10 @@
 The strategy is chosen once, by :func:`make_train_step`: :class:`UnsupervisedStep` (two
 dropout views of each sentence) or :class:`TripletStep` (anchor, positive and the given and
 mined negatives of each row). Both are called the same way (:class:`TrainStep`) and return
-``(loss, loss_to_backward)``; the backward pass and the optimizer stay with the caller.
+``(loss, loss_to_backward)``; :class:`OptimizerStep` does the rest of the step: backward,
+gradient clipping, the optimizer and the schedule.
 
-No Ray here: ``bench/gpu_step.py`` times this same step on a machine without it.
+No Ray here: ``bench.gpu_step`` times this same step on a machine without it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pipeline.training.losses import gather_across_workers, global_batch_simcse_
 
 __all__ = [
     "GlobalBatch",
+    "OptimizerStep",
     "TrainStep",
     "TripletStep",
     "UnsupervisedStep",
@@ -121,6 +123,38 @@ def make_train_step(
     )
 
 
+@dataclass(frozen=True)
+class OptimizerStep:
+    """What follows a step's loss: backward, gradient clipping, the optimizer and the
+    schedule. A call runs the three stages, public so that ``bench.gpu_step`` can time them
+    apart: :meth:`backward`, :meth:`clip`, :meth:`step`."""
+
+    model: Any
+    """Whose parameters are clipped: the encoder (not its DDP wrapper, whose parameters are
+    the same tensors)."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    """The learning-rate schedule, stepped after every optimizer step."""
+    max_grad_norm: float
+
+    def __call__(self, loss_to_backward: torch.Tensor) -> None:
+        self.backward(loss_to_backward)
+        self.clip()
+        self.step()
+
+    def backward(self, loss_to_backward: torch.Tensor) -> None:
+        """The gradient of ``loss_to_backward`` (:class:`TrainStep`'s), from zero."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_to_backward.backward()
+
+    def clip(self) -> None:
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.scheduler.step()
+
+
 @dataclass
 class ViewBatch:
     """The host arrays of one worker's unsupervised step (:meth:`UnsupervisedStep.collate`)."""
@@ -145,7 +179,7 @@ class UnsupervisedStep:
     :attr:`GlobalBatch.false_negative_mask` flags (``mining.debias``), whose weight in the
     softmax is ``false_negative_weight``.
 
-    A call runs four stages, public so that ``bench/gpu_step.py`` can time them apart:
+    A call runs four stages, public so that ``bench.gpu_step`` can time them apart:
     :meth:`collate` (host), :meth:`upload` (host to device, with :meth:`upload_mask`),
     :meth:`forward`, :meth:`loss`.
     """

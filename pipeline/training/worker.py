@@ -32,7 +32,7 @@ from pipeline.training.contract import LoopConfig
 from pipeline.training.epoch_rng import seed_epoch
 from pipeline.training.refresh import Boundary, PlanRefresher, adopt_plan
 from pipeline.training.state import TrainState
-from pipeline.training.step import GlobalBatch, TrainStep
+from pipeline.training.step import GlobalBatch, OptimizerStep, TrainStep
 from pipeline.training.worker_reports import (
     CheckpointReporter,
     EvalRecorder,
@@ -90,6 +90,7 @@ class SimCSEWorker:
         self.cfg, self.rank, self.world = cfg, rank, world
         self.model, self.train_step = model, train_step
         self.optimizer, self.scheduler = optimizer, scheduler
+        self.optimizer_step = OptimizerStep(model, optimizer, scheduler, cfg.train.max_grad_norm)
         self.state = state
         self.lengths = lengths
         """Tokens per training row (for the plan's padding share)."""
@@ -184,11 +185,7 @@ class SimCSEWorker:
         step_start = time.perf_counter()
         batch = GlobalBatch.of_plan(state.plan, batch_index, self.world, self.rank, cfg.mining.debias)
         loss, loss_to_backward = self.train_step(self.counted_model, batch, self.augment_rng)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_to_backward.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        self.optimizer_step(loss_to_backward)
         state.step += 1
         state.batches_done = batch_index + 1
         loss_value = float(loss.detach())  # waits for the step's device work

@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO
 
+from bench.common import job_env
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
 

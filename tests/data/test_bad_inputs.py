@@ -19,8 +19,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import PYTHON, REPO, job_env, load_script
+from conftest import PYTHON, REPO, load_script
 from mlflow.tracking import MlflowClient
+
+from bench.common import job_env
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 # Small and quick wherever a run gets as far as training.

@@ -110,7 +110,7 @@ def test_max_rows_sample_is_the_one_the_recipe_peer_trains_on(tmp_path, ray_loca
     """data.max_rows keeps a fixed sample (the first distinct sentences by content hash), and the
     sentence-transformers side of the recipes picks exactly the same sentences."""
 
-    from conftest import load_script
+    from bench.st_mnrl_recipe import training_rows
 
     texts, _ = paraphrase_corpus
     path = tmp_path / "corpus.txt"
@@ -120,8 +120,7 @@ def test_max_rows_sample_is_the_one_the_recipe_peer_trains_on(tmp_path, ray_loca
     expected = sorted(texts[:500], key=stable_row_id)[:120]
     assert corpus.column("text").to_pylist() == expected
 
-    peer = load_script("bench/st_mnrl_recipe.py", "st_mnrl_recipe")
-    rows = peer.training_rows(str(path), 120)
+    rows = training_rows(str(path), 120)
     assert rows["anchor"] == expected and rows["positive"] == expected
 
 

@@ -7,9 +7,10 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO
 from scipy.stats import spearmanr
 
+from bench.common import job_env
 from pipeline.core.errors import DataError
 from pipeline.evaluation.sts import read_sts, spearman
 

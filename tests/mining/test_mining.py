@@ -10,7 +10,7 @@ import torch
 
 from pipeline.batching.plan import balanced_batch_sizes, worker_slices
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
-from pipeline.mining.index import IndexSpec, knn_search
+from pipeline.mining.index import IndexSpec, knn_search, torch_search
 from pipeline.mining.miner import HardNegativeMiner, MinerSettings
 from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.plan_quality import false_negative_pairs, plan_churn
@@ -51,6 +51,21 @@ def test_knn_matches_brute_force():
     assert np.array_equal(result.indices[:, 0], np.arange(300))  # itself first
     assert (result.indices == brute).mean() > 0.99  # ties aside, identical
     np.testing.assert_allclose(result.scores, np.take_along_axis(x @ x.T, brute, 1), atol=1e-5)
+
+
+def test_torch_search_finds_what_faiss_finds():
+    """The torch path (the ``torch-cuda`` backend; here on the CPU) against faiss's flat index,
+    in query chunks that do not divide the queries."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    queries = x[:70].copy()
+    result = torch_search(x, queries, 10, query_chunk=32, device="cpu")
+    reference = knn_search(x, 10, queries=queries)
+    assert result.backend == "torch-cpu/flat"
+    assert np.array_equal(result.indices[:, 0], np.arange(70))  # itself first
+    assert (result.indices == reference.indices).mean() > 0.99  # ties aside, identical
+    np.testing.assert_allclose(result.scores, reference.scores, atol=1e-5)
 
 
 def _clustered(n_groups=40, size=8, dim=24, seed=0):

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import PYTHON, REPO, job_env
+from conftest import PYTHON, REPO
 from mlflow.tracking import MlflowClient
 
+from bench.common import job_env
 from pipeline.config.loading import load_config
 from pipeline.jobs.mine_job import mine_pairs
 from pipeline.mining.negatives import normalize_text

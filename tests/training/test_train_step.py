@@ -20,7 +20,14 @@ from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 from pipeline.training.debias import false_negative_mask
 from pipeline.training.losses import simcse_loss
-from pipeline.training.step import GlobalBatch, TripletStep, UnsupervisedStep, make_train_step, two_views
+from pipeline.training.step import (
+    GlobalBatch,
+    OptimizerStep,
+    TripletStep,
+    UnsupervisedStep,
+    make_train_step,
+    two_views,
+)
 
 CPU = torch.device("cpu")
 TRIPLET = ["mining.negative_mode=triplet", "data.path=rows.jsonl"]
@@ -175,6 +182,21 @@ def test_the_config_picks_the_step(corpus):
         make_train_step(cfg, corpus, None, CPU)
     with pytest.raises(ValueError, match="negative_mode"):
         make_train_step(load_config(None, []), corpus, triplets, CPU)
+
+
+def test_optimizer_step_clips_the_fresh_gradient_then_steps_optimizer_and_schedule():
+    """Gradients from an earlier step are dropped, the new one is clipped to the norm before
+    SGD applies it, and the schedule moves once per step."""
+    weight = torch.nn.Parameter(torch.zeros(2))
+    model = torch.nn.Module()
+    model.weight = weight
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    step = OptimizerStep(model, optimizer, scheduler, max_grad_norm=1.0)
+    weight.grad = torch.full((2,), 100.0)  # stale: must not add to the next gradient
+    step((weight * torch.tensor([3.0, 4.0])).sum())  # gradient (3, 4): norm 5, clipped to 1
+    torch.testing.assert_close(weight.detach(), torch.tensor([-0.6, -0.8]))
+    assert scheduler.get_last_lr() == [0.5]
 
 
 class _RecordedMetrics:

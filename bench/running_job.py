@@ -1,0 +1,137 @@
+"""``jobs/train.py`` run as a user runs it, watched from outside: its output line by line with
+arrival times, its processes by title, and what its checkpoints and MLflow history say about a
+failure. The fault tests (``tests/test_failures.py``) and ``python -m bench.recovery`` kill jobs
+through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.common import REPO, job_env
+
+DEMO_CONFIG = REPO / "jobs" / "configs" / "demo.yaml"
+
+
+class JobWaitError(RuntimeError):
+    """A condition on a running job did not come true in time, or the job ended first."""
+
+
+class RunningJob:
+    """``jobs/train.py`` in its own session, its output collected line by line with arrival times."""
+
+    def __init__(self, cwd: Path, overrides: list[str], env: dict | None = None, config: str | None = None):
+        args = [sys.executable, str(REPO / "jobs" / "train.py"), "--config", config or str(DEMO_CONFIG)]
+        for item in overrides:
+            args += ["--set", item]
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            args, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def first_line_time(self, pattern: str) -> float | None:
+        """Seconds from the start to the first output line matching ``pattern`` (None: none yet)."""
+        found = next((t for t, line in self.lines if re.search(pattern, line)), None)
+        return None if found is None else found - self.started
+
+    def processes(self, title: str) -> list[psutil.Process]:
+        """Descendants of the job whose process title (Ray sets ``ray::Class.method``) contains ``title``."""
+        found = []
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        for child in children:
+            try:
+                if title in " ".join(child.cmdline()):
+                    found.append(child)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return found
+
+    def wait(self, timeout: float) -> int:
+        """The job's exit status; everything it started is killed either way."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            self.kill_all()
+        self._reader.join(timeout=10)
+        return code
+
+    def kill_all(self) -> None:
+        """SIGKILL the job and everything it started (its local Ray included)."""
+        with_children = []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            with_children = psutil.Process(self.proc.pid).children(recursive=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for child in with_children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
+def wait_for(
+    condition: Callable[[], Any], timeout: float, what: str, job: RunningJob | None = None, poll: float = 0.05
+) -> Any:
+    """``condition()``'s first true value, polled every ``poll`` seconds.
+
+    Raises:
+        JobWaitError: ``timeout`` passed, or ``job`` ended first; with the end of its output.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if job is not None and job.proc.poll() is not None:
+            raise JobWaitError(f"the job ended while waiting for {what}:\n{job.output[-4000:]}")
+        time.sleep(poll)
+    raise JobWaitError(f"timed out waiting for {what}" + (f":\n{job.output[-4000:]}" if job else ""))
+
+
+def snapshot_checkpoints(run_dir: Path) -> list[dict]:
+    """The checkpoints Ray Train has registered (name + reported metrics), oldest first."""
+    try:
+        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [{"dir": r["checkpoint_dir_name"], **r["metrics"]} for r in snapshot["checkpoint_results"]]
+
+
+def steps_redone(history: list[Any]) -> tuple[list[int], float]:
+    """Steps logged twice in an MLflow metric ``history`` (trained, lost, trained again) and the
+    seconds between the first and the second logging of the last of them: the time the
+    failure cost."""
+    counts = Counter(m.step for m in history)
+    redone = sorted(step for step, n in counts.items() if n > 1)
+    if not redone:
+        return [], 0.0
+    last = sorted(m.timestamp for m in history if m.step == redone[-1])
+    return redone, (last[-1] - last[0]) / 1000

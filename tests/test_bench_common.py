@@ -1,0 +1,92 @@
+"""The bench package: every script imports as a module of it, appends its run under its own
+heading of docs/benchmarks.md, and names the command it was run with; gpu_step runs end to end
+on a tiny model."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+import bench
+from bench.common import BENCHMARKS_DOC, HEADER, Benchmark, append_run, command_line, run_section
+
+SCRIPTS = sorted(
+    info.name for info in pkgutil.iter_modules(bench.__path__) if info.name not in ("common", "running_job")
+)
+
+
+def test_every_script_imports_as_a_module_of_the_package():
+    for name in SCRIPTS:
+        module = importlib.import_module(f"bench.{name}")
+        assert module.__doc__, f"bench.{name} has no docstring"
+        assert f"python -m bench.{name}" in module.__doc__, name
+
+
+def test_each_appending_script_has_its_heading_in_the_benchmarks_doc():
+    headings = {line[3:] for line in BENCHMARKS_DOC.read_text().splitlines() if line.startswith("## ")}
+    modules = {name: importlib.import_module(f"bench.{name}") for name in SCRIPTS}
+    benchmarks = {name: m.BENCHMARK for name, m in modules.items() if hasattr(m, "BENCHMARK")}
+    assert len(benchmarks) == 8 and {b.heading for b in benchmarks.values()} <= headings
+    assert all(b.module == f"bench.{name}" for name, b in benchmarks.items())  # the command it reports
+    # One section per benchmark: no heading twice at any level.
+    all_headings = [line for line in BENCHMARKS_DOC.read_text().splitlines() if line.startswith("#")]
+    assert len(all_headings) == len(set(all_headings))
+
+
+def test_a_run_lands_at_the_end_of_its_benchmarks_section(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n## A\n\nabout A\n\n### a1\n\nold\n\n## B\n\nabout B\n")
+    append_run("A", "\n### a2\n\nnew\n", doc)
+    append_run("B", "\n### b1\n\nfirst\n", doc)
+    append_run("C", "\n### c1\n\nthird\n", doc)
+    assert doc.read_text() == (
+        "# Benchmarks\n\n## A\n\nabout A\n\n### a1\n\nold\n\n### a2\n\nnew\n\n"
+        "## B\n\nabout B\n\n### b1\n\nfirst\n\n## C\n\n### c1\n\nthird\n"
+    )
+    fresh = tmp_path / "out" / "benchmarks.md"  # as on the GPU machine: $OUT/benchmarks.md
+    append_run("A", run_section("tiny", "Linux", "python -m bench.x", "body"), fresh)
+    text = fresh.read_text()
+    assert text.startswith(HEADER) and "\n## A\n\n### tiny (" in text
+    assert text.endswith("Machine: Linux. Command: `python -m bench.x`. body\n")
+
+
+def test_the_command_is_the_module_with_its_arguments_quoted():
+    assert command_line("bench.gpu_step", ["--size", "tiny", "--set", "a=b c"]) == (
+        "python -m bench.gpu_step --size tiny --set 'a=b c'"
+    )
+
+
+def test_a_side_by_side_parser_resolves_the_model_and_refuses_counts_below_one(tmp_path, capsys):
+    benchmark = Benchmark("bench.x", "X")
+    parser = benchmark.parser("X.\n\nmore", side_by_side=True)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = benchmark.parse(parser, ["--model", str(tmp_path), "--append", "out.md"])
+    assert args.model == tmp_path and args.max_seq_len == 32 and str(args.append) == "out.md"
+    assert parser.prog == "python -m bench.x" and parser.description == "X."
+    with pytest.raises(SystemExit):
+        benchmark.parse(parser, ["--model", str(tmp_path), "--repeats", "0"])
+    assert "--repeats must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpu_step_runs_on_a_tiny_model_on_the_cpu(tmp_path):
+    """The per-worker benchmark through the pipeline's own step, optimizer step, encoding and
+    search, run as its docs say (from the repository root, as a module)."""
+    out = tmp_path / "gpu_step.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench.gpu_step", "--size", "tiny", "--device", "cpu", "--steps", "2",
+         "--warmup", "1", "--phases", "1", "--encode-rows", "64", "--knn-rows", "500",
+         "--knn-queries", "50", "--dim", "32", "--json", str(out)],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("python -m bench.gpu_step --size tiny")
+    train, knn = report["results"]["train"], report["results"]["knn"]
+    assert train["loss_last"] < 10 and set(train["phase_ms"]) >= {"backward", "clip grad norm"}
+    assert knn["self_found_first"] == 1.0
