@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config.sections import DataSection
+from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
 from pipeline.data.readers import infer_format, read_corpus, reading
 from pipeline.data.utf8 import INVALID_UTF8, _as_text, stable_row_id

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from pipeline.config.sections import DataSection
+from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError, first_line, root_cause
 from pipeline.data.utf8 import _utf8_lines_datasource
 

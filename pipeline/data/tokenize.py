@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config.sections import DataSection
+from pipeline.config.data_section import DataSection
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config.sections import DataSection
+from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
 from pipeline.data.corpus import load_clean_corpus
 from pipeline.data.pairs import read_pairs

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.config.data_section import DataSection
 from pipeline.config.loading import load_config
-from pipeline.config.sections import DataSection
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.data.pairs import index_pairs, index_triplets, load_pairs, read_pairs, round_robin_negatives
 from pipeline.data.readers import check_corpus_columns
