@@ -20,7 +20,7 @@ from conftest import PYTHON, REPO, RunningJob, assert_no_alarming_lines, job_env
 from mlflow.tracking import MlflowClient
 
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, HOLD_DIR_ENV, HOLD_ENV
-from pipeline.data.pairs import index_triplets
+from pipeline.data.triplets import index_triplets
 from pipeline.tracking.review import refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 

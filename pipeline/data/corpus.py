@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
-from pipeline.data.readers import infer_format, read_corpus, reading
+from pipeline.data.formats import infer_format
+from pipeline.data.readers import read_corpus, reading
 from pipeline.data.utf8 import INVALID_UTF8, _as_text, stable_row_id
 
 

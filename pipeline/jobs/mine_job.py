@@ -29,9 +29,10 @@ import pyarrow as pa
 
 from pipeline.config.schema import Config
 from pipeline.core.errors import DataError
-from pipeline.data.pairs import index_pairs, load_pairs
-from pipeline.data.readers import check_corpus_columns, check_corpus_path
+from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
+from pipeline.data.pairs import load_pairs
 from pipeline.data.tokenized import dataset_digest
+from pipeline.data.triplets import index_pairs
 from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
 from pipeline.mining.index import IndexSpec, estimate_index_bytes
 from pipeline.mining.negatives import FILTERS, NegativeFilters, text_keys

@@ -17,9 +17,10 @@ from typing import Any
 from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError
 from pipeline.data.corpus import load_clean_corpus
-from pipeline.data.pairs import Triplets, index_pairs, load_pairs
+from pipeline.data.pairs import load_pairs
 from pipeline.data.tokenize import tokenize_corpus_with_stats
 from pipeline.data.tokenized import dataset_digest
+from pipeline.data.triplets import Triplets, index_pairs
 from pipeline.evaluation.retrieval_scoring import RetrievalEvalSet
 from pipeline.evaluation.retrieval_sets import RetrievalSet
 from pipeline.evaluation.scoring import STSEvalSet

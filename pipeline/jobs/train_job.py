@@ -29,7 +29,7 @@ from pipeline.config.loading import dump_yaml
 from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
 from pipeline.core.errors import first_line
-from pipeline.data.readers import check_corpus_columns, check_corpus_path
+from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
 from pipeline.evaluation.exported import best_model_metrics, best_model_tags, exported_eval_metrics
 from pipeline.evaluation.in_training import check_eval_sets

@@ -27,8 +27,8 @@ from pipeline.config.metric_catalogue import MINING_TABLE, mining_charts
 from pipeline.core.errors import first_line
 from pipeline.core.retry import call_with_retries
 from pipeline.core.seams import hold_once
-from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
+from pipeline.data.triplets import Triplets
 from pipeline.mining.anchor_mining import mine_anchors, random_pool_negatives, similarity_percentiles
 from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search
 from pipeline.mining.negatives import NegativeFilters, passed_each_filter, text_keys

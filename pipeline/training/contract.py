@@ -26,7 +26,7 @@ class LoopConfig:
     corpus_ref: Any
     """Object ref of the tokenized corpus table (``id``, ``input_ids``)."""
     triplets_ref: Any = None
-    """Object ref of the :class:`~pipeline.data.pairs.Triplets` in triplet mode, else None."""
+    """Object ref of the :class:`~pipeline.data.triplets.Triplets` in triplet mode, else None."""
     eval_ref: Any = None
     """Object ref of the :class:`~pipeline.evaluation.scoring.STSEvalSet`, or None (no STS eval)."""
     retrieval_ref: Any = None

@@ -20,8 +20,8 @@ import torch
 
 from pipeline.batching.plan import BatchPlan, worker_slices
 from pipeline.config.schema import Config
-from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.triplets import Triplets
 from pipeline.model.accel import autocast, to_device
 from pipeline.training.augment import repeat_words
 from pipeline.training.debias import false_negative_mask

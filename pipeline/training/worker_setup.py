@@ -19,8 +19,8 @@ import torch
 
 from pipeline.batching.plan import balanced_batch_sizes
 from pipeline.config.schema import Config
-from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
+from pipeline.data.triplets import Triplets
 from pipeline.evaluation.in_training import TrainingEvaluator
 from pipeline.model.accel import enable_tf32, fused_adamw
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder

@@ -227,8 +227,8 @@ def test_memory_estimate_counts_vectors_and_results():
 
 def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs):
 
-    from pipeline.data.pairs import index_triplets
     from pipeline.data.tokenize import tokenize_table
+    from pipeline.data.triplets import index_triplets
     from pipeline.mining.negatives import NegativeFilters, normalize_text
     from pipeline.model.folders import load_tokenizer
 

@@ -123,8 +123,8 @@ def test_neighbourhood_refresh_charts_a_few_keys_and_tables_the_rest(
 
 
 def test_pair_refresh_charts_a_few_keys_and_tables_the_rest(tmp_path, tiny_model_dir, paraphrase_pairs):
-    from pipeline.data.pairs import index_triplets
     from pipeline.data.tokenize import tokenize_table
+    from pipeline.data.triplets import index_triplets
     from pipeline.model.folders import load_tokenizer
 
     table, triplets = index_triplets(*paraphrase_pairs, None)

@@ -253,7 +253,7 @@ def triplet_gradient_worker(config):
 
     from pipeline.batching.plan import worker_slices
     from pipeline.config.loading import load_config
-    from pipeline.data.pairs import Triplets
+    from pipeline.data.triplets import Triplets
     from pipeline.training.step import GlobalBatch, make_train_step
 
     ctx = ray.train.get_context()

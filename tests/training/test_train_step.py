@@ -14,8 +14,8 @@ from test_losses import _numpy_infonce
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.config.loading import load_config
-from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.triplets import Triplets
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 from pipeline.training.debias import false_negative_mask
