@@ -34,8 +34,9 @@ from pipeline.data.tokenize import tokenize_table  # noqa: E402
 from pipeline.data.tokenized import TokenizedCorpus  # noqa: E402
 from pipeline.data.utf8 import stable_row_id  # noqa: E402
 from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search  # noqa: E402
-from pipeline.mining.negatives import NegativeFilters, text_keys  # noqa: E402
+from pipeline.mining.negatives import NegativeFilters  # noqa: E402
 from pipeline.mining.planning import PlanSettings, plan_from_neighbours  # noqa: E402
+from pipeline.mining.text_keys import text_keys  # noqa: E402
 from pipeline.model.encode import encode_rows  # noqa: E402
 from pipeline.model.encoder import load_sentence_encoder  # noqa: E402
 from pipeline.model.folders import load_tokenizer  # noqa: E402

@@ -24,7 +24,7 @@ progress bars (drawn even with ``verbose=False``) go to /dev/null; one untimed w
 
 - ours: ``pipeline.jobs.mine_job.mine_pairs`` (the offline job's mining, and the training miner's
   triplet-mode path: encode each distinct text once, then
-  ``pipeline.mining.negatives.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
+  ``pipeline.mining.anchor_mining.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
   encode, index + search, filter; "other" = total - those (text-key normalisation for the
   duplicate filter and building the output table, which the report does not time).
 - ST: ``mine_hard_negatives(dataset, model, use_faiss=True, output_format="triplet",
@@ -190,7 +190,7 @@ class Peer:
 def check_outputs(name: str, ours: dict[str, Any], peer: dict[str, Any]) -> tuple[int, float]:
     """Stop on an empty output or a negative equal to its positive; return (pairs both
     output, fraction of them with the same negative)."""
-    from pipeline.mining.negatives import normalize_text
+    from pipeline.mining.text_keys import normalize_text
 
     if ours["rows"] == 0 or peer["rows"] == 0:
         sys.exit(f"error: {name}: empty output (ours {ours['rows']} rows, ST {peer['rows']} rows)")

@@ -35,8 +35,9 @@ from pipeline.data.tokenized import dataset_digest
 from pipeline.data.triplets import index_pairs
 from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
 from pipeline.mining.index import IndexSpec, estimate_index_bytes
-from pipeline.mining.negatives import FILTERS, NegativeFilters, text_keys
+from pipeline.mining.negatives import FILTERS, NegativeFilters
 from pipeline.mining.plan_quality import similarity_histogram_png
+from pipeline.mining.text_keys import text_keys
 from pipeline.model.encode import encode_texts
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries

@@ -44,7 +44,8 @@ from pipeline.jobs.train_inputs import (
     put_inputs,
     tokenize_inputs,
 )
-from pipeline.mining.miner import MinerSettings, start_miner_actor
+from pipeline.mining.miner_actor import start_miner_actor
+from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.runtime.cluster import check_cluster_fits, ray_session
 from pipeline.runtime.preflight import preflight_train

@@ -45,7 +45,7 @@ class LoopConfig:
 
 
 def miner_inputs(corpus_ref: Any, model_ref: Any, triplets_ref: Any = None) -> list[Any]:
-    """What every call to the miner actor (:class:`pipeline.mining.miner.HardNegativeMinerActor`)
+    """What every call to the miner actor (:class:`pipeline.mining.miner_actor.HardNegativeMinerActor`)
     brings: the object refs of the tokenized corpus, the packed model folder and the triplets
     (None in neighbourhood mode), in that order. A list, so that Ray hands them over unresolved."""
     return [corpus_ref, model_ref, triplets_ref]

@@ -100,7 +100,8 @@ def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphr
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.tokenized import TokenizedCorpus, row_lengths
     from pipeline.data.triplets import index_triplets
-    from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+    from pipeline.mining.miner import HardNegativeMiner
+    from pipeline.mining.miner_settings import MinerSettings
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer, pack_dir
 

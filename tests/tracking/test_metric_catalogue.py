@@ -76,7 +76,8 @@ def test_docs_list_the_catalogue():
 
 
 def _refresh_twice(tmp_path, model_dir, tokenized, triplets=None):
-    from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+    from pipeline.mining.miner import HardNegativeMiner
+    from pipeline.mining.miner_settings import MinerSettings
     from pipeline.mining.negatives import NegativeFilters
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import pack_dir
