@@ -30,9 +30,10 @@ from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.flops import CountingEncoder, EncoderFlops
 from pipeline.training.contract import LoopConfig
 from pipeline.training.epoch_rng import seed_epoch
+from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.refresh import Boundary, PlanRefresher, adopt_plan
 from pipeline.training.state import TrainState
-from pipeline.training.step import GlobalBatch, TrainStep
+from pipeline.training.step import TrainStep
 from pipeline.training.worker_reports import (
     CheckpointReporter,
     EvalRecorder,
