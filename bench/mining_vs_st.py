@@ -22,7 +22,7 @@ process, ``torch.set_num_threads(--threads)``, ``TOKENIZERS_PARALLELISM=false``;
 progress bars (drawn even with ``verbose=False``) go to /dev/null; one untimed warm-up of each side on a small slice, then
 ``--repeats`` rounds alternating which side goes first. Timed, per side, the whole call:
 
-- ours: ``pipeline.jobs.mine_job.mine_pairs`` (the offline job's mining, and the training miner's
+- ours: ``pipeline.jobs.pair_mining.mine_pairs`` (the offline job's mining, and the training miner's
   triplet-mode path: encode each distinct text once, then
   ``pipeline.mining.anchor_mining.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
   encode, index + search, filter; "other" = total - those (text-key normalisation for the
@@ -118,7 +118,7 @@ class Ours:
         )  # fmt: skip
 
     def run(self, anchors: list[str], positives: list[str]) -> dict[str, Any]:
-        from pipeline.jobs.mine_job import mine_pairs
+        from pipeline.jobs.pair_mining import mine_pairs
 
         started = time.perf_counter()
         table, report = mine_pairs(anchors, positives, self.model, self.tokenizer, self.cfg, self.device)
@@ -266,7 +266,7 @@ def append_markdown(path: Path, args: argparse.Namespace, info: dict[str, Any], 
     section = (
         f"\n### Mining pass: ours vs sentence-transformers mine_hard_negatives, {model} on {device.upper()} "
         f"({date.today()})\n\n"
-        f"Machine: {machine}. Command: `{command}`. Ours: `pipeline.jobs.mine_job.mine_pairs`; ST: "
+        f"Machine: {machine}. Command: `{command}`. Ours: `pipeline.jobs.pair_mining.mine_pairs`; ST: "
         f"`mine_hard_negatives(use_faiss={device == 'cpu'})`; search: {search}. Same model, max length {args.max_seq_len}, encode batch "
         f"{args.batch_size}, {args.threads} torch threads, k = range_max = {args.top_k}, "
         f"range_min {args.range_min}, relative_margin 0.05, 1 negative, top sampling; medians of "
