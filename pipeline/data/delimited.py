@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 
 from pipeline.core.errors import DataError
 from pipeline.data.formats import filesystem_of
@@ -38,8 +39,6 @@ def require_pairs_tsv_fields(names: Sequence[str], path: str, key: str) -> None:
 def csv_parse_options(fmt: str) -> Any:
     """How csv/tsv files are split into cells: one place for the reader and the header check,
     so both see the same columns."""
-    import pyarrow.csv as pacsv
-
     if fmt == "pairs_tsv":  # quoting off: a field runs to the next tab, quotes included
         return pacsv.ParseOptions(delimiter="\t", quote_char=False, invalid_row_handler=_fail_row)
     return pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", invalid_row_handler=_fail_row)
@@ -55,8 +54,6 @@ def _fail_row(row: Any) -> str:
 def csv_read_options(fmt: str) -> Any:
     """Header or not: ``pairs_tsv`` files have none, so pyarrow names the fields ``f0``,
     ``f1``, ... (single-threaded, as Ray Data reads, so errors name the row)."""
-    import pyarrow.csv as pacsv
-
     return pacsv.ReadOptions(use_threads=False, autogenerate_column_names=fmt == "pairs_tsv")
 
 
@@ -72,8 +69,6 @@ def csv_parse_error(message: str, fmt: str) -> str | None:
     task parsed it, on this error path only. None when the message names no file or the
     file parses here.
     """
-    import pyarrow.csv as pacsv
-
     match = _RAY_CSV_FAILURE.search(message)
     if fmt not in ("csv", "tsv", "pairs_tsv") or match is None:
         return None

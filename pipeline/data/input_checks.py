@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
@@ -86,8 +89,6 @@ def _jsonl_columns(stream: Any, wanted: Sequence[str]) -> list[str] | None:
     (rows without a given negative may leave that key out): a key new to the stream makes
     Arrow fail, and then the answer is None, not a missing column.
     """
-    import pyarrow.json as pajson
-
     reader = pajson.open_json(stream)
     names = list(reader.schema.names)
     if all(column in names for column in wanted):
@@ -105,8 +106,6 @@ def _header_columns(path: str, fmt: str, wanted: Sequence[str]) -> list[str] | N
     header (csv/tsv, parsed as :func:`~pipeline.data.readers.read_dataset` parses it;
     ``pairs_tsv``: the fields of its first line, named as the reader names them), schema
     (parquet) or records (jsonl); None when that cannot be told cheaply and surely."""
-    import pyarrow.parquet as pq
-
     filesystem, inner = filesystem_of(path)
     try:
         file = _first_file(filesystem, inner, fmt)
@@ -117,7 +116,6 @@ def _header_columns(path: str, fmt: str, wanted: Sequence[str]) -> list[str] | N
         with filesystem.open_input_stream(file) as stream:  # decompresses by extension
             if fmt == "jsonl":
                 return _jsonl_columns(stream, wanted)
-            import pyarrow.csv as pacsv
 
             reader = pacsv.open_csv(
                 stream, read_options=csv_read_options(fmt), parse_options=csv_parse_options(fmt)

@@ -1,5 +1,6 @@
 """Supervised rows read with Ray Data: (anchor, positive[, negative]) pairs from columns,
-labelled rows or headerless pair files, and the optional candidate pool (``data.pool``).
+labelled rows or headerless pair files, and the optional candidate pool (``data.pool``),
+then indexed as :class:`~pipeline.data.triplets.Triplets` (:func:`index_pairs`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import ray
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
@@ -18,6 +20,7 @@ from pipeline.data.delimited import require_pairs_tsv_fields
 from pipeline.data.formats import infer_format
 from pipeline.data.pair_labels import label_is_positive, round_robin_negatives
 from pipeline.data.readers import read_dataset, reading
+from pipeline.data.triplets import Triplets, index_triplets
 from pipeline.data.utf8 import _as_text
 
 
@@ -33,8 +36,6 @@ def _non_empty(column: Any) -> np.ndarray:
 
 def _table(ds: Any, columns: list[str]) -> pa.Table:
     """The dataset's ``columns`` as one Arrow table, in the file's row order."""
-    import ray
-
     tables = [t for t in ray.get(ds.select_columns(columns).to_arrow_refs()) if t.num_rows]
     if not tables:
         return pa.table({c: pa.array([], pa.string()) for c in columns})
@@ -208,3 +209,9 @@ def read_pool(section: DataSection) -> list[str]:
     if not distinct:
         raise DataError(f"data.pool: {path} has no non-empty texts")
     return distinct
+
+
+def index_pairs(rows: PairRows) -> tuple[pa.Table, Triplets]:
+    """:func:`~pipeline.data.triplets.index_triplets` of what :func:`load_pairs` read, the pool
+    included."""
+    return index_triplets(rows.anchors, rows.positives, rows.negatives, rows.pool)

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
+import ray.data
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError, first_line, root_cause
@@ -29,13 +31,9 @@ def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
     numbers is still sentences), and bytes let a cell that is not UTF-8 be dropped and
     counted rather than fail the read.
     """
-    import ray.data
-
     if fmt == "text":
         return ray.data.read_datasource(_utf8_lines_datasource()(path))
     if fmt == "pairs_tsv":
-        import pyarrow.csv as pacsv
-
         ds = ray.data.read_csv(
             path,
             read_options=csv_read_options(fmt),
@@ -47,8 +45,6 @@ def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
         names = ds.schema().names
         return ds.rename_columns(dict(zip(names, pairs_tsv_names(names), strict=True)))
     if fmt in ("csv", "tsv"):
-        import pyarrow.csv as pacsv
-
         return ray.data.read_csv(
             path,
             parse_options=csv_parse_options(fmt),

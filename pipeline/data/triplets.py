@@ -1,5 +1,8 @@
 """Supervised rows as positions into one de-duplicated table of texts (:class:`Triplets`), so
 each text is tokenized and encoded once however often it occurs.
+
+No reading here: the train step, the miner and the tokenized corpus import this without the
+Ray Data readers.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pipeline.data.pairs import PairRows
 from pipeline.data.utf8 import stable_row_id
 
 
@@ -70,8 +72,3 @@ def index_triplets(
         ),
     )
     return table, triplets
-
-
-def index_pairs(rows: PairRows) -> tuple[pa.Table, Triplets]:
-    """:func:`index_triplets` of what :func:`~pipeline.data.pairs.load_pairs` read, the pool included."""
-    return index_triplets(rows.anchors, rows.positives, rows.negatives, rows.pool)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline.evaluation.distinct_texts import DistinctTexts
 from pipeline.evaluation.retrieval_metrics import RankingMetrics, ranking_metrics
@@ -99,8 +100,6 @@ def evaluate_retrieval_model_dir(
 ) -> list[RetrievalSetScore]:
     """Evaluate a model folder on retrieval sets (read ones, or their paths: BEIR folders or
     pair files), on CPU or the first GPU."""
-    import torch
-
     if any(isinstance(item, str) for item in sets):
         sets = read_retrieval_sets([str(item) for item in sets])
     tokenizer = load_tokenizer(model_dir)

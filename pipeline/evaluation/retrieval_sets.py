@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from pipeline.core.errors import DataError
 
 BEIR_FILES = ("queries.jsonl", "corpus.jsonl")
@@ -238,8 +240,6 @@ def _jsonl_pairs(path: Path) -> Iterator[PairRow]:
 
 
 def _parquet_pairs(path: Path) -> Iterator[PairRow]:
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline.core.errors import DataError
 from pipeline.evaluation.diagnostics import alignment, uniformity
@@ -168,8 +169,6 @@ def evaluate_model_dir(
     folder's own whitening layer (if it has one and ``use_saved_whitening``), is reported as
     ``spearman_whitened`` beside the plain score.
     """
-    import torch
-
     files = read_sts_files(sts_paths, format)
     tokenizer = load_tokenizer(model_dir)
     max_seq_len = max_seq_len or max_seq_len_of(model_dir)

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.config.schema import Config
 from pipeline.core.errors import DataError
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
-from pipeline.data.pairs import load_pairs
+from pipeline.data.pairs import index_pairs, load_pairs
 from pipeline.data.tokenized import dataset_digest
-from pipeline.data.triplets import index_pairs
 from pipeline.jobs.pair_mining import MiningReport, mine_pairs
 from pipeline.mining.plan_quality import similarity_histogram_png
 from pipeline.model.encoder import load_sentence_encoder
@@ -49,8 +49,6 @@ def write_triplets(table: pa.Table, output: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
         pq.write_table(table, path)
     elif suffix in (".jsonl", ".json"):
         with path.open("w", encoding="utf-8") as fh:

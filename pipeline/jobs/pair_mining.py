@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from pipeline.config.schema import Config
 from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
@@ -116,8 +117,6 @@ def mine_pairs(
     Returns the output table (``anchor``, ``positive``, ``negative_1``..``negative_n``) and
     the report of what each filter removed.
     """
-    import torch
-
     device = device or torch.device("cpu")
     mining = cfg.mining
     report = MiningReport(rows_in=len(anchors), negatives_per_row=mining.num_negatives)

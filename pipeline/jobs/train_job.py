@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from pipeline.config.loading import dump_yaml
 from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
@@ -219,7 +221,6 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     if not cfg.mining.runs_miner(cfg.train.epochs):
         yield None, None
         return
-    import ray
 
     settings = MinerSettings.from_config(cfg, tracked.tracking_uri, tracked.run_id)
     miner = start_miner_actor(settings)
@@ -261,8 +262,6 @@ def fit(
     Raises:
         The training error Ray Train ended with.
     """
-    import ray
-
     assert cfg.run.name is not None
     loop_config = LoopConfig(
         config=cfg,

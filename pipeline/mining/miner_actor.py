@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
 import torch
 
 from pipeline.mining.miner import HardNegativeMiner, RefreshReport
@@ -29,8 +30,6 @@ class HardNegativeMinerActor:
 
     def _loaded(self, inputs: list[Any]) -> HardNegativeMiner:
         if self.miner is None:
-            import ray
-
             corpus_table, model_blob, triplets = (ray.get(x) if x is not None else None for x in inputs)
             self.miner = HardNegativeMiner(corpus_table, model_blob, self.settings, triplets)
         return self.miner
@@ -59,8 +58,6 @@ def start_miner_actor(settings: MinerSettings) -> Any:
         calls in flight when it died fail rather than being retried, so the caller knows to
         submit the refresh again with newer weights (the new process loads on that call).
     """
-    import ray
-
     return (
         ray.remote(HardNegativeMinerActor)
         .options(

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray.train
 import torch
 import torch.distributed as dist
 
@@ -48,8 +49,6 @@ from pipeline.training.worker_setup import system_metrics_monitor, worker_parts
 def train_loop_per_worker(loop_config: LoopConfig) -> None:
     """Ray Train entry point: runs on every worker. The first worker on each node also logs
     the node's system metrics (``tracking.system_metrics``) while it trains."""
-    import ray.train
-
     ctx = ray.train.get_context()
     with system_metrics_monitor(loop_config, ctx):
         worker = SimCSEWorker.setup(loop_config, ctx)

@@ -15,9 +15,9 @@ from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.data.input_checks import check_corpus_columns
 from pipeline.data.pair_labels import round_robin_negatives
-from pipeline.data.pairs import load_pairs, read_pairs
+from pipeline.data.pairs import index_pairs, load_pairs, read_pairs
 from pipeline.data.tokenize import TokenizeStats, count_unknown, tokenize_corpus_with_stats
-from pipeline.data.triplets import index_pairs, index_triplets
+from pipeline.data.triplets import index_triplets
 
 # Quotes anywhere in a field, as in the Twitter URL corpus: quoting is off, a field runs to the tab.
 QUOTED = [
