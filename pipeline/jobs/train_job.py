@@ -34,7 +34,8 @@ from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
 from pipeline.evaluation.in_training import check_eval_sets
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
-from pipeline.evaluation.scoring import read_sts_files, with_distinct_names
+from pipeline.evaluation.scoring import read_sts_files
+from pipeline.evaluation.set_names import with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts
 from pipeline.jobs.shipped_model import export_and_summarise, log_exported_model
 from pipeline.jobs.summary import JobSummary
