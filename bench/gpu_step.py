@@ -9,10 +9,10 @@ Measures what one Ray Train worker and the miner spend their time on, without Ra
 runs on any machine with torch, numpy, transformers and pyarrow (faiss optional):
 
 - train step: unsupervised SimCSE as ``pipeline.training.worker.SimCSEWorker`` runs it, through
-  the pipeline's own step, ``pipeline.training.step.UnsupervisedStep`` (temperature 0.05, no
-  word repetition). A ``pipeline.data.tokenized.TokenizedCorpus`` of random token ids (every
-  row ``--seq-len`` tokens, so the token count is exact) is cut into ``--batch``-row batches
-  by ``pipeline.batching.samplers.random_plan``; each batch goes through
+  the pipeline's own step, ``pipeline.training.unsupervised_step.UnsupervisedStep``
+  (temperature 0.05, no word repetition). A ``pipeline.data.tokenized.TokenizedCorpus`` of
+  random token ids (every row ``--seq-len`` tokens, so the token count is exact) is cut into
+  ``--batch``-row batches by ``pipeline.batching.samplers.random_plan``; each batch goes through
   ``pipeline.model.encoder.SentenceEncoder`` (mean pooling, no MLP head) twice, stacked in one
   forward pass, then ``global_batch_simcse_loss``, and the worker's own optimizer step
   (``pipeline.training.step.OptimizerStep``: backward, ``clip_grad_norm_``, AdamW, linear
@@ -77,7 +77,9 @@ from pipeline.model.accel import enable_tf32, fused_adamw
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.flops import EncoderFlops, datasheet_peak_tflops
-from pipeline.training.step import GlobalBatch, OptimizerStep, UnsupervisedStep
+from pipeline.training.global_batch import GlobalBatch
+from pipeline.training.step import OptimizerStep
+from pipeline.training.unsupervised_step import UnsupervisedStep
 
 BENCHMARK = Benchmark(__spec__.name, "Per-worker compute: train step, encode, k-NN")
 SIZES = {

@@ -26,8 +26,9 @@ from pipeline.data.tokenize import tokenize_table
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.utf8 import stable_row_id
 from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search
-from pipeline.mining.negatives import NegativeFilters, text_keys
+from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.planning import PlanSettings, plan_from_neighbours
+from pipeline.mining.text_keys import text_keys
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer

@@ -22,9 +22,9 @@ process, ``torch.set_num_threads(--threads)``, ``TOKENIZERS_PARALLELISM=false``;
 progress bars (drawn even with ``verbose=False``) go to /dev/null; one untimed warm-up of each side on a small slice, then
 ``--repeats`` rounds alternating which side goes first. Timed, per side, the whole call:
 
-- ours: ``pipeline.jobs.mine_job.mine_pairs`` (the offline job's mining, and the training miner's
+- ours: ``pipeline.jobs.pair_mining.mine_pairs`` (the offline job's mining, and the training miner's
   triplet-mode path: encode each distinct text once, then
-  ``pipeline.mining.negatives.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
+  ``pipeline.mining.anchor_mining.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
   encode, index + search, filter; "other" = total - those (text-key normalisation for the
   duplicate filter and building the output table, which the report does not time).
 - ST: ``mine_hard_negatives(dataset, model, use_faiss=True, output_format="triplet",
@@ -111,7 +111,7 @@ class Ours:
         )  # fmt: skip
 
     def run(self, anchors: list[str], positives: list[str]) -> dict[str, Any]:
-        from pipeline.jobs.mine_job import mine_pairs
+        from pipeline.jobs.pair_mining import mine_pairs
 
         started = time.perf_counter()
         table, report = mine_pairs(anchors, positives, self.model, self.tokenizer, self.cfg, self.device)
@@ -176,7 +176,7 @@ class Peer:
 def check_outputs(name: str, ours: dict[str, Any], peer: dict[str, Any]) -> tuple[int, float]:
     """Stop on an empty output or a negative equal to its positive; return (pairs both
     output, fraction of them with the same negative)."""
-    from pipeline.mining.negatives import normalize_text
+    from pipeline.mining.text_keys import normalize_text
 
     if ours["rows"] == 0 or peer["rows"] == 0:
         sys.exit(f"error: {name}: empty output (ours {ours['rows']} rows, ST {peer['rows']} rows)")
@@ -227,7 +227,7 @@ def append_markdown(path: Path, args: argparse.Namespace, machine: str, table: s
     device = peer_device()
     search = "torch top-k on the GPU" if device == "cuda" else "exact flat faiss"
     body = (
-        f"Ours: `pipeline.jobs.mine_job.mine_pairs`; ST: "
+        f"Ours: `pipeline.jobs.pair_mining.mine_pairs`; ST: "
         f"`mine_hard_negatives(use_faiss={device == 'cpu'})`; search: {search}. Same model, max length {args.max_seq_len}, encode batch "
         f"{args.batch_size}, {args.threads} torch threads, k = range_max = {args.top_k}, "
         f"range_min {args.range_min}, relative_margin 0.05, 1 negative, top sampling. "

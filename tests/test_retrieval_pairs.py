@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from bench.common import job_env
 from bench.running_job import RunningJob, wait_for
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, HOLD_DIR_ENV, HOLD_ENV
-from pipeline.data.pairs import index_triplets
+from pipeline.data.triplets import index_triplets
 from pipeline.tracking.review import refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 

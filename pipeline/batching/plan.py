@@ -6,8 +6,9 @@ with ``batch_size >= 2 x num_workers`` every worker gets rows in every batch.
 
 Epoch 1 uses :func:`~pipeline.batching.samplers.random_plan` (optionally grouped by length);
 after each refresh the miner plans the next epoch with the sampler ``mining.batch_sampler``
-names (``pipeline/batching/samplers.py`` and ``graph_samplers.py``), and ships with the plan
-what the loss needs to debias its in-batch negatives (``paraphrases`` / ``clusters``).
+names (``pipeline/batching/samplers.py``, ``graph_samplers.py``, ``cluster_sampler.py``), and
+ships with the plan what the loss needs to debias its in-batch negatives (``paraphrases`` /
+``clusters``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Config validation (``mining.batch_sampler``'s allowed values), the miner's factory
 (:func:`build_plan`) and the docs table (docs/configuration.md, held to :data:`SAMPLERS` by
 tests/batching/test_registry.py) all read this. A new sampler is one entry here plus its
-function in :mod:`~pipeline.batching.samplers` or :mod:`~pipeline.batching.graph_samplers`.
+function in :mod:`~pipeline.batching.samplers`, :mod:`~pipeline.batching.graph_samplers` or
+:mod:`~pipeline.batching.cluster_sampler`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.batching.graph_samplers import cluster_plan, mixed_plan, random_walk_plan
+from pipeline.batching.cluster_sampler import cluster_plan
+from pipeline.batching.graph_samplers import mixed_plan, random_walk_plan
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
 

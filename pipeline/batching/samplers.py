@@ -6,8 +6,9 @@ import heapq
 
 import numpy as np
 
+from pipeline.batching.batch_builder import BatchBuilder
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
-from pipeline.batching.separation import BatchBuilder, separate_false_negatives
+from pipeline.batching.separation import separate_false_negatives
 
 
 def random_plan(

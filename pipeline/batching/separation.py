@@ -1,11 +1,7 @@
-"""Keeping flagged false negatives out of each other's batches.
-
-:class:`FalseNegativeGraph` says which rows must not share a batch (a row and a row it
-flags, or a row that flags it: pairs are checked both ways), for two uses: while batches
-are built (:class:`BatchBuilder`, the graph samplers' row-by-row growth, and
-``cluster_plan``'s placement) and after (:func:`separate_false_negatives`, which repairs
-batches cut all at once, random ones, and is every sampler's safety net for the pairs a
-tiny or densely flagged corpus left together).
+"""Keeping flagged false negatives out of each other's batches after the batches are cut:
+:func:`separate_false_negatives` swaps rows between batches, which repairs batches cut all at
+once (random ones) and is every sampler's safety net for the pairs a tiny or densely flagged
+corpus left together.
 """
 
 from __future__ import annotations
@@ -15,127 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-class BatchBuilder:
-    """Batches built one at a time over the rows not yet assigned to any batch.
-
-    A candidate is checked against the batch in O(its partners), not O(batch), through
-    :class:`FalseNegativeGraph`. Rows are converted to Python lists on demand, not all at
-    once: every row joins exactly one batch, so the work is the same, and memory stays
-    O(batch x k) instead of holding n x k Python objects (about 4.5 GB at a million rows
-    with k = 65).
-
-    Args:
-        num_rows: rows to cover.
-        false_negatives: optional ``(n, m)`` rows that must not share a batch with the row,
-            -1 elsewhere.
-        visit_order: ``(n,)`` a random permutation of the rows: where batches start and what
-            tops them up.
-    """
-
-    def __init__(self, num_rows: int, false_negatives: np.ndarray | None, visit_order: np.ndarray):
-        self.graph = FalseNegativeGraph(false_negatives) if false_negatives is not None else None
-        self.visit_order = visit_order
-        # A bytearray, not a numpy array: the walks index it once per step, and a bytearray
-        # item is several times cheaper to read than a numpy scalar.
-        self.assigned = bytearray(num_rows)
-        self.cursor = 0
-        """Every row of ``visit_order`` before it is assigned."""
-        self.members: list[int] = []
-        self.member_set: set[int] = set()
-
-    def begin(self) -> None:
-        """Start a new, empty batch."""
-        self.members, self.member_set = [], set()
-
-    def next_unassigned(self) -> int | None:
-        """The first unassigned row of the random order (not yet added), None when all are assigned."""
-        order, assigned = self.visit_order, self.assigned
-        while self.cursor < len(order) and assigned[order[self.cursor]]:
-            self.cursor += 1
-        return int(order[self.cursor]) if self.cursor < len(order) else None
-
-    def next_joinable(self) -> int | None:
-        """The first unassigned row of the random order that can join the batch (not yet
-        added), None when there is none."""
-        if self.next_unassigned() is None:
-            return None
-        order, assigned = self.visit_order, self.assigned
-        for scan in range(self.cursor, len(order)):
-            row = int(order[scan])
-            if not assigned[row] and self.can_join(row):
-                return row
-        return None
-
-    def can_join(self, row: int) -> bool:
-        """Whether ``row`` is no member's false negative and no member is its false negative."""
-        return self.graph is None or self.member_set.isdisjoint(self.graph.partners(row).tolist())
-
-    def add(self, row: int) -> None:
-        """Put ``row`` in the batch."""
-        self.assigned[row] = True
-        self.members.append(row)
-        self.member_set.add(row)
-
-    def top_up(self, size: int) -> None:
-        """Fill the batch to ``size`` from the random order, preferring rows that are nobody's
-        false negative here; when none is left (tiny corpora), any unassigned row, which may
-        leave a flagged pair together for :func:`separate_false_negatives` to repair."""
-        if len(self.members) >= size or self.next_unassigned() is None:
-            return
-        order, assigned = self.visit_order, self.assigned
-        fallback: list[int] = []
-        for scan in range(self.cursor, len(order)):
-            if len(self.members) == size:
-                break
-            row = int(order[scan])
-            if assigned[row]:
-                continue
-            if self.can_join(row):
-                self.add(row)
-            else:
-                fallback.append(row)
-        for row in fallback:
-            if len(self.members) == size:
-                break
-            self.add(row)
-
-
-class FalseNegativeGraph:
-    """Which rows must not share a batch: each row and every row it flags, or that flags
-    it, as one sorted array of partners per row (CSR), so a row's partners are one slice away.
-
-    Args:
-        false_negatives: ``(n, m)`` rows that must not share a batch with the row, -1
-            elsewhere (a row flagging itself is ignored).
-    """
-
-    def __init__(self, false_negatives: np.ndarray):
-        false_negatives = np.asarray(false_negatives)
-        num_rows = len(false_negatives)
-        valid = false_negatives >= 0
-        src = np.broadcast_to(np.arange(num_rows)[:, None], false_negatives.shape)[valid]
-        dst = false_negatives[valid].astype(np.int64)
-        keep = src != dst
-        self.src, self.dst = src[keep].astype(np.int64), dst[keep]
-        """The flagged ``(row, flagged row)`` pairs."""
-        both_src = np.concatenate([self.src, self.dst])
-        order = np.argsort(both_src, kind="stable")
-        self._partners = np.concatenate([self.dst, self.src])[order]
-        self._bounds = np.concatenate([[0], np.cumsum(np.bincount(both_src, minlength=num_rows))])
-
-    def partners(self, row: int) -> np.ndarray:
-        """The rows that must not share a batch with ``row`` (a mutual flag appears twice)."""
-        return self._partners[self._bounds[row] : self._bounds[row + 1]]
-
-    def degree(self) -> np.ndarray:
-        """``(n,)`` partners per row."""
-        return np.diff(self._bounds)
-
-    def together(self, batch_of: np.ndarray) -> int:
-        """How many flagged pairs share a batch, given each row's batch (as
-        :func:`~pipeline.mining.plan_quality.false_negative_pairs` counts them)."""
-        return int((batch_of[self.src] == batch_of[self.dst]).sum())
+from pipeline.batching.false_negative_graph import FalseNegativeGraph
 
 
 def separate_false_negatives(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.batching.registry import SAMPLER_NAMES
-from pipeline.config.sections import Check
+from pipeline.config.check import Check
 
 SamplerName = Literal[SAMPLER_NAMES]  # the names pipeline.batching.registry declares
 

@@ -6,17 +6,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.config.data_section import DataSection
+from pipeline.config.eval_section import EvalSection
+from pipeline.config.job_sections import RaySection, RunSection, TrackingSection
 from pipeline.config.mining_section import MiningSection
-from pipeline.config.sections import (
-    CheckpointSection,
-    DataSection,
-    EvalSection,
-    ModelSection,
-    RaySection,
-    RunSection,
-    TrackingSection,
-    TrainSection,
-)
+from pipeline.config.model_section import ModelSection
+from pipeline.config.train_section import CheckpointSection, TrainSection
 from pipeline.core.errors import ConfigError
 
 

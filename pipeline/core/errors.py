@@ -110,6 +110,7 @@ def is_deterministic(exc: BaseException) -> bool:
 def _is_out_of_memory(exc: BaseException) -> bool:
     """A device out-of-memory of a batch: the same batch comes back after a restart."""
     try:
+        # Deferred: core sits under config and the CLI, which answer without loading torch.
         import torch
     except ImportError:
         return False

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import ray
 
-from pipeline.config.sections import DataSection
+from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
-from pipeline.data.readers import infer_format, read_corpus, reading
+from pipeline.data.formats import infer_format
+from pipeline.data.readers import read_corpus, reading
 from pipeline.data.utf8 import INVALID_UTF8, _as_text, stable_row_id
 
 
@@ -64,8 +66,6 @@ def load_clean_corpus(section: DataSection) -> tuple[pa.Table, CorpusStats]:
     Raises:
         DataError: the corpus cannot be read, or nothing usable is left after cleaning.
     """
-    import ray
-
     assert section.path is not None
     with reading(section.path, infer_format(section.path, section.format)):
         ds = read_corpus(section).map_batches(

@@ -1,31 +1,27 @@
-"""Supervised rows: (anchor, positive[, negative]) pairs read from columns, labelled rows or
-headerless pair files, with an optional candidate pool, indexed into one table of distinct
-texts.
+"""Supervised rows read with Ray Data: (anchor, positive[, negative]) pairs from columns,
+labelled rows or headerless pair files, and the optional candidate pool (``data.pool``),
+then indexed as :class:`~pipeline.data.triplets.Triplets` (:func:`index_pairs`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import ray
 
-from pipeline.config.sections import DataSection
+from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
-from pipeline.data.readers import (
-    infer_format,
-    pair_columns,
-    pool_columns,
-    read_dataset,
-    reading,
-    require_columns,
-    require_pairs_tsv_fields,
-    require_text_column,
-)
-from pipeline.data.utf8 import _as_text, stable_row_id
+from pipeline.data.columns import pair_columns, pool_columns, require_columns, require_text_column
+from pipeline.data.delimited import require_pairs_tsv_fields
+from pipeline.data.formats import infer_format
+from pipeline.data.pair_labels import label_is_positive, round_robin_negatives
+from pipeline.data.readers import read_dataset, reading
+from pipeline.data.triplets import Triplets, index_triplets
+from pipeline.data.utf8 import _as_text
 
 
 def _clean_text(column: Any) -> Any:
@@ -40,8 +36,6 @@ def _non_empty(column: Any) -> np.ndarray:
 
 def _table(ds: Any, columns: list[str]) -> pa.Table:
     """The dataset's ``columns`` as one Arrow table, in the file's row order."""
-    import ray
-
     ds = ds.select_columns(columns)
     # Row order is meaning here (a label-0 row's negative goes to its anchor's rows in turn,
     # data.max_rows keeps the first rows), and Ray Data hands blocks back in the order they
@@ -107,8 +101,8 @@ def load_pairs(section: DataSection) -> PairRows:
       ``data.label_column`` or ``data.negative_column`` when set.
 
     With labels, label-1 rows are the (anchor, positive) rows and the second texts of label-0
-    rows are given negatives of their anchor (:func:`round_robin_negatives`). Texts are
-    stripped; a row with an empty first or second text is dropped. ``data.given_negatives``
+    rows are given negatives of their anchor (:func:`~pipeline.data.pair_labels.round_robin_negatives`).
+    Texts are stripped; a row with an empty first or second text is dropped. ``data.given_negatives``
     false leaves label-0 rows and the negative column out. ``data.max_rows`` keeps the first
     (anchor, positive) rows.
 
@@ -193,66 +187,6 @@ def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | 
     return rows.anchors, rows.positives, rows.negatives, rows.rows_read
 
 
-def label_is_positive(labels: Any, path: str, key: str) -> np.ndarray:
-    """Per row: label 1 (True) or 0 (False). Integers, floats and booleans compare as numbers,
-    strings after stripping (``"1"``, ``"0"``).
-
-    Raises:
-        DataError: naming ``key``, the file, the first row with another value, and the value.
-    """
-    dtype = labels.type
-    if pa.types.is_dictionary(dtype):
-        labels, dtype = labels.cast(dtype.value_type), dtype.value_type
-    if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype):
-        numbers = labels.cast(pa.float64())
-        is_one, is_zero = pc.equal(numbers, 1.0), pc.equal(numbers, 0.0)
-    elif pa.types.is_null(dtype):
-        is_one = is_zero = pa.array(np.zeros(len(labels), dtype=bool))
-    else:
-        text, _ = _as_text(labels)
-        text = pc.utf8_trim_whitespace(text)
-        is_one, is_zero = pc.equal(text, "1"), pc.equal(text, "0")
-    one = pc.fill_null(is_one, False).to_numpy(zero_copy_only=False)
-    zero = pc.fill_null(is_zero, False).to_numpy(zero_copy_only=False)
-    bad = ~(one | zero)
-    if bad.any():
-        row = int(np.argmax(bad))
-        value = labels[row].as_py()
-        value = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-        raise DataError(
-            f"{key}: {path}, row {row + 1}: label {value!r} is neither 1 (a pair to "
-            "train on) nor 0 (a given negative of its anchor)"
-        )
-    return one
-
-
-def round_robin_negatives(
-    anchors: list[str], positives: list[str], negative_anchors: list[str], negative_texts: list[str]
-) -> list[str]:
-    """A given negative per (anchor, positive) row from the label-0 rows
-    ``(negative_anchors[i], negative_texts[i])``: the j-th row of anchor ``a`` gets the
-    (j mod n)-th of a's n distinct label-0 texts, in file order; ``""`` where ``a`` has none.
-    A label-0 text that is also a positive of the same anchor is not its negative."""
-    positives_of: dict[str, set[str]] = defaultdict(set)
-    for anchor, text in zip(anchors, positives, strict=True):
-        positives_of[anchor].add(text)
-    candidates: dict[str, dict[str, None]] = defaultdict(dict)  # ordered, distinct
-    for anchor, text in zip(negative_anchors, negative_texts, strict=True):
-        if text not in positives_of[anchor]:
-            candidates[anchor][text] = None
-    ordered = {anchor: list(texts) for anchor, texts in candidates.items()}
-    seen: dict[str, int] = defaultdict(int)
-    negatives = []
-    for anchor in anchors:
-        texts = ordered.get(anchor)
-        if texts:
-            negatives.append(texts[seen[anchor] % len(texts)])
-            seen[anchor] += 1
-        else:
-            negatives.append("")
-    return negatives
-
-
 def read_pool(section: DataSection) -> list[str]:
     """The distinct non-empty texts of ``data.pool`` in first-seen order: lines of a text
     file, ``data.pool_text_column`` of a csv/tsv/jsonl/parquet file, every sentence2 of a
@@ -283,65 +217,7 @@ def read_pool(section: DataSection) -> list[str]:
     return distinct
 
 
-@dataclass
-class Triplets:
-    """Supervised rows as positions into one de-duplicated text corpus."""
-
-    anchor: np.ndarray
-    positive: np.ndarray
-    negative: np.ndarray
-    """Given negative per row, -1 where none."""
-    pool: np.ndarray | None = None
-    """Positions of the candidate texts mining searches (``data.pool``: a separate corpus whose
-    texts were added to the table, with the distinct positives, as sentence-transformers'
-    ``mine_hard_negatives(corpus=...)`` adds them); None: the distinct positives."""
-
-    def __len__(self) -> int:
-        return len(self.anchor)
-
-    def candidate_pool(self) -> np.ndarray:
-        """Sorted, distinct positions of the texts negatives are mined from."""
-        return np.unique(self.pool if self.pool is not None else self.positive)
-
-
-def index_triplets(
-    anchors: list[str],
-    positives: list[str],
-    negatives: list[str] | None,
-    pool: list[str] | None = None,
-) -> tuple[pa.Table, Triplets]:
-    """One ``(id, text)`` table of every distinct text, sorted by id, and the rows as positions
-    in it: each text is tokenized and encoded once however often it occurs.
-
-    ``pool``: candidate texts for mining (``data.pool``); they join the table, and
-    ``Triplets.pool`` holds their positions and the distinct positives'.
-    """
-    texts = set(anchors) | set(positives) | ({t for t in negatives if t} if negatives else set())
-    texts |= set(pool or ())
-    ids = np.array([stable_row_id(t) for t in texts], dtype=np.int64)
-    text_list = list(texts)
-    order = np.argsort(ids)
-    table = pa.table({"id": ids[order], "text": [text_list[i] for i in order]})
-    position = {text_list[i]: rank for rank, i in enumerate(order.tolist())}
-    negative = (
-        np.array([position[t] if t else -1 for t in negatives], dtype=np.int64)
-        if negatives is not None
-        else np.full(len(anchors), -1, dtype=np.int64)
-    )
-    positive = np.array([position[t] for t in positives], dtype=np.int64)
-    triplets = Triplets(
-        np.array([position[t] for t in anchors], dtype=np.int64),
-        positive,
-        negative,
-        pool=(
-            np.union1d(np.array([position[t] for t in pool], dtype=np.int64), positive)
-            if pool is not None
-            else None
-        ),
-    )
-    return table, triplets
-
-
 def index_pairs(rows: PairRows) -> tuple[pa.Table, Triplets]:
-    """:func:`index_triplets` of what :func:`load_pairs` read, the pool included."""
+    """:func:`~pipeline.data.triplets.index_triplets` of what :func:`load_pairs` read, the pool
+    included."""
     return index_triplets(rows.anchors, rows.positives, rows.negatives, rows.pool)

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config.sections import DataSection
+from pipeline.config.data_section import DataSection
 
 
 @dataclass
@@ -152,6 +152,8 @@ def tokenize_corpus_with_stats(
         sentences were cut to ``data.max_seq_len``, and the corpus' ``[UNK]`` share.
     """
 
+    # Deferred: model/encode.py imports this module for tokenize_table, and the evaluate job
+    # and bench/gpu_step.py run that without Ray.
     import ray
     import ray.data
 

@@ -9,7 +9,7 @@ import hashlib
 import numpy as np
 import pyarrow as pa
 
-from pipeline.data.pairs import Triplets
+from pipeline.data.triplets import Triplets
 
 
 class TokenizedCorpus:

@@ -58,7 +58,7 @@ def _utf8_lines_datasource() -> type:
     Ray's own reader decodes a whole file at once, so one bad byte in a 10M-line crawl
     fails the job. Built on first use so that importing this module does not import Ray Data.
     """
-    from ray.data.datasource import FileBasedDatasource
+    from ray.data.datasource import FileBasedDatasource  # deferred: see the docstring
 
     class Utf8LinesDatasource(FileBasedDatasource):
         def _read_stream(self, f: Any, path: str) -> Iterator[pa.Table]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config.sections import SELECTABLE_METRICS, EvalSection
+from pipeline.config.eval_section import SELECTABLE_METRICS, EvalSection
 from pipeline.core.errors import ConfigError
 from pipeline.evaluation.retrieval_scoring import (
     RetrievalEvalSet,

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline.evaluation.distinct_texts import DistinctTexts
 from pipeline.evaluation.retrieval_metrics import RankingMetrics, ranking_metrics
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
+from pipeline.evaluation.text_table import text_table
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, max_seq_len_of
@@ -99,8 +101,6 @@ def evaluate_retrieval_model_dir(
 ) -> list[RetrievalSetScore]:
     """Evaluate a model folder on retrieval sets (read ones, or their paths: BEIR folders or
     pair files), on CPU or the first GPU."""
-    import torch
-
     if any(isinstance(item, str) for item in sets):
         sets = read_retrieval_sets([str(item) for item in sets])
     tokenizer = load_tokenizer(model_dir)
@@ -120,9 +120,4 @@ def format_retrieval_table(scores: list[RetrievalSetScore], title: str | None = 
         [s.name, str(s.queries), str(s.corpus)] + [f"{getattr(s, m):.2f}" for m in RETRIEVAL_METRICS]
         for s in scores
     ]
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines = [title] if title else []
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in body]
-    return "\n".join(lines)
+    return text_table(header, body, title)

@@ -28,7 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from pipeline.core.errors import DataError
+from pipeline.evaluation.set_names import with_distinct_names
 
 BEIR_FILES = ("queries.jsonl", "corpus.jsonl")
 PAIR_SUFFIXES = (".tsv", ".csv", ".jsonl", ".parquet")
@@ -56,14 +59,7 @@ class RetrievalSet:
 
 def read_retrieval_sets(specs: list[str]) -> list[RetrievalSet]:
     """Read every set, giving repeated names a numeric suffix (``dev``, ``dev_2``)."""
-    sets = [read_retrieval_set(spec) for spec in specs]
-    seen: dict[str, int] = {}
-    for item in sets:
-        count = seen.get(item.name, 0)
-        seen[item.name] = count + 1
-        if count:
-            item.name = f"{item.name}_{count + 1}"
-    return sets
+    return with_distinct_names([read_retrieval_set(spec) for spec in specs])
 
 
 def read_retrieval_set(spec: str) -> RetrievalSet:
@@ -238,8 +234,6 @@ def _jsonl_pairs(path: Path) -> Iterator[PairRow]:
 
 
 def _parquet_pairs(path: Path) -> Iterator[PairRow]:
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file

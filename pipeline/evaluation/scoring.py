@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline.core.errors import DataError
 from pipeline.evaluation.diagnostics import alignment, uniformity
 from pipeline.evaluation.distinct_texts import DistinctTexts
 from pipeline.evaluation.retrieval import nan_mean, paraphrase_retrieval
+from pipeline.evaluation.set_names import with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
+from pipeline.evaluation.text_table import text_table
 from pipeline.evaluation.whitening import Whitening, fit_whitening, load_whitening
 from pipeline.model.encode import encode_rows, encode_texts
 from pipeline.model.encoder import load_sentence_encoder
@@ -85,17 +88,6 @@ class STSEvalSet(DistinctTexts):
 def read_sts_files(paths: list[str], format: str = "auto") -> list[STSPairs]:
     """Read every file, giving repeated names a numeric suffix so metric keys stay distinct."""
     return with_distinct_names([read_sts(path, format) for path in paths])
-
-
-def with_distinct_names(files: list[STSPairs]) -> list[STSPairs]:
-    """The files, a repeated name getting a numeric suffix (``dev``, ``dev_2``)."""
-    seen: dict[str, int] = {}
-    for pairs in files:
-        count = seen.get(pairs.name, 0)
-        seen[pairs.name] = count + 1
-        if count:
-            pairs.name = f"{pairs.name}_{count + 1}"
-    return files
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -168,8 +160,6 @@ def evaluate_model_dir(
     folder's own whitening layer (if it has one and ``use_saved_whitening``), is reported as
     ``spearman_whitened`` beside the plain score.
     """
-    import torch
-
     files = read_sts_files(sts_paths, format)
     tokenizer = load_tokenizer(model_dir)
     max_seq_len = max_seq_len or max_seq_len_of(model_dir)
@@ -220,12 +210,7 @@ def format_table(scores: list[STSScore], title: str | None = None) -> str:
             cells.append("" if s.spearman_whitened is None else f"{s.spearman_whitened:.2f}")
         cells += [f"{s.mrr_at_10:.2f}", f"{s.recall_at_1:.2f}", f"{s.alignment:.3f}", f"{s.uniformity:.3f}"]
         body.append(cells)
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines = [title] if title else []
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in body]
-    return "\n".join(lines)
+    return text_table(header, body, title)
 
 
 def score_summary(scores: list[STSScore]) -> dict[str, Any]:

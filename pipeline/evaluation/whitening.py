@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 DENSE_DIR = "2_Dense"
 _IDENTITY = "torch.nn.modules.linear.Identity"
@@ -69,8 +70,6 @@ def fit_whitening(x: np.ndarray, dim: int | None = None, rcond: float = 1e-5) ->
 
 def save_whitening(whitening: Whitening, model_dir: str | Path) -> None:
     """Write the whitening as a sentence-transformers Dense module and list it in modules.json."""
-    from safetensors.torch import save_file
-
     out = Path(model_dir)
     dense = out / DENSE_DIR
     dense.mkdir(parents=True, exist_ok=True)
@@ -108,8 +107,6 @@ def save_whitening(whitening: Whitening, model_dir: str | Path) -> None:
 
 def load_whitening(model_dir: str | Path) -> Whitening | None:
     """The whitening saved in a model folder, or None when it has none."""
-    from safetensors.torch import load_file
-
     dense = Path(model_dir) / DENSE_DIR
     if not (dense / "model.safetensors").exists():
         return None

@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError
 from pipeline.data.corpus import load_clean_corpus
-from pipeline.data.pairs import Triplets, index_pairs, load_pairs
+from pipeline.data.pairs import index_pairs, load_pairs
 from pipeline.data.tokenize import tokenize_corpus_with_stats
 from pipeline.data.tokenized import dataset_digest
+from pipeline.data.triplets import Triplets
 from pipeline.evaluation.retrieval_scoring import RetrievalEvalSet
 from pipeline.evaluation.retrieval_sets import RetrievalSet
 from pipeline.evaluation.scoring import STSEvalSet
@@ -197,8 +200,6 @@ def put_inputs(
 ) -> InputRefs:
     """Put the tokenized corpus, the packed model folder, the triplets and the STS and
     retrieval evaluation sets in the object store once, so that each node fetches them once."""
-    import ray
-
     corpus_ref = ray.put(inputs.corpus)
     model_ref = ray.put(pack_dir(inputs.model_dir))
     triplets_ref = ray.put(data.triplets) if data.triplets is not None else None

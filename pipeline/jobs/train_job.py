@@ -10,14 +10,13 @@ that resolved config is used, and nothing changes it, so that ``resolved_config.
 params and what the workers and the miner get are the same. Inside the Ray session the job
 runs its sections in order (:func:`train_in_ray`): load the training data, tokenize, put
 the inputs in the object store (:mod:`pipeline.jobs.train_inputs`), start the miner, fit,
-export and summarise, log the model.
+export and summarise, log the model (:mod:`pipeline.jobs.shipped_model`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -25,17 +24,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from pipeline.config.loading import dump_yaml
 from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
 from pipeline.core.errors import first_line
-from pipeline.data.readers import check_corpus_columns, check_corpus_path
+from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
-from pipeline.evaluation.exported import best_model_metrics, best_model_tags, exported_eval_metrics
 from pipeline.evaluation.in_training import check_eval_sets
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
-from pipeline.evaluation.scoring import read_sts_files, with_distinct_names
+from pipeline.evaluation.scoring import read_sts_files
+from pipeline.evaluation.set_names import with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts
+from pipeline.jobs.shipped_model import export_and_summarise, log_exported_model
 from pipeline.jobs.summary import JobSummary
 from pipeline.jobs.train_inputs import (
     InputRefs,
@@ -44,12 +46,11 @@ from pipeline.jobs.train_inputs import (
     put_inputs,
     tokenize_inputs,
 )
-from pipeline.mining.miner import MinerSettings, start_miner_actor
+from pipeline.mining.miner_actor import start_miner_actor
+from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.runtime.cluster import check_cluster_fits, ray_session
 from pipeline.runtime.preflight import preflight_train
-from pipeline.tracking.export import log_sentence_transformers_model
-from pipeline.tracking.review import log_review
 from pipeline.tracking.run import (
     TrackedRun,
     check_tracking_reachable,
@@ -57,8 +58,7 @@ from pipeline.tracking.run import (
     start_or_resume_run,
 )
 from pipeline.tracking.system import system_metrics
-from pipeline.training.checkpoint import export_checkpoint_model
-from pipeline.training.contract import LoopConfig, history_from_report, miner_inputs
+from pipeline.training.contract import LoopConfig, miner_inputs
 from pipeline.training.trainer import build_trainer
 
 Echo = Callable[[str], None]
@@ -222,7 +222,6 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     if not cfg.mining.runs_miner(cfg.train.epochs):
         yield None, None
         return
-    import ray
 
     settings = MinerSettings.from_config(cfg, tracked.tracking_uri, tracked.run_id)
     miner = start_miner_actor(settings)
@@ -264,8 +263,6 @@ def fit(
     Raises:
         The training error Ray Train ended with.
     """
-    import ray
-
     assert cfg.run.name is not None
     loop_config = LoopConfig(
         config=cfg,
@@ -288,93 +285,3 @@ def fit(
     if result.error is not None:
         raise result.error
     return result
-
-
-def export_and_summarise(
-    cfg: Config, tracked: TrackedRun, result: Any, corpus: str, run_dir: Path
-) -> JobSummary:
-    """Export the model to ship from the final checkpoint to ``run_dir/model`` and summarise
-    the run from the workers' last report."""
-
-    assert cfg.run.name is not None
-    metrics = result.metrics or {}
-    history = history_from_report(metrics)
-    export_dir, best = export_checkpoint_model(result.checkpoint, run_dir / "model")
-    return JobSummary.from_training(
-        cfg.run.name,
-        tracked.run_id,
-        tracked.tracking_uri,
-        cfg.tracking.experiment,
-        corpus=corpus,
-        history=history,
-        steps=int(metrics.get("step", 0)),
-        best=best,
-        model_dir=export_dir,
-    )
-
-
-def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, run_dir: Path) -> JobSummary:
-    """Log what a reviewer reads off the run (review artifacts, the exported step as tags,
-    its ``best/`` scores) and the exported model as the run's MLflow model, linked to its
-    own ``eval/`` and ``best/`` metrics and registered when ``tracking.register_as`` is set.
-
-    Returns the summary with the model's URI and registered version.
-    """
-
-    epoch, step = summary.exported_epoch, summary.exported_step
-    assert epoch is not None and step is not None and summary.model_dir is not None
-    evaluations = summary.history.evaluations
-    log_review(tracked, evaluations, epoch, summary.history.epoch_losses, run_dir)
-    tracked.set_tags({"simcse.exported_epoch": f"{epoch:g}", "simcse.exported_step": step,
-                      **best_model_tags(evaluations, step)})  # fmt: skip
-    best_scores = best_model_metrics(evaluations, step)
-    tracked.log_metrics(best_scores, step=step)
-    model_uri, version = log_sentence_transformers_model(
-        tracked,
-        Path(summary.model_dir),
-        cfg.tracking.register_as,
-        step=step,
-        linked_metrics=[*exported_eval_metrics(evaluations, step), *best_scores],
-        description=model_description(cfg, summary),
-        name=model_name(summary.run_name),
-        tags=model_tags(cfg, tracked),
-    )
-    registered = f"{cfg.tracking.register_as}/{version}" if version is not None else None
-    return dataclasses.replace(summary, model_uri=model_uri, registered_as=registered)
-
-
-def model_name(run_name: str) -> str:
-    """The logged model's name: the run's, in the characters a model name may hold."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", run_name).strip("-") or "model"
-
-
-def model_description(cfg: Config, summary: JobSummary) -> str:
-    """What a registry user reads first: the base model, the data, the shipped score and what
-    selected it."""
-    base = cfg.model.name_or_path or "a tiny BERT built from model.tiny (random weights)"
-    first = "the first STS file's Spearman" if cfg.eval.sts else "the first retrieval set's nDCG@10"
-    selected = cfg.eval.select_by or first
-    scores = summary.scores()
-    shipped = (
-        f"Shipped the model of step {summary.exported_step} (selected by {selected}): {scores}."
-        if scores
-        else f"Shipped the last epoch's model (step {summary.exported_step}; no evaluation)."
-    )
-    return (
-        f"SimCSE fine-tune of {base} on {cfg.data.path} ({summary.corpus}), "
-        f"{summary.epochs} epochs, run {summary.run_name!r} (MLflow run {summary.run_id}). {shipped}"
-    )
-
-
-def model_tags(cfg: Config, tracked: TrackedRun) -> dict[str, str]:
-    """The logged model's (and registered version's) tags: the data it was trained on, by
-    path and content digest, its base model and the run and commit it came from."""
-    run_tags = tracked.client.get_run(tracked.run_id).data.tags
-    tags = {
-        "base_model": cfg.model.name_or_path or "tiny (model.tiny)",
-        "source_run": tracked.run_id,
-        **{key: run_tags[key] for key in ("data.path", "data.digest", "data.rows") if key in run_tags},
-    }
-    if "mlflow.source.git.commit" in run_tags:
-        tags["git_commit"] = run_tags["mlflow.source.git.commit"]
-    return tags

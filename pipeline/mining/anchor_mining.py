@@ -14,14 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.mining.index import IndexSpec, KnnResult
-from pipeline.mining.negatives import (
-    NegativeFilters,
-    SelectedNegatives,
-    duplicate_mask,
-    known_positive_mask,
-    mine_anchor_negatives,
-)
+from pipeline.mining.index import IndexSpec, KnnResult, knn_search
+from pipeline.mining.negatives import NegativeFilters, SelectedNegatives, select_negatives
+from pipeline.mining.text_keys import duplicate_mask, known_positive_mask
 
 RANDOM_PAIRS = 20_000
 """Most (anchor, random candidate) pairs in the baseline sample."""
@@ -61,10 +56,10 @@ def mine_anchors(
 
     Args:
         vectors: ``(texts, dim)`` L2-normalised embeddings of the distinct texts.
-        keys: ``(texts,)`` :func:`~pipeline.mining.negatives.text_keys` of the same texts.
+        keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.text_keys` of the same texts.
         anchor, positive: per row, the positions of its anchor and positive text.
         pool: positions of the candidate texts (the distinct positives).
-        filters, k, spec, use_gpu, seed: as :func:`~pipeline.mining.negatives.mine_anchor_negatives`.
+        filters, k, spec, use_gpu, seed: as :func:`mine_anchor_negatives`.
         baseline_seed: seeds the random-pair sample (fixed across refreshes, so that their
             baselines compare).
         exclude_known_positives: remove every positive any row gives an anchor's text from
@@ -86,6 +81,52 @@ def mine_anchors(
     filter_seconds = time.perf_counter() - t0 - knn.index_seconds - knn.search_seconds
     random_pairs = random_pair_similarities(anchor_vectors, pool_vectors, baseline_seed)
     return MinedAnchors(mined.selected, mined.positive_scores, random_pairs, knn, filter_seconds)
+
+
+@dataclass
+class AnchorNegatives:
+    selected: SelectedNegatives
+    """Negatives as positions in the pool."""
+    positive_scores: np.ndarray
+    """``(n,)`` anchor-positive similarity."""
+    knn: KnnResult
+
+
+def mine_anchor_negatives(
+    anchor_vectors: np.ndarray,
+    positive_vectors: np.ndarray,
+    pool_vectors: np.ndarray,
+    anchor_keys: np.ndarray,
+    positive_keys: np.ndarray,
+    pool_keys: np.ndarray,
+    filters: NegativeFilters,
+    k: int,
+    spec: IndexSpec | None = None,
+    use_gpu: bool = False,
+    seed: int = 0,
+    known_pairs: tuple[np.ndarray, np.ndarray] | None = None,
+) -> AnchorNegatives:
+    """Search each anchor's ``k`` nearest pool vectors and select its negatives.
+
+    The one code path of supervised mining, shared by the offline job and the training
+    miner's triplet mode. Vectors are L2-normalised; keys are
+    :func:`~pipeline.mining.text_keys.duplicate_mask` keys (one per normalised text) for the
+    anchors, their positives and the pool. ``known_pairs``: the (anchor, positive) text keys
+    of every known positive pair; a candidate that is one of its anchor's is removed
+    (:func:`~pipeline.mining.text_keys.known_positive_mask`).
+    """
+    knn = knn_search(
+        pool_vectors, min(k, len(pool_vectors)), use_gpu=use_gpu, spec=spec, seed=seed, queries=anchor_vectors
+    )
+    duplicate = duplicate_mask(knn.indices, anchor_keys, positive_keys, pool_keys)
+    known = None
+    if known_pairs is not None:
+        known = known_positive_mask(knn.indices, anchor_keys, pool_keys, *known_pairs)
+    positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors)
+    selected = select_negatives(
+        knn.indices, knn.scores, positive_scores, duplicate, filters, seed=seed, known_positive=known
+    )
+    return AnchorNegatives(selected, positive_scores, knn)
 
 
 def random_pair_similarities(
@@ -121,7 +162,7 @@ def random_pool_negatives(
     row's positive for the same anchor text) is redrawn the same way.
 
     Args:
-        keys: ``(texts,)`` :func:`~pipeline.mining.negatives.text_keys` of the corpus texts.
+        keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.text_keys` of the corpus texts.
         anchor, positive: ``(n,)`` each row's anchor and positive text positions.
         pool: positions of the candidate texts (the distinct positives).
         count: random negatives per anchor.

@@ -30,7 +30,7 @@ def kmeans_clusters(
         ValueError: embeddings not a non-empty ``(n, d)`` array, or ``num_clusters`` outside
             [1, n] (k-means cannot place more centroids than rows).
     """
-    import faiss
+    import faiss  # deferred: an optional extra ([cpu] or [gpu]); preflight names what is missing
 
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from pipeline.config.mining_section import MiningSection
 
@@ -90,11 +91,10 @@ class KnnResult:
 
 def choose_backend(use_gpu: bool) -> str:
     if use_gpu:
-        import faiss
+        import faiss  # deferred: an optional extra ([cpu] or [gpu]); preflight names what is missing
 
         if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
             return "faiss-gpu"
-        import torch
 
         if torch.cuda.is_available():
             return "torch-cuda"
@@ -133,7 +133,7 @@ def knn_search(
         return torch_search(vectors, queries, k, query_chunk)
     if backend == "torch-cuda":
         backend = "faiss-cpu"
-    import faiss
+    import faiss  # deferred, as in choose_backend
 
     start = time.perf_counter()
     if kind == "flat":
@@ -175,8 +175,6 @@ def torch_search(
         query_chunk: queries per matrix product (bounds memory to ``chunk x n`` scores).
         device: ``"cuda"`` or ``"cpu"``; the backend is named ``torch-<device>/flat``.
     """
-    import torch
-
     start = time.perf_counter()
     base = torch.from_numpy(vectors).to(device)
     if base.is_cuda:

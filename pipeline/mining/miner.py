@@ -1,128 +1,47 @@
 """The miner: re-encode the corpus with the newest weights, search it, plan the next epoch.
 
-:class:`HardNegativeMiner` is plain Python so it can be tested without Ray; the driver
-runs it as a Ray actor with its own resources (``mining.num_cpus`` / ``mining.num_gpus``)
-through :func:`start_miner_actor`. Everything it is configured with is one
-:class:`MinerSettings`, built from the run config by :meth:`MinerSettings.from_config`.
+:class:`HardNegativeMiner` is plain Python so it can be tested without Ray; the driver runs
+it as a Ray actor (:mod:`pipeline.mining.miner_actor`) with its own resources. Everything it
+is configured with is one :class:`~pipeline.mining.miner_settings.MinerSettings`; what it
+logs of each refresh goes through :class:`~pipeline.mining.refresh_log.RefreshLog`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
-from pipeline.config.metric_catalogue import MINING_TABLE, mining_charts
-from pipeline.core.errors import first_line
-from pipeline.core.retry import call_with_retries
 from pipeline.core.seams import hold_once
-from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
+from pipeline.data.triplets import Triplets
 from pipeline.mining.anchor_mining import mine_anchors, random_pool_negatives, similarity_percentiles
-from pipeline.mining.index import IndexSpec, estimate_index_bytes, knn_search
-from pipeline.mining.negatives import NegativeFilters, passed_each_filter, text_keys
+from pipeline.mining.index import estimate_index_bytes, knn_search
+from pipeline.mining.miner_settings import MinerSettings
+from pipeline.mining.negatives import passed_each_filter
 from pipeline.mining.plan_quality import (
     _first_valid_scores,
     debias_counts,
     false_negative_pairs,
     in_batch_pair_similarities,
     plan_churn,
-    similarity_histogram_png,
 )
-from pipeline.mining.planning import PlanSettings, plan_from_neighbours
+from pipeline.mining.planning import plan_from_neighbours
+from pipeline.mining.refresh_log import RefreshLog
+from pipeline.mining.text_keys import text_keys
 from pipeline.model.encode import encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 from pipeline.tracking.metric_logger import MetricLogger
 
-if TYPE_CHECKING:
-    from pipeline.config.schema import Config
-
 PREVIOUS_UPLOADS_WAIT_S = 60.0
 """How long a refresh waits for the previous one's uploads before it starts without them."""
-UPLOAD_ATTEMPTS = 12
-"""Histogram and refresh-table uploads: with waits doubling from 1 s up to 60 s, about ten
-minutes of retries."""
-
-
-@dataclass(frozen=True)
-class MinerSettings:
-    """Everything the miner is configured with besides its inputs (corpus, model, triplets)."""
-
-    pooler: str
-    """``model.pooler``."""
-    batch_size: int
-    """``train.batch_size``: the global batch the plan is cut into."""
-    top_k: int
-    """``mining.top_k``: neighbours searched per row."""
-    encode_batch_size: int
-    """``mining.encode_batch_size``."""
-    seed: int
-    """``run.seed``; each refresh searches and plans with ``seed + version``."""
-    index_spec: IndexSpec = field(default_factory=IndexSpec)
-    filters: NegativeFilters = field(default_factory=NegativeFilters)
-    plan: PlanSettings = field(default_factory=PlanSettings)
-    """Neighbourhood mode: the batch sampler and the debiasing hints shipped with the plan."""
-    random_negatives: int = 0
-    """Triplet mode: random pool rows added per anchor beside the mined negatives."""
-    encode_actors: int = 0
-    """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool."""
-    encode_num_cpus: float = 1.0
-    encode_num_gpus: float = 0.0
-    group_batches: int = 0
-    """``train.group_batches``: triplet mode groups its plan's random batches by length in
-    groups of this many batches (0: don't)."""
-    num_cpus: float = 1.0
-    """The miner actor's own CPUs (``mining.num_cpus``)."""
-    num_gpus: float = 0.0
-    """The miner actor's own GPUs (``mining.num_gpus``); with one it encodes and searches there."""
-    max_restarts: int = 0
-    """Times Ray restarts a dead miner actor (``mining.max_restarts``)."""
-    tracking_uri: str | None = None
-    run_id: str | None = None
-    """The MLflow run the miner logs its ``mining/`` metrics and histograms to; None: no logging."""
-
-    @property
-    def use_gpu(self) -> bool:
-        return self.num_gpus > 0
-
-    @classmethod
-    def from_config(
-        cls, cfg: Config, tracking_uri: str | None = None, run_id: str | None = None
-    ) -> MinerSettings:
-        """The settings of the run config ``cfg``, logging to MLflow run ``run_id`` at ``tracking_uri``."""
-        mining = cfg.mining
-        return cls(
-            pooler=cfg.model.pooler,
-            batch_size=cfg.train.batch_size,
-            top_k=mining.top_k,
-            encode_batch_size=mining.encode_batch_size,
-            seed=cfg.run.seed,
-            index_spec=IndexSpec.from_section(mining),
-            filters=NegativeFilters.from_section(mining),
-            plan=PlanSettings.from_mining(mining),
-            random_negatives=mining.random_negatives,
-            encode_actors=mining.encode_actors,
-            encode_num_cpus=mining.encode_num_cpus,
-            encode_num_gpus=mining.encode_num_gpus,
-            group_batches=cfg.train.group_batches,
-            num_cpus=mining.num_cpus,
-            num_gpus=mining.num_gpus,
-            max_restarts=mining.max_restarts,
-            tracking_uri=tracking_uri,
-            run_id=run_id,
-        )
 
 
 @dataclass
@@ -155,94 +74,24 @@ class HardNegativeMiner:
         self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=settings.pooler).to(self.device)
         (self.text_keys,) = text_keys(corpus_table.column("text").to_pylist())
         self.previous_plan: BatchPlan | None = None
-        self.logger = None
-        self._uploads: Any = None
+        self.log: RefreshLog | None = None
         if settings.tracking_uri and settings.run_id:
-            self.logger = MetricLogger(settings.tracking_uri, settings.run_id)
-
-    def _upload(
-        self, what: str, upload: Callable[[Any], None], cleanup: Callable[[], None] | None = None
-    ) -> None:
-        """Run ``upload(logger)`` off the refresh's path, one upload at a time in refresh order
-        (the refresh table is appended to, so two appends must not interleave).
-
-        A slow or restarting tracking server must not hold up the plan (MLflow's client retries
-        for minutes), and a failed upload only warns.
-        """
-        logger = self.logger
-        if logger is None:
-            return
-        if self._uploads is None:
-            self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mining-upload")
-
-        def run() -> None:
-            try:
-                call_with_retries(
-                    lambda: upload(logger),
-                    retry_on=Exception,
-                    attempts=UPLOAD_ATTEMPTS,
-                    wait_s=1.0,
-                    max_wait_s=60.0,
-                )
-            except Exception as exc:
-                print(f"[mining] warning: {what} not logged: {first_line(exc)}", flush=True)
-            finally:
-                if cleanup is not None:
-                    cleanup()
-
-        self._uploads.submit(run)
+            self.log = RefreshLog(MetricLogger(settings.tracking_uri, settings.run_id))
 
     def wait_logged(self, timeout: float) -> bool:
-        """Block until the metrics, histograms and table rows sent so far reached MLflow;
-        False (and a warning) when ``timeout`` seconds passed first (one budget for both)."""
-        if self.logger is None:
-            return True
-        deadline = time.monotonic() + timeout
-        done = True
-        if self._uploads is not None:
-            try:
-                self._uploads.submit(lambda: None).result(timeout=timeout)
-            except TimeoutError:
-                done = False
-        done = self.logger.wait_sent(max(0.0, deadline - time.monotonic())) and done
-        if not done:
-            print(f"[mining] warning: uploads still under way after {timeout:g}s; going on", flush=True)
-        return done
+        """:meth:`~pipeline.mining.refresh_log.RefreshLog.wait_logged`; True at once without a
+        run to log to."""
+        return self.log.wait_logged(timeout) if self.log is not None else True
 
     def _log_histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int) -> None:
-        """Similarity histogram of the negatives the loss will see, next to random pairs."""
-        if self.logger is None:
-            return
-
-        folder = Path(tempfile.mkdtemp(prefix="simcse-hist-"))
-        path = folder / f"negative_similarity_v{version}.png"
-        if self.triplets is None:
-            labels = ("random batches", f"mined plan v{version}")
-            xlabel = "cosine similarity of in-batch negatives"
-        else:
-            labels = ("random pairs", f"mined negatives v{version}")
-            xlabel = "cosine similarity to the anchor"
-        similarity_histogram_png({labels[0]: random_pairs, labels[1]: mined}, xlabel, str(path))
-        self._upload(
-            f"histogram v{version}",
-            lambda logger: logger.client.log_artifact(logger.run_id, str(path), "mining"),
-            cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
-        )
+        if self.log is not None:  # before drawing: without a run there is nothing to draw for
+            self.log.histogram(mined, random_pairs, version, pairs=self.triplets is not None)
 
     def _report(self, plan: BatchPlan, metrics: dict[str, float], step: int) -> RefreshReport:
-        """Remember the plan (the next refresh's churn is against it), chart the few metrics that
-        move and append every diagnostic as one row of the refresh table."""
+        """Remember the plan (the next refresh's churn is against it) and log the refresh."""
         self.previous_plan = plan
-        if self.logger is not None:
-            self.logger.log(mining_charts(metrics), step)
-            self.logger.flush()
-            # step and plan version first: the columns a reviewer reads a row by
-            row = {"step": [step], "plan_version": [float(plan.version)]}
-            row.update({key.removeprefix("mining/"): [value] for key, value in metrics.items()})
-            self._upload(
-                f"refresh table row v{plan.version}",
-                lambda logger: logger.client.log_table(logger.run_id, row, MINING_TABLE),
-            )
+        if self.log is not None:
+            self.log.refresh(plan, metrics, step)
         return RefreshReport(plan, metrics)
 
     def _refresh_triplets(
@@ -370,63 +219,3 @@ class HardNegativeMiner:
             metrics["mining/churn"] = plan_churn(self.previous_plan, plan)
         self._log_histogram(pair_sims, random_sims, version)
         return self._report(plan, metrics, step)
-
-
-class HardNegativeMinerActor:
-    """:class:`HardNegativeMiner` as a Ray actor whose constructor takes only plain values.
-
-    The corpus, the model and the triplets are object refs the driver holds for the job's
-    life; every call brings them (``inputs``: a list, so that Ray hands them over unresolved)
-    and the first call after a start or a restart loads the miner from them. A constructor
-    that took them as arguments would make a restart depend on Ray keeping its own copy of the
-    arguments, which it warns about at creation as an error-level line (ray-project/ray#53727).
-    """
-
-    def __init__(self, settings: MinerSettings):
-        self.settings = settings
-        self.miner: HardNegativeMiner | None = None
-
-    def _loaded(self, inputs: list[Any]) -> HardNegativeMiner:
-        if self.miner is None:
-            import ray
-
-            corpus_table, model_blob, triplets = (ray.get(x) if x is not None else None for x in inputs)
-            self.miner = HardNegativeMiner(corpus_table, model_blob, self.settings, triplets)
-        return self.miner
-
-    def ready(self, inputs: list[Any]) -> int:
-        """This actor's process id, once the miner is loaded (see :meth:`HardNegativeMiner.ready`)."""
-        return self._loaded(inputs).ready()
-
-    def refresh(
-        self, inputs: list[Any], encoder_state: dict[str, torch.Tensor], version: int, step: int
-    ) -> RefreshReport:
-        """:meth:`HardNegativeMiner.refresh`, loading the miner first if this process has not."""
-        return self._loaded(inputs).refresh(encoder_state, version, step)
-
-    def wait_logged(self, timeout: float) -> bool:
-        """:meth:`HardNegativeMiner.wait_logged` (nothing to wait for before the first load)."""
-        return self.miner.wait_logged(timeout) if self.miner is not None else True
-
-
-def start_miner_actor(settings: MinerSettings) -> Any:
-    """Start :class:`HardNegativeMinerActor` with the settings' own resources; its calls take
-    the list of object refs :func:`pipeline.training.contract.miner_inputs` makes.
-
-    Returns:
-        The actor handle. Ray restarts a dead actor up to ``settings.max_restarts`` times;
-        calls in flight when it died fail rather than being retried, so the caller knows to
-        submit the refresh again with newer weights (the new process loads on that call).
-    """
-    import ray
-
-    return (
-        ray.remote(HardNegativeMinerActor)
-        .options(
-            num_cpus=settings.num_cpus,
-            num_gpus=settings.num_gpus,
-            max_restarts=settings.max_restarts,
-            max_task_retries=0,
-        )
-        .remote(settings)
-    )

@@ -15,14 +15,11 @@ counted, so a run can say where its candidates went.
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pipeline.config.mining_section import MiningSection
-from pipeline.mining.index import IndexSpec, KnnResult, knn_search
 
 FILTERS = ("duplicate", "known_positive", "max_score", "relative_margin", "rank_window")
 
@@ -76,13 +73,6 @@ def passed_each_filter(selected: SelectedNegatives) -> dict[str, int]:
         left -= selected.removed.get(name, 0)
         passed[name] = left
     return passed
-
-
-def normalize_text(text: str) -> str:
-    """Key for "the same sentence up to case, accents, whitespace and punctuation"."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = re.sub(r"[^\w\s]", "", text)
-    return " ".join(text.split())
 
 
 @dataclass
@@ -164,11 +154,12 @@ def select_negatives(
         positive_scores: ``(n,)`` similarity of each anchor to its positive (for the
             relative margin). In unsupervised use the positive is the anchor itself: 1.0.
         duplicate: ``(n, k)`` bool, True where the candidate is the anchor, the positive, or
-            the same text as either (exactly or after :func:`normalize_text`).
+            the same text as either (exactly or after :func:`~pipeline.mining.text_keys.normalize_text`).
         filters: the settings.
         seed: for ``sampling="random"``.
         known_positive: optional ``(n, k)`` bool, True where the candidate is a known positive
-            of the anchor (:func:`known_positive_mask`); removed before any score filter.
+            of the anchor (:func:`~pipeline.mining.text_keys.known_positive_mask`); removed
+            before any score filter.
 
     Returns:
         The chosen negatives and how many candidates each filter removed.
@@ -202,108 +193,3 @@ def select_negatives(
         scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=np.nan)
     anchors_short = int(((indices >= 0).sum(axis=1) < m).sum())
     return SelectedNegatives(indices, scores, filtered.removed, filtered.candidates, kept, anchors_short)
-
-
-def text_keys(*text_lists: list[str]) -> list[np.ndarray]:
-    """Integer keys, one per :func:`normalize_text` value, shared across the given lists:
-    equal keys mean the same sentence up to case, accents, punctuation and whitespace."""
-    keys: dict[str, int] = {}
-    return [
-        np.array([keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64)
-        for texts in text_lists
-    ]
-
-
-def duplicate_mask(
-    candidates: np.ndarray,
-    anchor_keys: np.ndarray,
-    positive_keys: np.ndarray,
-    candidate_keys: np.ndarray,
-) -> np.ndarray:
-    """True where a candidate's text key equals its anchor's or its positive's.
-
-    Keys are non-negative integers, one per distinct text (e.g. an index of the
-    :func:`normalize_text` values), in one key space for all three arrays.
-    ``candidates`` index ``candidate_keys``.
-    """
-    valid = candidates >= 0
-    keys = np.where(valid, candidate_keys[np.where(valid, candidates, 0)], -1)
-    return valid & ((keys == anchor_keys[:, None]) | (keys == positive_keys[:, None]))
-
-
-def known_positive_mask(
-    candidates: np.ndarray,
-    anchor_keys: np.ndarray,
-    candidate_keys: np.ndarray,
-    known_anchor_keys: np.ndarray,
-    known_positive_keys: np.ndarray,
-) -> np.ndarray:
-    """True where a candidate's text is a known positive of its anchor's text.
-
-    In retrieval pairs an anchor has several positives (one per row) and a text can be the
-    positive of several anchors: each row's own positive is not enough to exclude, every
-    positive any row gives the anchor's text is.
-
-    Args:
-        candidates: ``(n, k)`` positions in ``candidate_keys``, -1 for an empty slot.
-        anchor_keys: ``(n,)`` the text key of each row's anchor.
-        candidate_keys: text key of each candidate position.
-        known_anchor_keys, known_positive_keys: ``(m,)`` the (anchor, positive) text keys of
-            every known positive pair (all rows of the training data).
-
-    Returns:
-        ``(n, k)`` bool.
-    """
-    valid = candidates >= 0
-    if not len(known_anchor_keys) or not valid.any():
-        return np.zeros(candidates.shape, dtype=bool)
-    keys = candidate_keys[np.where(valid, candidates, 0)]
-    # One int64 code per (anchor key, text key): keys are < base, so codes never collide.
-    base = int(max(keys.max(), anchor_keys.max(), known_anchor_keys.max(), known_positive_keys.max())) + 1
-    known = np.unique(known_anchor_keys.astype(np.int64) * base + known_positive_keys)
-    return valid & np.isin(anchor_keys.astype(np.int64)[:, None] * base + keys, known)
-
-
-@dataclass
-class AnchorNegatives:
-    selected: SelectedNegatives
-    """Negatives as positions in the pool."""
-    positive_scores: np.ndarray
-    """``(n,)`` anchor-positive similarity."""
-    knn: KnnResult
-
-
-def mine_anchor_negatives(
-    anchor_vectors: np.ndarray,
-    positive_vectors: np.ndarray,
-    pool_vectors: np.ndarray,
-    anchor_keys: np.ndarray,
-    positive_keys: np.ndarray,
-    pool_keys: np.ndarray,
-    filters: NegativeFilters,
-    k: int,
-    spec: IndexSpec | None = None,
-    use_gpu: bool = False,
-    seed: int = 0,
-    known_pairs: tuple[np.ndarray, np.ndarray] | None = None,
-) -> AnchorNegatives:
-    """Search each anchor's ``k`` nearest pool vectors and select its negatives.
-
-    The one code path of supervised mining, shared by the offline job and the training
-    miner's triplet mode. Vectors are L2-normalised; keys are :func:`duplicate_mask` keys
-    (one per normalised text) for the anchors, their positives and the pool.
-    ``known_pairs``: the (anchor, positive) text keys of every known positive pair; a
-    candidate that is one of its anchor's is removed (:func:`known_positive_mask`).
-    """
-    knn = knn_search(
-        pool_vectors, min(k, len(pool_vectors)), use_gpu=use_gpu, spec=spec, seed=seed, queries=anchor_vectors
-    )
-    duplicate = duplicate_mask(knn.indices, anchor_keys, positive_keys, pool_keys)
-    known = None
-    if known_pairs is not None:
-        known = known_positive_mask(knn.indices, anchor_keys, pool_keys, *known_pairs)
-    positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors)
-    selected = select_negatives(
-        knn.indices, knn.scores, positive_scores, duplicate, filters, seed=seed, known_positive=known
-    )
-    return AnchorNegatives(selected, positive_scores, knn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan
+from pipeline.tracking.plots import pyplot
 from pipeline.training.debias import flagged_pairs_in_batches
 
 
@@ -79,11 +80,7 @@ def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
 def similarity_histogram_png(series: dict[str, np.ndarray], xlabel: str, path: str) -> None:
     """Overlaid density histograms of cosine similarities, one per ``label: values`` (e.g.
     random pairs vs mined negatives), written to ``path`` as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     # Float error puts a cosine of identical embeddings just past 1.0, and a collapsed model
     # (or a corpus its vocabulary does not cover) has nothing else: the bins must still rise.
     clipped = {label: np.clip(values, -1.0, 1.0) for label, values in series.items()}

@@ -17,7 +17,8 @@ import numpy as np
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.registry import SAMPLERS, SamplerInputs, build_plan
 from pipeline.mining.clustering import kmeans_clusters
-from pipeline.mining.negatives import FilteredCandidates, NegativeFilters, duplicate_mask, filter_candidates
+from pipeline.mining.negatives import FilteredCandidates, NegativeFilters, filter_candidates
+from pipeline.mining.text_keys import duplicate_mask
 
 if TYPE_CHECKING:
     from pipeline.config.mining_section import MiningSection
@@ -90,7 +91,7 @@ def plan_from_neighbours(
     Args:
         knn: the corpus searched against itself (``indices``/``scores``, ``(n, k)``, nearest first).
         embeddings: ``(n, d)`` the normalised embeddings searched (k-means runs on them).
-        text_keys: ``(n,)`` :func:`~pipeline.mining.negatives.text_keys` of the rows.
+        text_keys: ``(n,)`` :func:`~pipeline.mining.text_keys.text_keys` of the rows.
         filters: what makes a neighbour an acceptable negative.
         settings: the sampler and debiasing rule.
         batch_size: global batch size.

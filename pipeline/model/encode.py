@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
+import torch.distributed as dist
 
 from pipeline.data.tokenize import tokenize_table
 from pipeline.data.tokenized import TokenizedCorpus
@@ -99,8 +101,6 @@ def encode_texts(
 ) -> np.ndarray:
     """Embeddings of raw texts (tokenized here, truncated to ``max_seq_len``, then
     :func:`encode_rows`); row ``i`` for ``texts[i]``."""
-    import pyarrow as pa
-
     table = tokenize_table(pa.table({"text": texts}), tokenizer, max_seq_len)
     return _encode_table(model, table, tokenizer.pad_token_id, batch_size, device, normalize)
 
@@ -121,8 +121,6 @@ def sharded_encode(
         The whole ``(len(rows), hidden_size)`` array on rank 0 (and without a process
         group), None on the other ranks.
     """
-    import torch.distributed as dist
-
     mine = np.array_split(rows, world)[rank]
     local = encode_rows(model, corpus, mine, batch_size, device, normalize=False)
     if world == 1 or not (dist.is_available() and dist.is_initialized()):
@@ -137,7 +135,7 @@ class _EncodeBatches:
     once, then encodes batch after batch."""
 
     def __init__(self, model_blob: Any, weights: Any, pooler: str, batch_size: int, use_gpu: bool):
-        import ray
+        import ray  # deferred, as in encode_with_actor_pool
 
         quiet_libraries()
         model_dir = unpack_dir(ray.get(model_blob) if isinstance(model_blob, ray.ObjectRef) else model_blob)
@@ -183,7 +181,7 @@ def encode_with_actor_pool(
     Returns:
         ``(n, hidden_size)`` float32 embeddings in the corpus's row order.
     """
-    import pyarrow as pa
+    # Deferred: the evaluate job and bench/gpu_step.py import this module without Ray.
     import ray
     import ray.data
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModel
 
 POOLING_FILE = "simcse_pooling.json"
 POOLERS = ("cls", "cls_before_pooler", "mean")
@@ -53,8 +54,6 @@ def load_encoder(model_dir: str | Path, dropout: float | None = None) -> nn.Modu
     lack them and every later load would warn about newly initialised weights. Frozen, it
     is skipped by DDP and saved unchanged.
     """
-    from transformers import AutoConfig, AutoModel
-
     config = AutoConfig.from_pretrained(model_dir)
     if dropout is not None:
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):

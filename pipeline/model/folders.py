@@ -14,6 +14,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import transformers
+from transformers import AutoModel, AutoTokenizer
+
 from pipeline.core.errors import ConfigError
 from pipeline.model.encoder import POOLING_FILE, SentenceEncoder
 
@@ -23,8 +26,6 @@ _TRAIN_CONTEXT_FILE = ("train", "v2", "_internal", "execution", "context.py")
 
 def quiet_libraries() -> None:
     """Silence per-process chatter (weight-loading reports, progress bars) in Ray workers."""
-
-    import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -42,8 +43,6 @@ def quiet_libraries() -> None:
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"model.name_or_path: {model_dir} has no fast tokenizer (tokenizer.json)")
@@ -92,7 +91,6 @@ def fetch_pretrained_dir(name_or_path: str, out_dir: str | Path) -> Path:
     local = Path(name_or_path).expanduser()  # as check_model_path reads it
     if local.is_dir():
         return local
-    from transformers import AutoModel, AutoTokenizer
 
     out = Path(out_dir)
     try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertConfig, BertModel, BertTokenizerFast
 
 _SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -25,9 +27,6 @@ def build_tiny_model_dir(
     seed: int,
 ) -> Path:
     """Train a WordPiece tokenizer on ``texts`` and save it with a randomly initialised BERT."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     normalizer = normalizers.BertNormalizer(lowercase=True)

@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
+import ray
+from ray.data import DataContext
+
 from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError, UnrecoverableError
 from pipeline.core.retry import call_with_retries
@@ -46,8 +49,6 @@ def ray_session(cfg: Config) -> Iterator[bool]:
         yield started
     finally:
         if started:
-            import ray
-
             ray.shutdown()
         # The variable pointed at the Ray just shut down: a later job in this process (tests
         # run several) must not inherit it.
@@ -69,9 +70,6 @@ def init_ray(cfg: Config) -> bool:
     Raises:
         UnrecoverableError: the configured cluster did not answer within ``ray.connect_timeout_s``.
     """
-    import ray
-    from ray.data import DataContext
-
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Train's print patch re-emits every worker print through its logger: each line twice.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
@@ -101,8 +99,6 @@ def init_ray(cfg: Config) -> bool:
 
 def start_local_ray(cfg: Config) -> None:
     """A Ray of this job's own, beside whatever other Ray runs on the machine."""
-    import ray
-
     host = cfg.ray.dashboard_host
     reachable = "127.0.0.1" if host in ("0.0.0.0", "") else host  # all interfaces: loopback is one
     port = free_port(reachable)
@@ -173,8 +169,6 @@ def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
 
     Only for a Ray started here: an autoscaling cluster may still grow to fit.
     """
-    import ray
-
     total = ray.cluster_resources()
     cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + (
         cfg.mining.num_cpus if cfg.mining.runs_miner(cfg.train.epochs) else 0

@@ -8,9 +8,11 @@ a GPU) into one line naming the key and what to install or change.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
+
+import ray
+import torch
 
 from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError
@@ -24,7 +26,7 @@ def check_faiss(why: str) -> None:
         ConfigError: naming ``why`` (the key that needs it) and the extras.
     """
     try:
-        import faiss  # noqa: F401
+        import faiss  # noqa: F401  (deferred: whether it imports is the check)
     except ImportError as exc:
         raise ConfigError(
             f"{why} needs FAISS, which is not installed ({exc}): pip install -e '.[cpu]' "
@@ -44,12 +46,9 @@ def check_cuda(cfg: Config) -> None:
         wants.append("train.use_gpu=true")
     if cfg.mining.runs_miner(cfg.train.epochs) and cfg.mining.num_gpus > 0:
         wants.append(f"mining.num_gpus={cfg.mining.num_gpus:g}")
-    joined = cluster_address(cfg) is not None or (
-        "ray" in sys.modules and sys.modules["ray"].is_initialized()
-    )
+    joined = cluster_address(cfg) is not None or ray.is_initialized()
     if not wants or joined:
         return
-    import torch
 
     if not torch.cuda.is_available():
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")

@@ -12,6 +12,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Dataset, DatasetInput, InputTag
+
 from pipeline.tracking.run import TrackedRun
 
 VERSIONED_PACKAGES = (
@@ -80,8 +82,6 @@ def log_run_context(
     ``context``), the git commit and package versions.
 
     Returns a one-line note when no commit could be recorded (None when it was)."""
-
-    from mlflow.entities import Dataset, DatasetInput, InputTag
 
     dataset = Dataset(
         name=Path(source).name or source,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlflow.entities import LoggedModelOutput, Metric
+
 from pipeline.tracking.context import package_versions
 from pipeline.tracking.run import TrackedRun
 
@@ -36,9 +38,9 @@ def log_sentence_transformers_model(
 
     Returns the model URI and the registered version (None when not registered).
     """
-    import mlflow
+    # Deferred: sentence-transformers and MLflow's flavor for it take seconds to import and
+    # are needed once, at the end of a job whose driver imports this module at its start.
     import mlflow.sentence_transformers
-    from mlflow.entities import LoggedModelOutput, Metric
     from sentence_transformers import SentenceTransformer
 
     versions = package_versions()

@@ -14,16 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.metric_catalogue import MINING_TABLE
+from pipeline.tracking.plots import pyplot
 from pipeline.tracking.run import TrackedRun
-
-
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def eval_table_markdown(history: list[dict[str, float]], best_epoch: float | None = None) -> str:
@@ -63,7 +55,7 @@ def eval_table_markdown(history: list[dict[str, float]], best_epoch: float | Non
 
 def plot_sts_per_epoch(history: list[dict[str, float]], path: str | Path) -> None:
     """Spearman (and whitened Spearman) of every STS file against the epoch."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     epochs = [h["epoch"] for h in history]
     for key in [k for k in history[0] if k.endswith(("_spearman", "_spearman_whitened"))]:
@@ -82,7 +74,7 @@ def plot_sts_per_epoch(history: list[dict[str, float]], path: str | Path) -> Non
 def plot_alignment_uniformity(history: list[dict[str, float]], path: str | Path) -> None:
     """The SimCSE analysis plot: uniformity (x) against alignment (y), one point per
     evaluation, joined in order. Down and left is better."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
     names = [
         k.removeprefix("sts_").removesuffix("_alignment") for k in history[0] if k.endswith("_alignment")
@@ -107,7 +99,7 @@ def plot_loss(
     steps: list[int], losses: list[float], path: str | Path, epoch_ends: list[int] | None = None
 ) -> None:
     """Training loss per step, with a moving average and the epoch boundaries."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, losses, alpha=0.35, label="train_loss")
     window = max(1, len(losses) // 20)

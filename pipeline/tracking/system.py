@@ -7,6 +7,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+import psutil
+from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
 FIRST_SAMPLE_AFTER_S = 1.0
 """The first sample's delay: a CPU share is measured between two readings, so one taken at
 once would read a meaningless 0."""
@@ -25,9 +28,6 @@ def system_metrics(
     MLflow's monitor is used for what it measures and how it names and logs it; the schedule
     is ours: its own loop samples first after a whole interval and drops the sample in hand
     when it stops, which left short runs without a single point."""
-
-    import psutil
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
     monitor = SystemMetricsMonitor(

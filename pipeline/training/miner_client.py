@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import ray
+
 from pipeline.core.errors import UnrecoverableError, first_line
 from pipeline.core.retry import call_with_retries
 from pipeline.model.encoder import SentenceEncoder, cpu_state_dict
@@ -50,15 +52,11 @@ class MinerClient:
     def submit(self, model: SentenceEncoder, version: int, step: int) -> Any:
         """Start a refresh from ``model``'s current encoder weights; returns the Ray ref of its
         report, whose plan becomes version ``version`` (``step``: the weights' step)."""
-        import ray
-
         return self.miner.refresh.remote(self.inputs, ray.put(cpu_state_dict(model.encoder)), version, step)
 
     def finished(self, ref: Any, within_s: float = 0.0) -> bool:
         """Whether the refresh behind ``ref`` has finished (or failed), waiting at most
         ``within_s`` seconds for it (by default not at all)."""
-        import ray
-
         return bool(ray.wait([ref], timeout=within_s)[0])
 
     def _timed_out(self, version: int) -> UnrecoverableError:
@@ -73,8 +71,6 @@ class MinerClient:
             UnrecoverableError: the deadline passed.
             ray.exceptions.RayActorError: the miner failed during the refresh (see :meth:`recover`).
         """
-        import ray
-
         try:
             return ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
         except ray.exceptions.GetTimeoutError:
@@ -83,8 +79,6 @@ class MinerClient:
     def wait(self, ref: Any, model: SentenceEncoder, version: int, step: int) -> Any:
         """Sync: the report behind ``ref``, within ``mining.timeout_s``; a miner that failed is
         waited for and the refresh submitted again from ``model`` (weights of ``step``)."""
-        import ray
-
         deadline = self.deadline()
         while True:
             try:
@@ -96,8 +90,6 @@ class MinerClient:
     def collect(self, ref: Any, version: int, step: int) -> Any | None:
         """Async: the report behind the finished ``ref``; None when the miner failed during the
         refresh, once it answers again (the caller submits the refresh again)."""
-        import ray
-
         try:
             return self.get(ref, version, self.deadline())
         except ray.exceptions.RayActorError as exc:
@@ -105,8 +97,6 @@ class MinerClient:
             return None
 
     def _ask_ready(self, version: int, deadline: float) -> int:
-        import ray
-
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise self._timed_out(version)
@@ -126,8 +116,6 @@ class MinerClient:
         Raises:
             UnrecoverableError: the deadline passed, or the miner is dead for good.
         """
-        import ray
-
         reason = first_line(exc)
         if deadline - time.monotonic() <= 0:
             raise self._timed_out(version)

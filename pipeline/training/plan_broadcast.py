@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch.distributed as dist
+
 from pipeline.batching.plan import BatchPlan
 from pipeline.training.refresh_policy import Boundary
 
@@ -20,8 +22,6 @@ def broadcast_plan(chosen: tuple[BatchPlan, Boundary] | None, start: float) -> t
         Rank 0's plan and boundary, with ``wait_seconds`` this rank's own wait since ``start``.
         Without a multi-process group (one worker) this is rank 0's own.
     """
-    import torch.distributed as dist
-
     payload: list[Any] = [None if chosen is None else (chosen[0].to_dict(), chosen[1])]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(payload, src=0)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray.train
+
 from pipeline.training.checkpoint import BEST_SUBDIR, MODEL_SUBDIR, checkpoint_problem, load_checkpoint
 from pipeline.training.state import TrainState
 
@@ -30,8 +32,6 @@ def find_resume_point() -> ResumePoint | None:
     Ray Train hands the latest registered checkpoint; should its files not match their
     manifest, older reported checkpoints are tried newest first (each skip is printed).
     """
-    import ray.train
-
     latest = ray.train.get_checkpoint()
     if latest is None:
         return None

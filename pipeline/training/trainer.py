@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import ray.train
+from ray.train import ControllerError, UserCallback
+from ray.train.torch import TorchConfig, TorchTrainer
+
 from pipeline.config.schema import Config
 from pipeline.core.errors import describe_error, is_deterministic, is_process_death, root_cause
 from pipeline.training.contract import LoopConfig
@@ -23,7 +27,6 @@ def worker_failure_reporter(max_failures: int) -> Any:
     Ray Train's ``ControllerError``, which its failure policy never retries. A dead worker
     is always retried. The callback runs in the Train controller, whose prints reach the
     driver's console."""
-    from ray.train import ControllerError, UserCallback
 
     class WorkerFailureReporter(UserCallback):
         def __init__(self) -> None:
@@ -58,9 +61,6 @@ def worker_failure_reporter(max_failures: int) -> Any:
 def build_trainer(cfg: Config, loop_config: LoopConfig, storage_path: str, run_name: str) -> Any:
     """A ``TorchTrainer`` over :func:`train_loop_per_worker` with resources, failure handling
     and checkpoint retention from config."""
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     # Read by Ray Train's controller (it propagates this variable): each start or restart of
     # the worker group waits this long for resources, and a timeout is not retried, so a
     # group that cannot be placed ends the job instead of waiting forever.

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray.train
 import torch
 import torch.distributed as dist
 
@@ -30,9 +31,10 @@ from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.flops import CountingEncoder, EncoderFlops
 from pipeline.training.contract import LoopConfig
 from pipeline.training.epoch_rng import seed_epoch
+from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.refresh import Boundary, PlanRefresher, adopt_plan
 from pipeline.training.state import TrainState
-from pipeline.training.step import GlobalBatch, OptimizerStep, TrainStep
+from pipeline.training.step import OptimizerStep, TrainStep
 from pipeline.training.worker_reports import (
     CheckpointReporter,
     EvalRecorder,
@@ -47,8 +49,6 @@ from pipeline.training.worker_setup import system_metrics_monitor, worker_parts
 def train_loop_per_worker(loop_config: LoopConfig) -> None:
     """Ray Train entry point: runs on every worker. The first worker on each node also logs
     the node's system metrics (``tracking.system_metrics``) while it trains."""
-    import ray.train
-
     ctx = ray.train.get_context()
     with system_metrics_monitor(loop_config, ctx):
         worker = SimCSEWorker.setup(loop_config, ctx)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray.train
 import torch
 import torch.distributed as dist
 
@@ -105,8 +106,6 @@ class CheckpointReporter:
 
         Mid-epoch (``augment_rng`` given) every rank's random state goes in, so a resumed
         run draws the same dropout masks and repetitions as the lost one."""
-        import ray.train
-
         state.rng = self._gather_rng(augment_rng) if augment_rng is not None else None
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None

@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
+import ray.train.torch
 import torch
+from transformers import get_linear_schedule_with_warmup
 
 from pipeline.batching.plan import balanced_batch_sizes
 from pipeline.config.schema import Config
-from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
+from pipeline.data.triplets import Triplets
 from pipeline.evaluation.in_training import TrainingEvaluator
 from pipeline.model.accel import enable_tf32, fused_adamw
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
@@ -59,8 +62,6 @@ class WorkerInputs:
 
 def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
     """The initial model folder, tokenizer, corpus and triplets the driver put in the object store."""
-    import ray
-
     model_dir = unpack_dir(ray.get(loop_config.model_ref))
     tokenizer = load_tokenizer(model_dir)
     corpus = TokenizedCorpus(ray.get(loop_config.corpus_ref), tokenizer.pad_token_id)
@@ -86,8 +87,6 @@ def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceE
 
 def build_optimizer(cfg: Config, model: SentenceEncoder, num_rows: int) -> tuple[torch.optim.Optimizer, Any]:
     """Fused AdamW and its linear warm-up/decay schedule over every step of the run."""
-    from transformers import get_linear_schedule_with_warmup
-
     total_steps = len(balanced_batch_sizes(num_rows, cfg.train.batch_size)) * cfg.train.epochs
     optimizer = fused_adamw(model, cfg.train.lr, cfg.train.weight_decay)
     scheduler = get_linear_schedule_with_warmup(
@@ -156,7 +155,6 @@ def build_evaluator(
     """The in-training evaluator, or None when the run has neither an STS nor a retrieval set."""
     if loop_config.eval_ref is None and loop_config.retrieval_ref is None:
         return None
-    import ray
 
     cfg = loop_config.config
     sts = ray.get(loop_config.eval_ref) if loop_config.eval_ref is not None else None
@@ -168,8 +166,6 @@ def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.Abst
     """The node's system-metrics monitor (``tracking.system_metrics``) on the first worker of
     each node the driver does not run on (the driver samples its own for the whole job), as
     ``system/node_<rank>/...``; a no-op elsewhere and in runs without tracking."""
-    import ray
-
     cfg = loop_config.config
     if not (cfg.tracking.system_metrics and loop_config.run_id and ctx.get_local_rank() == 0):
         return contextlib.nullcontext()
@@ -188,8 +184,6 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> tuple[Any, ...]:
     """:class:`~pipeline.training.worker.SimCSEWorker`'s constructor arguments for this rank,
     from the driver's inputs and the Ray Train context; from the latest complete checkpoint
     when the run resumes."""
-    import ray.train.torch  # a Ray Train worker's module; the driver never needs it
-
     cfg = loop_config.config
     quiet_libraries()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

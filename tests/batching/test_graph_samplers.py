@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pipeline.batching.graph_samplers import cluster_plan, mixed_plan, random_walk_plan
+from pipeline.batching.cluster_sampler import cluster_plan
+from pipeline.batching.graph_samplers import mixed_plan, random_walk_plan
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes, padding_share
 from pipeline.batching.registry import SAMPLERS, SamplerInputs, build_plan
 from pipeline.batching.samplers import neighbourhood_plan, random_plan

@@ -97,10 +97,11 @@ def test_config_switch_and_validation():
 def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphrase_pairs):
     """Triplet mode's plans come from the miner; grouped, their batches are narrower than
     random ones over the same rows (width = longer of anchor and positive)."""
-    from pipeline.data.pairs import index_triplets
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.tokenized import TokenizedCorpus, row_lengths
-    from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+    from pipeline.data.triplets import index_triplets
+    from pipeline.mining.miner import HardNegativeMiner
+    from pipeline.mining.miner_settings import MinerSettings
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer, pack_dir
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.batching.false_negative_graph import FalseNegativeGraph
 from pipeline.batching.separation import (
-    FalseNegativeGraph,
     Placement,
     _Labels,
     draw_swap_partner,

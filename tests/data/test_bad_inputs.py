@@ -377,7 +377,7 @@ def test_unusable_corpus_fails_the_run(ray_local, tmp_path, capfd, monkeypatch, 
 
 @pytest.mark.slow
 def test_undecodable_csv_cells_and_text_lines_are_dropped_and_counted(ray_local, tmp_path):
-    from pipeline.config.sections import DataSection
+    from pipeline.config.data_section import DataSection
     from pipeline.data.corpus import load_clean_corpus
 
     good = [f"sentence number {i}" for i in range(20)]

@@ -11,18 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config.sections import DataSection
+from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
+from pipeline.data.columns import corpus_columns, require_columns
 from pipeline.data.corpus import load_clean_corpus
+from pipeline.data.formats import infer_format
+from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.pairs import read_pairs
-from pipeline.data.readers import (
-    check_corpus_columns,
-    check_corpus_path,
-    corpus_columns,
-    infer_format,
-    read_dataset,
-    require_columns,
-)
+from pipeline.data.readers import read_dataset
 from pipeline.data.tokenize import tokenize_corpus_with_stats
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.utf8 import stable_row_id

@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.config.data_section import DataSection
 from pipeline.config.loading import load_config
-from pipeline.config.sections import DataSection
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.data.pairs import index_pairs, index_triplets, load_pairs, read_pairs, round_robin_negatives
-from pipeline.data.readers import check_corpus_columns
+from pipeline.data.input_checks import check_corpus_columns
+from pipeline.data.pair_labels import round_robin_negatives
+from pipeline.data.pairs import index_pairs, load_pairs, read_pairs
 from pipeline.data.tokenize import TokenizeStats, count_unknown, tokenize_corpus_with_stats
+from pipeline.data.triplets import index_triplets
 
 # Quotes anywhere in a field, as in the Twitter URL corpus: quoting is off, a field runs to the tab.
 QUOTED = [

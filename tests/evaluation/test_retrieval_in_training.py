@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_retrieval_sets import ROWS, _write_beir, _write_pairs_tsv
 
+from pipeline.config.eval_section import EvalSection
 from pipeline.config.loading import load_config
-from pipeline.config.sections import EvalSection
 from pipeline.core.errors import ConfigError
 from pipeline.evaluation.in_training import (
     EvalOutcome,

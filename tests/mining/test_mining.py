@@ -11,7 +11,8 @@ import torch
 from pipeline.batching.plan import balanced_batch_sizes, worker_slices
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
 from pipeline.mining.index import IndexSpec, knn_search, torch_search
-from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+from pipeline.mining.miner import HardNegativeMiner
+from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.plan_quality import false_negative_pairs, plan_churn
 from pipeline.mining.planning import PlanSettings
@@ -242,9 +243,10 @@ def test_memory_estimate_counts_vectors_and_results():
 
 def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs):
 
-    from pipeline.data.pairs import index_triplets
     from pipeline.data.tokenize import tokenize_table
-    from pipeline.mining.negatives import NegativeFilters, normalize_text
+    from pipeline.data.triplets import index_triplets
+    from pipeline.mining.negatives import NegativeFilters
+    from pipeline.mining.text_keys import normalize_text
     from pipeline.model.folders import load_tokenizer
 
     texts, groups = paraphrase_corpus

@@ -5,15 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.mining.negatives import (
-    NegativeFilters,
-    duplicate_mask,
-    known_positive_mask,
-    mine_anchor_negatives,
-    normalize_text,
-    select_negatives,
-    text_keys,
-)
+from pipeline.mining.anchor_mining import mine_anchor_negatives
+from pipeline.mining.negatives import NegativeFilters, select_negatives
+from pipeline.mining.text_keys import duplicate_mask, known_positive_mask, normalize_text, text_keys
 
 
 def _reference(cands, scores, pos, dup, f: NegativeFilters, known=None):

@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
 from pipeline.config.loading import load_config
-from pipeline.jobs.mine_job import mine_pairs
-from pipeline.mining.negatives import normalize_text
+from pipeline.jobs.pair_mining import mine_pairs
+from pipeline.mining.text_keys import normalize_text
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 

@@ -9,7 +9,8 @@ import pytest
 from pipeline.batching.registry import SAMPLERS
 from pipeline.config.loading import load_config
 from pipeline.mining.anchor_mining import random_pool_negatives
-from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+from pipeline.mining.miner import HardNegativeMiner
+from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters
 from pipeline.mining.planning import PlanSettings, likely_paraphrases
 from pipeline.model.encoder import load_sentence_encoder
@@ -128,9 +129,9 @@ def test_plan_settings_come_from_the_config():
 def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
     trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs
 ):
-    from pipeline.data.pairs import index_triplets
     from pipeline.data.tokenize import tokenize_table
-    from pipeline.mining.negatives import text_keys
+    from pipeline.data.triplets import index_triplets
+    from pipeline.mining.text_keys import text_keys
     from pipeline.model.folders import load_tokenizer
 
     anchors, positives = paraphrase_pairs

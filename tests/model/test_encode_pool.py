@@ -7,7 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+from pipeline.mining.miner import HardNegativeMiner
+from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
 

@@ -76,7 +76,8 @@ def test_docs_list_the_catalogue():
 
 
 def _refresh_twice(tmp_path, model_dir, tokenized, triplets=None):
-    from pipeline.mining.miner import HardNegativeMiner, MinerSettings
+    from pipeline.mining.miner import HardNegativeMiner
+    from pipeline.mining.miner_settings import MinerSettings
     from pipeline.mining.negatives import NegativeFilters
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import pack_dir
@@ -123,8 +124,8 @@ def test_neighbourhood_refresh_charts_a_few_keys_and_tables_the_rest(
 
 
 def test_pair_refresh_charts_a_few_keys_and_tables_the_rest(tmp_path, tiny_model_dir, paraphrase_pairs):
-    from pipeline.data.pairs import index_triplets
     from pipeline.data.tokenize import tokenize_table
+    from pipeline.data.triplets import index_triplets
     from pipeline.model.folders import load_tokenizer
 
     table, triplets = index_triplets(*paraphrase_pairs, None)

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.training.augment import repeat_words
-from pipeline.training.step import two_views
+from pipeline.training.unsupervised_step import two_views
 
 PAD, CLS, SEP = 0, 101, 102
 

@@ -1,6 +1,6 @@
 """Cross-worker negatives under real Ray Train with two gloo workers.
 
-The train step (pipeline/training/step.py) on each worker's slice: the gradient of the
+The train step (pipeline/training/step.py and its two strategies) on each worker's slice: the gradient of the
 gathered global-batch loss, after DDP's averaging, must equal one process computing the loss
 on the concatenated batch; rows sharing a corpus id must not be each other's negatives; and
 with a false-negative debiasing mask on the global batch, the same holds for the debiased loss.
@@ -58,8 +58,8 @@ def _sentences():
 
 
 def ddp_gradient_worker(config):
-    """Runs pipeline.training.step.UnsupervisedStep on each Ray Train worker's slice (shipped
-    by value: test modules are not importable there).
+    """Runs pipeline.training.unsupervised_step.UnsupervisedStep on each Ray Train worker's
+    slice (shipped by value: test modules are not importable there).
 
     With ``config["paraphrases"]``, each rank builds the global batch's false-negative mask
     from that plan hint (as SimCSEWorker.train_batch does) and runs one step per weight of
@@ -73,7 +73,8 @@ def ddp_gradient_worker(config):
 
     from pipeline.batching.plan import BatchPlan, worker_slices
     from pipeline.training.debias import false_negative_mask
-    from pipeline.training.step import GlobalBatch, UnsupervisedStep
+    from pipeline.training.global_batch import GlobalBatch
+    from pipeline.training.unsupervised_step import UnsupervisedStep
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -151,7 +152,7 @@ def test_gathered_loss_gradient_equals_single_process(ray_local, tmp_path):
 def _reference_views(tokens):
     """One process's view of the whole global batch: the same initial weights, each rank's
     rows with the second view drawn from that rank's generator, as the workers draw them."""
-    from pipeline.training.step import two_views
+    from pipeline.training.unsupervised_step import two_views
 
     torch.manual_seed(0)
     reference = BagEncoder()
@@ -243,7 +244,7 @@ def _triplet_inputs():
 
 
 def triplet_gradient_worker(config):
-    """Runs pipeline.training.step's triplet step on each worker's slice of the global batch."""
+    """Runs pipeline.training.triplet_step's TripletStep on each worker's slice of the global batch."""
     import json
 
     import numpy as np
@@ -253,8 +254,9 @@ def triplet_gradient_worker(config):
 
     from pipeline.batching.plan import worker_slices
     from pipeline.config.loading import load_config
-    from pipeline.data.pairs import Triplets
-    from pipeline.training.step import GlobalBatch, make_train_step
+    from pipeline.data.triplets import Triplets
+    from pipeline.training.global_batch import GlobalBatch
+    from pipeline.training.step import make_train_step
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

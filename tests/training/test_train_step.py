@@ -14,20 +14,16 @@ from test_losses import _numpy_infonce
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.config.loading import load_config
-from pipeline.data.pairs import Triplets
 from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.triplets import Triplets
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 from pipeline.training.debias import false_negative_mask
+from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.losses import simcse_loss
-from pipeline.training.step import (
-    GlobalBatch,
-    OptimizerStep,
-    TripletStep,
-    UnsupervisedStep,
-    make_train_step,
-    two_views,
-)
+from pipeline.training.step import OptimizerStep, make_train_step
+from pipeline.training.triplet_step import TripletStep
+from pipeline.training.unsupervised_step import UnsupervisedStep, two_views
 
 CPU = torch.device("cpu")
 TRIPLET = ["mining.negative_mode=triplet", "data.path=rows.jsonl"]

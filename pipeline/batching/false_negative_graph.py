@@ -1,0 +1,46 @@
+"""Which rows must not share a batch: a row and a row it flags, or a row that flags it (pairs
+are checked both ways). One graph serves every sampler: while batches are built
+(:class:`~pipeline.batching.batch_builder.BatchBuilder`, ``cluster_plan``'s placement) and
+after (:func:`~pipeline.batching.separation.separate_false_negatives`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class FalseNegativeGraph:
+    """Which rows must not share a batch: each row and every row it flags, or that flags
+    it, as one sorted array of partners per row (CSR), so a row's partners are one slice away.
+
+    Args:
+        false_negatives: ``(n, m)`` rows that must not share a batch with the row, -1
+            elsewhere (a row flagging itself is ignored).
+    """
+
+    def __init__(self, false_negatives: np.ndarray):
+        false_negatives = np.asarray(false_negatives)
+        num_rows = len(false_negatives)
+        valid = false_negatives >= 0
+        src = np.broadcast_to(np.arange(num_rows)[:, None], false_negatives.shape)[valid]
+        dst = false_negatives[valid].astype(np.int64)
+        keep = src != dst
+        self.src, self.dst = src[keep].astype(np.int64), dst[keep]
+        """The flagged ``(row, flagged row)`` pairs."""
+        both_src = np.concatenate([self.src, self.dst])
+        order = np.argsort(both_src, kind="stable")
+        self._partners = np.concatenate([self.dst, self.src])[order]
+        self._bounds = np.concatenate([[0], np.cumsum(np.bincount(both_src, minlength=num_rows))])
+
+    def partners(self, row: int) -> np.ndarray:
+        """The rows that must not share a batch with ``row`` (a mutual flag appears twice)."""
+        return self._partners[self._bounds[row] : self._bounds[row + 1]]
+
+    def degree(self) -> np.ndarray:
+        """``(n,)`` partners per row."""
+        return np.diff(self._bounds)
+
+    def together(self, batch_of: np.ndarray) -> int:
+        """How many flagged pairs share a batch, given each row's batch (as
+        :func:`~pipeline.mining.plan_quality.false_negative_pairs` counts them)."""
+        return int((batch_of[self.src] == batch_of[self.dst]).sum())

@@ -1,0 +1,138 @@
+"""The ``train`` and ``checkpoint`` sections: how the workers train (batch, optimizer, loss,
+resources, failures, compilation) and how often they save."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.config.check import Check
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class TrainSection:
+    epochs: int = 1
+    batch_size: int = 64
+    """Global batch size: sentences per optimizer step across all workers. Every sentence in
+    it is a negative for every other."""
+    lr: float = 3e-5
+    """Peak learning rate of AdamW (SimCSE: 3e-5 for BERT-base, 1e-5 for BERT-large)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (SimCSE uses none)."""
+    warmup_ratio: float = 0.0
+    """Share of all steps spent warming the learning rate up linearly; it then decays linearly to 0."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this global norm before each step."""
+    temperature: float = 0.05
+    """InfoNCE temperature (SimCSE's 0.05)."""
+    num_workers: int = 1
+    """Ray Train workers (DDP ranks); each holds a slice of every global batch."""
+    cpus_per_worker: float = 1.0
+    """CPUs Ray reserves for each worker."""
+    use_gpu: bool = False
+    """Train on GPUs (``gpus_per_worker`` each), bf16 autocast and fused AdamW."""
+    gpus_per_worker: float = 1.0
+    """GPUs Ray reserves for each worker when ``use_gpu``. A fraction packs workers (and a
+    miner with a fractional ``mining.num_gpus``) onto one GPU; see :attr:`backend`."""
+    log_every: int = 10
+    """Steps between MLflow metric flushes from rank 0."""
+    hard_negative_weight: float = 0.0
+    """Triplet mode: added to the logit of a row's own hard negatives (SimCSE's weight)."""
+    dup_rate: float = 0.0
+    """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
+    max_failures: int = 3
+    """Worker-group failures (a dead worker, a lost node) Ray Train recovers from, each time
+    restarting every worker from the latest checkpoint. -1: no limit; 0: fail at once."""
+    placement_timeout_s: float = 600.0
+    """Longest to wait for the train workers' resources (each start and restart) before
+    failing with an error that names what could not be placed."""
+    group_by_length: bool = False
+    """Random batches (epoch 1, every epoch when mining is off, and triplet mode's plans) are
+    drawn from groups of ``length_group_batches`` batches sorted by token length, so a batch
+    carries little padding. Mined neighbourhood plans keep their own grouping. Effect on
+    speed and STS-B: see docs/benchmarks.md (Length-grouped batches)."""
+    length_group_batches: int = 50
+    """Batches per length-sorted group (Hugging Face's megabatch is 50): larger groups mean
+    less padding and narrower length ranges inside a batch."""
+    peak_tflops: float | None = None
+    """Peak dense bf16 TFLOP/s of one worker's device, for the ``train/mfu`` metric. Unset:
+    NVIDIA's datasheet figure on an H100/H200, and no MFU on other devices."""
+    compile: bool = False
+    """``torch.compile`` the model in each worker (in place). Faster GPU steps for a compile
+    at start, and each new batch width may compile again, so it pays off on long runs; see
+    docs/benchmarks.md (Per-worker compute: base BERT on one H100). Needs a working C++ compiler on CPU."""
+    compile_mode: str = "default"
+    """``torch.compile``'s mode with ``compile``: ``default``, ``reduce-overhead`` (CUDA graphs:
+    one launch for the step's many small kernels, which bounds a batch-64 step on a GPU; a
+    graph per batch width), ``max-autotune`` or ``max-autotune-no-cudagraphs``."""
+
+    @property
+    def backend(self) -> str:
+        """The workers' collective backend: NCCL when each rank owns a GPU (or there is one
+        rank), else gloo, which also reduces CUDA tensors. Ray packs fractional workers onto
+        one GPU, and NCCL refuses two ranks on one device ("Duplicate GPU detected",
+        ray-project/ray#48012)."""
+        own_gpu = self.gpus_per_worker >= 1 or self.num_workers == 1
+        return "nccl" if self.use_gpu and own_gpu else "gloo"
+
+    @property
+    def group_batches(self) -> int:
+        """Batches per length-sorted group of a random plan; 0 when grouping is off."""
+        return self.length_group_batches if self.group_by_length else 0
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            ("train.temperature", self.temperature > 0, "must be > 0"),
+            ("train.epochs", self.epochs >= 1, "must be >= 1"),
+            ("train.batch_size", self.batch_size >= 2, "must be >= 2 (in-batch negatives)"),
+            ("train.lr", self.lr > 0, "must be > 0"),
+            ("train.warmup_ratio", 0 <= self.warmup_ratio < 1, "must be in [0, 1)"),
+            ("train.max_grad_norm", self.max_grad_norm > 0, "must be > 0"),
+            ("train.num_workers", self.num_workers >= 1, "must be >= 1"),
+            ("train.cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
+            (
+                "train.gpus_per_worker",
+                self.gpus_per_worker > 0
+                and (self.gpus_per_worker <= 1 or float(self.gpus_per_worker).is_integer()),
+                "must be > 0, and a whole number above 1 (Ray does not split a worker over part-GPUs)",
+            ),
+            ("train.log_every", self.log_every >= 1, "must be >= 1"),
+            ("train.dup_rate", 0 <= self.dup_rate <= 1, "must be in [0, 1]"),
+            (
+                "train.length_group_batches",
+                self.length_group_batches >= 2,
+                "must be >= 2 (batches sorted together)",
+            ),
+            ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
+            ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
+            ("train.peak_tflops", self.peak_tflops is None or self.peak_tflops > 0, "must be > 0 (or unset)"),
+            (
+                "train.compile_mode",
+                self.compile_mode in COMPILE_MODES,
+                f"must be one of {', '.join(COMPILE_MODES)}",
+            ),
+            (
+                "train.batch_size",
+                self.batch_size >= 2 * self.num_workers,
+                f"must be >= 2 x train.num_workers ({2 * self.num_workers}) so every worker gets rows",
+            ),
+        ]
+
+
+@dataclass
+class CheckpointSection:
+    every_steps: int = 0
+    """Also checkpoint every N optimizer steps inside an epoch, so a failure costs at most N
+    steps instead of an epoch. 0: at epoch ends only."""
+    keep_last: int = 2
+    """Checkpoints kept in the storage path: the newest N (older ones are deleted). The best
+    evaluated model travels inside every checkpoint, so pruning never loses it."""
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            ("checkpoint.every_steps", self.every_steps >= 0, "must be >= 0"),
+            ("checkpoint.keep_last", self.keep_last >= 1, "must be >= 1"),
+        ]

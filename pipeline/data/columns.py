@@ -1,0 +1,86 @@
+"""The columns each reader needs (config key -> column) and the one wording of a missing or
+non-text column, shared by the check before Ray and the Ray Data readers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.config.data_section import DataSection
+from pipeline.core.errors import DataError
+
+
+def corpus_columns(section: DataSection) -> dict[str, str]:
+    """Config key -> column the unsupervised corpus reader needs
+    (:func:`~pipeline.data.readers.read_corpus`)."""
+    return {"data.text_column": section.text_column}
+
+
+def pair_columns(section: DataSection) -> dict[str, str]:
+    """Config key -> column the pair reader needs (:func:`~pipeline.data.pairs.read_pairs`):
+    anchor, positive, the label when ``data.label_column`` is set, and the negative when
+    ``data.negative_column`` is set and ``data.given_negatives`` is on. ``pairs_tsv`` files
+    have fields, not columns: none."""
+    if section.format == "pairs_tsv":
+        return {}
+    columns = {
+        "data.anchor_column": section.anchor_column,
+        "data.positive_column": section.positive_column,
+    }
+    if section.label_column:
+        columns["data.label_column"] = section.label_column
+    if section.negative_column and section.given_negatives:
+        columns["data.negative_column"] = section.negative_column
+    return columns
+
+
+def pool_columns(section: DataSection) -> dict[str, str]:
+    """Config key -> column the candidate-pool reader needs: ``data.pool_text_column`` of a
+    csv/tsv/jsonl/parquet ``data.pool``."""
+    return {"data.pool_text_column": section.pool_text_column}
+
+
+def require_column_names(names: Sequence[str], path: str, wanted: dict[str, str]) -> None:
+    """Fail with the config key when a column is missing; ``wanted`` maps key -> column.
+
+    The one place this message is made: the check before Ray
+    (:func:`~pipeline.data.input_checks.check_corpus_columns`) and the Ray Data readers report
+    a missing column in the same words.
+    """
+    for key, column in wanted.items():
+        if column not in names:
+            raise DataError(f"{key}: column {column!r} not in {path} (columns: {', '.join(names)})")
+
+
+def require_columns(ds: Any, path: str, wanted: dict[str, str]) -> None:
+    """:func:`require_column_names` for a Ray Dataset's schema."""
+    require_column_names(ds.schema().names, path, wanted)
+
+
+def _is_text_type(dtype: pa.DataType) -> bool:
+    """Types a sentence column may have: strings, bytes (decoded as UTF-8), all-null."""
+    if pa.types.is_dictionary(dtype):
+        return _is_text_type(dtype.value_type)
+    return (
+        pa.types.is_string(dtype)
+        or pa.types.is_large_string(dtype)
+        or pa.types.is_binary(dtype)
+        or pa.types.is_large_binary(dtype)
+        or pa.types.is_null(dtype)
+        or getattr(pa.types, "is_string_view", lambda _: False)(dtype)
+    )
+
+
+def require_text_column(ds: Any, path: str, key: str, column: str) -> None:
+    """Fail with the config key when a sentence column holds something other than text.
+
+    Casting numbers to strings would train on ``"17"``, ``"42"``: a wrong column choice,
+    not a corpus.
+    """
+    schema = ds.schema()
+    dtype = dict(zip(schema.names, schema.types, strict=True)).get(column)
+    if isinstance(dtype, pa.DataType) and not _is_text_type(dtype):
+        raise DataError(f"{key}: column {column!r} in {path} holds {dtype}, not text (strings)")

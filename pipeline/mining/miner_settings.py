@@ -1,0 +1,84 @@
+"""What the miner is configured with besides its inputs: one :class:`MinerSettings`, built
+from the run config once by the driver and handed to the miner actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pipeline.mining.index import IndexSpec
+from pipeline.mining.negatives import NegativeFilters
+from pipeline.mining.planning import PlanSettings
+
+if TYPE_CHECKING:
+    from pipeline.config.schema import Config
+
+
+@dataclass(frozen=True)
+class MinerSettings:
+    """Everything the miner is configured with besides its inputs (corpus, model, triplets)."""
+
+    pooler: str
+    """``model.pooler``."""
+    batch_size: int
+    """``train.batch_size``: the global batch the plan is cut into."""
+    top_k: int
+    """``mining.top_k``: neighbours searched per row."""
+    encode_batch_size: int
+    """``mining.encode_batch_size``."""
+    seed: int
+    """``run.seed``; each refresh searches and plans with ``seed + version``."""
+    index_spec: IndexSpec = field(default_factory=IndexSpec)
+    filters: NegativeFilters = field(default_factory=NegativeFilters)
+    plan: PlanSettings = field(default_factory=PlanSettings)
+    """Neighbourhood mode: the batch sampler and the debiasing hints shipped with the plan."""
+    random_negatives: int = 0
+    """Triplet mode: random pool rows added per anchor beside the mined negatives."""
+    encode_actors: int = 0
+    """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool."""
+    encode_num_cpus: float = 1.0
+    encode_num_gpus: float = 0.0
+    group_batches: int = 0
+    """``train.group_batches``: triplet mode groups its plan's random batches by length in
+    groups of this many batches (0: don't)."""
+    num_cpus: float = 1.0
+    """The miner actor's own CPUs (``mining.num_cpus``)."""
+    num_gpus: float = 0.0
+    """The miner actor's own GPUs (``mining.num_gpus``); with one it encodes and searches there."""
+    max_restarts: int = 0
+    """Times Ray restarts a dead miner actor (``mining.max_restarts``)."""
+    tracking_uri: str | None = None
+    run_id: str | None = None
+    """The MLflow run the miner logs its ``mining/`` metrics and histograms to; None: no logging."""
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.num_gpus > 0
+
+    @classmethod
+    def from_config(
+        cls, cfg: Config, tracking_uri: str | None = None, run_id: str | None = None
+    ) -> MinerSettings:
+        """The settings of the run config ``cfg``, logging to MLflow run ``run_id`` at ``tracking_uri``."""
+        mining = cfg.mining
+        return cls(
+            pooler=cfg.model.pooler,
+            batch_size=cfg.train.batch_size,
+            top_k=mining.top_k,
+            encode_batch_size=mining.encode_batch_size,
+            seed=cfg.run.seed,
+            index_spec=IndexSpec.from_section(mining),
+            filters=NegativeFilters.from_section(mining),
+            plan=PlanSettings.from_mining(mining),
+            random_negatives=mining.random_negatives,
+            encode_actors=mining.encode_actors,
+            encode_num_cpus=mining.encode_num_cpus,
+            encode_num_gpus=mining.encode_num_gpus,
+            group_batches=cfg.train.group_batches,
+            num_cpus=mining.num_cpus,
+            num_gpus=mining.num_gpus,
+            max_restarts=mining.max_restarts,
+            tracking_uri=tracking_uri,
+            run_id=run_id,
+        )

@@ -1,0 +1,113 @@
+"""What the miner logs of each refresh to the job's MLflow run, off the refresh's path: the few
+charted ``mining/`` metrics, a row of the refresh table, and the similarity histogram.
+
+Uploads go through one background thread in refresh order, with retries, so a slow or
+restarting tracking server never holds up a plan and a failed upload only warns.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.batching.plan import BatchPlan
+from pipeline.config.metric_catalogue import MINING_TABLE, mining_charts
+from pipeline.core.errors import first_line
+from pipeline.core.retry import call_with_retries
+from pipeline.mining.plan_quality import similarity_histogram_png
+from pipeline.tracking.metric_logger import MetricLogger
+
+UPLOAD_ATTEMPTS = 12
+"""Histogram and refresh-table uploads: with waits doubling from 1 s up to 60 s, about ten
+minutes of retries."""
+
+
+class RefreshLog:
+    """The miner's logging into one MLflow run (``logger``'s)."""
+
+    def __init__(self, logger: MetricLogger):
+        self.logger = logger
+        self._uploads: ThreadPoolExecutor | None = None
+
+    def upload(
+        self, what: str, upload: Callable[[MetricLogger], None], cleanup: Callable[[], None] | None = None
+    ) -> None:
+        """Run ``upload(logger)`` off the refresh's path, one upload at a time in refresh order
+        (the refresh table is appended to, so two appends must not interleave).
+
+        A slow or restarting tracking server must not hold up the plan (MLflow's client retries
+        for minutes), and a failed upload only warns.
+        """
+        logger = self.logger
+        if self._uploads is None:
+            self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mining-upload")
+
+        def run() -> None:
+            try:
+                call_with_retries(
+                    lambda: upload(logger),
+                    retry_on=Exception,
+                    attempts=UPLOAD_ATTEMPTS,
+                    wait_s=1.0,
+                    max_wait_s=60.0,
+                )
+            except Exception as exc:
+                print(f"[mining] warning: {what} not logged: {first_line(exc)}", flush=True)
+            finally:
+                if cleanup is not None:
+                    cleanup()
+
+        self._uploads.submit(run)
+
+    def wait_logged(self, timeout: float) -> bool:
+        """Block until the metrics, histograms and table rows sent so far reached MLflow;
+        False (and a warning) when ``timeout`` seconds passed first (one budget for both)."""
+        deadline = time.monotonic() + timeout
+        done = True
+        if self._uploads is not None:
+            try:
+                self._uploads.submit(lambda: None).result(timeout=timeout)
+            except TimeoutError:
+                done = False
+        done = self.logger.wait_sent(max(0.0, deadline - time.monotonic())) and done
+        if not done:
+            print(f"[mining] warning: uploads still under way after {timeout:g}s; going on", flush=True)
+        return done
+
+    def histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int, pairs: bool) -> None:
+        """Similarity histogram of the negatives the loss will see, next to random pairs
+        (``pairs``: pair mode's negatives to their anchors, else neighbourhood mode's in-batch
+        negatives)."""
+        folder = Path(tempfile.mkdtemp(prefix="simcse-hist-"))
+        path = folder / f"negative_similarity_v{version}.png"
+        if not pairs:
+            labels = ("random batches", f"mined plan v{version}")
+            xlabel = "cosine similarity of in-batch negatives"
+        else:
+            labels = ("random pairs", f"mined negatives v{version}")
+            xlabel = "cosine similarity to the anchor"
+        similarity_histogram_png({labels[0]: random_pairs, labels[1]: mined}, xlabel, str(path))
+        self.upload(
+            f"histogram v{version}",
+            lambda logger: logger.client.log_artifact(logger.run_id, str(path), "mining"),
+            cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
+        )
+
+    def refresh(self, plan: BatchPlan, metrics: dict[str, float], step: int) -> None:
+        """Chart the few metrics that move and append every diagnostic as one row of the
+        refresh table."""
+        self.logger.log(mining_charts(metrics), step)
+        self.logger.flush()
+        # step and plan version first: the columns a reviewer reads a row by
+        row = {"step": [step], "plan_version": [float(plan.version)]}
+        row.update({key.removeprefix("mining/"): [value] for key, value in metrics.items()})
+        self.upload(
+            f"refresh table row v{plan.version}",
+            lambda logger: logger.client.log_table(logger.run_id, row, MINING_TABLE),
+        )

@@ -1,0 +1,78 @@
+"""Which candidates are the same sentence as, or a known positive of, their anchor: one integer
+key per normalised text (:func:`text_keys`: the same up to case, accents, punctuation and
+whitespace), and the masks the negative filters are given, built from those keys.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import numpy as np
+
+
+def normalize_text(text: str) -> str:
+    """Key for "the same sentence up to case, accents, whitespace and punctuation"."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = re.sub(r"[^\w\s]", "", text)
+    return " ".join(text.split())
+
+
+def text_keys(*text_lists: list[str]) -> list[np.ndarray]:
+    """Integer keys, one per :func:`normalize_text` value, shared across the given lists:
+    equal keys mean the same sentence up to case, accents, punctuation and whitespace."""
+    keys: dict[str, int] = {}
+    return [
+        np.array([keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64)
+        for texts in text_lists
+    ]
+
+
+def duplicate_mask(
+    candidates: np.ndarray,
+    anchor_keys: np.ndarray,
+    positive_keys: np.ndarray,
+    candidate_keys: np.ndarray,
+) -> np.ndarray:
+    """True where a candidate's text key equals its anchor's or its positive's.
+
+    Keys are non-negative integers, one per distinct text (e.g. an index of the
+    :func:`normalize_text` values), in one key space for all three arrays.
+    ``candidates`` index ``candidate_keys``.
+    """
+    valid = candidates >= 0
+    keys = np.where(valid, candidate_keys[np.where(valid, candidates, 0)], -1)
+    return valid & ((keys == anchor_keys[:, None]) | (keys == positive_keys[:, None]))
+
+
+def known_positive_mask(
+    candidates: np.ndarray,
+    anchor_keys: np.ndarray,
+    candidate_keys: np.ndarray,
+    known_anchor_keys: np.ndarray,
+    known_positive_keys: np.ndarray,
+) -> np.ndarray:
+    """True where a candidate's text is a known positive of its anchor's text.
+
+    In retrieval pairs an anchor has several positives (one per row) and a text can be the
+    positive of several anchors: each row's own positive is not enough to exclude, every
+    positive any row gives the anchor's text is.
+
+    Args:
+        candidates: ``(n, k)`` positions in ``candidate_keys``, -1 for an empty slot.
+        anchor_keys: ``(n,)`` the text key of each row's anchor.
+        candidate_keys: text key of each candidate position.
+        known_anchor_keys, known_positive_keys: ``(m,)`` the (anchor, positive) text keys of
+            every known positive pair (all rows of the training data).
+
+    Returns:
+        ``(n, k)`` bool.
+    """
+    valid = candidates >= 0
+    if not len(known_anchor_keys) or not valid.any():
+        return np.zeros(candidates.shape, dtype=bool)
+    keys = candidate_keys[np.where(valid, candidates, 0)]
+    # One int64 code per (anchor key, text key): keys are < base, so codes never collide.
+    base = int(max(keys.max(), anchor_keys.max(), known_anchor_keys.max(), known_positive_keys.max())) + 1
+    known = np.unique(known_anchor_keys.astype(np.int64) * base + known_positive_keys)
+    return valid & np.isin(anchor_keys.astype(np.int64)[:, None] * base + keys, known)

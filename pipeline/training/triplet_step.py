@@ -1,0 +1,115 @@
+"""Supervised SimCSE's step on triplet rows (:class:`TripletStep`): anchor, positive, and the
+row's given and mined negatives, with every known positive of a row's anchor kept out of its
+negatives (:func:`known_positive_candidates`)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.triplets import Triplets
+from pipeline.model.accel import autocast, to_device
+from pipeline.training.global_batch import GlobalBatch
+from pipeline.training.losses import gather_across_workers, simcse_loss
+
+
+@dataclass(frozen=True)
+class TripletStep:
+    """Supervised SimCSE on triplet rows, negatives gathered from all workers.
+
+    Each row's negatives are its given one (if any) and its mined ones (if a refresh has
+    happened): ``1 + num_negatives`` slots, absent ones masked. Anchors, positives and the
+    present negatives go through the encoder in one forward pass. Rows sharing a positive
+    text (a premise with several hypotheses) are not each other's negatives, and neither are
+    rows sharing an anchor text (a headline with several paraphrases: each row's positive is
+    a known positive of the other's anchor). In-batch false-negative debiasing does not apply
+    (the config allows ``mining.debias`` only in neighbourhood mode):
+    :attr:`GlobalBatch.false_negative_mask` is ignored.
+    """
+
+    corpus: TokenizedCorpus
+    triplets: Triplets
+    temperature: float
+    hard_negative_weight: float
+    """Added to the logit of each row's own hard negatives (SimCSE's supervised weight)."""
+    device: torch.device
+
+    @functools.cached_property
+    def _known_pairs(self) -> tuple[np.ndarray, int]:
+        """Every training row's (anchor, positive) as sorted codes, and the code base."""
+        base = len(self.corpus.ids) + 1
+        return np.unique(self.triplets.anchor.astype(np.int64) * base + self.triplets.positive), base
+
+    def known_positive_candidates(self, rows: np.ndarray, negatives: np.ndarray) -> np.ndarray:
+        """:func:`known_positive_candidates` of the global batch ``rows`` with their negatives."""
+        known, base = self._known_pairs
+        return known_positive_candidates(
+            self.triplets.anchor[rows], self.triplets.positive[rows], negatives, known, base
+        )
+
+    def __call__(
+        self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :class:`~pipeline.training.step.TrainStep`; ``batch.rows`` are triplet rows,
+        ``augment_rng`` is unused."""
+        local_rows, sizes = batch.local_rows, list(batch.sizes)
+        triplets, device = self.triplets, self.device
+        negatives = triplets.negative[local_rows][:, None]
+        if batch.mined is not None:
+            negatives = np.concatenate([negatives, batch.mined[local_rows]], axis=1)
+        present = negatives >= 0
+        global_negatives = triplets.negative[batch.rows][:, None]
+        if batch.mined is not None:
+            global_negatives = np.concatenate([global_negatives, batch.mined[batch.rows]], axis=1)
+        texts = np.concatenate(
+            [triplets.anchor[local_rows], triplets.positive[local_rows], negatives[present]]
+        )
+        input_ids, mask = self.corpus.batch(texts)
+        with autocast(device):
+            embeddings = model(to_device(input_ids, device), to_device(mask, device)).float()
+        n = len(local_rows)
+        present_t = to_device(present, device)
+        negative_embeddings = embeddings.new_zeros((n, negatives.shape[1], embeddings.shape[1]))
+        negative_embeddings[present_t] = embeddings[2 * n :]
+        loss = simcse_loss(
+            gather_across_workers(embeddings[:n], sizes),
+            gather_across_workers(embeddings[n : 2 * n], sizes),
+            temperature=self.temperature,
+            hard_negatives=gather_across_workers(negative_embeddings, sizes),
+            hard_negative_weight=self.hard_negative_weight,
+            row_ids=to_device(self.corpus.ids[triplets.positive[batch.rows]], device),
+            hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
+            false_negative_mask=to_device(
+                self.known_positive_candidates(batch.rows, global_negatives), device
+            ),
+        )
+        # Every rank backpropagates through its own rows only; DDP averages over the ranks.
+        return loss, loss * len(sizes)
+
+
+def known_positive_candidates(
+    anchors: np.ndarray, positives: np.ndarray, negatives: np.ndarray, known_pairs: np.ndarray, base: int
+) -> np.ndarray:
+    """Which of a global batch's candidates are known positives of each row's anchor.
+
+    Args:
+        anchors, positives: ``(n,)`` the rows' anchor and positive texts (text-table positions).
+        negatives: ``(n, m)`` each row's hard-negative texts, -1 where absent.
+        known_pairs: sorted ``anchor * base + positive`` codes of every training row.
+        base: more than the largest text position.
+
+    Returns:
+        ``(n, n + n*m)`` bool over :func:`~pipeline.training.losses.simcse_loss`'s candidates
+        (the batch's positives, then its hard negatives row by row): True where the candidate
+        is a known positive of row i's anchor (another row of the same anchor, or another
+        row's negative that is a paraphrase of this anchor). Row i's own positive is left to
+        the loss, which never masks it.
+    """
+    candidates = np.concatenate([positives, negatives.reshape(-1)])
+    codes = anchors.astype(np.int64)[:, None] * base + candidates[None, :]
+    return np.isin(codes, known_pairs) & (candidates >= 0)[None, :]

@@ -1,0 +1,151 @@
+"""Unsupervised SimCSE's step: each sentence's two dropout views are positives, the rest of
+the global batch its negatives (:class:`UnsupervisedStep`), and the two views of a worker's
+rows in one padded batch (:func:`two_views`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.model.accel import autocast, to_device
+from pipeline.training.augment import repeat_words
+from pipeline.training.global_batch import GlobalBatch
+from pipeline.training.losses import global_batch_simcse_loss
+
+
+@dataclass
+class ViewBatch:
+    """The host arrays of one worker's unsupervised step (:meth:`UnsupervisedStep.collate`)."""
+
+    input_ids: np.ndarray
+    """``(2n, width)`` int64: this worker's n rows, then their second view, right-padded."""
+    attention_mask: np.ndarray
+    """``(2n, width)`` int64, 1 for real tokens."""
+    global_ids: np.ndarray
+    """``(sum(sizes),)`` corpus ids of the whole global batch, rank order: rows sharing one
+    are not each other's negatives."""
+    false_negative_mask: np.ndarray | None = None
+    """``(sum(sizes), sum(sizes))`` bool: the global batch's likely false negatives
+    (:attr:`GlobalBatch.false_negative_mask`), or None."""
+
+
+@dataclass(frozen=True)
+class UnsupervisedStep:
+    """Unsupervised SimCSE: each sentence's two dropout views (the second with ESimCSE word
+    repetition when ``dup_rate > 0``) are positives; every other sentence of the global
+    batch is a negative, except the likely false negatives a batch's
+    :attr:`GlobalBatch.false_negative_mask` flags (``mining.debias``), whose weight in the
+    softmax is ``false_negative_weight``.
+
+    A call runs four stages, public so that ``bench.gpu_step`` can time them apart:
+    :meth:`collate` (host), :meth:`upload` (host to device, with :meth:`upload_mask`),
+    :meth:`forward`, :meth:`loss`.
+    """
+
+    corpus: TokenizedCorpus
+    temperature: float
+    dup_rate: float
+    """ESimCSE word repetition rate of the second view (0: none)."""
+    device: torch.device
+    false_negative_weight: float = 0.0
+    """``mining.debias_weight``: a flagged candidate's weight in the anchor's softmax (0
+    removes it); unused for batches without a mask."""
+
+    def __call__(
+        self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :class:`~pipeline.training.step.TrainStep`."""
+        return self.on_device(model, self.collate(batch, augment_rng), batch.sizes)
+
+    def collate(self, batch: GlobalBatch, augment_rng: np.random.Generator) -> ViewBatch:
+        """This worker's rows as both views (:func:`two_views`), and the global batch's ids and
+        false-negative mask."""
+        input_ids, mask = two_views(self.corpus, batch.local_rows, self.dup_rate, augment_rng)
+        return ViewBatch(input_ids, mask, self.corpus.ids[batch.rows], batch.false_negative_mask)
+
+    def on_device(
+        self, model: Any, batch: ViewBatch, sizes: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`upload`, :meth:`forward` and :meth:`loss` of a collated batch."""
+        input_ids, mask, global_ids = self.upload(batch)
+        false_negatives = self.upload_mask(batch)
+        view1, view2 = self.forward(model, input_ids, mask)
+        return self.loss(view1, view2, global_ids, sizes, false_negatives)
+
+    def upload(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask, global_ids)`` on the device (asynchronous on CUDA)."""
+        return (
+            to_device(batch.input_ids, self.device),
+            to_device(batch.attention_mask, self.device),
+            to_device(batch.global_ids, self.device),
+        )
+
+    def upload_mask(self, batch: ViewBatch) -> torch.Tensor | None:
+        """The batch's ``(b, b)`` bool false-negative mask on the device (asynchronous on
+        CUDA), or None. Apart from :meth:`upload`, whose three tensors every batch has."""
+        if batch.false_negative_mask is None:
+            return None
+        return to_device(batch.false_negative_mask, self.device)
+
+    def forward(
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both views in one forward pass (the batch twice, stacked), under autocast.
+
+        Returns:
+            ``(view1, view2)``, each ``(n, d)`` fp32.
+        """
+        with autocast(self.device):
+            embeddings = model(input_ids, attention_mask)
+        return embeddings.float().split(input_ids.shape[0] // 2)
+
+    def loss(
+        self,
+        view1: torch.Tensor,
+        view2: torch.Tensor,
+        global_ids: torch.Tensor,
+        sizes: Sequence[int],
+        false_negative_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`pipeline.training.losses.global_batch_simcse_loss` over every worker's views.
+
+        Args:
+            view1, view2: ``(sizes[rank], d)`` this worker's two views.
+            global_ids: ``(sum(sizes),)`` corpus ids of the global batch.
+            sizes: rows per rank.
+            false_negative_mask: optional ``(sum(sizes), sum(sizes))`` bool, the global
+                batch's likely false negatives (weighted by :attr:`false_negative_weight`).
+
+        Returns:
+            ``(loss, loss_to_backward)``, as :class:`~pipeline.training.step.TrainStep`.
+        """
+        return global_batch_simcse_loss(
+            view1,
+            view2,
+            list(sizes),
+            global_ids,
+            self.temperature,
+            false_negative_mask=false_negative_mask,
+            false_negative_weight=self.false_negative_weight,
+        )
+
+
+def two_views(
+    corpus: TokenizedCorpus, rows: np.ndarray, dup_rate: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(2n, width)`` ids and mask: the rows, then the rows again (with ESimCSE word
+    repetition when ``dup_rate > 0``), padded to one width for a single forward pass."""
+    input_ids, mask = corpus.batch(rows)
+    if dup_rate <= 0:
+        return np.concatenate([input_ids, input_ids]), np.concatenate([mask, mask])
+    second_ids, second_mask = repeat_words(input_ids, mask, dup_rate, rng, corpus.pad_token_id)
+    width = second_ids.shape[1]  # repetition only lengthens rows
+    pad = width - input_ids.shape[1]
+    input_ids = np.pad(input_ids, ((0, 0), (0, pad)), constant_values=corpus.pad_token_id)
+    mask = np.pad(mask, ((0, 0), (0, pad)))
+    return np.concatenate([input_ids, second_ids]), np.concatenate([mask, second_mask])
