@@ -15,17 +15,11 @@ import numpy as np
 
 from pipeline.batching.false_negative_graph import FalseNegativeGraph
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
+from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import shuffled_plan
 
 
-def cluster_plan(
-    clusters: np.ndarray,
-    batch_size: int,
-    seed: int,
-    version: int,
-    false_negatives: np.ndarray | None = None,
-    clusters_per_batch: int = 4,
-) -> BatchPlan:
+def cluster_plan(inputs: SamplerInputs) -> BatchPlan:
     """Batches drawn from about ``clusters_per_batch`` k-means clusters each (``clusters``).
 
     ClusterNS (Deng et al., Findings of ACL 2023) uses k-means clusters of the sentence
@@ -49,18 +43,23 @@ def cluster_plan(
     Rows are shuffled within each batch, so every worker's slice mixes the batch's clusters.
 
     Args:
-        clusters: ``(n,)`` int cluster of each row (any ids).
-        batch_size: target global batch size.
-        seed: makes the plan deterministic.
-        version: plan version to record.
-        false_negatives: optional ``(n, m)`` rows that must not share a batch with the row,
-            -1 elsewhere (pairs that cannot be placed apart, in a corpus too small or too
-            densely flagged, stay together).
-        clusters_per_batch: lanes, i.e. clusters a batch is drawn from, >= 1.
+        inputs: ``clusters`` (``(n,)`` int cluster of each row, any ids; required),
+            ``batch_size``, ``seed``, ``version``, optional ``false_negatives`` (``(n, m)``
+            rows that must not share a batch with the row, -1 elsewhere; pairs that cannot be
+            placed apart, in a corpus too small or too densely flagged, stay together) and
+            ``clusters_per_batch`` (lanes, i.e. clusters a batch is drawn from, >= 1).
 
     Returns:
         The plan, ``version`` and sampler ``clusters`` recorded.
     """
+    if inputs.clusters is None:
+        raise ValueError("the clusters sampler needs the refresh's k-means clusters")
+    clusters, false_negatives, clusters_per_batch = (
+        inputs.clusters,
+        inputs.false_negatives,
+        inputs.clusters_per_batch,
+    )
+    batch_size, seed, version = inputs.batch_size, inputs.seed, inputs.version
     clusters = np.asarray(clusters)
     if clusters.ndim != 1:
         raise ValueError(f"clusters must be (n,), got shape {clusters.shape}")

@@ -13,6 +13,7 @@ import numpy as np
 
 from pipeline.batching.batch_builder import BatchBuilder
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
+from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import shuffled_plan
 
 STUCK_STEPS = 32
@@ -20,15 +21,7 @@ STUCK_STEPS = 32
 unassigned row: bounds an epoch's walking at ``n x STUCK_STEPS`` steps."""
 
 
-def random_walk_plan(
-    neighbours: np.ndarray,
-    scores: np.ndarray,
-    batch_size: int,
-    seed: int,
-    version: int,
-    false_negatives: np.ndarray | None = None,
-    restart_probability: float = 0.2,
-) -> BatchPlan:
+def random_walk_plan(inputs: SamplerInputs) -> BatchPlan:
     """Batches sampled by random walks with restart on the k-NN graph (``rwr``).
 
     BatchSampler (Yang et al., KDD 2023, arXiv:2306.03355; the authors' THUDM/BatchSampler
@@ -59,20 +52,23 @@ def random_walk_plan(
     flagged false negatives per row, 0.6 s without.
 
     Args:
-        neighbours: ``(n, k)`` acceptable negatives per row, nearest first, -1 elsewhere
-            (the row itself and rows with the same text already removed).
-        scores: ``(n, k)`` similarity of each neighbour (unused: the walk is uniform over
-            neighbours, as in the reference; kept for the samplers' common signature).
-        batch_size: target global batch size.
-        seed: makes the plan deterministic.
-        version: plan version to record.
-        false_negatives: optional ``(n, k)`` rows that must not share a batch with the row,
-            -1 elsewhere; checked both ways as rows join, swapped apart after (tiny corpora).
-        restart_probability: chance per step to go back to the batch's start row, in [0, 1].
+        inputs: ``neighbours`` (``(n, k)`` acceptable negatives per row, nearest first, -1
+            elsewhere; the row itself and rows with the same text already removed; their
+            ``scores`` are unused: the walk is uniform over neighbours, as in the reference),
+            ``batch_size``, ``seed``, ``version``, optional ``false_negatives`` (``(n, k)``
+            rows that must not share a batch with the row, -1 elsewhere; checked both ways as
+            rows join, swapped apart after in tiny corpora) and ``restart_probability``
+            (chance per step to go back to the batch's start row, in [0, 1]).
 
     Returns:
         The plan, ``version`` and sampler ``rwr`` recorded.
     """
+    neighbours, false_negatives, restart_probability = (
+        inputs.neighbours,
+        inputs.false_negatives,
+        inputs.restart_probability,
+    )
+    batch_size, seed, version = inputs.batch_size, inputs.seed, inputs.version
     if not 0.0 <= restart_probability <= 1.0:
         raise ValueError(f"restart_probability must be in [0, 1] (got {restart_probability})")
     num_rows = neighbours.shape[0]
@@ -150,16 +146,7 @@ class _Walker:
         return members
 
 
-def mixed_plan(
-    neighbours: np.ndarray,
-    scores: np.ndarray,
-    batch_size: int,
-    seed: int,
-    version: int,
-    false_negatives: np.ndarray | None = None,
-    neighbour_share: float = 0.5,
-    group_size: int = 4,
-) -> BatchPlan:
+def mixed_plan(inputs: SamplerInputs) -> BatchPlan:
     """Batches of small neighbour groups among random rows (``mixed``).
 
     ``round(neighbour_share x batch)`` rows of each batch come in groups: a random
@@ -170,20 +157,18 @@ def mixed_plan(
     share 1 groups only.
 
     Args:
-        neighbours: ``(n, k)`` acceptable negatives per row, nearest first, -1 elsewhere.
-        scores: ``(n, k)`` similarity of each neighbour (unused: ``neighbours`` is already
-            nearest first; kept for the samplers' common signature).
-        batch_size: target global batch size.
-        seed: makes the plan deterministic.
-        version: plan version to record.
-        false_negatives: optional ``(n, k)`` rows that must not share a batch with the row,
-            -1 elsewhere; checked both ways as rows join, swapped apart after (tiny corpora).
-        neighbour_share: share of each batch from neighbour groups, in [0, 1].
-        group_size: rows per group (its seed row included), >= 1.
+        inputs: ``neighbours`` (``(n, k)`` acceptable negatives per row, nearest first, -1
+            elsewhere; ``scores`` unused), ``batch_size``, ``seed``, ``version``, optional
+            ``false_negatives`` (checked both ways as rows join, swapped apart after in tiny
+            corpora), ``mixed_share`` (share of each batch from neighbour groups, in [0, 1])
+            and ``mixed_group_size`` (rows per group, its seed row included, >= 1).
 
     Returns:
         The plan, ``version`` and sampler ``mixed`` recorded.
     """
+    neighbours, false_negatives = inputs.neighbours, inputs.false_negatives
+    neighbour_share, group_size = inputs.mixed_share, inputs.mixed_group_size
+    batch_size, seed, version = inputs.batch_size, inputs.seed, inputs.version
     if not 0.0 <= neighbour_share <= 1.0:
         raise ValueError(f"neighbour_share must be in [0, 1] (got {neighbour_share})")
     if group_size < 1:

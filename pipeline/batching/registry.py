@@ -12,34 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from pipeline.batching.cluster_sampler import cluster_plan
 from pipeline.batching.graph_samplers import mixed_plan, random_walk_plan
 from pipeline.batching.plan import BatchPlan
+from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
-
-
-@dataclass(frozen=True)
-class SamplerInputs:
-    """What any sampler may draw on for one refresh (each uses what it needs)."""
-
-    neighbours: np.ndarray
-    """``(n, k)`` each row's nearest neighbours after the filters, -1 padded."""
-    scores: np.ndarray
-    """``(n, k)`` their cosine similarities."""
-    false_negatives: np.ndarray | None
-    """``(n, k)`` each row's flagged likely false negatives (kept out of its batch), -1
-    elsewhere; None: none flagged."""
-    batch_size: int
-    seed: int
-    version: int
-    clusters: np.ndarray | None = None
-    """``(n,)`` k-means cluster per row, for samplers with ``needs_clusters``."""
-    restart_probability: float = 0.2
-    clusters_per_batch: int = 4
-    mixed_share: float = 0.5
-    mixed_group_size: int = 4
 
 
 @dataclass(frozen=True)
@@ -51,13 +28,6 @@ class Sampler:
     needs_clusters: bool = False
 
 
-def _clusters(inputs: SamplerInputs) -> BatchPlan:
-    if inputs.clusters is None:
-        raise ValueError("the clusters sampler needs the refresh's k-means clusters")
-    return cluster_plan(inputs.clusters, inputs.batch_size, inputs.seed, inputs.version, inputs.false_negatives,
-                        clusters_per_batch=inputs.clusters_per_batch)  # fmt: skip
-
-
 SAMPLERS: dict[str, Sampler] = {
     s.name: s
     for s in (
@@ -67,21 +37,19 @@ SAMPLERS: dict[str, Sampler] = {
         ),
         Sampler(
             "knn", "each batch grown from a random seed row through its nearest neighbours (Prim's order)",
-            lambda i: neighbourhood_plan(i.neighbours, i.scores, i.batch_size, i.seed, i.version, i.false_negatives),
+            neighbourhood_plan,
         ),
         Sampler(
             "rwr", "a random walk with restart on the k-NN graph (BatchSampler, KDD 2023)",
-            lambda i: random_walk_plan(i.neighbours, i.scores, i.batch_size, i.seed, i.version, i.false_negatives,
-                                       restart_probability=i.restart_probability),
+            random_walk_plan,
         ),
         Sampler(
             "clusters", "FAISS k-means over the refreshed embeddings, each batch from clusters_per_batch clusters",
-            _clusters, needs_clusters=True,
+            cluster_plan, needs_clusters=True,
         ),
         Sampler(
             "mixed", "mixed_share of each batch from neighbour groups of mixed_group_size, the rest random",
-            lambda i: mixed_plan(i.neighbours, i.scores, i.batch_size, i.seed, i.version, i.false_negatives,
-                                 neighbour_share=i.mixed_share, group_size=i.mixed_group_size),
+            mixed_plan,
         ),
     )
 }  # fmt: skip

@@ -8,6 +8,7 @@ import numpy as np
 
 from pipeline.batching.batch_builder import BatchBuilder
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
+from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.separation import separate_false_negatives
 
 
@@ -70,14 +71,7 @@ def random_plan(
     return BatchPlan(version, np.concatenate([batches[i] for i in order]), sizes[order])
 
 
-def neighbourhood_plan(
-    neighbours: np.ndarray,
-    scores: np.ndarray,
-    batch_size: int,
-    seed: int,
-    version: int,
-    false_negatives: np.ndarray | None = None,
-) -> BatchPlan:
+def neighbourhood_plan(inputs: SamplerInputs) -> BatchPlan:
     """Group rows into batches of mutual near neighbours, covering every row once (``knn``).
 
     Each batch starts from a random unassigned seed row and grows like Prim's algorithm on
@@ -89,13 +83,11 @@ def neighbourhood_plan(
     in random order. Batch order is shuffled.
 
     Args:
-        neighbours: ``(n, k)`` acceptable negatives per row, nearest first, -1 elsewhere
-            (the row itself and rows with the same text already removed).
-        scores: ``(n, k)`` similarity of each neighbour.
-        batch_size: target global batch size.
-        seed: makes the plan deterministic.
-        version: plan version to record.
-        false_negatives: optional ``(n, k)`` rows that must not share a batch with the row
+        inputs: ``neighbours`` (``(n, k)`` acceptable negatives per row, nearest first, -1
+            elsewhere; the row itself and rows with the same text already removed), their
+            ``scores``, ``batch_size`` (the target global batch), ``seed`` (makes the plan
+            deterministic), ``version`` (recorded), and optional ``false_negatives``:
+            ``(n, k)`` rows that must not share a batch with the row
             (likely paraphrases), -1 elsewhere. Checked both ways: a row joins a batch only
             if it is no member's false negative and no member is its false negative. Only a
             corpus too small to place every pair apart (the last batches' top-up) can leave
@@ -105,6 +97,8 @@ def neighbourhood_plan(
         The plan, ``version`` and sampler ``knn`` recorded; its batch sizes are
         :func:`balanced_batch_sizes`'s.
     """
+    neighbours, scores, false_negatives = inputs.neighbours, inputs.scores, inputs.false_negatives
+    batch_size, seed, version = inputs.batch_size, inputs.seed, inputs.version
     num_rows = neighbours.shape[0]
     sizes = balanced_batch_sizes(num_rows, batch_size)
     rng = np.random.default_rng(seed)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan
-from pipeline.batching.registry import SAMPLERS, SamplerInputs, build_plan
+from pipeline.batching.registry import SAMPLERS, build_plan
+from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.mining.clustering import kmeans_clusters
 from pipeline.mining.negatives import FilteredCandidates, NegativeFilters, filter_candidates
 from pipeline.mining.text_keys import duplicate_mask

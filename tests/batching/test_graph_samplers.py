@@ -12,7 +12,8 @@ import pytest
 from pipeline.batching.cluster_sampler import cluster_plan
 from pipeline.batching.graph_samplers import mixed_plan, random_walk_plan
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes, padding_share
-from pipeline.batching.registry import SAMPLERS, SamplerInputs, build_plan
+from pipeline.batching.registry import SAMPLERS, build_plan
+from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
 from pipeline.batching.separation import separate_false_negatives
 from pipeline.mining.plan_quality import false_negative_pairs
@@ -61,6 +62,13 @@ def _plan(name: str, c: SimpleNamespace, seed: int, false_negatives=None, **opti
     inputs = SamplerInputs(c.neighbours, c.scores, false_negatives, BATCH, seed, 1, clusters=c.topic,
                            **{renamed.get(k, k): v for k, v in options.items()})  # fmt: skip
     return build_plan(name, inputs)
+
+
+def _cluster_inputs(c: SimpleNamespace, false_negatives=None, **fields) -> SamplerInputs:
+    """The test corpus's inputs for :func:`cluster_plan` called directly: its topics as the
+    clusters, seed 0, version 1."""
+    fields = {"clusters": c.topic, **fields}
+    return SamplerInputs(c.neighbours, c.scores, false_negatives, BATCH, 0, 1, **fields)
 
 
 def _mean_in_batch_cosine(x: np.ndarray, plan: BatchPlan) -> float:
@@ -174,11 +182,11 @@ def test_cluster_batches_hold_few_clusters(corpus, per_batch):
     """Clusters of about 100 rows, batches of 64: each batch draws on ``per_batch`` clusters
     (one more where a lane's cluster ends), and flagged pairs still go apart. Flags here are
     the miner's kind: neighbours above a similarity threshold (about one row in five has one)."""
-    plain = cluster_plan(corpus.topic, BATCH, 0, 1, clusters_per_batch=per_batch)
+    plain = cluster_plan(_cluster_inputs(corpus, clusters_per_batch=per_batch))
     assert _clusters_per_batch(plain, corpus.topic).max() <= per_batch + 1
     flagged = np.where(corpus.scores > 0.8, corpus.indices, -1)
     assert false_negative_pairs(plain, flagged) > 0
-    plan = cluster_plan(corpus.topic, BATCH, 0, 1, flagged, clusters_per_batch=per_batch)
+    plan = cluster_plan(_cluster_inputs(corpus, false_negatives=flagged, clusters_per_batch=per_batch))
     assert false_negative_pairs(plan, flagged) == 0
     assert (_clusters_per_batch(plan, corpus.topic) <= per_batch + 1).mean() >= 0.9
 
@@ -197,9 +205,9 @@ def test_cluster_batches_mostly_keep_their_clusters_under_dense_flags(corpus):
 
 def test_cluster_plan_rejects_bad_inputs(corpus):
     with pytest.raises(ValueError, match="clusters_per_batch"):
-        cluster_plan(corpus.topic, BATCH, 0, 1, clusters_per_batch=0)
+        cluster_plan(_cluster_inputs(corpus, clusters_per_batch=0))
     with pytest.raises(ValueError, match="clusters must be"):
-        cluster_plan(corpus.topic.reshape(40, 50), BATCH, 0, 1)
+        cluster_plan(_cluster_inputs(corpus, clusters=corpus.topic.reshape(40, 50)))
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
@@ -209,12 +217,13 @@ def test_a_corpus_too_small_to_separate_keeps_its_plan_shape(name):
     x, topic = _topics(n=10, topics=2, seed=3)
     c = SimpleNamespace(x=x, topic=topic, **vars(_inputs(x, 9, flagged=0)))
     everyone = np.array([[j for j in range(10) if j != i] for i in range(10)])
+    inputs = SamplerInputs(c.neighbours, c.scores, everyone, batch_size=5, seed=1, version=1, clusters=topic)
     plan = {
         "random": lambda: random_plan(10, 5, 1, version=1, false_negatives=everyone),
-        "knn": lambda: neighbourhood_plan(c.neighbours, c.scores, 5, 1, 1, everyone),
-        "rwr": lambda: random_walk_plan(c.neighbours, c.scores, 5, 1, 1, everyone),
-        "clusters": lambda: cluster_plan(topic, 5, 1, 1, everyone),
-        "mixed": lambda: mixed_plan(c.neighbours, c.scores, 5, 1, 1, everyone),
+        "knn": lambda: neighbourhood_plan(inputs),
+        "rwr": lambda: random_walk_plan(inputs),
+        "clusters": lambda: cluster_plan(inputs),
+        "mixed": lambda: mixed_plan(inputs),
     }[name]()
     assert sorted(plan.rows.tolist()) == list(range(10))
     assert plan.sizes.tolist() == [5, 5]
@@ -228,7 +237,10 @@ def test_random_plan_without_false_negatives_is_unchanged(corpus):
     assert random_plan(N, BATCH, seed=3, lengths=lengths, group_batches=8).hex_fingerprint() == "8bc7961b55ab"
     assert random_plan(N, BATCH, seed=3, false_negatives=None).hex_fingerprint() == "e5b045360ef6"
     assert (
-        neighbourhood_plan(corpus.neighbours, corpus.scores, BATCH, 3, 1).hex_fingerprint() == "a60fc20aa195"
+        neighbourhood_plan(
+            SamplerInputs(corpus.neighbours, corpus.scores, None, BATCH, 3, 1)
+        ).hex_fingerprint()
+        == "a60fc20aa195"
     )
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import REPO
 
-from pipeline.batching.registry import SAMPLER_NAMES, SAMPLERS, SamplerInputs, build_plan
+from pipeline.batching.registry import SAMPLER_NAMES, SAMPLERS, build_plan
+from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
 from pipeline.mining.planning import PlanSettings

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pipeline.batching.plan import balanced_batch_sizes, worker_slices
+from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
 from pipeline.mining.index import IndexSpec, knn_search, torch_search
 from pipeline.mining.miner import HardNegativeMiner
@@ -92,14 +93,14 @@ def test_neighbourhood_plan_groups_neighbours_and_covers_corpus():
     x, groups = _clustered()
     knn = knn_search(x, 12)
     neighbours = np.where(knn.indices == np.arange(len(x))[:, None], -1, knn.indices)
-    plan = neighbourhood_plan(neighbours, knn.scores, batch_size=16, seed=3, version=1)
+    plan = neighbourhood_plan(SamplerInputs(neighbours, knn.scores, None, batch_size=16, seed=3, version=1))
     _assert_covers_once(plan, len(x))
     assert plan.version == 1
     chance = 7 / (len(x) - 1)  # a random other row shares the group with this probability
     mined = _same_group_pair_rate(plan, groups)
     assert mined > 0.3 > 10 * chance  # with batch 16 and groups of 8 the ceiling is 7/15 = 0.47
     assert _same_group_pair_rate(random_plan(len(x), 16, seed=3), groups) < 3 * chance
-    again = neighbourhood_plan(neighbours, knn.scores, batch_size=16, seed=3, version=1)
+    again = neighbourhood_plan(SamplerInputs(neighbours, knn.scores, None, batch_size=16, seed=3, version=1))
     assert np.array_equal(plan.rows, again.rows) and np.array_equal(plan.sizes, again.sizes)
 
 
