@@ -145,8 +145,12 @@ class MiningSection:
     max_staleness_steps: int = 50
     """Async: steps before an epoch's end at which the weights are snapshotted for the refresh."""
     timeout_s: float = 3600.0
-    """Longest a training worker waits for one refresh (or for the miner actor to be placed,
-    or to come back after a restart) before failing with a clear error."""
+    """Longest a training worker waits for one refresh (or for the miner to come back after a
+    restart) before failing with a clear error."""
+    start_timeout_s: float = 600.0
+    """Longest the job waits at start for the miner actor to be placed and to load its inputs
+    (an autoscaled GPU node can take minutes to join); apart from ``timeout_s`` so that a short
+    refresh deadline does not also cut the placement short."""
     max_restarts: int = 3
     """Times a dead miner actor is restarted (it then re-mines from the newest weights)
     before the job fails."""
@@ -186,6 +190,7 @@ class MiningSection:
             ("mining.num_cpus", self.num_cpus >= 0, "must be >= 0"),
             ("mining.num_gpus", self.num_gpus >= 0, "must be >= 0"),
             ("mining.timeout_s", self.timeout_s > 0, "must be > 0"),
+            ("mining.start_timeout_s", self.start_timeout_s > 0, "must be > 0"),
             ("mining.max_staleness_steps", self.max_staleness_steps >= 0, "must be >= 0"),
             ("mining.restart_probability", 0 < self.restart_probability < 1, "must be in (0, 1)"),
             ("mining.num_clusters", self.num_clusters is None or self.num_clusters >= 2, "must be >= 2"),

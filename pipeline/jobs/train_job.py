@@ -217,7 +217,7 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     ``(None, None)`` when no refresh runs (mining off, or a single epoch).
 
     Raises:
-        TimeoutError: the actor was not placed within ``mining.timeout_s``.
+        TimeoutError: the actor was not placed within ``mining.start_timeout_s``.
     """
     if not cfg.mining.runs_miner(cfg.train.epochs):
         yield None, None
@@ -228,11 +228,11 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     try:
         try:
             inputs = miner_inputs(refs.corpus, refs.model, refs.triplets)
-            miner_pid = ray.get(miner.ready.remote(inputs), timeout=cfg.mining.timeout_s)
+            miner_pid = ray.get(miner.ready.remote(inputs), timeout=cfg.mining.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(
                 f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "
-                f"was not placed within mining.timeout_s={cfg.mining.timeout_s:g}s"
+                f"was not placed within mining.start_timeout_s={cfg.mining.start_timeout_s:g}s"
             ) from None
         yield miner, miner_pid
         # The last refresh's table row and histogram go up in the miner's background; let them
