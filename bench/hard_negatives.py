@@ -58,7 +58,8 @@ exported): ``A`` in-batch negatives only (``mining.refresh=never``,
 ``data.given_negatives=true``), ``S`` static (``mining.refresh=once``: mined before epoch 1 with
 the starting model, filtered), ``C`` refreshed (``mining.refresh=every_epoch``: also mined again
 at every epoch boundary with the newest weights), ``U`` as ``C`` unfiltered (naive top-k:
-``mining.relative_margin=null``, ``mining.range_min=0``, ``mining.max_score=null``). The peers
+``mining.relative_margin=null``, ``mining.range_min=0``, ``mining.max_score=null``), ``GS`` the
+given negatives and one mined as in ``S`` beside each (two hard negatives a row). The peers
 are ``bench.st_mnrl_recipe`` on the label-1 rows with the same batch size, lr, warm-up, max length,
 epochs and seed, on ``NO_DUPLICATES`` batches: ``st`` (MNRL, in-batch negatives) and
 ``st-mined`` (``mine_hard_negatives(dataset, model, corpus=<every distinct train tweet>,
@@ -142,10 +143,11 @@ RETRIEVAL_ARMS = {
     "C": ["mining.enabled=true", "mining.refresh=every_epoch", "data.given_negatives=false"],
 }
 RETRIEVAL_ARMS["U"] = [*RETRIEVAL_ARMS["C"], *UNFILTERED]
+RETRIEVAL_ARMS["GS"] = ["mining.enabled=true", "mining.refresh=once", "data.given_negatives=true"]
 """A retrieval task's pipeline arms (pair mode): ``A`` in-batch negatives only, ``G`` the given
 (label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
 ``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
-the filters."""
+the filters, ``GS`` the given negatives with one mined as in ``S`` beside each."""
 RETRIEVAL_PEERS = {"st": False, "st-mined": True}
 """A retrieval task's sentence-transformers arms: whether they run ``mine_hard_negatives`` first."""
 ST_MINED = (
