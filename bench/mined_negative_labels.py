@@ -61,7 +61,7 @@ def negative_labels(
     for anchor, text, label in pairs:
         target = own_negatives if label == "0" else positives_of
         target[normalize_text(anchor)].add(normalize_text(text))
-    every_positive = {text: anchor for anchor, texts in positives_of.items() for text in texts}
+    every_positive = set().union(*positives_of.values())
     rows = own = other = 0
     for anchor, negative in mined:
         if negative is None:

@@ -283,10 +283,10 @@ def test_hung_miner_ends_the_job_at_once_and_costs_no_epoch(tmp_path):
     retried (restarted workers would wait on the same miner); the run is marked FAILED. The
     finished epoch was checkpointed before the wait, so the job started again resumes at the
     boundary, asks a new miner for the plan, and trains no step twice."""
-    # mining.timeout_s also bounds the resumed run's healthy refresh of the demo corpus (a few
-    # seconds here under load): 20 s leaves it room on a machine three times slower and busy.
-    # The miner's start has its own deadline (mining.start_timeout_s, default 600 s).
-    overrides = ["run.name=hung", "train.epochs=2", "mining.timeout_s=20", "checkpoint.every_steps=10"]
+    # mining.timeout_s also bounds the resumed run's healthy refresh of the demo corpus: 30 s
+    # leaves it room on a machine three times slower and busy. The miner's start has its own
+    # deadline (mining.start_timeout_s, default 600 s).
+    overrides = ["run.name=hung", "train.epochs=2", "mining.timeout_s=30", "checkpoint.every_steps=10"]
     job = RunningJob(tmp_path, overrides)
     try:
         # The trainer is announced only after the miner answered ready(): it exists and is idle.
@@ -299,10 +299,10 @@ def test_hung_miner_ends_the_job_at_once_and_costs_no_epoch(tmp_path):
     out = job.output
     assert code == 1, out[-4000:]
     errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert errors == ["error: the miner did not return plan v1 within mining.timeout_s=20s"], out[-4000:]
+    assert errors == ["error: the miner did not return plan v1 within mining.timeout_s=30s"], out[-4000:]
     assert "Traceback" not in out  # Ray Train's own failure reports are off unless --debug
     assert re.search(
-        r"\[train\] worker rank 0 failed: the miner did not return plan v1 within mining\.timeout_s=20s "
+        r"\[train\] worker rank 0 failed: the miner did not return plan v1 within mining\.timeout_s=30s "
         r"\(failure 1, train\.max_failures=3; not retried: it fails the same way on every restart\)",
         out,
     ), out[-4000:]
