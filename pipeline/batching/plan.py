@@ -28,8 +28,8 @@ class BatchPlan:
     sizes: np.ndarray
     """``(num_batches,)`` int64 rows per batch."""
     negatives: np.ndarray | None = None
-    """Triplet mode: ``(n, num_negatives)`` mined negatives per row (corpus text positions,
-    -1 where none passed the filters); None in neighbourhood mode."""
+    """Pairs task: ``(n, num_negatives)`` mined negatives per row (corpus text positions,
+    -1 where none passed the filters); None in the corpus task."""
     sampler: str = "random"
     """The sampler that grouped the rows (``mining.batch_sampler``; ``random`` for epoch 1)."""
     paraphrases: np.ndarray | None = None

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.config.schema import Config
+from pipeline.config.schema import REMOVED_KEYS, Config
 from pipeline.core.errors import ConfigError
 
 
@@ -82,6 +82,8 @@ def _build(cls: type, mapping: Any, prefix: str) -> Any:
     for key in mapping:
         if key not in names:
             dotted = f"{prefix}.{key}" if prefix else str(key)
+            if dotted in REMOVED_KEYS:
+                raise ConfigError(f"{dotted} is no longer a config key: {REMOVED_KEYS[dotted]}")
             raise ConfigError(
                 f"unknown config key {dotted!r} (known under {where}: {', '.join(sorted(names))})"
             )

@@ -22,27 +22,18 @@ class MiningSection:
         return self.enabled and self.refresh != "never"
 
     @property
-    def mines_before_training(self) -> bool:
-        """Pair mode mines once with the starting model before epoch 1 (static negatives)."""
-        return self.mines and self.negative_mode == "triplet"
-
-    @property
     def refreshes_at_boundaries(self) -> bool:
         """Whether epoch boundaries ask the miner for a plan from the newest weights."""
         return self.mines and self.refresh == "every_epoch"
-
-    def runs_miner(self, epochs: int) -> bool:
-        """Whether a run of ``epochs`` epochs needs the miner actor (and FAISS)."""
-        return self.mines_before_training or (self.refreshes_at_boundaries and epochs > 1)
 
     top_k: int = 64
     """Neighbours searched per row (the candidate list every filter works on)."""
     range_min: int | None = None
     """Skip this many nearest candidates of those the other filters left (sentence-transformers'
-    order). ``None``: 10 in neighbourhood mode, 0 in triplet (pair) mode.
-    Neighbourhood mode has no positive to measure a candidate against, and the top ranks of a
+    order). ``None``: 10 in the corpus task, 0 in the pairs task.
+    The corpus task has no positive to measure a candidate against, and the top ranks of a
     natural corpus are mostly paraphrases, i.e. false negatives: 10 is where FlagEmbedding's
-    hn_mine window starts and what the sentence-transformers mining example uses. Pair mode
+    hn_mine window starts and what the sentence-transformers mining example uses. The pairs task
     knows each anchor's positives (all excluded) and has the relative margin against the
     positive's score, so the nearest surviving candidates are the true hard negatives a
     retriever must learn to rank below its positives: skipping 10 of them would throw those
@@ -55,7 +46,7 @@ class MiningSection:
     """Keep a candidate only if sim <= pos - |pos| x margin, pos = sim(anchor, positive);
     NV-Retriever's 0.05."""
     num_negatives: int = 1
-    """Negatives per anchor (offline mining and triplet mode)."""
+    """Negatives per anchor (offline mining and the pairs task)."""
     sampling: Literal["top", "random"] = "top"
     index: Literal["auto", "flat", "ivf", "ivfpq"] = "auto"
     """``auto``: exact flat search up to ``flat_max_rows`` vectors, IVF above."""
@@ -84,13 +75,8 @@ class MiningSection:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     """GPUs for the miner actor; with a GPU it encodes there and searches with a GPU index."""
-    negative_mode: Literal["neighbourhood", "triplet"] = "neighbourhood"
-    """``neighbourhood`` (unsupervised SimCSE on ``data.text_column``): each epoch's batches
-    are groups of near sentences. ``triplet`` (supervised SimCSE on anchor/positive
-    [/negative] columns): each anchor gets ``num_negatives`` mined negatives, used with any
-    given negative and ``train.hard_negative_weight``."""
     batch_sampler: SamplerName = "random"
-    """How a refreshed epoch's rows are grouped into batches (neighbourhood mode); every
+    """How a refreshed epoch's rows are grouped into batches (the corpus task); every
     sampler covers each row once, in balanced batches, and keeps flagged false negatives
     apart. ``random`` (the default, because no sampler has yet beaten it on dev scores by
     more than the seed spread: docs/results.md): random batches with each row's flagged
@@ -116,7 +102,7 @@ class MiningSection:
     mixed_group_size: int = 4
     """``mixed``: rows per neighbour group (a seed row and its nearest allowed neighbours)."""
     debias: Literal["none", "threshold", "cluster"] = "none"
-    """In-batch false-negative debiasing (neighbourhood mode): ``threshold`` treats in-batch
+    """In-batch false-negative debiasing (the corpus task): ``threshold`` treats in-batch
     candidates whose refresh-model similarity to the anchor is above ``debias_threshold``
     (among its ``top_k`` neighbours) as likely paraphrases; ``cluster`` treats rows of the
     same k-means cluster so (ClusterNS). Their terms in the anchor's softmax are multiplied
@@ -128,7 +114,7 @@ class MiningSection:
     """Weight of a likely paraphrase in the anchor's softmax: 0 masks it out (DCLR's hard
     rule), a value in (0, 1) down-weights it."""
     random_negatives: int = 0
-    """Triplet mode: random negatives added per anchor beside its ``num_negatives`` mined
+    """Pairs task: random negatives added per anchor beside its ``num_negatives`` mined
     ones (drawn from the positives' pool, duplicates of the anchor and positive excluded);
     mixing is what worked in tevatron #43."""
     refresh: Literal["every_epoch", "once", "never"] = "every_epoch"
@@ -137,7 +123,7 @@ class MiningSection:
     again at every epoch boundary with the newest weights (ANCE). ``once``: before epoch 1
     only; later epochs reshuffle the rows and keep their negatives. ``never``: no mining (the
     given negatives and in-batch negatives only), the same as ``enabled: false``.
-    Neighbourhood mode: ``every_epoch`` or ``never`` (its epoch 1 is always random)."""
+    Corpus task: ``every_epoch`` or ``never`` (its epoch 1 is always random)."""
     mode: Literal["sync", "async"] = "sync"
     """``sync``: refresh at the epoch boundary while training waits. ``async``: the miner
     works while training goes on, from weights at most ``max_staleness_steps`` old at the
@@ -155,24 +141,11 @@ class MiningSection:
     """Times a dead miner actor is restarted (it then re-mines from the newest weights)
     before the job fails."""
 
-    @property
-    def window_start(self) -> int:
-        """``range_min`` as resolved for the negative mode (see ``range_min``)."""
-        if self.range_min is not None:
-            return self.range_min
-        return 0 if self.negative_mode == "triplet" else 10
-
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""
         return [
             ("mining.max_restarts", self.max_restarts >= 0, "must be >= 0"),
             ("mining.top_k", self.top_k >= 1, "must be >= 1"),
-            ("mining.range_min", 0 <= self.window_start < self.top_k, "must be in [0, mining.top_k)"),
-            (
-                "mining.range_max",
-                self.range_max is None or self.window_start < self.range_max <= self.top_k,
-                "must be in (mining.range_min, mining.top_k]",
-            ),
             (
                 "mining.relative_margin",
                 self.relative_margin is None or 0 <= self.relative_margin < 1,
@@ -200,19 +173,4 @@ class MiningSection:
             ("mining.debias_threshold", -1 <= self.debias_threshold <= 1, "must be in [-1, 1]"),
             ("mining.debias_weight", 0 <= self.debias_weight < 1, "must be in [0, 1)"),
             ("mining.random_negatives", self.random_negatives >= 0, "must be >= 0"),
-            (
-                "mining.debias",
-                self.debias == "none" or self.negative_mode == "neighbourhood",
-                "needs mining.negative_mode=neighbourhood (triplet mode has no in-batch debiasing)",
-            ),
-            (
-                "mining.refresh",
-                self.refresh != "once" or self.negative_mode == "triplet",
-                "once needs mining.negative_mode=triplet (neighbourhood mode mines at epoch boundaries only)",
-            ),
-            (
-                "mining.random_negatives",
-                self.random_negatives == 0 or self.negative_mode == "triplet",
-                "needs mining.negative_mode=triplet",
-            ),
         ]

@@ -17,7 +17,7 @@ Rule = tuple[str, Callable[[Config], bool]]
 
 
 def _pairs(cfg: Config) -> bool:
-    return cfg.mining.negative_mode == "triplet"
+    return cfg.pairs
 
 
 def _ivf(cfg: Config) -> bool:
@@ -48,7 +48,7 @@ RULES: list[Rule] = [
     ("tracking.system_metrics_interval_s", lambda cfg: cfg.tracking.system_metrics),
     # Mining: nothing but mining.enabled when no miner runs; then what the chosen mode,
     # index, sampler and debiasing read.
-    ("mining.", lambda cfg: cfg.mining.runs_miner(cfg.train.epochs)),
+    ("mining.", lambda cfg: cfg.runs_miner),
     ("mining.mode", lambda cfg: cfg.mining.refreshes_at_boundaries),
     (
         "mining.max_staleness_steps",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.config.data_section import DataSection
 from pipeline.config.eval_section import EvalSection
@@ -15,8 +15,25 @@ from pipeline.config.train_section import CheckpointSection, TrainSection
 from pipeline.core.errors import ConfigError
 
 
+TASKS = ("corpus", "pairs")
+"""What a run trains on, named at the top of its config (see :attr:`Config.task`)."""
+
+REMOVED_KEYS = {
+    "mining.negative_mode": "write `task: pairs` at the top of the config for triplet, "
+    "`task: corpus` (the default) for neighbourhood",
+}
+"""Keys an older config may still carry, and what to write instead (one line each)."""
+
+
 @dataclass
 class Config:
+    task: Literal["corpus", "pairs"] = "corpus"
+    """``corpus``: unsupervised SimCSE, one text a row (``data.text_column``); two dropout views
+    of a row are its positive pair, the batch's other rows its negatives; a refresh regroups
+    the rows into batches (``mining.batch_sampler``). ``pairs``: (anchor, positive[,
+    negatives]) rows (retrieval, supervised SimCSE); each anchor's hard negatives are mined
+    before epoch 1 (and refreshed by ``mining.refresh``) and travel beside it. The task picks
+    the reader, the step, the loss's inputs and the input checks."""
     run: RunSection = field(default_factory=RunSection)
     ray: RaySection = field(default_factory=RaySection)
     data: DataSection = field(default_factory=DataSection)
@@ -26,6 +43,28 @@ class Config:
     eval: EvalSection = field(default_factory=EvalSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
+
+    @property
+    def pairs(self) -> bool:
+        """``task: pairs``."""
+        return self.task == "pairs"
+
+    @property
+    def mines_before_training(self) -> bool:
+        """Pairs mine once with the starting model before epoch 1 (static negatives)."""
+        return self.pairs and self.mining.mines
+
+    @property
+    def runs_miner(self) -> bool:
+        """Whether the run needs the miner actor (and FAISS)."""
+        return self.mines_before_training or (self.mining.refreshes_at_boundaries and self.train.epochs > 1)
+
+    @property
+    def range_min(self) -> int:
+        """``mining.range_min`` as resolved for the task (see that key)."""
+        if self.mining.range_min is not None:
+            return self.mining.range_min
+        return 0 if self.pairs else 10
 
     @property
     def use_mlp(self) -> bool:
@@ -48,27 +87,41 @@ class Config:
             ConfigError: for the first rule that does not hold, naming its key (and the value).
         """
         # Each section's own rules, in the order of the sections here.
-        checks = [check for f in dataclasses.fields(self) for check in getattr(self, f.name).checks()]
+        sections = [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "task"]
+        checks = [check for section in sections for check in section.checks()]
         for key, ok, message in checks:
             if not ok:
                 raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
+        for key, ok, message in self.task_checks():
+            if not ok:
+                raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
         generated = self.data.generated.num_groups * self.data.generated.group_size
-        if (
-            self.data.path is None
-            and self.mining.negative_mode == "neighbourhood"
-            and generated < self.train.batch_size
-        ):
+        if self.data.path is None and not self.pairs and generated < self.train.batch_size:
             raise ConfigError(
                 f"train.batch_size ({self.train.batch_size}) is larger than the generated corpus "
                 f"(data.generated: {generated} sentences)"
             )
-        if self.mining.negative_mode == "triplet" and self.data.path is None:
-            raise ConfigError(
-                "mining.negative_mode=triplet needs data.path: a file with anchor/positive columns"
-            )
+        if self.pairs and self.data.path is None:
+            raise ConfigError("task: pairs needs data.path: a file with anchor/positive columns")
         if self.data.path is None and self.data.format != "auto":
             raise ConfigError("data.format is set but data.path is not")
         return self
+
+
+    def task_checks(self) -> list[tuple[str, bool, str]]:
+        """The keys that belong to one task only, each with the task it needs."""
+        mining, top_k = self.mining, self.mining.top_k
+        return [
+            ("mining.range_min", 0 <= self.range_min < top_k, "must be in [0, mining.top_k)"),
+            (
+                "mining.range_max",
+                mining.range_max is None or self.range_min < mining.range_max <= top_k,
+                "must be in (mining.range_min, mining.top_k]",
+            ),
+            ("mining.debias", mining.debias == "none" or not self.pairs, "needs task: corpus (pairs have no in-batch debiasing)"),
+            ("mining.refresh", mining.refresh != "once" or self.pairs, "once needs task: pairs (a corpus is regrouped at epoch boundaries only)"),
+            ("mining.random_negatives", mining.random_negatives == 0 or self.pairs, "needs task: pairs"),
+        ]
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

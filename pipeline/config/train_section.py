@@ -38,7 +38,7 @@ class TrainSection:
     log_every: int = 10
     """Steps between MLflow metric flushes from rank 0."""
     hard_negative_weight: float = 0.0
-    """Triplet mode: added to the logit of a row's own hard negatives (SimCSE's weight)."""
+    """Pairs task: added to the logit of a row's own hard negatives (SimCSE's weight)."""
     dup_rate: float = 0.0
     """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
     max_failures: int = 3
@@ -48,7 +48,7 @@ class TrainSection:
     """Longest to wait for the train workers' resources (each start and restart) before
     failing with an error that names what could not be placed."""
     group_by_length: bool = False
-    """Random batches (epoch 1, every epoch when mining is off, and triplet mode's plans) are
+    """Random batches (epoch 1, every epoch when mining is off, and the pairs task's plans) are
     drawn from groups of ``length_group_batches`` batches sorted by token length, so a batch
     carries little padding. Mined neighbourhood plans keep their own grouping. Effect on
     speed and STS-B: see docs/benchmarks.md (Length-grouped batches)."""

@@ -54,6 +54,6 @@ def require_sentence_format(fmt: str) -> None:
     if fmt == "pairs_tsv":
         raise DataError(
             "data.format: pairs_tsv holds (sentence1, sentence2[, label]) pairs, which only "
-            "mining.negative_mode=triplet (or jobs/mine.py) reads; sentences are text, csv, "
+            "task: pairs (or jobs/mine.py) reads; sentences are text, csv, "
             "tsv, jsonl or parquet"
         )

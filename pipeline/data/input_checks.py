@@ -149,7 +149,7 @@ def check_corpus_columns(section: DataSection, *, pairs: bool) -> None:
         require_sentence_format(fmt)
         if section.pool is not None:
             raise DataError(
-                "data.pool: a candidate pool is for pair inputs (mining.negative_mode=triplet, "
+                "data.pool: a candidate pool is for pair inputs (task: pairs, "
                 "jobs/mine.py); unsupervised SimCSE mines among its own sentences"
             )
     elif section.pool is not None:

@@ -148,7 +148,7 @@ def mine_pairs(
     (keys,) = text_keys(texts)
     mined = mine_anchors(
         vectors, keys, np.array([position[a] for a in anchors]), np.array([position[p] for p in positives]),
-        np.arange(len(pool)), NegativeFilters.from_section(mining), k, spec, mining.num_gpus > 0, cfg.run.seed, cfg.run.seed,
+        np.arange(len(pool)), NegativeFilters.from_config(cfg), k, spec, mining.num_gpus > 0, cfg.run.seed, cfg.run.seed,
     )  # fmt: skip
     chosen, knn = mined.selected, mined.knn
     report.index = knn.backend

@@ -42,9 +42,9 @@ class TrainingData:
     corpus: Any
     """Arrow table of the distinct texts (``id``, ``text``)."""
     triplets: Triplets | None
-    """Triplet mode: the (anchor, positive[, negative]) rows over ``corpus``; else None."""
+    """Pairs task: the (anchor, positive[, negative]) rows over ``corpus``; else None."""
     rows: int
-    """Training rows: sentences, or (anchor, positive) rows in triplet mode."""
+    """Training rows: sentences, or (anchor, positive) rows in the pairs task."""
     description: str
     """One line for the job summary."""
 
@@ -90,10 +90,9 @@ def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> Training
         DataError: the data cannot be read.
         ConfigError: ``train.batch_size`` is larger than the data.
     """
-    mode = cfg.mining.negative_mode
-    data = _read_triplets(cfg, tracked, echo) if mode == "triplet" else _read_sentences(cfg, tracked, echo)
+    data = _read_triplets(cfg, tracked, echo) if cfg.pairs else _read_sentences(cfg, tracked, echo)
     no_commit = log_run_context(
-        tracked, cfg.data.path, data.rows, dataset_digest(data.corpus, data.triplets), mode
+        tracked, cfg.data.path, data.rows, dataset_digest(data.corpus, data.triplets), cfg.task
     )
     if no_commit:
         echo(f"[run] {no_commit}")

@@ -103,7 +103,7 @@ def check_train_inputs(cfg: Config) -> None:
     the corpus path and columns, the model path, and what the machine must have."""
     if cfg.data.path is not None:
         check_corpus_path(cfg.data.path)
-        check_corpus_columns(cfg.data, pairs=cfg.mining.negative_mode == "triplet")
+        check_corpus_columns(cfg.data, pairs=cfg.pairs)
     if cfg.model.name_or_path:
         check_model_path(cfg.model.name_or_path)
     preflight_train(cfg)
@@ -132,7 +132,7 @@ def resolve_config(cfg: Config) -> Config:
         write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
         sts = [str(generated_sts), *resolved.eval.sts]
         resolved = dataclasses.replace(resolved, eval=dataclasses.replace(resolved.eval, sts=sts))
-    if cfg.mining.negative_mode != "triplet":
+    if not cfg.pairs:
         generated = run_dir / "generated_corpus.txt"
         write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
         resolved = dataclasses.replace(resolved, data=dataclasses.replace(resolved.data, path=str(generated)))
@@ -219,7 +219,7 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     Raises:
         TimeoutError: the actor was not placed within ``mining.start_timeout_s``.
     """
-    if not cfg.mining.runs_miner(cfg.train.epochs):
+    if not cfg.runs_miner:
         yield None, None
         return
 

@@ -1,4 +1,4 @@
-"""Supervised mining over (anchor, positive) rows, as both the training miner's triplet mode
+"""Supervised mining over (anchor, positive) rows, as both the training miner's the pairs task
 and the offline job (``jobs/mine.py``) run it: each anchor's negatives among the distinct
 positives, with the random-pair baseline and the numbers both report.
 
@@ -109,7 +109,7 @@ def mine_anchor_negatives(
     """Search each anchor's ``k`` nearest pool vectors and select its negatives.
 
     The one code path of supervised mining, shared by the offline job and the training
-    miner's triplet mode. Vectors are L2-normalised; keys are
+    miner's the pairs task. Vectors are L2-normalised; keys are
     :func:`~pipeline.mining.text_keys.duplicate_mask` keys (one per normalised text) for the
     anchors, their positives and the pool. ``known_pairs``: the (anchor, positive) text keys
     of every known positive pair; a candidate that is one of its anchor's is removed

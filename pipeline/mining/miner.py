@@ -61,7 +61,7 @@ class HardNegativeMiner:
             corpus_table: the tokenized corpus (``id``, ``text``, ``input_ids``).
             model_blob: the packed initial model folder (:func:`pipeline.model.folders.pack_dir`).
             settings: everything else it is configured with.
-            triplets: triplet mode's rows over the corpus' texts; None: neighbourhood mode.
+            triplets: the pairs task's rows over the corpus' texts; None: the corpus task.
         """
         quiet_libraries()
         self.settings = settings
@@ -97,7 +97,7 @@ class HardNegativeMiner:
     def _refresh_triplets(
         self, embeddings: np.ndarray, version: int, step: int, t0: float, t_encode: float
     ) -> RefreshReport:
-        """Triplet mode: mine each anchor's negatives among the candidate pool (``data.pool``,
+        """Pairs task: mine each anchor's negatives among the candidate pool (``data.pool``,
         else the distinct positives), every known positive of the anchor excluded."""
         triplets, settings = self.triplets, self.settings
         assert triplets is not None

@@ -32,15 +32,15 @@ class MinerSettings:
     index_spec: IndexSpec = field(default_factory=IndexSpec)
     filters: NegativeFilters = field(default_factory=NegativeFilters)
     plan: PlanSettings = field(default_factory=PlanSettings)
-    """Neighbourhood mode: the batch sampler and the debiasing hints shipped with the plan."""
+    """Corpus task: the batch sampler and the debiasing hints shipped with the plan."""
     random_negatives: int = 0
-    """Triplet mode: random pool rows added per anchor beside the mined negatives."""
+    """Pairs task: random pool rows added per anchor beside the mined negatives."""
     encode_actors: int = 0
     """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool."""
     encode_num_cpus: float = 1.0
     encode_num_gpus: float = 0.0
     group_batches: int = 0
-    """``train.group_batches``: triplet mode groups its plan's random batches by length in
+    """``train.group_batches``: the pairs task groups its plan's random batches by length in
     groups of this many batches (0: don't)."""
     num_cpus: float = 1.0
     """The miner actor's own CPUs (``mining.num_cpus``)."""
@@ -69,7 +69,7 @@ class MinerSettings:
             encode_batch_size=mining.encode_batch_size,
             seed=cfg.run.seed,
             index_spec=IndexSpec.from_section(mining),
-            filters=NegativeFilters.from_section(mining),
+            filters=NegativeFilters.from_config(cfg),
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,
             encode_actors=mining.encode_actors,

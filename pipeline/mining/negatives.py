@@ -7,7 +7,7 @@ only if its similarity is at most ``pos - |pos| x margin``, ``pos`` being the
 anchor-positive similarity), ``num_negatives`` and ``sampling``, with its semantics too:
 duplicates of the anchor or positive go first, then ``max_score`` and the margin, and
 ``range_min`` skips the nearest of the candidates that are left (``range_max`` bounds the
-rank in the search list). Pair mode adds one filter before the scores are looked at: a
+rank in the search list). The pairs task adds one filter before the scores are looked at: a
 candidate that is a *known positive* of the anchor (any row's positive of the same anchor text,
 not only the row's own) is no negative, whatever its score. Each filter's removals are
 counted, so a run can say where its candidates went.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.config.mining_section import MiningSection
+from pipeline.config.schema import Config
 
 FILTERS = ("duplicate", "known_positive", "max_score", "relative_margin", "rank_window")
 
@@ -42,10 +42,17 @@ class NegativeFilters:
     """``top``: the nearest that pass; ``random``: a seeded uniform draw among those that pass."""
 
     @classmethod
-    def from_section(cls, mining: MiningSection) -> NegativeFilters:
-        """The ``mining`` section's filters (``range_min`` as resolved for the negative mode)."""
-        return cls(mining.window_start, mining.range_max, mining.max_score, mining.relative_margin,
-                   mining.num_negatives, mining.sampling)  # fmt: skip
+    def from_config(cls, cfg: Config) -> NegativeFilters:
+        """The config's filters (``range_min`` as resolved for the task)."""
+        mining = cfg.mining
+        return cls(
+            range_min=cfg.range_min,
+            range_max=mining.range_max,
+            max_score=mining.max_score,
+            relative_margin=mining.relative_margin,
+            num_negatives=mining.num_negatives,
+            sampling=mining.sampling,
+        )
 
 
 @dataclass

@@ -82,7 +82,7 @@ class RefreshLog:
 
     def histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int, pairs: bool) -> None:
         """Similarity histogram of the negatives the loss will see, next to random pairs
-        (``pairs``: pair mode's negatives to their anchors, else neighbourhood mode's in-batch
+        (``pairs``: the pairs task's negatives to their anchors, else the corpus task's in-batch
         negatives)."""
         folder = Path(tempfile.mkdtemp(prefix="simcse-hist-"))
         path = folder / f"negative_similarity_v{version}.png"

@@ -171,10 +171,10 @@ def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
     """
     total = ray.cluster_resources()
     cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + (
-        cfg.mining.num_cpus if cfg.mining.runs_miner(cfg.train.epochs) else 0
+        cfg.mining.num_cpus if cfg.runs_miner else 0
     )
     gpu_need = (cfg.train.num_workers * cfg.train.gpus_per_worker if cfg.train.use_gpu else 0) + (
-        cfg.mining.num_gpus if cfg.mining.runs_miner(cfg.train.epochs) else 0
+        cfg.mining.num_gpus if cfg.runs_miner else 0
     )
     problems = []
     if cfg.data.tokenize_num_cpus > total.get("CPU", 0):

@@ -44,7 +44,7 @@ def check_cuda(cfg: Config) -> None:
     wants = []
     if cfg.train.use_gpu:
         wants.append("train.use_gpu=true")
-    if cfg.mining.runs_miner(cfg.train.epochs) and cfg.mining.num_gpus > 0:
+    if cfg.runs_miner and cfg.mining.num_gpus > 0:
         wants.append(f"mining.num_gpus={cfg.mining.num_gpus:g}")
     joined = cluster_address(cfg) is not None or ray.is_initialized()
     if not wants or joined:
@@ -83,7 +83,7 @@ def check_writable(key: str, path: str) -> None:
 
 def preflight_train(cfg: Config) -> None:
     """Everything the training job's config needs from this machine, before any compute."""
-    if cfg.mining.runs_miner(cfg.train.epochs):
+    if cfg.runs_miner:
         check_faiss("mining.enabled=true (hard-negative mining)")
     check_cuda(cfg)
     check_writable("run.output_dir", cfg.run.output_dir)

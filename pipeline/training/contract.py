@@ -26,7 +26,7 @@ class LoopConfig:
     corpus_ref: Any
     """Object ref of the tokenized corpus table (``id``, ``input_ids``)."""
     triplets_ref: Any = None
-    """Object ref of the :class:`~pipeline.data.triplets.Triplets` in triplet mode, else None."""
+    """Object ref of the :class:`~pipeline.data.triplets.Triplets` in the pairs task, else None."""
     eval_ref: Any = None
     """Object ref of the :class:`~pipeline.evaluation.scoring.STSEvalSet`, or None (no STS eval)."""
     retrieval_ref: Any = None
@@ -47,7 +47,7 @@ class LoopConfig:
 def miner_inputs(corpus_ref: Any, model_ref: Any, triplets_ref: Any = None) -> list[Any]:
     """What every call to the miner actor (:class:`pipeline.mining.miner_actor.HardNegativeMinerActor`)
     brings: the object refs of the tokenized corpus, the packed model folder and the triplets
-    (None in neighbourhood mode), in that order. A list, so that Ray hands them over unresolved."""
+    (None in the corpus task), in that order. A list, so that Ray hands them over unresolved."""
     return [corpus_ref, model_ref, triplets_ref]
 
 

@@ -25,13 +25,13 @@ class GlobalBatch:
     rank: int
     """This worker's rank: it trains on slice ``rank`` of ``rows``."""
     mined: np.ndarray | None = None
-    """Triplet mode: the plan's ``(num_rows, num_negatives)`` mined negatives (-1 where none),
+    """Pairs task: the plan's ``(num_rows, num_negatives)`` mined negatives (-1 where none),
     or None before the first refresh; unused otherwise."""
     false_negative_mask: np.ndarray | None = None
     """Unsupervised mode with ``mining.debias``: ``(sum(sizes), sum(sizes))`` bool over
     :attr:`rows`, True at (i, j) when row j is a likely false negative of row i
     (:func:`pipeline.training.debias.false_negative_mask`, the same on every rank); None: no
-    debiasing. Triplet mode ignores it."""
+    debiasing. The pairs task ignores it."""
 
     @classmethod
     def of_plan(cls, plan: BatchPlan, batch_index: int, world: int, rank: int, debias: str) -> GlobalBatch:

@@ -74,11 +74,11 @@ class PlanRefresher:
         return self.policy.asks_miner(epoch)
 
     def mines_before_training(self, step: int) -> bool:
-        """Whether a run at ``step`` first mines with the starting weights (pair mode, fresh run)."""
+        """Whether a run at ``step`` first mines with the starting weights (the pairs task, fresh run)."""
         return self.policy.mines_before_training(step)
 
     def initial_plan(self, state: TrainState, model: SentenceEncoder) -> tuple[BatchPlan, Boundary]:
-        """Pair mode, before epoch 1: the plan mined with the starting weights, waited for in
+        """The pairs task, before epoch 1: the plan mined with the starting weights, waited for in
         either ``mining.mode`` (the static negatives sentence-transformers' ``mine_hard_negatives``
         gives, and the baseline every refresh improves on). The same on every rank."""
         assert state.plan is not None and self.client is not None

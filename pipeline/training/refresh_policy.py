@@ -42,10 +42,10 @@ class RefreshSettings:
     enabled: bool
     """Whether there is a miner to ask at all (``mining.enabled`` and ``mining.refresh``)."""
     at_boundaries: bool = True
-    """Whether epoch boundaries ask it (``mining.refresh=every_epoch``); pair mode's
+    """Whether epoch boundaries ask it (``mining.refresh=every_epoch``); the pairs task's
     ``once`` mines before epoch 1 only."""
     before_training: bool = False
-    """Pair mode: mine once with the starting model before epoch 1."""
+    """Pairs task: mine once with the starting model before epoch 1."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> RefreshSettings:
@@ -59,7 +59,7 @@ class RefreshSettings:
             seed=cfg.run.seed,
             enabled=cfg.mining.mines,
             at_boundaries=cfg.mining.refreshes_at_boundaries,
-            before_training=cfg.mining.mines_before_training,
+            before_training=cfg.mines_before_training,
         )
 
 
@@ -117,7 +117,7 @@ class RefreshPolicy:
 
     def mines_before_training(self, step: int) -> bool:
         """Whether a run at ``step`` first asks the miner for negatives from the starting
-        weights: pair mode, a fresh run (a resumed one carries its plan in the checkpoint)."""
+        weights: the pairs task, a fresh run (a resumed one carries its plan in the checkpoint)."""
         return self.settings.enabled and self.settings.before_training and step == 0
 
     def _rank0_asking(self, epoch: int, mode: str) -> bool:

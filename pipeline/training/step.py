@@ -51,19 +51,19 @@ class TrainStep(Protocol):
 def make_train_step(
     cfg: Config, corpus: TokenizedCorpus, triplets: Triplets | None, device: torch.device
 ) -> TrainStep:
-    """The run's step: :class:`TripletStep` when ``mining.negative_mode`` is ``triplet``,
+    """The run's step: :class:`TripletStep` for ``task: pairs``,
     else :class:`UnsupervisedStep`; the other settings come from ``cfg.train`` (and the
     false-negative weight from ``cfg.mining.debias_weight``).
 
     Raises:
-        ValueError: triplet mode without triplets, or triplets in another mode.
+        ValueError: the pairs task without triplets, or triplets for the corpus task.
     """
-    if cfg.mining.negative_mode == "triplet":
+    if cfg.pairs:
         if triplets is None:
-            raise ValueError("mining.negative_mode=triplet needs the triplet rows")
+            raise ValueError("task: pairs needs the triplet rows")
         return TripletStep(corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device)
     if triplets is not None:
-        raise ValueError(f"triplet rows given, but mining.negative_mode={cfg.mining.negative_mode!r}")
+        raise ValueError(f"triplet rows given, but task: {cfg.task}")
     return UnsupervisedStep(
         corpus,
         cfg.train.temperature,

@@ -28,7 +28,7 @@ class TripletStep:
     text (a premise with several hypotheses) are not each other's negatives, and neither are
     rows sharing an anchor text (a headline with several paraphrases: each row's positive is
     a known positive of the other's anchor). In-batch false-negative debiasing does not apply
-    (the config allows ``mining.debias`` only in neighbourhood mode):
+    (the config allows ``mining.debias`` only in the corpus task):
     :attr:`GlobalBatch.false_negative_mask` is ignored.
     """
 

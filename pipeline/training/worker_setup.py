@@ -50,7 +50,7 @@ class WorkerInputs:
     tokenizer: Any
     corpus: TokenizedCorpus
     triplets: Triplets | None
-    """Triplet mode's rows; None in unsupervised mode."""
+    """The pairs task's rows; None in unsupervised mode."""
     lengths: np.ndarray
     """``(num_rows,)`` tokens per training row (:func:`pipeline.data.tokenized.row_lengths`)."""
 

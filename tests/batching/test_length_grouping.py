@@ -95,7 +95,7 @@ def test_config_switch_and_validation():
 
 
 def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphrase_pairs):
-    """Triplet mode's plans come from the miner; grouped, their batches are narrower than
+    """The pairs task's plans come from the miner; grouped, their batches are narrower than
     random ones over the same rows (width = longer of anchor and positive)."""
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.tokenized import TokenizedCorpus, row_lengths

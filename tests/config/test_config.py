@@ -73,6 +73,8 @@ def test_yaml_errors(tmp_path):
     [
         (["--set", "train.temperature=-1"], "train.temperature must be > 0"),
         (["--set", "train.bogus=1"], "unknown config key 'train.bogus'"),
+        (["--set", "mining.negative_mode=triplet"], "mining.negative_mode is no longer a config key: write `task: pairs`"),
+        (["--set", "task=triplets"], "task must be one of corpus, pairs"),
         (["--set", "train.epochs=abc"], "train.epochs must be an integer"),
         (["--set", "eval.sts=/nonexistent/dev.csv"], "STS file not found: /nonexistent/dev.csv"),
         (["--set", "eval.sts=[1]"], "eval.sts[0] must be a string"),
@@ -94,6 +96,26 @@ def test_cli_fails_fast_with_one_line(tmp_path, args, needle):
     assert lines == [f"error: {lines[0][7:]}"] and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_the_task_is_named_at_the_top_and_an_old_config_says_what_to_write(tmp_path):
+    assert load_config(None).task == "corpus"
+    pairs = load_config(None, ["task=pairs", "data.path=pairs.jsonl"])
+    assert pairs.pairs and pairs.range_min == 0 and pairs.mines_before_training
+    assert load_config(None).range_min == 10  # a corpus's nearest rows are mostly paraphrases
+    old = tmp_path / "old.yaml"
+    old.write_text("data:\n  path: pairs.jsonl\nmining:\n  negative_mode: triplet\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(old)
+    assert "task: pairs" in str(info.value) and "\n" not in str(info.value)
+    # Keys of one task name the task they need.
+    for override in ("mining.random_negatives=1", "mining.refresh=once"):
+        with pytest.raises(ConfigError, match="needs task: pairs"):
+            load_config(None, [override])
+    with pytest.raises(ConfigError, match="needs task: corpus"):
+        load_config(None, ["task=pairs", "data.path=p.jsonl", "mining.debias=threshold"])
+    with pytest.raises(ConfigError, match="task: pairs needs data.path"):
+        load_config(None, ["task=pairs"])
 
 
 def test_config_defaults_are_the_index_defaults():

@@ -169,7 +169,7 @@ def test_pool_path_and_column_checked_before_ray(tmp_path):
     keys = [
         f"data.path={pairs}",
         "data.format=pairs_tsv",
-        "mining.negative_mode=triplet",
+        "task=pairs",
         "mining.enabled=false",
     ]
     missing = load_config(None, [*keys, f"data.pool={tmp_path}/corpus.txt"])

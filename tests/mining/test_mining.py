@@ -127,7 +127,7 @@ def test_miner_settings_come_from_the_config():
     settings = MinerSettings.from_config(cfg, "sqlite:///x.db", "run-1")
     assert (settings.top_k, settings.group_batches, settings.max_restarts) == (16, 8, 2)
     assert settings.use_gpu and settings.num_gpus == 1 and settings.pooler == cfg.model.pooler
-    assert settings.filters == NegativeFilters.from_section(cfg.mining) and settings.filters.range_min == 3
+    assert settings.filters == NegativeFilters.from_config(cfg) and settings.filters.range_min == 3
     assert settings.index_spec == IndexSpec.from_section(cfg.mining) and settings.index_spec.kind == "ivf"
     assert (settings.tracking_uri, settings.run_id) == ("sqlite:///x.db", "run-1")
     # Length grouping off: the miner's random plans are not grouped, whatever the group size.

@@ -151,7 +151,7 @@ def test_bad_sampling_is_rejected():
 def test_config_defaults_are_the_filter_defaults():
     from pipeline.config.loading import load_config
 
-    assert NegativeFilters.from_section(load_config(None).mining) == NegativeFilters()
+    assert NegativeFilters.from_config(load_config(None)) == NegativeFilters()
 
 
 def test_known_positive_mask_matches_a_set_lookup():

@@ -266,7 +266,7 @@ def triplet_gradient_worker(config):
     corpus = _corpus(config["tokens"])
     triplets = Triplets(*(np.array(config[k]) for k in ("anchor", "positive", "negative")))
     cfg = load_config(None, [
-        "mining.negative_mode=triplet", "data.path=rows.jsonl", "train.temperature=0.05",
+        "task=pairs", "data.path=rows.jsonl", "train.temperature=0.05",
         "train.hard_negative_weight=0.5",
     ])  # fmt: skip
     step = make_train_step(cfg, corpus, triplets, torch.device("cpu"))

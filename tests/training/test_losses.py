@@ -179,7 +179,7 @@ def test_a_wide_false_negative_mask_also_covers_hard_negative_columns(fn_weight)
 
 
 def test_known_positives_of_an_anchor_are_never_its_in_batch_negatives():
-    """Pair mode: rows 0 and 1 share an anchor (both positives are known positives of it), and
+    """Pairs task: rows 0 and 1 share an anchor (both positives are known positives of it), and
     row 2's mined negative is row 0's positive text."""
     from pipeline.training.triplet_step import known_positive_candidates
 

@@ -55,11 +55,11 @@ def test_settings_are_read_from_the_config_once():
 @pytest.mark.parametrize(
     ("mode", "refresh", "before", "boundaries"),
     [
-        ("triplet", "every_epoch", True, True),
-        ("triplet", "once", True, False),
-        ("triplet", "never", False, False),
-        ("neighbourhood", "every_epoch", False, True),
-        ("neighbourhood", "never", False, False),
+        ("pairs", "every_epoch", True, True),
+        ("pairs", "once", True, False),
+        ("pairs", "never", False, False),
+        ("corpus", "every_epoch", False, True),
+        ("corpus", "never", False, False),
     ],
 )
 def test_refresh_modes_decide_when_the_miner_is_asked(mode, refresh, before, boundaries):
@@ -68,7 +68,7 @@ def test_refresh_modes_decide_when_the_miner_is_asked(mode, refresh, before, bou
         [
             "train.epochs=3",
             "data.path=pairs.tsv",
-            f"mining.negative_mode={mode}",
+            f"task={mode}",
             f"mining.refresh={refresh}",
         ],
     )
@@ -77,8 +77,9 @@ def test_refresh_modes_decide_when_the_miner_is_asked(mode, refresh, before, bou
     assert not policy.mines_before_training(step=5)  # a resumed run carries its plan
     assert [policy.asks_miner(epoch) for epoch in range(3)] == [boundaries, boundaries, False]
     # The actor is started exactly when something will ask it, even for a single epoch.
-    assert cfg.mining.runs_miner(3) is (before or boundaries)
-    assert cfg.mining.runs_miner(1) is before
+    assert cfg.runs_miner is (before or boundaries)
+    single = load_config(None, ["train.epochs=1", "data.path=pairs.tsv", f"task={mode}", f"mining.refresh={refresh}"])
+    assert single.runs_miner is before
 
 
 def test_refresh_once_is_for_pair_mode_only():

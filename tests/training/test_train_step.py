@@ -26,7 +26,7 @@ from pipeline.training.triplet_step import TripletStep
 from pipeline.training.unsupervised_step import UnsupervisedStep, two_views
 
 CPU = torch.device("cpu")
-TRIPLET = ["mining.negative_mode=triplet", "data.path=rows.jsonl"]
+TRIPLET = ["task=pairs", "data.path=rows.jsonl"]
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_the_config_picks_the_step(corpus):
 
     with pytest.raises(ValueError, match="needs the triplet rows"):
         make_train_step(cfg, corpus, None, CPU)
-    with pytest.raises(ValueError, match="negative_mode"):
+    with pytest.raises(ValueError, match="task: corpus"):
         make_train_step(load_config(None, []), corpus, triplets, CPU)
 
 
