@@ -329,9 +329,7 @@ def resolve_task(
         model = model or local_model(cfg.model.name_or_path)
     peer_mining = ()
     if spec.triplet and not spec.retrieval:
-        peer_mining = peer_mining_args(
-            load_config(REPO / spec.config, overrides + TRIPLET_VARIANTS["mined"])
-        )
+        peer_mining = peer_mining_args(load_config(REPO / spec.config, overrides + TRIPLET_VARIANTS["mined"]))
     return Task(
         name=name,
         config=spec.config,

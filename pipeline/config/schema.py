@@ -14,10 +14,6 @@ from pipeline.config.model_section import ModelSection
 from pipeline.config.train_section import CheckpointSection, TrainSection
 from pipeline.core.errors import ConfigError
 
-
-TASKS = ("corpus", "pairs")
-"""What a run trains on, named at the top of its config (see :attr:`Config.task`)."""
-
 REMOVED_KEYS = {
     "mining.negative_mode": "write `task: pairs` at the top of the config for triplet, "
     "`task: corpus` (the default) for neighbourhood",
@@ -107,7 +103,6 @@ class Config:
             raise ConfigError("data.format is set but data.path is not")
         return self
 
-
     def task_checks(self) -> list[tuple[str, bool, str]]:
         """The keys that belong to one task only, each with the task it needs."""
         mining, top_k = self.mining, self.mining.top_k
@@ -118,8 +113,16 @@ class Config:
                 mining.range_max is None or self.range_min < mining.range_max <= top_k,
                 "must be in (mining.range_min, mining.top_k]",
             ),
-            ("mining.debias", mining.debias == "none" or not self.pairs, "needs task: corpus (pairs have no in-batch debiasing)"),
-            ("mining.refresh", mining.refresh != "once" or self.pairs, "once needs task: pairs (a corpus is regrouped at epoch boundaries only)"),
+            (
+                "mining.debias",
+                mining.debias == "none" or not self.pairs,
+                "needs task: corpus (pairs have no in-batch debiasing)",
+            ),
+            (
+                "mining.refresh",
+                mining.refresh != "once" or self.pairs,
+                "once needs task: pairs (a corpus is regrouped at epoch boundaries only)",
+            ),
             ("mining.random_negatives", mining.random_negatives == 0 or self.pairs, "needs task: pairs"),
         ]
 

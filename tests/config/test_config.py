@@ -73,7 +73,10 @@ def test_yaml_errors(tmp_path):
     [
         (["--set", "train.temperature=-1"], "train.temperature must be > 0"),
         (["--set", "train.bogus=1"], "unknown config key 'train.bogus'"),
-        (["--set", "mining.negative_mode=triplet"], "mining.negative_mode is no longer a config key: write `task: pairs`"),
+        (
+            ["--set", "mining.negative_mode=triplet"],
+            "mining.negative_mode is no longer a config key: write `task: pairs`",
+        ),
         (["--set", "task=triplets"], "task must be one of corpus, pairs"),
         (["--set", "train.epochs=abc"], "train.epochs must be an integer"),
         (["--set", "eval.sts=/nonexistent/dev.csv"], "STS file not found: /nonexistent/dev.csv"),

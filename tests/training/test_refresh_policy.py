@@ -78,7 +78,9 @@ def test_refresh_modes_decide_when_the_miner_is_asked(mode, refresh, before, bou
     assert [policy.asks_miner(epoch) for epoch in range(3)] == [boundaries, boundaries, False]
     # The actor is started exactly when something will ask it, even for a single epoch.
     assert cfg.runs_miner is (before or boundaries)
-    single = load_config(None, ["train.epochs=1", "data.path=pairs.tsv", f"task={mode}", f"mining.refresh={refresh}"])
+    single = load_config(
+        None, ["train.epochs=1", "data.path=pairs.tsv", f"task={mode}", f"mining.refresh={refresh}"]
+    )
     assert single.runs_miner is before
 
 
