@@ -24,7 +24,7 @@ progress bars (drawn even with ``verbose=False``) go to /dev/null; one untimed w
 
 - ours: ``pipeline.jobs.pair_mining.mine_pairs`` (the offline job's mining, and the training miner's
   triplet-mode path: encode each distinct text once, then
-  ``pipeline.mining.anchor_mining.mine_anchor_negatives``). Split from its ``MiningReport.seconds``:
+  ``pipeline.mining.hard_negatives.mine_hard_negatives``). Split from its ``MiningReport.mined`` timings:
   encode, index + search, filter; "other" = total - those (text-key normalisation for the
   duplicate filter and building the output table, which the report does not time).
 - ST: ``mine_hard_negatives(dataset, model, use_faiss=True, output_format="triplet",
@@ -116,13 +116,13 @@ class Ours:
         started = time.perf_counter()
         table, report = mine_pairs(anchors, positives, self.model, self.tokenizer, self.cfg, self.device)
         total = time.perf_counter() - started
-        s = report.seconds
-        staged = s["encode"] + s["index"] + s["search"] + s["filter"]
+        s = {stage: report.mined[f"mining/{stage}_s"] for stage in ("encode", "index", "search", "filter")}
+        staged = sum(s.values())
         cols = table.to_pydict()
         return {
             "total": total, "encode": s["encode"], "search": s["index"] + s["search"],
             "filter": s["filter"], "other": total - staged,
-            "encoded": report.candidate_pool + len(set(anchors).difference(positives)),
+            "encoded": report.count("corpus_size") + len(set(anchors).difference(positives)),
             "negatives": keyed(cols["anchor"], cols["positive"], cols["negative_1"]),
             "rows": table.num_rows, "table": cols,
         }  # fmt: skip

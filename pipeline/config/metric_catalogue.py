@@ -86,7 +86,7 @@ _BEST = [
 ]
 _MINING_CHARTS = [
     MetricSpec("mining/total_s", "chart", "Seconds one refresh took: encode, index, search and planning."),
-    MetricSpec("mining/selected", "chart", "Pairs task: rows that got a mined negative in this refresh."),
+    MetricSpec("mining/selected", "chart", "Pairs task: mined negatives found in this refresh (at most rows x num_negatives)."),
     MetricSpec("mining/negative_similarity_mean", "chart", "Pairs task: mean cosine of the mined negatives to their anchors."),
     MetricSpec("mining/batch_similarity_mean", "chart", "Corpus task: mean in-batch pair cosine of the new plan."),
     MetricSpec("mining/churn", "chart", "Share of the plan that changed since the previous refresh."),
@@ -97,7 +97,7 @@ _MINING_CHARTS = [
 ]
 _MINING_TABLE = [
     MetricSpec("mining/plan_version", "table", "The plan version this refresh produced."),
-    MetricSpec("mining/{stage}_s", "table", "Seconds per stage: encode, index, search, plan."),
+    MetricSpec("mining/{stage}_s", "table", "Seconds per stage: encode, index, search, then filter (pairs) or plan (corpus)."),
     MetricSpec("mining/corpus_size", "table", "Texts encoded and indexed (the pool in the pairs task)."),
     MetricSpec("mining/index_estimated_mib", "table", "Estimated FAISS index memory."),
     MetricSpec("mining/candidates", "table", "Neighbours looked at before the filters."),
@@ -130,9 +130,6 @@ _SYSTEM = [
 _OFFLINE = [
     MetricSpec("mining/rows_in", "offline", "Offline mining: pairs read."),
     MetricSpec("mining/rows_out", "offline", "Offline mining: rows written with their negatives."),
-    MetricSpec("mining/candidate_pool", "offline", "Offline mining: texts in the candidate pool."),
-    MetricSpec("mining/kept_before_sampling", "offline", "Offline mining: candidates that passed every filter."),
-    MetricSpec("mining/negative_similarity_positive_mean", "offline", "Offline mining: anchor-positive cosine."),
 ]
 # fmt: on
 CATALOGUE: tuple[MetricSpec, ...] = (

@@ -2,9 +2,9 @@
 the output table (anchor, positive, negative_1..n) and a :class:`MiningReport` out.
 
 The candidate pool is every distinct positive and the texts of ``data.pool``: with the same
-config and model, the negatives are those the training job mines before epoch 1. Each
-anchor's ``mining.top_k`` nearest candidates go through
-:func:`pipeline.mining.negatives.select_negatives`; anchors left with fewer than
+config and model, the negatives are those the training job mines before epoch 1, because both
+call :func:`pipeline.mining.hard_negatives.mine_hard_negatives` and describe the result with
+:func:`~pipeline.mining.hard_negatives.mining_metrics`. Anchors left with fewer than
 ``mining.num_negatives`` negatives are dropped from the output and counted.
 """
 
@@ -19,8 +19,13 @@ import pyarrow as pa
 import torch
 
 from pipeline.config.schema import Config
-from pipeline.mining.anchor_mining import mine_anchors, similarity_percentiles
-from pipeline.mining.index import IndexSpec, estimate_index_bytes
+from pipeline.mining.hard_negatives import (
+    SearchSettings,
+    mine_hard_negatives,
+    mining_metrics,
+    random_pair_similarities,
+)
+from pipeline.mining.index import estimate_index_bytes
 from pipeline.mining.negatives import FILTERS, NegativeFilters
 from pipeline.mining.text_keys import text_keys
 from pipeline.model.encode import encode_texts
@@ -29,30 +34,21 @@ from pipeline.tracking.run import ui_command
 
 @dataclass
 class MiningReport:
-    """What one offline mining run read, kept and wrote (the console summary and the MLflow
-    run's ``mining/`` metrics).
+    """What one offline mining run read, kept and wrote: the console summary and the MLflow
+    run's ``mining/`` metrics.
 
-    Counts: ``rows_in`` (anchor, positive) rows read, ``rows_out`` written (those with
-    ``mining.num_negatives`` negatives after the filters), ``pairs_dropped_empty`` (an empty
-    anchor or positive), ``candidate_pool`` distinct positives searched, ``candidates``
-    neighbours considered (``top_k`` per anchor), ``kept_before_sampling`` (what every filter
-    let through), ``removed`` per filter name, ``anchors_short`` (fewer negatives than asked,
-    not written). ``seconds``: wall time per stage.
+    ``mined``: :func:`~pipeline.mining.hard_negatives.mining_metrics` of the mining, the same
+    numbers a training refresh logs. Counts of the job's own: ``rows_in`` (anchor, positive)
+    rows read, ``rows_out`` written (those with every negative), ``pairs_dropped_empty`` (an
+    empty anchor or positive).
     """
 
     rows_in: int = 0
     rows_out: int = 0
     pairs_dropped_empty: int = 0
     negatives_per_row: int = 0
-    removed: dict[str, int] = field(default_factory=dict)
-    candidate_pool: int = 0
-    candidates: int = 0
-    kept_before_sampling: int = 0
-    anchors_short: int = 0
-    negative_similarity: dict[str, float] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    index: str = ""
-    estimated_index_bytes: int = 0
+    backend: str = ""
+    mined: dict[str, float] = field(default_factory=dict)
     similarities: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """Cosine similarities for the review histogram: ``positives`` (anchor-positive),
     ``negatives`` (anchor-mined negative, written rows) and ``random pairs`` (anchor-random pool row)."""
@@ -60,21 +56,29 @@ class MiningReport:
     experiment: str = ""
     tracking_uri: str = ""
 
+    def count(self, name: str) -> int:
+        """One of :attr:`mined`'s counts (``candidates``, ``removed_duplicate``, ...)."""
+        return int(self.mined.get(f"mining/{name}", 0))
+
     def render(self, output: str) -> str:
-        removed = ", ".join(f"{name} {self.removed.get(name, 0)}" for name in FILTERS)
-        sims = self.negative_similarity
-        timing = ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
+        removed = ", ".join(f"{name} {self.count(f'removed_{name}')}" for name in FILTERS)
+        timing = ", ".join(
+            f"{stage} {self.mined[f'mining/{stage}_s']:.1f}s"
+            for stage in ("encode", "index", "search", "filter")
+            if f"mining/{stage}_s" in self.mined
+        )
         lines = [
             f"mined {output}",
             f"  rows          {self.rows_out} written of {self.rows_in} pairs ({self.pairs_dropped_empty} empty dropped)",
-            f"  negatives     {self.negatives_per_row} per row, from {self.candidate_pool} candidates ({self.index})",
-            f"  candidates    {self.candidates} looked at; removed: {removed}; {self.kept_before_sampling} passed",
-            f"  too few       {self.anchors_short} anchors had fewer than {self.negatives_per_row} negatives (dropped)",
+            f"  negatives     {self.negatives_per_row} per row, from {self.count('corpus_size')} candidates ({self.backend})",
+            f"  candidates    {self.count('candidates')} looked at; removed: {removed}; {self.count('kept')} passed",
+            f"  too few       {self.count('anchors_short')} anchors had fewer than {self.negatives_per_row} negatives (dropped)",
         ]
-        if sims:
+        if "mining/negative_similarity_mean" in self.mined:
+            sims = {s: self.mined[f"mining/negative_similarity_{s}"] for s in ("mean", "p10", "p50", "p90")}
             lines.append(
                 f"  similarity    negatives mean {sims['mean']:.3f} (p10 {sims['p10']:.3f}, p50 {sims['p50']:.3f}, "
-                f"p90 {sims['p90']:.3f}); positives mean {sims['positive_mean']:.3f}"
+                f"p90 {sims['p90']:.3f}); positives mean {self.mined['mining/positive_similarity_mean']:.3f}"
             )
         lines.append(f"  time          {timing}")
         if self.run_id:
@@ -86,18 +90,11 @@ class MiningReport:
 
     def metrics(self) -> dict[str, float]:
         """The report as MLflow metrics (the ``mining/`` chart section)."""
-        values = {
-            "rows_in": self.rows_in,
-            "rows_out": self.rows_out,
-            "candidate_pool": self.candidate_pool,
-            "candidates": self.candidates,
-            "kept_before_sampling": self.kept_before_sampling,
-            "anchors_short": self.anchors_short,
-            **{f"removed_{name}": count for name, count in self.removed.items()},
-            **{f"negative_similarity_{k}": v for k, v in self.negative_similarity.items()},
-            **{f"{k}_s": v for k, v in self.seconds.items()},
+        return {
+            **self.mined,
+            "mining/rows_in": float(self.rows_in),
+            "mining/rows_out": float(self.rows_out),
         }
-        return {f"mining/{k}": float(v) for k, v in values.items()}
 
 
 def mine_pairs(
@@ -121,7 +118,6 @@ def mine_pairs(
     mining = cfg.mining
     report = MiningReport(rows_in=len(anchors), negatives_per_row=mining.num_negatives)
     pool = sorted(set(positives).union(pool_texts or ()))
-    report.candidate_pool = len(pool)
     t0 = time.perf_counter()
 
     def encode(texts: list[str]) -> np.ndarray:
@@ -134,38 +130,45 @@ def mine_pairs(
     if len(texts) > len(pool):
         vectors = np.concatenate([vectors, encode(texts[len(pool) :])])
     position = {text: i for i, text in enumerate(texts)}
-    report.seconds["encode"] = time.perf_counter() - t0
+    encode_seconds = time.perf_counter() - t0
 
-    k = min(mining.top_k, len(pool))
-    spec = IndexSpec.from_section(mining)
-    report.index = spec.resolve(len(pool))
-    report.estimated_index_bytes = estimate_index_bytes(len(pool), vectors.shape[1], k, report.index, spec)
+    search = SearchSettings.from_config(cfg)
     if echo is not None:
+        k = min(search.top_k, len(pool))
+        kind = search.index.resolve(len(pool))
+        estimate = estimate_index_bytes(len(pool), vectors.shape[1], k, kind, search.index)
         echo(
-            f"[mining] {report.index} index over {len(pool)} x {vectors.shape[1]} vectors, k={k}: "
-            f"about {report.estimated_index_bytes / 2**20:.1f} MiB"
+            f"[mining] {kind} index over {len(pool)} x {vectors.shape[1]} vectors, k={k}: about {estimate / 2**20:.1f} MiB"
         )
     (keys,) = text_keys(texts)
-    mined = mine_anchors(
-        vectors, keys, np.array([position[a] for a in anchors]), np.array([position[p] for p in positives]),
-        np.arange(len(pool)), NegativeFilters.from_config(cfg), k, spec, mining.num_gpus > 0, cfg.run.seed, cfg.run.seed,
-    )  # fmt: skip
-    chosen, knn = mined.selected, mined.knn
-    report.index = knn.backend
-    report.seconds.update(index=knn.index_seconds, search=knn.search_seconds, filter=mined.filter_seconds)
-    report.candidates, report.kept_before_sampling = chosen.candidates, chosen.kept
-    report.removed, report.anchors_short = chosen.removed, chosen.anchors_short
+    anchor = np.array([position[a] for a in anchors], dtype=np.int64)
+    positive = np.array([position[p] for p in positives], dtype=np.int64)
+    pool_rows = np.arange(len(pool))
+    mined = mine_hard_negatives(
+        anchor_vectors=vectors[anchor],
+        positive_vectors=vectors[positive],
+        pool_vectors=vectors[pool_rows],
+        anchor_keys=keys[anchor],
+        positive_keys=keys[positive],
+        pool_keys=keys[pool_rows],
+        filters=NegativeFilters.from_config(cfg),
+        search=search,
+        seed=cfg.run.seed,
+    )
+    random_pairs = random_pair_similarities(vectors[anchor], vectors[pool_rows], cfg.run.seed)
+    report.backend = mined.backend
+    report.mined = {
+        "mining/encode_s": encode_seconds,
+        **mining_metrics(mined, random_pairs=random_pairs, pool_size=len(pool)),
+    }
 
-    table, kept_scores = _complete_rows(anchors, positives, pool, chosen.indices, chosen.scores)
+    table, kept_scores = _complete_rows(anchors, positives, pool, mined.negatives(), mined.scores())
     report.rows_out = table.num_rows
     report.similarities = {
-        "random pairs": mined.random_pairs,
-        "positives": mined.positive_scores,
+        "random pairs": random_pairs,
+        "positives": mined.table.column("positive_score").to_numpy(),
         "negatives": kept_scores,
     }
-    if len(kept_scores):
-        positive_mean = float(mined.positive_scores.mean())
-        report.negative_similarity = {**similarity_percentiles(kept_scores), "positive_mean": positive_mean}
     return table, report
 
 

@@ -21,10 +21,14 @@ from pipeline.batching.samplers import random_plan
 from pipeline.core.seams import hold_once
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
 from pipeline.data.triplets import Triplets
-from pipeline.mining.anchor_mining import mine_anchors, random_pool_negatives, similarity_percentiles
+from pipeline.mining.hard_negatives import (
+    mine_hard_negatives,
+    mining_metrics,
+    random_pair_similarities,
+    similarity_percentiles,
+)
 from pipeline.mining.index import estimate_index_bytes, knn_search
 from pipeline.mining.miner_settings import MinerSettings
-from pipeline.mining.negatives import passed_each_filter
 from pipeline.mining.plan_quality import (
     _first_valid_scores,
     debias_counts,
@@ -33,6 +37,7 @@ from pipeline.mining.plan_quality import (
     plan_churn,
 )
 from pipeline.mining.planning import plan_from_neighbours
+from pipeline.mining.random_negatives import random_pool_negatives
 from pipeline.mining.refresh_log import RefreshLog
 from pipeline.mining.text_keys import text_keys
 from pipeline.model.encode import encode_rows, encode_with_actor_pool
@@ -94,57 +99,50 @@ class HardNegativeMiner:
             self.log.refresh(plan, metrics, step)
         return RefreshReport(plan, metrics)
 
-    def _refresh_triplets(
-        self, embeddings: np.ndarray, version: int, step: int, t0: float, t_encode: float
-    ) -> RefreshReport:
-        """Pairs task: mine each anchor's negatives among the candidate pool (``data.pool``,
-        else the distinct positives), every known positive of the anchor excluded."""
-        triplets, settings = self.triplets, self.settings
+    def _refresh_pairs(self, embeddings: np.ndarray, version: int, step: int, t0: float) -> RefreshReport:
+        """The pairs task: each anchor's negatives among the candidate pool (``data.pool``, else
+        the distinct positives), attached to its row, then logged."""
+        triplets, s, keys = self.triplets, self.settings, self.text_keys
         assert triplets is not None
+        t_encode = time.perf_counter() - t0
         pool = triplets.candidate_pool()
-        mined = mine_anchors(
-            embeddings, self.text_keys, triplets.anchor, triplets.positive, pool, settings.filters,
-            settings.top_k, settings.index_spec, settings.use_gpu, settings.seed + version, settings.seed,
-        )  # fmt: skip
-        t_plan = time.perf_counter()
-        chosen, knn = mined.selected, mined.knn
-        plan = random_plan(
-            len(triplets), settings.batch_size, seed=settings.seed + version, version=version,
-            lengths=row_lengths(self.corpus, triplets), group_batches=settings.group_batches,
-        )  # fmt: skip
-        plan.negatives = np.where(
-            chosen.indices >= 0, pool[np.maximum(chosen.indices, 0)], -1
+        mined = mine_hard_negatives(
+            anchor_vectors=embeddings[triplets.anchor],
+            positive_vectors=embeddings[triplets.positive],
+            pool_vectors=embeddings[pool],
+            anchor_keys=keys[triplets.anchor],
+            positive_keys=keys[triplets.positive],
+            pool_keys=keys[pool],
+            filters=s.filters,
+            search=s.search,
+            seed=s.seed + version,
+        )
+        negatives = np.where(
+            mined.negatives() >= 0, pool[np.maximum(mined.negatives(), 0)], -1
         )  # text positions
-        if settings.random_negatives:
+        if s.random_negatives:
             drawn = random_pool_negatives(
-                self.text_keys, triplets.anchor, triplets.positive, pool, settings.random_negatives,
-                settings.seed + version,
-            )  # fmt: skip
-            plan.negatives = np.concatenate([plan.negatives, drawn], axis=1)
-        found = chosen.scores[chosen.indices >= 0]
+                keys, triplets.anchor, triplets.positive, pool, s.random_negatives, s.seed + version
+            )
+            negatives = np.concatenate([negatives, drawn], axis=1)
+        plan = random_plan(
+            len(triplets), s.batch_size, seed=s.seed + version, version=version,
+            lengths=row_lengths(self.corpus, triplets), group_batches=s.group_batches,
+        )  # fmt: skip
+        plan.negatives = negatives
+        random_pairs = random_pair_similarities(embeddings[triplets.anchor], embeddings[pool], s.seed)
         metrics = {
             "mining/encode_s": t_encode,
-            "mining/index_s": knn.index_seconds,
-            "mining/search_s": knn.search_seconds,
-            "mining/plan_s": mined.filter_seconds + time.perf_counter() - t_plan,
-            "mining/total_s": time.perf_counter() - t0,
-            "mining/corpus_size": float(len(pool)),
-            "mining/candidates": float(chosen.candidates),
-            "mining/kept": float(chosen.kept),
-            **{f"mining/removed_{name}": float(count) for name, count in chosen.removed.items()},
-            **{f"mining/passed_{name}": float(count) for name, count in passed_each_filter(chosen).items()},
-            "mining/selected": float((chosen.indices >= 0).sum()),
-            "mining/random_negatives": float(settings.random_negatives * len(triplets)),
-            "mining/anchors_short": float(chosen.anchors_short),
-            "mining/positive_similarity_mean": float(mined.positive_scores.mean()),
-            "mining/random_pair_similarity_mean": float(mined.random_pairs.mean()),
+            **mining_metrics(mined, random_pairs=random_pairs, pool_size=len(pool)),
+            "mining/random_negatives": float(s.random_negatives * len(triplets)),
             "mining/plan_version": float(version),
-            **{f"mining/negative_similarity_{k}": v for k, v in similarity_percentiles(found).items()},
+            "mining/total_s": time.perf_counter() - t0,
         }
         if self.previous_plan is not None and self.previous_plan.negatives is not None:
             metrics["mining/churn"] = float((self.previous_plan.negatives != plan.negatives).mean())
+        found = mined.scores()[mined.negatives() >= 0]
         if len(found):
-            self._log_histogram(found, mined.random_pairs, version)
+            self._log_histogram(found, random_pairs, version)
         return self._report(plan, metrics, step)
 
     def encode(self, encoder_state: dict[str, torch.Tensor]) -> np.ndarray:
@@ -173,18 +171,18 @@ class HardNegativeMiner:
         t0 = time.perf_counter()
         embeddings = self.encode(encoder_state)
         if self.triplets is not None:
-            return self._refresh_triplets(embeddings, version, step, t0, time.perf_counter() - t0)
+            return self._refresh_pairs(embeddings, version, step, t0)
         s = self.settings
         n = len(self.corpus)
         t_encode = time.perf_counter() - t0
-        k = min(s.top_k + 1, n)
-        kind = s.index_spec.resolve(n)
-        estimate = estimate_index_bytes(n, embeddings.shape[1], k, kind, s.index_spec)
+        k = min(s.search.top_k + 1, n)
+        kind = s.search.index.resolve(n)
+        estimate = estimate_index_bytes(n, embeddings.shape[1], k, kind, s.search.index)
         print(
             f"[mining] v{version}: {kind} index over {n} x {embeddings.shape[1]}, about {estimate / 2**20:.0f} MiB",
             flush=True,
         )
-        knn = knn_search(embeddings, k, use_gpu=s.use_gpu, spec=s.index_spec, seed=s.seed + version)
+        knn = knn_search(embeddings, k, use_gpu=s.use_gpu, spec=s.search.index, seed=s.seed + version)
         t1 = time.perf_counter()
         refreshed = plan_from_neighbours(
             knn, embeddings, self.text_keys, s.filters, s.plan, s.batch_size, s.seed + version, version,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipeline.mining.index import IndexSpec
+from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.planning import PlanSettings
 
@@ -23,13 +23,12 @@ class MinerSettings:
     """``model.pooler``."""
     batch_size: int
     """``train.batch_size``: the global batch the plan is cut into."""
-    top_k: int
-    """``mining.top_k``: neighbours searched per row."""
     encode_batch_size: int
     """``mining.encode_batch_size``."""
     seed: int
     """``run.seed``; each refresh searches and plans with ``seed + version``."""
-    index_spec: IndexSpec = field(default_factory=IndexSpec)
+    search: SearchSettings = field(default_factory=SearchSettings)
+    """``mining.top_k``, the index and the device."""
     filters: NegativeFilters = field(default_factory=NegativeFilters)
     plan: PlanSettings = field(default_factory=PlanSettings)
     """Corpus task: the batch sampler and the debiasing hints shipped with the plan."""
@@ -65,10 +64,9 @@ class MinerSettings:
         return cls(
             pooler=cfg.model.pooler,
             batch_size=cfg.train.batch_size,
-            top_k=mining.top_k,
             encode_batch_size=mining.encode_batch_size,
             seed=cfg.run.seed,
-            index_spec=IndexSpec.from_section(mining),
+            search=SearchSettings.from_config(cfg),
             filters=NegativeFilters.from_config(cfg),
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,

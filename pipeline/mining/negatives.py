@@ -69,17 +69,9 @@ class SelectedNegatives:
     """Candidates that passed every filter, before sampling."""
     anchors_short: int = 0
     """Anchors left with fewer than ``num_negatives`` negatives (anchors, not negatives)."""
-
-
-def passed_each_filter(selected: SelectedNegatives) -> dict[str, int]:
-    """Candidates still in the running after each filter, in the order they apply (``FILTERS``):
-    where a run's mined negatives were lost, read next to the ``removed`` counts."""
-    left = selected.candidates
-    passed = {}
-    for name in FILTERS:
-        left -= selected.removed.get(name, 0)
-        passed[name] = left
-    return passed
+    per_row: dict[str, np.ndarray] = field(default_factory=dict)
+    """The same counts per anchor, ``(n,)`` int32 each: ``candidates``, ``kept`` and
+    ``removed_<filter>`` for every filter in :data:`FILTERS`."""
 
 
 @dataclass
@@ -93,6 +85,8 @@ class FilteredCandidates:
     removed: dict[str, int]
     candidates: int
     duplicate: np.ndarray
+    removed_per_row: dict[str, np.ndarray] = field(default_factory=dict)
+    """``(n,)`` candidates each filter removed, per anchor."""
     """``(n, k)`` bool: the duplicate mask the filters were given."""
 
 
@@ -110,27 +104,24 @@ def filter_candidates(
     valid = candidates >= 0
     alive = valid.copy()
     false_negative = np.zeros_like(valid)
-    removed: dict[str, int] = {}
+    per_row = {name: np.zeros(len(candidates), dtype=np.int32) for name in FILTERS}
 
     def drop(name: str, mask: np.ndarray, is_false_negative: bool = True) -> None:
         nonlocal alive, false_negative
         hit = alive & mask
-        removed[name] = removed.get(name, 0) + int(hit.sum())
+        per_row[name] += hit.sum(axis=1, dtype=np.int32)
         alive = alive & ~hit
         if is_false_negative:
             false_negative = false_negative | hit
 
     drop("duplicate", duplicate)
-    removed.setdefault("known_positive", 0)
     if known_positive is not None:
         drop("known_positive", known_positive)
     # range_max bounds the rank in the searched list (duplicates not counted): sentence-
     # transformers' search depth.
     searched_rank = np.cumsum(alive, axis=1) - 1
-    removed.setdefault("max_score", 0)
     if filters.max_score is not None:
         drop("max_score", candidate_scores > filters.max_score)
-    removed.setdefault("relative_margin", 0)
     if filters.relative_margin is not None:
         # |pos| rather than (1 - margin) x pos: the latter raises the bar above the positive
         # when pos < 0 (sentence-transformers #3819).
@@ -140,7 +131,8 @@ def filter_candidates(
     drop("rank_window", searched_rank >= upper, is_false_negative=False)
     # range_min skips the nearest of what is left, as sentence-transformers counts it.
     drop("rank_window", np.cumsum(alive, axis=1) - 1 < filters.range_min)
-    return FilteredCandidates(alive, false_negative, removed, int(valid.sum()), duplicate)
+    removed = {name: int(counts.sum()) for name, counts in per_row.items()}
+    return FilteredCandidates(alive, false_negative, removed, int(valid.sum()), duplicate, per_row)
 
 
 def select_negatives(
@@ -199,4 +191,11 @@ def select_negatives(
         indices = np.pad(indices, ((0, 0), (0, pad)), constant_values=-1)
         scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=np.nan)
     anchors_short = int(((indices >= 0).sum(axis=1) < m).sum())
-    return SelectedNegatives(indices, scores, filtered.removed, filtered.candidates, kept, anchors_short)
+    per_row = {
+        "candidates": (candidates >= 0).sum(axis=1, dtype=np.int32),
+        "kept": alive.sum(axis=1, dtype=np.int32),
+        **{f"removed_{name}": counts for name, counts in filtered.removed_per_row.items()},
+    }
+    return SelectedNegatives(
+        indices, scores, filtered.removed, filtered.candidates, kept, anchors_short, per_row=per_row
+    )

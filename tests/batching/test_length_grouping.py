@@ -11,6 +11,7 @@ import pytest
 from pipeline.batching.samplers import random_plan
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
+from pipeline.mining.hard_negatives import SearchSettings
 
 
 def _padding_share(plan, lengths: np.ndarray) -> float:
@@ -110,7 +111,9 @@ def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphr
     tokenizer = load_tokenizer(trained_tiny_model_dir)
     tokenized = tokenize_table(table, tokenizer, 32)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
-    settings = MinerSettings(pooler="mean", batch_size=16, top_k=16, encode_batch_size=64, seed=0)
+    settings = MinerSettings(
+        pooler="mean", batch_size=16, search=SearchSettings(top_k=16), encode_batch_size=64, seed=0
+    )
     blob = pack_dir(trained_tiny_model_dir)
     plain = HardNegativeMiner(tokenized, blob, settings, triplets).refresh(weights, version=1, step=1).plan
     grouped_settings = replace(settings, group_batches=50)

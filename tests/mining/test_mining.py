@@ -11,6 +11,7 @@ import torch
 from pipeline.batching.plan import balanced_batch_sizes, worker_slices
 from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
+from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec, knn_search, torch_search
 from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
@@ -125,10 +126,10 @@ def test_miner_settings_come_from_the_config():
         ]
     )  # fmt: skip
     settings = MinerSettings.from_config(cfg, "sqlite:///x.db", "run-1")
-    assert (settings.top_k, settings.group_batches, settings.max_restarts) == (16, 8, 2)
+    assert (settings.search.top_k, settings.group_batches, settings.max_restarts) == (16, 8, 2)
     assert settings.use_gpu and settings.num_gpus == 1 and settings.pooler == cfg.model.pooler
     assert settings.filters == NegativeFilters.from_config(cfg) and settings.filters.range_min == 3
-    assert settings.index_spec == IndexSpec.from_section(cfg.mining) and settings.index_spec.kind == "ivf"
+    assert settings.search.index == IndexSpec.from_section(cfg.mining) and settings.search.index.kind == "ivf"
     assert (settings.tracking_uri, settings.run_id) == ("sqlite:///x.db", "run-1")
     # Length grouping off: the miner's random plans are not grouped, whatever the group size.
     assert (
@@ -145,7 +146,7 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
 
     def refresh(filters, version=1):
         settings = MinerSettings(
-            pooler="mean", batch_size=16, top_k=64, encode_batch_size=64, seed=11, filters=filters,
+            pooler="mean", batch_size=16, search=SearchSettings(top_k=64), encode_batch_size=64, seed=11, filters=filters,
             plan=PlanSettings(batch_sampler="knn"),  # batches of near neighbours, paraphrases apart
         )  # fmt: skip
         miner = HardNegativeMiner(table, pack_dir(trained_tiny_model_dir), settings)
@@ -256,7 +257,12 @@ def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphras
     tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
     filters = NegativeFilters(num_negatives=2)
     settings = MinerSettings(
-        pooler="mean", batch_size=32, top_k=32, encode_batch_size=64, seed=0, filters=filters
+        pooler="mean",
+        batch_size=32,
+        search=SearchSettings(top_k=32),
+        encode_batch_size=64,
+        seed=0,
+        filters=filters,
     )
     miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.mining.anchor_mining import mine_anchor_negatives
-from pipeline.mining.negatives import NegativeFilters, select_negatives
+from pipeline.mining.hard_negatives import SearchSettings, mine_hard_negatives
+from pipeline.mining.negatives import FILTERS, NegativeFilters, select_negatives
 from pipeline.mining.text_keys import duplicate_mask, known_positive_mask, normalize_text, text_keys
 
 
@@ -187,14 +187,21 @@ def test_every_known_positive_of_an_anchor_is_excluded_not_only_its_own_rows():
     anchor_vectors = np.stack([e[0], e[0], e[2]])
     positive_vectors = pool_vectors[[0, 1, 2]]
     filters = NegativeFilters(range_min=0, relative_margin=None, num_negatives=1)
-    own_only = mine_anchor_negatives(
-        anchor_vectors, positive_vectors, pool_vectors, anchor_keys, positive_keys, pool_keys, filters, k=4
-    )
-    assert own_only.selected.indices[:2, 0].tolist() == [1, 0]  # the other paraphrase: a false negative
-    known = mine_anchor_negatives(
-        anchor_vectors, positive_vectors, pool_vectors, anchor_keys, positive_keys, pool_keys, filters, k=4,
-        known_pairs=(anchor_keys, positive_keys),
+    inputs = dict(
+        anchor_vectors=anchor_vectors, positive_vectors=positive_vectors, pool_vectors=pool_vectors,
+        anchor_keys=anchor_keys, positive_keys=positive_keys, pool_keys=pool_keys, filters=filters,
+        search=SearchSettings(top_k=4), seed=0,
     )  # fmt: skip
-    assert known.selected.indices[:2, 0].tolist() == [3, 3]
-    assert known.selected.removed["known_positive"] == 2
-    assert known.selected.indices[2, 0] in (0, 1, 3)  # the storm tweets are fair negatives for "market falls"
+    own_only = mine_hard_negatives(**inputs, exclude_known_positives=False)
+    assert own_only.negatives()[:2, 0].tolist() == [1, 0]  # the other paraphrase: a false negative
+    known = mine_hard_negatives(**inputs)
+    assert known.negatives()[:2, 0].tolist() == [3, 3]
+    assert known.removed["known_positive"] == 2
+    # The table says, per anchor, what each filter removed: the storm anchors lost the other
+    # paraphrase to known_positive, the market anchor nothing.
+    assert known.table.column("removed_known_positive").to_pylist() == [1, 1, 0]
+    assert known.table.column("removed_duplicate").to_pylist() == [1, 1, 1]  # each one's own positive
+    counts = ["kept", *(f"removed_{name}" for name in FILTERS)]
+    assert all(sum(row[c] for c in counts) == row["candidates"] for row in known.table.to_pylist())
+    assert np.allclose(known.scores()[:2, 0], pool_vectors[3] @ e[0])
+    assert known.negatives()[2, 0] in (0, 1, 3)  # the storm tweets are fair negatives for "market falls"

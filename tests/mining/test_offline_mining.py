@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from bench.common import job_env
 from pipeline.config.loading import load_config
 from pipeline.jobs.pair_mining import mine_pairs
+from pipeline.mining.negatives import FILTERS
 from pipeline.mining.text_keys import normalize_text
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
@@ -53,9 +54,10 @@ def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus
     table, report = mine_pairs(anchors, positives, model, tokenizer, cfg)
     assert table.column_names == ["anchor", "positive", "negative_1", "negative_2", "negative_3"]
     _assert_clean(table.to_pylist(), 3)
-    assert report.rows_out == table.num_rows == len(anchors) - report.anchors_short
-    assert report.candidates == report.kept_before_sampling + sum(report.removed.values())
-    assert report.removed["duplicate"] >= len(anchors)  # each anchor's positive is its top hit
+    assert report.rows_out == table.num_rows == len(anchors) - report.count("anchors_short")
+    removed = sum(report.count(f"removed_{name}") for name in FILTERS)
+    assert report.count("candidates") == report.count("kept") + removed
+    assert report.count("removed_duplicate") >= len(anchors)  # each anchor's positive is its top hit
     # False negatives: the anchor's other paraphrases are (almost) never mined as negatives.
     group_of = {normalize_text(t): g for t, g in zip(texts, groups.tolist(), strict=True)}
     mined_same = sum(
@@ -66,7 +68,9 @@ def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus
     other_paraphrases = 2 * table.num_rows  # groups of 4: anchor, positive and two others
     assert mined_same <= 0.05 * other_paraphrases
     # Kept negatives are hard: far nearer to the anchor than random pool sentences.
-    assert report.negative_similarity["mean"] > 0.3 + _random_pair_similarity(model, tokenizer, texts)
+    assert report.mined["mining/negative_similarity_mean"] > 0.3 + _random_pair_similarity(
+        model, tokenizer, texts
+    )
 
 
 def _random_pair_similarity(model, tokenizer, texts):

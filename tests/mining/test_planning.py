@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pipeline.mining.random_negatives import random_pool_negatives
 
 from pipeline.batching.registry import SAMPLERS
 from pipeline.config.loading import load_config
-from pipeline.mining.anchor_mining import random_pool_negatives
+from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters
@@ -26,7 +27,12 @@ def refresh(trained_tiny_model_dir, tokenized_corpus):
 
     def run(plan: PlanSettings, seed: int = 11):
         settings = MinerSettings(
-            pooler="mean", batch_size=16, top_k=32, encode_batch_size=64, seed=seed, plan=plan
+            pooler="mean",
+            batch_size=16,
+            search=SearchSettings(top_k=32),
+            encode_batch_size=64,
+            seed=seed,
+            plan=plan,
         )
         return HardNegativeMiner(table, blob, settings).refresh(weights, version=1, step=0)
 
@@ -138,7 +144,7 @@ def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
     table, triplets = index_triplets(anchors, positives, None)
     tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
     settings = MinerSettings(
-        pooler="mean", batch_size=32, top_k=32, encode_batch_size=64, seed=0,
+        pooler="mean", batch_size=32, search=SearchSettings(top_k=32), encode_batch_size=64, seed=0,
         filters=NegativeFilters(num_negatives=2), random_negatives=1,
     )  # fmt: skip
     miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)

@@ -1,0 +1,44 @@
+"""Random pool negatives to mix with the mined ones (``mining.random_negatives``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.mining.text_keys import duplicate_mask, known_positive_mask
+
+
+def random_pool_negatives(
+    keys: np.ndarray, anchor: np.ndarray, positive: np.ndarray, pool: np.ndarray, count: int, seed: int
+) -> np.ndarray:
+    """``count`` random pool texts per anchor, to mix with its mined negatives.
+
+    Mined negatives alone can be too hard, or false negatives the filters missed; mixing in
+    random ones is what made self-mined negatives pay off in tevatron #43. A draw that is the
+    same text as the anchor or its positive is redrawn (a few rounds), and left out (-1) if
+    it still is: a tiny pool of near-identical texts. A known positive of the anchor (another
+    row's positive for the same anchor text) is redrawn the same way.
+
+    Args:
+        keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.text_keys` of the corpus texts.
+        anchor, positive: ``(n,)`` each row's anchor and positive text positions.
+        pool: positions of the candidate texts (the distinct positives).
+        count: random negatives per anchor.
+        seed: makes the draw deterministic.
+
+    Returns:
+        ``(n, count)`` int64 text positions, -1 where no acceptable draw was found.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(anchor)
+    drawn = pool[rng.integers(0, len(pool), size=(n, count))]
+
+    def clashes() -> np.ndarray:
+        same = duplicate_mask(drawn, keys[anchor], keys[positive], keys)
+        return same | known_positive_mask(drawn, keys[anchor], keys, keys[anchor], keys[positive])
+
+    for _ in range(8):
+        clash = clashes()
+        if not clash.any():
+            break
+        drawn[clash] = pool[rng.integers(0, len(pool), size=int(clash.sum()))]
+    return np.where(clashes(), -1, drawn).astype(np.int64)
