@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pipeline.mining.random_negatives import random_pool_negatives
 
 from pipeline.batching.registry import SAMPLERS
 from pipeline.config.loading import load_config
@@ -14,6 +13,7 @@ from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters
 from pipeline.mining.planning import PlanSettings, likely_paraphrases
+from pipeline.mining.random_negatives import random_pool_negatives
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
 
