@@ -463,8 +463,8 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     folders = [p for p in (tmp_path / "runs/sup").glob("checkpoint_*") if p.is_dir()]
     newest = max(folders, key=lambda p: p.stat().st_mtime)
     state, _ = load_checkpoint(newest)
-    assert state.plan.version == 2 and state.plan.negatives.shape == (len(rows), 3)  # 2 mined, 1 random
-    assert (state.plan.negatives[:, :2] >= 0).mean() > 0.5 and (state.plan.negatives[:, 2] >= 0).all()
+    assert state.plan.version == 2 and state.negatives.shape == (len(rows), 3)  # 2 mined, 1 random
+    assert (state.negatives[:, :2] >= 0).mean() > 0.5 and (state.negatives[:, 2] >= 0).all()
     table = refresh_table(client, run_id)
     assert table[0]["random_negatives"] == len(rows)
     assert [(row["step"], row["plan_version"]) for row in table] == [(0, 1.0), (steps_per_epoch, 2.0)]

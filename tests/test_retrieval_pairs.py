@@ -163,11 +163,10 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     assert [row["step"] for row in refresh_table(client, run_id)] == [0]  # mined once
     folders = [p for p in (tmp_path / "runs/static").glob("checkpoint_*") if p.is_dir()]
     state, _ = load_checkpoint(max(folders, key=lambda p: p.stat().st_mtime))
-    plan = state.plan
-    assert plan.version == 1 and plan.negatives.shape == (2 * TRAIN_GROUPS, 1)
+    assert state.plan.version == 1 and state.negatives.shape == (2 * TRAIN_GROUPS, 1)
 
     # jobs/mine.py with the same config, model and pool: the negatives of the training job's
-    # mining before epoch 1 (the plan above), row for row.
+    # mining before epoch 1 (the negatives column above), row for row.
     output = tmp_path / "mined.jsonl"
     mined = subprocess.run(
         [PYTHON, str(REPO / "jobs/mine.py"), "--config", RECIPE, "--model", str(trained_tiny_model_dir),
@@ -178,7 +177,7 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     )  # fmt: skip
     assert mined.returncode == 0, mined.stderr[-3000:]
     offline = {(r["anchor"], r["positive"]): r["negative_1"] for r in map(json.loads, output.open())}
-    # The plan names texts by position in the run's table of distinct texts, which depends
+    # The column names texts by position in the run's table of distinct texts, which depends
     # only on the set of texts: every text of the pair file (given negatives included) and the pool.
     lines = [line.split("\t") for line in twitter_like["train"].read_text().splitlines()]
     everything = [t for a, b, _ in lines for t in (a, b)] + twitter_like["pool"].read_text().splitlines()
@@ -187,7 +186,7 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     pairs = [(a, b) for a, b, label in lines if label == "1"]
     trained = {
         pair: texts[negative]
-        for pair, negative in zip(pairs, plan.negatives[:, 0].tolist(), strict=True)
+        for pair, negative in zip(pairs, state.negatives[:, 0].tolist(), strict=True)
         if negative >= 0
     }
     shared = set(offline) & set(trained)

@@ -4,11 +4,14 @@ A plan covers every corpus row exactly once. Batch sizes are balanced (they diff
 most one), so every epoch has the same number of optimizer steps whatever the plan, and
 with ``batch_size >= 2 x num_workers`` every worker gets rows in every batch.
 
+A plan is the order of the rows, nothing else a row carries: the pairs task's mined negatives
+are a column of the training rows (``TrainState.negatives``), not part of the plan.
+
 Epoch 1 uses :func:`~pipeline.batching.samplers.random_plan` (optionally grouped by length);
-after each refresh the miner plans the next epoch with the sampler ``mining.batch_sampler``
-names (``pipeline/batching/samplers.py``, ``graph_samplers.py``, ``cluster_sampler.py``), and
-ships with the plan what the loss needs to debias its in-batch negatives (``paraphrases`` /
-``clusters``).
+after each refresh of a corpus the miner plans the next epoch with the sampler
+``mining.batch_sampler`` names (``pipeline/batching/samplers.py``, ``graph_samplers.py``,
+``cluster_sampler.py``), and ships with the plan what the loss needs to debias its in-batch
+negatives (``paraphrases`` / ``clusters``).
 """
 
 from __future__ import annotations
@@ -27,9 +30,6 @@ class BatchPlan:
     """``(n,)`` int64 corpus positions, batch after batch."""
     sizes: np.ndarray
     """``(num_batches,)`` int64 rows per batch."""
-    negatives: np.ndarray | None = None
-    """Pairs task: ``(n, num_negatives)`` mined negatives per row (corpus text positions,
-    -1 where none passed the filters); None in the corpus task."""
     sampler: str = "random"
     """The sampler that grouped the rows (``mining.batch_sampler``; ``random`` for epoch 1)."""
     paraphrases: np.ndarray | None = None
@@ -57,27 +57,26 @@ class BatchPlan:
         order = np.random.default_rng(seed).permutation(len(batches))
         return replace(self, rows=np.concatenate([batches[i] for i in order]), sizes=self.sizes[order])
 
-    def fingerprint(self) -> int:
-        """A 48-bit hash of the plan: two runs, or a run and its resumption, trained on the same
-        batches exactly when their fingerprints match."""
+    def fingerprint(self, negatives: np.ndarray | None = None) -> int:
+        """A 48-bit hash of the plan and the rows' ``negatives`` column: two runs, or a run and
+        its resumption, trained on the same batches exactly when their fingerprints match."""
 
         digest = hashlib.blake2b(digest_size=6)
         digest.update(str(self.version).encode())
-        for part in (self.rows, self.sizes, self.negatives, self.paraphrases, self.clusters):
+        for part in (self.rows, self.sizes, negatives, self.paraphrases, self.clusters):
             if part is not None:
                 digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
         return int.from_bytes(digest.digest(), "little")
 
-    def hex_fingerprint(self) -> str:
+    def hex_fingerprint(self, negatives: np.ndarray | None = None) -> str:
         """:meth:`fingerprint` as 12 hex digits, as the run's ``plan.fingerprint.epoch_N`` tags hold it."""
-        return f"{self.fingerprint():012x}"
+        return f"{self.fingerprint(negatives):012x}"
 
     def to_dict(self) -> dict:
         return {
             "version": self.version,
             "rows": self.rows,
             "sizes": self.sizes,
-            "negatives": self.negatives,
             "sampler": self.sampler,
             "paraphrases": self.paraphrases,
             "clusters": self.clusters,
@@ -93,7 +92,6 @@ class BatchPlan:
             int(data["version"]),
             np.asarray(data["rows"], dtype=np.int64),
             np.asarray(data["sizes"], dtype=np.int64),
-            optional("negatives"),
             str(data.get("sampler", "random")),
             optional("paraphrases"),
             optional("clusters"),

@@ -19,7 +19,7 @@ import torch
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.core.seams import hold_once
-from pipeline.data.tokenized import TokenizedCorpus, row_lengths
+from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.triplets import Triplets
 from pipeline.mining.hard_negatives import (
     mine_hard_negatives,
@@ -51,8 +51,15 @@ PREVIOUS_UPLOADS_WAIT_S = 60.0
 
 @dataclass
 class RefreshReport:
-    plan: BatchPlan
+    """What one mining hands back to training: the corpus task's next order of rows (``plan``)
+    or the pairs task's new negatives column (``negatives``, one row per training row), and
+    what the mining measured (``metrics``, already logged by the miner)."""
+
+    version: int
     metrics: dict[str, float]
+    plan: BatchPlan | None = None
+    negatives: np.ndarray | None = None
+    """``(rows, m)`` text positions of each training row's negatives, -1 where none."""
 
 
 class HardNegativeMiner:
@@ -78,7 +85,8 @@ class HardNegativeMiner:
         self.device = torch.device("cuda" if settings.use_gpu and torch.cuda.is_available() else "cpu")
         self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=settings.pooler).to(self.device)
         (self.text_keys,) = text_keys(corpus_table.column("text").to_pylist())
-        self.previous_plan: BatchPlan | None = None
+        self.previous: RefreshReport | None = None
+        """The last refresh's result: the next refresh's churn is measured against it."""
         self.log: RefreshLog | None = None
         if settings.tracking_uri and settings.run_id:
             self.log = RefreshLog(MetricLogger(settings.tracking_uri, settings.run_id))
@@ -92,16 +100,16 @@ class HardNegativeMiner:
         if self.log is not None:  # before drawing: without a run there is nothing to draw for
             self.log.histogram(mined, random_pairs, version, pairs=self.triplets is not None)
 
-    def _report(self, plan: BatchPlan, metrics: dict[str, float], step: int) -> RefreshReport:
-        """Remember the plan (the next refresh's churn is against it) and log the refresh."""
-        self.previous_plan = plan
+    def _report(self, report: RefreshReport, step: int) -> RefreshReport:
+        """Remember the result (the next refresh's churn is against it) and log the refresh."""
+        self.previous = report
         if self.log is not None:
-            self.log.refresh(plan, metrics, step)
-        return RefreshReport(plan, metrics)
+            self.log.refresh(report.version, report.metrics, step)
+        return report
 
     def _refresh_pairs(self, embeddings: np.ndarray, version: int, step: int, t0: float) -> RefreshReport:
-        """The pairs task: each anchor's negatives among the candidate pool (``data.pool``, else
-        the distinct positives), attached to its row, then logged."""
+        """The pairs task: encode (done) -> search and filter (:func:`mine_hard_negatives`) ->
+        attach each anchor's negatives to its row as the rows' negatives column -> log."""
         triplets, s, keys = self.triplets, self.settings, self.text_keys
         assert triplets is not None
         t_encode = time.perf_counter() - t0
@@ -125,11 +133,6 @@ class HardNegativeMiner:
                 keys, triplets.anchor, triplets.positive, pool, s.random_negatives, s.seed + version
             )
             negatives = np.concatenate([negatives, drawn], axis=1)
-        plan = random_plan(
-            len(triplets), s.batch_size, seed=s.seed + version, version=version,
-            lengths=row_lengths(self.corpus, triplets), group_batches=s.group_batches,
-        )  # fmt: skip
-        plan.negatives = negatives
         random_pairs = random_pair_similarities(embeddings[triplets.anchor], embeddings[pool], s.seed)
         metrics = {
             "mining/encode_s": t_encode,
@@ -138,12 +141,14 @@ class HardNegativeMiner:
             "mining/plan_version": float(version),
             "mining/total_s": time.perf_counter() - t0,
         }
-        if self.previous_plan is not None and self.previous_plan.negatives is not None:
-            metrics["mining/churn"] = float((self.previous_plan.negatives != plan.negatives).mean())
+        if self.previous is not None and self.previous.negatives is not None:
+            # The share of the rows' mined negatives this refresh replaced: near 0 says the
+            # model barely moved and the refresh bought nothing.
+            metrics["mining/churn"] = float((self.previous.negatives != negatives).mean())
         found = mined.scores()[mined.negatives() >= 0]
         if len(found):
             self._log_histogram(found, random_pairs, version)
-        return self._report(plan, metrics, step)
+        return self._report(RefreshReport(version, metrics, negatives=negatives), step)
 
     def encode(self, encoder_state: dict[str, torch.Tensor]) -> np.ndarray:
         """Normalised embeddings of the whole corpus under the given encoder weights."""
@@ -213,7 +218,7 @@ class HardNegativeMiner:
             "mining/plan_version": float(version),
             **debias_counts(plan, s.plan.debias),
         }
-        if self.previous_plan is not None:
-            metrics["mining/churn"] = plan_churn(self.previous_plan, plan)
+        if self.previous is not None and self.previous.plan is not None:
+            metrics["mining/churn"] = plan_churn(self.previous.plan, plan)
         self._log_histogram(pair_sims, random_sims, version)
-        return self._report(plan, metrics, step)
+        return self._report(RefreshReport(version, metrics, plan=plan), step)

@@ -38,9 +38,6 @@ class MinerSettings:
     """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool."""
     encode_num_cpus: float = 1.0
     encode_num_gpus: float = 0.0
-    group_batches: int = 0
-    """``train.group_batches``: the pairs task groups its plan's random batches by length in
-    groups of this many batches (0: don't)."""
     num_cpus: float = 1.0
     """The miner actor's own CPUs (``mining.num_cpus``)."""
     num_gpus: float = 0.0
@@ -73,7 +70,6 @@ class MinerSettings:
             encode_actors=mining.encode_actors,
             encode_num_cpus=mining.encode_num_cpus,
             encode_num_gpus=mining.encode_num_gpus,
-            group_batches=cfg.train.group_batches,
             num_cpus=mining.num_cpus,
             num_gpus=mining.num_gpus,
             max_restarts=mining.max_restarts,

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.batching.plan import BatchPlan
 from pipeline.config.metric_catalogue import MINING_TABLE, mining_charts
 from pipeline.core.errors import first_line
 from pipeline.core.retry import call_with_retries
@@ -99,15 +98,15 @@ class RefreshLog:
             cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
         )
 
-    def refresh(self, plan: BatchPlan, metrics: dict[str, float], step: int) -> None:
+    def refresh(self, version: int, metrics: dict[str, float], step: int) -> None:
         """Chart the few metrics that move and append every diagnostic as one row of the
-        refresh table."""
+        refresh table (``version``: the refresh's)."""
         self.logger.log(mining_charts(metrics), step)
         self.logger.flush()
         # step and plan version first: the columns a reviewer reads a row by
-        row = {"step": [step], "plan_version": [float(plan.version)]}
+        row = {"step": [step], "plan_version": [float(version)]}
         row.update({key.removeprefix("mining/"): [value] for key, value in metrics.items()})
         self.upload(
-            f"refresh table row v{plan.version}",
+            f"refresh table row v{version}",
             lambda logger: logger.client.log_table(logger.run_id, row, MINING_TABLE),
         )

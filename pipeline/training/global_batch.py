@@ -1,6 +1,6 @@
 """What a train step is given: :class:`GlobalBatch`, one step's rows of the global batch and
-which slice of them is this worker's, with what the plan ships for them (mined negatives,
-the false-negative mask)."""
+which slice of them is this worker's, with the rows' mined negatives (pairs) or the plan's
+false-negative mask (corpus)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ class GlobalBatch:
     rank: int
     """This worker's rank: it trains on slice ``rank`` of ``rows``."""
     mined: np.ndarray | None = None
-    """Pairs task: the plan's ``(num_rows, num_negatives)`` mined negatives (-1 where none),
-    or None before the first refresh; unused otherwise."""
+    """Pairs task: the rows' ``(num_rows, num_negatives)`` mined-negatives column (-1 where
+    none), or None before the first mining; unused otherwise."""
     false_negative_mask: np.ndarray | None = None
     """Unsupervised mode with ``mining.debias``: ``(sum(sizes), sum(sizes))`` bool over
     :attr:`rows`, True at (i, j) when row j is a likely false negative of row i
@@ -34,13 +34,22 @@ class GlobalBatch:
     debiasing. The pairs task ignores it."""
 
     @classmethod
-    def of_plan(cls, plan: BatchPlan, batch_index: int, world: int, rank: int, debias: str) -> GlobalBatch:
-        """Batch ``batch_index`` of ``plan`` as rank ``rank`` of ``world`` trains it. Every rank
-        holds the same plan, so every rank builds the same mask of the global batch (None on
-        epoch 1's random plan, or without ``mining.debias``)."""
+    def of_plan(
+        cls,
+        plan: BatchPlan,
+        batch_index: int,
+        *,
+        world: int,
+        rank: int,
+        debias: str,
+        negatives: np.ndarray | None = None,
+    ) -> GlobalBatch:
+        """Batch ``batch_index`` of ``plan`` as rank ``rank`` of ``world`` trains it, with the
+        rows' ``negatives`` column. Every rank holds the same plan, so every rank builds the same
+        mask of the global batch (None on epoch 1's random plan, or without ``mining.debias``)."""
         rows = plan.batch(batch_index)
         mask = false_negative_mask(rows, plan, debias)
-        return cls(rows, worker_slices(len(rows), world), rank, plan.negatives, mask)
+        return cls(rows, worker_slices(len(rows), world), rank, negatives, mask)
 
     @property
     def local_rows(self) -> np.ndarray:

@@ -1,30 +1,34 @@
-"""Rank 0's next plan, sent to every rank."""
+"""Rank 0's next plan and negatives column, sent to every rank."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import numpy as np
 import torch.distributed as dist
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.training.refresh_policy import Boundary
 
 
-def broadcast_plan(chosen: tuple[BatchPlan, Boundary] | None, start: float) -> tuple[BatchPlan, Boundary]:
-    """Every rank's copy of rank 0's next plan and boundary.
+def broadcast_plan(
+    chosen: tuple[BatchPlan, np.ndarray | None, Boundary] | None, start: float
+) -> tuple[BatchPlan, np.ndarray | None, Boundary]:
+    """Every rank's copy of rank 0's next plan, negatives column and boundary.
 
     Args:
-        chosen: rank 0's plan and boundary; None on the other ranks.
+        chosen: rank 0's plan, the rows' negatives column (None: none) and boundary; None on
+            the other ranks.
         start: when this rank began the boundary (``time.perf_counter()``).
 
     Returns:
-        Rank 0's plan and boundary, with ``wait_seconds`` this rank's own wait since ``start``.
-        Without a multi-process group (one worker) this is rank 0's own.
+        Rank 0's plan, negatives and boundary, with ``wait_seconds`` this rank's own wait since
+        ``start``. Without a multi-process group (one worker) this is rank 0's own.
     """
-    payload: list[Any] = [None if chosen is None else (chosen[0].to_dict(), chosen[1])]
+    payload: list[Any] = [None if chosen is None else (chosen[0].to_dict(), chosen[1], chosen[2])]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(payload, src=0)
-    plan_dict, boundary = payload[0]
+    plan_dict, negatives, boundary = payload[0]
     boundary.wait_seconds = time.perf_counter() - start
-    return BatchPlan.from_dict(plan_dict), boundary
+    return BatchPlan.from_dict(plan_dict), negatives, boundary

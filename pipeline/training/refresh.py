@@ -1,4 +1,5 @@
-"""Getting each epoch's batch plan from the miner, for every rank.
+"""Getting each epoch's batch plan (and, for pairs, the rows' negatives column) from the miner,
+for every rank.
 
 :class:`PlanRefresher` composes the three parts: the rules
 (:mod:`pipeline.training.refresh_policy`), rank 0's calls to the miner
@@ -26,7 +27,11 @@ from pipeline.training.plan_broadcast import broadcast_plan
 from pipeline.training.refresh_policy import Boundary, BoundaryAction, RefreshPolicy, RefreshSettings
 from pipeline.training.state import TrainState
 
-__all__ = ["Boundary", "PlanRefresher", "random_batches"]
+__all__ = ["Adopted", "Boundary", "PlanRefresher", "random_batches"]
+
+Adopted = tuple[BatchPlan, "np.ndarray | None", Boundary]
+"""What a boundary hands every rank: the next plan (the order of the rows), the rows'
+negatives column it trains with (pairs; None for a corpus), and what the boundary did."""
 
 
 class PlanRefresher:
@@ -77,10 +82,11 @@ class PlanRefresher:
         """Whether a run at ``step`` first mines with the starting weights (the pairs task, fresh run)."""
         return self.policy.mines_before_training(step)
 
-    def initial_plan(self, state: TrainState, model: SentenceEncoder) -> tuple[BatchPlan, Boundary]:
-        """The pairs task, before epoch 1: the plan mined with the starting weights, waited for in
-        either ``mining.mode`` (the static negatives sentence-transformers' ``mine_hard_negatives``
-        gives, and the baseline every refresh improves on). The same on every rank."""
+    def initial_plan(self, state: TrainState, model: SentenceEncoder) -> Adopted:
+        """The pairs task, before epoch 1: the negatives mined with the starting weights, waited
+        for in either ``mining.mode`` (the static negatives sentence-transformers'
+        ``mine_hard_negatives`` gives, and the baseline every refresh improves on), beside epoch
+        1's rows in their order. The same on every rank."""
         assert state.plan is not None and self.client is not None
         start = time.perf_counter()
         chosen = None
@@ -89,7 +95,7 @@ class PlanRefresher:
             ref = self.client.submit(model, version, state.step)
             report = self.client.wait(ref, model, version, state.step)
             boundary = Boundary(refresh_seconds=float(report.metrics["mining/total_s"]))
-            chosen = (dataclasses.replace(report.plan, version=version), boundary)
+            chosen = (dataclasses.replace(state.plan, version=version), report.negatives, boundary)
         return broadcast_plan(chosen, start)
 
     def _submit(self, epoch: int, model: SentenceEncoder, version: int, step: int) -> None:
@@ -115,21 +121,23 @@ class PlanRefresher:
         if self.policy.submits_at_epoch_end(epoch):
             self._submit(epoch, model, plan.version + 1, step)
 
-    def next_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> tuple[BatchPlan, Boundary]:
-        """The plan for the epoch after ``epoch`` and what its boundary did, the same on every
-        rank (``state.plan``: the finished epoch's plan; ``state.step``: the step now)."""
+    def next_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> Adopted:
+        """The plan for the epoch after ``epoch``, the rows' negatives column it trains with and
+        what its boundary did, the same on every rank (``state.plan``: the finished epoch's
+        plan; ``state.step``: the step now)."""
         assert state.plan is not None
         if not self.asks_miner(epoch):
             # No refresh: a reshuffled plan, computed identically on every rank, no communication.
-            return self._reshuffled(state.plan, epoch), Boundary()
+            return self._reshuffled(state.plan, epoch), state.negatives, Boundary()
         start = time.perf_counter()
-        chosen = self._choose_plan(epoch, state.plan, state.step, model) if self.rank == 0 else None
+        chosen = self._choose_plan(epoch, state, model) if self.rank == 0 else None
         return broadcast_plan(chosen, start)
 
-    def _choose_plan(
-        self, epoch: int, current: BatchPlan, step: int, model: SentenceEncoder
-    ) -> tuple[BatchPlan, Boundary]:
-        """Rank 0: the miner's plan if the policy adopts one now, else ``current`` reshuffled."""
+    def _choose_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> Adopted:
+        """Rank 0: what the miner returned if the policy adopts it now, else the current plan
+        reshuffled with the current negatives."""
+        current, step = state.plan, state.step
+        assert current is not None
         assert self.client is not None  # the policy asks only when there is a miner
         version = current.version + 1
         action = self.policy.boundary_action(time.perf_counter(), self._finished_predicate())
@@ -146,15 +154,19 @@ class PlanRefresher:
                 self._submit(epoch, model, version, step)
         if report is None:
             late = action in (BoundaryAction.LATE, BoundaryAction.ADOPT)
-            return self._reshuffled(current, epoch), Boundary(late=late)
+            return self._reshuffled(current, epoch), state.negatives, Boundary(late=late)
         boundary = Boundary(
             refresh_seconds=float(report.metrics["mining/total_s"]),
             staleness_steps=self.policy.adopted(step),
         )
-        # Everything the miner shipped travels with the plan (mined negatives, debiasing hints):
-        # rebuilding it from rows and sizes once meant epochs after a refresh trained on the
-        # given negatives only.
-        return dataclasses.replace(report.plan, version=version), boundary
+        if report.negatives is not None:
+            # Pairs: the new negatives travel beside the rows, which go into fresh random batches.
+            return (
+                dataclasses.replace(self._reshuffled(current, epoch), version=version),
+                report.negatives,
+                boundary,
+            )
+        return dataclasses.replace(report.plan, version=version), None, boundary
 
     def _finished_predicate(self) -> Callable[[Any], bool]:
         """Whether a pending refresh counts as finished at this boundary: by the clock, or as
@@ -168,16 +180,13 @@ class PlanRefresher:
         return lambda ticket: client.finished(ticket, within_s=self.cfg.mining.timeout_s)
 
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
-        """A fresh random plan for a random one; a pair-mode plan's rows in fresh random
-        batches, each row keeping its mined negatives (its batches carry no structure, and the
-        same batches every epoch would repeat the same in-batch negatives); a mined
-        neighbourhood plan's same batches in a new order."""
+        """The rows in fresh random batches (same version) where the plan's batches carry no
+        structure: epoch 1's random plan, and every pairs plan (the same batches every epoch
+        would repeat the same in-batch negatives); a mined corpus plan's same batches in a new
+        order."""
         seed = self.policy.reshuffle_seed(epoch)
-        if plan.version == 0:
-            return random_batches(self.cfg, seed, self.lengths)
-        if plan.negatives is not None:
-            fresh = random_batches(self.cfg, seed, self.lengths)
-            return dataclasses.replace(plan, rows=fresh.rows, sizes=fresh.sizes)
+        if plan.version == 0 or self.cfg.pairs:
+            return dataclasses.replace(random_batches(self.cfg, seed, self.lengths), version=plan.version)
         return plan.reordered(seed)
 
 
@@ -194,14 +203,15 @@ def random_batches(cfg: Config, seed: int, lengths: np.ndarray) -> BatchPlan:
     )
 
 
-def adopt_plan(state: TrainState, next_plan: BatchPlan, boundary: Boundary, logger: Any) -> Boundary:
-    """Make ``next_plan`` the current one and record the boundary: its wait, refresh time and
-    staleness in the history, and (rank 0's ``logger``) as ``mining/`` boundary metrics.
-    Returns ``boundary``."""
+def adopt_plan(state: TrainState, adopted: Adopted, logger: Any) -> Boundary:
+    """Make the adopted plan and negatives column the current ones and record the boundary:
+    its wait, refresh time and staleness in the history, and (rank 0's ``logger``) as
+    ``mining/`` boundary metrics. Returns the boundary."""
+    next_plan, negatives, boundary = adopted
     state.history.wait_seconds.append(boundary.wait_seconds)
     state.history.refresh_seconds.append(boundary.refresh_seconds)
     state.history.staleness_steps.append(boundary.staleness_steps)
-    state.plan, state.plan_pending = next_plan, False
+    state.plan, state.negatives, state.plan_pending = next_plan, negatives, False
     if logger is not None:
         logger.log(
             {

@@ -83,6 +83,10 @@ class TrainState:
     plan: BatchPlan | None = None
     """The plan of the epoch in progress, or of the next one at a boundary (the finished
     epoch's own plan while ``plan_pending``)."""
+    negatives: np.ndarray | None = None
+    """The pairs task: the training rows' mined-negatives column, ``(rows, m)`` text positions
+    (-1 where none passed the filters), from the newest mining adopted; None before the first
+    mining and in the corpus task. The step reads row i's negatives beside row i."""
     plan_pending: bool = False
     """At a boundary: checkpointed before the miner's plan for the next epoch came back, so a
     run resumed here asks the miner again."""
@@ -106,6 +110,7 @@ class TrainState:
             "batches_done": self.batches_done,
             "step": self.step,
             "plan": _plan_tensors(self.plan),
+            "negatives": _tensor(self.negatives) if self.negatives is not None else None,
             "plan_pending": self.plan_pending,
             "history": self.history.to_dict(),
             "loss_sum": self.loss_sum,
@@ -122,6 +127,7 @@ class TrainState:
             batches_done=saved["batches_done"],
             step=saved["step"],
             plan=_plan_from_tensors(saved["plan"]),
+            negatives=saved["negatives"].numpy() if saved.get("negatives") is not None else None,
             plan_pending=bool(saved["plan_pending"]),
             history=TrainHistory.from_dict(saved["history"]),
             loss_sum=saved["loss_sum"],
@@ -152,16 +158,17 @@ def restore_rng(state: dict[str, Any], augment_rng: np.random.Generator) -> None
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _plan_tensors(plan: BatchPlan) -> dict[str, Any]:
-    def tensor(values: np.ndarray) -> torch.Tensor:
-        # A copy: a plan that came through Ray's object store is a read-only view.
-        return torch.tensor(np.asarray(values, dtype=np.int64))
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    # A copy: an array that came through Ray's object store is a read-only view.
+    return torch.tensor(np.asarray(values, dtype=np.int64))
 
+
+def _plan_tensors(plan: BatchPlan) -> dict[str, Any]:
+    tensor = _tensor
     return {
         "version": plan.version,
         "rows": tensor(plan.rows),
         "sizes": tensor(plan.sizes),
-        "negatives": tensor(plan.negatives) if plan.negatives is not None else None,
         "sampler": plan.sampler,
         "paraphrases": tensor(plan.paraphrases) if plan.paraphrases is not None else None,
         "clusters": tensor(plan.clusters) if plan.clusters is not None else None,
@@ -177,7 +184,6 @@ def _plan_from_tensors(saved: dict[str, Any]) -> BatchPlan:
         saved["version"],
         saved["rows"].numpy(),
         saved["sizes"].numpy(),
-        array("negatives"),
         str(saved.get("sampler", "random")),
         array("paraphrases"),
         array("clusters"),

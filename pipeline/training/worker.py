@@ -137,7 +137,7 @@ class SimCSEWorker:
                     flush=True,
                 )
         if self.refresher.mines_before_training(state.step):
-            boundary = adopt_plan(state, *self.refresher.initial_plan(state, self.model), self.logger)
+            boundary = adopt_plan(state, self.refresher.initial_plan(state, self.model), self.logger)
             if self.rank == 0:
                 print(
                     f"[train] negatives mined with the starting weights: plan v{state.plan.version} "
@@ -159,9 +159,8 @@ class SimCSEWorker:
         )
         state.rng = None
         if self.logger is not None:
-            log_epoch_start(
-                self.logger, epoch, plan, padding_share(plan, self.lengths, self.world), state.step
-            )
+            padding = padding_share(plan, self.lengths, self.world)
+            log_epoch_start(self.logger, epoch, plan, padding, state.step, negatives=state.negatives)
         self.model.train()
         self.segment_start = time.perf_counter()
         self.progress.restart(self.segment_start)
@@ -183,7 +182,10 @@ class SimCSEWorker:
         state, cfg = self.state, self.cfg
         assert state.plan is not None
         step_start = time.perf_counter()
-        batch = GlobalBatch.of_plan(state.plan, batch_index, self.world, self.rank, cfg.mining.debias)
+        batch = GlobalBatch.of_plan(
+            state.plan, batch_index, world=self.world, rank=self.rank, debias=cfg.mining.debias,
+            negatives=state.negatives,
+        )  # fmt: skip
         loss, loss_to_backward = self.train_step(self.counted_model, batch, self.augment_rng)
         self.optimizer_step(loss_to_backward)
         state.step += 1
@@ -265,7 +267,7 @@ class SimCSEWorker:
     def adopt_next_plan(self, epoch: int) -> Boundary:
         """Get the plan that follows epoch ``epoch`` (0-based) from the refresher and make it
         the current one (:func:`~pipeline.training.refresh.adopt_plan`)."""
-        return adopt_plan(self.state, *self.refresher.next_plan(epoch, self.state, self.model), self.logger)
+        return adopt_plan(self.state, self.refresher.next_plan(epoch, self.state, self.model), self.logger)
 
     def evaluate(self, epoch: float) -> EvalOutcome | None:
         """Evaluate (every rank) at ``epoch``; see :meth:`EvalRecorder.evaluate`."""

@@ -173,10 +173,13 @@ class ProgressLine:
         )
 
 
-def log_epoch_start(logger: Any, epoch: int, plan: BatchPlan, padding: float, step: int) -> None:
-    """Rank 0, as epoch ``epoch`` (0-based) starts: its plan's fingerprint and sampler as tags
-    (a hash or a name is no quantity to chart) and the padding share its batches carry."""
-    logger.set_tags({f"plan.fingerprint.epoch_{epoch + 1}": plan.hex_fingerprint(),
+def log_epoch_start(
+    logger: Any, epoch: int, plan: BatchPlan, padding: float, step: int, negatives: np.ndarray | None = None
+) -> None:
+    """Rank 0, as epoch ``epoch`` (0-based) starts: the fingerprint of its plan and the rows'
+    ``negatives`` column, and its sampler, as tags (a hash or a name is no quantity to chart),
+    and the padding share its batches carry."""
+    logger.set_tags({f"plan.fingerprint.epoch_{epoch + 1}": plan.hex_fingerprint(negatives),
                      f"plan.sampler.epoch_{epoch + 1}": plan.sampler})  # fmt: skip
     logger.log({"train/padding_share": padding}, step)
 

@@ -130,7 +130,7 @@ def initial_state(
         )
         print(
             f"[train] resumed at step {state.step}, {where} "
-            f"(plan v{state.plan.version}, fingerprint {state.plan.hex_fingerprint()})",
+            f"(plan v{state.plan.version}, fingerprint {state.plan.hex_fingerprint(state.negatives)})",
             flush=True,
         )
     return state, best_dir

@@ -3,15 +3,12 @@ as a random plan, far less padding, the widest batch first."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
 from pipeline.batching.samplers import random_plan
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
-from pipeline.mining.hard_negatives import SearchSettings
 
 
 def _padding_share(plan, lengths: np.ndarray) -> float:
@@ -95,34 +92,30 @@ def test_config_switch_and_validation():
         load_config(overrides=["train.group_by_length=true", "train.length_group_batches=1"])
 
 
-def test_triplet_miner_groups_its_plan_by_length(trained_tiny_model_dir, paraphrase_pairs):
-    """The pairs task's plans come from the miner; grouped, their batches are narrower than
-    random ones over the same rows (width = longer of anchor and positive)."""
+def test_pairs_batches_group_by_length(trained_tiny_model_dir, paraphrase_pairs):
+    """The pairs task's batches are random over its rows (every epoch, refreshed or not); grouped,
+    they are narrower than ungrouped ones over the same rows (width = longer of anchor and
+    positive)."""
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.tokenized import TokenizedCorpus, row_lengths
     from pipeline.data.triplets import index_triplets
-    from pipeline.mining.miner import HardNegativeMiner
-    from pipeline.mining.miner_settings import MinerSettings
-    from pipeline.model.encoder import load_sentence_encoder
-    from pipeline.model.folders import load_tokenizer, pack_dir
+    from pipeline.model.folders import load_tokenizer
+    from pipeline.training.refresh import random_batches
 
     anchors, positives = paraphrase_pairs
     table, triplets = index_triplets(anchors, positives, None)
     tokenizer = load_tokenizer(trained_tiny_model_dir)
     tokenized = tokenize_table(table, tokenizer, 32)
-    weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
-    settings = MinerSettings(
-        pooler="mean", batch_size=16, search=SearchSettings(top_k=16), encode_batch_size=64, seed=0
+    lengths = row_lengths(TokenizedCorpus(tokenized, tokenizer.pad_token_id), triplets)
+    plain = random_batches(load_config(overrides=["train.batch_size=16"]), 1, lengths)
+    grouped_cfg = load_config(
+        overrides=["train.batch_size=16", "train.group_by_length=true", "train.length_group_batches=50"]
     )
-    blob = pack_dir(trained_tiny_model_dir)
-    plain = HardNegativeMiner(tokenized, blob, settings, triplets).refresh(weights, version=1, step=1).plan
-    grouped_settings = replace(settings, group_batches=50)
-    grouped = HardNegativeMiner(tokenized, blob, grouped_settings, triplets).refresh(weights, 1, 1).plan
+    grouped = random_batches(grouped_cfg, 1, lengths)
     # Independent widths: the tokenizer's own lengths, not the corpus' offsets.
     text = table.column("text").to_pylist()
     token_count = np.array([len(tokenizer(t, truncation=True, max_length=32)["input_ids"]) for t in text])
     widths = np.maximum(token_count[triplets.anchor], token_count[triplets.positive])
-    assert np.array_equal(row_lengths(TokenizedCorpus(tokenized, tokenizer.pad_token_id), triplets), widths)
+    assert np.array_equal(lengths, widths)
     assert _padding_share(grouped, widths) < 0.5 * _padding_share(plain, widths)
     assert sorted(grouped.rows.tolist()) == list(range(len(triplets)))
-    assert np.array_equal(np.sort(grouped.negatives, axis=1), np.sort(plain.negatives, axis=1))

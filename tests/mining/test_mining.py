@@ -126,15 +126,11 @@ def test_miner_settings_come_from_the_config():
         ]
     )  # fmt: skip
     settings = MinerSettings.from_config(cfg, "sqlite:///x.db", "run-1")
-    assert (settings.search.top_k, settings.group_batches, settings.max_restarts) == (16, 8, 2)
+    assert (settings.search.top_k, settings.max_restarts) == (16, 2)
     assert settings.use_gpu and settings.num_gpus == 1 and settings.pooler == cfg.model.pooler
     assert settings.filters == NegativeFilters.from_config(cfg) and settings.filters.range_min == 3
     assert settings.search.index == IndexSpec.from_section(cfg.mining) and settings.search.index.kind == "ivf"
     assert (settings.tracking_uri, settings.run_id) == ("sqlite:///x.db", "run-1")
-    # Length grouping off: the miner's random plans are not grouped, whatever the group size.
-    assert (
-        MinerSettings.from_config(load_config(overrides=["train.length_group_batches=8"])).group_batches == 0
-    )
 
 
 def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenized_corpus):
@@ -267,13 +263,13 @@ def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphras
     miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=7)
-    plan, metrics = report.plan, report.metrics
-    assert sorted(plan.rows.tolist()) == list(range(len(triplets)))  # batches over triplet rows
-    assert plan.negatives.shape == (len(triplets), 2)
+    negatives, metrics = report.negatives, report.metrics
+    assert report.plan is None  # the rows keep their order; the negatives are a column beside them
+    assert negatives.shape == (len(triplets), 2) and report.version == 1
     text = table.column("text").to_pylist()
     group_of = {normalize_text(t): g for t, g in zip(texts, groups.tolist(), strict=True)}
     same_group = 0
-    for i, row in enumerate(plan.negatives):
+    for i, row in enumerate(negatives):
         forbidden = {normalize_text(text[triplets.anchor[i]]), normalize_text(text[triplets.positive[i]])}
         for j in row[row >= 0]:
             assert normalize_text(text[j]) not in forbidden
@@ -281,8 +277,8 @@ def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphras
             same_group += (
                 group_of[normalize_text(text[j])] == group_of[normalize_text(text[triplets.anchor[i]])]
             )
-    assert same_group <= 0.05 * (plan.negatives >= 0).sum()
-    assert metrics["mining/anchors_short"] == int(((plan.negatives >= 0).sum(axis=1) < 2).sum())
+    assert same_group <= 0.05 * (negatives >= 0).sum()
+    assert metrics["mining/anchors_short"] == int(((negatives >= 0).sum(axis=1) < 2).sum())
     assert metrics["mining/negative_similarity_mean"] > metrics["mining/random_pair_similarity_mean"]
     again = miner.refresh(weights, version=2, step=9)
     assert 0.0 <= again.metrics["mining/churn"] <= 1.0

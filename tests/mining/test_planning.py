@@ -150,26 +150,21 @@ def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
     miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=0)
-    plan, metrics = report.plan, report.metrics
-    assert plan.negatives.shape == (len(triplets), 3)  # 2 mined + 1 random
+    negatives, metrics = report.negatives, report.metrics
+    assert negatives.shape == (len(triplets), 3)  # 2 mined + 1 random
     (keys,) = text_keys(table.column("text").to_pylist())
-    drawn = plan.negatives[:, 2]
+    drawn = negatives[:, 2]
     assert (drawn >= 0).all()
     assert (
         not (keys[drawn] == keys[triplets.anchor]).any()
         and not (keys[drawn] == keys[triplets.positive]).any()
     )
     # Random draws are far less similar to the anchor than mined ones: they are not mined twice.
-    assert (drawn != plan.negatives[:, 0]).mean() > 0.9
+    assert (drawn != negatives[:, 0]).mean() > 0.9
     # Candidates left after each filter, in order, end at what was kept; the selection is within it.
     passed = [metrics[f"mining/passed_{name}"] for name in FILTERS]
     assert passed == sorted(passed, reverse=True) and passed[0] <= metrics["mining/candidates"]
-    assert (
-        passed[-1]
-        == metrics["mining/kept"]
-        >= metrics["mining/selected"]
-        == (plan.negatives[:, :2] >= 0).sum()
-    )
+    assert passed[-1] == metrics["mining/kept"] >= metrics["mining/selected"] == (negatives[:, :2] >= 0).sum()
     assert metrics["mining/random_negatives"] == len(triplets)
 
 
