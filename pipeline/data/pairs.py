@@ -48,14 +48,22 @@ def _table(ds: Any, columns: list[str]) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+def _combined(texts: Any) -> pa.Array:
+    """One contiguous Arrow array of a (chunked) column."""
+    if isinstance(texts, pa.ChunkedArray):
+        return texts.combine_chunks() if texts.num_chunks else pa.array([], texts.type)
+    return texts
+
+
 @dataclass
 class PairRows:
     """A pair input as read (:func:`load_pairs`): the (anchor, positive) rows in file order,
     their given negatives, the candidate pool, and what was left out."""
 
-    anchors: list[str]
-    positives: list[str]
-    negatives: list[str] | None
+    anchors: pa.Array
+    """Arrow strings, one per row: a large file never becomes Python strings on the driver."""
+    positives: pa.Array
+    negatives: pa.Array | None
     """Given negative per row (``""``: none for that row); None when the input gives none or
     ``data.given_negatives`` is false."""
     rows_read: int
@@ -67,7 +75,7 @@ class PairRows:
     ``data.given_negatives`` is false."""
     beyond_max_rows: int = 0
     """(anchor, positive) rows after the first ``data.max_rows``, not trained on."""
-    pool: list[str] | None = None
+    pool: pa.Array | None = None
     """The distinct texts of ``data.pool``; None when unset."""
 
     def __len__(self) -> int:
@@ -76,7 +84,9 @@ class PairRows:
     @property
     def given(self) -> int:
         """Rows with a given negative."""
-        return sum(1 for t in self.negatives if t) if self.negatives is not None else 0
+        if self.negatives is None:
+            return 0
+        return int(pc.sum(pc.greater(pc.utf8_length(self.negatives), 0)).as_py() or 0)
 
     def describe(self) -> str:
         """``7710 (anchor, positive) rows of 30993 read (23283 labelled 0, ...), 7710 with a
@@ -148,30 +158,35 @@ def load_pairs(section: DataSection) -> PairRows:
                 f"{label_key}: {section.path} has no row labelled 1 (a pair to train on) among its "
                 f"{rows_read} rows"
             )
-    anchors_list = pc.filter(anchors, pa.array(keep & positive)).to_pylist()
-    if not anchors_list:
+    pair_rows = pa.array(keep & positive)
+    anchor_texts = _combined(pc.filter(anchors, pair_rows))
+    if not len(anchor_texts):
         raise DataError(f"data.path: {section.path} has no non-empty (anchor, positive) pairs")
-    positives_list = pc.filter(seconds, pa.array(keep & positive)).to_pylist()
+    positive_texts = _combined(pc.filter(seconds, pair_rows))
     negative_rows = int((keep & ~positive).sum())
-    negatives_list = None
+    negative_texts = None
     if column_negatives is not None:
-        negatives_list = pc.filter(column_negatives, pa.array(keep & positive)).to_pylist()
+        negative_texts = _combined(pc.filter(column_negatives, pair_rows))
     elif labels is not None and section.given_negatives:
-        negatives_list = round_robin_negatives(
-            anchors_list,
-            positives_list,
-            pc.filter(anchors, pa.array(keep & ~positive)).to_pylist(),
-            pc.filter(seconds, pa.array(keep & ~positive)).to_pylist(),
+        # Per-anchor bookkeeping in Python: labelled files are the annotated corpora (tens of
+        # thousands of rows), not the web-scale pair files.
+        negative_rows_mask = pa.array(keep & ~positive)
+        dealt = round_robin_negatives(
+            anchor_texts.to_pylist(),
+            positive_texts.to_pylist(),
+            pc.filter(anchors, negative_rows_mask).to_pylist(),
+            pc.filter(seconds, negative_rows_mask).to_pylist(),
         )
+        negative_texts = pa.array(dealt, pa.string())
     beyond = 0
-    if section.max_rows is not None and len(anchors_list) > section.max_rows:  # pair files keep their order
-        beyond = len(anchors_list) - section.max_rows
-        anchors_list, positives_list = anchors_list[: section.max_rows], positives_list[: section.max_rows]
-        negatives_list = negatives_list[: section.max_rows] if negatives_list is not None else None
+    if section.max_rows is not None and len(anchor_texts) > section.max_rows:  # pair files keep their order
+        beyond = len(anchor_texts) - section.max_rows
+        anchor_texts, positive_texts = anchor_texts[: section.max_rows], positive_texts[: section.max_rows]
+        negative_texts = negative_texts[: section.max_rows] if negative_texts is not None else None
     return PairRows(
-        anchors_list,
-        positives_list,
-        negatives_list,
+        anchor_texts,
+        positive_texts,
+        negative_texts,
         rows_read,
         empty_dropped=int((~keep).sum()),
         negative_rows=negative_rows,
@@ -181,13 +196,14 @@ def load_pairs(section: DataSection) -> PairRows:
 
 
 def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | None, int]:
-    """``(anchors, positives, negatives, rows read)`` of :func:`load_pairs` (which also gives
-    the candidate pool and the counts)."""
+    """``(anchors, positives, negatives, rows read)`` of :func:`load_pairs` as Python lists
+    (which also gives the candidate pool and the counts); for small files and tests."""
     rows = load_pairs(section)
-    return rows.anchors, rows.positives, rows.negatives, rows.rows_read
+    negatives = rows.negatives.to_pylist() if rows.negatives is not None else None
+    return rows.anchors.to_pylist(), rows.positives.to_pylist(), negatives, rows.rows_read
 
 
-def read_pool(section: DataSection) -> list[str]:
+def read_pool(section: DataSection) -> pa.Array:
     """The distinct non-empty texts of ``data.pool`` in first-seen order: lines of a text
     file, ``data.pool_text_column`` of a csv/tsv/jsonl/parquet file, every sentence2 of a
     ``pairs_tsv`` file.
@@ -211,8 +227,8 @@ def read_pool(section: DataSection) -> list[str]:
             require_text_column(ds, path, "data.pool_text_column", section.pool_text_column)
             texts = _table(ds, [section.pool_text_column]).column(section.pool_text_column)
     cleaned = _clean_text(texts)
-    distinct = pc.unique(pc.filter(cleaned, pa.array(_non_empty(cleaned)))).to_pylist()
-    if not distinct:
+    distinct = _combined(pc.unique(pc.filter(cleaned, pa.array(_non_empty(cleaned)))))
+    if not len(distinct):
         raise DataError(f"data.pool: {path} has no non-empty texts")
     return distinct
 

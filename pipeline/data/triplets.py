@@ -8,9 +8,11 @@ Ray Data readers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.data.utf8 import stable_row_id
 
@@ -36,39 +38,65 @@ class Triplets:
         return np.unique(self.pool if self.pool is not None else self.positive)
 
 
+def _strings(texts: Any) -> pa.Array:
+    """``texts`` as one Arrow large_string array (64-bit offsets: a column of many long texts
+    may pass 2 GiB)."""
+    if isinstance(texts, list):
+        texts = pa.array(texts, pa.large_string())
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.large_string())
+    return texts.cast(pa.large_string())
+
+
+def text_ids(texts: pa.Array, chunk: int = 65_536) -> np.ndarray:
+    """:func:`~pipeline.data.utf8.stable_row_id` of each text, a chunk of Python strings at a
+    time (never all of them at once)."""
+    ids = np.empty(len(texts), dtype=np.int64)
+    for start in range(0, len(texts), chunk):
+        part = texts.slice(start, chunk).to_pylist()
+        ids[start : start + len(part)] = [stable_row_id(t) for t in part]
+    return ids
+
+
 def index_triplets(
-    anchors: list[str],
-    positives: list[str],
-    negatives: list[str] | None,
-    pool: list[str] | None = None,
+    anchors: Any,
+    positives: Any,
+    negatives: Any | None,
+    pool: Any | None = None,
 ) -> tuple[pa.Table, Triplets]:
     """One ``(id, text)`` table of every distinct text, sorted by id, and the rows as positions
     in it: each text is tokenized and encoded once however often it occurs.
 
-    ``pool``: candidate texts for mining (``data.pool``); they join the table, and
-    ``Triplets.pool`` holds their positions and the distinct positives'.
+    Texts are Arrow string arrays (or lists); the work is done in Arrow, so a file of millions of
+    rows never becomes millions of Python strings. ``negatives``: one given negative per row,
+    ``""`` where a row has none. ``pool``: candidate texts for mining (``data.pool``); they join
+    the table, and ``Triplets.pool`` holds their positions and the distinct positives'.
     """
-    texts = set(anchors) | set(positives) | ({t for t in negatives if t} if negatives else set())
-    texts |= set(pool or ())
-    ids = np.array([stable_row_id(t) for t in texts], dtype=np.int64)
-    text_list = list(texts)
-    order = np.argsort(ids)
-    table = pa.table({"id": ids[order], "text": [text_list[i] for i in order]})
-    position = {text_list[i]: rank for rank, i in enumerate(order.tolist())}
-    negative = (
-        np.array([position[t] if t else -1 for t in negatives], dtype=np.int64)
-        if negatives is not None
-        else np.full(len(anchors), -1, dtype=np.int64)
-    )
-    positive = np.array([position[t] for t in positives], dtype=np.int64)
+    anchor_texts, positive_texts = _strings(anchors), _strings(positives)
+    negative_texts = _strings(negatives) if negatives is not None else None
+    pool_texts = _strings(pool) if pool is not None else None
+    parts = [anchor_texts, positive_texts]
+    if negative_texts is not None:
+        parts.append(pc.filter(negative_texts, pc.greater(pc.utf8_length(negative_texts), 0)))
+    if pool_texts is not None:
+        parts.append(pool_texts)
+    distinct = pc.unique(pa.concat_arrays(parts))
+    ids = text_ids(distinct)
+    order = np.argsort(ids, kind="stable")
+    texts = distinct.take(pa.array(order))
+    table = pa.table({"id": ids[order], "text": texts.cast(pa.string())})
+
+    def positions(column: pa.Array) -> np.ndarray:
+        found = pc.fill_null(pc.index_in(column, value_set=texts), -1)
+        return found.to_numpy(zero_copy_only=False).astype(np.int64)
+
+    positive = positions(positive_texts)
     triplets = Triplets(
-        np.array([position[t] for t in anchors], dtype=np.int64),
+        positions(anchor_texts),
         positive,
-        negative,
-        pool=(
-            np.union1d(np.array([position[t] for t in pool], dtype=np.int64), positive)
-            if pool is not None
-            else None
-        ),
+        positions(negative_texts)
+        if negative_texts is not None
+        else np.full(len(positive), -1, dtype=np.int64),
+        pool=np.union1d(positions(pool_texts), positive) if pool_texts is not None else None,
     )
     return table, triplets

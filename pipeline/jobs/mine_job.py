@@ -88,7 +88,8 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
             {"simcse.job": "mine", "simcse.output": output, "simcse.model": cfg.model.name_or_path}
         )
         read = load_pairs(cfg.data)
-        anchors, positives, rows = read.anchors, read.positives, read.rows_read
+        # The offline job encodes in this process, so it works on Python lists (a list per column).
+        anchors, positives, rows = read.anchors.to_pylist(), read.positives.to_pylist(), read.rows_read
         pool_note = f", pool {cfg.data.pool}: {len(read.pool)} texts" if read.pool is not None else ""
         echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs{pool_note}")
         texts, pairs = index_pairs(read)
@@ -101,7 +102,15 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
             model_dir = fetch_pretrained_dir(cfg.model.name_or_path, tmp)
             tokenizer = load_tokenizer(model_dir)
             model = load_sentence_encoder(model_dir, pooler=cfg.model.pooler)
-        table, report = mine_pairs(anchors, positives, model, tokenizer, cfg, echo=echo, pool_texts=read.pool)
+        table, report = mine_pairs(
+            anchors,
+            positives,
+            model,
+            tokenizer,
+            cfg,
+            echo=echo,
+            pool_texts=read.pool.to_pylist() if read.pool is not None else None,
+        )
         report.rows_in = rows
         report.pairs_dropped_empty = read.empty_dropped
         report.run_id, report.experiment, report.tracking_uri = (

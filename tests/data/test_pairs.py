@@ -53,24 +53,26 @@ LABELLED = [
 
 def test_headerless_pairs_read_exactly(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "q.tsv", QUOTED)))
-    assert rows.anchors == [QUOTED[0][0], QUOTED[2][0]]
-    assert rows.positives == [QUOTED[0][1], QUOTED[2][1]]
+    assert rows.anchors.to_pylist() == [QUOTED[0][0], QUOTED[2][0]]
+    assert rows.positives.to_pylist() == [QUOTED[0][1], QUOTED[2][1]]
     assert rows.rows_read == 3 and rows.negative_rows == 1
-    assert rows.negatives == ['" wow', ""]  # a field may start with a quote
+    assert rows.negatives.to_pylist() == ['" wow', ""]  # a field may start with a quote
     two = load_pairs(_pairs_tsv(_tsv(tmp_path / "two.tsv", [r[:2] for r in QUOTED])))
-    assert two.anchors == [r[0] for r in QUOTED] and two.positives == [r[1] for r in QUOTED]
+    assert two.anchors.to_pylist() == [r[0] for r in QUOTED] and two.positives.to_pylist() == [
+        r[1] for r in QUOTED
+    ]
     assert two.negatives is None and two.negative_rows == 0  # no labels: every row is a pair
 
 
 def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "l.tsv", LABELLED)))
-    assert list(zip(rows.anchors, rows.positives, strict=True)) == [
+    assert list(zip(rows.anchors.to_pylist(), rows.positives.to_pylist(), strict=True)) == [
         ("a", "a1"),
         ("b", "b1"),
         ("a", "a2"),
         ("a", "a3"),
     ]
-    assert rows.negatives == ["n1", "", "n2", "n1"]  # a's 1st, 2nd, 3rd row: n1, n2, n1 again
+    assert rows.negatives.to_pylist() == ["n1", "", "n2", "n1"]  # a's 1st, 2nd, 3rd row: n1, n2, n1 again
     assert rows.given == 3 and rows.negative_rows == 5 and rows.rows_read == 9
     assert rows.describe() == (
         "4 (anchor, positive) rows of 9 read (5 labelled 0, 0 with an empty field dropped), 3 with a given negative"
@@ -83,7 +85,11 @@ def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     assert sorted(texts[i] for i in triplets.candidate_pool()) == ["a1", "a2", "a3", "b1"]
     # data.max_rows: the first (anchor, positive) rows, negatives assigned as over the whole file
     cut = load_pairs(_pairs_tsv(tmp_path / "l.tsv", max_rows=3))
-    assert cut.anchors == ["a", "b", "a"] and cut.negatives == ["n1", "", "n2"] and cut.beyond_max_rows == 1
+    assert (
+        cut.anchors.to_pylist() == ["a", "b", "a"]
+        and cut.negatives.to_pylist() == ["n1", "", "n2"]
+        and cut.beyond_max_rows == 1
+    )
     # the same file with a header, labels as numbers (csv) or strings (jsonl)
     csv = tmp_path / "l.csv"
     csv.write_text("q,d,y\n" + "".join(f"{a},{t},{y}\n" for a, t, y in LABELLED))
@@ -91,19 +97,24 @@ def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     jsonl.write_text("".join(json.dumps({"q": a, "d": t, "y": y}) + "\n" for a, t, y in LABELLED))
     for path in (csv, jsonl):
         section = DataSection(path=str(path), anchor_column="q", positive_column="d", label_column="y")
-        assert read_pairs(section) == (rows.anchors, rows.positives, rows.negatives, 9)
+        assert read_pairs(section) == (
+            rows.anchors.to_pylist(),
+            rows.positives.to_pylist(),
+            rows.negatives.to_pylist(),
+            9,
+        )
 
 
 def test_given_negatives_off_leaves_label_0_rows_out(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "l.tsv", LABELLED), given_negatives=False))
-    assert rows.anchors == ["a", "b", "a", "a"] and rows.negatives is None and rows.given == 0
+    assert rows.anchors.to_pylist() == ["a", "b", "a", "a"] and rows.negatives is None and rows.given == 0
     table, triplets = index_pairs(rows)
     assert sorted(table.column("text").to_pylist()) == ["a", "a1", "a2", "a3", "b", "b1"]
     assert (triplets.negative == -1).all()
     column = tmp_path / "n.csv"
     column.write_text("anchor,positive,negative\na,a1,n1\nb,b1,n2\n")
     kept = load_pairs(DataSection(path=str(column), negative_column="negative"))
-    assert kept.negatives == ["n1", "n2"]
+    assert kept.negatives.to_pylist() == ["n1", "n2"]
     off = load_pairs(DataSection(path=str(column), negative_column="negative", given_negatives=False))
     assert off.negatives is None
 
@@ -195,7 +206,7 @@ def test_pool_texts_join_the_table_once(ray_local, tmp_path):
     pool_txt = tmp_path / "pool.txt"
     pool_txt.write_text("z1\n  a1 \nz2\n\nz1\na\n")  # a positive, an anchor, a duplicate, an empty line
     rows = load_pairs(_pairs_tsv(pairs, pool=str(pool_txt)))
-    assert rows.pool == ["z1", "a1", "z2", "a"]
+    assert rows.pool.to_pylist() == ["z1", "a1", "z2", "a"]
     table, triplets = index_pairs(rows)
     texts = table.column("text").to_pylist()
     assert len(texts) == len(set(texts))  # every text once, pool texts among anchors and positives
@@ -205,9 +216,9 @@ def test_pool_texts_join_the_table_once(ray_local, tmp_path):
     # a csv pool's data.pool_text_column, and a pairs_tsv pool: every sentence2
     (tmp_path / "pool.csv").write_text("doc\nz3\na2\n")
     csv_pool = load_pairs(_pairs_tsv(pairs, pool=str(tmp_path / "pool.csv"), pool_text_column="doc"))
-    assert csv_pool.pool == ["z3", "a2"]
+    assert csv_pool.pool.to_pylist() == ["z3", "a2"]
     tsv_pool = load_pairs(_pairs_tsv(pairs, pool=str(pairs), pool_format="pairs_tsv"))
-    assert tsv_pool.pool == ["a1", "n1", "b1", "a2", "n2", "n3", "a3"]
+    assert tsv_pool.pool.to_pylist() == ["a1", "n1", "b1", "a2", "n2", "n3", "a3"]
     assert "n3" in index_pairs(tsv_pool)[0].column("text").to_pylist()  # a candidate, not a negative
 
 
