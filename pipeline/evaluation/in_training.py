@@ -122,6 +122,7 @@ class TrainingEvaluator:
         section: EvalSection,
         eval_set: STSEvalSet | None,
         train_corpus: Any,
+        *,
         seed: int,
         rank: int,
         world: int,

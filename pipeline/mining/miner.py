@@ -158,8 +158,9 @@ class HardNegativeMiner:
             rows = np.arange(len(self.corpus))
             return encode_rows(self.model, self.corpus, rows, s.encode_batch_size, self.device)
         return encode_with_actor_pool(
-            self.corpus_table, self.corpus.lengths, self.model_blob, s.pooler, encoder_state,
-            s.encode_batch_size, s.encode_actors, s.encode_num_cpus, s.encode_num_gpus,
+            self.corpus_table, self.corpus.lengths, model_blob=self.model_blob, pooler=s.pooler,
+            encoder_state=encoder_state, batch_size=s.encode_batch_size, actors=s.encode_actors,
+            num_cpus=s.encode_num_cpus, num_gpus=s.encode_num_gpus,
         )  # fmt: skip
 
     def ready(self) -> int:

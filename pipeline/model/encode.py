@@ -156,6 +156,7 @@ class _EncodeBatches:
 def encode_with_actor_pool(
     corpus_table: Any,
     lengths: np.ndarray,
+    *,
     model_blob: bytes,
     pooler: str,
     encoder_state: dict[str, torch.Tensor],

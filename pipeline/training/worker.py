@@ -20,30 +20,24 @@ from typing import Any
 
 import numpy as np
 import ray.train
-import torch
 import torch.distributed as dist
 
 from pipeline.batching.plan import padding_share
-from pipeline.config.schema import Config
 from pipeline.core.seams import hold_once
 from pipeline.evaluation.in_training import EvalOutcome
-from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.flops import CountingEncoder, EncoderFlops
 from pipeline.training.contract import LoopConfig
 from pipeline.training.epoch_rng import seed_epoch
 from pipeline.training.global_batch import GlobalBatch
-from pipeline.training.refresh import Boundary, PlanRefresher, adopt_plan
-from pipeline.training.state import TrainState
-from pipeline.training.step import OptimizerStep, TrainStep
+from pipeline.training.refresh import Boundary, adopt_plan
+from pipeline.training.step import OptimizerStep
 from pipeline.training.worker_reports import (
-    CheckpointReporter,
-    EvalRecorder,
     ProgressLine,
     log_epoch_end,
     log_epoch_start,
     step_metrics,
 )
-from pipeline.training.worker_setup import system_metrics_monitor, worker_parts
+from pipeline.training.worker_setup import WorkerParts, system_metrics_monitor, worker_parts
 
 
 def train_loop_per_worker(loop_config: LoopConfig) -> None:
@@ -69,37 +63,23 @@ class SimCSEWorker:
     adopts the next plan; :meth:`close` ends it.
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        rank: int,
-        world: int,
-        model: SentenceEncoder,
-        ddp_model: Any,
-        train_step: TrainStep,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        state: TrainState,
-        lengths: np.ndarray,
-        refresher: PlanRefresher,
-        evaluator: EvalRecorder | None,
-        checkpoints: CheckpointReporter,
-        logger: Any,
-        peak_tflops: float | None = None,
-    ):
-        self.cfg, self.rank, self.world = cfg, rank, world
-        self.model, self.train_step = model, train_step
-        self.optimizer, self.scheduler = optimizer, scheduler
-        self.optimizer_step = OptimizerStep(model, optimizer, scheduler, cfg.train.max_grad_norm)
-        self.state = state
-        self.lengths = lengths
+    def __init__(self, parts: WorkerParts):
+        cfg = parts.cfg
+        self.cfg, self.rank, self.world = cfg, parts.rank, parts.world
+        self.model, self.train_step = parts.model, parts.train_step
+        self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
+        self.optimizer_step = OptimizerStep(
+            parts.model, parts.optimizer, parts.scheduler, cfg.train.max_grad_norm
+        )
+        self.state = parts.state
+        self.lengths = parts.lengths
         """Tokens per training row (for the plan's padding share)."""
-        self.refresher, self.evaluator, self.checkpoints = refresher, evaluator, checkpoints
-        self.logger = logger
+        self.refresher, self.evaluator, self.checkpoints = parts.refresher, parts.evaluator, parts.checkpoints
+        self.logger = parts.logger
         """Rank 0's metric logger; None on the other ranks and in runs without tracking."""
-        self.counted_model = CountingEncoder(ddp_model, EncoderFlops.of(model))
+        self.counted_model = CountingEncoder(parts.ddp_model, EncoderFlops.of(parts.model))
         """What the train step calls: the DDP model, counting the tokens and FLOPs it encodes."""
-        self.peak_tflops = peak_tflops
+        self.peak_tflops = parts.peak_tflops
         """The device's peak for ``train/mfu`` (None: no MFU logged)."""
         self.progress = ProgressLine(cfg.train.epochs, cfg.train.batch_size)
         # The epoch in progress: its augmentation generator (set by run_epoch), the start of
@@ -115,7 +95,7 @@ class SimCSEWorker:
     def setup(cls, loop_config: LoopConfig, ctx: Any) -> SimCSEWorker:
         """Everything for this rank to train, from the driver's inputs and the Ray Train
         context; from the latest complete checkpoint when the run resumes."""
-        return cls(*worker_parts(loop_config, ctx))
+        return cls(worker_parts(loop_config, ctx))
 
     def start(self) -> None:
         """Before the first epoch: send the metrics the checkpoint carried unsent, redo the

@@ -84,6 +84,7 @@ class CheckpointReporter:
         self,
         model: SentenceEncoder,
         tokenizer: Any,
+        *,
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         best_dir: Path,

@@ -37,7 +37,7 @@ from pipeline.training.refresh import PlanRefresher, random_batches
 from pipeline.training.refresh_policy import RefreshSettings
 from pipeline.training.resume import ResumePoint, find_resume_point
 from pipeline.training.state import TrainState
-from pipeline.training.step import make_train_step
+from pipeline.training.step import TrainStep, make_train_step
 from pipeline.training.worker_reports import CheckpointReporter, EvalRecorder
 
 
@@ -159,7 +159,16 @@ def build_evaluator(
     cfg = loop_config.config
     sts = ray.get(loop_config.eval_ref) if loop_config.eval_ref is not None else None
     retrieval = ray.get(loop_config.retrieval_ref) if loop_config.retrieval_ref is not None else None
-    return TrainingEvaluator(cfg.eval, sts, corpus, cfg.run.seed, rank, world, device, retrieval)
+    return TrainingEvaluator(
+        cfg.eval,
+        sts,
+        corpus,
+        seed=cfg.run.seed,
+        rank=rank,
+        world=world,
+        device=device,
+        retrieval_set=retrieval,
+    )
 
 
 def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.AbstractContextManager[Any]:
@@ -180,10 +189,36 @@ def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.Abst
     )
 
 
-def worker_parts(loop_config: LoopConfig, ctx: Any) -> tuple[Any, ...]:
-    """:class:`~pipeline.training.worker.SimCSEWorker`'s constructor arguments for this rank,
-    from the driver's inputs and the Ray Train context; from the latest complete checkpoint
-    when the run resumes."""
+@dataclass(frozen=True)
+class WorkerParts:
+    """What one rank trains with: :class:`~pipeline.training.worker.SimCSEWorker` is built
+    from one of these (:func:`worker_parts`)."""
+
+    cfg: Config
+    rank: int
+    world: int
+    model: SentenceEncoder
+    ddp_model: Any
+    """``model`` wrapped for DDP (``model`` itself with one worker)."""
+    train_step: TrainStep
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    state: TrainState
+    lengths: np.ndarray
+    """Tokens per training row (for the plan's padding share)."""
+    refresher: PlanRefresher | None
+    evaluator: EvalRecorder | None
+    checkpoints: CheckpointReporter | None
+    logger: Any
+    """Rank 0's metric logger; None on the other ranks and in runs without tracking."""
+    peak_tflops: float | None = None
+    """The device's peak for ``train/mfu`` (None: no MFU logged)."""
+
+
+def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
+    """What :class:`~pipeline.training.worker.SimCSEWorker` trains with on this rank, from the
+    driver's inputs and the Ray Train context; from the latest complete checkpoint when the run
+    resumes."""
     cfg = loop_config.config
     quiet_libraries()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -208,12 +243,32 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> tuple[Any, ...]:
     refresher = PlanRefresher(cfg, rank, inputs.lengths, client)
     sts = build_evaluator(loop_config, inputs.corpus, rank, world, device)
     max_seq_len = cfg.data.max_seq_len
-    return (
-        cfg, rank, world, model, ddp_model,
-        make_train_step(cfg, inputs.corpus, inputs.triplets, device),
-        optimizer, scheduler, state, inputs.lengths, refresher,
-        EvalRecorder(sts, model, inputs.tokenizer, best_dir, max_seq_len, logger) if sts is not None else None,
-        CheckpointReporter(model, inputs.tokenizer, optimizer, scheduler, best_dir, max_seq_len, rank, world, logger),
-        logger,
-        device_peak_tflops(device, cfg.train.peak_tflops),
-    )  # fmt: skip
+    return WorkerParts(
+        cfg=cfg,
+        rank=rank,
+        world=world,
+        model=model,
+        ddp_model=ddp_model,
+        train_step=make_train_step(cfg, inputs.corpus, inputs.triplets, device),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=state,
+        lengths=inputs.lengths,
+        refresher=refresher,
+        evaluator=EvalRecorder(sts, model, inputs.tokenizer, best_dir, max_seq_len, logger)
+        if sts is not None
+        else None,
+        checkpoints=CheckpointReporter(
+            model,
+            inputs.tokenizer,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            best_dir=best_dir,
+            max_seq_len=max_seq_len,
+            rank=rank,
+            world=world,
+            logger=logger,
+        ),  # fmt: skip
+        logger=logger,
+        peak_tflops=device_peak_tflops(device, cfg.train.peak_tflops),
+    )

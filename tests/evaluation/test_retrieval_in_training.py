@@ -56,7 +56,9 @@ def test_retrieval_only_evaluator_scores_the_live_model(tmp_path, tiny_model_dir
     eval_set = RetrievalEvalSet(sets, tokenizer, 32)
     model = load_sentence_encoder(tiny_model_dir, pooler="mean")
     section = EvalSection(retrieval=[s.path for s in sets], select_by="retrieval_pairs_mrr_at_10")
-    evaluator = TrainingEvaluator(section, None, None, 0, 0, 1, torch.device("cpu"), eval_set)
+    evaluator = TrainingEvaluator(
+        section, None, None, seed=0, rank=0, world=1, device=torch.device("cpu"), retrieval_set=eval_set
+    )
     outcome = evaluator.evaluate(model)
     assert (
         outcome is not None
@@ -73,9 +75,16 @@ def test_retrieval_only_evaluator_scores_the_live_model(tmp_path, tiny_model_dir
         "".join(f"g\tf\t2020\t{i}\t{5.0 * label}\t{a}\t{b}\n" for i, (a, b, label) in enumerate(ROWS))
     )
     sts_set = STSEvalSet([read_sts(sts_path)], tokenizer, 32)
-    both = TrainingEvaluator(EvalSection(), sts_set, None, 0, 0, 1, torch.device("cpu"), eval_set).evaluate(
-        model
-    )
+    both = TrainingEvaluator(
+        EvalSection(),
+        sts_set,
+        None,
+        seed=0,
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+        retrieval_set=eval_set,
+    ).evaluate(model)
     assert both is not None and both.selection_score == both.scores[0].spearman
     assert both.retrieval[0].ndcg_at_10 == pytest.approx(beir.ndcg_at_10)
 

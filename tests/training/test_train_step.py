@@ -215,6 +215,7 @@ def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, cor
     from pipeline.model.flops import EncoderFlops
     from pipeline.training.state import TrainState
     from pipeline.training.worker import SimCSEWorker
+    from pipeline.training.worker_setup import WorkerParts
 
     cfg = load_config(None, ["train.batch_size=8", "train.peak_tflops=0.5"])
     plan = random_plan(len(corpus.lengths), 8, seed=3)
@@ -222,8 +223,11 @@ def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, cor
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     metrics = _RecordedMetrics()
     worker = SimCSEWorker(
-        cfg, 0, 1, model, model, make_train_step(cfg, corpus, None, CPU), optimizer, scheduler,
-        TrainState(plan=plan), corpus.lengths, None, None, None, metrics, peak_tflops=0.5,
+        WorkerParts(
+            cfg=cfg, rank=0, world=1, model=model, ddp_model=model, train_step=make_train_step(cfg, corpus, None, CPU),
+            optimizer=optimizer, scheduler=scheduler, state=TrainState(plan=plan), lengths=corpus.lengths,
+            refresher=None, evaluator=None, checkpoints=None, logger=metrics, peak_tflops=0.5,
+        )
     )  # fmt: skip
     worker.train_batch(0)
     (logged,) = metrics.logged
