@@ -38,19 +38,27 @@ STEPS_PER_EPOCH, MID_EPOCH_CHECKPOINT, KILLED_BEFORE_STEP = 25, 30, 36
 
 @pytest.fixture(scope="module")
 def faulted_run(tmp_path_factory):
-    """One job, two faults: the miner is SIGKILLed while it computes the epoch-1 refresh (held
-    there by the seam), then rank 0's train worker is SIGKILLed in the middle of epoch 2,
-    between two checkpoints."""
+    """One job, three faults: the miner is SIGKILLed while it loads at the start and again while
+    it computes the epoch-1 refresh (held there by the seams), then rank 0's train worker is
+    SIGKILLed in the middle of epoch 2, between two checkpoints."""
     cwd = tmp_path_factory.mktemp("faults")
     holds = cwd / "holds"
     holds.mkdir()
-    env = {HOLD_ENV: f"miner_refresh=1,train_step={KILLED_BEFORE_STEP}", HOLD_DIR_ENV: str(holds)}
+    env = {
+        HOLD_ENV: f"miner_start=0,miner_refresh=1,train_step={KILLED_BEFORE_STEP}",
+        HOLD_DIR_ENV: str(holds),
+    }
     overrides = ["run.name=faults", "train.epochs=2", "checkpoint.every_steps=10", "train.log_every=5",
                  "tracking.flush_every_s=1"]  # fmt: skip
     job = RunningJob(cwd, overrides, env)
     run_dir = cwd / "runs" / "faults"
     facts: dict = {"cwd": cwd}
     try:
+        # Ray restarts a miner that dies while it loads; the job asks it again and goes on.
+        wait_for(lambda: (holds / "miner_start=0.held").exists(), 400, "the miner's start", job)
+        (starting,) = job.processes("HardNegativeMiner")
+        starting.kill()
+        facts["miner_killed_at_start_pid"] = starting.pid
         wait_for(lambda: (holds / "miner_refresh=1.held").exists(), 400, "the epoch-1 refresh", job)
         # Only now: the job has made its MLflow store (two processes creating it at once collide).
         client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlruns.db'}")
@@ -130,6 +138,8 @@ def test_miner_killed_during_refresh_is_restarted_and_remines(faulted_run):
     out = faulted_run["output"]
     assert faulted_run["returncode"] == 0, out[-4000:]
     assert "[mining] the miner actor died during refresh v1" in out
+    # Killed while it loaded, the miner was restarted by Ray and asked again: no error.
+    assert "ActorUnavailableError" not in out and "was not placed" not in out
     assert "re-mining from the weights at step" in out
     assert "the miner actor was restarted 1x" in out
     client, run_id = faulted_run["client"], faulted_run["runs"][0].info.run_id

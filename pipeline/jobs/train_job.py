@@ -30,6 +30,7 @@ from pipeline.config.loading import dump_yaml
 from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
 from pipeline.core.errors import first_line
+from pipeline.core.retry import call_with_retries
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
 from pipeline.evaluation.in_training import check_eval_sets
@@ -228,8 +229,17 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     try:
         try:
             inputs = miner_inputs(refs.corpus, refs.model, refs.triplets)
-            miner_pid = ray.get(miner.ready.remote(inputs), timeout=cfg.mining.start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
+            deadline = time.monotonic() + cfg.mining.start_timeout_s
+            # A miner that dies while it loads (memory pressure on a busy node) is restarted by
+            # Ray (mining.max_restarts); calls made meanwhile fail at once: ask again until the
+            # deadline rather than fail the job before its first step.
+            miner_pid = call_with_retries(
+                lambda: ray.get(miner.ready.remote(inputs), timeout=max(0.1, deadline - time.monotonic())),
+                retry_on=ray.exceptions.ActorUnavailableError,
+                timeout_s=cfg.mining.start_timeout_s,
+                wait_s=1.0,
+            )
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
             raise TimeoutError(
                 f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "
                 f"was not placed within mining.start_timeout_s={cfg.mining.start_timeout_s:g}s"

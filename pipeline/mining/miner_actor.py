@@ -10,6 +10,7 @@ from typing import Any
 import ray
 import torch
 
+from pipeline.core.seams import hold_once
 from pipeline.mining.miner import HardNegativeMiner, RefreshReport
 from pipeline.mining.miner_settings import MinerSettings
 
@@ -36,6 +37,7 @@ class HardNegativeMinerActor:
 
     def ready(self, inputs: list[Any]) -> int:
         """This actor's process id, once the miner is loaded (see :meth:`HardNegativeMiner.ready`)."""
+        hold_once("miner_start", 0)
         return self._loaded(inputs).ready()
 
     def refresh(
