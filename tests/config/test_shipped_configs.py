@@ -53,8 +53,8 @@ def test_your_corpus_config_is_a_real_model_recipe_the_readme_example_uses():
     assert cfg.eval.sts == [] and cfg.tracking.experiment == "simcse"
     assert cfg.data.generated.sts_pairs == 0 and cfg.run.name is None
 
-    # The README's "Train on your corpus and model" command runs this config, and what it sets loads.
-    words = shlex.split(_readme_block("Train on your corpus and model").replace("\\\n", " "))
+    # The README's corpus quickstart runs this config, and what it sets loads.
+    words = shlex.split(_readme_block("Quickstart: your corpus (unsupervised SimCSE)").replace("\\\n", " "))
     assert words[words.index("--config") + 1] == "jobs/configs/your-corpus.yaml"
     overrides = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
     assert any(o.startswith("data.path=") for o in overrides)
