@@ -14,9 +14,8 @@ Every run is scored as it ends, not at its best epoch (the peer has no best epoc
 run's scores are read from its MLflow metric history at the last evaluation step.
 
     python jobs/recipes/prepare.py --data ../shared/data          # once: runs/recipe-data
-    python -m bench.hard_negatives --task cnsd --variants random,knn,rwr,clusters,mixed,peer \\
+    python -m bench.hard_negatives --task cnsd --variants random,knn,peer \\
         --seeds 1,2,3 --skip-done                                    # a grid, resumable in chunks
-    python -m bench.hard_negatives --task wiki --variants knn+debias,knn+cluster-debias --seeds 1,2,3
     python -m bench.hard_negatives --task cnsd --variants knn,peer --seeds 1 --max-rows 256 --epochs 2
     python -m bench.hard_negatives --task snli --seeds 1,2,3         # the triplet variants, 2 epochs
     python -m bench.hard_negatives --report                          # markdown table of the results
@@ -28,9 +27,9 @@ run's scores are read from its MLflow metric history at the last evaluation step
 
 Tasks ``cnsd`` and ``wiki`` (unsupervised SimCSE, the corpus task; baseline ``random``):
 ``random`` (refresh on, random batches: ``mining.batch_sampler=random``), ``random-norefresh``
-(``mining.enabled=false``), ``knn``, ``rwr``, ``clusters``, ``mixed``
-(``mining.batch_sampler=<name>``), any of those plus ``+debias`` (``mining.debias=threshold``)
-or ``+cluster-debias`` (``mining.debias=cluster``), and ``peer``.
+(``mining.enabled=false``), ``knn`` (``mining.batch_sampler=knn``) and ``peer``. The ``rwr``,
+``clusters`` and ``mixed`` samplers and the ``+debias`` forms that docs/results.md records
+were removed from the pipeline (none beat ``random`` by more than the seed spread).
 
 Task ``snli`` (recipe (b): supervised SimCSE on SNLI triplets, ``task: pairs``,
 STS-B dev; baseline ``given``): ``given`` (``mining.enabled=false``: each anchor's given
@@ -109,7 +108,6 @@ RESULTS_DIR = REPO / "bench" / "results"
 """Results lines are tracked in git: run folders under ``runs/`` are scratch and do not outlive a
 checkout, and a grid takes hours, so each finished run's line is kept with the code that made it."""
 RECIPE_DATA = REPO / "runs" / "recipe-data"
-DEBIAS = {"debias": "threshold", "cluster-debias": "cluster"}
 TRIPLET_VARIANTS = {
     "given": ["mining.enabled=false"],
     "mined": ["mining.enabled=true", "mining.num_negatives=1"],
@@ -184,7 +182,7 @@ class TaskSpec:
     """``--results`` by default, under ``bench/results/`` (tracked)."""
 
 
-SAMPLER_VARIANTS = "random,knn,rwr,clusters,mixed,knn+debias,peer"
+SAMPLER_VARIANTS = "random,knn,peer"
 TASKS = {
     "cnsd": TaskSpec(
         "jobs/configs/recipe-cnsd-unsup.yaml", triplet=False, baseline="random", variants=SAMPLER_VARIANTS
@@ -213,7 +211,6 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
         ValueError: a variant that is unknown or not one of ``task``'s (a sampler for a triplet
             task, a triplet variant for an unsupervised one), naming ``task``'s.
     """
-    sampler, _, debias = variant.partition("+")
     if TASKS[task].retrieval:
         if variant in RETRIEVAL_ARMS:
             return [*RETRIEVAL_ARMS[variant], *NO_TRAINING_EVAL]
@@ -226,21 +223,16 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
         if variant in PEERS:
             return None
         known = ", ".join([*TRIPLET_VARIANTS, *PEERS])
-        other_mode = variant == "random-norefresh" or sampler in SAMPLERS
-        why = f"Batch samplers and debiasing are for the corpus task (tasks {tasks(False)}); {task} trains triplets"
+        other_mode = variant == "random-norefresh" or variant in SAMPLERS
+        why = f"Batch samplers are for the corpus task (tasks {tasks(False)}); {task} trains triplets"
     else:
         if variant == "peer":
             return None
         if variant == "random-norefresh":
             return ["mining.enabled=false"]
-        if sampler in SAMPLERS and (not debias or debias in DEBIAS):
-            return [f"mining.batch_sampler={sampler}"] + (
-                [f"mining.debias={DEBIAS[debias]}"] if debias else []
-            )
-        known = (
-            f"peer, random-norefresh, {', '.join(SAMPLERS)}, optionally with +{' or +'.join(DEBIAS)} "
-            "(e.g. knn+debias)"
-        )
+        if variant in SAMPLERS:
+            return [f"mining.batch_sampler={variant}"]
+        known = f"peer, random-norefresh, {', '.join(SAMPLERS)}"
         other_mode = variant in TRIPLET_VARIANTS or variant in PEERS
         why = f"The triplet variants and peer-mined are for the pairs task (tasks {tasks(True)}); {task} is unsupervised"
     raise ValueError(
@@ -859,15 +851,13 @@ def paired_difference(variant: dict[int, float], baseline: dict[int, float]) -> 
 
 def variant_order(variant: str, baseline: str = BASELINE) -> tuple[int, str]:
     """The baseline first, then ``random-norefresh``, the samplers in the order of
-    :data:`SAMPLERS` (each before its debiased forms), the triplet variants, anything else, the
-    peers last."""
+    :data:`SAMPLERS`, the triplet variants, anything else, the peers last."""
     if variant == baseline:
         return (0, variant)
     known = ["random-norefresh", *SAMPLERS, *TRIPLET_VARIANTS]
     if variant in PEERS:
         return (100 + list(PEERS).index(variant), variant)
-    base = variant if variant in known else variant.partition("+")[0]
-    return (1 + known.index(base) if base in known else 50, variant)
+    return (1 + known.index(variant) if variant in known else 50, variant)
 
 
 def mined_count(record: dict[str, Any]) -> float | None:

@@ -80,7 +80,7 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
         (keys,) = text_keys(texts)
         settings = PlanSettings(batch_sampler="knn")  # the sampler docs/benchmarks.md measured
         return plan_from_neighbours(
-            knn, embeddings, keys, NegativeFilters(), settings, batch_size, seed=0, version=1
+            knn, keys, NegativeFilters(), settings, batch_size, seed=0, version=1
         ).plan
 
     stage("filter+plan", results, filter_and_plan)

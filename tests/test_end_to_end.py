@@ -284,8 +284,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         "train.batch_size=32",
         "train.dup_rate=0.32",  # ESimCSE word repetition on the second view
         "train.group_by_length=true",
-        "mining.batch_sampler=mixed",  # a refreshed epoch from another sampler, debiased
-        "mining.debias=threshold",
+        "mining.batch_sampler=knn",  # a refreshed epoch from the other sampler
         "tracking.experiment=folder",
         f"eval.retrieval={pairs}",
     )
@@ -315,15 +314,14 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     assert f"groups ndcg@10 {ndcg[0]:.2f} -> {ndcg[best_step]:.2f}; exported epoch" in proc.stdout
     assert run.info.status == "FINISHED" and run.data.params["model.name_or_path"] == str(tiny_model_dir)
     assert run.data.params["train.dup_rate"] == "0.32"
-    # Epoch 2 trained on the mixed sampler's plan, carrying each row's likely paraphrases to
-    # the workers; the miner logged how many of them share a batch.
-    assert [run.data.tags[f"plan.sampler.epoch_{e}"] for e in (1, 2)] == ["random", "mixed"]
+    # Epoch 2 trained on the knn sampler's plan, which the checkpoint carries; the miner logged
+    # how many of the rows' flagged false negatives share a batch.
+    assert [run.data.tags[f"plan.sampler.epoch_{e}"] for e in (1, 2)] == ["random", "knn"]
     state, _ = load_checkpoint(max((p for p in (tmp_path / "runs/folder").glob("checkpoint_*") if p.is_dir()),
                                    key=lambda p: p.stat().st_mtime))  # fmt: skip
-    assert state.plan.sampler == "mixed" and state.plan.paraphrases.shape[0] == len(texts)
-    assert (state.plan.paraphrases >= 0).any()
+    assert state.plan.sampler == "knn" and sorted(state.plan.rows.tolist()) == list(range(len(texts)))
     (refreshed,) = refresh_table(_client(tmp_path), run.info.run_id)
-    assert refreshed["debias_pairs_in_batches"] >= 0 and refreshed["debias_flagged"] > 0
+    assert 0 <= refreshed["false_negative_pairs_in_batches"] <= refreshed["false_negatives_flagged"]
     # Epoch 1 trained on length-grouped batches: the plan an independent tokenization gives.
     from transformers import AutoTokenizer
 

@@ -1,6 +1,5 @@
 """Batches built row by row over the rows no batch holds yet, each candidate checked against
-the batch's flagged false negatives: the growth the neighbourhood, random-walk and mixed
-samplers share.
+the batch's flagged false negatives: how the ``knn`` sampler grows its batches.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ class BatchBuilder:
     def __init__(self, num_rows: int, false_negatives: np.ndarray | None, visit_order: np.ndarray):
         self.graph = FalseNegativeGraph(false_negatives) if false_negatives is not None else None
         self.visit_order = visit_order
-        # A bytearray, not a numpy array: the walks index it once per step, and a bytearray
-        # item is several times cheaper to read than a numpy scalar.
+        # A bytearray, not a numpy array: batch growth reads it once per candidate, and a
+        # bytearray item is several times cheaper to read than a numpy scalar.
         self.assigned = bytearray(num_rows)
         self.cursor = 0
         """Every row of ``visit_order`` before it is assigned."""
@@ -48,18 +47,6 @@ class BatchBuilder:
         while self.cursor < len(order) and assigned[order[self.cursor]]:
             self.cursor += 1
         return int(order[self.cursor]) if self.cursor < len(order) else None
-
-    def next_joinable(self) -> int | None:
-        """The first unassigned row of the random order that can join the batch (not yet
-        added), None when there is none."""
-        if self.next_unassigned() is None:
-            return None
-        order, assigned = self.visit_order, self.assigned
-        for scan in range(self.cursor, len(order)):
-            row = int(order[scan])
-            if not assigned[row] and self.can_join(row):
-                return row
-        return None
 
     def can_join(self, row: int) -> bool:
         """Whether ``row`` is no member's false negative and no member is its false negative."""

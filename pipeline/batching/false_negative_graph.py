@@ -1,7 +1,7 @@
 """Which rows must not share a batch: a row and a row it flags, or a row that flags it (pairs
 are checked both ways). One graph serves every sampler: while batches are built
-(:class:`~pipeline.batching.batch_builder.BatchBuilder`, ``cluster_plan``'s placement) and
-after (:func:`~pipeline.batching.separation.separate_false_negatives`).
+(:class:`~pipeline.batching.batch_builder.BatchBuilder`) and after
+(:func:`~pipeline.batching.separation.separate_false_negatives`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,6 @@ class FalseNegativeGraph:
     def partners(self, row: int) -> np.ndarray:
         """The rows that must not share a batch with ``row`` (a mutual flag appears twice)."""
         return self._partners[self._bounds[row] : self._bounds[row + 1]]
-
-    def degree(self) -> np.ndarray:
-        """``(n,)`` partners per row."""
-        return np.diff(self._bounds)
 
     def together(self, batch_of: np.ndarray) -> int:
         """How many flagged pairs share a batch, given each row's batch (as

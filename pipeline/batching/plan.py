@@ -9,9 +9,7 @@ are a column of the training rows (``TrainState.negatives``), not part of the pl
 
 Epoch 1 uses :func:`~pipeline.batching.samplers.random_plan` (optionally grouped by length);
 after each refresh of a corpus the miner plans the next epoch with the sampler
-``mining.batch_sampler`` names (``pipeline/batching/samplers.py``, ``graph_samplers.py``,
-``cluster_sampler.py``), and ships with the plan what the loss needs to debias its in-batch
-negatives (``paraphrases`` / ``clusters``).
+``mining.batch_sampler`` names (``pipeline/batching/samplers.py``).
 """
 
 from __future__ import annotations
@@ -32,13 +30,6 @@ class BatchPlan:
     """``(num_batches,)`` int64 rows per batch."""
     sampler: str = "random"
     """The sampler that grouped the rows (``mining.batch_sampler``; ``random`` for epoch 1)."""
-    paraphrases: np.ndarray | None = None
-    """``(n, m)`` rows the miner marks as likely paraphrases of each row (refresh-model
-    similarity above ``mining.debias_threshold``), -1 elsewhere; the loss masks or
-    down-weights them as in-batch negatives (``mining.debias: threshold``). None: no debiasing."""
-    clusters: np.ndarray | None = None
-    """``(n,)`` k-means cluster of each row under the refresh model; rows of one cluster
-    are treated as likely false negatives of each other (``mining.debias: cluster``)."""
 
     @property
     def num_batches(self) -> int:
@@ -63,7 +54,7 @@ class BatchPlan:
 
         digest = hashlib.blake2b(digest_size=6)
         digest.update(str(self.version).encode())
-        for part in (self.rows, self.sizes, negatives, self.paraphrases, self.clusters):
+        for part in (self.rows, self.sizes, negatives):
             if part is not None:
                 digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
         return int.from_bytes(digest.digest(), "little")
@@ -78,23 +69,15 @@ class BatchPlan:
             "rows": self.rows,
             "sizes": self.sizes,
             "sampler": self.sampler,
-            "paraphrases": self.paraphrases,
-            "clusters": self.clusters,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> BatchPlan:
-        def optional(key: str) -> np.ndarray | None:
-            value = data.get(key)
-            return None if value is None else np.asarray(value, dtype=np.int64)
-
         return cls(
             int(data["version"]),
             np.asarray(data["rows"], dtype=np.int64),
             np.asarray(data["sizes"], dtype=np.int64),
             str(data.get("sampler", "random")),
-            optional("paraphrases"),
-            optional("clusters"),
         )
 
 

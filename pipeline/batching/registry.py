@@ -3,8 +3,7 @@
 Config validation (``mining.batch_sampler``'s allowed values), the miner's factory
 (:func:`build_plan`) and the docs table (docs/configuration.md, held to :data:`SAMPLERS` by
 tests/batching/test_registry.py) all read this. A new sampler is one entry here plus its
-function in :mod:`~pipeline.batching.samplers`, :mod:`~pipeline.batching.graph_samplers` or
-:mod:`~pipeline.batching.cluster_sampler`.
+function in :mod:`~pipeline.batching.samplers`.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.batching.cluster_sampler import cluster_plan
-from pipeline.batching.graph_samplers import mixed_plan, random_walk_plan
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
@@ -25,7 +22,6 @@ class Sampler:
     summary: str
     """One line for the docs table."""
     build: Callable[[SamplerInputs], BatchPlan]
-    needs_clusters: bool = False
 
 
 SAMPLERS: dict[str, Sampler] = {
@@ -38,18 +34,6 @@ SAMPLERS: dict[str, Sampler] = {
         Sampler(
             "knn", "each batch grown from a random seed row through its nearest neighbours (Prim's order)",
             neighbourhood_plan,
-        ),
-        Sampler(
-            "rwr", "a random walk with restart on the k-NN graph (BatchSampler, KDD 2023)",
-            random_walk_plan,
-        ),
-        Sampler(
-            "clusters", "FAISS k-means over the refreshed embeddings, each batch from clusters_per_batch clusters",
-            cluster_plan, needs_clusters=True,
-        ),
-        Sampler(
-            "mixed", "mixed_share of each batch from neighbour groups of mixed_group_size, the rest random",
-            mixed_plan,
         ),
     )
 }  # fmt: skip

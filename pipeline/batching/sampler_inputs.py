@@ -23,9 +23,3 @@ class SamplerInputs:
     batch_size: int
     seed: int
     version: int
-    clusters: np.ndarray | None = None
-    """``(n,)`` k-means cluster per row, for samplers with ``needs_clusters``."""
-    restart_probability: float = 0.2
-    clusters_per_batch: int = 4
-    mixed_share: float = 0.5
-    mixed_group_size: int = 4

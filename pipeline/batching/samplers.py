@@ -113,7 +113,6 @@ def shuffled_plan(
     rng: np.random.Generator,
     version: int,
     sampler: str,
-    like: np.ndarray | None = None,
 ) -> BatchPlan:
     """The plan of ``batches`` in a random order, flagged pairs first swapped apart.
 
@@ -125,12 +124,11 @@ def shuffled_plan(
             batch) and the order.
         version: plan version to record.
         sampler: the sampler's name to record.
-        like: optional ``(n,)`` labels swaps prefer to keep (see :func:`separate_false_negatives`).
 
     Returns:
         The plan.
     """
-    separated, _ = separate_false_negatives([np.asarray(b) for b in batches], false_negatives, rng, like)
+    separated, _ = separate_false_negatives([np.asarray(b) for b in batches], false_negatives, rng)
     order = rng.permutation(len(separated))
     rows = np.concatenate([separated[b] for b in order]).astype(np.int64)
     sizes = np.array([len(separated[b]) for b in order], dtype=np.int64)

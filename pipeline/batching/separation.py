@@ -27,12 +27,12 @@ def separate_false_negatives(
     For each row r that shares its batch A with a flagged partner, random rows s of other
     batches B are tried; the first for which the swap creates no new conflict (r has no
     partner in B without s, s none in A without r) is swapped with r. Batch sizes never
-    change. With ``like`` (labels such as clusters or row lengths), the tries go in three
-    rounds of ``attempts``, so that each batch keeps its make-up where it can:
+    change. With ``like`` (labels such as row lengths), the tries go in three rounds of
+    ``attempts``, so that each batch keeps its make-up where it can:
 
     1. s of r's own label: every batch keeps its labels exactly;
     2. s of a batch holding r's label, s's label one A holds: no batch gains a label (a
-       batch keeps its clusters, its widest row);
+       batch keeps its widest row);
     3. any s.
 
     Work is bounded: at most ``passes x conflicting rows x 3 attempts`` tries, each

@@ -114,8 +114,6 @@ _MINING_TABLE = [
     MetricSpec("mining/random_batch_similarity_mean", "table", "Corpus task: the same for random batches."),
     MetricSpec("mining/false_negatives_flagged", "table", "Rows with a likely false negative flagged."),
     MetricSpec("mining/false_negative_pairs_in_batches", "table", "Flagged pairs that still share a batch."),
-    MetricSpec("mining/debias_flagged", "table", "Entries the debiasing rule flagged (mining.debias)."),
-    MetricSpec("mining/debias_pairs_in_batches", "table", "Flagged pairs left together in a batch."),
 ]
 _PARAMS = [
     MetricSpec("data/rows", "param", "Training rows (sentences, or pairs in the pairs task)."),

@@ -80,39 +80,9 @@ class MiningSection:
     sampler covers each row once, in balanced batches, and keeps flagged false negatives
     apart. ``random`` (the default, because no sampler has yet beaten it on dev scores by
     more than the seed spread: docs/results.md): random batches with each row's flagged
-    false negatives kept apart; the refresh then measures (``mining/`` metrics) and serves
-    debiasing.
+    false negatives kept apart; the refresh then measures them (``mining/`` metrics).
     ``knn``: each batch grown from a seed row's nearest neighbours (Prim's order), the
-    BatchSampler paper's kNN baseline. ``rwr``: random walk with restart on the k-NN graph
-    (BatchSampler). ``clusters``: FAISS k-means over the refreshed embeddings, each batch
-    drawn from ``clusters_per_batch`` clusters. ``mixed``: ``mixed_share`` of each batch
-    from neighbour groups of ``mixed_group_size``, the rest random. See docs/results.md for
-    what each measured."""
-    restart_probability: float = 0.2
-    """``rwr``: chance per step that the walk goes back to the batch's start row (as the
-    authors' code, THUDM/BatchSampler, does; their scripts use 0.2). A walk that adds nothing
-    for a while jumps to a random unassigned row, which becomes the new start."""
-    num_clusters: int | None = None
-    """``clusters`` sampler and ``debias: cluster``: k-means clusters (``None``: one per
-    ``train.batch_size`` rows)."""
-    clusters_per_batch: int = 4
-    """``clusters``: clusters each batch is drawn from."""
-    mixed_share: float = 0.5
-    """``mixed``: share of each batch taken from neighbour groups."""
-    mixed_group_size: int = 4
-    """``mixed``: rows per neighbour group (a seed row and its nearest allowed neighbours)."""
-    debias: Literal["none", "threshold", "cluster"] = "none"
-    """In-batch false-negative debiasing (the corpus task): ``threshold`` treats in-batch
-    candidates whose refresh-model similarity to the anchor is above ``debias_threshold``
-    (among its ``top_k`` neighbours) as likely paraphrases; ``cluster`` treats rows of the
-    same k-means cluster so (ClusterNS). Their terms in the anchor's softmax are multiplied
-    by ``debias_weight`` (``log(weight)`` added to the logit)."""
-    debias_threshold: float = 0.8
-    """``debias: threshold``: cosine similarity under the refresh model above which an
-    in-batch candidate counts as a likely paraphrase."""
-    debias_weight: float = 0.0
-    """Weight of a likely paraphrase in the anchor's softmax: 0 masks it out (DCLR's hard
-    rule), a value in (0, 1) down-weights it."""
+    BatchSampler paper's kNN baseline. See docs/results.md for what each measured."""
     random_negatives: int = 0
     """Pairs task: random negatives added per anchor beside its ``num_negatives`` mined
     ones (drawn from the positives' pool, duplicates of the anchor and positive excluded);
@@ -165,12 +135,5 @@ class MiningSection:
             ("mining.timeout_s", self.timeout_s > 0, "must be > 0"),
             ("mining.start_timeout_s", self.start_timeout_s > 0, "must be > 0"),
             ("mining.max_staleness_steps", self.max_staleness_steps >= 0, "must be >= 0"),
-            ("mining.restart_probability", 0 < self.restart_probability < 1, "must be in (0, 1)"),
-            ("mining.num_clusters", self.num_clusters is None or self.num_clusters >= 2, "must be >= 2"),
-            ("mining.clusters_per_batch", self.clusters_per_batch >= 1, "must be >= 1"),
-            ("mining.mixed_share", 0 <= self.mixed_share <= 1, "must be in [0, 1]"),
-            ("mining.mixed_group_size", 2 <= self.mixed_group_size <= 8, "must be in [2, 8]"),
-            ("mining.debias_threshold", -1 <= self.debias_threshold <= 1, "must be in [-1, 1]"),
-            ("mining.debias_weight", 0 <= self.debias_weight < 1, "must be in [0, 1)"),
             ("mining.random_negatives", self.random_negatives >= 0, "must be >= 0"),
         ]

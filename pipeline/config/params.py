@@ -24,10 +24,6 @@ def _ivf(cfg: Config) -> bool:
     return cfg.mining.index != "flat"
 
 
-def _sampler(*names: str) -> Callable[[Config], bool]:
-    return lambda cfg: not _pairs(cfg) and cfg.mining.batch_sampler in names
-
-
 RULES: list[Rule] = [
     ("train.gpus_per_worker", lambda cfg: cfg.train.use_gpu),
     ("train.compile_mode", lambda cfg: cfg.train.compile),
@@ -47,7 +43,7 @@ RULES: list[Rule] = [
     ("eval.whitening_rows", lambda cfg: cfg.eval.whitening),
     ("tracking.system_metrics_interval_s", lambda cfg: cfg.tracking.system_metrics),
     # Mining: nothing but mining.enabled when no miner runs; then what the chosen mode,
-    # index, sampler and debiasing read.
+    # index and sampler read.
     ("mining.", lambda cfg: cfg.runs_miner),
     ("mining.mode", lambda cfg: cfg.mining.refreshes_at_boundaries),
     (
@@ -63,14 +59,6 @@ RULES: list[Rule] = [
     ("mining.num_negatives", _pairs),
     ("mining.random_negatives", _pairs),
     ("mining.batch_sampler", lambda cfg: not _pairs(cfg)),
-    ("mining.restart_probability", _sampler("rwr")),
-    ("mining.clusters_per_batch", _sampler("clusters")),
-    ("mining.num_clusters", lambda cfg: _sampler("clusters")(cfg) or cfg.mining.debias == "cluster"),
-    ("mining.mixed_share", _sampler("mixed")),
-    ("mining.mixed_group_size", _sampler("mixed")),
-    ("mining.debias", lambda cfg: not _pairs(cfg)),
-    ("mining.debias_threshold", lambda cfg: not _pairs(cfg) and cfg.mining.debias == "threshold"),
-    ("mining.debias_weight", lambda cfg: not _pairs(cfg) and cfg.mining.debias != "none"),
 ]
 
 

@@ -14,9 +14,25 @@ from pipeline.config.model_section import ModelSection
 from pipeline.config.train_section import CheckpointSection, TrainSection
 from pipeline.core.errors import ConfigError
 
+_REMOVED_DEBIAS = (
+    "in-batch debiasing was removed (it never beat random batches by more than the seed spread, "
+    "docs/results.md); delete the key"
+)
+_REMOVED_SAMPLERS = (
+    "the rwr, clusters and mixed samplers were removed (none beat random batches by more than the "
+    "seed spread, docs/results.md); delete the key"
+)
 REMOVED_KEYS = {
     "mining.negative_mode": "write `task: pairs` at the top of the config for triplet, "
     "`task: corpus` (the default) for neighbourhood",
+    "mining.debias": _REMOVED_DEBIAS,
+    "mining.debias_threshold": _REMOVED_DEBIAS,
+    "mining.debias_weight": _REMOVED_DEBIAS,
+    "mining.restart_probability": _REMOVED_SAMPLERS,
+    "mining.num_clusters": _REMOVED_SAMPLERS,
+    "mining.clusters_per_batch": _REMOVED_SAMPLERS,
+    "mining.mixed_share": _REMOVED_SAMPLERS,
+    "mining.mixed_group_size": _REMOVED_SAMPLERS,
 }
 """Keys an older config may still carry, and what to write instead (one line each)."""
 
@@ -112,11 +128,6 @@ class Config:
                 "mining.range_max",
                 mining.range_max is None or self.range_min < mining.range_max <= top_k,
                 "must be in (mining.range_min, mining.top_k]",
-            ),
-            (
-                "mining.debias",
-                mining.debias == "none" or not self.pairs,
-                "needs task: corpus (pairs have no in-batch debiasing)",
             ),
             (
                 "mining.refresh",

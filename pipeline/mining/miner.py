@@ -31,7 +31,6 @@ from pipeline.mining.index import estimate_index_bytes, knn_search
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.plan_quality import (
     _first_valid_scores,
-    debias_counts,
     false_negative_pairs,
     in_batch_pair_similarities,
     plan_churn,
@@ -191,9 +190,8 @@ class HardNegativeMiner:
         knn = knn_search(embeddings, k, use_gpu=s.use_gpu, spec=s.search.index, seed=s.seed + version)
         t1 = time.perf_counter()
         refreshed = plan_from_neighbours(
-            knn, embeddings, self.text_keys, s.filters, s.plan, s.batch_size, s.seed + version, version,
-            use_gpu=s.use_gpu,
-        )  # fmt: skip
+            knn, self.text_keys, s.filters, s.plan, s.batch_size, s.seed + version, version
+        )
         plan, filtered, false_negatives = refreshed.plan, refreshed.filtered, refreshed.false_negatives
         t_plan = time.perf_counter() - t1
         top1 = _first_valid_scores(knn.scores, np.where(filtered.duplicate, -1, knn.indices))
@@ -217,7 +215,6 @@ class HardNegativeMiner:
             "mining/false_negatives_flagged": float((false_negatives >= 0).sum()),
             "mining/false_negative_pairs_in_batches": float(false_negative_pairs(plan, false_negatives)),
             "mining/plan_version": float(version),
-            **debias_counts(plan, s.plan.debias),
         }
         if self.previous is not None and self.previous.plan is not None:
             metrics["mining/churn"] = plan_churn(self.previous.plan, plan)

@@ -31,7 +31,7 @@ class MinerSettings:
     """``mining.top_k``, the index and the device."""
     filters: NegativeFilters = field(default_factory=NegativeFilters)
     plan: PlanSettings = field(default_factory=PlanSettings)
-    """Corpus task: the batch sampler and the debiasing hints shipped with the plan."""
+    """Corpus task: the batch sampler (``mining.batch_sampler``)."""
     random_negatives: int = 0
     """Pairs task: random pool rows added per anchor beside the mined negatives."""
     encode_actors: int = 0

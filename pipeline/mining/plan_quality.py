@@ -6,7 +6,6 @@ import numpy as np
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.tracking.plots import pyplot
-from pipeline.training.debias import flagged_pairs_in_batches
 
 
 def in_batch_pair_similarities(
@@ -33,29 +32,6 @@ def false_negative_pairs(plan: BatchPlan, false_negatives: np.ndarray) -> int:
     valid = false_negatives >= 0
     rows = np.broadcast_to(np.arange(len(false_negatives))[:, None], false_negatives.shape)[valid]
     return int((batch_of[rows] == batch_of[false_negatives[valid]]).sum())
-
-
-def debias_counts(plan: BatchPlan, rule: str) -> dict[str, float]:
-    """What ``mining.debias`` will do to the plan's epoch.
-
-    Returns:
-        ``mining/debias_flagged``: (row, likely false negative) entries the miner flagged
-        (ordered: a pair flagged from both sides counts twice); ``mining/debias_pairs_in_batches``:
-        unordered flagged pairs that share a batch, whose terms the loss masks or down-weights.
-        Empty without debiasing.
-    """
-
-    if rule == "threshold" and plan.paraphrases is not None:
-        flagged = int((plan.paraphrases >= 0).sum())
-    elif rule == "cluster" and plan.clusters is not None:
-        sizes = np.bincount(plan.clusters[plan.clusters >= 0]).astype(np.int64)
-        flagged = int((sizes * (sizes - 1)).sum())
-    else:
-        return {}
-    return {
-        "mining/debias_flagged": float(flagged),
-        "mining/debias_pairs_in_batches": float(flagged_pairs_in_batches(plan, rule)),
-    }
 
 
 def plan_churn(previous: BatchPlan, current: BatchPlan) -> float:

@@ -1,6 +1,5 @@
 """What a train step is given: :class:`GlobalBatch`, one step's rows of the global batch and
-which slice of them is this worker's, with the rows' mined negatives (pairs) or the plan's
-false-negative mask (corpus)."""
+which slice of them is this worker's, with the rows' mined negatives (pairs)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan, worker_slices
-from pipeline.training.debias import false_negative_mask
 
 
 @dataclass(frozen=True)
@@ -27,11 +25,6 @@ class GlobalBatch:
     mined: np.ndarray | None = None
     """Pairs task: the rows' ``(num_rows, num_negatives)`` mined-negatives column (-1 where
     none), or None before the first mining; unused otherwise."""
-    false_negative_mask: np.ndarray | None = None
-    """Unsupervised mode with ``mining.debias``: ``(sum(sizes), sum(sizes))`` bool over
-    :attr:`rows`, True at (i, j) when row j is a likely false negative of row i
-    (:func:`pipeline.training.debias.false_negative_mask`, the same on every rank); None: no
-    debiasing. The pairs task ignores it."""
 
     @classmethod
     def of_plan(
@@ -41,15 +34,12 @@ class GlobalBatch:
         *,
         world: int,
         rank: int,
-        debias: str,
         negatives: np.ndarray | None = None,
     ) -> GlobalBatch:
         """Batch ``batch_index`` of ``plan`` as rank ``rank`` of ``world`` trains it, with the
-        rows' ``negatives`` column. Every rank holds the same plan, so every rank builds the same
-        mask of the global batch (None on epoch 1's random plan, or without ``mining.debias``)."""
+        rows' ``negatives`` column."""
         rows = plan.batch(batch_index)
-        mask = false_negative_mask(rows, plan, debias)
-        return cls(rows, worker_slices(len(rows), world), rank, negatives, mask)
+        return cls(rows, worker_slices(len(rows), world), rank, negatives)
 
     @property
     def local_rows(self) -> np.ndarray:

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -21,7 +19,6 @@ def simcse_loss(
     row_ids: torch.Tensor | None = None,
     hard_negative_mask: torch.Tensor | None = None,
     false_negative_mask: torch.Tensor | None = None,
-    false_negative_weight: float = 0.0,
 ) -> torch.Tensor:
     """InfoNCE over cosine similarities, as in SimCSE.
 
@@ -41,25 +38,22 @@ def simcse_loss(
             that slot (rows may have different numbers); absent slots are no candidate for
             any row.
         false_negative_mask: optional ``(n, n)`` bool over the in-batch candidates: True at
-            (i, j) when ``positives[j]`` is a likely false negative of row i (a paraphrase;
-            :func:`pipeline.training.debias.false_negative_mask`); hard-negative candidates
-            are then unaffected. Or ``(n, n + n*m)`` with ``hard_negatives``, also covering
-            them (column ``n + j*m + k``: row j's k-th hard negative), e.g. another row's
-            negative that is a known positive of row i. The diagonal (each row's own
-            positive) is ignored. A constant: no gradient flows through it.
-        false_negative_weight: in [0, 1]; each flagged candidate's ``exp(logit)`` in row i's
-            softmax denominator is multiplied by it (``log(weight)`` is added to the logit):
-            0.0 removes flagged candidates altogether (DCLR's hard rule), a value in (0, 1)
-            down-weights them, 1.0 leaves them as they are. Unused without a mask.
+            (i, j) when ``positives[j]`` is a known positive of row i, removed from row i's
+            softmax; hard-negative candidates are then unaffected. Or ``(n, n + n*m)`` with
+            ``hard_negatives``, also covering them (column ``n + j*m + k``: row j's k-th hard
+            negative), e.g. another row's negative that is a known positive of row i (the
+            pairs task: :func:`pipeline.training.triplet_step.known_positive_candidates`).
+            The diagonal (each row's own positive) is ignored. A constant: no gradient flows
+            through it.
 
     Returns:
         Scalar tensor: the mean over the n rows of ``-log softmax(logits_i)[i]`` where
-        ``logits_i = [cos(a_i, p_j) / t + log(w_ij) for all j] ++ [cos(a_i, h_jk) / t for all
-        j, k]``, ``w_ij`` being ``false_negative_weight`` for flagged (i, j), 0 for
-        ``row_ids``-duplicates of row i, 1 elsewhere (and for ``j == i``).
+        ``logits_i = [cos(a_i, p_j) / t for all j] ++ [cos(a_i, h_jk) / t for all j, k]``,
+        without the candidates flagged for row i and the ``row_ids``-duplicates of row i
+        (never ``j == i``).
 
     Raises:
-        ValueError: a non-positive temperature, mismatched shapes, or a weight outside [0, 1].
+        ValueError: a non-positive temperature or mismatched shapes.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -90,17 +84,15 @@ def simcse_loss(
             negative_logits = negative_logits.masked_fill(absent, float("-inf"))
         logits = torch.cat([logits, negative_logits], dim=1)
     if false_negative_mask is not None:
-        logits = _debias(logits, false_negative_mask, false_negative_weight)
+        logits = _without_false_negatives(logits, false_negative_mask)
     targets = torch.arange(n, device=anchors.device)
     return F.cross_entropy(logits, targets)
 
 
-def _debias(logits: torch.Tensor, false_negative_mask: torch.Tensor, weight: float) -> torch.Tensor:
-    """``(n, c)`` logits (in-batch candidates first) with the flagged candidates removed
-    (weight 0) or shifted by ``log(weight)``; an ``(n, n)`` mask leaves the hard-negative
-    columns after the first ``n`` alone. See :func:`simcse_loss`."""
-    if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"false_negative_weight must be in [0, 1], got {weight}")
+def _without_false_negatives(logits: torch.Tensor, false_negative_mask: torch.Tensor) -> torch.Tensor:
+    """``(n, c)`` logits (in-batch candidates first) with the flagged candidates removed; an
+    ``(n, n)`` mask leaves the hard-negative columns after the first ``n`` alone. See
+    :func:`simcse_loss`."""
     n, c = logits.shape
     if tuple(false_negative_mask.shape) not in ((n, n), (n, c)):
         want = f"({n}, {n})" + (f" or ({n}, {c})" if c != n else "")
@@ -110,10 +102,8 @@ def _debias(logits: torch.Tensor, false_negative_mask: torch.Tensor, weight: flo
         flagged = torch.nn.functional.pad(flagged, (0, c - flagged.shape[1]))
     # The positive is never a negative, whatever the mask says.
     flagged = flagged & ~torch.eye(n, c, dtype=torch.bool, device=logits.device)
-    if weight == 0.0:
-        # masked_fill passes no gradient to the filled entries: a removed candidate gets none.
-        return logits.masked_fill(flagged, float("-inf"))
-    return logits + math.log(weight) * flagged.to(logits.dtype)
+    # masked_fill passes no gradient to the filled entries: a removed candidate gets none.
+    return logits.masked_fill(flagged, float("-inf"))
 
 
 def gather_across_workers(local: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -156,8 +146,6 @@ def global_batch_simcse_loss(
     sizes: list[int],
     global_row_ids: torch.Tensor | None,
     temperature: float,
-    false_negative_mask: torch.Tensor | None = None,
-    false_negative_weight: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unsupervised SimCSE loss over the global batch of all DDP workers.
 
@@ -166,10 +154,6 @@ def global_batch_simcse_loss(
         sizes: rows per rank of this global batch.
         global_row_ids: ``(sum(sizes),)`` corpus ids of the global batch, rank order.
         temperature: InfoNCE temperature.
-        false_negative_mask: optional ``(sum(sizes), sum(sizes))`` bool over the global
-            batch, rank order: likely false negatives (see :func:`simcse_loss`). The same on
-            every rank, so every rank computes the same loss.
-        false_negative_weight: weight of a flagged candidate (0 removes it).
 
     Returns:
         ``(loss, loss_to_backward)``: the global-batch loss (the same value on every rank),
@@ -177,12 +161,5 @@ def global_batch_simcse_loss(
         of one process computing ``loss`` on the concatenated batch.
     """
     views = gather_across_workers(torch.stack([local_view1, local_view2], dim=1), sizes)
-    loss = simcse_loss(
-        views[:, 0],
-        views[:, 1],
-        temperature=temperature,
-        row_ids=global_row_ids,
-        false_negative_mask=false_negative_mask,
-        false_negative_weight=false_negative_weight,
-    )
+    loss = simcse_loss(views[:, 0], views[:, 1], temperature=temperature, row_ids=global_row_ids)
     return loss, loss * len(sizes)

@@ -164,27 +164,18 @@ def _tensor(values: np.ndarray) -> torch.Tensor:
 
 
 def _plan_tensors(plan: BatchPlan) -> dict[str, Any]:
-    tensor = _tensor
     return {
         "version": plan.version,
-        "rows": tensor(plan.rows),
-        "sizes": tensor(plan.sizes),
+        "rows": _tensor(plan.rows),
+        "sizes": _tensor(plan.sizes),
         "sampler": plan.sampler,
-        "paraphrases": tensor(plan.paraphrases) if plan.paraphrases is not None else None,
-        "clusters": tensor(plan.clusters) if plan.clusters is not None else None,
     }
 
 
 def _plan_from_tensors(saved: dict[str, Any]) -> BatchPlan:
-    def array(key: str) -> np.ndarray | None:
-        value = saved.get(key)
-        return value.numpy() if value is not None else None
-
     return BatchPlan(
         saved["version"],
         saved["rows"].numpy(),
         saved["sizes"].numpy(),
         str(saved.get("sampler", "random")),
-        array("paraphrases"),
-        array("clusters"),
     )

@@ -52,8 +52,7 @@ def make_train_step(
     cfg: Config, corpus: TokenizedCorpus, triplets: Triplets | None, device: torch.device
 ) -> TrainStep:
     """The run's step: :class:`TripletStep` for ``task: pairs``,
-    else :class:`UnsupervisedStep`; the other settings come from ``cfg.train`` (and the
-    false-negative weight from ``cfg.mining.debias_weight``).
+    else :class:`UnsupervisedStep`; the other settings come from ``cfg.train``.
 
     Raises:
         ValueError: the pairs task without triplets, or triplets for the corpus task.
@@ -64,13 +63,7 @@ def make_train_step(
         return TripletStep(corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device)
     if triplets is not None:
         raise ValueError(f"triplet rows given, but task: {cfg.task}")
-    return UnsupervisedStep(
-        corpus,
-        cfg.train.temperature,
-        cfg.train.dup_rate,
-        device,
-        false_negative_weight=cfg.mining.debias_weight,
-    )
+    return UnsupervisedStep(corpus, cfg.train.temperature, cfg.train.dup_rate, device)
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,7 @@ class TripletStep:
     present negatives go through the encoder in one forward pass. Rows sharing a positive
     text (a premise with several hypotheses) are not each other's negatives, and neither are
     rows sharing an anchor text (a headline with several paraphrases: each row's positive is
-    a known positive of the other's anchor). In-batch false-negative debiasing does not apply
-    (the config allows ``mining.debias`` only in the corpus task):
-    :attr:`GlobalBatch.false_negative_mask` is ignored.
+    a known positive of the other's anchor).
     """
 
     corpus: TokenizedCorpus

@@ -29,22 +29,16 @@ class ViewBatch:
     global_ids: np.ndarray
     """``(sum(sizes),)`` corpus ids of the whole global batch, rank order: rows sharing one
     are not each other's negatives."""
-    false_negative_mask: np.ndarray | None = None
-    """``(sum(sizes), sum(sizes))`` bool: the global batch's likely false negatives
-    (:attr:`GlobalBatch.false_negative_mask`), or None."""
 
 
 @dataclass(frozen=True)
 class UnsupervisedStep:
     """Unsupervised SimCSE: each sentence's two dropout views (the second with ESimCSE word
     repetition when ``dup_rate > 0``) are positives; every other sentence of the global
-    batch is a negative, except the likely false negatives a batch's
-    :attr:`GlobalBatch.false_negative_mask` flags (``mining.debias``), whose weight in the
-    softmax is ``false_negative_weight``.
+    batch is a negative.
 
     A call runs four stages, public so that ``bench.gpu_step`` can time them apart:
-    :meth:`collate` (host), :meth:`upload` (host to device, with :meth:`upload_mask`),
-    :meth:`forward`, :meth:`loss`.
+    :meth:`collate` (host), :meth:`upload` (host to device), :meth:`forward`, :meth:`loss`.
     """
 
     corpus: TokenizedCorpus
@@ -52,9 +46,6 @@ class UnsupervisedStep:
     dup_rate: float
     """ESimCSE word repetition rate of the second view (0: none)."""
     device: torch.device
-    false_negative_weight: float = 0.0
-    """``mining.debias_weight``: a flagged candidate's weight in the anchor's softmax (0
-    removes it); unused for batches without a mask."""
 
     def __call__(
         self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator
@@ -63,19 +54,17 @@ class UnsupervisedStep:
         return self.on_device(model, self.collate(batch, augment_rng), batch.sizes)
 
     def collate(self, batch: GlobalBatch, augment_rng: np.random.Generator) -> ViewBatch:
-        """This worker's rows as both views (:func:`two_views`), and the global batch's ids and
-        false-negative mask."""
+        """This worker's rows as both views (:func:`two_views`), and the global batch's ids."""
         input_ids, mask = two_views(self.corpus, batch.local_rows, self.dup_rate, augment_rng)
-        return ViewBatch(input_ids, mask, self.corpus.ids[batch.rows], batch.false_negative_mask)
+        return ViewBatch(input_ids, mask, self.corpus.ids[batch.rows])
 
     def on_device(
         self, model: Any, batch: ViewBatch, sizes: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`upload`, :meth:`forward` and :meth:`loss` of a collated batch."""
         input_ids, mask, global_ids = self.upload(batch)
-        false_negatives = self.upload_mask(batch)
         view1, view2 = self.forward(model, input_ids, mask)
-        return self.loss(view1, view2, global_ids, sizes, false_negatives)
+        return self.loss(view1, view2, global_ids, sizes)
 
     def upload(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(input_ids, attention_mask, global_ids)`` on the device (asynchronous on CUDA)."""
@@ -84,13 +73,6 @@ class UnsupervisedStep:
             to_device(batch.attention_mask, self.device),
             to_device(batch.global_ids, self.device),
         )
-
-    def upload_mask(self, batch: ViewBatch) -> torch.Tensor | None:
-        """The batch's ``(b, b)`` bool false-negative mask on the device (asynchronous on
-        CUDA), or None. Apart from :meth:`upload`, whose three tensors every batch has."""
-        if batch.false_negative_mask is None:
-            return None
-        return to_device(batch.false_negative_mask, self.device)
 
     def forward(
         self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -110,7 +92,6 @@ class UnsupervisedStep:
         view2: torch.Tensor,
         global_ids: torch.Tensor,
         sizes: Sequence[int],
-        false_negative_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`pipeline.training.losses.global_batch_simcse_loss` over every worker's views.
 
@@ -118,21 +99,11 @@ class UnsupervisedStep:
             view1, view2: ``(sizes[rank], d)`` this worker's two views.
             global_ids: ``(sum(sizes),)`` corpus ids of the global batch.
             sizes: rows per rank.
-            false_negative_mask: optional ``(sum(sizes), sum(sizes))`` bool, the global
-                batch's likely false negatives (weighted by :attr:`false_negative_weight`).
 
         Returns:
             ``(loss, loss_to_backward)``, as :class:`~pipeline.training.step.TrainStep`.
         """
-        return global_batch_simcse_loss(
-            view1,
-            view2,
-            list(sizes),
-            global_ids,
-            self.temperature,
-            false_negative_mask=false_negative_mask,
-            false_negative_weight=self.false_negative_weight,
-        )
+        return global_batch_simcse_loss(view1, view2, list(sizes), global_ids, self.temperature)
 
 
 def two_views(

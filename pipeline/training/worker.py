@@ -163,9 +163,8 @@ class SimCSEWorker:
         assert state.plan is not None
         step_start = time.perf_counter()
         batch = GlobalBatch.of_plan(
-            state.plan, batch_index, world=self.world, rank=self.rank, debias=cfg.mining.debias,
-            negatives=state.negatives,
-        )  # fmt: skip
+            state.plan, batch_index, world=self.world, rank=self.rank, negatives=state.negatives
+        )
         loss, loss_to_backward = self.train_step(self.counted_model, batch, self.augment_rng)
         self.optimizer_step(loss_to_backward)
         state.step += 1

@@ -10,28 +10,22 @@ from pipeline.batching.registry import SAMPLER_NAMES, SAMPLERS, build_plan
 from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
-from pipeline.mining.planning import PlanSettings
 
 
 def test_config_accepts_exactly_the_registered_samplers():
     for name in SAMPLER_NAMES:
         assert load_config(None, [f"mining.batch_sampler={name}"]).mining.batch_sampler == name
-    with pytest.raises(
-        ConfigError, match="mining.batch_sampler must be one of random, knn, rwr, clusters, mixed"
-    ):
+    assert SAMPLER_NAMES == ("random", "knn")
+    with pytest.raises(ConfigError, match="mining.batch_sampler must be one of random, knn"):
         load_config(None, ["mining.batch_sampler=nearest"])
 
 
-def test_unknown_name_is_one_clear_error_and_clusters_are_asked_for():
+def test_unknown_name_is_one_clear_error():
     import numpy as np
 
     inputs = SamplerInputs(np.full((4, 2), -1), np.zeros((4, 2)), None, 2, 0, 1)
     with pytest.raises(ValueError, match="got 'nearest'"):
         build_plan("nearest", inputs)
-    with pytest.raises(ValueError, match="k-means clusters"):
-        build_plan("clusters", inputs)
-    needs = {name: PlanSettings(batch_sampler=name).needs_clusters for name in SAMPLER_NAMES}
-    assert needs == {name: SAMPLERS[name].needs_clusters for name in SAMPLER_NAMES} and needs["clusters"]
 
 
 def test_docs_table_lists_every_sampler():

@@ -77,6 +77,14 @@ def test_yaml_errors(tmp_path):
             ["--set", "mining.negative_mode=triplet"],
             "mining.negative_mode is no longer a config key: write `task: pairs`",
         ),
+        (
+            ["--set", "mining.debias=threshold"],
+            "mining.debias is no longer a config key: in-batch debiasing was removed",
+        ),
+        (
+            ["--set", "mining.batch_sampler=rwr"],
+            "mining.batch_sampler must be one of random, knn (got 'rwr')",
+        ),
         (["--set", "task=triplets"], "task must be one of corpus, pairs"),
         (["--set", "train.epochs=abc"], "train.epochs must be an integer"),
         (["--set", "eval.sts=/nonexistent/dev.csv"], "STS file not found: /nonexistent/dev.csv"),
@@ -115,10 +123,44 @@ def test_the_task_is_named_at_the_top_and_an_old_config_says_what_to_write(tmp_p
     for override in ("mining.random_negatives=1", "mining.refresh=once"):
         with pytest.raises(ConfigError, match="needs task: pairs"):
             load_config(None, [override])
-    with pytest.raises(ConfigError, match="needs task: corpus"):
-        load_config(None, ["task=pairs", "data.path=p.jsonl", "mining.debias=threshold"])
     with pytest.raises(ConfigError, match="task: pairs needs data.path"):
         load_config(None, ["task=pairs"])
+
+
+REMOVED_DEBIAS = "in-batch debiasing was removed"
+REMOVED_SAMPLERS = "the rwr, clusters and mixed samplers were removed"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("debias", "threshold", REMOVED_DEBIAS),
+        ("debias_threshold", 0.8, REMOVED_DEBIAS),
+        ("debias_weight", 0.0, REMOVED_DEBIAS),
+        ("restart_probability", 0.2, REMOVED_SAMPLERS),
+        ("num_clusters", 40, REMOVED_SAMPLERS),
+        ("clusters_per_batch", 4, REMOVED_SAMPLERS),
+        ("mixed_share", 0.5, REMOVED_SAMPLERS),
+        ("mixed_group_size", 4, REMOVED_SAMPLERS),
+    ],
+)
+def test_an_old_config_with_a_removed_sampler_or_debias_key_says_to_delete_it(tmp_path, key, value, why):
+    old = tmp_path / "old.yaml"
+    old.write_text(f"mining:\n  batch_sampler: knn\n  {key}: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(old)
+    message = str(info.value)
+    assert message.startswith(f"mining.{key} is no longer a config key: {why}") and "\n" not in message
+    assert "docs/results.md" in message and message.endswith("delete the key")
+
+
+@pytest.mark.parametrize("sampler", ["rwr", "clusters", "mixed"])
+def test_a_removed_sampler_names_the_samplers_there_are(tmp_path, sampler):
+    old = tmp_path / "old.yaml"
+    old.write_text(f"mining:\n  batch_sampler: {sampler}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(old)
+    assert str(info.value) == f"mining.batch_sampler must be one of random, knn (got '{sampler}')"
 
 
 def test_config_defaults_are_the_index_defaults():
@@ -140,11 +182,9 @@ def test_params_leave_out_what_a_setting_turns_off():
     # What is left is the config's own values, unchanged.
     flat = load_config(REPO / demo).flat()
     assert all(flat[k] == v for k, v in cpu.items()) and "mining.batch_sampler" in cpu
-    assert "mining.restart_probability" not in cpu  # knn, not rwr
-    rwr = params_in_effect(load_config(REPO / demo, ["mining.batch_sampler=rwr"]))
-    assert "mining.restart_probability" in rwr
     pairs = params_in_effect(load_config(REPO / "jobs/configs/recipe-twitter-url.yaml"))
     assert "data.text_column" not in pairs and pairs["data.anchor_column"] == flat["data.anchor_column"]
+    assert "mining.batch_sampler" not in pairs  # pairs keep their rows in random batches
     assert "mining.mode" not in pairs  # refresh: once mines before epoch 1 only, waiting in any mode
     # A rule naming a key that does not exist would silently keep what it meant to leave out.
     for key, _ in RULES:

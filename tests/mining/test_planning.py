@@ -1,5 +1,5 @@
-"""The miner's refresh with each batch sampler and debiasing rule, on a corpus with known
-paraphrase groups (groups of 4 near-identical sentences), through the real miner and FAISS."""
+"""The miner's refresh with each batch sampler, on a corpus with known paraphrase groups
+(groups of 4 near-identical sentences), through the real miner and FAISS."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters
-from pipeline.mining.planning import PlanSettings, likely_paraphrases
+from pipeline.mining.planning import PlanSettings
 from pipeline.mining.random_negatives import random_pool_negatives
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
@@ -75,61 +75,9 @@ def test_every_sampler_plans_a_safe_epoch_and_records_itself(refresh, tokenized_
     assert not np.array_equal(refresh(PlanSettings(batch_sampler=sampler), seed=12).plan.rows, plan.rows)
 
 
-def test_threshold_debiasing_ships_each_rows_likely_paraphrases(refresh, tokenized_corpus):
-    table, groups = tokenized_corpus
-    report = refresh(PlanSettings(batch_sampler="random", debias="threshold", debias_threshold=0.8))
-    plan, metrics = report.plan, report.metrics
-    assert plan.clusters is None and plan.paraphrases is not None
-    assert plan.paraphrases.shape[0] == table.num_rows
-    flagged = plan.paraphrases[plan.paraphrases >= 0]
-    rows = np.nonzero(plan.paraphrases >= 0)[0]
-    assert len(flagged) > 0 and not (flagged == rows).any()
-    # On this corpus the rows above 0.8 are mostly the row's own paraphrase group.
-    assert (groups[flagged] == groups[rows]).mean() > 0.8
-    assert metrics["mining/debias_flagged"] == len(flagged)
-    assert 0 <= metrics["mining/debias_pairs_in_batches"] <= len(flagged)
-
-
-def test_cluster_debiasing_ships_kmeans_clusters(refresh, tokenized_corpus):
-    table, groups = tokenized_corpus
-    report = refresh(PlanSettings(batch_sampler="clusters", debias="cluster", num_clusters=40))
-    plan, metrics = report.plan, report.metrics
-    assert plan.paraphrases is None and plan.clusters is not None
-    assert plan.clusters.shape == (table.num_rows,) and len(np.unique(plan.clusters)) <= 40
-    # A group of 4 paraphrases lands whole in one cluster far more often than chance (40^-3).
-    same = [len(np.unique(plan.clusters[groups == g])) == 1 for g in np.unique(groups)]
-    assert np.mean(same) > 0.2
-    sizes = np.bincount(plan.clusters)
-    assert metrics["mining/debias_flagged"] == (sizes * (sizes - 1)).sum()
-    # Independent count of same-cluster pairs sharing a batch (unordered).
-    in_batches = sum(
-        int((np.triu(plan.clusters[b][:, None] == plan.clusters[b][None, :], k=1)).sum())
-        for b in plan.batches()
-    )
-    assert metrics["mining/debias_pairs_in_batches"] == in_batches
-
-
-def test_likely_paraphrases_against_a_loop():
-    rng = np.random.default_rng(0)
-    indices = rng.integers(-1, 50, size=(50, 8))
-    indices[:, 0] = np.arange(50)  # each row finds itself first
-    scores = -np.sort(-rng.random((50, 8)), axis=1)
-    hints = likely_paraphrases(indices, scores, 0.6)
-    for row in range(50):
-        expected = [
-            int(c) for c, s in zip(indices[row], scores[row], strict=True) if c >= 0 and c != row and s > 0.6
-        ]
-        assert [int(c) for c in hints[row] if c >= 0] == expected
-    assert hints.shape[1] == max(1, max(len([c for c in r if c >= 0]) for r in hints))
-
-
 def test_plan_settings_come_from_the_config():
-    cfg = load_config(
-        overrides=["mining.batch_sampler=rwr", "mining.restart_probability=0.3", "mining.debias=cluster"]
-    )
-    settings = MinerSettings.from_config(cfg).plan
-    assert (settings.batch_sampler, settings.restart_probability, settings.debias) == ("rwr", 0.3, "cluster")
-    assert settings.needs_clusters and settings.cluster_count(6400, 64) == 100
+    cfg = load_config(overrides=["mining.batch_sampler=knn"])
+    assert MinerSettings.from_config(cfg).plan == PlanSettings(batch_sampler="knn")
 
 
 def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(

@@ -2,8 +2,7 @@
 
 The train step (pipeline/training/step.py and its two strategies) on each worker's slice: the gradient of the
 gathered global-batch loss, after DDP's averaging, must equal one process computing the loss
-on the concatenated batch; rows sharing a corpus id must not be each other's negatives; and
-with a false-negative debiasing mask on the global batch, the same holds for the debiased loss.
+on the concatenated batch; and rows sharing a corpus id must not be each other's negatives.
 """
 
 from __future__ import annotations
@@ -59,11 +58,8 @@ def _sentences():
 
 def ddp_gradient_worker(config):
     """Runs pipeline.training.unsupervised_step.UnsupervisedStep on each Ray Train worker's
-    slice (shipped by value: test modules are not importable there).
-
-    With ``config["paraphrases"]``, each rank builds the global batch's false-negative mask
-    from that plan hint (as SimCSEWorker.train_batch does) and runs one step per weight of
-    ``config["weights"]``, writing each step's loss and gradient."""
+    slice (shipped by value: test modules are not importable there), writing the step's loss
+    and gradient."""
     import json
 
     import numpy as np
@@ -71,8 +67,7 @@ def ddp_gradient_worker(config):
     import ray.train.torch
     import torch
 
-    from pipeline.batching.plan import BatchPlan, worker_slices
-    from pipeline.training.debias import false_negative_mask
+    from pipeline.batching.plan import worker_slices
     from pipeline.training.global_batch import GlobalBatch
     from pipeline.training.unsupervised_step import UnsupervisedStep
 
@@ -83,25 +78,12 @@ def ddp_gradient_worker(config):
     wrapped = ray.train.torch.prepare_model(model)
     corpus = _corpus(config["tokens"], config["ids"])
     sizes = worker_slices(N, world)
-    rows = np.arange(N)
-    flagged = None
-    if config.get("paraphrases") is not None:
-        plan = BatchPlan(1, rows, np.array([N]), paraphrases=np.array(config["paraphrases"]))
-        flagged = false_negative_mask(rows, plan, "threshold")
-    steps = []
-    for weight in config.get("weights", [0.0]):
-        step = UnsupervisedStep(
-            corpus, config["temperature"], DUP_RATE, torch.device("cpu"), false_negative_weight=weight
-        )
-        model.zero_grad(set_to_none=True)
-        loss, to_backward = step(
-            wrapped,
-            GlobalBatch(rows, sizes, rank, false_negative_mask=flagged),
-            np.random.default_rng([0, rank]),
-        )
-        to_backward.backward()
-        steps.append({"loss": loss.item(), "grad": model.embed.weight.grad.tolist()})
-    out = {**steps[0], "world": world, "sizes": sizes, "steps": steps}
+    step = UnsupervisedStep(corpus, config["temperature"], DUP_RATE, torch.device("cpu"))
+    loss, to_backward = step(
+        wrapped, GlobalBatch(np.arange(N), sizes, rank), np.random.default_rng([0, rank])
+    )
+    to_backward.backward()
+    out = {"loss": loss.item(), "grad": model.embed.weight.grad.tolist(), "world": world, "sizes": sizes}
     with open(f"{config['out']}.{rank}.json", "w") as fh:
         json.dump(out, fh)
 
@@ -164,73 +146,6 @@ def _reference_views(tokens):
     z1 = torch.cat([first for first, _ in views])
     z2 = torch.cat([second for _, second in views])
     return reference, z1, z2
-
-
-# Likely paraphrases, as a plan ships them: pairs inside rank 0's rows (0-3), inside rank 1's
-# (4-6) and across the ranks, one of them also a same-id pair (1/6), and one-sided lists
-# (the mask makes them symmetric).
-PARAPHRASES = [[3, 5], [-1, -1], [6, -1], [-1, -1], [-1, -1], [4, -1], [1, -1]]
-DEBIAS_WEIGHTS = [0.0, 0.3]
-
-
-def test_debiased_loss_gradient_equals_single_process(ray_local, tmp_path):
-    """The false-negative mask on the global batch (4 + 3 rows over two gloo workers): each
-    weight's DDP gradient equals one process's gradient of the same masked loss."""
-    import ray.cloudpickle
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from pipeline.batching.plan import BatchPlan
-    from pipeline.training.debias import false_negative_mask
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    tokens = _sentences()
-    config = {
-        "tokens": tokens, "ids": IDS, "temperature": TEMPERATURE, "out": str(tmp_path / "grad"),
-        "paraphrases": PARAPHRASES, "weights": DEBIAS_WEIGHTS,
-    }  # fmt: skip
-    result = TorchTrainer(
-        ddp_gradient_worker,
-        train_loop_config=config,
-        scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=ray.train.RunConfig(name="ddp-grad-debias", storage_path=str(tmp_path / "storage")),
-    ).fit()
-    assert result.error is None
-    per_rank = [json.loads((tmp_path / f"grad.{r}.json").read_text()) for r in range(2)]
-    assert per_rank[0]["world"] == 2 and per_rank[0]["sizes"] == [4, 3]
-
-    flagged = false_negative_mask(
-        np.arange(N),
-        BatchPlan(1, np.arange(N), np.array([N]), paraphrases=np.array(PARAPHRASES)),
-        "threshold",
-    )
-    assert flagged[0, 3] and flagged[3, 0] and flagged[0, 5] and flagged[5, 0]  # within and across ranks
-    assert flagged[4, 5] and flagged[2, 6] and flagged[6, 1] and flagged.sum() == 10
-
-    from test_losses import _numpy_infonce
-
-    for k, weight in enumerate(DEBIAS_WEIGHTS):
-        reference, z1, z2 = _reference_views(tokens)
-        ref_loss = simcse_loss(
-            z1, z2, temperature=TEMPERATURE, row_ids=torch.tensor(IDS),
-            false_negative_mask=torch.from_numpy(flagged), false_negative_weight=weight,
-        )  # fmt: skip
-        ref_loss.backward()
-        want = reference.embed.weight.grad.numpy()
-        for rank_out in per_rank:
-            got = rank_out["steps"][k]
-            assert got["loss"] == pytest.approx(ref_loss.item(), rel=1e-6)
-            grad = np.array(got["grad"])
-            assert np.linalg.norm(grad - want) / np.linalg.norm(want) < 1e-5
-
-        # The masked loss is the independent reference's, and not the undebiased one.
-        a, p = z1.detach().numpy(), z2.detach().numpy()
-        ids = np.array(IDS)
-        assert per_rank[0]["steps"][k]["loss"] == pytest.approx(
-            _numpy_infonce(a, p, TEMPERATURE, ids=ids, flagged=flagged, flagged_weight=weight), rel=1e-5
-        )
-        assert abs(per_rank[0]["steps"][k]["loss"] - _numpy_infonce(a, p, TEMPERATURE, ids=ids)) > 1e-3
 
 
 def _triplet_inputs():

@@ -7,45 +7,42 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pipeline.training.losses import simcse_loss
 
 
-def _numpy_infonce(
-    a, p, t, h=None, w=0.0, ids=None, present=None, flagged=None, flagged_weight=0.0, flagged_negatives=None
-):
+def _numpy_infonce(a, p, t, h=None, w=0.0, ids=None, present=None, flagged=None, flagged_negatives=None):
     """Independent reference: explicit per-row softmax in float64. ``h`` is (n, d) or
     (n, m, d); ``present`` (n, m) marks which negatives exist; ``flagged`` (n, n) marks
-    in-batch candidates p_j (j != i) whose exp(logit) counts ``flagged_weight`` times in row
-    i's denominator (0: not a candidate); ``flagged_negatives`` (n, n, m) does the same for
-    row j's k-th hard negative in row i."""
+    in-batch candidates p_j (j != i) left out of row i's softmax; ``flagged_negatives``
+    (n, n, m) does the same for row j's k-th hard negative in row i."""
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     p = p / np.linalg.norm(p, axis=1, keepdims=True)
     n = len(a)
     total = 0.0
     for i in range(n):
-        logits = []  # (is the positive, logit, weight in the denominator)
+        logits = []  # (is the positive, logit)
         for j in range(n):
             if ids is not None and j != i and ids[j] == ids[i]:
                 continue
-            weight = flagged_weight if flagged is not None and j != i and flagged[i, j] else 1.0
-            logits.append((j == i, a[i] @ p[j] / t, weight))
+            if flagged is not None and j != i and flagged[i, j]:
+                continue
+            logits.append((j == i, a[i] @ p[j] / t))
         if h is not None:
             h3 = h[:, None, :] if h.ndim == 2 else h
             for j in range(n):
                 for k in range(h3.shape[1]):
                     if present is not None and not present[j, k]:
                         continue
+                    if flagged_negatives is not None and flagged_negatives[i, j, k]:
+                        continue
                     hv = h3[j, k] / np.linalg.norm(h3[j, k])
-                    hit = flagged_negatives is not None and flagged_negatives[i, j, k]
-                    logits.append(
-                        (False, a[i] @ hv / t + (w if j == i else 0.0), flagged_weight if hit else 1.0)
-                    )
-        values = np.array([v for _, v, _ in logits])
-        weights = np.array([wt for _, _, wt in logits])
-        target = next(v for is_pos, v, _ in logits if is_pos)
+                    logits.append((False, a[i] @ hv / t + (w if j == i else 0.0)))
+        values = np.array([v for _, v in logits])
+        target = next(v for is_pos, v in logits if is_pos)
         top = values.max()
-        total += -(target - top - np.log((weights * np.exp(values - top)).sum()))
+        total += -(target - top - np.log(np.exp(values - top).sum()))
     return total / n
 
 
@@ -128,10 +125,9 @@ def test_several_negatives_per_row_with_absent_slots(weight):
     assert single == pytest.approx(_numpy_infonce(a, p, 0.07, h[:, 0], weight), rel=1e-5)
 
 
-@pytest.mark.parametrize("fn_weight", [0.0, 0.4])
-def test_false_negative_mask_leaves_hard_negatives_and_duplicates_as_they_are(fn_weight):
-    """The mask acts on the in-batch columns only; hard negatives keep their weight, and a
-    flagged same-id duplicate stays removed whatever the weight."""
+def test_false_negative_mask_leaves_hard_negatives_and_duplicates_as_they_are():
+    """The mask removes in-batch candidates only; hard negatives keep their weight, and a
+    flagged same-id duplicate is removed once."""
     rng = np.random.default_rng(5)
     a, p = rng.normal(size=(6, 4)), rng.normal(size=(6, 4))
     h = rng.normal(size=(6, 2, 4))
@@ -146,17 +142,15 @@ def test_false_negative_mask_leaves_hard_negatives_and_duplicates_as_they_are(fn
         hard_negative_weight=0.5,
         row_ids=torch.tensor(ids),
         false_negative_mask=torch.tensor(flagged),
-        false_negative_weight=fn_weight,
     ).item()
-    want = _numpy_infonce(a, p, 0.1, h, 0.5, ids=ids, flagged=flagged, flagged_weight=fn_weight)
+    want = _numpy_infonce(a, p, 0.1, h, 0.5, ids=ids, flagged=flagged)
     assert got == pytest.approx(want, rel=1e-6)
     assert got != pytest.approx(_numpy_infonce(a, p, 0.1, h, 0.5, ids=ids), rel=1e-3)
 
 
-@pytest.mark.parametrize("fn_weight", [0.0, 0.4])
-def test_a_wide_false_negative_mask_also_covers_hard_negative_columns(fn_weight):
+def test_a_wide_false_negative_mask_also_covers_hard_negative_columns():
     """``(n, n + n*m)``: another row's hard negative that is a known positive of row i is
-    removed (or down-weighted) from row i's softmax only; the diagonal is never masked."""
+    removed from row i's softmax only; the diagonal is never masked."""
     rng = np.random.default_rng(8)
     n, m = 5, 2
     a, p, h = rng.normal(size=(n, 4)), rng.normal(size=(n, 4)), rng.normal(size=(n, m, 4))
@@ -165,17 +159,87 @@ def test_a_wide_false_negative_mask_also_covers_hard_negative_columns(fn_weight)
     wide = np.concatenate([in_batch | np.eye(n, dtype=bool), on_negatives.reshape(n, n * m)], axis=1)
     got = simcse_loss(
         torch.tensor(a), torch.tensor(p), temperature=0.1, hard_negatives=torch.tensor(h),
-        false_negative_mask=torch.tensor(wide), false_negative_weight=fn_weight,
+        false_negative_mask=torch.tensor(wide),
     ).item()  # fmt: skip
-    want = _numpy_infonce(
-        a, p, 0.1, h, flagged=in_batch, flagged_weight=fn_weight, flagged_negatives=on_negatives
-    )
+    want = _numpy_infonce(a, p, 0.1, h, flagged=in_batch, flagged_negatives=on_negatives)
     assert got == pytest.approx(want, rel=1e-6)
     with pytest.raises(ValueError, match="false_negative_mask"):
         simcse_loss(
             torch.tensor(a), torch.tensor(p), hard_negatives=torch.tensor(h),
             false_negative_mask=torch.ones(n, n + 1, dtype=torch.bool),
         )  # fmt: skip
+
+
+def _masked_inputs(seed: int, n: int = 8, d: int = 5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Anchors, positives and a random flag mask (diagonal included: it must be ignored)."""
+    rng = np.random.default_rng(seed)
+    flagged = rng.random((n, n)) < 0.35
+    flagged[0, 1:] = True  # row 0 keeps its positive only: no NaN from an all-removed row
+    return (
+        torch.tensor(rng.normal(size=(n, d))),
+        torch.tensor(rng.normal(size=(n, d))),
+        torch.tensor(flagged),
+    )
+
+
+def test_the_false_negative_mask_removes_the_flagged_candidates():
+    anchors, positives, flagged = _masked_inputs(0)
+    t = 0.1
+    got = simcse_loss(anchors, positives, t, false_negative_mask=flagged)
+
+    # Independent: per row, a log-softmax over the kept columns only (its positive and the
+    # unflagged candidates), in float64.
+    a, p = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
+    terms = []
+    for i in range(len(a)):
+        kept = [j for j in range(len(a)) if j == i or not flagged[i, j]]
+        logits = torch.stack([a[i] @ p[j] / t for j in kept])
+        terms.append(-torch.log_softmax(logits, dim=0)[kept.index(i)])
+    assert got.item() == pytest.approx(
+        torch.stack(terms).mean().item(), rel=1e-6
+    )  # the loss computes in float32
+    assert got.item() != pytest.approx(simcse_loss(anchors, positives, t).item(), rel=1e-3)
+
+
+def test_a_removed_candidate_neither_moves_the_loss_nor_gets_a_gradient():
+    """Candidate p_j flagged for every other row. p_j is also row j's own positive; with
+    anchor j at zero, row j's term is log(#candidates) whatever p_j is, so p_j reaches the
+    loss only as the others' candidate: exactly what the mask removes."""
+    anchors, positives, _ = _masked_inputs(2)
+    n, j, t = len(anchors), 3, 0.05
+    anchors[j] = 0.0
+    flagged = torch.zeros((n, n), dtype=torch.bool)
+    flagged[:, j] = True  # (j, j) too: the diagonal is ignored
+
+    def loss_and_grad(p: torch.Tensor, mask: torch.Tensor | None):
+        p = p.clone().requires_grad_(True)
+        loss = simcse_loss(anchors, p, t, false_negative_mask=mask)
+        loss.backward()
+        assert torch.isfinite(p.grad).all()
+        return loss.item(), p.grad
+
+    moved = positives.clone()
+    moved[j] = torch.tensor([40.0, -3.0, 0.5, 7.0, -11.0])  # anywhere, e.g. onto an anchor
+    moved_onto = positives.clone()
+    moved_onto[j] = anchors[0] * 2
+    base, grad = loss_and_grad(positives, flagged)
+    assert torch.count_nonzero(grad[j]) == 0
+    for elsewhere in (moved, moved_onto):
+        loss, grad = loss_and_grad(elsewhere, flagged)
+        assert loss == pytest.approx(base, rel=1e-12)
+        assert torch.count_nonzero(grad[j]) == 0
+    # The other candidates still get gradient; and without the mask, p_j gets one and moves
+    # the loss (the check above is not vacuous).
+    assert torch.count_nonzero(grad[np.arange(n) != j]) > 0
+    loss, grad = loss_and_grad(positives, None)
+    assert torch.count_nonzero(grad[j]) > 0
+    assert loss_and_grad(moved, None)[0] != pytest.approx(loss, rel=1e-6)
+
+
+def test_the_false_negative_mask_shape_is_checked():
+    anchors, positives, flagged = _masked_inputs(3)
+    with pytest.raises(ValueError, match="false_negative_mask"):
+        simcse_loss(anchors, positives, false_negative_mask=flagged[:-1])
 
 
 def test_known_positives_of_an_anchor_are_never_its_in_batch_negatives():

@@ -12,13 +12,11 @@ import pytest
 import torch
 from test_losses import _numpy_infonce
 
-from pipeline.batching.plan import BatchPlan
 from pipeline.config.loading import load_config
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.triplets import Triplets
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
-from pipeline.training.debias import false_negative_mask
 from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.losses import simcse_loss
 from pipeline.training.step import OptimizerStep, make_train_step
@@ -70,42 +68,6 @@ def test_unsupervised_step_is_infonce_over_two_dropout_views(model, corpus):
     log_softmax = logits - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))[:, None]
     assert loss.item() == pytest.approx(-np.diag(log_softmax).mean(), rel=1e-5)
     assert loss.item() == pytest.approx(_numpy_infonce(view1, view2, 0.05, ids=row_ids), rel=1e-5)
-
-
-@pytest.mark.parametrize("weight", [0.0, 0.3])
-def test_unsupervised_step_debiases_the_flagged_candidates(model, corpus, weight):
-    """With mining.debias, the step's loss is InfoNCE with the plan's likely paraphrases
-    removed from (weight 0) or down-weighted in (weight w) each row's softmax."""
-    cfg = load_config(
-        None, ["train.temperature=0.05", "mining.debias=threshold", f"mining.debias_weight={weight}"]
-    )
-    step = make_train_step(cfg, corpus, None, CPU)
-    assert isinstance(step, UnsupervisedStep) and step.false_negative_weight == weight
-    rows = np.array([5, 17, 5, 40, 99, 3])  # row 5 twice: masked by id as before
-    paraphrases = np.full((len(corpus), 2), -1)
-    paraphrases[17] = [40, 3]  # flags (1, 3), (1, 5) and, symmetrically, (3, 1), (5, 1)
-    paraphrases[99] = [7, 5]  # flags (4, 0), (4, 2) and back; row 7 is in another batch
-    plan = BatchPlan(1, rows, np.array([len(rows)]), paraphrases=paraphrases)
-    flagged = false_negative_mask(rows, plan, cfg.mining.debias)
-    assert flagged is not None and flagged.sum() == 8
-    model.train()
-    torch.manual_seed(1)
-    batch = GlobalBatch(rows, [len(rows)], 0, false_negative_mask=flagged)
-    loss, _ = step(model, batch, np.random.default_rng(0))
-
-    ids, mask = corpus.batch(rows)
-    torch.manual_seed(1)
-    embeddings = _embed(model, np.concatenate([ids, ids]), np.concatenate([mask, mask]))
-    view1, view2 = embeddings[: len(rows)], embeddings[len(rows) :]
-    row_ids = corpus.ids[rows]
-    want = _numpy_infonce(view1, view2, 0.05, ids=row_ids, flagged=flagged, flagged_weight=weight)
-    assert loss.item() == pytest.approx(want, rel=1e-5)
-    assert abs(loss.item() - _numpy_infonce(view1, view2, 0.05, ids=row_ids)) > 1e-3
-
-    # No mask on the batch (epoch 1's plan): no debiasing, whatever the weight.
-    torch.manual_seed(1)
-    plain, _ = step(model, GlobalBatch(rows, [len(rows)], 0), np.random.default_rng(0))
-    assert plain.item() == pytest.approx(_numpy_infonce(view1, view2, 0.05, ids=row_ids), rel=1e-5)
 
 
 def test_unsupervised_step_repeats_words_in_the_second_view(model, corpus):
