@@ -38,7 +38,7 @@ def write_inputs(out: Path, config: Path, rows: int) -> tuple[Path, Path]:
     text_file.parent.mkdir(parents=True, exist_ok=True)
     text_file.write_text("\n".join(distinct) + "\n", encoding="utf-8")
     # The job's own initial model (a tiny BERT of the config's shape when no model is named).
-    model_dir = prepare_model_dir(cfg, distinct, out)
+    model_dir = prepare_model_dir(cfg, lambda: distinct, out)
     return text_file, model_dir
 
 

@@ -137,9 +137,10 @@ def _read_sentences(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingDat
     return TrainingData(corpus, None, stats.sentences, description)
 
 
-def prepare_model_dir(cfg: Config, texts: list[str], run_dir: Path) -> Path:
+def prepare_model_dir(cfg: Config, texts: Callable[[], list[str]], run_dir: Path) -> Path:
     """The initial model folder: the configured one, or a tiny BERT with a tokenizer trained
-    on the corpus. Reused as-is when a resumed run already made it."""
+    on the corpus's ``texts()`` (asked for only then: a pretrained model never needs the corpus
+    as Python strings on the driver). Reused as-is when a resumed run already made it."""
     if cfg.model.name_or_path:
         return fetch_pretrained_dir(cfg.model.name_or_path, run_dir / "initial_model")
     target = run_dir / "initial_model"
@@ -147,7 +148,7 @@ def prepare_model_dir(cfg: Config, texts: list[str], run_dir: Path) -> Path:
         return target
     tiny = cfg.model.tiny
     return build_tiny_model_dir(
-        texts,
+        texts(),
         target,
         hidden_size=tiny.hidden_size,
         num_layers=tiny.num_layers,
@@ -167,7 +168,7 @@ def tokenize_inputs(
     run with the token statistics and log the ``data/`` params (``data/unk_share`` where the
     tokenizer has an unknown token; params, not charts: they never change within a run), with
     a warning line when many tokens are ``[UNK]``."""
-    model_dir = prepare_model_dir(cfg, data.corpus.column("text").to_pylist(), run_dir)
+    model_dir = prepare_model_dir(cfg, lambda: data.corpus.column("text").to_pylist(), run_dir)
     tokenizer = load_tokenizer(model_dir)
     t0 = time.perf_counter()
     tokenized, token_stats = tokenize_corpus_with_stats(data.corpus, tokenizer, cfg.data)
