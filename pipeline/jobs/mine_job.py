@@ -29,12 +29,12 @@ from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.pairs import index_pairs, load_pairs
 from pipeline.data.tokenized import dataset_digest
 from pipeline.jobs.pair_mining import MiningReport, mine_pairs
-from pipeline.mining.plan_quality import similarity_histogram_png
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
 from pipeline.runtime.cluster import ray_session
 from pipeline.runtime.preflight import preflight_mine
 from pipeline.tracking.context import log_run_context
+from pipeline.tracking.plots import similarity_histogram_png
 from pipeline.tracking.run import (
     TrackedRun,
     resolve_tracking_uri,

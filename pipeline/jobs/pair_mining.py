@@ -4,7 +4,7 @@ the output table (anchor, positive, negative_1..n) and a :class:`MiningReport` o
 The candidate pool is every distinct positive and the texts of ``data.pool``: with the same
 config and model, the negatives are those the training job mines before epoch 1, because both
 call :func:`pipeline.mining.hard_negatives.mine_hard_negatives` and describe the result with
-:func:`~pipeline.mining.hard_negatives.mining_metrics`. Anchors left with fewer than
+:func:`~pipeline.mining.mining_metrics.mining_metrics`. Anchors left with fewer than
 ``mining.num_negatives`` negatives are dropped from the output and counted.
 """
 
@@ -19,13 +19,9 @@ import pyarrow as pa
 import torch
 
 from pipeline.config.schema import Config
-from pipeline.mining.hard_negatives import (
-    SearchSettings,
-    mine_hard_negatives,
-    mining_metrics,
-    random_pair_similarities,
-)
+from pipeline.mining.hard_negatives import SearchSettings, mine_hard_negatives
 from pipeline.mining.index import estimate_index_bytes
+from pipeline.mining.mining_metrics import mining_metrics, random_pair_similarities
 from pipeline.mining.negatives import FILTERS, NegativeFilters
 from pipeline.mining.text_keys import text_keys
 from pipeline.model.encode import encode_texts
@@ -37,7 +33,7 @@ class MiningReport:
     """What one offline mining run read, kept and wrote: the console summary and the MLflow
     run's ``mining/`` metrics.
 
-    ``mined``: :func:`~pipeline.mining.hard_negatives.mining_metrics` of the mining, the same
+    ``mined``: :func:`~pipeline.mining.mining_metrics.mining_metrics` of the mining, the same
     numbers a training refresh logs. Counts of the job's own: ``rows_in`` (anchor, positive)
     rows read, ``rows_out`` written (those with every negative), ``pairs_dropped_empty`` (an
     empty anchor or positive).
@@ -162,7 +158,7 @@ def mine_pairs(
         **mining_metrics(mined, random_pairs=random_pairs, pool_size=len(pool)),
     }
 
-    table, kept_scores = _complete_rows(anchors, positives, pool, mined.negatives(), mined.scores())
+    table, kept_scores = _complete_rows(anchors, positives, pool, mined.negatives, mined.scores)
     report.rows_out = table.num_rows
     report.similarities = {
         "random pairs": random_pairs,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan
-from pipeline.tracking.plots import pyplot
 
 
 def in_batch_pair_similarities(
@@ -51,23 +50,3 @@ def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
     has = valid.any(axis=1)
     first = valid.argmax(axis=1)
     return scores[np.arange(len(scores)), first][has]
-
-
-def similarity_histogram_png(series: dict[str, np.ndarray], xlabel: str, path: str) -> None:
-    """Overlaid density histograms of cosine similarities, one per ``label: values`` (e.g.
-    random pairs vs mined negatives), written to ``path`` as a PNG."""
-    plt = pyplot()
-    # Float error puts a cosine of identical embeddings just past 1.0, and a collapsed model
-    # (or a corpus its vocabulary does not cover) has nothing else: the bins must still rise.
-    clipped = {label: np.clip(values, -1.0, 1.0) for label, values in series.items()}
-    low = min(min(float(v.min()) for v in clipped.values()), 0.99)
-    bins = np.linspace(low, 1.0, 60)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for label, values in clipped.items():
-        ax.hist(values, bins=bins, alpha=0.55, density=True, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("density")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -19,8 +19,9 @@ import numpy as np
 from pipeline.config.metric_catalogue import MINING_TABLE, mining_charts
 from pipeline.core.errors import first_line
 from pipeline.core.retry import call_with_retries
-from pipeline.mining.plan_quality import similarity_histogram_png
+from pipeline.mining.refresh_report import RefreshReport
 from pipeline.tracking.metric_logger import MetricLogger
+from pipeline.tracking.plots import similarity_histogram_png
 
 UPLOAD_ATTEMPTS = 12
 """Histogram and refresh-table uploads: with waits doubling from 1 s up to 60 s, about ten
@@ -79,28 +80,26 @@ class RefreshLog:
             print(f"[mining] warning: uploads still under way after {timeout:g}s; going on", flush=True)
         return done
 
-    def histogram(self, mined: np.ndarray, random_pairs: np.ndarray, version: int, pairs: bool) -> None:
-        """Similarity histogram of the negatives the loss will see, next to random pairs
+    def histogram(self, similarities: dict[str, np.ndarray], version: int, pairs: bool) -> None:
+        """Similarity histogram of the negatives the loss will see, next to the random baseline
         (``pairs``: the pairs task's negatives to their anchors, else the corpus task's in-batch
         negatives)."""
         folder = Path(tempfile.mkdtemp(prefix="simcse-hist-"))
         path = folder / f"negative_similarity_v{version}.png"
-        if not pairs:
-            labels = ("random batches", f"mined plan v{version}")
-            xlabel = "cosine similarity of in-batch negatives"
-        else:
-            labels = ("random pairs", f"mined negatives v{version}")
-            xlabel = "cosine similarity to the anchor"
-        similarity_histogram_png({labels[0]: random_pairs, labels[1]: mined}, xlabel, str(path))
+        xlabel = "cosine similarity to the anchor" if pairs else "cosine similarity of in-batch negatives"
+        similarity_histogram_png(similarities, xlabel, str(path))
         self.upload(
             f"histogram v{version}",
             lambda logger: logger.client.log_artifact(logger.run_id, str(path), "mining"),
             cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
         )
 
-    def refresh(self, version: int, metrics: dict[str, float], step: int) -> None:
-        """Chart the few metrics that move and append every diagnostic as one row of the
-        refresh table (``version``: the refresh's)."""
+    def refresh(self, report: RefreshReport, step: int, pairs: bool) -> None:
+        """Chart the few metrics that move, append every diagnostic as one row of the refresh
+        table, and draw the report's similarity histogram."""
+        version, metrics = report.version, report.metrics
+        if report.similarities:
+            self.histogram(report.similarities, version, pairs)
         self.logger.log(mining_charts(metrics), step)
         self.logger.flush()
         # step and plan version first: the columns a reviewer reads a row by

@@ -193,15 +193,15 @@ def test_every_known_positive_of_an_anchor_is_excluded_not_only_its_own_rows():
         search=SearchSettings(top_k=4), seed=0,
     )  # fmt: skip
     own_only = mine_hard_negatives(**inputs, exclude_known_positives=False)
-    assert own_only.negatives()[:2, 0].tolist() == [1, 0]  # the other paraphrase: a false negative
+    assert own_only.negatives[:2, 0].tolist() == [1, 0]  # the other paraphrase: a false negative
     known = mine_hard_negatives(**inputs)
-    assert known.negatives()[:2, 0].tolist() == [3, 3]
-    assert known.removed["known_positive"] == 2
+    assert known.negatives[:2, 0].tolist() == [3, 3]
+    assert sum(known.table.column("removed_known_positive").to_pylist()) == 2
     # The table says, per anchor, what each filter removed: the storm anchors lost the other
     # paraphrase to known_positive, the market anchor nothing.
     assert known.table.column("removed_known_positive").to_pylist() == [1, 1, 0]
     assert known.table.column("removed_duplicate").to_pylist() == [1, 1, 1]  # each one's own positive
     counts = ["kept", *(f"removed_{name}" for name in FILTERS)]
     assert all(sum(row[c] for c in counts) == row["candidates"] for row in known.table.to_pylist())
-    assert np.allclose(known.scores()[:2, 0], pool_vectors[3] @ e[0])
-    assert known.negatives()[2, 0] in (0, 1, 3)  # the storm tweets are fair negatives for "market falls"
+    assert np.allclose(known.scores[:2, 0], pool_vectors[3] @ e[0])
+    assert known.negatives[2, 0] in (0, 1, 3)  # the storm tweets are fair negatives for "market falls"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.mining.plan_quality import similarity_histogram_png
+from pipeline.tracking.plots import similarity_histogram_png
 
 
 @pytest.mark.parametrize(

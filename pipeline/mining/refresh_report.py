@@ -1,0 +1,25 @@
+"""What one refresh hands back to training (:class:`RefreshReport`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.batching.plan import BatchPlan
+
+
+@dataclass
+class RefreshReport:
+    """What one mining hands back to training: the corpus task's next order of rows (``plan``)
+    or the pairs task's new negatives column (``negatives``, one row per training row), and
+    what the mining measured (``metrics``, already logged by the miner)."""
+
+    version: int
+    metrics: dict[str, float]
+    plan: BatchPlan | None = None
+    negatives: np.ndarray | None = None
+    """``(rows, m)`` text positions of each training row's negatives, -1 where none."""
+    similarities: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """The histogram the refresh logs: ``label -> cosine similarities``, the random baseline
+    first; empty: none drawn."""
