@@ -98,13 +98,10 @@ class Config:
         Raises:
             ConfigError: for the first rule that does not hold, naming its key (and the value).
         """
-        # Each section's own rules, in the order of the sections here.
+        # Each section's own rules, in the order of the sections here, then the task's.
         sections = [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "task"]
         checks = [check for section in sections for check in section.checks()]
-        for key, ok, message in checks:
-            if not ok:
-                raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
-        for key, ok, message in self.task_checks():
+        for key, ok, message in [*checks, *self.task_checks()]:
             if not ok:
                 raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
         generated = self.data.generated.num_groups * self.data.generated.group_size

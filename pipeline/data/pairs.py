@@ -20,7 +20,7 @@ from pipeline.data.delimited import require_pairs_tsv_fields
 from pipeline.data.formats import infer_format
 from pipeline.data.pair_labels import label_is_positive, round_robin_negatives
 from pipeline.data.readers import read_dataset, reading
-from pipeline.data.triplets import Triplets, index_triplets
+from pipeline.data.triplets import Triplets, index_triplets, one_array
 from pipeline.data.utf8 import _as_text
 
 
@@ -46,13 +46,6 @@ def _table(ds: Any, columns: list[str]) -> pa.Table:
     if not tables:
         return pa.table({c: pa.array([], pa.string()) for c in columns})
     return pa.concat_tables(tables)
-
-
-def _combined(texts: Any) -> pa.Array:
-    """One contiguous Arrow array of a (chunked) column."""
-    if isinstance(texts, pa.ChunkedArray):
-        return texts.combine_chunks() if texts.num_chunks else pa.array([], texts.type)
-    return texts
 
 
 @dataclass
@@ -159,14 +152,14 @@ def load_pairs(section: DataSection) -> PairRows:
                 f"{rows_read} rows"
             )
     pair_rows = pa.array(keep & positive)
-    anchor_texts = _combined(pc.filter(anchors, pair_rows))
+    anchor_texts = one_array(pc.filter(anchors, pair_rows))
     if not len(anchor_texts):
         raise DataError(f"data.path: {section.path} has no non-empty (anchor, positive) pairs")
-    positive_texts = _combined(pc.filter(seconds, pair_rows))
+    positive_texts = one_array(pc.filter(seconds, pair_rows))
     negative_rows = int((keep & ~positive).sum())
     negative_texts = None
     if column_negatives is not None:
-        negative_texts = _combined(pc.filter(column_negatives, pair_rows))
+        negative_texts = one_array(pc.filter(column_negatives, pair_rows))
     elif labels is not None and section.given_negatives:
         # Per-anchor bookkeeping in Python: labelled files are the annotated corpora (tens of
         # thousands of rows), not the web-scale pair files.
@@ -227,7 +220,7 @@ def read_pool(section: DataSection) -> pa.Array:
             require_text_column(ds, path, "data.pool_text_column", section.pool_text_column)
             texts = _table(ds, [section.pool_text_column]).column(section.pool_text_column)
     cleaned = _clean_text(texts)
-    distinct = _combined(pc.unique(pc.filter(cleaned, pa.array(_non_empty(cleaned)))))
+    distinct = one_array(pc.unique(pc.filter(cleaned, pa.array(_non_empty(cleaned)))))
     if not len(distinct):
         raise DataError(f"data.pool: {path} has no non-empty texts")
     return distinct

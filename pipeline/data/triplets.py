@@ -38,14 +38,19 @@ class Triplets:
         return np.unique(self.pool if self.pool is not None else self.positive)
 
 
+def one_array(texts: Any) -> pa.Array:
+    """One contiguous Arrow array of a (chunked) column; a list becomes one."""
+    if isinstance(texts, list):
+        return pa.array(texts, pa.large_string())
+    if isinstance(texts, pa.ChunkedArray):
+        return texts.combine_chunks() if texts.num_chunks else pa.array([], texts.type)
+    return texts
+
+
 def _strings(texts: Any) -> pa.Array:
     """``texts`` as one Arrow large_string array (64-bit offsets: a column of many long texts
     may pass 2 GiB)."""
-    if isinstance(texts, list):
-        texts = pa.array(texts, pa.large_string())
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.large_string())
-    return texts.cast(pa.large_string())
+    return one_array(texts).cast(pa.large_string())
 
 
 def text_ids(texts: pa.Array, chunk: int = 65_536) -> np.ndarray:

@@ -139,19 +139,21 @@ def mine_pairs(
     (keys,) = text_keys(texts)
     anchor = np.array([position[a] for a in anchors], dtype=np.int64)
     positive = np.array([position[p] for p in positives], dtype=np.int64)
-    pool_rows = np.arange(len(pool))
+    # The pool is the first len(pool) texts: a view, not a copy; the anchors' rows gathered once
+    # for the search and the random baseline.
+    anchor_vectors, pool_vectors = vectors[anchor], vectors[: len(pool)]
     mined = mine_hard_negatives(
-        anchor_vectors=vectors[anchor],
+        anchor_vectors=anchor_vectors,
         positive_vectors=vectors[positive],
-        pool_vectors=vectors[pool_rows],
+        pool_vectors=pool_vectors,
         anchor_keys=keys[anchor],
         positive_keys=keys[positive],
-        pool_keys=keys[pool_rows],
+        pool_keys=keys[: len(pool)],
         filters=NegativeFilters.from_config(cfg),
         search=search,
         seed=cfg.run.seed,
     )
-    random_pairs = random_pair_similarities(vectors[anchor], vectors[pool_rows], cfg.run.seed)
+    random_pairs = random_pair_similarities(anchor_vectors, pool_vectors, cfg.run.seed)
     report.backend = mined.backend
     report.mined = {
         "mining/encode_s": encode_seconds,

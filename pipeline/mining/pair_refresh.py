@@ -38,10 +38,12 @@ def refresh_pairs(
         The report with ``negatives``: ``(rows, m)`` text positions, -1 where none.
     """
     pool = triplets.candidate_pool()
+    # Gathered once: the search and the random baseline read the same rows.
+    anchor_vectors, pool_vectors = embeddings[triplets.anchor], embeddings[pool]
     mined = mine_hard_negatives(
-        anchor_vectors=embeddings[triplets.anchor],
+        anchor_vectors=anchor_vectors,
         positive_vectors=embeddings[triplets.positive],
-        pool_vectors=embeddings[pool],
+        pool_vectors=pool_vectors,
         anchor_keys=keys[triplets.anchor],
         positive_keys=keys[triplets.positive],
         pool_keys=keys[pool],
@@ -55,7 +57,7 @@ def refresh_pairs(
             keys, triplets.anchor, triplets.positive, pool, settings.random_negatives, settings.seed + version
         )
         negatives = np.concatenate([negatives, drawn], axis=1)
-    random_pairs = random_pair_similarities(embeddings[triplets.anchor], embeddings[pool], settings.seed)
+    random_pairs = random_pair_similarities(anchor_vectors, pool_vectors, settings.seed)
     metrics = {
         **mining_metrics(mined, random_pairs=random_pairs, pool_size=len(pool)),
         "mining/random_negatives": float(settings.random_negatives * len(triplets)),
