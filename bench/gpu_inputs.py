@@ -30,8 +30,8 @@ BERT_BASE = BertShape(hidden_size=768, num_layers=12, num_heads=12, intermediate
 """BERT-base's shape: the per-step compute of the model most SimCSE results are quoted for."""
 
 
-def write_inputs(out: Path, config: Path, rows: int) -> tuple[Path, Path]:
-    """The sentence file and the model folder; returns their paths."""
+def write_inputs(out: Path, config: Path, rows: int, shape: BertShape = BERT_BASE) -> tuple[Path, Path]:
+    """The sentence file and the model folder (a random BERT of ``shape``); returns their paths."""
     cfg = load_config(config)
     sentences, _ = generate_paraphrase_corpus(-(-rows // GROUP_SIZE), GROUP_SIZE, cfg.run.seed)
     distinct = list(dict.fromkeys(s.strip() for s in sentences if s.strip()))[:rows]
@@ -44,7 +44,7 @@ def write_inputs(out: Path, config: Path, rows: int) -> tuple[Path, Path]:
         max_seq_len=cfg.data.max_seq_len,
         dropout=cfg.model.dropout,
         seed=cfg.run.seed,
-        shape=BERT_BASE,
+        shape=shape,
     )
     return text_file, model_dir
 
