@@ -6,12 +6,11 @@ random-weights BERT folder that both sides load.
 
 Writes ``OUT/wiki/wiki1m_for_simcse.first11914.txt`` (the path ``--data OUT`` points the
 benches at; ``--rows`` distinct generated sentences, one a line) and ``OUT/initial_model``:
-a WordPiece tokenizer trained on those sentences and a randomly initialised BERT of the
-config's ``model.tiny`` shape (BERT-base in ``gpu-one.yaml``), made as the training job
-makes its own (``pipeline.jobs.train_inputs.prepare_model_dir``). Then, e.g.:
+a WordPiece tokenizer trained on those sentences and a randomly initialised BERT-base, the
+folder ``gpu-one.yaml`` names (seed, sequence length and dropout from ``--config``). Then, e.g.:
 
     python -m bench.train_throughput --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
-        --configs ours-1w st --steps 300 --set train.use_gpu=true
+        --configs ours-1w st --steps 300 --set train.gpus_per_worker=1
     python -m bench.mining_vs_st --data /tmp/gpu-inputs --model /tmp/gpu-inputs/initial_model \\
         --workloads wiki --batch-size 1024
 """
@@ -24,21 +23,29 @@ from pathlib import Path
 from bench.common import REPO, WIKI, argument_parser
 from pipeline.config.loading import load_config
 from pipeline.data.synthetic import generate_paraphrase_corpus
-from pipeline.jobs.train_inputs import prepare_model_dir
+from pipeline.model.tiny import BertShape, build_random_bert_dir
 
 GROUP_SIZE = 4
+BERT_BASE = BertShape(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072, vocab_size=30522)
+"""BERT-base's shape: the per-step compute of the model most SimCSE results are quoted for."""
 
 
-def write_inputs(out: Path, config: Path, rows: int) -> tuple[Path, Path]:
-    """The sentence file and the model folder; returns their paths."""
+def write_inputs(out: Path, config: Path, rows: int, shape: BertShape = BERT_BASE) -> tuple[Path, Path]:
+    """The sentence file and the model folder (a random BERT of ``shape``); returns their paths."""
     cfg = load_config(config)
     sentences, _ = generate_paraphrase_corpus(-(-rows // GROUP_SIZE), GROUP_SIZE, cfg.run.seed)
     distinct = list(dict.fromkeys(s.strip() for s in sentences if s.strip()))[:rows]
     text_file = out / WIKI
     text_file.parent.mkdir(parents=True, exist_ok=True)
     text_file.write_text("\n".join(distinct) + "\n", encoding="utf-8")
-    # The job's own initial model (a tiny BERT of the config's shape when no model is named).
-    model_dir = prepare_model_dir(cfg, lambda: distinct, out)
+    model_dir = build_random_bert_dir(
+        distinct,
+        out / "initial_model",
+        max_seq_len=cfg.data.max_seq_len,
+        dropout=cfg.model.dropout,
+        seed=cfg.run.seed,
+        shape=shape,
+    )
     return text_file, model_dir
 
 

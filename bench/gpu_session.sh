@@ -61,8 +61,8 @@ for part in "$@"; do
       ;;
     compile)
       for mode in eager default reduce-overhead; do
-        if [ "$mode" = eager ]; then flags=(--set train.compile=false); else
-          flags=(--set train.compile=true --set "train.compile_mode=$mode"); fi
+        if [ "$mode" = eager ]; then flags=(--set train.compile=off); else
+          flags=(--set "train.compile=$mode"); fi
         "$PY" -m bench.refresh_share --config "$CONFIG" --rows "$ROWS" --epochs 2 --modes off \
           "${flags[@]}" --append "$OUT/benchmarks.md"
       done
@@ -87,7 +87,7 @@ for part in "$@"; do
     peers)
       "$PY" -m bench.train_throughput --data "$INPUTS" --model "$INPUTS/initial_model" \
         --configs ours-1w st --steps 300 --warmup-steps 20 --repeats 2 --corpus-label generated \
-        --set train.use_gpu=true --set train.gpus_per_worker=1 --set train.cpus_per_worker=4 \
+        --set train.gpus_per_worker=1 --set train.cpus_per_worker=4 \
         --append "$OUT/benchmarks.md"
       "$PY" -m bench.mining_vs_st --data "$INPUTS" --model "$INPUTS/initial_model" --workloads wiki \
         --rows "$ROWS" --batch-size 1024 --repeats 2 --append "$OUT/benchmarks.md"

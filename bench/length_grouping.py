@@ -32,6 +32,7 @@ from typing import Any
 
 from bench.common import Benchmark, machine_report, model_label, run_train_job, wiki_file
 from bench.train_throughput import wiki_simcse_overrides
+from pipeline.config.train_section import LENGTH_GROUP_BATCHES
 
 BENCHMARK = Benchmark(__spec__.name, "Length-grouped batches: speed and STS-B")
 STSB_DEV = "stsb/sts-dev.csv"
@@ -52,7 +53,6 @@ def run_job(args: argparse.Namespace, mode: str, seed: int, workdir: Path) -> di
         "train.num_workers=1",
         f"train.cpus_per_worker={cores}",
         f"train.group_by_length={MODES[mode]}",
-        f"train.length_group_batches={args.group_batches}",
         f"eval.sts={args.data / STSB_DEV}",
         "tracking.experiment=bench-length-grouping",
     ]
@@ -115,7 +115,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-5)
-    parser.add_argument("--group-batches", type=int, default=50, help="train.length_group_batches")
     parser.add_argument("--warmup-steps", type=int, default=5, help="first steps left out of the speed")
     args = BENCHMARK.parse(parser)
     wiki_file(args.data)
@@ -146,9 +145,8 @@ def main() -> None:
         body = (
             f"`jobs/train.py`, unsupervised SimCSE, one epoch over {args.rows:,} Wikipedia sentences "
             f"(batch {args.batch_size}, max length {args.max_seq_len}, lr {args.lr:g}, mean pooling, "
-            f"1 worker, mining off); grouped = `train.group_by_length=true`, "
-            f"`train.length_group_batches={args.group_batches}`. Spearman on STS-B dev, as the job logs it "
-            f"(x100).\n\n{table}"
+            f"1 worker, mining off); grouped = `train.group_by_length=true` ({LENGTH_GROUP_BATCHES} "
+            f"batches a group). Spearman on STS-B dev, as the job logs it (x100).\n\n{table}"
         )
         title = f"{args.rows:,} sentences, {len(args.seeds)} seeds, {model_label(args.model)} on CPU"
         BENCHMARK.append(title, machine_report("torch", "transformers", "ray", "mlflow"), body, args.append)

@@ -32,7 +32,7 @@ from pipeline.mining.text_keys import text_keys
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
-from pipeline.model.tiny import build_tiny_model_dir
+from pipeline.model.tiny import build_random_bert_dir
 
 BENCHMARK = Benchmark(__spec__.name, "Mining refresh at scale")
 
@@ -108,10 +108,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         sample, _ = generate_paraphrase_corpus(2000, 4, seed=1)
-        model_dir = args.model or build_tiny_model_dir(
-            sample, Path(tmp) / "tiny", hidden_size=64, num_layers=2, num_heads=2,
-            intermediate_size=128, vocab_size=2000, max_seq_len=32, dropout=0.1, seed=0,
-        )  # fmt: skip
+        model_dir = args.model or build_random_bert_dir(
+            sample, Path(tmp) / "tiny", max_seq_len=32, dropout=0.1, seed=0
+        )
         rows_out = []
         for rows in sizes:
             for kind in kinds:

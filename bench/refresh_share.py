@@ -172,10 +172,11 @@ def rate_text(value: float) -> str:
 def describe_job(args: argparse.Namespace) -> tuple[str, str]:
     """``(CPU or GPU, the run's model and resources in a few words)``, from its config."""
     from pipeline.config.loading import load_config
+    from pipeline.model.tiny import TINY_BERT
 
     cfg = load_config(args.config, args.set)
     model = cfg.model.name_or_path or (
-        f"random-weights BERT ({cfg.model.tiny.num_layers} layers x {cfg.model.tiny.hidden_size})"
+        f"random-weights BERT ({TINY_BERT.num_layers} layers x {TINY_BERT.hidden_size})"
     )
     if cfg.train.use_gpu:
         where = f"{cfg.train.num_workers} DDP worker(s) of {cfg.train.gpus_per_worker:g} GPU"

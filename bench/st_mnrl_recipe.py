@@ -258,7 +258,7 @@ def build_mnrl_trainer(
 
 
 def peer_device() -> str:
-    """Where the peer runs: the GPU when there is one (as our job with ``train.use_gpu``),
+    """Where the peer runs: the GPU when there is one (as our job with ``train.gpus_per_worker``),
     else the CPU."""
     import torch
 

@@ -5,7 +5,7 @@
         [--configs ours-1w st ours-2w ours-1w-grouped] \\
         [--model DIR] [--set KEY=VALUE ...] [--append docs/benchmarks.md]
 
-On a GPU machine both sides train there: ours with ``--set train.use_gpu=true`` (bf16
+On a GPU machine both sides train there: ours with ``--set train.gpus_per_worker=1`` (bf16
 autocast), sentence-transformers on CUDA in bf16 (``bench.st_mnrl_recipe.peer_device``); there
 ``python -m bench.gpu_inputs`` writes the ``--data`` folder and a random-weights ``--model``.
 
@@ -396,7 +396,7 @@ def parse_args() -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="ours: a config override after the bench's own, e.g. train.use_gpu=true on a GPU machine",
+        help="ours: a config override after the bench's own, e.g. train.gpus_per_worker=1 on a GPU machine",
     )
     parser.add_argument(
         "--corpus-label", default="Wikipedia", help="what the --data sentences are, for the report"

@@ -62,20 +62,13 @@ def paraphrase_pairs(paraphrase_corpus):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, paraphrase_corpus):
-    from pipeline.model.tiny import build_tiny_model_dir
+    from pipeline.model.tiny import BertShape, build_random_bert_dir
 
     texts, _ = paraphrase_corpus
-    return build_tiny_model_dir(
-        texts,
-        tmp_path_factory.mktemp("tiny_model"),
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        vocab_size=600,
-        max_seq_len=32,
-        dropout=0.1,
-        seed=0,
+    # Smaller than the jobs' TINY_BERT, so the many tests on it stay quick.
+    shape = BertShape(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, vocab_size=600)
+    return build_random_bert_dir(
+        texts, tmp_path_factory.mktemp("tiny_model"), max_seq_len=32, dropout=0.1, seed=0, shape=shape
     )
 
 

@@ -154,7 +154,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # data it was trained on (the run's dataset digest).
     assert logged.name == "demo"
     description = logged.tags["mlflow.note.content"]
-    assert description.startswith("SimCSE fine-tune of a tiny BERT built from model.tiny")
+    assert description.startswith("SimCSE fine-tune of a tiny BERT (random weights)")
     assert f"Shipped the model of step {best_step} (selected by the first STS file's Spearman)" in description
     assert "generated_sts spearman" in description and "generated_corpus.txt" in description
     assert logged.tags["data.digest"] == run.data.tags["data.digest"] and logged.tags["source_run"] == run_id

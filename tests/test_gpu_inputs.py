@@ -16,8 +16,10 @@ def test_inputs_load_as_one_model_in_ours_and_in_sentence_transformers(tmp_path)
     from pipeline.model.encode import encode_texts
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer
+    from pipeline.model.tiny import TINY_BERT
 
-    text_file, model_dir = write_inputs(tmp_path, REPO / "jobs/configs/demo.yaml", rows=300)
+    # The tiny shape keeps this quick on a CPU; the bench's BERT-base is the same code path.
+    text_file, model_dir = write_inputs(tmp_path, REPO / "jobs/configs/demo.yaml", rows=300, shape=TINY_BERT)
     lines = text_file.read_text(encoding="utf-8").splitlines()
     assert text_file == tmp_path / "wiki/wiki1m_for_simcse.first11914.txt"
     assert len(lines) == len(set(lines)) == 300 and all(line.strip() == line != "" for line in lines)

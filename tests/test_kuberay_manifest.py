@@ -371,7 +371,7 @@ def test_entrypoint_config_exists_and_loads_with_its_overrides(rayjob):
     assert cfg.run.output_dir == EXAMPLE_ENV["SIMCSE_OUTPUT_DIR"]
     # Unset, so the job takes MLFLOW_TRACKING_URI from the pod's environment.
     assert cfg.tracking.uri is None
-    assert cfg.train.use_gpu
+    assert cfg.train.gpus_per_worker > 0
 
 
 def test_the_environment_the_job_reads_comes_from_the_config_map(rayjob, config_map):

@@ -40,14 +40,14 @@ def test_gpu_asked_for_on_a_machine_without_one(tmp_path):
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
 from pipeline.runtime.preflight import preflight_train
-for setting in ("train.use_gpu=true", "mining.num_gpus=1"):
+for setting in ("train.gpus_per_worker=1", "mining.num_gpus=1"):
     try:
         preflight_train(load_config({DEMO!r}, ["run.output_dir={tmp_path}", setting]))
         print("passed:", setting)
     except ConfigError as error:
         print("error:", error)
 # Joining a cluster: the GPUs are on its workers, checked against its resources later.
-joined = ["run.output_dir={tmp_path}", "train.use_gpu=true", "ray.address=10.0.0.1:6379"]
+joined = ["run.output_dir={tmp_path}", "train.gpus_per_worker=1", "ray.address=10.0.0.1:6379"]
 preflight_train(load_config({DEMO!r}, joined))
 print("joined: passed")
 """
@@ -55,7 +55,7 @@ print("joined: passed")
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and lines[2] == "joined: passed", proc.stdout
-    for line, named in zip(lines[:2], ["train.use_gpu=true", "mining.num_gpus=1"], strict=True):
+    for line, named in zip(lines[:2], ["train.gpus_per_worker=1", "mining.num_gpus=1"], strict=True):
         assert line.startswith(f"error: {named} but this machine has no usable CUDA device"), line
 
 

@@ -41,6 +41,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return [_coerce(item, item_type, f"{key}[{i}]") for i, item in enumerate(value)]
     if origin is Literal:
         allowed = typing.get_args(annotation)
+        if value is False and "off" in allowed:
+            return "off"  # YAML 1.1 reads an unquoted off (train.compile: off) as false
         if value not in allowed:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, allowed))} (got {value!r})")
         return value

@@ -2,7 +2,7 @@
 
 ``config.yaml`` (the whole resolved config) is logged as an artifact beside them; the params
 leave out what a setting turns off, so that a reviewer never reads a contradiction such as
-``train.gpus_per_worker=1.0`` beside ``train.use_gpu=False``. Every rule is here, one line
+``mining.num_gpus=1.0`` beside ``mining.enabled=False``. Every rule is here, one line
 each: a key (or a ``prefix.``) and when it is in effect.
 """
 
@@ -25,11 +25,7 @@ def _ivf(cfg: Config) -> bool:
 
 
 RULES: list[Rule] = [
-    ("train.gpus_per_worker", lambda cfg: cfg.train.use_gpu),
-    ("train.compile_mode", lambda cfg: cfg.train.compile),
-    ("train.length_group_batches", lambda cfg: cfg.train.group_by_length),
     ("train.hard_negative_weight", _pairs),
-    ("model.tiny.", lambda cfg: cfg.model.name_or_path is None),
     ("data.text_column", lambda cfg: not _pairs(cfg)),
     ("data.anchor_column", _pairs),
     ("data.positive_column", _pairs),

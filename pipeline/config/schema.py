@@ -33,6 +33,14 @@ REMOVED_KEYS = {
     "mining.clusters_per_batch": _REMOVED_SAMPLERS,
     "mining.mixed_share": _REMOVED_SAMPLERS,
     "mining.mixed_group_size": _REMOVED_SAMPLERS,
+    "train.use_gpu": "workers train on GPUs when train.gpus_per_worker > 0 (default 0: CPUs); delete the key",
+    "train.peak_tflops": "train/mfu uses the datasheet peak of an H100/H200, none elsewhere; delete the key",
+    "train.compile_mode": "write the mode as train.compile (off, default, reduce-overhead, max-autotune, "
+    "max-autotune-no-cudagraphs)",
+    "train.length_group_batches": "train.group_by_length groups 50 batches (Hugging Face's megabatch); delete the key",
+    # The loader stops at the first unknown level, so model.tiny.* all end here.
+    "model.tiny": "the tiny BERT has one fixed shape (pipeline/model/tiny.py); for another, name a "
+    "model folder in model.name_or_path",
 }
 """Keys an older config may still carry, and what to write instead (one line each)."""
 

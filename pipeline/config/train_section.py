@@ -4,10 +4,17 @@ resources, failures, compilation) and how often they save."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pipeline.config.check import Check
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+LENGTH_GROUP_BATCHES = 50
+"""Batches per length-sorted group with ``train.group_by_length``: Hugging Face's megabatch
+(``LengthGroupedSampler``). Larger groups mean less padding but narrower length ranges inside
+a batch, so in-batch negatives of ever more similar length; 50 keeps padding low at batch 64
+(docs/benchmarks.md, Length-grouped batches) without tuning it per run."""
 
 
 @dataclass
@@ -30,11 +37,10 @@ class TrainSection:
     """Ray Train workers (DDP ranks); each holds a slice of every global batch."""
     cpus_per_worker: float = 1.0
     """CPUs Ray reserves for each worker."""
-    use_gpu: bool = False
-    """Train on GPUs (``gpus_per_worker`` each), bf16 autocast and fused AdamW."""
-    gpus_per_worker: float = 1.0
-    """GPUs Ray reserves for each worker when ``use_gpu``. A fraction packs workers (and a
-    miner with a fractional ``mining.num_gpus``) onto one GPU; see :attr:`backend`."""
+    gpus_per_worker: float = 0.0
+    """GPUs Ray reserves for each worker; above 0 the workers train on GPUs (bf16 autocast,
+    fused AdamW), 0 on CPUs. A fraction packs workers (and a miner with a fractional
+    ``mining.num_gpus``) onto one GPU; see :attr:`backend`."""
     log_every: int = 10
     """Steps between MLflow metric flushes from rank 0."""
     hard_negative_weight: float = 0.0
@@ -49,23 +55,21 @@ class TrainSection:
     failing with an error that names what could not be placed."""
     group_by_length: bool = False
     """Random batches (epoch 1, every epoch when mining is off, and the pairs task's plans) are
-    drawn from groups of ``length_group_batches`` batches sorted by token length, so a batch
-    carries little padding. Mined neighbourhood plans keep their own grouping. Effect on
-    speed and STS-B: see docs/benchmarks.md (Length-grouped batches)."""
-    length_group_batches: int = 50
-    """Batches per length-sorted group (Hugging Face's megabatch is 50): larger groups mean
-    less padding and narrower length ranges inside a batch."""
-    peak_tflops: float | None = None
-    """Peak dense bf16 TFLOP/s of one worker's device, for the ``train/mfu`` metric. Unset:
-    NVIDIA's datasheet figure on an H100/H200, and no MFU on other devices."""
-    compile: bool = False
-    """``torch.compile`` the model in each worker (in place). Faster GPU steps for a compile
-    at start, and each new batch width may compile again, so it pays off on long runs; see
-    docs/benchmarks.md (Per-worker compute: base BERT on one H100). Needs a working C++ compiler on CPU."""
-    compile_mode: str = "default"
-    """``torch.compile``'s mode with ``compile``: ``default``, ``reduce-overhead`` (CUDA graphs:
-    one launch for the step's many small kernels, which bounds a batch-64 step on a GPU; a
-    graph per batch width), ``max-autotune`` or ``max-autotune-no-cudagraphs``."""
+    drawn from groups of :data:`LENGTH_GROUP_BATCHES` batches sorted by token length, so a
+    batch carries little padding. Mined neighbourhood plans keep their own grouping. Effect
+    on speed and STS-B: see docs/benchmarks.md (Length-grouped batches)."""
+    compile: CompileMode = "off"
+    """``torch.compile`` the model in each worker (in place) in this mode; ``off``: eager.
+    Faster GPU steps for a compile at start, and each new batch width may compile again, so
+    it pays off on long runs; see docs/benchmarks.md (Per-worker compute: base BERT on one
+    H100). ``reduce-overhead`` uses CUDA graphs: one launch for the step's many small kernels,
+    which bound a batch-64 step on a GPU; a graph per batch width. Needs a working C++
+    compiler on CPU."""
+
+    @property
+    def use_gpu(self) -> bool:
+        """Whether the workers train on GPUs: exactly when each reserves some."""
+        return self.gpus_per_worker > 0
 
     @property
     def backend(self) -> str:
@@ -79,7 +83,7 @@ class TrainSection:
     @property
     def group_batches(self) -> int:
         """Batches per length-sorted group of a random plan; 0 when grouping is off."""
-        return self.length_group_batches if self.group_by_length else 0
+        return LENGTH_GROUP_BATCHES if self.group_by_length else 0
 
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""
@@ -94,25 +98,14 @@ class TrainSection:
             ("train.cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
             (
                 "train.gpus_per_worker",
-                self.gpus_per_worker > 0
+                self.gpus_per_worker >= 0
                 and (self.gpus_per_worker <= 1 or float(self.gpus_per_worker).is_integer()),
-                "must be > 0, and a whole number above 1 (Ray does not split a worker over part-GPUs)",
+                "must be >= 0, and a whole number above 1 (Ray does not split a worker over part-GPUs)",
             ),
             ("train.log_every", self.log_every >= 1, "must be >= 1"),
             ("train.dup_rate", 0 <= self.dup_rate <= 1, "must be in [0, 1]"),
-            (
-                "train.length_group_batches",
-                self.length_group_batches >= 2,
-                "must be >= 2 (batches sorted together)",
-            ),
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
-            ("train.peak_tflops", self.peak_tflops is None or self.peak_tflops > 0, "must be > 0 (or unset)"),
-            (
-                "train.compile_mode",
-                self.compile_mode in COMPILE_MODES,
-                f"must be one of {', '.join(COMPILE_MODES)}",
-            ),
             (
                 "train.batch_size",
                 self.batch_size >= 2 * self.num_workers,

@@ -81,7 +81,7 @@ def model_name(run_name: str) -> str:
 def model_description(cfg: Config, summary: JobSummary) -> str:
     """What a registry user reads first: the base model, the data, the shipped score and what
     selected it."""
-    base = cfg.model.name_or_path or "a tiny BERT built from model.tiny (random weights)"
+    base = cfg.model.name_or_path or "a tiny BERT (random weights)"
     first = "the first STS file's Spearman" if cfg.eval.sts else "the first retrieval set's nDCG@10"
     selected = cfg.eval.select_by or first
     scores = summary.scores()
@@ -101,7 +101,7 @@ def model_tags(cfg: Config, tracked: TrackedRun) -> dict[str, str]:
     path and content digest, its base model and the run and commit it came from."""
     run_tags = tracked.client.get_run(tracked.run_id).data.tags
     tags = {
-        "base_model": cfg.model.name_or_path or "tiny (model.tiny)",
+        "base_model": cfg.model.name_or_path or "tiny",
         "source_run": tracked.run_id,
         **{key: run_tags[key] for key in ("data.path", "data.digest", "data.rows") if key in run_tags},
     }

@@ -28,7 +28,7 @@ from pipeline.evaluation.retrieval_sets import RetrievalSet
 from pipeline.evaluation.scoring import STSEvalSet
 from pipeline.evaluation.sts import STSPairs
 from pipeline.model.folders import fetch_pretrained_dir, load_tokenizer, pack_dir
-from pipeline.model.tiny import build_tiny_model_dir
+from pipeline.model.tiny import build_random_bert_dir
 from pipeline.tracking.context import log_run_context
 from pipeline.tracking.run import TrackedRun
 
@@ -138,26 +138,17 @@ def _read_sentences(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingDat
 
 
 def prepare_model_dir(cfg: Config, texts: Callable[[], list[str]], run_dir: Path) -> Path:
-    """The initial model folder: the configured one, or a tiny BERT with a tokenizer trained
-    on the corpus's ``texts()`` (asked for only then: a pretrained model never needs the corpus
-    as Python strings on the driver). Reused as-is when a resumed run already made it."""
+    """The initial model folder: the configured one, or a tiny BERT (:data:`~pipeline.model.tiny.TINY_BERT`)
+    with a tokenizer trained on the corpus's ``texts()`` (asked for only then: a pretrained model
+    never needs the corpus as Python strings on the driver). Reused as-is when a resumed run
+    already made it."""
     if cfg.model.name_or_path:
         return fetch_pretrained_dir(cfg.model.name_or_path, run_dir / "initial_model")
     target = run_dir / "initial_model"
     if (target / "config.json").exists():
         return target
-    tiny = cfg.model.tiny
-    return build_tiny_model_dir(
-        texts(),
-        target,
-        hidden_size=tiny.hidden_size,
-        num_layers=tiny.num_layers,
-        num_heads=tiny.num_heads,
-        intermediate_size=tiny.intermediate_size,
-        vocab_size=tiny.vocab_size,
-        max_seq_len=cfg.data.max_seq_len,
-        dropout=cfg.model.dropout,
-        seed=cfg.run.seed,
+    return build_random_bert_dir(
+        texts(), target, max_seq_len=cfg.data.max_seq_len, dropout=cfg.model.dropout, seed=cfg.run.seed
     )
 
 

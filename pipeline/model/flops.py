@@ -59,11 +59,9 @@ def datasheet_peak_tflops(device_name: str) -> float | None:
     return 989.0
 
 
-def device_peak_tflops(device: torch.device, configured: float | None) -> float | None:
-    """The peak MFU is measured against: ``configured`` (``train.peak_tflops``) when set, else
-    the datasheet figure of a CUDA device this module knows, else None (no MFU)."""
-    if configured is not None:
-        return configured
+def device_peak_tflops(device: torch.device) -> float | None:
+    """The peak MFU is measured against: the datasheet figure of a CUDA device this module
+    knows, else None (no MFU)."""
     if device.type != "cuda":
         return None
     return datasheet_peak_tflops(torch.cuda.get_device_name(device))

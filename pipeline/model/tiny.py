@@ -4,6 +4,7 @@ train when no pretrained model is configured (nothing is downloaded).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,20 +14,37 @@ from transformers import BertConfig, BertModel, BertTokenizerFast
 _SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def build_tiny_model_dir(
+@dataclass(frozen=True)
+class BertShape:
+    """The size of a randomly initialised BERT and of the WordPiece vocabulary trained for it."""
+
+    hidden_size: int
+    """Width of the embeddings, and so of the sentence vectors the index holds."""
+    num_layers: int
+    num_heads: int
+    """Attention heads per layer; must divide ``hidden_size``."""
+    intermediate_size: int
+    """Width of each layer's feed-forward block."""
+    vocab_size: int
+    """Largest vocabulary trained on the corpus (fewer when the corpus is small)."""
+
+
+TINY_BERT = BertShape(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=2000)
+"""What a run builds when ``model.name_or_path`` is unset: small enough that tests and the demo
+train in seconds on a CPU. A run that needs a larger model names a model folder instead."""
+
+
+def build_random_bert_dir(
     texts: list[str],
     out_dir: str | Path,
     *,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    intermediate_size: int,
-    vocab_size: int,
     max_seq_len: int,
     dropout: float,
     seed: int,
+    shape: BertShape = TINY_BERT,
 ) -> Path:
-    """Train a WordPiece tokenizer on ``texts`` and save it with a randomly initialised BERT."""
+    """Train a WordPiece tokenizer on ``texts`` and save it with a randomly initialised BERT
+    of ``shape``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -49,7 +67,7 @@ def build_tiny_model_dir(
     trained.train_from_iterator(
         texts,
         trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=_SPECIAL_TOKENS + continuations, show_progress=False
+            vocab_size=shape.vocab_size, special_tokens=_SPECIAL_TOKENS + continuations, show_progress=False
         ),
     )
     # Rebuilt from the vocabulary so only the real special tokens are special ("##c" are
@@ -69,10 +87,10 @@ def build_tiny_model_dir(
     tokenizer.save_pretrained(out)
     config = BertConfig(
         vocab_size=wordpiece.get_vocab_size(),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        intermediate_size=intermediate_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        intermediate_size=shape.intermediate_size,
         max_position_embeddings=max(64, max_seq_len + 2),
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,

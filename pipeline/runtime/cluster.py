@@ -173,7 +173,7 @@ def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
     cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + (
         cfg.mining.num_cpus if cfg.runs_miner else 0
     )
-    gpu_need = (cfg.train.num_workers * cfg.train.gpus_per_worker if cfg.train.use_gpu else 0) + (
+    gpu_need = cfg.train.num_workers * cfg.train.gpus_per_worker + (
         cfg.mining.num_gpus if cfg.runs_miner else 0
     )
     problems = []

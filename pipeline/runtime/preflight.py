@@ -43,7 +43,7 @@ def check_cuda(cfg: Config) -> None:
     """
     wants = []
     if cfg.train.use_gpu:
-        wants.append("train.use_gpu=true")
+        wants.append(f"train.gpus_per_worker={cfg.train.gpus_per_worker:g}")
     if cfg.runs_miner and cfg.mining.num_gpus > 0:
         wants.append(f"mining.num_gpus={cfg.mining.num_gpus:g}")
     joined = cluster_address(cfg) is not None or ray.is_initialized()
@@ -54,7 +54,7 @@ def check_cuda(cfg: Config) -> None:
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
         raise ConfigError(
             f"{' and '.join(wants)} but this machine has no usable CUDA device ({build}); "
-            "run on a GPU machine or cluster, or set train.use_gpu=false and mining.num_gpus=0"
+            "run on a GPU machine or cluster, or set train.gpus_per_worker=0 and mining.num_gpus=0"
         )
 
 

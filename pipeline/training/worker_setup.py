@@ -70,7 +70,7 @@ def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
 
 
 def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceEncoder:
-    """The encoder from ``model_dir`` on ``device``, compiled in place when ``train.compile``."""
+    """The encoder from ``model_dir`` on ``device``, compiled in place unless ``train.compile`` is ``off``."""
     # Same initial weights on every rank: they come from one folder (and the MLP head from
     # one seed), so DDP starts consistent without a broadcast.
     torch.manual_seed(cfg.run.seed)
@@ -79,9 +79,9 @@ def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceE
     )
     model.to(device)
     enable_tf32(device)
-    if cfg.train.compile:
+    if cfg.train.compile != "off":
         # In place: the state_dict keys (checkpoints, export) and DDP wrapping stay as they are.
-        model.compile(mode=cfg.train.compile_mode)
+        model.compile(mode=cfg.train.compile)
     return model
 
 
@@ -270,5 +270,5 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             logger=logger,
         ),  # fmt: skip
         logger=logger,
-        peak_tflops=device_peak_tflops(device, cfg.train.peak_tflops),
+        peak_tflops=device_peak_tflops(device),
     )

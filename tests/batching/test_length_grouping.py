@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.batching.samplers import random_plan
 from pipeline.config.loading import load_config
-from pipeline.core.errors import ConfigError
+from pipeline.config.train_section import LENGTH_GROUP_BATCHES
 
 
 def _padding_share(plan, lengths: np.ndarray) -> float:
@@ -84,12 +84,13 @@ def test_without_lengths_or_groups_the_plan_is_the_random_one():
         random_plan(1000, 64, seed=3, lengths=lengths[:10], group_batches=50)
 
 
-def test_config_switch_and_validation():
-    cfg = load_config(overrides=["train.group_by_length=true", "train.length_group_batches=8"])
-    assert cfg.train.group_batches == 8
-    assert load_config(overrides=["train.length_group_batches=8"]).train.group_batches == 0
-    with pytest.raises(ConfigError, match="train.length_group_batches must be >= 2"):
-        load_config(overrides=["train.group_by_length=true", "train.length_group_batches=1"])
+def test_config_switch():
+    assert (
+        load_config(overrides=["train.group_by_length=true"]).train.group_batches
+        == LENGTH_GROUP_BATCHES
+        == 50
+    )
+    assert load_config().train.group_batches == 0
 
 
 def test_pairs_batches_group_by_length(trained_tiny_model_dir, paraphrase_pairs):
@@ -108,9 +109,7 @@ def test_pairs_batches_group_by_length(trained_tiny_model_dir, paraphrase_pairs)
     tokenized = tokenize_table(table, tokenizer, 32)
     lengths = row_lengths(TokenizedCorpus(tokenized, tokenizer.pad_token_id), triplets)
     plain = random_batches(load_config(overrides=["train.batch_size=16"]), 1, lengths)
-    grouped_cfg = load_config(
-        overrides=["train.batch_size=16", "train.group_by_length=true", "train.length_group_batches=50"]
-    )
+    grouped_cfg = load_config(overrides=["train.batch_size=16", "train.group_by_length=true"])
     grouped = random_batches(grouped_cfg, 1, lengths)
     # Independent widths: the tokenizer's own lengths, not the corpus' offsets.
     text = table.column("text").to_pylist()

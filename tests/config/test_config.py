@@ -38,15 +38,15 @@ def test_defaults_follow_simcse():
         ("trainer.epochs=1", "trainer"),
         ("train.epochs=two", "train.epochs"),
         ("train.epochs=1.5", "train.epochs"),
-        ("train.use_gpu=maybe", "train.use_gpu"),
+        ("train.gpus_per_worker=maybe", "train.gpus_per_worker"),
         ("train.temperature=0", "train.temperature"),
         ("train.temperature=-0.05", "train.temperature"),
         ("model.pooler=max", "model.pooler"),
         ("train.batch_size=5000", "train.batch_size"),
         ("train.num_workers=0", "train.num_workers"),
         ("model.dropout=1.5", "model.dropout"),
-        ("train.compile_mode=fast", "train.compile_mode"),
-        ("train.peak_tflops=0", "train.peak_tflops"),
+        ("train.compile=fast", "train.compile"),
+        ("train.compile=true", "train.compile"),  # the mode is the value now
         ("run.name=a/b", "run.name"),
     ],
 )
@@ -154,6 +154,41 @@ def test_an_old_config_with_a_removed_sampler_or_debias_key_says_to_delete_it(tm
     assert "docs/results.md" in message and message.endswith("delete the key")
 
 
+@pytest.mark.parametrize(
+    "yaml_text,key,says",
+    [
+        ("train:\n  use_gpu: true\n", "train.use_gpu", "train.gpus_per_worker > 0"),
+        ("train:\n  peak_tflops: 989\n", "train.peak_tflops", "datasheet peak"),
+        ("train:\n  compile_mode: max-autotune\n", "train.compile_mode", "write the mode as train.compile"),
+        ("train:\n  length_group_batches: 8\n", "train.length_group_batches", "50 batches"),
+        ("model:\n  tiny: {hidden_size: 32}\n", "model.tiny", "one fixed shape"),
+    ],
+)
+def test_an_old_config_with_a_knob_the_hardware_or_a_constant_decides_stops_in_one_line(
+    tmp_path, yaml_text, key, says
+):
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml_text)
+    with pytest.raises(ConfigError) as info:
+        load_config(old)
+    message = str(info.value)
+    assert (
+        message.startswith(f"{key} is no longer a config key: ") and says in message and "\n" not in message
+    )
+
+
+def test_compile_takes_its_mode_and_off_even_as_yaml_reads_it(tmp_path):
+    assert load_config(None).train.compile == "off"
+    # YAML 1.1 reads an unquoted off as false, in a file and in --set alike.
+    assert load_config(None, ["train.compile=off"]).train.compile == "off"
+    written = tmp_path / "compile.yaml"
+    written.write_text("train:\n  compile: off\n")
+    assert load_config(written).train.compile == "off"
+    assert load_config(None, ["train.compile=reduce-overhead"]).train.compile == "reduce-overhead"
+    with pytest.raises(ConfigError, match=r"^train\.compile must be one of off, default, reduce-overhead, "):
+        load_config(None, ["train.compile=true"])  # the old switch: the message lists what to write
+
+
 @pytest.mark.parametrize("sampler", ["rwr", "clusters", "mixed"])
 def test_a_removed_sampler_names_the_samplers_there_are(tmp_path, sampler):
     old = tmp_path / "old.yaml"
@@ -174,9 +209,7 @@ def test_params_leave_out_what_a_setting_turns_off():
 
     demo = "jobs/configs/demo.yaml"
     cpu = params_in_effect(load_config(REPO / demo))
-    assert "train.use_gpu" in cpu and "train.gpus_per_worker" not in cpu  # no GPU count on a CPU run
-    gpu = params_in_effect(load_config(REPO / demo, ["train.use_gpu=true", "train.gpus_per_worker=0.5"]))
-    assert gpu["train.gpus_per_worker"] == 0.5
+    assert cpu["train.gpus_per_worker"] == 0  # 0: a CPU run, said by the one key
     off = params_in_effect(load_config(REPO / demo, ["mining.enabled=false"]))
     assert [k for k in off if k.startswith("mining.")] == ["mining.enabled"]
     # What is left is the config's own values, unchanged.

@@ -468,7 +468,7 @@ def test_unplaceable_miner_on_a_joined_cluster_times_out(ray_local, tmp_path, ca
 
 @pytest.mark.slow
 def test_unplaceable_train_workers_on_a_joined_cluster_time_out(ray_local, tmp_path, capfd, monkeypatch):
-    outcome = _train(tmp_path, capfd, monkeypatch, "train.use_gpu=true", "train.placement_timeout_s=10")
+    outcome = _train(tmp_path, capfd, monkeypatch, "train.gpus_per_worker=1", "train.placement_timeout_s=10")
     _assert_failed(
         outcome,
         1,

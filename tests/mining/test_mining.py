@@ -121,7 +121,7 @@ def test_miner_settings_come_from_the_config():
 
     cfg = load_config(
         overrides=[
-            "train.group_by_length=true", "train.length_group_batches=8", "mining.top_k=16",
+            "train.group_by_length=true", "mining.top_k=16",
             "mining.num_gpus=1", "mining.max_restarts=2", "mining.range_min=3", "mining.index=ivf",
         ]
     )  # fmt: skip

@@ -64,10 +64,9 @@ def test_counting_encoder_counts_real_tokens_of_every_call_and_resets():
     assert counted.take() == (0, 0.0)
 
 
-def test_peak_comes_from_config_else_the_datasheet():
+def test_peak_comes_from_the_datasheet_of_a_known_device():
     assert datasheet_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert datasheet_peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert datasheet_peak_tflops("NVIDIA H200") == 989.0
     assert datasheet_peak_tflops("NVIDIA A10G") is None
-    assert device_peak_tflops(torch.device("cpu"), None) is None
-    assert device_peak_tflops(torch.device("cpu"), 2.5) == 2.5
+    assert device_peak_tflops(torch.device("cpu")) is None

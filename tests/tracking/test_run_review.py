@@ -123,12 +123,12 @@ def test_git_commit_from_the_checkout_else_from_the_submitter(tmp_path, monkeypa
 
 BUILD_TOKENIZER = """
 import sys
-from pipeline.model.tiny import build_tiny_model_dir
+from pipeline.model.tiny import BertShape, build_random_bert_dir
 from pipeline.data.synthetic import generate_paraphrase_corpus
 
 texts, _ = generate_paraphrase_corpus(num_groups=300, group_size=4, seed=0)
-build_tiny_model_dir(texts, sys.argv[1], hidden_size=32, num_layers=1, num_heads=2,
-                     intermediate_size=64, vocab_size=1500, max_seq_len=32, dropout=0.1, seed=7)
+build_random_bert_dir(texts, sys.argv[1], max_seq_len=32, dropout=0.1, seed=7,
+                      shape=BertShape(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=1500))
 """
 
 
@@ -201,5 +201,8 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
     # The params are the resolved values in effect (the whole config is the artifact).
     in_effect = params_in_effect(resolved)
     assert run.data.params == {k: "null" if v is None else str(v) for k, v in in_effect.items()}
-    assert "train.gpus_per_worker" not in run.data.params and run.data.params["train.use_gpu"] == "False"
+    assert (
+        "train.hard_negative_weight" not in run.data.params
+        and run.data.params["train.gpus_per_worker"] == "0.0"
+    )
     assert run.info.status == "FINISHED"

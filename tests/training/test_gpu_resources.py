@@ -18,12 +18,12 @@ DEMO = REPO / "jobs/configs/demo.yaml"  # 2 workers
     "overrides,gpus,backend",
     [
         ([], None, "gloo"),
-        (["train.use_gpu=true"], 1.0, "nccl"),
-        (["train.use_gpu=true", "train.gpus_per_worker=2"], 2.0, "nccl"),
+        (["train.gpus_per_worker=1"], 1.0, "nccl"),
+        (["train.gpus_per_worker=2"], 2.0, "nccl"),
         # Two ranks may share one GPU, which NCCL refuses: gloo, which reduces CUDA tensors too.
-        (["train.use_gpu=true", "train.gpus_per_worker=0.5"], 0.5, "gloo"),
+        (["train.gpus_per_worker=0.5"], 0.5, "gloo"),
         # One rank on half a GPU (the miner on the other half): no peer, NCCL is fine.
-        (["train.use_gpu=true", "train.gpus_per_worker=0.5", "train.num_workers=1"], 0.5, "nccl"),
+        (["train.gpus_per_worker=0.5", "train.num_workers=1"], 0.5, "nccl"),
     ],
 )
 def test_trainer_reserves_the_configured_gpus_and_picks_the_backend(
@@ -34,11 +34,11 @@ def test_trainer_reserves_the_configured_gpus_and_picks_the_backend(
     trainer = build_trainer(cfg, None, str(tmp_path / "storage"), "gpu-resources")
     resources = trainer.scaling_config.resources_per_worker
     assert resources.get("GPU") == gpus and resources["CPU"] == 0.5
-    assert trainer.scaling_config.use_gpu is cfg.train.use_gpu
+    assert trainer.scaling_config.use_gpu is (gpus is not None)
     assert trainer.backend_config.backend == backend
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "1.5"])
+@pytest.mark.parametrize("value", ["-1", "-0.5", "1.5"])
 def test_gpus_per_worker_must_be_a_fraction_or_whole_gpus(value):
     with pytest.raises(ConfigError, match=r"train\.gpus_per_worker"):
         load_config(DEMO, [f"train.gpus_per_worker={value}"])
@@ -49,7 +49,6 @@ def test_resource_check_counts_fractional_gpus(ray_local, tmp_path):
         DEMO,
         [
             f"run.output_dir={tmp_path}",
-            "train.use_gpu=true",
             "train.gpus_per_worker=0.25",
             "mining.num_gpus=0.5",
         ],

@@ -172,14 +172,14 @@ class _RecordedMetrics:
 
 def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, corpus):
     """train/tokens_per_s counts both views' real tokens (from the corpus's own lengths), and
-    train/mfu is the model FLOPs of those tokens at the batch's width over the configured peak."""
+    train/mfu is the model FLOPs of those tokens at the batch's width over the device's peak."""
     from pipeline.batching.samplers import random_plan
     from pipeline.model.flops import EncoderFlops
     from pipeline.training.state import TrainState
     from pipeline.training.worker import SimCSEWorker
     from pipeline.training.worker_setup import WorkerParts
 
-    cfg = load_config(None, ["train.batch_size=8", "train.peak_tflops=0.5"])
+    cfg = load_config(None, ["train.batch_size=8"])
     plan = random_plan(len(corpus.lengths), 8, seed=3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
@@ -200,7 +200,7 @@ def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, cor
     flops = EncoderFlops.of(model).training_flops(tokens, int(corpus.lengths[rows].max()))
     assert logged["train/mfu"] * 0.5e12 * seconds == pytest.approx(flops, rel=1e-9)
 
-    worker.peak_tflops = None  # what a CPU worker gets without train.peak_tflops
+    worker.peak_tflops = None  # what a worker on a device without a known peak gets (a CPU)
     worker.train_batch(1)
     assert "train/mfu" not in metrics.logged[-1] and metrics.logged[-1]["train/tokens_per_s"] > 0
 
