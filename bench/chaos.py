@@ -13,8 +13,8 @@ epoch), in fresh folders:
 - ``chaos``: after a seeded random pause (``--min-gap`` to ``--max-gap`` seconds) one process is
   SIGKILLed, the victim drawn among the job's Ray Train workers and its miner actor, until
   ``--kills`` kills have landed (a draw that finds no such process waits for the next one).
-  ``train.max_failures`` and ``mining.max_restarts`` are raised above ``--kills`` so that the
-  job always resumes.
+  ``train.max_failures`` (the workers' and the miner's failure budget) is raised above
+  ``--kills`` so that the job always resumes.
 
 Both exported models are scored by the one evaluator of the bench
 (``jobs/evaluate.py --retrieval <dev> --json``); the check passes when the dev nDCG@10 values
@@ -47,7 +47,7 @@ def recipe_overrides(run_dir: Path, seed: int, checkpoint_every: int, kills: int
     return [
         f"run.name=chaos-s{seed}", f"run.seed={seed}", f"run.output_dir={run_dir}", "mining.refresh=every_epoch",
         "eval.retrieval=[]", f"checkpoint.every_steps={checkpoint_every}", f"train.max_failures={kills + 3}",
-        f"mining.max_restarts={kills + 3}", f"tracking.uri=sqlite:///{run_dir / 'mlruns.db'}",
+        f"tracking.uri=sqlite:///{run_dir / 'mlruns.db'}",
         f"model.name_or_path={REPO / 'runs/recipe-data/all-MiniLM-L6-v2'}",
         # The job runs in run_dir: the recipe's relative data paths, made absolute.
         f"data.path={DATA / 'train.tsv'}", f"data.pool={DATA / 'train.tsv'}",

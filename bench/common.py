@@ -220,11 +220,14 @@ class Alternating:
     neither side; the report gives the medians."""
 
     @staticmethod
-    def add_options(parser: argparse.ArgumentParser, repeats: int, batch_size: int, batch_help: str) -> None:
-        """``--repeats`` (rounds), ``--batch-size`` (encode batch, both sides) and ``--threads``
-        (torch threads, both sides)."""
+    def add_options(
+        parser: argparse.ArgumentParser, repeats: int, batch_size: int | None = None, batch_help: str = ""
+    ) -> None:
+        """``--repeats`` (rounds), ``--batch-size`` (encode batch, both sides; only with a
+        default ``batch_size``) and ``--threads`` (torch threads, both sides)."""
         parser.add_argument("--repeats", type=int, default=repeats)
-        parser.add_argument("--batch-size", type=int, default=batch_size, help=batch_help)
+        if batch_size is not None:
+            parser.add_argument("--batch-size", type=int, default=batch_size, help=batch_help)
         parser.add_argument(
             "--threads", type=int, default=os.cpu_count() or 1, help="torch threads, both sides"
         )

@@ -13,8 +13,8 @@ times after one untimed warm-up of each:
   Tokenize = ``pipeline.data.tokenize.tokenize_table`` + ``TokenizedCorpus``; encode =
   ``pipeline.model.encode.encode_rows`` (length-sorted batches padded to their longest row, no
   grad, L2-normalised), which is exactly the call ``HardNegativeMiner.encode`` makes at each
-  refresh on the corpus Ray Data tokenized once. The batch size defaults to the miner's
-  (``mining.encode_batch_size``). Also timed once per repeat: the tokenization the training
+  refresh on the corpus Ray Data tokenized once. The batch size defaults to the miner's on a
+  CPU (``pipeline.model.encode.CPU_ENCODE_BATCH_SIZE``). Also timed once per repeat: the tokenization the training
   corpus gets (``tokenize_table(..., flag_truncated=True)``, as
   ``pipeline.data.tokenize.tokenize_corpus_with_stats`` runs it in its Ray Data actors), which encodes again
   every sentence longer than the max length to count truncations.
@@ -235,14 +235,12 @@ def render(args: argparse.Namespace, rows: int, r: dict[str, Any]) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    from pipeline.config.mining_section import MiningSection
+    from pipeline.model.encode import CPU_ENCODE_BATCH_SIZE
 
     parser = BENCHMARK.parser(__doc__, side_by_side=True)
     parser.add_argument("--rows", type=int, default=2000, help="sentences to encode (the file's first)")
-    batch_help = "default: mining.encode_batch_size, what the miner uses"
-    Alternating.add_options(
-        parser, repeats=3, batch_size=MiningSection().encode_batch_size, batch_help=batch_help
-    )
+    batch_help = "default: what the miner uses on a CPU"
+    Alternating.add_options(parser, repeats=3, batch_size=CPU_ENCODE_BATCH_SIZE, batch_help=batch_help)
     return BENCHMARK.parse(parser)
 
 

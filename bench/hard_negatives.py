@@ -27,12 +27,12 @@ run's scores are read from its MLflow metric history at the last evaluation step
 
 Tasks ``cnsd`` and ``wiki`` (unsupervised SimCSE, the corpus task; baseline ``random``):
 ``random`` (refresh on, random batches: ``mining.batch_sampler=random``), ``random-norefresh``
-(``mining.enabled=false``), ``knn`` (``mining.batch_sampler=knn``) and ``peer``. The ``rwr``,
+(``mining.refresh=never``), ``knn`` (``mining.batch_sampler=knn``) and ``peer``. The ``rwr``,
 ``clusters`` and ``mixed`` samplers and the ``+debias`` forms that docs/results.md records
 were removed from the pipeline (none beat ``random`` by more than the seed spread).
 
 Task ``snli`` (recipe (b): supervised SimCSE on SNLI triplets, ``task: pairs``,
-STS-B dev; baseline ``given``): ``given`` (``mining.enabled=false``: each anchor's given
+STS-B dev; baseline ``given``): ``given`` (``mining.refresh=never``: each anchor's given
 contradiction only), ``mined`` (refresh on, ``mining.num_negatives=1``: a mined negative beside
 the given one), ``mined+random`` (also ``mining.random_negatives=1``), ``peer`` (MNRL on the
 given triplets) and ``peer-mined`` (``bench.st_mnrl_recipe --mine-hard-negatives``: the peer's
@@ -109,9 +109,9 @@ RESULTS_DIR = REPO / "bench" / "results"
 checkout, and a grid takes hours, so each finished run's line is kept with the code that made it."""
 RECIPE_DATA = REPO / "runs" / "recipe-data"
 TRIPLET_VARIANTS = {
-    "given": ["mining.enabled=false"],
-    "mined": ["mining.enabled=true", "mining.num_negatives=1"],
-    "mined+random": ["mining.enabled=true", "mining.num_negatives=1", "mining.random_negatives=1"],
+    "given": ["mining.refresh=never"],
+    "mined": ["mining.refresh=every_epoch", "mining.num_negatives=1"],
+    "mined+random": ["mining.refresh=every_epoch", "mining.num_negatives=1", "mining.random_negatives=1"],
 }
 """Task ``snli``'s pipeline variants (the pairs task); ``mined`` is the setting the peer matches."""
 PEERS = {"peer": False, "peer-mined": True}
@@ -137,11 +137,11 @@ UNFILTERED = ["mining.relative_margin=null", "mining.range_min=0", "mining.max_s
 RETRIEVAL_ARMS = {
     "A": ["mining.refresh=never", "data.given_negatives=false"],
     "G": ["mining.refresh=never", "data.given_negatives=true"],
-    "S": ["mining.enabled=true", "mining.refresh=once", "data.given_negatives=false"],
-    "C": ["mining.enabled=true", "mining.refresh=every_epoch", "data.given_negatives=false"],
+    "S": ["mining.refresh=once", "data.given_negatives=false"],
+    "C": ["mining.refresh=every_epoch", "data.given_negatives=false"],
 }
 RETRIEVAL_ARMS["U"] = [*RETRIEVAL_ARMS["C"], *UNFILTERED]
-RETRIEVAL_ARMS["GS"] = ["mining.enabled=true", "mining.refresh=once", "data.given_negatives=true"]
+RETRIEVAL_ARMS["GS"] = ["mining.refresh=once", "data.given_negatives=true"]
 """A retrieval task's pipeline arms (the pairs task): ``A`` in-batch negatives only, ``G`` the given
 (label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
 ``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
@@ -229,7 +229,7 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
         if variant == "peer":
             return None
         if variant == "random-norefresh":
-            return ["mining.enabled=false"]
+            return ["mining.refresh=never"]
         if variant in SAMPLERS:
             return [f"mining.batch_sampler={variant}"]
         known = f"peer, random-norefresh, {', '.join(SAMPLERS)}"
@@ -274,14 +274,14 @@ def peer_mining_args(cfg: Any) -> tuple[str, ...]:
     """``bench.st_mnrl_recipe --mine-hard-negatives`` with a config's mining settings: its
     ``top_k`` candidates (or ``range_max``) as the peer's ``range_max``, the same ``range_min``
     (as resolved for the task),
-    ``relative_margin``, ``num_negatives``, ``sampling`` and encode batch."""
+    ``relative_margin``, ``num_negatives`` and ``sampling``; the encode batch is the pipeline's
+    for the device, on both sides."""
     mining = cfg.mining
     margin = -1.0 if mining.relative_margin is None else mining.relative_margin  # -1: none
     return (
         "--mine-hard-negatives", "--range-min", str(cfg.range_min),
         "--range-max", str(mining.range_max or mining.top_k), "--relative-margin", str(margin),
         "--num-negatives", str(mining.num_negatives), "--sampling", mining.sampling,
-        "--mining-batch-size", str(mining.encode_batch_size),
     )  # fmt: skip
 
 
@@ -753,7 +753,8 @@ def run_grid(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    mined = [v for v in variants if "mining.enabled=true" in (overrides[v] or [])]
+    # A pipeline variant mines unless it turns mining off (the peers have no overrides).
+    mined = [v for v in variants if overrides[v] is not None and "mining.refresh=never" not in overrides[v]]
     if spec.triplet and not spec.retrieval and mined and task.epochs < 2:
         print(
             f"error: --epochs {task.epochs} is too few for {', '.join(mined)}: the pairs task mines "

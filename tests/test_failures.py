@@ -295,7 +295,7 @@ def test_hung_miner_ends_the_job_at_once_and_costs_no_epoch(tmp_path):
     boundary, asks a new miner for the plan, and trains no step twice."""
     # mining.timeout_s also bounds the resumed run's healthy refresh of the demo corpus: 30 s
     # leaves it room on a machine three times slower and busy. The miner's start has its own
-    # deadline (mining.start_timeout_s, default 600 s).
+    # deadline (train.placement_timeout_s, default 600 s).
     overrides = ["run.name=hung", "train.epochs=2", "mining.timeout_s=30", "checkpoint.every_steps=10"]
     job = RunningJob(tmp_path, overrides)
     try:

@@ -25,9 +25,11 @@ def without_faiss(monkeypatch):
 
 def test_missing_faiss_is_named_with_the_extra_only_when_mining_needs_it(without_faiss, tmp_path):
     cfg = load_config(DEMO, [f"run.output_dir={tmp_path}"])
-    with pytest.raises(ConfigError, match=r"mining\.enabled=true .* needs FAISS.*pip install -e '\.\[cpu\]'"):
+    with pytest.raises(
+        ConfigError, match=r"mining\.refresh=every_epoch .* needs FAISS.*pip install -e '\.\[cpu\]'"
+    ):
         preflight_train(cfg)
-    preflight_train(load_config(DEMO, [f"run.output_dir={tmp_path}", "mining.enabled=false"]))
+    preflight_train(load_config(DEMO, [f"run.output_dir={tmp_path}", "mining.refresh=never"]))
     preflight_train(load_config(DEMO, [f"run.output_dir={tmp_path}", "train.epochs=1"]))  # no refresh
     with pytest.raises(ConfigError, match=r"jobs/mine\.py needs FAISS"):
         preflight_mine(cfg, str(tmp_path / "triplets.parquet"))

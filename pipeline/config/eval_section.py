@@ -20,7 +20,6 @@ class EvalSection:
     every_steps: int = 0
     """Also evaluate every N optimizer steps. Any evaluation can pick the exported model, not
     only epoch ends. 0: off."""
-    batch_size: int = 128
     positive_threshold: float = 4.0
     """Gold score from which an STS pair counts as a positive: for the alignment metric, and as
     a paraphrase-retrieval query (its first sentence must find its second among every
@@ -50,7 +49,6 @@ class EvalSection:
         """This section's rules (see :data:`Check`)."""
         return [
             ("eval.every_steps", self.every_steps >= 0, "must be >= 0"),
-            ("eval.batch_size", self.batch_size >= 1, "must be >= 1"),
             ("eval.whitening_dim", self.whitening_dim is None or self.whitening_dim >= 1, "must be >= 1"),
             ("eval.whitening_rows", self.whitening_rows >= 2, "must be >= 2"),
             ("eval.retrieval", all(p.strip() for p in self.retrieval), "must not hold an empty path"),

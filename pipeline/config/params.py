@@ -2,7 +2,7 @@
 
 ``config.yaml`` (the whole resolved config) is logged as an artifact beside them; the params
 leave out what a setting turns off, so that a reviewer never reads a contradiction such as
-``mining.num_gpus=1.0`` beside ``mining.enabled=False``. Every rule is here, one line
+``mining.num_gpus=1.0`` beside ``mining.refresh=never``. Every rule is here, one line
 each: a key (or a ``prefix.``) and when it is in effect.
 """
 
@@ -20,10 +20,6 @@ def _pairs(cfg: Config) -> bool:
     return cfg.pairs
 
 
-def _ivf(cfg: Config) -> bool:
-    return cfg.mining.index != "flat"
-
-
 RULES: list[Rule] = [
     ("train.hard_negative_weight", _pairs),
     ("data.text_column", lambda cfg: not _pairs(cfg)),
@@ -38,7 +34,7 @@ RULES: list[Rule] = [
     ("eval.whitening_dim", lambda cfg: cfg.eval.whitening),
     ("eval.whitening_rows", lambda cfg: cfg.eval.whitening),
     ("tracking.system_metrics_interval_s", lambda cfg: cfg.tracking.system_metrics),
-    # Mining: nothing but mining.enabled when no miner runs; then what the chosen mode,
+    # Mining: nothing but mining.refresh when no miner runs; then what the chosen mode,
     # index and sampler read.
     ("mining.", lambda cfg: cfg.runs_miner),
     ("mining.mode", lambda cfg: cfg.mining.refreshes_at_boundaries),
@@ -46,12 +42,6 @@ RULES: list[Rule] = [
         "mining.max_staleness_steps",
         lambda cfg: cfg.mining.refreshes_at_boundaries and cfg.mining.mode == "async",
     ),
-    ("mining.nlist", _ivf),
-    ("mining.nprobe", _ivf),
-    ("mining.pq_m", lambda cfg: cfg.mining.index in ("auto", "ivfpq")),
-    ("mining.flat_max_rows", lambda cfg: cfg.mining.index == "auto"),
-    ("mining.encode_num_cpus", lambda cfg: cfg.mining.encode_actors > 0),
-    ("mining.encode_num_gpus", lambda cfg: cfg.mining.encode_actors > 0),
     ("mining.num_negatives", _pairs),
     ("mining.random_negatives", _pairs),
     ("mining.batch_sampler", lambda cfg: not _pairs(cfg)),
@@ -64,10 +54,10 @@ def _matches(key: str, rule_key: str) -> bool:
 
 def params_in_effect(cfg: Config) -> dict[str, Any]:
     """``cfg``'s dotted keys and values (:meth:`Config.flat`) without those a rule in
-    :data:`RULES` says are not in effect (``mining.enabled`` is always kept)."""
+    :data:`RULES` says are not in effect (``mining.refresh`` is always kept)."""
     off = [key for key, applies in RULES if not applies(cfg)]
     return {
         key: value
         for key, value in cfg.flat().items()
-        if key == "mining.enabled" or not any(_matches(key, rule_key) for rule_key in off)
+        if key == "mining.refresh" or not any(_matches(key, rule_key) for rule_key in off)
     }

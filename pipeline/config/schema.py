@@ -22,6 +22,11 @@ _REMOVED_SAMPLERS = (
     "the rwr, clusters and mixed samplers were removed (none beat random batches by more than the "
     "seed spread, docs/results.md); delete the key"
 )
+_REMOVED_INDEX = (
+    "the corpus size and the search device decide the index settings (pipeline.mining.index, "
+    "measured in docs/benchmarks.md); keep mining.index and delete the key"
+)
+_REMOVED_ENCODE_BATCH = "the device decides it (64 sentences on a CPU, 1024 on a GPU); delete the key"
 REMOVED_KEYS = {
     "mining.negative_mode": "write `task: pairs` at the top of the config for triplet, "
     "`task: corpus` (the default) for neighbourhood",
@@ -41,6 +46,17 @@ REMOVED_KEYS = {
     # The loader stops at the first unknown level, so model.tiny.* all end here.
     "model.tiny": "the tiny BERT has one fixed shape (pipeline/model/tiny.py); for another, name a "
     "model folder in model.name_or_path",
+    "mining.enabled": "write `mining.refresh: never` for no mining; delete `enabled: true`",
+    "mining.flat_max_rows": _REMOVED_INDEX,
+    "mining.nlist": _REMOVED_INDEX,
+    "mining.nprobe": _REMOVED_INDEX,
+    "mining.pq_m": _REMOVED_INDEX,
+    "mining.encode_batch_size": _REMOVED_ENCODE_BATCH,
+    "eval.batch_size": _REMOVED_ENCODE_BATCH,
+    "mining.encode_num_cpus": "each encode actor reserves mining.num_cpus, as the miner; delete the key",
+    "mining.encode_num_gpus": "each encode actor reserves mining.num_gpus, as the miner; delete the key",
+    "mining.start_timeout_s": "the miner's start waits train.placement_timeout_s; delete the key",
+    "mining.max_restarts": "the miner is restarted up to train.max_failures times; delete the key",
 }
 """Keys an older config may still carry, and what to write instead (one line each)."""
 

@@ -49,10 +49,12 @@ class TrainSection:
     """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
     max_failures: int = 3
     """Worker-group failures (a dead worker, a lost node) Ray Train recovers from, each time
-    restarting every worker from the latest checkpoint. -1: no limit; 0: fail at once."""
+    restarting every worker from the latest checkpoint; also the times a dead miner actor is
+    restarted (it then re-mines from the newest weights). -1: no limit; 0: fail at once."""
     placement_timeout_s: float = 600.0
-    """Longest to wait for the train workers' resources (each start and restart) before
-    failing with an error that names what could not be placed."""
+    """Longest to wait for the train workers' resources (each start and restart) and for the
+    miner actor to be placed and load its inputs, before failing with an error that names
+    what could not be placed."""
     group_by_length: bool = False
     """Random batches (epoch 1, every epoch when mining is off, and the pairs task's plans) are
     drawn from groups of :data:`LENGTH_GROUP_BATCHES` batches sorted by token length, so a

@@ -149,19 +149,11 @@ class TrainingEvaluator:
         embeddings = retrieval_embeddings = None
         if self.eval_set is not None:
             rows = np.arange(self.eval_set.num_sentences)
-            embeddings = sharded_encode(
-                model, self.sts_corpus, rows, self.section.batch_size, self.device, self.rank, self.world
-            )
+            embeddings = sharded_encode(model, self.sts_corpus, rows, self.device, self.rank, self.world)
         if self.retrieval_set is not None:
             rows = np.arange(self.retrieval_set.num_sentences)
             retrieval_embeddings = sharded_encode(
-                model,
-                self.retrieval_corpus,
-                rows,
-                self.section.batch_size,
-                self.device,
-                self.rank,
-                self.world,
+                model, self.retrieval_corpus, rows, self.device, self.rank, self.world
             )
         whitening = None
         if self.whitening_rows is not None:
@@ -169,7 +161,6 @@ class TrainingEvaluator:
                 model,
                 self.train_corpus,
                 self.whitening_rows,
-                self.section.batch_size,
                 self.device,
                 self.rank,
                 self.world,

@@ -22,7 +22,7 @@ from pipeline.evaluation.distinct_texts import DistinctTexts
 from pipeline.evaluation.retrieval_metrics import RankingMetrics, ranking_metrics
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.text_table import text_table
-from pipeline.model.encode import encode_rows
+from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, max_seq_len_of
 
@@ -96,17 +96,19 @@ def score_retrieval_embeddings(eval_set: RetrievalEvalSet, embeddings: np.ndarra
 def evaluate_retrieval_model_dir(
     model_dir: str | Path,
     sets: list[RetrievalSet] | list[str],
-    batch_size: int = 128,
+    batch_size: int | None = None,
     max_seq_len: int | None = None,
 ) -> list[RetrievalSetScore]:
     """Evaluate a model folder on retrieval sets (read ones, or their paths: BEIR folders or
-    pair files), on CPU or the first GPU."""
+    pair files), on CPU or the first GPU, ``batch_size`` sentences a batch (``None``:
+    :func:`~pipeline.model.encode.encode_batch_size` of the device)."""
     if any(isinstance(item, str) for item in sets):
         sets = read_retrieval_sets([str(item) for item in sets])
     tokenizer = load_tokenizer(model_dir)
     eval_set = RetrievalEvalSet(sets, tokenizer, max_seq_len or max_seq_len_of(model_dir))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_sentence_encoder(model_dir).to(device)
+    batch_size = batch_size or encode_batch_size(device)
     embeddings = encode_rows(
         model, eval_set.corpus(), np.arange(eval_set.num_sentences), batch_size, device, normalize=False
     )

@@ -25,7 +25,7 @@ from pipeline.evaluation.set_names import with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
 from pipeline.evaluation.text_table import text_table
 from pipeline.evaluation.whitening import Whitening, fit_whitening, load_whitening
-from pipeline.model.encode import encode_rows, encode_texts
+from pipeline.model.encode import encode_batch_size, encode_rows, encode_texts
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, max_seq_len_of
 
@@ -147,14 +147,15 @@ def evaluate_model_dir(
     model_dir: str | Path,
     sts_paths: list[str],
     format: str = "auto",
-    batch_size: int = 128,
+    batch_size: int | None = None,
     max_seq_len: int | None = None,
     positive_threshold: float = 4.0,
     use_saved_whitening: bool = True,
     whitening_texts: list[str] | None = None,
     whitening_dim: int | None = None,
 ) -> list[STSScore]:
-    """Evaluate a model folder on STS files, on CPU or the first GPU.
+    """Evaluate a model folder on STS files, on CPU or the first GPU, ``batch_size``
+    sentences a batch (``None``: :func:`~pipeline.model.encode.encode_batch_size` of the device).
 
     A whitening fitted here on ``whitening_texts`` (encoded like the STS sentences), else the
     folder's own whitening layer (if it has one and ``use_saved_whitening``), is reported as
@@ -166,6 +167,7 @@ def evaluate_model_dir(
     eval_set = STSEvalSet(files, tokenizer, max_seq_len)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_sentence_encoder(model_dir).to(device)
+    batch_size = batch_size or encode_batch_size(device)
     embeddings = encode_rows(
         model, eval_set.corpus(), np.arange(eval_set.num_sentences), batch_size, device, normalize=False
     )

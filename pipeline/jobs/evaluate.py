@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument(
-        "--batch-size", type=int, default=128, metavar="N", help="sentences per batch (default: 128)"
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sentences per batch (default: 64 on a CPU, 1024 on a GPU)",
     )
     parser.add_argument(
         "--max-seq-len",

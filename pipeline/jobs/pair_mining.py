@@ -24,7 +24,7 @@ from pipeline.mining.index import estimate_index_bytes
 from pipeline.mining.mining_metrics import mining_metrics, random_pair_similarities
 from pipeline.mining.negatives import FILTERS, NegativeFilters
 from pipeline.mining.text_keys import text_keys
-from pipeline.model.encode import encode_texts
+from pipeline.model.encode import encode_batch_size, encode_texts
 from pipeline.tracking.run import ui_command
 
 
@@ -117,7 +117,7 @@ def mine_pairs(
     t0 = time.perf_counter()
 
     def encode(texts: list[str]) -> np.ndarray:
-        return encode_texts(model, tokenizer, texts, cfg.data.max_seq_len, mining.encode_batch_size, device)
+        return encode_texts(model, tokenizer, texts, cfg.data.max_seq_len, encode_batch_size(device), device)
 
     # Each distinct text is encoded once: anchors repeat (SNLI premises) or are positives too.
     # The pool comes first, so pool position i is text position i.
@@ -131,8 +131,8 @@ def mine_pairs(
     search = SearchSettings.from_config(cfg)
     if echo is not None:
         k = min(search.top_k, len(pool))
-        kind = search.index.resolve(len(pool))
-        estimate = estimate_index_bytes(len(pool), vectors.shape[1], k, kind, search.index)
+        kind = search.index_kind(len(pool))
+        estimate = estimate_index_bytes(len(pool), vectors.shape[1], k, kind)
         echo(
             f"[mining] {kind} index over {len(pool)} x {vectors.shape[1]} vectors, k={k}: about {estimate / 2**20:.1f} MiB"
         )

@@ -218,7 +218,7 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     ``(None, None)`` when no refresh runs (mining off, or a single epoch).
 
     Raises:
-        TimeoutError: the actor was not placed within ``mining.start_timeout_s``.
+        TimeoutError: the actor was not placed within ``train.placement_timeout_s``.
     """
     if not cfg.runs_miner:
         yield None, None
@@ -229,20 +229,21 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
     try:
         try:
             inputs = miner_inputs(refs.corpus, refs.model, refs.triplets)
-            deadline = time.monotonic() + cfg.mining.start_timeout_s
+            timeout_s = cfg.train.placement_timeout_s
+            deadline = time.monotonic() + timeout_s
             # A miner that dies while it loads (memory pressure on a busy node) is restarted by
-            # Ray (mining.max_restarts); calls made meanwhile fail at once: ask again until the
+            # Ray (train.max_failures); calls made meanwhile fail at once: ask again until the
             # deadline rather than fail the job before its first step.
             miner_pid = call_with_retries(
                 lambda: ray.get(miner.ready.remote(inputs), timeout=max(0.1, deadline - time.monotonic())),
                 retry_on=ray.exceptions.ActorUnavailableError,
-                timeout_s=cfg.mining.start_timeout_s,
+                timeout_s=timeout_s,
                 wait_s=1.0,
             )
         except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
             raise TimeoutError(
                 f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "
-                f"was not placed within mining.start_timeout_s={cfg.mining.start_timeout_s:g}s"
+                f"was not placed within train.placement_timeout_s={timeout_s:g}s"
             ) from None
         yield miner, miner_pid
         # The last refresh's table row and histogram go up in the miner's background; let them

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config.schema import Config
-from pipeline.mining.index import IndexSpec, knn_search
+from pipeline.mining.index import IndexSpec, choose_backend, knn_search
 from pipeline.mining.negatives import NegativeFilters, select_negatives
 from pipeline.mining.text_keys import duplicate_mask, known_positive_mask
 
@@ -35,7 +35,11 @@ class SearchSettings:
     @classmethod
     def from_config(cls, cfg: Config) -> SearchSettings:
         mining = cfg.mining
-        return cls(top_k=mining.top_k, index=IndexSpec.from_section(mining), use_gpu=mining.num_gpus > 0)
+        return cls(top_k=mining.top_k, index=IndexSpec(mining.index), use_gpu=mining.num_gpus > 0)
+
+    def index_kind(self, n: int) -> str:
+        """The index kind a search over ``n`` vectors builds on this device."""
+        return self.index.resolve(n, choose_backend(self.use_gpu))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """Inner-product k-nearest-neighbour search behind one function.
 
 Index kinds: ``flat`` (exact), ``ivf`` (inverted lists over k-means cells, exact
-distances inside the ``nprobe`` cells searched) and ``ivfpq`` (the same with product-
-quantised vectors: ~``pq_m`` bytes a vector, approximate distances). ``auto`` is flat up to
-``flat_max_rows`` (50k by default: all-rows flat search grows as n^2) and IVF above.
+distances inside the :data:`NPROBE` cells searched) and ``ivfpq`` (the same with product-
+quantised vectors: ~:data:`PQ_BYTES` bytes a vector, approximate distances). ``auto`` is flat
+up to :data:`FLAT_MAX_ROWS_CPU` vectors (:data:`FLAT_MAX_ROWS_GPU` where the search runs on a
+GPU) and IVF above: all-rows flat search grows as n^2, IVF's about as n^1.5. These settings
+are not config keys: the corpus size and the search device decide them, from the measurements
+in docs/benchmarks.md (Mining refresh at scale; Per-worker compute).
 
 Backends, chosen by :func:`choose_backend`:
 
@@ -25,9 +28,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.config.mining_section import MiningSection
-
 INDEX_KINDS = ("auto", "flat", "ivf", "ivfpq")
+# Largest corpus ``auto`` searches exactly on a CPU. 384-d vectors, 2 threads: flat 12.5 s
+# against IVF 7.6 s at 50k rows, 52.4 s against 21.4 s at 100k, IVF recall@10 1.000 on both
+# (docs/benchmarks.md, Mining refresh at scale: a real model on CPU).
+FLAT_MAX_ROWS_CPU = 50_000
+# The same where the search runs on a GPU (faiss-gpu, or torch-cuda's exact top-k): one H100
+# searched 1M x 768 vectors at about 23,000 queries/s, i.e. ~44 s for all 1M rows (docs/
+# benchmarks.md, Per-worker compute: base BERT on one H100); n^2 puts 2M at ~3 min, and its
+# 6 GiB of vectors fit one GPU. Above that IVF, whose torch-cuda fallback is faiss on the CPU.
+FLAT_MAX_ROWS_GPU = 2_000_000
+# IVF cells searched per query: recall@10 of 0.98 or more against flat search on clustered
+# data at 50k-100k rows (docs/benchmarks.md, Mining refresh at scale).
+NPROBE = 32
+# Bytes per vector for ``ivfpq`` (the largest of its divisors that divides the dimension).
+PQ_BYTES = 16
 # k-means training points per IVF cell. FAISS wants 39 to 256; 64 kept recall@10 at 0.992
 # (vs 0.993 with 256) on 100k clustered vectors, and trains on 4x fewer points at 1M rows.
 TRAIN_POINTS_PER_CELL = 64
@@ -36,45 +51,45 @@ TRAIN_POINTS_PER_CELL = 64
 @dataclass
 class IndexSpec:
     kind: str = "auto"
-    flat_max_rows: int = 50_000
-    nlist: int | None = None
-    """IVF cells; ``None``: 4 x sqrt(n), the usual FAISS rule of thumb."""
-    nprobe: int = 32
-    pq_m: int = 16
-    """Bytes per vector for ``ivfpq`` (must divide the dimension)."""
+    """``mining.index``: ``auto``, ``flat``, ``ivf`` or ``ivfpq``."""
 
-    @classmethod
-    def from_section(cls, mining: MiningSection) -> IndexSpec:
-        """The ``mining`` section's index settings."""
-        return cls(mining.index, mining.flat_max_rows, mining.nlist, mining.nprobe, mining.pq_m)
-
-    def resolve(self, n: int) -> str:
+    def resolve(self, n: int, backend: str = "faiss-cpu") -> str:
+        """The index kind to build over ``n`` vectors searched by ``backend``
+        (:func:`choose_backend`): ``auto`` is flat up to the device's limit, IVF above."""
         if self.kind not in INDEX_KINDS:
             raise ValueError(f"mining.index must be one of {', '.join(INDEX_KINDS)} (got {self.kind!r})")
         if self.kind == "auto":
-            return "flat" if n <= self.flat_max_rows else "ivf"
+            flat_max_rows = FLAT_MAX_ROWS_CPU if backend == "faiss-cpu" else FLAT_MAX_ROWS_GPU
+            return "flat" if n <= flat_max_rows else "ivf"
         return self.kind
 
-    def cells(self, n: int) -> int:
-        # At least 39 training points per cell (FAISS warns below that), at most 65536 cells.
-        wanted = self.nlist or int(4 * math.sqrt(n))
-        return max(1, min(wanted, n // 39, 65536))
+
+def ivf_cells(n: int) -> int:
+    """IVF cells over ``n`` vectors: 4 x sqrt(n), the usual FAISS rule of thumb, with at least
+    39 training points per cell (FAISS warns below that) and at most 65536 cells."""
+    return max(1, min(int(4 * math.sqrt(n)), n // 39, 65536))
 
 
-def estimate_index_bytes(n: int, dim: int, k: int, kind: str, spec: IndexSpec | None = None) -> int:
-    """Memory an index over n vectors and its all-rows k-NN result need, in bytes.
+def pq_bytes(dim: int) -> int:
+    """Bytes per vector for ``ivfpq``: the largest divisor of :data:`PQ_BYTES` that divides
+    ``dim`` (FAISS splits the vector into that many equal sub-vectors)."""
+    return max(m for m in range(1, PQ_BYTES + 1) if PQ_BYTES % m == 0 and dim % m == 0)
+
+
+def estimate_index_bytes(n: int, dim: int, k: int, kind: str) -> int:
+    """Memory an index of ``kind`` (resolved, not ``auto``) over n vectors and its all-rows
+    k-NN result need, in bytes.
 
     The embeddings themselves (n x dim float32) are counted once, as the caller holds them.
     """
-    spec = spec or IndexSpec()
     embeddings = n * dim * 4
     result = n * k * (4 + 8)
     if kind == "flat":
         index = n * dim * 4
     elif kind == "ivf":
-        index = n * dim * 4 + n * 8 + spec.cells(n) * dim * 4
+        index = n * dim * 4 + n * 8 + ivf_cells(n) * dim * 4
     else:
-        index = n * (spec.pq_m + 8) + spec.cells(n) * dim * 4 + 256 * dim * 4
+        index = n * (pq_bytes(dim) + 8) + ivf_cells(n) * dim * 4 + 256 * dim * 4
     return embeddings + index + result
 
 
@@ -116,7 +131,7 @@ def knn_search(
         vectors: ``(n, d)`` float32, L2-normalised: the searched corpus.
         k: neighbours per query; capped at ``n``.
         use_gpu: search on a GPU when one is usable (see module docstring).
-        spec: index kind and IVF parameters (default: flat up to 50k rows, else IVF).
+        spec: the index kind (default ``auto``).
         query_chunk: queries per GPU matrix product (bounds GPU memory to ``chunk x n``).
         seed: for the IVF training sample.
         queries: ``(m, d)`` float32, L2-normalised; ``None`` searches every row of
@@ -127,8 +142,8 @@ def knn_search(
     n, dim = vectors.shape
     k = min(k, n)
     spec = spec or IndexSpec()
-    kind = spec.resolve(n)
     backend = choose_backend(use_gpu)
+    kind = spec.resolve(n, backend)
     if backend == "torch-cuda" and kind == "flat":
         return torch_search(vectors, queries, k, query_chunk)
     if backend == "torch-cuda":
@@ -139,19 +154,17 @@ def knn_search(
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     else:
-        cells = spec.cells(n)
+        cells = ivf_cells(n)
         quantizer = faiss.IndexFlatIP(dim)
         if kind == "ivf":
             index = faiss.IndexIVFFlat(quantizer, dim, cells, faiss.METRIC_INNER_PRODUCT)
         else:
-            if dim % spec.pq_m:
-                raise ValueError(f"mining.pq_m ({spec.pq_m}) must divide the embedding size ({dim})")
-            index = faiss.IndexIVFPQ(quantizer, dim, cells, spec.pq_m, 8, faiss.METRIC_INNER_PRODUCT)
+            index = faiss.IndexIVFPQ(quantizer, dim, cells, pq_bytes(dim), 8, faiss.METRIC_INNER_PRODUCT)
         sample = np.random.default_rng(seed).choice(
             n, size=min(n, cells * TRAIN_POINTS_PER_CELL), replace=False
         )
         index.train(vectors[np.sort(sample)])
-        index.nprobe = min(spec.nprobe, cells)
+        index.nprobe = min(NPROBE, cells)
     if backend == "faiss-gpu":
         index = faiss.index_cpu_to_all_gpus(index)
     index.add(vectors)

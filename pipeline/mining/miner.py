@@ -30,7 +30,7 @@ from pipeline.mining.planning import refresh_corpus
 from pipeline.mining.refresh_log import RefreshLog
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import text_keys
-from pipeline.model.encode import encode_rows, encode_with_actor_pool
+from pipeline.model.encode import encode_batch_size, encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 from pipeline.tracking.metric_logger import MetricLogger
@@ -81,11 +81,11 @@ class HardNegativeMiner:
         if s.encode_actors == 0:
             self.model.encoder.load_state_dict(encoder_state)
             rows = np.arange(len(self.corpus))
-            return encode_rows(self.model, self.corpus, rows, s.encode_batch_size, self.device)
+            return encode_rows(self.model, self.corpus, rows, encode_batch_size(self.device), self.device)
+        # Each encode actor reserves what the miner reserves: the same work on the same device.
         return encode_with_actor_pool(
             self.corpus_table, self.corpus.lengths, model_blob=self.model_blob, pooler=s.pooler,
-            encoder_state=encoder_state, batch_size=s.encode_batch_size, actors=s.encode_actors,
-            num_cpus=s.encode_num_cpus, num_gpus=s.encode_num_gpus,
+            encoder_state=encoder_state, actors=s.encode_actors, num_cpus=s.num_cpus, num_gpus=s.num_gpus,
         )  # fmt: skip
 
     def ready(self) -> int:

@@ -23,8 +23,6 @@ class MinerSettings:
     """``model.pooler``."""
     batch_size: int
     """``train.batch_size``: the global batch the plan is cut into."""
-    encode_batch_size: int
-    """``mining.encode_batch_size``."""
     seed: int
     """``run.seed``; each refresh searches and plans with ``seed + version``."""
     search: SearchSettings = field(default_factory=SearchSettings)
@@ -35,15 +33,14 @@ class MinerSettings:
     random_negatives: int = 0
     """Pairs task: random pool rows added per anchor beside the mined negatives."""
     encode_actors: int = 0
-    """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool."""
-    encode_num_cpus: float = 1.0
-    encode_num_gpus: float = 0.0
+    """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool (each
+    actor with ``num_cpus`` and ``num_gpus``, as the miner)."""
     num_cpus: float = 1.0
     """The miner actor's own CPUs (``mining.num_cpus``)."""
     num_gpus: float = 0.0
     """The miner actor's own GPUs (``mining.num_gpus``); with one it encodes and searches there."""
     max_restarts: int = 0
-    """Times Ray restarts a dead miner actor (``mining.max_restarts``)."""
+    """Times Ray restarts a dead miner actor (``train.max_failures``; -1: no limit)."""
     tracking_uri: str | None = None
     run_id: str | None = None
     """The MLflow run the miner logs its ``mining/`` metrics and histograms to; None: no logging."""
@@ -61,18 +58,15 @@ class MinerSettings:
         return cls(
             pooler=cfg.model.pooler,
             batch_size=cfg.train.batch_size,
-            encode_batch_size=mining.encode_batch_size,
             seed=cfg.run.seed,
             search=SearchSettings.from_config(cfg),
             filters=NegativeFilters.from_config(cfg),
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,
             encode_actors=mining.encode_actors,
-            encode_num_cpus=mining.encode_num_cpus,
-            encode_num_gpus=mining.encode_num_gpus,
             num_cpus=mining.num_cpus,
             num_gpus=mining.num_gpus,
-            max_restarts=mining.max_restarts,
+            max_restarts=cfg.train.max_failures,
             tracking_uri=tracking_uri,
             run_id=run_id,
         )

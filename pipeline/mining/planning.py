@@ -115,8 +115,8 @@ def refresh_corpus(
     s = settings
     n = len(embeddings)
     k = min(s.search.top_k + 1, n)
-    kind = s.search.index.resolve(n)
-    estimate = estimate_index_bytes(n, embeddings.shape[1], k, kind, s.search.index)
+    kind = s.search.index_kind(n)
+    estimate = estimate_index_bytes(n, embeddings.shape[1], k, kind)
     print(
         f"[mining] v{version}: {kind} index over {n} x {embeddings.shape[1]}, about {estimate / 2**20:.0f} MiB",
         flush=True,

@@ -26,6 +26,18 @@ from pipeline.model.accel import autocast, to_device
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 
+# Sentences per encode batch. CPU: 64 was the fastest batch there (docs/benchmarks.md, Corpus
+# encoding). GPU: BERT-base on an H100 encoded 6,874 sentences/s at 128, 20,727 at 512 and
+# 21,647 at 2,048 (docs/benchmarks.md, Per-worker compute: base BERT on one H100).
+CPU_ENCODE_BATCH_SIZE = 64
+GPU_ENCODE_BATCH_SIZE = 1024
+
+
+def encode_batch_size(device: torch.device) -> int:
+    """Sentences per forward pass when encoding on ``device``: the one batch size of every
+    encode (the miner, its actor pool, evaluation, offline mining)."""
+    return GPU_ENCODE_BATCH_SIZE if device.type == "cuda" else CPU_ENCODE_BATCH_SIZE
+
 
 def length_order(lengths: np.ndarray) -> np.ndarray:
     """Positions of ``lengths`` from shortest to longest (stable): the order in which rows are
@@ -109,20 +121,20 @@ def sharded_encode(
     model: SentenceEncoder,
     corpus: Any,
     rows: np.ndarray,
-    batch_size: int,
     device: torch.device,
     rank: int,
     world: int,
 ) -> np.ndarray | None:
-    """Raw (unnormalised) :func:`encode_rows` of ``rows``, each DDP worker encoding one
-    contiguous slice; every rank must call it.
+    """Raw (unnormalised) :func:`encode_rows` of ``rows`` in batches of
+    :func:`encode_batch_size`, each DDP worker encoding one contiguous slice; every rank must
+    call it.
 
     Returns:
         The whole ``(len(rows), hidden_size)`` array on rank 0 (and without a process
         group), None on the other ranks.
     """
     mine = np.array_split(rows, world)[rank]
-    local = encode_rows(model, corpus, mine, batch_size, device, normalize=False)
+    local = encode_rows(model, corpus, mine, encode_batch_size(device), device, normalize=False)
     if world == 1 or not (dist.is_available() and dist.is_initialized()):
         return local
     gathered: list[Any] = [None] * world
@@ -134,7 +146,7 @@ class _EncodeBatches:
     """Ray Data actor for :func:`encode_with_actor_pool`: loads the model and the weights
     once, then encodes batch after batch."""
 
-    def __init__(self, model_blob: Any, weights: Any, pooler: str, batch_size: int, use_gpu: bool):
+    def __init__(self, model_blob: Any, weights: Any, pooler: str, use_gpu: bool):
         import ray  # deferred, as in encode_with_actor_pool
 
         quiet_libraries()
@@ -146,10 +158,9 @@ class _EncodeBatches:
             ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights
         )
         self.model.to(self.device)
-        self.batch_size = batch_size
 
     def __call__(self, batch: Any) -> dict[str, np.ndarray]:
-        embeddings = _encode_table(self.model, batch, self.pad, self.batch_size, self.device)
+        embeddings = _encode_table(self.model, batch, self.pad, encode_batch_size(self.device), self.device)
         return {"position": batch.column("position").to_numpy(), "embedding": embeddings}
 
 
@@ -160,13 +171,13 @@ def encode_with_actor_pool(
     model_blob: bytes,
     pooler: str,
     encoder_state: dict[str, torch.Tensor],
-    batch_size: int,
     actors: int,
     num_cpus: float,
     num_gpus: float,
 ) -> np.ndarray:
     """Normalised :func:`encode_rows` of the whole corpus on a Ray Data pool of up to
-    ``actors`` encoder actors (each with ``num_cpus`` / ``num_gpus``).
+    ``actors`` encoder actors (each with ``num_cpus`` / ``num_gpus``), in batches of
+    :func:`encode_batch_size` for the actors' device.
 
     Rows are fed in order of token length, so each batch pads little; results are placed
     back by position.
@@ -177,7 +188,6 @@ def encode_with_actor_pool(
         model_blob: the packed model folder (:func:`pipeline.model.folders.pack_dir`).
         pooler: ``model.pooler``.
         encoder_state: the encoder weights to encode with.
-        batch_size: rows per forward pass.
 
     Returns:
         ``(n, hidden_size)`` float32 embeddings in the corpus's row order.
@@ -186,6 +196,7 @@ def encode_with_actor_pool(
     import ray
     import ray.data
 
+    batch_size = encode_batch_size(torch.device("cuda" if num_gpus > 0 else "cpu"))
     order = length_order(lengths)
     table = corpus_table.select(["input_ids"]).append_column("position", pa.array(np.arange(len(lengths))))
     rows_per_block = batch_size * 8
@@ -203,7 +214,6 @@ def encode_with_actor_pool(
             "model_blob": ray.put(model_blob),
             "weights": ray.put(encoder_state),
             "pooler": pooler,
-            "batch_size": batch_size,
             "use_gpu": num_gpus > 0,
         },
     )

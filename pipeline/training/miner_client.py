@@ -19,7 +19,8 @@ class MinerClient:
 
     Args:
         miner: the miner actor's handle.
-        settings: ``mining.timeout_s`` and ``mining.max_restarts`` are read.
+        settings: ``mining.timeout_s`` and the miner's restart budget (``train.max_failures``)
+            are read.
         logger: rank 0's metric logger (or None): restarts are logged as ``mining/miner_restarts``.
         restarts: miner restarts already survived (by the run this one resumes).
         miner_pid: the miner's process id when last seen, if known.
@@ -41,7 +42,7 @@ class MinerClient:
         self.settings = settings
         self.logger = logger
         self.restarts = restarts
-        """Miner deaths survived so far in this run (``mining.max_restarts`` bounds them)."""
+        """Miner deaths survived so far in this run (``train.max_failures`` bounds them)."""
         self.miner_pid = miner_pid
         """The miner's process id when last seen (its ``ready()``): a new one means Ray restarted it."""
 
@@ -110,7 +111,7 @@ class MinerClient:
         Ray reports both a miner that died and one that did not answer in time (frozen, or
         starved of CPU on a loaded machine) as actor errors; the miner's process id tells
         them apart. Only a new process, Ray's restart of a dead miner, counts against
-        ``mining.max_restarts`` and gets a fresh ``mining.timeout_s``; an unresponsive one
+        ``train.max_failures`` and gets a fresh ``mining.timeout_s``; an unresponsive one
         keeps ``deadline``, the one the refresh already had.
 
         Raises:
@@ -131,9 +132,9 @@ class MinerClient:
         except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
             raise self._timed_out(version) from None
         except ray.exceptions.RayActorError as dead:
-            # Ray restarts the actor mining.max_restarts times; after that it stays dead.
+            # Ray restarts the actor train.max_failures times; after that it stays dead.
             raise UnrecoverableError(
-                f"the miner actor died during refresh v{version} and mining.max_restarts="
+                f"the miner actor died during refresh v{version} and train.max_failures="
                 f"{self.settings.max_restarts} restarts are used up: {reason}"
             ) from dead
         if pid == self.miner_pid:
@@ -149,9 +150,10 @@ class MinerClient:
         """Count and report Ray's restart of the miner (now process ``pid``)."""
         self.miner_pid = pid
         self.restarts += 1
+        budget = "no limit" if self.settings.max_restarts < 0 else self.settings.max_restarts
         print(
             f"[mining] the miner actor died during refresh v{version} ({reason}); restart "
-            f"{self.restarts}/{self.settings.max_restarts}, re-mining from the weights at step {step}",
+            f"{self.restarts}/{budget}, re-mining from the weights at step {step}",
             flush=True,
         )
         if self.logger is not None:

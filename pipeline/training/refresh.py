@@ -46,7 +46,7 @@ class PlanRefresher:
     finished, the current plan is kept (its batches reshuffled) and the refresh's plan is
     adopted at the next boundary, with its larger staleness logged.
 
-    A miner that dies during a refresh is restarted by Ray (``mining.max_restarts``); the
+    A miner that dies during a refresh is restarted by Ray (``train.max_failures``); the
     refresh is then submitted again with the newest weights, and the event is logged.
 
     Args:
@@ -71,7 +71,7 @@ class PlanRefresher:
 
     @property
     def restarts(self) -> int:
-        """Miner deaths survived so far in this run (``mining.max_restarts`` bounds them)."""
+        """Miner deaths survived so far in this run (``train.max_failures`` bounds them)."""
         return self.client.restarts if self.client is not None else 0
 
     def asks_miner(self, epoch: int) -> bool:

@@ -38,9 +38,10 @@ class RefreshSettings:
     max_staleness_steps: int
     timeout_s: float
     max_restarts: int
+    """Times a dead miner is restarted (``train.max_failures``; -1: no limit)."""
     seed: int
     enabled: bool
-    """Whether there is a miner to ask at all (``mining.enabled`` and ``mining.refresh``)."""
+    """Whether there is a miner to ask at all (``mining.refresh`` is not ``never``)."""
     at_boundaries: bool = True
     """Whether epoch boundaries ask it (``mining.refresh=every_epoch``); the pairs task's
     ``once`` mines before epoch 1 only."""
@@ -55,7 +56,7 @@ class RefreshSettings:
             mode=cfg.mining.mode,
             max_staleness_steps=cfg.mining.max_staleness_steps,
             timeout_s=cfg.mining.timeout_s,
-            max_restarts=cfg.mining.max_restarts,
+            max_restarts=cfg.train.max_failures,
             seed=cfg.run.seed,
             enabled=cfg.mining.mines,
             at_boundaries=cfg.mining.refreshes_at_boundaries,

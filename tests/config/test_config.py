@@ -15,10 +15,10 @@ from pipeline.core.errors import ConfigError
 def test_demo_config_loads_with_overrides():
     cfg = load_config(
         REPO / "jobs/configs/demo.yaml",
-        ["train.epochs=5", "train.lr=1e-4", "run.name=abc", "mining.enabled=false"],
+        ["train.epochs=5", "train.lr=1e-4", "run.name=abc", "mining.refresh=never"],
     )
     assert cfg.train.epochs == 5 and cfg.train.lr == pytest.approx(1e-4)
-    assert cfg.run.name == "abc" and cfg.mining.enabled is False
+    assert cfg.run.name == "abc" and cfg.mining.mines is False
     assert cfg.model.pooler == "mean" and cfg.use_mlp is False
     flat = cfg.flat()
     assert flat["train.temperature"] == 0.05 and flat["data.generated.num_groups"] == 400
@@ -189,6 +189,30 @@ def test_compile_takes_its_mode_and_off_even_as_yaml_reads_it(tmp_path):
         load_config(None, ["train.compile=true"])  # the old switch: the message lists what to write
 
 
+@pytest.mark.parametrize(
+    ("key", "replacement"),
+    [
+        ("mining.enabled=false", "mining.refresh: never"),
+        ("mining.flat_max_rows=2000000", "mining.index"),
+        ("mining.nlist=100", "mining.index"),
+        ("mining.nprobe=8", "mining.index"),
+        ("mining.pq_m=8", "mining.index"),
+        ("mining.encode_batch_size=1024", "the device decides it"),
+        ("eval.batch_size=256", "the device decides it"),
+        ("mining.encode_num_cpus=2", "mining.num_cpus"),
+        ("mining.encode_num_gpus=1", "mining.num_gpus"),
+        ("mining.start_timeout_s=1800", "train.placement_timeout_s"),
+        ("mining.max_restarts=5", "train.max_failures"),
+    ],
+)
+def test_a_removed_mining_key_names_what_decides_it_now(key, replacement):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [key])
+    message = str(info.value)
+    assert message.startswith(f"{key.split('=')[0]} is no longer a config key: ") and "\n" not in message
+    assert replacement in message
+
+
 @pytest.mark.parametrize("sampler", ["rwr", "clusters", "mixed"])
 def test_a_removed_sampler_names_the_samplers_there_are(tmp_path, sampler):
     old = tmp_path / "old.yaml"
@@ -199,9 +223,9 @@ def test_a_removed_sampler_names_the_samplers_there_are(tmp_path, sampler):
 
 
 def test_config_defaults_are_the_index_defaults():
-    from pipeline.mining.index import IndexSpec
+    from pipeline.mining.hard_negatives import SearchSettings
 
-    assert IndexSpec.from_section(load_config(None).mining) == IndexSpec()
+    assert SearchSettings.from_config(load_config(None)) == SearchSettings()
 
 
 def test_params_leave_out_what_a_setting_turns_off():
@@ -210,8 +234,8 @@ def test_params_leave_out_what_a_setting_turns_off():
     demo = "jobs/configs/demo.yaml"
     cpu = params_in_effect(load_config(REPO / demo))
     assert cpu["train.gpus_per_worker"] == 0  # 0: a CPU run, said by the one key
-    off = params_in_effect(load_config(REPO / demo, ["mining.enabled=false"]))
-    assert [k for k in off if k.startswith("mining.")] == ["mining.enabled"]
+    off = params_in_effect(load_config(REPO / demo, ["mining.refresh=never"]))
+    assert [k for k in off if k.startswith("mining.")] == ["mining.refresh"]
     # What is left is the config's own values, unchanged.
     flat = load_config(REPO / demo).flat()
     assert all(flat[k] == v for k, v in cpu.items()) and "mining.batch_sampler" in cpu

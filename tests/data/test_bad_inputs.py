@@ -26,7 +26,7 @@ from bench.common import job_env
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 # Small and quick wherever a run gets as far as training.
-TINY = ["train.epochs=1", "mining.enabled=false", "train.batch_size=16", "train.num_workers=1"]
+TINY = ["train.epochs=1", "mining.refresh=never", "train.batch_size=16", "train.num_workers=1"]
 
 
 def _load_job(name: str):
@@ -453,15 +453,15 @@ def test_long_lines_are_truncated_and_bad_lines_skipped_and_both_counted(
 
 @pytest.mark.slow
 def test_unplaceable_miner_on_a_joined_cluster_times_out(ray_local, tmp_path, capfd, monkeypatch):
-    # A joined cluster may still grow (autoscaler), so the job waits, but only mining.start_timeout_s.
+    # A joined cluster may still grow (autoscaler), so the job waits, but only train.placement_timeout_s.
     outcome = _train(
-        tmp_path, capfd, monkeypatch, "mining.enabled=true", "train.epochs=2", "mining.num_gpus=1",
-        "mining.start_timeout_s=5",
+        tmp_path, capfd, monkeypatch, "mining.refresh=every_epoch", "train.epochs=2", "mining.num_gpus=1",
+        "train.placement_timeout_s=5",
     )  # fmt: skip
     _assert_failed(
         outcome,
         1,
-        "error: the miner actor (mining.num_cpus=0.25, mining.num_gpus=1) was not placed within mining.start_timeout_s=5s",
+        "error: the miner actor (mining.num_cpus=0.25, mining.num_gpus=1) was not placed within train.placement_timeout_s=5s",
         run_created=True,
     )
 

@@ -181,7 +181,7 @@ def test_pool_path_and_column_checked_before_ray(tmp_path):
         f"data.path={pairs}",
         "data.format=pairs_tsv",
         "task=pairs",
-        "mining.enabled=false",
+        "mining.refresh=never",
     ]
     missing = load_config(None, [*keys, f"data.pool={tmp_path}/corpus.txt"])
     assert (

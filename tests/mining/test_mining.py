@@ -122,14 +122,14 @@ def test_miner_settings_come_from_the_config():
     cfg = load_config(
         overrides=[
             "train.group_by_length=true", "mining.top_k=16",
-            "mining.num_gpus=1", "mining.max_restarts=2", "mining.range_min=3", "mining.index=ivf",
+            "mining.num_gpus=1", "train.max_failures=2", "mining.range_min=3", "mining.index=ivf",
         ]
     )  # fmt: skip
     settings = MinerSettings.from_config(cfg, "sqlite:///x.db", "run-1")
     assert (settings.search.top_k, settings.max_restarts) == (16, 2)
     assert settings.use_gpu and settings.num_gpus == 1 and settings.pooler == cfg.model.pooler
     assert settings.filters == NegativeFilters.from_config(cfg) and settings.filters.range_min == 3
-    assert settings.search.index == IndexSpec.from_section(cfg.mining) and settings.search.index.kind == "ivf"
+    assert settings.search.index == IndexSpec("ivf")
     assert (settings.tracking_uri, settings.run_id) == ("sqlite:///x.db", "run-1")
 
 
@@ -142,7 +142,7 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
 
     def refresh(filters, version=1):
         settings = MinerSettings(
-            pooler="mean", batch_size=16, search=SearchSettings(top_k=64), encode_batch_size=64, seed=11, filters=filters,
+            pooler="mean", batch_size=16, search=SearchSettings(top_k=64), seed=11, filters=filters,
             plan=PlanSettings(batch_sampler="knn"),  # batches of near neighbours, paraphrases apart
         )  # fmt: skip
         miner = HardNegativeMiner(table, pack_dir(trained_tiny_model_dir), settings)
@@ -223,19 +223,33 @@ def test_ivf_agrees_with_flat_at_default_nprobe():
     assert ivf.backend == "faiss-cpu/ivf"
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ivf.indices, flat.indices, strict=True)])
     assert recall >= 0.95
-    # auto switches to IVF above flat_max_rows
-    assert knn_search(x[:2000], 5, spec=IndexSpec(flat_max_rows=1000)).backend == "faiss-cpu/ivf"
-    pq = knn_search(x, 10, spec=IndexSpec(kind="ivfpq", pq_m=16))
+    pq = knn_search(x, 10, spec=IndexSpec(kind="ivfpq"))
     assert np.mean(pq.indices[:, 0] == np.arange(len(x))) > 0.5  # approximate, but finds itself often
 
 
+def test_auto_is_flat_up_to_the_devices_limit_and_ivf_above():
+    from pipeline.mining.index import FLAT_MAX_ROWS_CPU, FLAT_MAX_ROWS_GPU, IndexSpec
+
+    auto = IndexSpec()
+    assert (auto.resolve(FLAT_MAX_ROWS_CPU), auto.resolve(FLAT_MAX_ROWS_CPU + 1)) == ("flat", "ivf")
+    assert auto.resolve(FLAT_MAX_ROWS_CPU + 1, "torch-cuda") == "flat"
+    assert auto.resolve(FLAT_MAX_ROWS_GPU + 1, "faiss-gpu") == "ivf"
+    assert IndexSpec("ivfpq").resolve(10) == "ivfpq"
+
+
+def test_pq_bytes_divide_the_dimension():
+    from pipeline.mining.index import pq_bytes
+
+    assert (pq_bytes(384), pq_bytes(100), pq_bytes(63)) == (16, 4, 1)
+
+
 def test_memory_estimate_counts_vectors_and_results():
-    from pipeline.mining.index import IndexSpec, estimate_index_bytes
+    from pipeline.mining.index import estimate_index_bytes
 
     n, d, k = 1_000_000, 384, 33
     flat = estimate_index_bytes(n, d, k, "flat")
     assert flat == 2 * n * d * 4 + n * k * 12
-    assert estimate_index_bytes(n, d, k, "ivfpq", IndexSpec(pq_m=16)) < 0.6 * flat
+    assert estimate_index_bytes(n, d, k, "ivfpq") < 0.6 * flat
     assert estimate_index_bytes(n, d, k, "ivf") > flat
 
 
@@ -256,7 +270,6 @@ def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphras
         pooler="mean",
         batch_size=32,
         search=SearchSettings(top_k=32),
-        encode_batch_size=64,
         seed=0,
         filters=filters,
     )

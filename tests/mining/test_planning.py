@@ -30,7 +30,6 @@ def refresh(trained_tiny_model_dir, tokenized_corpus):
             pooler="mean",
             batch_size=16,
             search=SearchSettings(top_k=32),
-            encode_batch_size=64,
             seed=seed,
             plan=plan,
         )
@@ -92,7 +91,7 @@ def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
     table, triplets = index_triplets(anchors, positives, None)
     tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
     settings = MinerSettings(
-        pooler="mean", batch_size=32, search=SearchSettings(top_k=32), encode_batch_size=64, seed=0,
+        pooler="mean", batch_size=32, search=SearchSettings(top_k=32), seed=0,
         filters=NegativeFilters(num_negatives=2), random_negatives=1,
     )  # fmt: skip
     miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)

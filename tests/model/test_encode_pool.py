@@ -20,11 +20,9 @@ def test_actor_pool_encode_matches_in_process(ray_local, trained_tiny_model_dir,
     table, _ = tokenized_corpus
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     blob = pack_dir(trained_tiny_model_dir)
-    settings = MinerSettings(
-        pooler="mean", batch_size=16, search=SearchSettings(top_k=32), encode_batch_size=64, seed=0
-    )
+    settings = MinerSettings(pooler="mean", batch_size=16, search=SearchSettings(top_k=32), seed=0)
     local = HardNegativeMiner(table, blob, settings).encode(weights)
-    pooled_miner = HardNegativeMiner(table, blob, replace(settings, encode_actors=2, encode_num_cpus=0.5))
+    pooled_miner = HardNegativeMiner(table, blob, replace(settings, encode_actors=2, num_cpus=0.5))
     pooled = pooled_miner.encode(weights)
     assert pooled.shape == local.shape == (table.num_rows, 32)
     assert np.abs(pooled - local).max() < 1e-5  # every row back in its place

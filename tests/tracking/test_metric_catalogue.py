@@ -87,7 +87,7 @@ def _refresh_twice(tmp_path, model_dir, tokenized, triplets=None):
     experiment = client.create_experiment("catalogue", artifact_location=str(tmp_path / "artifacts"))
     run_id = client.create_run(experiment).info.run_id
     settings = MinerSettings(
-        pooler="mean", batch_size=32, search=SearchSettings(top_k=16), encode_batch_size=64, seed=0,
+        pooler="mean", batch_size=32, search=SearchSettings(top_k=16), seed=0,
         filters=NegativeFilters(num_negatives=1), tracking_uri=client.tracking_uri, run_id=run_id,
     )  # fmt: skip
     miner = HardNegativeMiner(tokenized, pack_dir(model_dir), settings, triplets)

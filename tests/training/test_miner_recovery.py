@@ -24,7 +24,7 @@ def _gone(pid: int) -> bool:
 
 
 def _client(ray, miner, pid, timeout_s=20.0):
-    cfg = load_config(None, [f"mining.timeout_s={timeout_s}", "mining.max_restarts=1"])
+    cfg = load_config(None, [f"mining.timeout_s={timeout_s}", "train.max_failures=1"])
     return MinerClient(miner, RefreshSettings.from_config(cfg), miner_pid=pid)
 
 
@@ -64,7 +64,7 @@ def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ra
     ray.kill(miner, no_restart=True)
     while not _gone(restarted):
         time.sleep(0.05)
-    with pytest.raises(UnrecoverableError, match=r"mining\.max_restarts=1 restarts are used up"):
+    with pytest.raises(UnrecoverableError, match=r"train\.max_failures=1 restarts are used up"):
         client.recover(died, version=2, step=9, deadline=time.monotonic() + 20)
 
 

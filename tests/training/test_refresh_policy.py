@@ -43,7 +43,7 @@ def test_settings_are_read_from_the_config_once():
         None,
         [
             "train.epochs=4", "run.seed=7", "mining.mode=async", "mining.max_staleness_steps=5",
-            "mining.timeout_s=12.5", "mining.max_restarts=2", "mining.enabled=false",
+            "mining.timeout_s=12.5", "train.max_failures=2", "mining.refresh=never",
         ],
     )  # fmt: skip
     assert RefreshSettings.from_config(cfg) == RefreshSettings(
