@@ -9,8 +9,8 @@ Runs the real training job (``jobs/train.py`` with ``jobs/configs/demo.yaml``: t
 each in its own process, in the order given:
 
 - ``off``: mining disabled; every epoch is a reshuffled random plan (epoch times only).
-- ``sync``: ``mining.mode=sync``; at each epoch boundary the workers wait for the refresh.
-- ``async``: ``mining.mode=async``; the refresh starts ``mining.max_staleness_steps`` before the
+- ``sync``: ``mining.refresh=every_epoch``; at each epoch boundary the workers wait for the refresh.
+- ``async``: ``mining.refresh=every_epoch_async``; the refresh starts ``mining.max_staleness_steps`` before the
   boundary and training goes on meanwhile; the boundary never waits.
 
 Read back from each run's MLflow store (sqlite, in a temporary folder): ``train/epoch_seconds`` (the
@@ -63,7 +63,9 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         "train.log_every=50",
         f"tracking.uri={tracking_uri}",
         "tracking.experiment=bench-refresh-share",
-        "mining.refresh=never" if mode == "off" else f"mining.mode={mode}",
+        {"off": "mining.refresh=never", "sync": "mining.refresh=every_epoch"}.get(
+            mode, "mining.refresh=every_epoch_async"
+        ),
         *args.set,
     ]
     workdir.mkdir(parents=True, exist_ok=True)

@@ -370,7 +370,7 @@ def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
     a boundary later with an epoch more of staleness."""
     max_staleness, steps_per_epoch = 20, 25
     args = [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO]
-    for item in ("run.name=async", "train.epochs=4", "mining.mode=async",
+    for item in ("run.name=async", "train.epochs=4", "mining.refresh=every_epoch_async",
                  f"mining.max_staleness_steps={max_staleness}", "tracking.experiment=async"):  # fmt: skip
         args += ["--set", item]
     env = job_env({ASYNC_BOUNDARIES_ENV: "ready,late,ready"})

@@ -104,10 +104,10 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     tmp_path, twitter_like, tiny_model_dir
 ):
     proc = _train(
-        tmp_path, twitter_like, tiny_model_dir, "run.name=refreshed", "mining.refresh=every_epoch",
+        tmp_path, twitter_like, tiny_model_dir, "run.name=refreshed",
         # Submitted at the first step of epoch 1 and made ready at the boundary (the seam: a
         # late refresh is the demo's async test's case).
-        "mining.mode=async", "mining.max_staleness_steps=1000", env={ASYNC_BOUNDARIES_ENV: "ready"},
+        "mining.refresh=every_epoch_async", "mining.max_staleness_steps=1000", env={ASYNC_BOUNDARIES_ENV: "ready"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = 2 * TRAIN_GROUPS
@@ -204,7 +204,7 @@ def test_pair_mode_miner_killed_in_a_refresh_is_restarted_and_the_job_finishes(
     holds = tmp_path / "holds"
     holds.mkdir()
     overrides = _settings(twitter_like, tiny_model_dir, "run.name=killed", "mining.refresh=every_epoch",
-                          "mining.mode=sync", "eval.retrieval=[]")  # fmt: skip
+                          "eval.retrieval=[]")  # fmt: skip
     job = RunningJob(
         tmp_path, overrides, {HOLD_ENV: "miner_refresh=2", HOLD_DIR_ENV: str(holds)}, config=RECIPE
     )

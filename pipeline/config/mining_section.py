@@ -21,7 +21,12 @@ class MiningSection:
     @property
     def refreshes_at_boundaries(self) -> bool:
         """Whether epoch boundaries ask the miner for a plan from the newest weights."""
-        return self.mines and self.refresh == "every_epoch"
+        return self.refresh in ("every_epoch", "every_epoch_async")
+
+    @property
+    def mode(self) -> Literal["sync", "async"]:
+        """``async`` when the boundary refresh runs while training goes on, else ``sync``."""
+        return "async" if self.refresh == "every_epoch_async" else "sync"
 
     top_k: int = 64
     """Neighbours searched per row (the candidate list every filter works on)."""
@@ -71,19 +76,18 @@ class MiningSection:
     """Pairs task: random negatives added per anchor beside its ``num_negatives`` mined
     ones (drawn from the positives' pool, duplicates of the anchor and positive excluded);
     mixing is what worked in tevatron #43."""
-    refresh: Literal["every_epoch", "once", "never"] = "every_epoch"
-    """Triplet (pair) mode: when negatives are mined. ``every_epoch``: once before epoch 1 with
-    the starting model (static, as sentence-transformers' ``mine_hard_negatives`` does), then
-    again at every epoch boundary with the newest weights (ANCE). ``once``: before epoch 1
-    only; later epochs reshuffle the rows and keep their negatives. ``never``: no mining (the
-    given negatives and in-batch negatives only).
-    Corpus task: ``every_epoch`` or ``never`` (its epoch 1 is always random)."""
-    mode: Literal["sync", "async"] = "sync"
-    """``sync``: refresh at the epoch boundary while training waits. ``async``: the miner
-    works while training goes on, from weights at most ``max_staleness_steps`` old at the
-    boundary; training never waits for it."""
+    refresh: Literal["every_epoch", "every_epoch_async", "once", "never"] = "every_epoch"
+    """When negatives are mined. Pairs task: ``every_epoch``: once before epoch 1 with the
+    starting model (static, as sentence-transformers' ``mine_hard_negatives`` does), then again
+    at every epoch boundary with the newest weights (ANCE), while training waits.
+    ``every_epoch_async``: the same, but a boundary's refresh runs while training goes on, from
+    weights ``max_staleness_steps`` before the boundary; training never waits for it. ``once``:
+    before epoch 1 only; later epochs reshuffle the rows and keep their negatives. ``never``: no
+    mining (the given negatives and in-batch negatives only).
+    Corpus task: ``every_epoch``, ``every_epoch_async`` or ``never`` (its epoch 1 is always
+    random)."""
     max_staleness_steps: int = 50
-    """Async: steps before an epoch's end at which the weights are snapshotted for the refresh."""
+    """``every_epoch_async``: steps before an epoch's end at which the weights are snapshotted for the refresh."""
     timeout_s: float = 3600.0
     """Longest a training worker waits for one refresh (or for the miner to come back after a
     restart) before failing with a clear error. The miner's placement at start waits

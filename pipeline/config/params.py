@@ -37,10 +37,9 @@ RULES: list[Rule] = [
     # Mining: nothing but mining.refresh when no miner runs; then what the chosen mode,
     # index and sampler read.
     ("mining.", lambda cfg: cfg.runs_miner),
-    ("mining.mode", lambda cfg: cfg.mining.refreshes_at_boundaries),
     (
         "mining.max_staleness_steps",
-        lambda cfg: cfg.mining.refreshes_at_boundaries and cfg.mining.mode == "async",
+        lambda cfg: cfg.mining.refresh == "every_epoch_async",
     ),
     ("mining.num_negatives", _pairs),
     ("mining.random_negatives", _pairs),

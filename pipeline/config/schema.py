@@ -47,6 +47,7 @@ REMOVED_KEYS = {
     "model.tiny": "the tiny BERT has one fixed shape (pipeline/model/tiny.py); for another, name a "
     "model folder in model.name_or_path",
     "mining.enabled": "write `mining.refresh: never` for no mining; delete `enabled: true`",
+    "mining.mode": "write `mining.refresh: every_epoch_async` for async refreshes (sync is `every_epoch`)",
     "mining.flat_max_rows": _REMOVED_INDEX,
     "mining.nlist": _REMOVED_INDEX,
     "mining.nprobe": _REMOVED_INDEX,

@@ -84,7 +84,7 @@ class PlanRefresher:
 
     def initial_plan(self, state: TrainState, model: SentenceEncoder) -> Adopted:
         """The pairs task, before epoch 1: the negatives mined with the starting weights, waited
-        for in either ``mining.mode`` (the static negatives sentence-transformers'
+        for in every ``mining.refresh`` mode (the static negatives sentence-transformers'
         ``mine_hard_negatives`` gives, and the baseline every refresh improves on), beside epoch
         1's rows in their order. The same on every rank."""
         assert state.plan is not None and self.client is not None

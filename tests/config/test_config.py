@@ -242,7 +242,7 @@ def test_params_leave_out_what_a_setting_turns_off():
     pairs = params_in_effect(load_config(REPO / "jobs/configs/recipe-twitter-url.yaml"))
     assert "data.text_column" not in pairs and pairs["data.anchor_column"] == flat["data.anchor_column"]
     assert "mining.batch_sampler" not in pairs  # pairs keep their rows in random batches
-    assert "mining.mode" not in pairs  # refresh: once mines before epoch 1 only, waiting in any mode
+    assert "mining.max_staleness_steps" not in pairs  # refresh: once mines before epoch 1 only, and waits
     # A rule naming a key that does not exist would silently keep what it meant to leave out.
     for key, _ in RULES:
         assert any(k == key or (key.endswith(".") and k.startswith(key)) for k in flat), key

@@ -42,13 +42,13 @@ def test_settings_are_read_from_the_config_once():
     cfg = load_config(
         None,
         [
-            "train.epochs=4", "run.seed=7", "mining.mode=async", "mining.max_staleness_steps=5",
-            "mining.timeout_s=12.5", "train.max_failures=2", "mining.refresh=never",
+            "train.epochs=4", "run.seed=7", "mining.refresh=every_epoch_async", "mining.max_staleness_steps=5",
+            "mining.timeout_s=12.5", "train.max_failures=2",
         ],
     )  # fmt: skip
     assert RefreshSettings.from_config(cfg) == RefreshSettings(
-        epochs=4, mode="async", max_staleness_steps=5, timeout_s=12.5, max_restarts=2, seed=7, enabled=False,
-        at_boundaries=False, before_training=False,
+        epochs=4, mode="async", max_staleness_steps=5, timeout_s=12.5, max_restarts=2, seed=7, enabled=True,
+        at_boundaries=True, before_training=False,
     )  # fmt: skip
 
 
