@@ -33,6 +33,14 @@ REMOVED_KEYS = {
     "mining.clusters_per_batch": _REMOVED_SAMPLERS,
     "mining.mixed_share": _REMOVED_SAMPLERS,
     "mining.mixed_group_size": _REMOVED_SAMPLERS,
+    "ray.progress_bars": "Ray Data's progress bars are on with the job's --debug flag, off without; delete the key",
+    "ray.train_log_level": "Ray Train's console logs are CRITICAL, INFO with the job's --debug flag; delete the key",
+    "ray.dashboard_host": "a locally started Ray's dashboard listens on 127.0.0.1 only; to serve it on "
+    "the network start Ray yourself (ray start --head --dashboard-host ...) and set ray.address to it",
+    "tracking.connect_timeout_s": "the job waits a fixed 15 s for the tracking server at start; delete the key",
+    "tracking.flush_every_s": "metrics are sent every train.log_every steps and at least every 5 s; delete the key",
+    "tracking.drain_timeout_s": "unsent metrics are retried for a fixed 300 s after training; delete the key",
+    "tracking.system_metrics_interval_s": "system metrics are sampled every 10 s; delete the key",
 }
 """Keys an older config may still carry, and what to write instead (one line each)."""
 
