@@ -10,10 +10,10 @@ wrong one. So a job never lets Ray guess:
   joins exactly that address.
 * Otherwise the job starts its own local Ray (``address="local"``: Ray never looks for
   other clusters), on free ports, with its dashboard on loopback only, and tells every
-  process of that Ray where that dashboard is (``RAY_API_SERVER_ADDRESS``). Ray Train's placement-group cleaner and Ray
-  Data's hang detector call the state API from inside the cluster; without that variable
-  they would query whichever cluster Ray guesses and, for instance, declare the Train
-  controller dead because another cluster does not know it.
+  process of that Ray where that dashboard is (``RAY_API_SERVER_ADDRESS``). Ray Train's
+  placement-group cleaner and Ray Data's hang detector call the state API from inside the
+  cluster; without that variable they would query whichever cluster Ray guesses and, for
+  instance, declare the Train controller dead because another cluster does not know it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pipeline.core.retry import call_with_retries
 log = logging.getLogger("pipeline")
 
 LOOPBACK = "127.0.0.1"
+"""Where a local Ray's dashboard and the ports picked for it listen: this machine only."""
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 """Read by Ray's state API (``get_address_for_submission_client``) before any guessing."""
 
