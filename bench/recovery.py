@@ -34,7 +34,7 @@ from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wa
 
 BENCHMARK = Benchmark(__spec__.name, "Recovery: worker kill and driver kill")
 
-BASE = ["data.generated.num_groups=2500", "train.epochs=2", "train.log_every=5", "tracking.flush_every_s=1"]
+BASE = ["data.generated.num_groups=2500", "train.epochs=2", "train.log_every=5"]
 
 
 def _client(cwd: Path) -> MlflowClient:

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
 from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wait_for
-from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
+from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV, TRACKING_CONNECT_TIMEOUT_ENV
 from pipeline.runtime.cluster import free_port
 from pipeline.tracking.review import refresh_table
 
@@ -48,8 +48,7 @@ def faulted_run(tmp_path_factory):
         HOLD_ENV: f"miner_start=0,miner_refresh=1,train_step={KILLED_BEFORE_STEP}",
         HOLD_DIR_ENV: str(holds),
     }
-    overrides = ["run.name=faults", "train.epochs=2", "checkpoint.every_steps=10", "train.log_every=5",
-                 "tracking.flush_every_s=1"]  # fmt: skip
+    overrides = ["run.name=faults", "train.epochs=2", "checkpoint.every_steps=10", "train.log_every=5"]
     job = RunningJob(cwd, overrides, env)
     run_dir = cwd / "runs" / "faults"
     facts: dict = {"cwd": cwd}
@@ -242,7 +241,7 @@ def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
         job = RunningJob(
             tmp_path,
             ["run.name=outage", "data.generated.num_groups=600", "train.epochs=3", "train.log_every=5",
-             "tracking.flush_every_s=1", f"tracking.uri={uri}"],
+             f"tracking.uri={uri}"],
         )  # fmt: skip
         client = MlflowClient(tracking_uri=uri)
 
@@ -275,14 +274,13 @@ def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
 def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
     port = free_port()  # nothing listens there
     proc = subprocess.run(
-        [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"tracking.uri=http://127.0.0.1:{port}",
-         "--set", "tracking.connect_timeout_s=2"],
-        cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=120,
+        [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"tracking.uri=http://127.0.0.1:{port}"],
+        cwd=tmp_path, env=job_env({TRACKING_CONNECT_TIMEOUT_ENV: "2"}), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"http://127.0.0.1:{port} is not reachable" in errors[0], proc.stderr
-    assert "tracking.connect_timeout_s=2s" in errors[0]
+    assert "after 2s" in errors[0]  # the seam's wait, in place of the fixed 15 s
     assert "Traceback" not in proc.stderr and "[data]" not in proc.stdout  # nothing was computed
 
 

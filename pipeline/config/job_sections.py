@@ -4,7 +4,6 @@ name, folders and seed), ``ray`` (the cluster) and ``tracking`` (MLflow)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from pipeline.config.check import Check
 
@@ -39,17 +38,6 @@ class RaySection:
     before failing with one line (Ray's own client would retry for many minutes)."""
     num_cpus: float | None = None
     """Logical CPUs of a locally started Ray (``None``: the machine's count)."""
-    progress_bars: bool = False
-    """Ray Data progress bars; off by default so logs stay readable."""
-    dashboard_host: str = "127.0.0.1"
-    """Interface the dashboard of a locally started Ray listens on. Loopback keeps it (and its
-    job-submission API, which runs arbitrary code) off the network; set ``0.0.0.0`` only
-    behind a firewall or with Ray token auth on."""
-    train_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "CRITICAL"
-    """Ray Train's own console logs. Its failure reports carry full tracebacks, so they are
-    off by default: the job prints one line per worker failure and one for the final error.
-    ``--debug`` sets ``INFO``. Ray Train's log files in the Ray session's ``logs/train`` keep
-    every level either way."""
 
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""
@@ -65,31 +53,15 @@ class TrackingSection:
     register_as: str | None = None
     """Register the exported model in the MLflow Model Registry under this name (a new version
     per run). ``None``: log it as the run's model only."""
-    connect_timeout_s: float = 15.0
-    """How long the job tries to reach the tracking store at start before failing (before
-    any compute)."""
-    flush_every_s: float = 5.0
-    """Rank 0 and the miner send buffered metrics in the background at this interval; a
-    send that fails (server down) is kept and retried, so training never waits on MLflow."""
-    drain_timeout_s: float = 300.0
-    """At the end of training, how long unsent metrics are retried before the job gives up on
-    them (saying how many) rather than on the run."""
     system_metrics: bool = True
     """Log MLflow's system metrics (``system/...``: CPU, memory, disk, network; GPU
     utilisation and memory where ``nvidia-ml-py`` is installed) from the driver's machine for
     the whole job and from every other node that runs training workers, so a reviewer sees
     whether the hardware was busy."""
-    system_metrics_interval_s: float = 10.0
-    """Seconds between system-metric samples; there is also one a second after the start and
-    one at the end, so a one-minute run has a handful of points and a ten-hour run 3,600."""
 
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""
         return [
-            ("tracking.connect_timeout_s", self.connect_timeout_s > 0, "must be > 0"),
-            ("tracking.flush_every_s", self.flush_every_s > 0, "must be > 0"),
-            ("tracking.drain_timeout_s", self.drain_timeout_s >= 0, "must be >= 0"),
-            ("tracking.system_metrics_interval_s", self.system_metrics_interval_s > 0, "must be > 0"),
             ("tracking.experiment", bool(self.experiment.strip()), "must not be empty"),
             (
                 "tracking.register_as",

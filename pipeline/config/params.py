@@ -33,7 +33,6 @@ RULES: list[Rule] = [
     ("data.pool_text_column", _pairs),
     ("eval.whitening_dim", lambda cfg: cfg.eval.whitening),
     ("eval.whitening_rows", lambda cfg: cfg.eval.whitening),
-    ("tracking.system_metrics_interval_s", lambda cfg: cfg.tracking.system_metrics),
     # Mining: nothing but mining.refresh when no miner runs; then what the chosen mode,
     # index and sampler read.
     ("mining.", lambda cfg: cfg.runs_miner),

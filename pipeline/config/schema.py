@@ -58,6 +58,14 @@ REMOVED_KEYS = {
     "mining.encode_num_gpus": "each encode actor reserves mining.num_gpus, as the miner; delete the key",
     "mining.start_timeout_s": "the miner's start waits train.placement_timeout_s; delete the key",
     "mining.max_restarts": "the miner is restarted up to train.max_failures times; delete the key",
+    "ray.progress_bars": "Ray Data's progress bars are on with the job's --debug flag, off without; delete the key",
+    "ray.train_log_level": "Ray Train's console logs are CRITICAL, INFO with the job's --debug flag; delete the key",
+    "ray.dashboard_host": "a locally started Ray's dashboard listens on 127.0.0.1 only; to serve it on "
+    "the network start Ray yourself (ray start --head --dashboard-host ...) and set ray.address to it",
+    "tracking.connect_timeout_s": "the job waits a fixed 15 s for the tracking server at start; delete the key",
+    "tracking.flush_every_s": "metrics are sent every train.log_every steps and at least every 5 s; delete the key",
+    "tracking.drain_timeout_s": "unsent metrics are retried for a fixed 300 s after training; delete the key",
+    "tracking.system_metrics_interval_s": "system metrics are sampled every 10 s; delete the key",
 }
 """Keys an older config may still carry, and what to write instead (one line each)."""
 

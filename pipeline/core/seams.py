@@ -1,4 +1,5 @@
-"""Test seams: the places where a test makes a timing-dependent branch happen on purpose.
+"""Test seams: the places where a test makes a timing-dependent branch happen on purpose, or
+shortens a fixed wait it would otherwise sit out.
 
 Whether an async refresh is ready at a boundary, or where exactly a worker is when it is
 killed, is otherwise a matter of how fast the machine is. A test that checks such a branch
@@ -14,6 +15,10 @@ inherit it); a run without them behaves as if this module did not exist.
     reaches that point writes ``<point>=<key>.held`` into the folder and blocks there until a
     ``<point>=<key>.release`` file appears (or it is killed: what a fault test does). It holds
     once per run: a restarted process finds the ``.held`` file and goes on.
+``SIMCSE_TEST_TRACKING_CONNECT_TIMEOUT_S``
+    Seconds the job's start waits for an HTTP tracking server, in place of the fixed
+    :data:`pipeline.tracking.run.CONNECT_TIMEOUT_S`: the test of an unreachable server then
+    fails in 2 s, not 15.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 ASYNC_BOUNDARIES_ENV = "SIMCSE_TEST_ASYNC_BOUNDARIES"
 HOLD_ENV = "SIMCSE_TEST_HOLD"
 HOLD_DIR_ENV = "SIMCSE_TEST_HOLD_DIR"
+TRACKING_CONNECT_TIMEOUT_ENV = "SIMCSE_TEST_TRACKING_CONNECT_TIMEOUT_S"
 
 
 def scripted_boundaries(value: str | None) -> list[str]:
@@ -34,6 +40,11 @@ def scripted_boundaries(value: str | None) -> list[str]:
     if unknown:
         raise ValueError(f"{ASYNC_BOUNDARIES_ENV}: expected ready or late, got {', '.join(unknown)}")
     return words
+
+
+def tracking_connect_timeout_s(fixed_s: float) -> float:
+    """``SIMCSE_TEST_TRACKING_CONNECT_TIMEOUT_S`` seconds when a test set it, else ``fixed_s``."""
+    return float(os.environ.get(TRACKING_CONNECT_TIMEOUT_ENV) or fixed_s)
 
 
 def hold_once(point: str, key: int) -> None:

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         # Deferred: --help and a bad flag answer before Ray, torch and MLflow are imported.
         from pipeline.jobs.mine_job import run_mine_job
 
-        echo(run_mine_job(cfg, args.output, echo=echo).render(args.output))
+        echo(run_mine_job(cfg, args.output, echo=echo, debug=args.debug).render(args.output))
 
     return job_main(
         __doc__,

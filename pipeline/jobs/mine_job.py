@@ -58,8 +58,9 @@ def write_triplets(table: pa.Table, output: str) -> None:
         raise DataError(f"--output: {output} must end in .parquet or .jsonl")
 
 
-def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
+def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = False) -> MiningReport:
     """The offline mining job: read pairs, load the model, mine, write, log to MLflow.
+    ``debug`` (the job's ``--debug``) turns Ray Data's progress bars on.
 
     Raises:
         ConfigError, DataError, ValueError: one-line problems; the MLflow run is marked FAILED.
@@ -80,7 +81,7 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print) -> MiningReport:
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)
     echo(f"[run] mining run {run_name!r}: MLflow run {tracked.run_id} at {tracking_uri}")
     quiet_libraries()
-    with tracked.failing_on_error(), ray_session(cfg):
+    with tracked.failing_on_error(), ray_session(cfg, debug):
         tracked.log_params(
             {k: v for k, v in cfg.flat().items() if k.split(".")[0] in ("data", "model", "mining")}
         )

@@ -26,11 +26,11 @@ from pipeline.runtime.cli import job_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg, echo, _args):
+    def body(cfg, echo, args):
         # Deferred: --help and a bad flag answer before Ray, torch and MLflow are imported.
         from pipeline.jobs.train_job import run_train_job
 
-        echo(run_train_job(cfg, echo=echo).render())
+        echo(run_train_job(cfg, echo=echo, debug=args.debug).render())
 
     return job_main(__doc__, argv, body, needs_config=True)
 

@@ -31,6 +31,7 @@ from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
 from pipeline.core.errors import first_line
 from pipeline.core.retry import call_with_retries
+from pipeline.core.seams import tracking_connect_timeout_s
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
 from pipeline.evaluation.in_training import check_eval_sets
@@ -53,6 +54,7 @@ from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.runtime.cluster import check_cluster_fits, ray_session
 from pipeline.runtime.preflight import preflight_train
 from pipeline.tracking.run import (
+    CONNECT_TIMEOUT_S,
     TrackedRun,
     check_tracking_reachable,
     resolve_tracking_uri,
@@ -77,8 +79,9 @@ def run_dir_of(cfg: Config) -> Path:
     return Path(cfg.run.output_dir).resolve() / cfg.run.name
 
 
-def run_train_job(cfg: Config, echo: Echo = print) -> JobSummary:
-    """Run the whole training job described by ``cfg`` and return its summary.
+def run_train_job(cfg: Config, echo: Echo = print, debug: bool = False) -> JobSummary:
+    """Run the whole training job described by ``cfg`` and return its summary. ``debug`` (the
+    job's ``--debug``) turns on Ray Data's progress bars and Ray Train's console logs.
 
     ``cfg`` itself is left unchanged: the job runs on :func:`resolve_config`'s copy.
 
@@ -96,7 +99,7 @@ def run_train_job(cfg: Config, echo: Echo = print) -> JobSummary:
     if generated_sts:
         sts_files = with_distinct_names([*(read_sts(p, "stsb") for p in generated_sts), *sts_files])
     check_eval_sets(resolved.eval, [f.name for f in sts_files], [s.name for s in retrieval_sets])
-    return _run_resolved(resolved, sts_files, started_at, echo, retrieval_sets)
+    return _run_resolved(resolved, sts_files, started_at, echo, retrieval_sets, debug)
 
 
 def check_train_inputs(cfg: Config) -> None:
@@ -146,6 +149,7 @@ def _run_resolved(
     started_at: float,
     echo: Echo,
     retrieval_sets: list[RetrievalSet] | None = None,
+    debug: bool = False,
 ) -> JobSummary:
     """Open the MLflow run, record the resolved ``cfg`` and train in a Ray session; the run
     is FINISHED with the summary as its description, or FAILED."""
@@ -154,7 +158,7 @@ def _run_resolved(
     storage_root = cfg.run.storage_path or cfg.run.output_dir
     storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
-    check_tracking_reachable(tracking_uri, cfg.tracking.connect_timeout_s)
+    check_tracking_reachable(tracking_uri, tracking_connect_timeout_s(CONNECT_TIMEOUT_S))
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, cfg.run.name)
     if tracked.already_finished:
         return JobSummary(
@@ -171,9 +175,11 @@ def _run_resolved(
         resolved_file.write_text(dump_yaml(cfg))
         tracked.log_params(params_in_effect(cfg))
         tracked.log_artifact(resolved_file)
-        with driver_system_metrics(cfg, tracked), ray_session(cfg) as started_ray:
+        with driver_system_metrics(cfg, tracked), ray_session(cfg, debug) as started_ray:
             check_cluster_fits(cfg, started_ray)
-            summary = train_in_ray(cfg, tracked, storage_root, sts_files, echo, retrieval_sets=retrieval_sets)
+            summary = train_in_ray(
+                cfg, tracked, storage_root, sts_files, echo, retrieval_sets=retrieval_sets, debug=debug
+            )
     summary = dataclasses.replace(summary, wall_seconds=time.perf_counter() - started_at)
     tracked.set_note(summary.description())
     tracked.finish()
@@ -186,7 +192,7 @@ def driver_system_metrics(cfg: Config, tracked: TrackedRun) -> AbstractContextMa
     if not cfg.tracking.system_metrics:
         return nullcontext()
 
-    return system_metrics(tracked.tracking_uri, tracked.run_id, cfg.tracking.system_metrics_interval_s)
+    return system_metrics(tracked.tracking_uri, tracked.run_id)
 
 
 def train_in_ray(
@@ -196,8 +202,10 @@ def train_in_ray(
     sts_files: list[STSPairs],
     echo: Echo,
     retrieval_sets: list[RetrievalSet] | None = None,
+    debug: bool = False,
 ) -> JobSummary:
-    """The job's sections inside the Ray session: data, model, miner, trainer and export.
+    """The job's sections inside the Ray session: data, model, miner, trainer and export
+    (``debug``: Ray Train's console logs on, see :func:`build_trainer`).
 
     Returns the summary (``wall_seconds`` still 0); the miner actor is gone when it returns
     or raises.
@@ -207,7 +215,7 @@ def train_in_ray(
     inputs = tokenize_inputs(cfg, data, run_dir, tracked, echo)
     refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
     with miner_actor(cfg, tracked, refs) as (miner, miner_pid):
-        result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo)
+        result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo, debug)
         summary = export_and_summarise(cfg, tracked, result, describe_corpus(data, inputs), run_dir)
         return log_exported_model(cfg, tracked, summary, run_dir)
 
@@ -264,9 +272,10 @@ def fit(
     miner_pid: int | None,
     storage_root: str,
     echo: Echo,
+    debug: bool = False,
 ) -> Any:
     """Train all epochs with one Ray Train ``fit()``, checkpointing under
-    ``storage_root/run.name``.
+    ``storage_root/run.name`` (``debug``: Ray Train's console logs on).
 
     Returns:
         Ray Train's result (its last reported metrics and the final checkpoint).
@@ -292,7 +301,7 @@ def fit(
         f"[train] {cfg.train.epochs} epochs on {cfg.train.num_workers} worker(s), global batch {cfg.train.batch_size}; "
         f"checkpoints in {storage_root}/{cfg.run.name}"
     )
-    result = build_trainer(cfg, loop_config, storage_root, cfg.run.name).fit()
+    result = build_trainer(cfg, loop_config, storage_root, cfg.run.name, debug).fit()
     if result.error is not None:
         raise result.error
     return result

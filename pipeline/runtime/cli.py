@@ -117,8 +117,6 @@ def job_main(
 
     try:
         extra = to_overrides(args) if to_overrides is not None else []
-        if args.debug:
-            extra.insert(0, "ray.train_log_level=INFO")  # Ray Train's tracebacks; --set still wins
         cfg = load_config(args.config, extra + args.overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,11 +9,11 @@ wrong one. So a job never lets Ray guess:
   first checks, within ``ray.connect_timeout_s``, that something answers there, and then
   joins exactly that address.
 * Otherwise the job starts its own local Ray (``address="local"``: Ray never looks for
-  other clusters), on free ports, and tells every process of that Ray where its own
-  dashboard is (``RAY_API_SERVER_ADDRESS``). Ray Train's placement-group cleaner and Ray
-  Data's hang detector call the state API from inside the cluster; without that variable
-  they would query whichever cluster Ray guesses and, for instance, declare the Train
-  controller dead because another cluster does not know it.
+  other clusters), on free ports, with its dashboard on loopback only, and tells every
+  process of that Ray where that dashboard is (``RAY_API_SERVER_ADDRESS``). Ray Train's
+  placement-group cleaner and Ray Data's hang detector call the state API from inside the
+  cluster; without that variable they would query whichever cluster Ray guesses and, for
+  instance, declare the Train controller dead because another cluster does not know it.
 """
 
 from __future__ import annotations
@@ -34,18 +34,21 @@ from pipeline.core.retry import call_with_retries
 
 log = logging.getLogger("pipeline")
 
+LOOPBACK = "127.0.0.1"
+"""Where a local Ray's dashboard and the ports picked for it listen: this machine only."""
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 """Read by Ray's state API (``get_address_for_submission_client``) before any guessing."""
 
 
 @contextmanager
-def ray_session(cfg: Config) -> Iterator[bool]:
+def ray_session(cfg: Config, debug: bool = False) -> Iterator[bool]:
     """Ray for the length of a job: yields True when it started a local Ray, which it then
-    shuts down on the way out (a joined cluster is left running)."""
+    shuts down on the way out (a joined cluster is left running). ``debug`` (the job's
+    ``--debug``) turns Ray Data's progress bars on."""
     saved = os.environ.get(API_SERVER_ENV)
     started = False
     try:
-        started = init_ray(cfg)
+        started = init_ray(cfg, debug)
         yield started
     finally:
         if started:
@@ -64,8 +67,9 @@ def cluster_address(cfg: Config) -> str | None:
     return None if address == "local" else address
 
 
-def init_ray(cfg: Config) -> bool:
+def init_ray(cfg: Config, debug: bool = False) -> bool:
     """Join the configured cluster, or start a local Ray. Returns True when started here.
+    Ray Data's progress bars are on with ``debug`` only: they flood non-interactive logs.
 
     Raises:
         UnrecoverableError: the configured cluster did not answer within ``ray.connect_timeout_s``.
@@ -86,41 +90,41 @@ def init_ray(cfg: Config) -> bool:
         start_local_ray(cfg)
         started = True
     context = DataContext.get_current()
-    context.enable_progress_bars = cfg.ray.progress_bars
-    # Off is the config's choice (ray.progress_bars), so Ray Data's warning that they are off,
-    # and how to turn them on, is noise on every job: silence just that logger.
-    logging.getLogger("ray.data._internal.progress").setLevel(
-        logging.NOTSET if cfg.ray.progress_bars else logging.ERROR
-    )
+    context.enable_progress_bars = debug
+    # Off is the job's choice (on with --debug), so Ray Data's warning that they are off, and
+    # how to turn them on, is noise on every job: silence just that logger.
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.NOTSET if debug else logging.ERROR)
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     return started
 
 
 def start_local_ray(cfg: Config) -> None:
-    """A Ray of this job's own, beside whatever other Ray runs on the machine."""
-    host = cfg.ray.dashboard_host
-    reachable = "127.0.0.1" if host in ("0.0.0.0", "") else host  # all interfaces: loopback is one
-    port = free_port(reachable)
+    """A Ray of this job's own, beside whatever other Ray runs on the machine. Its dashboard
+    listens on loopback only; a dashboard on the network is a Ray started by the user
+    (``ray start --head --dashboard-host ...``) that ``ray.address`` points at."""
+    port = free_port()
     # Set before ray.init: Ray's processes (raylet, workers, actors) inherit the driver's
     # environment when they start, and none of them may guess another cluster.
-    os.environ[API_SERVER_ENV] = f"http://{reachable}:{port}"
+    os.environ[API_SERVER_ENV] = f"http://{LOOPBACK}:{port}"
     ray.init(
         address="local",
         num_cpus=cfg.ray.num_cpus,
         # Ray Train's placement-group cleaner polls the state API, which the dashboard
-        # serves; bound to loopback so nothing is exposed.
+        # serves. It also serves the job-submission API, which runs any code it is sent:
+        # on loopback, only this machine's users reach it.
         include_dashboard=True,
-        dashboard_host=host,
+        dashboard_host=LOOPBACK,
         dashboard_port=port,
         logging_level=logging.WARNING,
     )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the OS's choice, so two jobs do not pick the same)."""
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (the OS's choice, so two jobs do not pick
+    the same)."""
     with socket.socket() as sock:
-        sock.bind((host, 0))
+        sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]
 
 

@@ -14,6 +14,14 @@ from mlflow.tracking import MlflowClient
 from pipeline.core.errors import first_line
 from pipeline.tracking.run import quick_http_failures
 
+FLUSH_EVERY_S = 5.0
+"""The sender's interval when nobody asks it to flush: the train loop flushes every
+``train.log_every`` steps, so this only bounds how stale the charts get between those, at one
+request per process every 5 s."""
+DRAIN_TIMEOUT_S = 300.0
+"""How long rank 0 retries unsent metrics at the end of training: long enough for a
+tracking server to be restarted, short enough that a dead one does not hold a finished job."""
+
 
 class MetricLogger:
     """Metric (and tag) logging to an existing run for rank 0 and the miner, sent in the
@@ -27,7 +35,7 @@ class MetricLogger:
     tags do not: the train loop sets its tags again when it resumes.)
     """
 
-    def __init__(self, tracking_uri: str, run_id: str, flush_every_s: float = 5.0):
+    def __init__(self, tracking_uri: str, run_id: str, flush_every_s: float = FLUSH_EVERY_S):
 
         quick_http_failures()
         self.client = MlflowClient(tracking_uri=tracking_uri)

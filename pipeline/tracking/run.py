@@ -195,10 +195,15 @@ def quick_http_failures() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 
-def check_tracking_reachable(tracking_uri: str, timeout_s: float) -> None:
-    """Fail fast when an HTTP tracking server does not answer (MLflow's own client would retry
-    for minutes first). Any HTTP answer counts as reachable; auth problems surface later
-    with MLflow's own message.
+CONNECT_TIMEOUT_S = 15.0
+"""How long a job's start waits for an HTTP tracking server: a running server answers in well
+under a second, and 15 s also covers one started together with the job."""
+
+
+def check_tracking_reachable(tracking_uri: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail fast when an HTTP tracking server does not answer within ``timeout_s`` (MLflow's
+    own client would retry for minutes first). Any HTTP answer counts as reachable; auth
+    problems surface later with MLflow's own message.
 
     Raises:
         RuntimeError: naming the URI and what went wrong.
@@ -222,5 +227,5 @@ def check_tracking_reachable(tracking_uri: str, timeout_s: float) -> None:
         reason = getattr(exc, "reason", exc)
         raise RuntimeError(
             f"MLflow tracking server {tracking_uri} is not reachable ({reason}) after "
-            f"tracking.connect_timeout_s={timeout_s:g}s; start it or fix tracking.uri / MLFLOW_TRACKING_URI"
+            f"{timeout_s:g}s; start it or fix tracking.uri / MLFLOW_TRACKING_URI"
         ) from None

@@ -10,6 +10,9 @@ from contextlib import contextmanager, suppress
 import psutil
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+SAMPLE_EVERY_S = 10.0
+"""Seconds between samples: a stall of a minute shows as several points, and a ten-hour run
+has 3,600, which MLflow's charts still draw at once."""
 FIRST_SAMPLE_AFTER_S = 1.0
 """The first sample's delay: a CPU share is measured between two readings, so one taken at
 once would read a meaningless 0."""
@@ -17,7 +20,7 @@ once would read a meaningless 0."""
 
 @contextmanager
 def system_metrics(
-    tracking_uri: str, run_id: str, interval_s: float, node_id: str | None = None
+    tracking_uri: str, run_id: str, interval_s: float = SAMPLE_EVERY_S, node_id: str | None = None
 ) -> Iterator[None]:
     """MLflow's own system metrics (``system/cpu_utilization_percentage``, memory, disk,
     network, and ``system/gpu_*`` where NVIDIA's NVML is installed) for this machine: a sample

@@ -19,7 +19,8 @@ def worker_failure_reporter(max_failures: int) -> Any:
     """A Ray Train callback that prints one line per failed worker-group attempt, and ends
     the run at once when the failure would only repeat.
 
-    Ray Train's own report of a failure is a traceback (hidden by ``ray.train_log_level``);
+    Ray Train's own report of a failure is a traceback (hidden unless the job runs with
+    ``--debug``, see :func:`build_trainer`);
     this line says which rank failed, why, and whether the group is restarted. Ray Train
     retries every worker error up to ``train.max_failures``; an error that
     :func:`pipeline.core.errors.is_deterministic` (a missing package, bad input, out of memory
@@ -58,9 +59,16 @@ def worker_failure_reporter(max_failures: int) -> Any:
     return WorkerFailureReporter()
 
 
-def build_trainer(cfg: Config, loop_config: LoopConfig, storage_path: str, run_name: str) -> Any:
+def build_trainer(
+    cfg: Config, loop_config: LoopConfig, storage_path: str, run_name: str, debug: bool = False
+) -> Any:
     """A ``TorchTrainer`` over :func:`train_loop_per_worker` with resources, failure handling
-    and checkpoint retention from config."""
+    and checkpoint retention from config.
+
+    Ray Train's own console logs are at ``CRITICAL`` (its failure reports carry full
+    tracebacks; :func:`worker_failure_reporter` prints one line each instead), at ``INFO``
+    with ``debug`` (the job's ``--debug``). Its log files in the Ray session's
+    ``logs/train`` keep every level either way."""
     # Read by Ray Train's controller (it propagates this variable): each start or restart of
     # the worker group waits this long for resources, and a timeout is not retried, so a
     # group that cannot be placed ends the job instead of waiting forever.
@@ -88,6 +96,6 @@ def build_trainer(cfg: Config, loop_config: LoopConfig, storage_path: str, run_n
             # The newest checkpoints, by report order; the best evaluated model is inside each.
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
             callbacks=[worker_failure_reporter(cfg.train.max_failures)],
-            logging_config=ray.train.LoggingConfig(log_level=cfg.ray.train_log_level),
+            logging_config=ray.train.LoggingConfig(log_level="INFO" if debug else "CRITICAL"),
         ),
     )

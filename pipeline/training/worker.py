@@ -26,6 +26,7 @@ from pipeline.batching.plan import padding_share
 from pipeline.core.seams import hold_once
 from pipeline.evaluation.in_training import EvalOutcome
 from pipeline.model.flops import CountingEncoder, EncoderFlops
+from pipeline.tracking.metric_logger import DRAIN_TIMEOUT_S
 from pipeline.training.contract import LoopConfig
 from pipeline.training.epoch_rng import seed_epoch
 from pipeline.training.global_batch import GlobalBatch
@@ -263,12 +264,11 @@ class SimCSEWorker:
         """Send rank 0's remaining metrics (warning about any that could not be sent), then
         wait for every rank, so that no worker leaves while another still reports."""
         if self.logger is not None:
-            timeout = self.cfg.tracking.drain_timeout_s
-            unsent = self.logger.close(timeout)
+            unsent = self.logger.close(DRAIN_TIMEOUT_S)
             if unsent:
                 print(
                     f"[mlflow] warning: {unsent} metric values and tags could not be sent within "
-                    f"tracking.drain_timeout_s={timeout:g}s",
+                    f"{DRAIN_TIMEOUT_S:g}s",
                     flush=True,
                 )
         if dist.is_available() and dist.is_initialized():

@@ -142,8 +142,7 @@ def open_logger(loop_config: LoopConfig, rank: int, state: TrainState, resumed: 
     if rank != 0 or not loop_config.run_id:
         return None
 
-    cfg = loop_config.config
-    logger = MetricLogger(loop_config.tracking_uri, loop_config.run_id, cfg.tracking.flush_every_s)
+    logger = MetricLogger(loop_config.tracking_uri, loop_config.run_id)
     if resumed and state.step > 0:
         logger.log({"train/resumed_at_step": float(state.step)}, state.step)
     return logger
@@ -181,12 +180,7 @@ def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.Abst
     if ray.get_runtime_context().get_node_id() == loop_config.driver_node_id:
         return contextlib.nullcontext()
 
-    return system_metrics(
-        loop_config.tracking_uri,
-        loop_config.run_id,
-        cfg.tracking.system_metrics_interval_s,
-        node_id=f"node_{ctx.get_node_rank()}",
-    )
+    return system_metrics(loop_config.tracking_uri, loop_config.run_id, node_id=f"node_{ctx.get_node_rank()}")
 
 
 @dataclass(frozen=True)

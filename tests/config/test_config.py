@@ -213,6 +213,31 @@ def test_a_removed_mining_key_names_what_decides_it_now(key, replacement):
     assert replacement in message
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "what_decides"),
+    [
+        ("ray.progress_bars", "true", "--debug"),
+        ("ray.train_log_level", "INFO", "--debug"),
+        ("ray.dashboard_host", "0.0.0.0", "ray start --head --dashboard-host"),
+        ("tracking.connect_timeout_s", 2, "15 s"),
+        ("tracking.flush_every_s", 1, "5 s"),
+        ("tracking.drain_timeout_s", 0, "300 s"),
+        ("tracking.system_metrics_interval_s", 1, "10 s"),
+    ],
+)
+def test_an_old_config_with_a_removed_ray_or_tracking_key_says_what_decides_it_now(
+    tmp_path, key, value, what_decides
+):
+    section, name = key.split(".")
+    old = tmp_path / "old.yaml"
+    old.write_text(f"{section}:\n  {name}: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(old)
+    message = str(info.value)
+    assert message.startswith(f"{key} is no longer a config key: ") and "\n" not in message
+    assert what_decides in message
+
+
 @pytest.mark.parametrize("sampler", ["rwr", "clusters", "mixed"])
 def test_a_removed_sampler_names_the_samplers_there_are(tmp_path, sampler):
     old = tmp_path / "old.yaml"

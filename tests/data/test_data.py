@@ -280,20 +280,26 @@ def test_a_dead_tokenizer_actor_fails_the_stage_at_once(ray_local):
     assert "actor died" in str(outcome.get("error")).lower(), outcome
 
 
-def test_progress_bar_notice_is_silenced_when_the_config_turns_bars_off(ray_local):
-    """ray.progress_bars=false (the default) is the config's choice: Ray Data's warning that
-    bars are off is dropped, and only that logger is quietened."""
+def test_progress_bars_are_on_only_with_debug_and_their_notice_is_silenced_without(ray_local):
+    """Ray Data's progress bars are off unless the job runs with --debug; off, Ray Data's
+    warning that they are off is dropped, and only that logger is quietened."""
     import logging
+
+    from ray.data import DataContext
 
     from pipeline.config.loading import load_config
     from pipeline.runtime.cluster import init_ray
 
     progress = logging.getLogger("ray.data._internal.progress")
     assert not progress.isEnabledFor(logging.WARNING) and progress.isEnabledFor(logging.ERROR)
+    assert not DataContext.get_current().enable_progress_bars
     assert logging.getLogger("ray.data").isEnabledFor(logging.WARNING)
-    init_ray(load_config(None, ["ray.progress_bars=true"]))  # joins the running Ray
+    cfg = load_config(None, [])
+    init_ray(cfg, debug=True)  # joins the running Ray
     try:
         assert progress.isEnabledFor(logging.WARNING)
+        assert DataContext.get_current().enable_progress_bars
     finally:
-        init_ray(load_config(None, []))
+        init_ray(cfg)
     assert not progress.isEnabledFor(logging.WARNING)
+    assert not DataContext.get_current().enable_progress_bars

@@ -38,6 +38,15 @@ def test_trainer_reserves_the_configured_gpus_and_picks_the_backend(
     assert trainer.backend_config.backend == backend
 
 
+@pytest.mark.parametrize(("debug", "level"), [(False, "CRITICAL"), (True, "INFO")])
+def test_ray_train_console_logs_are_on_only_with_debug(debug, level, tmp_path, monkeypatch):
+    """Ray Train's failure reports are tracebacks: off unless the job runs with --debug."""
+    monkeypatch.delenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", raising=False)  # build_trainer sets it
+    cfg = load_config(DEMO, [f"run.output_dir={tmp_path}"])
+    trainer = build_trainer(cfg, None, str(tmp_path / "storage"), "log-level", debug=debug)
+    assert trainer.run_config.logging_config.log_level == level
+
+
 @pytest.mark.parametrize("value", ["-1", "-0.5", "1.5"])
 def test_gpus_per_worker_must_be_a_fraction_or_whole_gpus(value):
     with pytest.raises(ConfigError, match=r"train\.gpus_per_worker"):
