@@ -22,17 +22,16 @@ import sys
 from pathlib import Path
 
 from bench.common import REPO, WIKI, argument_parser
+from pipeline.config.data_section import GENERATED_GROUP_SIZE
 from pipeline.config.loading import load_config
 from pipeline.data.synthetic import generate_paraphrase_corpus
 from pipeline.jobs.train_inputs import prepare_model_dir
-
-GROUP_SIZE = 4
 
 
 def write_inputs(out: Path, config: Path, rows: int) -> tuple[Path, Path]:
     """The sentence file and the model folder; returns their paths."""
     cfg = load_config(config)
-    sentences, _ = generate_paraphrase_corpus(-(-rows // GROUP_SIZE), GROUP_SIZE, cfg.run.seed)
+    sentences, _ = generate_paraphrase_corpus(-(-rows // GENERATED_GROUP_SIZE), cfg.run.seed)
     distinct = list(dict.fromkeys(s.strip() for s in sentences if s.strip()))[:rows]
     text_file = out / WIKI
     text_file.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,12 @@ def _pairs(cfg: Config) -> bool:
     return cfg.pairs
 
 
+def _pool_has_columns(cfg: Config) -> bool:
+    """A pairs run reads ``data.text_column`` from a csv/tsv/jsonl/parquet ``data.pool`` (with
+    ``pool_format: auto`` the extension decides, which a rule cannot see: it counts)."""
+    return cfg.data.pool is not None and cfg.data.pool_format not in ("text", "pairs_tsv")
+
+
 def _ivf(cfg: Config) -> bool:
     return cfg.mining.index != "flat"
 
@@ -30,7 +36,7 @@ RULES: list[Rule] = [
     ("train.length_group_batches", lambda cfg: cfg.train.group_by_length),
     ("train.hard_negative_weight", _pairs),
     ("model.tiny.", lambda cfg: cfg.model.name_or_path is None),
-    ("data.text_column", lambda cfg: not _pairs(cfg)),
+    ("data.text_column", lambda cfg: not _pairs(cfg) or _pool_has_columns(cfg)),
     ("data.anchor_column", _pairs),
     ("data.positive_column", _pairs),
     ("data.negative_column", _pairs),
@@ -38,9 +44,6 @@ RULES: list[Rule] = [
     ("data.given_negatives", _pairs),
     ("data.pool", _pairs),
     ("data.pool_format", _pairs),
-    ("data.pool_text_column", _pairs),
-    ("eval.whitening_dim", lambda cfg: cfg.eval.whitening),
-    ("eval.whitening_rows", lambda cfg: cfg.eval.whitening),
     ("tracking.system_metrics_interval_s", lambda cfg: cfg.tracking.system_metrics),
     # Mining: nothing but mining.enabled when no miner runs; then what the chosen mode,
     # index and sampler read.
