@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 from bench.common import REPO, WIKI, argument_parser
+from pipeline.config.data_section import GENERATED_GROUP_SIZE
 from pipeline.config.loading import load_config
 from pipeline.data.synthetic import generate_paraphrase_corpus
 from pipeline.model.tiny import BertShape, build_random_bert_dir
 
-GROUP_SIZE = 4
 BERT_BASE = BertShape(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072, vocab_size=30522)
 """BERT-base's shape: the per-step compute of the model most SimCSE results are quoted for."""
 
@@ -33,7 +33,7 @@ BERT_BASE = BertShape(hidden_size=768, num_layers=12, num_heads=12, intermediate
 def write_inputs(out: Path, config: Path, rows: int, shape: BertShape = BERT_BASE) -> tuple[Path, Path]:
     """The sentence file and the model folder (a random BERT of ``shape``); returns their paths."""
     cfg = load_config(config)
-    sentences, _ = generate_paraphrase_corpus(-(-rows // GROUP_SIZE), GROUP_SIZE, cfg.run.seed)
+    sentences, _ = generate_paraphrase_corpus(-(-rows // GENERATED_GROUP_SIZE), cfg.run.seed)
     distinct = list(dict.fromkeys(s.strip() for s in sentences if s.strip()))[:rows]
     text_file = out / WIKI
     text_file.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import GIB, Benchmark, PeakRss, machine_report
+from pipeline.config.data_section import GENERATED_GROUP_SIZE
 from pipeline.data.synthetic import generate_paraphrase_corpus
 from pipeline.data.tokenize import tokenize_table
 from pipeline.data.tokenized import TokenizedCorpus
@@ -53,7 +54,9 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
     torch.set_num_threads(os.cpu_count() or 1)
     results: dict = {}
     print(f"rows={rows} index={index_kind}", flush=True)
-    texts = stage("generate", results, lambda: generate_paraphrase_corpus(rows // 4, 4, seed=1)[0])
+    texts = stage(
+        "generate", results, lambda: generate_paraphrase_corpus(rows // GENERATED_GROUP_SIZE, seed=1)[0]
+    )
     tokenizer = load_tokenizer(model_dir)
 
     def tokenize():
@@ -107,7 +110,7 @@ def main() -> None:
     kinds = args.index or ["flat"]
 
     with tempfile.TemporaryDirectory() as tmp:
-        sample, _ = generate_paraphrase_corpus(2000, 4, seed=1)
+        sample, _ = generate_paraphrase_corpus(2000, seed=1)
         model_dir = args.model or build_random_bert_dir(
             sample, Path(tmp) / "tiny", max_seq_len=32, dropout=0.1, seed=0
         )

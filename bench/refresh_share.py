@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, Benchmark, machine_report, run_train_job
+from pipeline.config.data_section import GENERATED_GROUP_SIZE
 
 BENCHMARK = Benchmark(__spec__.name, "Refresh share of an epoch, sync and async")
 
 MODES = ("off", "sync", "async")
-GROUP_SIZE = 4
 
 
 def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -56,8 +56,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     overrides = [
         f"run.name=refresh-share-{mode}",
         f"run.output_dir={workdir / 'runs'}",
-        f"data.generated.num_groups={args.rows // GROUP_SIZE}",
-        f"data.generated.group_size={GROUP_SIZE}",
+        f"data.generated.num_groups={args.rows // GENERATED_GROUP_SIZE}",
         "data.generated.sts_pairs=0",  # no evaluation: boundaries hold only the refresh
         f"train.epochs={args.epochs}",
         "train.log_every=50",
@@ -237,7 +236,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--copy-dbs", type=Path, metavar="DIR", help="copy each mode's MLflow store to DIR")
     args = parser.parse_args(argv)
-    if args.rows < 4 * GROUP_SIZE or args.epochs < 2:
+    if args.rows < 4 * GENERATED_GROUP_SIZE or args.epochs < 2:
         parser.error("--rows must be >= 16 and --epochs >= 2 (a refresh happens between epochs)")
     return args
 

@@ -43,7 +43,7 @@ def load_script(relative_path: str, name: str):
 def paraphrase_corpus():
     from pipeline.data.synthetic import generate_paraphrase_corpus
 
-    return generate_paraphrase_corpus(num_groups=300, group_size=4, seed=3)
+    return generate_paraphrase_corpus(num_groups=300, seed=3)
 
 
 @pytest.fixture(scope="session")

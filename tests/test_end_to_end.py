@@ -49,7 +49,6 @@ def test_demo_trains_mines_and_logs(tmp_path):
     proc = _run_job(
         tmp_path,
         "train.epochs=3",
-        "eval.whitening=true",
         "eval.every_steps=10",
         "checkpoint.every_steps=10",
         "tracking.register_as=demo-encoder",
@@ -113,13 +112,14 @@ def test_demo_trains_mines_and_logs(tmp_path):
     ]
 
     # STS at the start, every 10 steps and every epoch end; the best evaluation after the start
-    # (by the whitened score of the first file, since whitening is on), mid-epoch or not, is
-    # exported with its whitening layer, although newer checkpoints replaced its own.
-    key = "eval/sts_generated_sts_spearman_whitened"
+    # (by the first file's Spearman), mid-epoch or not, is exported, although newer checkpoints
+    # replaced its own.
+    key = "eval/sts_generated_sts_spearman"
     history = {m.step: m.value for m in client.get_metric_history(run_id, key)}
     assert sorted(history) == [0, 10, 20, 25, 30, 40, 50, 60, 70, 75]
-    for name in ("spearman", "alignment", "uniformity"):
+    for name in ("alignment", "uniformity"):
         assert len(client.get_metric_history(run_id, f"eval/sts_generated_sts_{name}")) == 10
+    assert not any("whitened" in k for k in run.data.metrics)  # training fits no whitening
     best_step = max((step for step in sorted(history) if step > 0), key=history.get)
     best = best_step / 25
     assert run.data.tags["simcse.exported_step"] == str(best_step)
@@ -136,9 +136,9 @@ def test_demo_trains_mines_and_logs(tmp_path):
     from pipeline.evaluation.scoring import evaluate_model_dir
 
     export = tmp_path / "runs/demo/model"
-    assert (export / "2_Dense/model.safetensors").exists()
+    assert not (export / "2_Dense").exists()  # no whitening layer
     rescored = evaluate_model_dir(export, [str(tmp_path / "runs/demo/generated_sts.tsv")], max_seq_len=32)
-    assert rescored[0].spearman_whitened == pytest.approx(history[best_step], abs=0.05)
+    assert rescored[0].spearman == pytest.approx(history[best_step], abs=0.05)
 
     # The run's model is its output at the exported step, and the metrics MLflow shows on the
     # model's page are that model's own evaluation (not the untrained model's at step 0).
@@ -147,8 +147,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     logged = client.get_logged_model(output.model_id)
     linked = {m.key: m for m in logged.metrics}
     assert {m.step for m in logged.metrics} == {best_step}
-    assert linked[key].value == pytest.approx(rescored[0].spearman_whitened, abs=0.05)
-    assert linked["eval/sts_generated_sts_spearman"].value == pytest.approx(rescored[0].spearman, abs=0.05)
+    assert linked[key].value == pytest.approx(rescored[0].spearman, abs=0.05)
     assert not any(k.startswith(("system/", "train/", "mining/")) for k in linked)
     # A model a registry user recognises: named after the run, described, and tagged with the
     # data it was trained on (the run's dataset digest).
@@ -161,16 +160,11 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # Its scores under stable names, to sort and compare runs on what they ship.
     metrics = run.data.metrics
     assert metrics["best/step"] == best_step and "best/epoch" not in metrics  # the epoch is a tag
-    assert metrics["best/score"] == history[best_step]  # whitened score of the first file selects
+    assert metrics["best/score"] == history[best_step]  # the first file's Spearman selects
     assert linked["best/score"].value == history[best_step]
     assert {k for k in metrics if k.startswith("best/")} == {"best/score", "best/step"}  # two dots, not 8
     tags = run.data.tags
-    assert float(tags["best.sts_generated_sts_spearman_whitened"]) == pytest.approx(
-        history[best_step], rel=1e-3
-    )
-    assert float(tags["best.sts_generated_sts_spearman"]) == pytest.approx(
-        linked["eval/sts_generated_sts_spearman"].value, rel=1e-3
-    )
+    assert float(tags["best.sts_generated_sts_spearman"]) == pytest.approx(history[best_step], rel=1e-3)
     best_runs = client.search_runs([run.info.experiment_id], order_by=["metrics.`best/score` DESC"])
     assert best_runs[0].info.run_id == run_id
 
@@ -220,26 +214,24 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert run.data.tags["versions.torch"] == torch.__version__ and "versions.ray" in run.data.tags
 
     # The run's MLflow model (sentence-transformers flavor), registered under the configured name,
-    # gives the pipeline's (whitened) embeddings; so do AutoModel + whitening and SentenceTransformer.
+    # gives the pipeline's embeddings; so does AutoModel with the pooling.
     (version,) = client.search_model_versions("name='demo-encoder'")
     assert version.run_id == run_id and f"  registered    demo-encoder/{version.version}" in out
-    assert float(version.tags["eval/sts_generated_sts_spearman_whitened"]) == pytest.approx(
+    assert float(version.tags["eval/sts_generated_sts_spearman"]) == pytest.approx(
         history[best_step], abs=1e-3
     )
     assert version.tags["source_run"] == run_id and version.description == description
     assert version.tags["data.digest"] == run.data.tags["data.digest"]
     sentences = ["Zonouku pai nabrou.", "Truvikai voze noura."]
-    from pipeline.evaluation.whitening import load_whitening
     from pipeline.model.encode import encode_texts
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer
 
     raw = encode_texts(load_sentence_encoder(export), load_tokenizer(export), sentences, 32, 8,
                        torch.device("cpu"), normalize=False)  # fmt: skip
-    ours = load_whitening(export).apply(raw)
     mlflow.set_tracking_uri(client.tracking_uri)  # models:/ URIs resolve against the global registry
     registered = mlflow.sentence_transformers.load_model(f"models:/demo-encoder/{version.version}")
-    assert np.abs(registered.encode(sentences) - ours).max() < 1e-5
+    assert np.abs(registered.encode(sentences) - raw).max() < 1e-5
     tokenizer = AutoTokenizer.from_pretrained(export)
     model = AutoModel.from_pretrained(export).eval()
     with torch.no_grad():

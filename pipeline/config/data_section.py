@@ -8,17 +8,18 @@ from typing import Literal
 
 from pipeline.config.check import Check
 
+GENERATED_GROUP_SIZE = 4
+"""Sentences per paraphrase group of the generated corpus. Fixed: the corpus exists for the demo
+and the tests, and its size is set by ``data.generated.num_groups`` alone."""
+
 
 @dataclass
 class GeneratedCorpusSection:
     """A synthetic corpus of paraphrase groups, used when ``data.path`` is unset."""
 
     num_groups: int = 300
-    """Paraphrase groups: sentences of one group share most of their words."""
-    group_size: int = 4
-    """Sentences per group (the corpus has ``num_groups x group_size`` before dedup)."""
-    seed: int = 0
-    """Seed of the generator (vocabulary, groups, noise)."""
+    """Paraphrase groups of :data:`GENERATED_GROUP_SIZE` sentences; sentences of one group
+    share most of their words."""
     sts_pairs: int = 0
     """Also write an STS file of this many scored pairs over the generated sentences and
     evaluate on it first (before any ``eval.sts`` files). 0: none."""
@@ -27,9 +28,13 @@ class GeneratedCorpusSection:
         """This section's rules (see :data:`Check`)."""
         return [
             ("data.generated.num_groups", self.num_groups >= 1, "must be >= 1"),
-            ("data.generated.group_size", self.group_size >= 1, "must be >= 1"),
             ("data.generated.sts_pairs", self.sts_pairs >= 0, "must be >= 0"),
         ]
+
+    @property
+    def sentences(self) -> int:
+        """Sentences of the generated corpus (before the cleaning stage's dedup)."""
+        return self.num_groups * GENERATED_GROUP_SIZE
 
 
 @dataclass
@@ -41,7 +46,8 @@ class DataSection:
     ``pairs_tsv``: pairs without a header, tab-separated, no quoting, 2 or 3 fields per line
     (sentence1, sentence2[, label]), as STS-B and the Twitter URL corpus are written."""
     text_column: str = "text"
-    """Column holding the sentence for csv/tsv/jsonl/parquet."""
+    """The column of single texts in a csv/tsv/jsonl/parquet file: the corpus' sentences
+    (``task: corpus``), the candidate pool's texts (``task: pairs`` with ``data.pool``)."""
     anchor_column: str = "anchor"
     """Pair inputs (``jobs/mine.py``): the anchor column."""
     positive_column: str = "positive"
@@ -59,20 +65,15 @@ class DataSection:
     """Pair inputs: a corpus (file, folder or URI) whose distinct texts, with the distinct
     positives, are the candidates negatives are mined from. ``None``: the distinct positives."""
     pool_format: Literal["auto", "text", "csv", "tsv", "jsonl", "parquet", "pairs_tsv"] = "auto"
-    """Format of ``pool``, as ``format`` (``pairs_tsv``: every sentence2 of the file)."""
-    pool_text_column: str = "text"
-    """The text column of a csv/tsv/jsonl/parquet ``pool``."""
+    """Format of ``pool``, as ``format`` (``pairs_tsv``: every sentence2 of the file); a
+    csv/tsv/jsonl/parquet pool's texts are its ``text_column``."""
     max_seq_len: int = 32
     max_rows: int | None = None
     """Train on at most this many rows: for a text corpus a fixed pseudo-random sample of the
     distinct sentences (the first by content hash), for pair files the first rows. ``None``: all."""
-    tokenize_batch_size: int = 1024
     tokenize_num_cpus: float = 0.25
     """CPUs reserved per Ray Data cleaning task and tokenizer actor (fractions work on small
-    machines)."""
-    tokenize_actors: int = 2
-    """Most tokenizer actors in the Ray Data pool. Each loads the tokenizer once; raise it
-    with the cluster's CPUs."""
+    machines). The tokenizer pool grows from 1 actor to as many as the cluster's CPUs hold."""
     generated: GeneratedCorpusSection = field(default_factory=GeneratedCorpusSection)
 
     def checks(self) -> list[Check]:
@@ -85,8 +86,6 @@ class DataSection:
                 not (self.negative_column and self.label_column),
                 "must be unset with data.label_column (label-0 rows are the given negatives)",
             ),
-            ("data.tokenize_batch_size", self.tokenize_batch_size >= 1, "must be >= 1"),
             ("data.tokenize_num_cpus", self.tokenize_num_cpus > 0, "must be > 0"),
-            ("data.tokenize_actors", self.tokenize_actors >= 1, "must be >= 1"),
             *self.generated.checks(),
         ]

@@ -1,10 +1,9 @@
-"""The ``eval`` section: the STS files and retrieval sets evaluated during training,
-whitening, and the metric that picks the exported model (``select_by``)."""
+"""The ``eval`` section: the STS files and retrieval sets evaluated during training, and the
+metric that picks the exported model (``select_by``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from pipeline.config.check import Check
 
@@ -14,23 +13,13 @@ class EvalSection:
     sts: list[str] = field(default_factory=list)
     """STS files evaluated at the start, at every epoch end and every ``every_steps`` (Spearman
     x 100 of cosine similarity). The first one picks the best checkpoint, which is what the
-    job exports. Empty: no evaluation, and the last epoch is exported."""
-    format: Literal["auto", "stsb", "cnsd", "csv", "tsv", "jsonl"] = "auto"
-    """Format of every ``eval.sts`` file (``auto`` tells them apart by name and first line)."""
+    job exports. Empty: no evaluation, and the last epoch is exported. Files are told apart by
+    name and first line: the STS-B release, CNSD, or csv/tsv/jsonl with ``sentence1``,
+    ``sentence2``, ``score``. A pair whose gold score is at least 0.8 x the scale's top (4 on
+    0-5, 0.8 on 0-1) is a positive: for alignment and paraphrase retrieval."""
     every_steps: int = 0
     """Also evaluate every N optimizer steps. Any evaluation can pick the exported model, not
     only epoch ends. 0: off."""
-    positive_threshold: float = 4.0
-    """Gold score from which an STS pair counts as a positive: for the alignment metric, and as
-    a paraphrase-retrieval query (its first sentence must find its second among every
-    sentence of the file: ``mrr_at_10``, ``recall_at_1``)."""
-    whitening: bool = False
-    """Fit BERT-whitening on corpus embeddings at each evaluation, report STS with and without
-    it, pick the best checkpoint by the whitened score and export the whitening layer."""
-    whitening_dim: int | None = None
-    """Keep the first k whitened dimensions (``None``: all)."""
-    whitening_rows: int = 10_000
-    """Corpus sentences (a fixed random sample) the whitening is fitted on."""
     retrieval: list[str] = field(default_factory=list)
     """Retrieval sets evaluated with the STS files (nDCG@10, MRR@10, Recall@1/@10/@100 x 100 of
     cosine similarity, logged as ``eval/retrieval_<set>_ndcg_at_10`` ...): BEIR folders
@@ -40,17 +29,15 @@ class EvalSection:
     the first set's nDCG@10 picks the exported model."""
     select_by: str | None = None
     """The metric that picks the exported model, as logged without ``eval/``:
-    ``sts_<file>_{spearman,spearman_whitened,mrr_at_10,recall_at_1}`` or
+    ``sts_<file>_{spearman,mrr_at_10,recall_at_1}`` or
     ``retrieval_<set>_{ndcg_at_10,mrr_at_10,recall_at_1,recall_at_10,recall_at_100}``
-    (higher is better). ``None``: the first STS file's Spearman (whitened with ``whitening``),
-    else the first retrieval set's nDCG@10."""
+    (higher is better). ``None``: the first STS file's Spearman, else the first retrieval set's
+    nDCG@10."""
 
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""
         return [
             ("eval.every_steps", self.every_steps >= 0, "must be >= 0"),
-            ("eval.whitening_dim", self.whitening_dim is None or self.whitening_dim >= 1, "must be >= 1"),
-            ("eval.whitening_rows", self.whitening_rows >= 2, "must be >= 2"),
             ("eval.retrieval", all(p.strip() for p in self.retrieval), "must not hold an empty path"),
             (
                 "eval.select_by",
@@ -66,17 +53,11 @@ class EvalSection:
                 not (self.select_by or "").startswith("retrieval_") or bool(self.retrieval),
                 "names a retrieval metric but eval.retrieval is empty",
             ),
-            (
-                "eval.select_by",
-                not ((self.select_by or "").startswith("retrieval_") and self.whitening),
-                "names a retrieval metric, which scores the plain embeddings, but eval.whitening "
-                "would export a whitened model; turn one off",
-            ),
         ]
 
 
 SELECTABLE_METRICS = {
-    "sts": ("spearman", "spearman_whitened", "mrr_at_10", "recall_at_1"),
+    "sts": ("spearman", "mrr_at_10", "recall_at_1"),
     "retrieval": ("ndcg_at_10", "mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100"),
 }
 """The metrics ``eval.select_by`` may name, per kind of set (higher is better for each)."""

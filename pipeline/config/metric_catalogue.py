@@ -71,11 +71,10 @@ _TRAIN = [
 ]
 _EVAL = [
     MetricSpec("eval/sts_{set}_spearman", "chart", "Spearman x 100 of cosine similarity against gold, per STS file."),
-    MetricSpec("eval/sts_{set}_spearman_whitened", "chart", "The same after BERT-whitening (eval.whitening)."),
     MetricSpec("eval/sts_{set}_alignment", "chart", "Alignment: mean squared distance of gold-positive pairs."),
     MetricSpec("eval/sts_{set}_uniformity", "chart", "Uniformity: log mean Gaussian potential over random pairs."),
     MetricSpec("eval/sts_{set}_mrr_at_10", "chart", "Paraphrase retrieval inside the STS file: MRR@10 x 100."),
-    MetricSpec("eval/sts_{set}_recall_at_1", "chart", "The same: Recall@1 x 100 (see eval.positive_threshold)."),
+    MetricSpec("eval/sts_{set}_recall_at_1", "chart", "The same: Recall@1 x 100 (positives: gold >= 0.8 x the scale's top)."),
     MetricSpec("eval/retrieval_{set}_{metric}", "chart", "nDCG@10, MRR@10, Recall@1/@10/@100 x 100, per retrieval set."),
     MetricSpec("eval/score", "chart", "The score that selects the exported model (eval.select_by)."),
     MetricSpec("eval/seconds", "chart", "Wall time of the evaluation."),

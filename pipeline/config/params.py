@@ -20,9 +20,15 @@ def _pairs(cfg: Config) -> bool:
     return cfg.pairs
 
 
+def _pool_has_columns(cfg: Config) -> bool:
+    """A pairs run reads ``data.text_column`` from a csv/tsv/jsonl/parquet ``data.pool`` (with
+    ``pool_format: auto`` the extension decides, which a rule cannot see: it counts)."""
+    return cfg.data.pool is not None and cfg.data.pool_format not in ("text", "pairs_tsv")
+
+
 RULES: list[Rule] = [
     ("train.hard_negative_weight", _pairs),
-    ("data.text_column", lambda cfg: not _pairs(cfg)),
+    ("data.text_column", lambda cfg: not _pairs(cfg) or _pool_has_columns(cfg)),
     ("data.anchor_column", _pairs),
     ("data.positive_column", _pairs),
     ("data.negative_column", _pairs),
@@ -30,9 +36,6 @@ RULES: list[Rule] = [
     ("data.given_negatives", _pairs),
     ("data.pool", _pairs),
     ("data.pool_format", _pairs),
-    ("data.pool_text_column", _pairs),
-    ("eval.whitening_dim", lambda cfg: cfg.eval.whitening),
-    ("eval.whitening_rows", lambda cfg: cfg.eval.whitening),
     # Mining: nothing but mining.refresh when no miner runs; then what the chosen mode,
     # index and sampler read.
     ("mining.", lambda cfg: cfg.runs_miner),

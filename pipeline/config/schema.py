@@ -27,6 +27,10 @@ _REMOVED_INDEX = (
     "measured in docs/benchmarks.md); keep mining.index and delete the key"
 )
 _REMOVED_ENCODE_BATCH = "the device decides it (64 sentences on a CPU, 1024 on a GPU); delete the key"
+_REMOVED_WHITENING = (
+    "training fits and exports no whitening (it cost a trained model 1-2 STS points, docs/results.md); "
+    "delete the key, and whiten post hoc with jobs/evaluate.py --whiten-on"
+)
 REMOVED_KEYS = {
     "mining.negative_mode": "write `task: pairs` at the top of the config for triplet, "
     "`task: corpus` (the default) for neighbourhood",
@@ -66,6 +70,20 @@ REMOVED_KEYS = {
     "tracking.flush_every_s": "metrics are sent every train.log_every steps and at least every 5 s; delete the key",
     "tracking.drain_timeout_s": "unsent metrics are retried for a fixed 300 s after training; delete the key",
     "tracking.system_metrics_interval_s": "system metrics are sampled every 10 s; delete the key",
+    "data.tokenize_batch_size": "tokenization batches are a fixed 1024 rows; delete the key",
+    "data.tokenize_actors": "the tokenizer pool grows to what the cluster's CPUs hold at "
+    "data.tokenize_num_cpus each; delete the key",
+    "data.generated.group_size": "generated paraphrase groups are 4 sentences; set the size with "
+    "data.generated.num_groups",
+    "data.generated.seed": "the generated corpus is fixed (seed 0); delete the key",
+    "data.pool_text_column": "a csv/tsv/jsonl/parquet pool's texts are data.text_column; write the "
+    "column there",
+    "eval.format": "STS files are told apart by name and first line; delete the key",
+    "eval.whitening": _REMOVED_WHITENING,
+    "eval.whitening_dim": _REMOVED_WHITENING + " --whitening-dim",
+    "eval.whitening_rows": _REMOVED_WHITENING + " --whitening-rows",
+    "eval.positive_threshold": "a pair is a positive from 0.8 x its file's gold scale (4 on 0-5); "
+    "delete the key",
 }
 """Keys an older config may still carry, and what to write instead (one line each)."""
 
@@ -137,7 +155,7 @@ class Config:
         for key, ok, message in [*checks, *self.task_checks()]:
             if not ok:
                 raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
-        generated = self.data.generated.num_groups * self.data.generated.group_size
+        generated = self.data.generated.sentences
         if self.data.path is None and not self.pairs and generated < self.train.batch_size:
             raise ConfigError(
                 f"train.batch_size ({self.train.batch_size}) is larger than the generated corpus "

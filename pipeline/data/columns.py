@@ -14,8 +14,9 @@ from pipeline.core.errors import DataError
 
 
 def corpus_columns(section: DataSection) -> dict[str, str]:
-    """Config key -> column the unsupervised corpus reader needs
-    (:func:`~pipeline.data.readers.read_corpus`)."""
+    """Config key -> column a reader of single texts needs: the unsupervised corpus reader
+    (:func:`~pipeline.data.readers.read_corpus`) and, for ``task: pairs``, the candidate-pool
+    reader of a csv/tsv/jsonl/parquet ``data.pool`` (:func:`~pipeline.data.pairs.read_pool`)."""
     return {"data.text_column": section.text_column}
 
 
@@ -35,12 +36,6 @@ def pair_columns(section: DataSection) -> dict[str, str]:
     if section.negative_column and section.given_negatives:
         columns["data.negative_column"] = section.negative_column
     return columns
-
-
-def pool_columns(section: DataSection) -> dict[str, str]:
-    """Config key -> column the candidate-pool reader needs: ``data.pool_text_column`` of a
-    csv/tsv/jsonl/parquet ``data.pool``."""
-    return {"data.pool_text_column": section.pool_text_column}
 
 
 def require_column_names(names: Sequence[str], path: str, wanted: dict[str, str]) -> None:

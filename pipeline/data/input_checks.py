@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
-from pipeline.data.columns import corpus_columns, pair_columns, pool_columns, require_column_names
+from pipeline.data.columns import corpus_columns, pair_columns, require_column_names
 from pipeline.data.delimited import (
     csv_parse_options,
     csv_read_options,
@@ -155,7 +155,7 @@ def check_corpus_columns(section: DataSection, *, pairs: bool) -> None:
     elif section.pool is not None:
         check_corpus_path(section.pool, key="data.pool")
         pool_fmt = infer_format(section.pool, section.pool_format, key="data.pool_format")
-        _check_columns(section.pool, pool_fmt, pool_columns(section), "data.pool")
+        _check_columns(section.pool, pool_fmt, corpus_columns(section), "data.pool")
     wanted = pair_columns(section) if pairs else corpus_columns(section)
     _check_columns(section.path, fmt, wanted, "data.path")
 

@@ -15,7 +15,7 @@ import ray
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
-from pipeline.data.columns import pair_columns, pool_columns, require_columns, require_text_column
+from pipeline.data.columns import corpus_columns, pair_columns, require_columns, require_text_column
 from pipeline.data.delimited import require_pairs_tsv_fields
 from pipeline.data.formats import infer_format
 from pipeline.data.pair_labels import label_is_positive, round_robin_negatives
@@ -198,16 +198,16 @@ def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | 
 
 def read_pool(section: DataSection) -> pa.Array:
     """The distinct non-empty texts of ``data.pool`` in first-seen order: lines of a text
-    file, ``data.pool_text_column`` of a csv/tsv/jsonl/parquet file, every sentence2 of a
+    file, ``data.text_column`` of a csv/tsv/jsonl/parquet file, every sentence2 of a
     ``pairs_tsv`` file.
 
     Raises:
-        DataError: naming ``data.pool`` (unreadable, no text) or ``data.pool_text_column``.
+        DataError: naming ``data.pool`` (unreadable, no text) or ``data.text_column``.
     """
     path = section.pool
     assert path is not None
     fmt = infer_format(path, section.pool_format, key="data.pool_format")
-    columns = pool_columns(section)
+    columns = corpus_columns(section)
     with reading(path, fmt, key="data.pool"):
         ds = read_dataset(path, fmt, text_columns=list(columns.values()))
         if fmt == "text":
@@ -217,8 +217,8 @@ def read_pool(section: DataSection) -> pa.Array:
             texts = _table(ds, ["sentence2"]).column("sentence2")
         else:
             require_columns(ds, path, columns)
-            require_text_column(ds, path, "data.pool_text_column", section.pool_text_column)
-            texts = _table(ds, [section.pool_text_column]).column(section.pool_text_column)
+            require_text_column(ds, path, "data.text_column", section.text_column)
+            texts = _table(ds, [section.text_column]).column(section.text_column)
     cleaned = _clean_text(texts)
     distinct = one_array(pc.unique(pc.filter(cleaned, pa.array(_non_empty(cleaned)))))
     if not len(distinct):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.config.data_section import GENERATED_GROUP_SIZE
+
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "st", "tr", "pl"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
 _FILLERS = ["the", "a", "of", "and", "then", "very", "so", "just"]
@@ -26,9 +28,9 @@ def _vocabulary(size: int, rng: np.random.Generator) -> list[str]:
 
 
 def generate_paraphrase_corpus(
-    num_groups: int, group_size: int, seed: int = 0, words_per_sentence: int = 9
+    num_groups: int, seed: int = 0, words_per_sentence: int = 9
 ) -> tuple[list[str], np.ndarray]:
-    """Generate ``num_groups * group_size`` distinct sentences in paraphrase groups.
+    """Generate ``num_groups * GENERATED_GROUP_SIZE`` distinct sentences in paraphrase groups.
 
     Returns:
         ``(sentences, group)`` where ``group[i]`` is the group index of ``sentences[i]``.
@@ -43,7 +45,7 @@ def generate_paraphrase_corpus(
     for g in range(num_groups):
         base = vocab[rng.choice(len(vocab), size=words_per_sentence, replace=False)].tolist()
         made = 0
-        while made < group_size:
+        while made < GENERATED_GROUP_SIZE:
             words = list(base)
             for _ in range(rng.integers(1, 3)):
                 words[rng.integers(len(words))] = vocab[rng.integers(len(vocab))]
@@ -60,14 +62,14 @@ def generate_paraphrase_corpus(
     return [sentences[i] for i in order], np.asarray(groups)[order]
 
 
-def write_generated_corpus(path: str | Path, num_groups: int, group_size: int, seed: int = 0) -> int:
+def write_generated_corpus(path: str | Path, num_groups: int) -> int:
     """Write a generated corpus as one sentence per line, with the messiness real files have.
 
     A few blank lines, stray whitespace and exact repeats are mixed in so that the cleaning
     stage has something to do. Returns the number of lines written.
     """
-    sentences, _ = generate_paraphrase_corpus(num_groups, group_size, seed)
-    rng = np.random.default_rng(seed + 1)
+    sentences, _ = generate_paraphrase_corpus(num_groups)
+    rng = np.random.default_rng(1)
     lines: list[str] = []
     for text in sentences:
         lines.append(f"  {text} " if rng.random() < 0.05 else text)
@@ -81,23 +83,21 @@ def write_generated_corpus(path: str | Path, num_groups: int, group_size: int, s
     return len(lines)
 
 
-def write_generated_sts(
-    path: str | Path, num_groups: int, group_size: int, num_pairs: int, seed: int = 0
-) -> int:
+def write_generated_sts(path: str | Path, num_groups: int, num_pairs: int) -> int:
     """Write an STS file (STS-B's tab-separated layout) over the generated corpus's sentences.
 
     Half the pairs come from one paraphrase group, half from two; the gold score is 5 x the
     Jaccard overlap of the two sentences' word sets, so it is graded and an encoder that
     learns the group structure ranks pairs well. Returns the number of pairs written.
     """
-    sentences, group = generate_paraphrase_corpus(num_groups, group_size, seed)
-    rng = np.random.default_rng(seed + 2)
+    sentences, group = generate_paraphrase_corpus(num_groups)
+    rng = np.random.default_rng(2)
     members: dict[int, list[int]] = {}
     for i, g in enumerate(group.tolist()):
         members.setdefault(g, []).append(i)
     lines = []
     for k in range(num_pairs):
-        if k % 2 == 0 and group_size > 1:
+        if k % 2 == 0:
             a, b = rng.choice(members[int(rng.integers(num_groups))], size=2, replace=False)
         else:
             a, b = rng.choice(len(sentences), size=2, replace=False)

@@ -12,6 +12,11 @@ import pyarrow.compute as pc
 
 from pipeline.config.data_section import DataSection
 
+ROWS_PER_BATCH = 1024
+"""Rows per tokenization batch (and per Ray Data block). Fixed: large enough that Ray Data's
+per-batch cost is small beside the tokenization, small enough that a corpus of 100k sentences
+still gives about a hundred blocks to spread over the actors."""
+
 
 @dataclass
 class TokenizeStats:
@@ -157,8 +162,11 @@ def tokenize_corpus_with_stats(
     import ray
     import ray.data
 
-    rows_per_block = max(section.tokenize_batch_size, 1)
-    blocks = [corpus.slice(start, rows_per_block) for start in range(0, corpus.num_rows, rows_per_block)]
+    blocks = [corpus.slice(start, ROWS_PER_BATCH) for start in range(0, corpus.num_rows, ROWS_PER_BATCH)]
+    # The pool grows from one actor to what the cluster's CPUs hold at data.tokenize_num_cpus
+    # each, and never past one actor per block (each actor loads the tokenizer once).
+    cluster_actors = int(ray.cluster_resources().get("CPU", 0) / section.tokenize_num_cpus)
+    max_actors = max(1, min(cluster_actors, len(blocks)))
     with warnings.catch_warnings():
         # Ray (2.60) takes max_restarts only through map_batches' **ray_remote_args, which it
         # marks deprecated (removal planned for 2.64) without a named replacement yet.
@@ -168,9 +176,9 @@ def tokenize_corpus_with_stats(
         ds = ray.data.from_arrow_refs([ray.put(block) for block in blocks]).map_batches(
             _TokenizeBatches,
             batch_format="pyarrow",
-            batch_size=section.tokenize_batch_size,
+            batch_size=ROWS_PER_BATCH,
             num_cpus=section.tokenize_num_cpus,
-            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=section.tokenize_actors),
+            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max_actors),
             fn_constructor_kwargs={"tokenizer": tokenizer, "max_seq_len": section.max_seq_len},
             # Ray Data restarts pool actors without limit by default. Tokenizing is a short
             # stage at job start, before any training, so a dead tokenizer actor fails the job

@@ -1,1 +1,1 @@
-"""Evaluation: STS files, scoring, diagnostics and whitening."""
+"""Evaluation: STS files, scoring, diagnostics and post-hoc whitening."""

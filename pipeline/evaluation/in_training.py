@@ -1,7 +1,7 @@
 """STS and retrieval evaluation inside the train loop, sharded over the workers.
 
-Every worker encodes its slice of the STS sentences, of the retrieval sets' texts (and of
-the whitening sample), the slices are gathered to rank 0, and rank 0 scores them. Evaluation
+Every worker encodes its slice of the STS sentences and of the retrieval sets' texts, the
+slices are gathered to rank 0, and rank 0 scores them. Evaluation
 then costs each worker 1/world of the encoding instead of idling while rank 0 encodes
 everything.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +23,6 @@ from pipeline.evaluation.retrieval_scoring import (
     score_retrieval_embeddings,
 )
 from pipeline.evaluation.scoring import STSEvalSet, STSScore, score_embeddings
-from pipeline.evaluation.whitening import Whitening, fit_whitening
 from pipeline.model.encode import sharded_encode
 from pipeline.model.encoder import SentenceEncoder
 
@@ -34,7 +32,6 @@ class EvalOutcome:
     """Rank 0's result of one evaluation."""
 
     scores: list[STSScore]
-    whitening: Whitening | None
     retrieval: list[RetrievalSetScore] = field(default_factory=list)
     select_by: str | None = None
     """``eval.select_by``: the metric that picks the best checkpoint (None: the default)."""
@@ -42,12 +39,11 @@ class EvalOutcome:
     @property
     def selection_score(self) -> float:
         """What picks the best checkpoint: the ``select_by`` metric (NaN where it was not
-        measured), else the first STS file's score (whitened when whitening is on), else the
-        first retrieval set's nDCG@10."""
+        measured), else the first STS file's Spearman, else the first retrieval set's nDCG@10."""
         if self.select_by is not None:
             return self._set_metrics().get(self.select_by, math.nan)
         if self.scores:
-            return self.scores[0].selection_score
+            return self.scores[0].spearman
         return self.retrieval[0].ndcg_at_10
 
     def _set_metrics(self) -> dict[str, float]:
@@ -66,21 +62,17 @@ class EvalOutcome:
         parts = []
         if self.scores:
             first = self.scores[0]
-            whitened = (
-                f" ({first.spearman_whitened:.2f} whitened)" if first.spearman_whitened is not None else ""
-            )
             parts.append(
-                f"{first.name} spearman {first.spearman:.2f}{whitened}, "
+                f"{first.name} spearman {first.spearman:.2f}, "
                 f"alignment {first.alignment:.3f}, uniformity {first.uniformity:.3f}"
             )
         parts += [f"{r.name} ndcg@10 {r.ndcg_at_10:.2f}, mrr@10 {r.mrr_at_10:.2f}" for r in self.retrieval]
         return "; ".join(parts)
 
 
-def selectable_metrics(sts_names: list[str], retrieval_names: list[str], whitening: bool) -> list[str]:
+def selectable_metrics(sts_names: list[str], retrieval_names: list[str]) -> list[str]:
     """Every metric ``eval.select_by`` can name for these STS files and retrieval sets."""
-    sts_metrics = [m for m in SELECTABLE_METRICS["sts"] if whitening or m != "spearman_whitened"]
-    return [f"sts_{metric_key(n)}_{m}" for n in sts_names for m in sts_metrics] + [
+    return [f"sts_{metric_key(n)}_{m}" for n in sts_names for m in SELECTABLE_METRICS["sts"]] + [
         f"retrieval_{metric_key(n)}_{m}" for n in retrieval_names for m in SELECTABLE_METRICS["retrieval"]
     ]
 
@@ -89,17 +81,11 @@ def check_eval_sets(section: EvalSection, sts_names: list[str], retrieval_names:
     """The eval section against the sets the job really evaluates (names known once read).
 
     Raises:
-        ConfigError: ``eval.select_by`` names no metric of these sets, or ``eval.whitening``
-            is on with retrieval sets but no STS file (nothing would pick by the whitened score).
+        ConfigError: ``eval.select_by`` names no metric of these sets.
     """
-    if section.whitening and retrieval_names and not sts_names:
-        raise ConfigError(
-            "eval.whitening needs an eval.sts file: retrieval scores the plain embeddings, so a "
-            "retrieval-only run would export a whitening it never measured"
-        )
     if section.select_by is None:
         return
-    choices = selectable_metrics(sts_names, retrieval_names, section.whitening)
+    choices = selectable_metrics(sts_names, retrieval_names)
     if section.select_by not in choices:
         raise ConfigError(
             f"eval.select_by: no metric {section.select_by!r} among the evaluated sets "
@@ -121,9 +107,7 @@ class TrainingEvaluator:
         self,
         section: EvalSection,
         eval_set: STSEvalSet | None,
-        train_corpus: Any,
         *,
-        seed: int,
         rank: int,
         world: int,
         device: torch.device,
@@ -136,13 +120,7 @@ class TrainingEvaluator:
         self.sts_corpus = eval_set.corpus() if eval_set is not None else None
         self.retrieval_set = retrieval_set
         self.retrieval_corpus = retrieval_set.corpus() if retrieval_set is not None else None
-        self.train_corpus = train_corpus
         self.rank, self.world, self.device = rank, world, device
-        self.whitening_rows: np.ndarray | None = None
-        if section.whitening:
-            n = len(train_corpus)
-            take = min(section.whitening_rows, n)
-            self.whitening_rows = np.sort(np.random.default_rng(seed).choice(n, take, replace=False))
 
     def evaluate(self, model: SentenceEncoder) -> EvalOutcome | None:
         """Score the model (in eval mode, no dropout); the outcome on rank 0, None elsewhere."""
@@ -155,26 +133,14 @@ class TrainingEvaluator:
             retrieval_embeddings = sharded_encode(
                 model, self.retrieval_corpus, rows, self.device, self.rank, self.world
             )
-        whitening = None
-        if self.whitening_rows is not None:
-            corpus_embeddings = sharded_encode(
-                model,
-                self.train_corpus,
-                self.whitening_rows,
-                self.device,
-                self.rank,
-                self.world,
-            )
-            if self.rank == 0:
-                whitening = fit_whitening(corpus_embeddings, self.section.whitening_dim)
         if self.rank != 0:
             return None
         scores = []
         if self.eval_set is not None:
             assert embeddings is not None
-            scores = score_embeddings(self.eval_set, embeddings, self.section.positive_threshold, whitening)
+            scores = score_embeddings(self.eval_set, embeddings)
         retrieval = []
         if self.retrieval_set is not None:
             assert retrieval_embeddings is not None
             retrieval = score_retrieval_embeddings(self.retrieval_set, retrieval_embeddings)
-        return EvalOutcome(scores, whitening, retrieval, self.section.select_by)
+        return EvalOutcome(scores, retrieval, self.section.select_by)

@@ -5,8 +5,9 @@ Spearman says whether a model orders pair similarities like the annotators; it s
 what hard negatives are meant to improve, telling a sentence's paraphrase apart from the nearest
 other sentences. The retrieval task measures that on the same file, at no extra encoding:
 
-- a **query** is ``sentence1`` of each pair whose gold score is ``>= positive_threshold`` (4 on
-  the 0-5 scale of STS-B and CNSD), its **answer** is that pair's ``sentence2``;
+- a **query** is ``sentence1`` of each pair whose gold score is ``>=`` the file's
+  ``positive_threshold`` (0.8 x its scale: 4 on the 0-5 scale of STS-B and CNSD), its
+  **answer** is that pair's ``sentence2``;
 - the **pool** is every distinct sentence of the file (both columns), so the distractors are
   the file's other sentences, many of them on the same topic;
 - a query never competes with itself: pool rows with the query's text are left out, and so are

@@ -1,5 +1,5 @@
-"""STS evaluation of an encoder: Spearman x 100, alignment, uniformity, with and without whitening,
-and paraphrase retrieval (MRR@10, recall@1) on the same files.
+"""STS evaluation of an encoder: Spearman x 100, alignment, uniformity, and paraphrase retrieval
+(MRR@10, recall@1) on the same files; ``jobs/evaluate.py`` also scores a post-hoc whitening.
 
 One mechanism serves ``jobs/evaluate.py`` (a model folder on disk) and the train loop (the
 live model, its sentences sharded over the workers): :class:`STSEvalSet` tokenizes the unique
@@ -24,7 +24,7 @@ from pipeline.evaluation.retrieval import nan_mean, paraphrase_retrieval
 from pipeline.evaluation.set_names import with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
 from pipeline.evaluation.text_table import text_table
-from pipeline.evaluation.whitening import Whitening, fit_whitening, load_whitening
+from pipeline.evaluation.whitening import Whitening, fit_whitening
 from pipeline.model.encode import encode_batch_size, encode_rows, encode_texts
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, max_seq_len_of
@@ -39,11 +39,11 @@ class STSScore:
     spearman: float
     """Spearman x 100 of cosine similarity against the gold scores."""
     alignment: float
-    """Over pairs with gold >= the positive threshold (NaN if there are none)."""
+    """Over the positive pairs (gold >= :attr:`STSPairs.positive_threshold`; NaN if none)."""
     uniformity: float
     """Over all of the file's sentences."""
     spearman_whitened: float | None = None
-    """Spearman x 100 after whitening (None: whitening not evaluated)."""
+    """Spearman x 100 after a post-hoc whitening (``jobs/evaluate.py``; None: not evaluated)."""
     mrr_at_10: float = float("nan")
     """Paraphrase retrieval (:mod:`pipeline.evaluation.retrieval`): MRR@10 x 100 of finding each
     positive pair's sentence2 among the file's sentences from its sentence1 (NaN: no positives)."""
@@ -70,11 +70,6 @@ class STSScore:
             out[f"sts_{key}_spearman_whitened"] = self.spearman_whitened
         return {k: v for k, v in out.items() if not math.isnan(v)}
 
-    @property
-    def selection_score(self) -> float:
-        """The score a checkpoint is chosen by: whitened when whitening is on (that is what is exported)."""
-        return self.spearman_whitened if self.spearman_whitened is not None else self.spearman
-
 
 class STSEvalSet(DistinctTexts):
     """The unique sentences of several STS files, tokenized once; ``rows`` holds each file's
@@ -85,9 +80,10 @@ class STSEvalSet(DistinctTexts):
         self.files = files
 
 
-def read_sts_files(paths: list[str], format: str = "auto") -> list[STSPairs]:
-    """Read every file, giving repeated names a numeric suffix so metric keys stay distinct."""
-    return with_distinct_names([read_sts(path, format) for path in paths])
+def read_sts_files(paths: list[str]) -> list[STSPairs]:
+    """Read every file (its format told by name and first line), giving repeated names a
+    numeric suffix so metric keys stay distinct."""
+    return with_distinct_names([read_sts(path) for path in paths])
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -103,13 +99,13 @@ def _cosine_spearman(pairs: STSPairs, unit: np.ndarray, left: np.ndarray, right:
 def score_embeddings(
     eval_set: STSEvalSet,
     embeddings: np.ndarray,
-    positive_threshold: float = 4.0,
     whitening: Whitening | None = None,
 ) -> list[STSScore]:
     """One score per STS file from raw (un-normalised) embeddings of ``eval_set``'s sentences.
 
-    Pairs with gold ``>= positive_threshold`` are the alignment positives and the paraphrase
-    retrieval queries; retrieval uses the plain (not whitened) embeddings.
+    Pairs with gold ``>=`` the file's :attr:`~STSPairs.positive_threshold` are the alignment
+    positives and the paraphrase retrieval queries; retrieval uses the plain (not whitened)
+    embeddings.
 
     Args:
         embeddings: ``(eval_set.num_sentences, dim)``, row order of ``eval_set.table``.
@@ -122,7 +118,7 @@ def score_embeddings(
     texts = eval_set.table.column("text").to_pylist()
     scores = []
     for pairs, (left, right) in zip(eval_set.files, eval_set.rows, strict=True):
-        positive = pairs.scores >= positive_threshold
+        positive = pairs.scores >= pairs.positive_threshold
         file_rows = np.unique(np.concatenate([left, right]))
         retrieval = paraphrase_retrieval(unit, texts, file_rows, left[positive], right[positive])
         scores.append(
@@ -146,22 +142,18 @@ def score_embeddings(
 def evaluate_model_dir(
     model_dir: str | Path,
     sts_paths: list[str],
-    format: str = "auto",
     batch_size: int | None = None,
     max_seq_len: int | None = None,
-    positive_threshold: float = 4.0,
-    use_saved_whitening: bool = True,
     whitening_texts: list[str] | None = None,
     whitening_dim: int | None = None,
 ) -> list[STSScore]:
     """Evaluate a model folder on STS files, on CPU or the first GPU, ``batch_size``
     sentences a batch (``None``: :func:`~pipeline.model.encode.encode_batch_size` of the device).
 
-    A whitening fitted here on ``whitening_texts`` (encoded like the STS sentences), else the
-    folder's own whitening layer (if it has one and ``use_saved_whitening``), is reported as
-    ``spearman_whitened`` beside the plain score.
+    With ``whitening_texts``, a whitening fitted here on them (encoded like the STS sentences)
+    is reported as ``spearman_whitened`` beside the plain score.
     """
-    files = read_sts_files(sts_paths, format)
+    files = read_sts_files(sts_paths)
     tokenizer = load_tokenizer(model_dir)
     max_seq_len = max_seq_len or max_seq_len_of(model_dir)
     eval_set = STSEvalSet(files, tokenizer, max_seq_len)
@@ -177,9 +169,7 @@ def evaluate_model_dir(
             model, tokenizer, whitening_texts, max_seq_len, batch_size, device, normalize=False
         )
         whitening = fit_whitening(corpus_embeddings, whitening_dim)
-    elif use_saved_whitening:
-        whitening = load_whitening(model_dir)
-    return score_embeddings(eval_set, embeddings, positive_threshold, whitening)
+    return score_embeddings(eval_set, embeddings, whitening)
 
 
 def average_row(scores: list[STSScore]) -> STSScore:

@@ -9,9 +9,13 @@ Formats read:
   identified by line number).
 - ``csv`` / ``tsv`` / ``jsonl``: a header (or keys) with ``sentence1``, ``sentence2``, ``score``.
 
-``auto`` reads ``.jsonl`` as JSON lines and otherwise looks at the first line: ``||`` fields
-mean CNSD, seven or more tab fields (and no ``sentence1`` header) mean STS-B, anything else is
-a header row (tab-separated for ``.tsv``, else comma-separated).
+``auto`` (what the jobs use) tells them apart by name and first line: ``.jsonl``/``.json`` or a
+first line that opens a JSON object mean JSON lines, ``||`` fields mean CNSD, a tab-separated
+``sentence1`` header means tsv (whatever the extension), seven or more other tab fields mean
+STS-B, anything else is a header row (tab-separated for ``.tsv``, else comma-separated).
+
+Gold scores keep the file's scale; a pair is a positive (for alignment and paraphrase
+retrieval) from :data:`POSITIVE_SHARE_OF_SCALE` of the scale's top (:attr:`STSPairs.positive_threshold`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from pipeline.core.errors import DataError
 
 STS_FORMATS = ("auto", "stsb", "cnsd", "csv", "tsv", "jsonl")
 COLUMNS = ("sentence1", "sentence2", "score")
+POSITIVE_SHARE_OF_SCALE = 0.8
+"""A pair is a positive from this share of its scale's top: 4 on the 0-5 scale of STS-B and CNSD
+(SimCSE's alignment threshold), 0.8 on the 0-1 scale of normalised copies."""
 
 
 @dataclass
@@ -46,6 +53,19 @@ class STSPairs:
 
     def __len__(self) -> int:
         return len(self.scores)
+
+    @property
+    def scale_top(self) -> float:
+        """The top of the gold scale: 1 when every score is within 1 (normalised copies such as
+        sentence-transformers' stsb), 5 when within 5 (STS-B, CNSD, SICK-R), else the highest
+        score."""
+        highest = float(self.scores.max())
+        return 1.0 if highest <= 1 else 5.0 if highest <= 5 else highest
+
+    @property
+    def positive_threshold(self) -> float:
+        """Gold score from which a pair is a positive: 4 on the 0-5 scale."""
+        return POSITIVE_SHARE_OF_SCALE * self.scale_top
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -74,14 +94,19 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
 
 
 def detect_format(path: Path) -> str:
+    """The format of an STS file, from its name and first non-blank line."""
     if path.suffix.lower() in (".jsonl", ".json"):
         return "jsonl"
     with path.open(encoding="utf-8", errors="replace") as handle:
         first = next((line for line in handle if line.strip()), "")
+    if first.lstrip().startswith("{"):
+        return "jsonl"
     if first.count("||") >= 3:
         return "cnsd"
     fields = first.rstrip("\r\n").split("\t")
-    if len(fields) >= 7 and "sentence1" not in fields:
+    if "sentence1" in fields:
+        return "tsv"  # a tab-separated header, whatever the extension
+    if len(fields) >= 7:
         return "stsb"  # whatever the extension: the original release is sts-*.csv
     return "tsv" if path.suffix.lower() == ".tsv" else "csv"
 

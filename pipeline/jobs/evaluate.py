@@ -7,12 +7,13 @@ retrieval sets (nDCG@10, MRR@10, Recall@1/@10/@100 x 100).
     python jobs/evaluate.py --model DIR --retrieval beir-folder --retrieval pairs.tsv --json
 
 Reads the STS-B release (tab-separated), CNSD (id||s1||s2||score) and csv/tsv/jsonl with
-sentence1, sentence2, score columns. Retrieval sets are BEIR folders (queries.jsonl,
+sentence1, sentence2, score columns, each told apart by name and first line. A pair is a
+positive (alignment, paraphrase retrieval) from 0.8 x its file's gold scale (4 on 0-5). Retrieval sets are BEIR folders (queries.jsonl,
 corpus.jsonl, qrels/dev.tsv; FOLDER#SPLIT for another qrels split) or pair files
 (sentence1, sentence2, label 0/1: a headerless, unquoted .tsv, or .csv/.jsonl/.parquet).
 Prints a table per kind, or with --json one JSON object: spearman and pairs (the average and
-the total for several STS files) and files, and retrieval with one entry per set. A model
-folder with a whitening layer is scored with and without it on STS.
+the total for several STS files) and files, and retrieval with one entry per set.
+--whiten-on fits BERT-whitening post hoc and scores STS with and without it.
 """
 
 from __future__ import annotations
@@ -40,12 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="retrieval set: a BEIR folder (FOLDER#SPLIT picks the qrels) or a pair file (repeatable)",
     )
-    parser.add_argument(
-        "--format",
-        default="auto",
-        metavar="FORMAT",
-        help="format of every --sts file: auto, stsb, cnsd, csv, tsv or jsonl (default: auto)",
-    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument(
         "--batch-size",
@@ -62,13 +57,6 @@ def main(argv: list[str] | None = None) -> int:
         help="tokens per sentence (default: the model folder's own)",
     )
     parser.add_argument(
-        "--positive-threshold",
-        type=float,
-        default=4.0,
-        metavar="SCORE",
-        help="gold score from which a pair is a positive: for alignment, and a paraphrase-retrieval query (default: 4.0)",
-    )
-    parser.add_argument(
         "--whiten-on", metavar="CORPUS", help="fit BERT-whitening on this text file's sentences"
     )
     parser.add_argument(
@@ -81,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="sentences of --whiten-on to fit on (default: 10000)",
     )
-    parser.add_argument("--no-whitening", action="store_true", help="ignore a whitening layer in the folder")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = parser.parse_args(argv)
     if not args.sts and not args.retrieval:
@@ -111,11 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             scores = evaluate_model_dir(
                 args.model,
                 args.sts,
-                format=args.format,
                 batch_size=args.batch_size,
                 max_seq_len=args.max_seq_len,
-                positive_threshold=args.positive_threshold,
-                use_saved_whitening=not args.no_whitening,
                 whitening_texts=read_sentences(args.whiten_on, args.whitening_rows)
                 if args.whiten_on
                 else None,

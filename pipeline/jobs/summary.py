@@ -90,10 +90,7 @@ class JobSummary:
         parts = []
         key = next((k for k in first if k.startswith("sts_") and k.endswith("_spearman")), None)
         if key is not None:
-            text = f"{key.removeprefix('sts_').removesuffix('_spearman')} spearman {change(key)}"
-            if key + "_whitened" in shipped:
-                text += f" (whitened {change(key + '_whitened')})"
-            parts.append(text)
+            parts.append(f"{key.removeprefix('sts_').removesuffix('_spearman')} spearman {change(key)}")
         for key in (k for k in first if k.startswith("retrieval_") and k.endswith("_ndcg_at_10")):
             parts.append(
                 f"{key.removeprefix('retrieval_').removesuffix('_ndcg_at_10')} ndcg@10 {change(key)}"

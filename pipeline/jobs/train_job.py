@@ -91,7 +91,7 @@ def run_train_job(cfg: Config, echo: Echo = print, debug: bool = False) -> JobSu
     """
     started_at = time.perf_counter()
     check_train_inputs(cfg)
-    sts_files = read_sts_files(cfg.eval.sts, cfg.eval.format)  # bad STS files fail before any compute
+    sts_files = read_sts_files(cfg.eval.sts)  # bad STS files fail before any compute
     retrieval_sets = read_retrieval_sets(cfg.eval.retrieval)  # and bad retrieval sets
     resolved = resolve_config(cfg)
     # resolve_config puts the generated STS file (if any) before the configured ones.
@@ -133,12 +133,12 @@ def resolve_config(cfg: Config) -> Config:
     gen = cfg.data.generated
     if gen.sts_pairs:
         generated_sts = run_dir / "generated_sts.tsv"
-        write_generated_sts(generated_sts, gen.num_groups, gen.group_size, gen.sts_pairs, gen.seed)
+        write_generated_sts(generated_sts, gen.num_groups, gen.sts_pairs)
         sts = [str(generated_sts), *resolved.eval.sts]
         resolved = dataclasses.replace(resolved, eval=dataclasses.replace(resolved.eval, sts=sts))
     if not cfg.pairs:
         generated = run_dir / "generated_corpus.txt"
-        write_generated_corpus(generated, gen.num_groups, gen.group_size, gen.seed)
+        write_generated_corpus(generated, gen.num_groups)
         resolved = dataclasses.replace(resolved, data=dataclasses.replace(resolved.data, path=str(generated)))
     return resolved
 

@@ -54,11 +54,11 @@ def eval_table_markdown(history: list[dict[str, float]], best_epoch: float | Non
 
 
 def plot_sts_per_epoch(history: list[dict[str, float]], path: str | Path) -> None:
-    """Spearman (and whitened Spearman) of every STS file against the epoch."""
+    """Spearman of every STS file against the epoch."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     epochs = [h["epoch"] for h in history]
-    for key in [k for k in history[0] if k.endswith(("_spearman", "_spearman_whitened"))]:
+    for key in [k for k in history[0] if k.endswith("_spearman")]:
         ax.plot(
             epochs, [h.get(key, float("nan")) for h in history], marker="o", label=key.removeprefix("sts_")
         )

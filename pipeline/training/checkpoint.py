@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from pipeline.evaluation.whitening import save_whitening
 from pipeline.model.folders import save_model_dir
 from pipeline.training.state import BestModel, TrainState
 
@@ -41,7 +40,6 @@ def save_checkpoint(
     scheduler: Any,
     state: TrainState,
     max_seq_len: int,
-    whitening: Any = None,
     best_dir: Path | None = None,
 ) -> None:
     """Write a complete checkpoint into ``directory`` (manifest last).
@@ -51,8 +49,6 @@ def save_checkpoint(
     """
 
     save_model_dir(model, tokenizer, directory / MODEL_SUBDIR, max_seq_len)
-    if whitening is not None:
-        save_whitening(whitening, directory / MODEL_SUBDIR)
     if state.history.best is not None and state.history.best.step != state.step:
         assert best_dir is not None and best_dir.is_dir(), "best model snapshot missing"
         shutil.copytree(best_dir, directory / BEST_SUBDIR)

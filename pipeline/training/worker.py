@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from pipeline.batching.plan import padding_share
 from pipeline.core.seams import hold_once
-from pipeline.evaluation.in_training import EvalOutcome
 from pipeline.model.flops import CountingEncoder, EncoderFlops
 from pipeline.tracking.metric_logger import DRAIN_TIMEOUT_S
 from pipeline.training.contract import LoopConfig
@@ -152,8 +151,8 @@ class SimCSEWorker:
                 hold_once("train_step", self.state.step + 1)
             self.train_batch(batch_index)
             self.refresher.after_step(epoch, batch_index + 1, plan, self.state.step, self.model)
-            outcome = self.maybe_eval(epoch)
-            self.maybe_checkpoint(epoch, outcome)
+            self.maybe_eval(epoch)
+            self.maybe_checkpoint(epoch)
             if self.rank == 0:
                 self.progress.maybe_print(epoch, self.state, self.segment_first_batch, self.segment_start)
 
@@ -185,16 +184,16 @@ class SimCSEWorker:
         assert self.state.plan is not None
         return self.state.batches_done < self.state.plan.num_batches
 
-    def maybe_eval(self, epoch: int) -> EvalOutcome | None:
+    def maybe_eval(self, epoch: int) -> None:
         """Evaluate inside the epoch every ``eval.every_steps`` steps (the epoch's end has its own)."""
         every, state = self.cfg.eval.every_steps, self.state
         if self.evaluator is None or not every or state.step % every or not self._inside_epoch():
-            return None
+            return
         assert state.plan is not None
         # The evaluator puts the model back in train mode itself.
-        return self.evaluate(epoch + state.batches_done / state.plan.num_batches)
+        self.evaluate(epoch + state.batches_done / state.plan.num_batches)
 
-    def maybe_checkpoint(self, epoch: int, outcome: EvalOutcome | None) -> None:
+    def maybe_checkpoint(self, epoch: int) -> None:
         """Checkpoint inside the epoch every ``checkpoint.every_steps`` steps, with every rank's
         random state (the epoch's end has its own checkpoint)."""
         every, state = self.cfg.checkpoint.every_steps, self.state
@@ -204,11 +203,7 @@ class SimCSEWorker:
         now = time.perf_counter()
         state.epoch_seconds += now - self.segment_start
         self.segment_start, self.segment_first_batch = now, state.batches_done
-        self.checkpoint(
-            epoch + state.batches_done / state.plan.num_batches,
-            self.augment_rng,
-            outcome.whitening if outcome is not None else None,
-        )
+        self.checkpoint(epoch + state.batches_done / state.plan.num_batches, self.augment_rng)
 
     def end_epoch(self, epoch: int) -> None:
         """Close epoch ``epoch``: record and log its loss and time, evaluate, checkpoint, and
@@ -224,8 +219,8 @@ class SimCSEWorker:
         state.history.plan_versions.append(plan.version)
         epoch_seconds = state.epoch_seconds + time.perf_counter() - self.segment_start
         self.refresher.start_boundary_refresh(epoch, plan, state.step, self.model)
-        outcome = self.evaluate(epoch + 1) if self.evaluator is not None else None
-        whitening = outcome.whitening if outcome is not None else None
+        if self.evaluator is not None:
+            self.evaluate(epoch + 1)
         state.epoch = epoch + 1
         state.batches_done, state.loss_sum, state.epoch_seconds = 0, 0.0, 0.0
         if self.logger is not None:
@@ -233,7 +228,7 @@ class SimCSEWorker:
         asks_miner = self.refresher.asks_miner(epoch)
         if asks_miner:
             state.plan_pending = True
-            self.checkpoint(float(state.epoch), None, whitening)
+            self.checkpoint(float(state.epoch), None)
         boundary = self.adopt_next_plan(epoch)
         if self.rank == 0:
             assert state.plan is not None
@@ -242,23 +237,23 @@ class SimCSEWorker:
                 flush=True,
             )
         if not asks_miner:
-            self.checkpoint(float(state.epoch), None, whitening)
+            self.checkpoint(float(state.epoch), None)
 
     def adopt_next_plan(self, epoch: int) -> Boundary:
         """Get the plan that follows epoch ``epoch`` (0-based) from the refresher and make it
         the current one (:func:`~pipeline.training.refresh.adopt_plan`)."""
         return adopt_plan(self.state, self.refresher.next_plan(epoch, self.state, self.model), self.logger)
 
-    def evaluate(self, epoch: float) -> EvalOutcome | None:
+    def evaluate(self, epoch: float) -> None:
         """Evaluate (every rank) at ``epoch``; see :meth:`EvalRecorder.evaluate`."""
         assert self.evaluator is not None
-        return self.evaluator.evaluate(self.state, epoch)
+        self.evaluator.evaluate(self.state, epoch)
 
-    def checkpoint(self, epoch: float, augment_rng: np.random.Generator | None, whitening: Any) -> None:
+    def checkpoint(self, epoch: float, augment_rng: np.random.Generator | None) -> None:
         """Report a checkpoint (every rank); mid-epoch (``augment_rng`` given) with every rank's
         random state. See :meth:`CheckpointReporter.report`."""
         self.state.history.miner_restarts = self.refresher.restarts
-        self.checkpoints.report(self.state, epoch, augment_rng, whitening)
+        self.checkpoints.report(self.state, epoch, augment_rng)
 
     def close(self) -> None:
         """Send rank 0's remaining metrics (warning about any that could not be sent), then

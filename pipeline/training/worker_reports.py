@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.evaluation.in_training import EvalOutcome, TrainingEvaluator, eval_metric_names
-from pipeline.evaluation.whitening import save_whitening
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.folders import save_model_dir
 from pipeline.training.checkpoint import save_checkpoint
@@ -60,8 +59,6 @@ class EvalRecorder:
             state.history.best = BestModel(outcome.selection_score, float(epoch), state.step)
             shutil.rmtree(self.best_dir, ignore_errors=True)
             save_model_dir(self.model, self.tokenizer, self.best_dir, self.max_seq_len)
-            if outcome.whitening is not None:
-                save_whitening(outcome.whitening, self.best_dir)
         if self.logger is not None:
             self.logger.log(
                 {**eval_metric_names(metrics), "eval/seconds": time.perf_counter() - started}, state.step
@@ -99,11 +96,8 @@ class CheckpointReporter:
         self.rank, self.world = rank, world
         self.logger = logger
 
-    def report(
-        self, state: TrainState, epoch: float, augment_rng: np.random.Generator | None, whitening: Any
-    ) -> None:
-        """Checkpoint ``state`` at ``epoch`` (fractional inside an epoch), with the evaluation's
-        whitening if there is one.
+    def report(self, state: TrainState, epoch: float, augment_rng: np.random.Generator | None) -> None:
+        """Checkpoint ``state`` at ``epoch`` (fractional inside an epoch).
 
         Mid-epoch (``augment_rng`` given) every rank's random state goes in, so a resumed
         run draws the same dropout masks and repetitions as the lost one."""
@@ -118,7 +112,7 @@ class CheckpointReporter:
                     state.unsent_metrics = self.logger.unsent()
                 save_checkpoint(
                     Path(tmp), self.model, self.tokenizer, self.optimizer, self.scheduler, state,
-                    self.max_seq_len, whitening=whitening, best_dir=self.best_dir,
+                    self.max_seq_len, best_dir=self.best_dir,
                 )  # fmt: skip
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(report_metrics(state, epoch), checkpoint=ckpt)

@@ -149,24 +149,16 @@ def open_logger(loop_config: LoopConfig, rank: int, state: TrainState, resumed: 
 
 
 def build_evaluator(
-    loop_config: LoopConfig, corpus: TokenizedCorpus, rank: int, world: int, device: torch.device
+    loop_config: LoopConfig, rank: int, world: int, device: torch.device
 ) -> TrainingEvaluator | None:
     """The in-training evaluator, or None when the run has neither an STS nor a retrieval set."""
     if loop_config.eval_ref is None and loop_config.retrieval_ref is None:
         return None
 
-    cfg = loop_config.config
     sts = ray.get(loop_config.eval_ref) if loop_config.eval_ref is not None else None
     retrieval = ray.get(loop_config.retrieval_ref) if loop_config.retrieval_ref is not None else None
     return TrainingEvaluator(
-        cfg.eval,
-        sts,
-        corpus,
-        seed=cfg.run.seed,
-        rank=rank,
-        world=world,
-        device=device,
-        retrieval_set=retrieval,
+        loop_config.config.eval, sts, rank=rank, world=world, device=device, retrieval_set=retrieval
     )
 
 
@@ -235,7 +227,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             inputs=miner_inputs(loop_config.corpus_ref, loop_config.model_ref, loop_config.triplets_ref),
         )
     refresher = PlanRefresher(cfg, rank, inputs.lengths, client)
-    sts = build_evaluator(loop_config, inputs.corpus, rank, world, device)
+    sts = build_evaluator(loop_config, rank, world, device)
     max_seq_len = cfg.data.max_seq_len
     return WorkerParts(
         cfg=cfg,

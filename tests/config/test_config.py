@@ -89,7 +89,7 @@ def test_yaml_errors(tmp_path):
         (["--set", "train.epochs=abc"], "train.epochs must be an integer"),
         (["--set", "eval.sts=/nonexistent/dev.csv"], "STS file not found: /nonexistent/dev.csv"),
         (["--set", "eval.sts=[1]"], "eval.sts[0] must be a string"),
-        (["--set", "eval.whitening_dim=0"], "eval.whitening_dim must be >= 1"),
+        (["--set", "eval.whitening=true"], "eval.whitening is no longer a config key: training fits"),
         (["--set", "data.path=/nonexistent/corpus.txt"], "data.path: /nonexistent/corpus.txt does not exist"),
     ],
 )
@@ -152,6 +152,32 @@ def test_an_old_config_with_a_removed_sampler_or_debias_key_says_to_delete_it(tm
     message = str(info.value)
     assert message.startswith(f"mining.{key} is no longer a config key: {why}") and "\n" not in message
     assert "docs/results.md" in message and message.endswith("delete the key")
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key", "says"),
+    [
+        ("data:\n  tokenize_batch_size: 4096\n", "data.tokenize_batch_size", "fixed 1024 rows"),
+        ("data:\n  tokenize_actors: 4\n", "data.tokenize_actors", "the cluster's CPUs"),
+        ("data:\n  generated: {num_groups: 9, group_size: 4}\n", "data.generated.group_size", "4 sentences"),
+        ("data:\n  generated: {seed: 1}\n", "data.generated.seed", "fixed (seed 0)"),
+        ("data:\n  pool_text_column: doc\n", "data.pool_text_column", "data.text_column"),
+        ("eval:\n  format: stsb\n", "eval.format", "name and first line"),
+        ("eval:\n  whitening: true\n", "eval.whitening", "jobs/evaluate.py --whiten-on"),
+        ("eval:\n  whitening_dim: 256\n", "eval.whitening_dim", "--whitening-dim"),
+        ("eval:\n  whitening_rows: 3072\n", "eval.whitening_rows", "--whitening-rows"),
+        ("eval:\n  positive_threshold: 4.0\n", "eval.positive_threshold", "0.8 x its file's gold scale"),
+    ],
+)
+def test_a_removed_data_or_eval_key_says_what_decides_it(tmp_path, yaml_text, key, says):
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml_text)
+    with pytest.raises(ConfigError) as info:
+        load_config(old)
+    message = str(info.value)
+    assert (
+        message.startswith(f"{key} is no longer a config key: ") and says in message and "\n" not in message
+    )
 
 
 @pytest.mark.parametrize(
@@ -266,6 +292,10 @@ def test_params_leave_out_what_a_setting_turns_off():
     assert all(flat[k] == v for k, v in cpu.items()) and "mining.batch_sampler" in cpu
     pairs = params_in_effect(load_config(REPO / "jobs/configs/recipe-twitter-url.yaml"))
     assert "data.text_column" not in pairs and pairs["data.anchor_column"] == flat["data.anchor_column"]
+    csv_pool = ["data.pool=pool.csv", "data.pool_format=csv"]
+    assert "data.text_column" in params_in_effect(
+        load_config(REPO / "jobs/configs/recipe-twitter-url.yaml", csv_pool)
+    )
     assert "mining.batch_sampler" not in pairs  # pairs keep their rows in random batches
     assert "mining.max_staleness_steps" not in pairs  # refresh: once mines before epoch 1 only, and waits
     # A rule naming a key that does not exist would silently keep what it meant to leave out.

@@ -82,11 +82,14 @@ def test_missing_column_and_path_are_named(ray_local, tmp_path):
         load_clean_corpus(DataSection(path=str(tmp_path / "corpus.unknown")))
 
 
-def test_tokenize_matches_tokenizer_and_batches_pad(ray_local, tmp_path, tiny_model_dir, paraphrase_corpus):
+def test_tokenize_matches_tokenizer_and_batches_pad(
+    ray_local, tmp_path, tiny_model_dir, paraphrase_corpus, monkeypatch
+):
+    monkeypatch.setattr("pipeline.data.tokenize.ROWS_PER_BATCH", 50)  # many blocks, done out of order
     texts, _ = paraphrase_corpus
     path = tmp_path / "c.txt"
     path.write_text("\n".join(texts))
-    section = DataSection(path=str(path), max_seq_len=8, tokenize_batch_size=50)
+    section = DataSection(path=str(path), max_seq_len=8)
     corpus, _ = load_clean_corpus(section)
     tokenizer = load_tokenizer(tiny_model_dir)
     table, _ = tokenize_corpus_with_stats(corpus, tokenizer, section)
@@ -269,7 +272,7 @@ def test_a_dead_tokenizer_actor_fails_the_stage_at_once(ray_local):
 
     def tokenize():
         try:
-            tokenize_corpus_with_stats(corpus, DyingTokenizer(), DataSection(tokenize_batch_size=10))
+            tokenize_corpus_with_stats(corpus, DyingTokenizer(), DataSection())
         except Exception as exc:
             outcome["error"] = exc
 

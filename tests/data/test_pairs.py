@@ -191,7 +191,7 @@ def test_pool_path_and_column_checked_before_ray(tmp_path):
     (tmp_path / "corpus.csv").write_text("sentence\nx\n")
     no_column = load_config(None, [*keys, f"data.pool={tmp_path}/corpus.csv"])
     assert _one_line_error(lambda: check_train_inputs(no_column)) == (
-        f"data.pool_text_column: column 'text' not in {tmp_path}/corpus.csv (columns: sentence)"
+        f"data.text_column: column 'text' not in {tmp_path}/corpus.csv (columns: sentence)"
     )
     unsupervised = load_config(None, [f"data.path={tmp_path}/corpus.csv", f"data.pool={tmp_path}/corpus.csv"])
     assert _one_line_error(lambda: check_train_inputs(unsupervised)).startswith(
@@ -213,9 +213,9 @@ def test_pool_texts_join_the_table_once(ray_local, tmp_path):
     assert set(texts) == {"a", "b", "a1", "a2", "a3", "b1", "n1", "n2", "z1", "z2"}
     assert sorted(texts[i] for i in triplets.pool) == ["a", "a1", "a2", "a3", "b1", "z1", "z2"]
     assert np.array_equal(triplets.candidate_pool(), np.sort(triplets.pool))
-    # a csv pool's data.pool_text_column, and a pairs_tsv pool: every sentence2
+    # a csv pool's data.text_column, and a pairs_tsv pool: every sentence2
     (tmp_path / "pool.csv").write_text("doc\nz3\na2\n")
-    csv_pool = load_pairs(_pairs_tsv(pairs, pool=str(tmp_path / "pool.csv"), pool_text_column="doc"))
+    csv_pool = load_pairs(_pairs_tsv(pairs, pool=str(tmp_path / "pool.csv"), text_column="doc"))
     assert csv_pool.pool.to_pylist() == ["z3", "a2"]
     tsv_pool = load_pairs(_pairs_tsv(pairs, pool=str(pairs), pool_format="pairs_tsv"))
     assert tsv_pool.pool.to_pylist() == ["a1", "n1", "b1", "a2", "n2", "n3", "a3"]
@@ -260,7 +260,7 @@ def test_unk_share_counts_what_the_tokenizer_cannot_read(
     order = np.argsort(ids)
     corpus = pa.table({"id": ids[order], "text": [texts[i] for i in order]})
     tokenizer = load_tokenizer(tiny_model_dir)
-    section = DataSection(max_seq_len=64, tokenize_batch_size=16)
+    section = DataSection(max_seq_len=64)
     _, stats = tokenize_corpus_with_stats(corpus, tokenizer, section)
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     unk = sum(ids.count(tokenizer.unk_token_id) for ids in encoded)

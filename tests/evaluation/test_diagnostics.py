@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.evaluation.diagnostics import alignment, uniformity
-from pipeline.evaluation.whitening import fit_whitening, load_whitening, save_whitening
+from pipeline.evaluation.whitening import fit_whitening
 
 
 def _unit(x):
@@ -61,21 +61,5 @@ def test_whitening_gives_zero_mean_identity_covariance():
     flat = fit_whitening(centred)
     assert flat.out_dim == 15
     assert np.abs(np.cov(flat.apply(centred).astype(np.float64), rowvar=False) - np.eye(15)).max() < 1e-4
-    with pytest.raises(ValueError, match="whitening_dim"):
+    with pytest.raises(ValueError, match="whitening-dim"):
         fit_whitening(x, dim=17)
-
-
-def test_whitening_saves_as_sentence_transformers_dense(tmp_path):
-    import json
-
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(300, 8))
-    (tmp_path / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type": "t"}]))
-    w = fit_whitening(x, dim=4)
-    save_whitening(w, tmp_path)
-    save_whitening(w, tmp_path)  # saving again replaces, never duplicates, the module entry
-    modules = json.loads((tmp_path / "modules.json").read_text())
-    assert [m["path"] for m in modules] == ["", "2_Dense"]
-    loaded = load_whitening(tmp_path)
-    assert np.array_equal(loaded.apply(x), w.apply(x))
-    assert load_whitening(tmp_path / "nowhere") is None

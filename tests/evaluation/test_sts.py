@@ -96,6 +96,41 @@ def test_header_formats(tmp_path):
         assert sts.scores.tolist() == [p[2] for p in PAIRS]
 
 
+def test_auto_detection_needs_no_format_for_a_misleading_extension(tmp_path):
+    """What a format setting was once needed for: a tab-separated header in a .csv or .txt
+    file, JSON lines in a .txt file."""
+    tsv_in_csv = tmp_path / "pairs.csv"
+    tsv_in_csv.write_text(
+        "sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in PAIRS), encoding="utf-8"
+    )
+    jsonl_in_txt = tmp_path / "pairs.txt"
+    jsonl_in_txt.write_text(
+        "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in PAIRS),
+        encoding="utf-8",
+    )
+    for path, fmt in ((tsv_in_csv, "tsv"), (jsonl_in_txt, "jsonl")):
+        sts = read_sts(path)
+        assert sts.format == fmt and sts.sentences2 == [p[1] for p in PAIRS]
+        assert sts.scores.tolist() == [p[2] for p in PAIRS]
+
+
+def test_positive_threshold_is_four_fifths_of_the_gold_scale(tmp_path):
+    scores = [p[2] for p in PAIRS]  # 0-5, as STS-B and CNSD
+    for divisor, threshold in ((1.0, 4.0), (5.0, 0.8), (0.05, 80.0)):  # 0-5, 0-1, 0-100
+        path = tmp_path / f"scale-{divisor}.jsonl"
+        path.write_text(
+            "".join(
+                json.dumps({"sentence1": a, "sentence2": b, "score": s / divisor}) + "\n"
+                for (a, b, _), s in zip(PAIRS, scores, strict=True)
+            ),
+            encoding="utf-8",
+        )
+        sts = read_sts(path)
+        assert sts.positive_threshold == pytest.approx(threshold)
+        # the same pairs are positives on every scale: gold 4.2 and 5.0 of 0-5
+        assert (sts.scores >= sts.positive_threshold).tolist() == [True, False, False, True]
+
+
 @pytest.mark.parametrize(
     "content, name, message",
     [
@@ -172,8 +207,10 @@ def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphras
     assert result["retrieval_queries"] == len({(a, b) for a, b, s in first if s >= 4 and a != b})
     assert 0 <= result["recall_at_1"] <= result["mrr_at_10"] <= 100
 
+    corpus = tmp_path / "corpus.txt"  # post-hoc whitening, fitted on these sentences
+    corpus.write_text("\n".join(paraphrase_corpus[0][:400]) + "\n", encoding="utf-8")
     both = subprocess.run(
-        cmd + ["--sts", str(stsb), "--sts", str(jsonl), "--format", "auto"],
+        cmd + ["--sts", str(stsb), "--sts", str(jsonl), "--whiten-on", str(corpus)],
         env=job_env(),
         capture_output=True,
         text=True,
@@ -185,6 +222,8 @@ def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphras
     assert float(rows["other"][2]) == pytest.approx(expected_other, abs=0.1)
     assert float(rows["average"][2]) == pytest.approx((result["spearman"] + expected_other) / 2, abs=0.1)
     assert rows["average"][1] == "200"
+    # file, pairs, spearman, whitened, mrr@10, recall@1, alignment, uniformity
+    assert all(len(row) == 8 and -100 <= float(row[3]) <= 100 for row in rows.values())
 
     bad = tmp_path / "bad.csv"
     bad.write_text("a\tb\tc\td\tNaNx\te\tf\n")

@@ -36,7 +36,7 @@ def test_patterns_are_unique_and_match_what_they_name():
     patterns = [spec.pattern for spec in CATALOGUE]
     assert len(patterns) == len(set(patterns))
     assert all(spec.doc.endswith((".", ")")) and len(spec.doc) <= 100 for spec in CATALOGUE)
-    assert spec_for("eval/sts_stsb-dev_spearman_whitened").pattern == "eval/sts_{set}_spearman_whitened"
+    assert spec_for("eval/sts_stsb-dev_mrr_at_10").pattern == "eval/sts_{set}_mrr_at_10"
     assert spec_for("eval/retrieval_twitter_url_dev_ndcg_at_10").kind == "chart"
     assert spec_for("mining/removed_known_positive").kind == "table"
     assert spec_for("mining/negative_similarity_mean").kind == "chart"  # the one percentile charted

@@ -126,7 +126,7 @@ import sys
 from pipeline.model.tiny import BertShape, build_random_bert_dir
 from pipeline.data.synthetic import generate_paraphrase_corpus
 
-texts, _ = generate_paraphrase_corpus(num_groups=300, group_size=4, seed=0)
+texts, _ = generate_paraphrase_corpus(num_groups=300, seed=0)
 build_random_bert_dir(texts, sys.argv[1], max_seq_len=32, dropout=0.1, seed=7,
                       shape=BertShape(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=1500))
 """
