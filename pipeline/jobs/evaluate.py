@@ -8,8 +8,9 @@ retrieval sets (nDCG@10, MRR@10, Recall@1/@10/@100 x 100).
 
 Reads the STS-B release (tab-separated), CNSD (id||s1||s2||score) and csv/tsv/jsonl with
 sentence1, sentence2, score columns, each told apart by name and first line. A pair is a
-positive (alignment, paraphrase retrieval) from 0.8 x its file's gold scale (4 on 0-5). Retrieval sets are BEIR folders (queries.jsonl,
-corpus.jsonl, qrels/dev.tsv; FOLDER#SPLIT for another qrels split) or pair files
+positive (alignment, paraphrase retrieval) from 0.8 x its file's gold scale (4 on 0-5).
+Retrieval sets are BEIR folders (queries.jsonl, corpus.jsonl, qrels/dev.tsv; FOLDER#SPLIT for
+another qrels split) or pair files
 (sentence1, sentence2, label 0/1: a headerless, unquoted .tsv, or .csv/.jsonl/.parquet).
 Prints a table per kind, or with --json one JSON object: spearman and pairs (the average and
 the total for several STS files) and files, and retrieval with one entry per set.
