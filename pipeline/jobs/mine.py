@@ -30,6 +30,7 @@ def _arguments(parser):
 
 def _overrides(args) -> list[str]:
     return [
+        "task=pairs",  # offline mining is the pairs task's mining: (anchor, positive) rows in
         f"model.name_or_path={args.model}",
         f"data.path={args.input}",
         "tracking.experiment=simcse-mining",
