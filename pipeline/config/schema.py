@@ -91,7 +91,7 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
     "pairs": (
         "data.anchor_column", "data.positive_column", "data.negative_column", "data.label_column",
         "data.given_negatives", "data.pool", "data.pool_format",
-        "mining.num_negatives", "mining.random_negatives", "train.hard_negative_weight",
+        "mining.random_negatives", "train.hard_negative_weight",
     ),
     "corpus": ("data.generated.num_groups", "data.generated.sts_pairs", "mining.batch_sampler"),
 }  # fmt: skip

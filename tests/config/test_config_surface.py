@@ -32,7 +32,7 @@ def test_a_removed_key_stops_with_one_line_that_says_what_decides_it_now(key):
     ("task", "override", "owner"),
     [
         ("corpus", "data.anchor_column=query", "pairs"),
-        ("corpus", "mining.num_negatives=3", "pairs"),
+        ("corpus", "data.label_column=label", "pairs"),
         ("corpus", "train.hard_negative_weight=1.0", "pairs"),
         ("pairs", "mining.batch_sampler=knn", "corpus"),
         ("pairs", "data.generated.num_groups=10", "corpus"),
