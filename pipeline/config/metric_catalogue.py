@@ -110,7 +110,7 @@ _MINING_TABLE = [
     MetricSpec("mining/negative_similarity_{stat}", "table", "Pairs task: the mined negatives' cosine percentiles."),
     MetricSpec("mining/top1_similarity_mean", "table", "Corpus task: mean cosine to the nearest kept neighbour."),
     MetricSpec("mining/batch_similarity_{stat}", "table", "Corpus task: in-batch pair cosine percentiles."),
-    MetricSpec("mining/random_batch_similarity_mean", "table", "Corpus task: the same for random batches."),
+    MetricSpec("mining/random_batch_similarity_mean", "table", "Corpus task: the same for random pairs of rows (what random batches hold)."),
     MetricSpec("mining/false_negatives_flagged", "table", "Rows with a likely false negative flagged."),
     MetricSpec("mining/false_negative_pairs_in_batches", "table", "Flagged pairs that still share a batch."),
 ]

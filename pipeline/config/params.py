@@ -1,7 +1,7 @@
 """The run's MLflow params: the resolved settings the run used, and only those.
 
 ``config.yaml`` (the whole resolved config) is logged as an artifact beside them; the params
-leave out what a setting turns off, so that a reviewer never reads a contradiction such as
+leave out the other task's keys and what a setting turns off, so that a reviewer never reads a contradiction such as
 ``mining.num_gpus=1.0`` beside ``mining.refresh=never``. Every rule is here, one line
 each: a key (or a ``prefix.``) and when it is in effect.
 """
@@ -16,10 +16,6 @@ from pipeline.config.schema import Config
 Rule = tuple[str, Callable[[Config], bool]]
 
 
-def _pairs(cfg: Config) -> bool:
-    return cfg.pairs
-
-
 def _pool_has_columns(cfg: Config) -> bool:
     """A pairs run reads ``data.text_column`` from a csv/tsv/jsonl/parquet ``data.pool`` (with
     ``pool_format: auto`` the extension decides, which a rule cannot see: it counts)."""
@@ -27,26 +23,13 @@ def _pool_has_columns(cfg: Config) -> bool:
 
 
 RULES: list[Rule] = [
-    ("train.hard_negative_weight", _pairs),
-    ("data.text_column", lambda cfg: not _pairs(cfg) or _pool_has_columns(cfg)),
-    ("data.anchor_column", _pairs),
-    ("data.positive_column", _pairs),
-    ("data.negative_column", _pairs),
-    ("data.label_column", _pairs),
-    ("data.given_negatives", _pairs),
-    ("data.pool", _pairs),
-    ("data.pool_format", _pairs),
-    # Mining: nothing but mining.refresh when no miner runs; then what the chosen mode,
-    # index and sampler read.
+    ("data.text_column", lambda cfg: not cfg.pairs or _pool_has_columns(cfg)),
+    # Mining: nothing but mining.refresh when no miner runs.
     ("mining.", lambda cfg: cfg.runs_miner),
-    (
-        "mining.max_staleness_steps",
-        lambda cfg: cfg.mining.refresh == "every_epoch_async",
-    ),
-    ("mining.num_negatives", _pairs),
-    ("mining.random_negatives", _pairs),
-    ("mining.batch_sampler", lambda cfg: not _pairs(cfg)),
+    ("mining.max_staleness_steps", lambda cfg: cfg.mining.refresh == "every_epoch_async"),
 ]
+"""Keys in effect only with another setting; the keys of the other task (:data:`TASK_KEYS`)
+are left out as well (:meth:`~pipeline.config.schema.Config.other_task_keys`)."""
 
 
 def _matches(key: str, rule_key: str) -> bool:
@@ -56,7 +39,7 @@ def _matches(key: str, rule_key: str) -> bool:
 def params_in_effect(cfg: Config) -> dict[str, Any]:
     """``cfg``'s dotted keys and values (:meth:`Config.flat`) without those a rule in
     :data:`RULES` says are not in effect (``mining.refresh`` is always kept)."""
-    off = [key for key, applies in RULES if not applies(cfg)]
+    off = [key for key, applies in RULES if not applies(cfg)] + cfg.other_task_keys()
     return {
         key: value
         for key, value in cfg.flat().items()

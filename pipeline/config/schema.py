@@ -87,6 +87,17 @@ REMOVED_KEYS = {
 }
 """Keys an older config may still carry, and what to write instead (one line each)."""
 
+TASK_KEYS: dict[str, tuple[str, ...]] = {
+    "pairs": (
+        "data.anchor_column", "data.positive_column", "data.negative_column", "data.label_column",
+        "data.given_negatives", "data.pool", "data.pool_format",
+        "mining.random_negatives", "train.hard_negative_weight",
+    ),
+    "corpus": ("data.generated.num_groups", "data.generated.sts_pairs", "mining.batch_sampler"),
+}  # fmt: skip
+"""The keys only one task reads. Every other key means something in both tasks; one of these
+set in the other task's config is an error, and the run's params leave them out there."""
+
 
 @dataclass
 class Config:
@@ -155,6 +166,11 @@ class Config:
         for key, ok, message in [*checks, *self.task_checks()]:
             if not ok:
                 raise ConfigError(f"{key} {message} (got {get_dotted(self.to_dict(), key)!r})")
+        flat, defaults = self.flat(), Config().flat()
+        for key in self.other_task_keys():
+            if flat[key] != defaults[key]:
+                owner = next(task for task, keys in TASK_KEYS.items() if key in keys)
+                raise ConfigError(f"{key} needs task: {owner} (this config's task is {self.task})")
         generated = self.data.generated.sentences
         if self.data.path is None and not self.pairs and generated < self.train.batch_size:
             raise ConfigError(
@@ -168,7 +184,7 @@ class Config:
         return self
 
     def task_checks(self) -> list[tuple[str, bool, str]]:
-        """The keys that belong to one task only, each with the task it needs."""
+        """The rules on values that depend on the task."""
         mining, top_k = self.mining, self.mining.top_k
         return [
             ("mining.range_min", 0 <= self.range_min < top_k, "must be in [0, mining.top_k)"),
@@ -182,8 +198,11 @@ class Config:
                 mining.refresh != "once" or self.pairs,
                 "once needs task: pairs (a corpus is regrouped at epoch boundaries only)",
             ),
-            ("mining.random_negatives", mining.random_negatives == 0 or self.pairs, "needs task: pairs"),
         ]
+
+    def other_task_keys(self) -> list[str]:
+        """Keys of :data:`TASK_KEYS` that belong to the task this config does not run."""
+        return [key for task, keys in TASK_KEYS.items() if task != self.task for key in keys]
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

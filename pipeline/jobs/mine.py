@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import sys
 
+from pipeline.core.errors import DataError
+from pipeline.data.formats import infer_format
 from pipeline.runtime.cli import job_main
 
 
@@ -28,8 +30,19 @@ def _arguments(parser):
     )
 
 
+def _task_of(path: str) -> str:
+    """A text file holds sentences, each its own positive: the corpus task's mining, whose
+    nearest rows are skipped as likely paraphrases (``mining.range_min``). Any other input
+    holds (anchor, positive) pairs: the pairs task's."""
+    try:
+        return "corpus" if infer_format(path, "auto") == "text" else "pairs"
+    except DataError:  # no telling extension: the reader says what to set
+        return "pairs"
+
+
 def _overrides(args) -> list[str]:
     return [
+        f"task={_task_of(args.input)}",
         f"model.name_or_path={args.model}",
         f"data.path={args.input}",
         "tracking.experiment=simcse-mining",

@@ -20,7 +20,7 @@ import torch
 
 from pipeline.config.schema import Config
 from pipeline.mining.hard_negatives import SearchSettings, mine_hard_negatives
-from pipeline.mining.index import estimate_index_bytes
+from pipeline.mining.index import estimate_index_bytes, index_summary
 from pipeline.mining.mining_metrics import mining_metrics, random_pair_similarities
 from pipeline.mining.negatives import FILTERS, NegativeFilters
 from pipeline.mining.text_keys import text_keys
@@ -133,9 +133,7 @@ def mine_pairs(
         k = min(search.top_k, len(pool))
         kind = search.index_kind(len(pool))
         estimate = estimate_index_bytes(len(pool), vectors.shape[1], k, kind)
-        echo(
-            f"[mining] {kind} index over {len(pool)} x {vectors.shape[1]} vectors, k={k}: about {estimate / 2**20:.1f} MiB"
-        )
+        echo(f"[mining] {index_summary(kind, len(pool), vectors.shape[1], k, estimate)}")
     (keys,) = text_keys(texts)
     anchor = np.array([position[a] for a in anchors], dtype=np.int64)
     positive = np.array([position[p] for p in positives], dtype=np.int64)

@@ -93,6 +93,11 @@ def estimate_index_bytes(n: int, dim: int, k: int, kind: str) -> int:
     return embeddings + index + result
 
 
+def index_summary(kind: str, n: int, dim: int, k: int, estimate: int) -> str:
+    """The line a mining prints before it builds the index: its kind, size and memory."""
+    return f"{kind} index over {n} x {dim} vectors, k={k}: about {estimate / 2**20:.1f} MiB"
+
+
 @dataclass
 class KnnResult:
     scores: np.ndarray

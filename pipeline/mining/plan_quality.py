@@ -5,6 +5,52 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan
+from pipeline.mining.index import KnnResult
+from pipeline.mining.mining_metrics import random_pair_similarities, similarity_percentiles
+from pipeline.mining.negatives import FilteredCandidates
+
+
+def plan_metrics(
+    embeddings: np.ndarray,
+    plan: BatchPlan,
+    *,
+    knn: KnnResult,
+    filtered: FilteredCandidates,
+    false_negatives: np.ndarray,
+    previous: BatchPlan | None,
+    seed: int,
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """What a corpus refresh logs of its plan, and the similarities its histogram draws.
+
+    Args:
+        embeddings: ``(n, dim)`` the corpus the plan orders, L2-normalised.
+        plan: the next epoch's batches.
+        knn: the search the plan was made from (``(n, k)``, each row first in its own list).
+        filtered: each candidate's fate under the negative filters.
+        false_negatives: ``(n, k)`` each row's flagged false negatives, -1 elsewhere.
+        previous: the last refresh's plan, for the churn (``None``: the first refresh).
+        seed: seeds the samples of pairs.
+
+    Returns:
+        ``mining/`` metrics, and ``{"random pairs": ..., "mined plan": ...}`` cosine similarities.
+    """
+    top1 = _first_valid_scores(knn.scores, np.where(filtered.duplicate, -1, knn.indices))
+    metrics = {
+        "mining/top1_similarity_mean": float(top1.mean()) if len(top1) else float("nan"),
+        "mining/candidates": float(filtered.candidates),
+        "mining/kept": float(filtered.allowed.sum()),
+        **{f"mining/removed_{name}": float(count) for name, count in filtered.removed.items()},
+        "mining/false_negatives_flagged": float((false_negatives >= 0).sum()),
+        "mining/false_negative_pairs_in_batches": float(false_negative_pairs(plan, false_negatives)),
+    }
+    if previous is not None:
+        metrics["mining/churn"] = plan_churn(previous, plan)
+    in_batch = in_batch_pair_similarities(embeddings, plan, seed)
+    # Random pairs of rows are what random batches hold: the baseline the plan is read against.
+    random_pairs = random_pair_similarities(embeddings, embeddings, seed)
+    metrics |= {f"mining/batch_similarity_{k}": v for k, v in similarity_percentiles(in_batch).items()}
+    metrics["mining/random_batch_similarity_mean"] = float(random_pairs.mean())
+    return metrics, {"random pairs": random_pairs, "mined plan": in_batch}
 
 
 def in_batch_pair_similarities(

@@ -26,3 +26,32 @@ def test_a_removed_key_stops_with_one_line_that_says_what_decides_it_now(key):
     message = str(info.value)
     assert message.startswith(f"{key} is no longer a config key: "), message
     assert "\n" not in message and len(message) > len(f"{key} is no longer a config key: ") + 10
+
+
+@pytest.mark.parametrize(
+    ("task", "override", "owner"),
+    [
+        ("corpus", "data.anchor_column=query", "pairs"),
+        ("corpus", "data.label_column=label", "pairs"),
+        ("corpus", "train.hard_negative_weight=1.0", "pairs"),
+        ("pairs", "mining.batch_sampler=knn", "corpus"),
+        ("pairs", "data.generated.num_groups=10", "corpus"),
+    ],
+)
+def test_a_key_of_the_other_task_is_an_error_not_ignored(task, override, owner):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"task={task}", "data.path=rows.jsonl", override])
+    key = override.split("=")[0]
+    assert str(info.value) == f"{key} needs task: {owner} (this config's task is {task})"
+
+
+def test_every_task_key_exists_and_the_params_leave_out_the_other_tasks_keys():
+    from pipeline.config.params import params_in_effect
+    from pipeline.config.schema import TASK_KEYS
+
+    flat = Config().flat()
+    assert all(key in flat for keys in TASK_KEYS.values() for key in keys)
+    corpus = params_in_effect(load_config(None, ["train.epochs=2"]))  # a refresh: the miner runs
+    pairs = params_in_effect(load_config(None, ["task=pairs", "data.path=rows.jsonl"]))
+    assert not set(TASK_KEYS["pairs"]) & set(corpus) and set(TASK_KEYS["corpus"]) <= set(corpus)
+    assert not set(TASK_KEYS["corpus"]) & set(pairs) and set(TASK_KEYS["pairs"]) <= set(pairs)
