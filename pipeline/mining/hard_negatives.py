@@ -50,19 +50,32 @@ class MinedNegatives:
     left too few), ``scores`` (their cosine similarity to the anchor, NaN where missing),
     ``positive_score`` (anchor-positive cosine), ``candidates`` (neighbours searched),
     ``kept`` (candidates that passed every filter) and ``removed_<filter>`` for each filter of
-    :data:`~pipeline.mining.negatives.FILTERS`, in the order they apply. ``negatives`` and
-    ``scores`` are also kept as ``(anchors, num_negatives)`` arrays, as the callers index them.
+    :data:`~pipeline.mining.negatives.FILTERS`, in the order they apply. :attr:`negatives` and
+    :attr:`scores` read the first two as ``(anchors, num_negatives)`` arrays, as callers index
+    them (views of the table's buffers, not copies).
     """
 
     table: pa.Table
-    negatives: np.ndarray
-    """``(anchors, num_negatives)`` int64 pool positions, -1 where missing."""
-    scores: np.ndarray
-    """``(anchors, num_negatives)`` float32 cosine similarities, NaN where missing."""
     backend: str
     """The search backend that ran (``faiss-cpu``, ``faiss-gpu``, ``torch-cuda``)."""
     seconds: dict[str, float]
     """``index``, ``search`` and ``filter`` wall time."""
+
+    @property
+    def negatives(self) -> np.ndarray:
+        """``(anchors, num_negatives)`` int64 pool positions, -1 where missing."""
+        return _matrix(self.table.column("negatives"))
+
+    @property
+    def scores(self) -> np.ndarray:
+        """``(anchors, num_negatives)`` float32 cosine similarities, NaN where missing."""
+        return _matrix(self.table.column("scores"))
+
+
+def _matrix(column: pa.ChunkedArray) -> np.ndarray:
+    """A fixed-size-list column as a ``(rows, list size)`` array."""
+    lists = column.combine_chunks()
+    return lists.flatten().to_numpy().reshape(len(lists), lists.type.list_size)
 
 
 def mine_hard_negatives(
@@ -123,4 +136,4 @@ def mine_hard_negatives(
         }
     )
     seconds = {"index": knn.index_seconds, "search": knn.search_seconds, "filter": time.perf_counter() - t0}
-    return MinedNegatives(table, chosen.indices, chosen.scores.astype(np.float32), knn.backend, seconds)
+    return MinedNegatives(table, knn.backend, seconds)
