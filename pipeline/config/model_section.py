@@ -15,9 +15,13 @@ class ModelSection:
     """HF hub name or model directory. ``None`` builds a tiny random BERT of one fixed shape
     (``pipeline.model.tiny.TINY_BERT``) and trains a WordPiece tokenizer on the corpus (no
     network needed)."""
-    pooler: Literal["cls", "cls_before_pooler", "mean"] = "cls"
+    pooler: Literal["cls", "cls_before_pooler", "mean"] | None = None
+    """``None``: what the model folder declares (this pipeline's export, or a
+    sentence-transformers ``1_Pooling`` config: all-MiniLM-L6-v2 says ``mean``), else ``cls``.
+    Set, it wins, with one warning line where the folder declares another."""
     mlp: bool | None = None
-    """SimCSE's MLP head over the pooled output, used in training only. ``None``: on for ``cls``."""
+    """SimCSE's MLP head over the pooled output, used in training only. ``None``: on for
+    ``cls`` pooling (as configured or as the folder declares)."""
     dropout: float = 0.1
     """Hidden and attention dropout: the only augmentation in unsupervised SimCSE."""
 

@@ -140,10 +140,6 @@ class Config:
             return self.mining.range_min
         return 0 if self.pairs else 10
 
-    @property
-    def use_mlp(self) -> bool:
-        return self.model.pooler == "cls" if self.model.mlp is None else self.model.mlp
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

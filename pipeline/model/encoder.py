@@ -72,9 +72,10 @@ def load_sentence_encoder(
     return SentenceEncoder(load_encoder(model_dir, dropout), pooler or folder_pooler(model_dir), use_mlp)
 
 
-def folder_pooler(model_dir: str | Path) -> str:
-    """The pooling a model folder declares: ours, else its sentence-transformers Pooling module
-    (``mean`` or ``cls``), else ``cls`` (a plain Hugging Face folder, as SimCSE's own models)."""
+def declared_pooler(model_dir: str | Path) -> str | None:
+    """The pooling a model folder declares: ours (an export of this pipeline), else its
+    sentence-transformers Pooling module (``mean`` or ``cls``); ``None`` for a plain Hugging
+    Face folder, which declares none."""
     model_dir = Path(model_dir)
     ours = model_dir / POOLING_FILE
     if ours.exists():
@@ -88,7 +89,26 @@ def folder_pooler(model_dir: str | Path) -> str:
         if mode == "cls" or config.get("pooling_mode_cls_token"):
             return "cls"
         raise ValueError(f"{st_pooling}: only mean or cls pooling is supported (got {config})")
-    return "cls"
+    return None
+
+
+def folder_pooler(model_dir: str | Path) -> str:
+    """The pooling to read a folder with when ``model.pooler`` is unset: the one it declares,
+    else ``cls`` (a plain Hugging Face folder, as SimCSE's own models)."""
+    return declared_pooler(model_dir) or "cls"
+
+
+def pooler_mismatch(model_dir: str | Path, configured: str | None) -> str | None:
+    """One warning line where ``model.pooler`` is set and differs from what the folder
+    declares (reading a sentence-transformers model with another pooling gives worse
+    embeddings, silently); ``None`` otherwise."""
+    declared = declared_pooler(model_dir)
+    if configured is None or declared is None or configured == declared:
+        return None
+    return (
+        f"model.pooler={configured}, but {model_dir} declares {declared} pooling; using {configured} "
+        f"(unset model.pooler to read the folder its own way)"
+    )
 
 
 def cpu_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

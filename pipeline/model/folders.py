@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -101,7 +102,22 @@ def fetch_pretrained_dir(name_or_path: str, out_dir: str | Path) -> Path:
             f"model.name_or_path: {name_or_path!r} is neither a model folder nor a reachable hub model "
             f"({str(exc).splitlines()[0]})"
         ) from None
+    _fetch_sentence_transformers_pooling(name_or_path, out)
     return out
+
+
+def _fetch_sentence_transformers_pooling(name: str, out: Path) -> None:
+    """Copy a hub model's ``1_Pooling/config.json`` beside its weights, where it has one, so an
+    unset ``model.pooler`` reads the model as its card says (``encoder.declared_pooler``)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        pooling = hf_hub_download(name, "1_Pooling/config.json")
+    except (EntryNotFoundError, OSError):  # a plain Hugging Face model declares no pooling
+        return
+    (out / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(pooling, out / "1_Pooling" / "config.json")
 
 
 def save_model_dir(model: SentenceEncoder, tokenizer: Any, out_dir: str | Path, max_seq_len: int) -> Path:

@@ -26,7 +26,7 @@ from pipeline.data.tokenized import TokenizedCorpus, row_lengths
 from pipeline.data.triplets import Triplets
 from pipeline.evaluation.in_training import TrainingEvaluator
 from pipeline.model.accel import enable_tf32, fused_adamw
-from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
+from pipeline.model.encoder import SentenceEncoder, folder_pooler, load_sentence_encoder
 from pipeline.model.flops import device_peak_tflops
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 from pipeline.tracking.metric_logger import MetricLogger
@@ -74,9 +74,9 @@ def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceE
     # Same initial weights on every rank: they come from one folder (and the MLP head from
     # one seed), so DDP starts consistent without a broadcast.
     torch.manual_seed(cfg.run.seed)
-    model = load_sentence_encoder(
-        model_dir, pooler=cfg.model.pooler, use_mlp=cfg.use_mlp, dropout=cfg.model.dropout
-    )
+    pooler = cfg.model.pooler or folder_pooler(model_dir)
+    use_mlp = pooler == "cls" if cfg.model.mlp is None else cfg.model.mlp  # SimCSE: a head with cls
+    model = load_sentence_encoder(model_dir, pooler=pooler, use_mlp=use_mlp, dropout=cfg.model.dropout)
     model.to(device)
     enable_tf32(device)
     if cfg.train.compile != "off":

@@ -19,7 +19,7 @@ def test_demo_config_loads_with_overrides():
     )
     assert cfg.train.epochs == 5 and cfg.train.lr == pytest.approx(1e-4)
     assert cfg.run.name == "abc" and cfg.mining.mines is False
-    assert cfg.model.pooler == "mean" and cfg.use_mlp is False
+    assert cfg.model.pooler == "mean"
     flat = cfg.flat()
     assert flat["train.temperature"] == 0.05 and flat["data.generated.num_groups"] == 400
 
@@ -27,8 +27,7 @@ def test_demo_config_loads_with_overrides():
 def test_defaults_follow_simcse():
     cfg = load_config(None)
     assert cfg.train.temperature == 0.05 and cfg.data.max_seq_len == 32 and cfg.model.dropout == 0.1
-    assert cfg.model.pooler == "cls" and cfg.use_mlp is True  # MLP on by default for cls
-    assert load_config(None, ["model.pooler=cls_before_pooler"]).use_mlp is False
+    assert cfg.model.pooler is None and cfg.model.mlp is None  # the folder's pooling; a head with cls
 
 
 @pytest.mark.parametrize(
