@@ -13,21 +13,6 @@ SamplerName = Literal[SAMPLER_NAMES]  # the names pipeline.batching.registry dec
 
 @dataclass
 class MiningSection:
-    @property
-    def mines(self) -> bool:
-        """Whether the run mines at all: ``refresh`` is not ``never``."""
-        return self.refresh != "never"
-
-    @property
-    def refreshes_at_boundaries(self) -> bool:
-        """Whether epoch boundaries ask the miner for a plan from the newest weights."""
-        return self.refresh in ("every_epoch", "every_epoch_async")
-
-    @property
-    def mode(self) -> Literal["sync", "async"]:
-        """``async`` when the boundary refresh runs while training goes on, else ``sync``."""
-        return "async" if self.refresh == "every_epoch_async" else "sync"
-
     top_k: int = 64
     """Neighbours searched per row (the candidate list every filter works on)."""
     range_min: int | None = None
@@ -68,24 +53,29 @@ class MiningSection:
     """How a refreshed epoch's rows are grouped into batches (the corpus task); every
     sampler covers each row once, in balanced batches, and keeps flagged false negatives
     apart. ``random`` (the default, because no sampler has yet beaten it on dev scores by
-    more than the seed spread: docs/results.md): random batches with each row's flagged
-    false negatives kept apart; the refresh then measures them (``mining/`` metrics).
+    more than the seed spread: docs/results.md): random batches, and no miner unless
+    ``refresh`` asks for one (it then keeps each row's flagged false negatives apart and
+    measures the batches: ``mining/`` metrics).
     ``knn``: each batch grown from a seed row's nearest neighbours (Prim's order), the
     BatchSampler paper's kNN baseline. See docs/results.md for what each measured."""
     random_negatives: int = 0
     """Pairs task: random negatives added per anchor beside its ``num_negatives`` mined
     ones (drawn from the positives' pool, duplicates of the anchor and positive excluded);
     mixing is what worked in tevatron #43."""
-    refresh: Literal["every_epoch", "every_epoch_async", "once", "never"] = "every_epoch"
-    """When negatives are mined. Pairs task: ``every_epoch``: once before epoch 1 with the
-    starting model (static, as sentence-transformers' ``mine_hard_negatives`` does), then again
-    at every epoch boundary with the newest weights (ANCE), while training waits.
+    refresh: Literal["every_epoch", "every_epoch_async", "once", "never"] | None = None
+    """When negatives are mined (:attr:`~pipeline.config.schema.Config.refresh` resolves
+    ``None``). Pairs task: ``every_epoch`` (its default): once before epoch 1 with the starting
+    model (static, as sentence-transformers' ``mine_hard_negatives`` does), then again at every
+    epoch boundary with the newest weights (ANCE), while training waits.
     ``every_epoch_async``: the same, but a boundary's refresh runs while training goes on, from
     weights ``max_staleness_steps`` before the boundary; training never waits for it. ``once``:
     before epoch 1 only; later epochs reshuffle the rows and keep their negatives. ``never``: no
     mining (the given negatives and in-batch negatives only).
     Corpus task: ``every_epoch``, ``every_epoch_async`` or ``never`` (its epoch 1 is always
-    random)."""
+    random). Its default follows ``batch_sampler``: ``every_epoch`` for ``knn`` batches, which
+    need the newest neighbours; ``never`` for ``random`` batches, where the miner would only
+    keep each row's nearest rows out of its batch, which measured no better than no miner
+    (docs/results.md, the Wikipedia sentences, 3 seeds)."""
     max_staleness_steps: int = 50
     """``every_epoch_async``: steps before an epoch's end at which the weights are snapshotted for the refresh."""
     timeout_s: float = 3600.0

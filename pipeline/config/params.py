@@ -26,7 +26,7 @@ RULES: list[Rule] = [
     ("data.text_column", lambda cfg: not cfg.pairs or _pool_has_columns(cfg)),
     # Mining: nothing but mining.refresh when no miner runs.
     ("mining.", lambda cfg: cfg.runs_miner),
-    ("mining.max_staleness_steps", lambda cfg: cfg.mining.refresh == "every_epoch_async"),
+    ("mining.max_staleness_steps", lambda cfg: cfg.refresh == "every_epoch_async"),
 ]
 """Keys in effect only with another setting; the keys of the other task (:data:`TASK_KEYS`)
 are left out as well (:meth:`~pipeline.config.schema.Config.other_task_keys`)."""
@@ -40,8 +40,10 @@ def params_in_effect(cfg: Config) -> dict[str, Any]:
     """``cfg``'s dotted keys and values (:meth:`Config.flat`) without those a rule in
     :data:`RULES` says are not in effect (``mining.refresh`` is always kept)."""
     off = [key for key, applies in RULES if not applies(cfg)] + cfg.other_task_keys()
+    # Keys the task resolves are logged as resolved: what the run did, not "null".
+    flat = {**cfg.flat(), "mining.refresh": cfg.refresh, "mining.range_min": cfg.range_min}
     return {
         key: value
-        for key, value in cfg.flat().items()
+        for key, value in flat.items()
         if key == "mining.refresh" or not any(_matches(key, rule_key) for rule_key in off)
     }

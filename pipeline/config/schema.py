@@ -124,14 +124,38 @@ class Config:
         return self.task == "pairs"
 
     @property
+    def refresh(self) -> str:
+        """``mining.refresh`` as resolved for the task (see that key): as set, else
+        ``every_epoch`` for pairs and for a corpus in ``knn`` batches, ``never`` for a corpus
+        in random batches."""
+        if self.mining.refresh is not None:
+            return self.mining.refresh
+        return "every_epoch" if self.pairs or self.mining.batch_sampler != "random" else "never"
+
+    @property
+    def mines(self) -> bool:
+        """Whether the run mines at all (:attr:`refresh` is not ``never``)."""
+        return self.refresh != "never"
+
+    @property
+    def refreshes_at_boundaries(self) -> bool:
+        """Whether epoch boundaries ask the miner for a plan from the newest weights."""
+        return self.refresh in ("every_epoch", "every_epoch_async")
+
+    @property
+    def refresh_mode(self) -> Literal["sync", "async"]:
+        """``async`` when a boundary's refresh runs while training goes on, else ``sync``."""
+        return "async" if self.refresh == "every_epoch_async" else "sync"
+
+    @property
     def mines_before_training(self) -> bool:
         """Pairs mine once with the starting model before epoch 1 (static negatives)."""
-        return self.pairs and self.mining.mines
+        return self.pairs and self.mines
 
     @property
     def runs_miner(self) -> bool:
         """Whether the run needs the miner actor (and FAISS)."""
-        return self.mines_before_training or (self.mining.refreshes_at_boundaries and self.train.epochs > 1)
+        return self.mines_before_training or (self.refreshes_at_boundaries and self.train.epochs > 1)
 
     @property
     def range_min(self) -> int:
@@ -191,7 +215,7 @@ class Config:
             ),
             (
                 "mining.refresh",
-                mining.refresh != "once" or self.pairs,
+                self.refresh != "once" or self.pairs,
                 "once needs task: pairs (a corpus is regrouped at epoch boundaries only)",
             ),
         ]

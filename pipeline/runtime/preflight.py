@@ -84,7 +84,7 @@ def check_writable(key: str, path: str) -> None:
 def preflight_train(cfg: Config) -> None:
     """Everything the training job's config needs from this machine, before any compute."""
     if cfg.runs_miner:
-        check_faiss(f"mining.refresh={cfg.mining.refresh} (hard-negative mining)")
+        check_faiss(f"mining.refresh={cfg.refresh} (hard-negative mining)")
     check_cuda(cfg)
     check_writable("run.output_dir", cfg.run.output_dir)
     if cfg.run.storage_path:

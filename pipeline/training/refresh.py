@@ -173,7 +173,7 @@ class PlanRefresher:
         a test scripts it (:mod:`pipeline.core.seams`)."""
         assert self.client is not None
         client = self.client
-        if not self._scripted or self.policy.pending is None or self.cfg.mining.mode != "async":
+        if not self._scripted or self.policy.pending is None or self.cfg.refresh_mode != "async":
             return client.finished
         if self._scripted.pop(0) == "late":
             return lambda ticket: False

@@ -53,13 +53,13 @@ class RefreshSettings:
         """The settings from ``cfg`` (``train.epochs``, ``run.seed`` and the ``mining`` section)."""
         return cls(
             epochs=cfg.train.epochs,
-            mode=cfg.mining.mode,
+            mode=cfg.refresh_mode,
             max_staleness_steps=cfg.mining.max_staleness_steps,
             timeout_s=cfg.mining.timeout_s,
             max_restarts=cfg.train.max_failures,
             seed=cfg.run.seed,
-            enabled=cfg.mining.mines,
-            at_boundaries=cfg.mining.refreshes_at_boundaries,
+            enabled=cfg.mines,
+            at_boundaries=cfg.refreshes_at_boundaries,
             before_training=cfg.mines_before_training,
         )
 

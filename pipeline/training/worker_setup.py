@@ -217,7 +217,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
     logger = open_logger(loop_config, rank, state, resumed=resume is not None)
     client = None
-    if loop_config.miner is not None and cfg.mining.mines:
+    if loop_config.miner is not None and cfg.mines:
         client = MinerClient(
             loop_config.miner,
             RefreshSettings.from_config(cfg),

@@ -18,7 +18,7 @@ def test_demo_config_loads_with_overrides():
         ["train.epochs=5", "train.lr=1e-4", "run.name=abc", "mining.refresh=never"],
     )
     assert cfg.train.epochs == 5 and cfg.train.lr == pytest.approx(1e-4)
-    assert cfg.run.name == "abc" and cfg.mining.mines is False
+    assert cfg.run.name == "abc" and cfg.mines is False
     assert cfg.model.pooler == "mean"
     flat = cfg.flat()
     assert flat["train.temperature"] == 0.05 and flat["data.generated.num_groups"] == 400
@@ -286,9 +286,13 @@ def test_params_leave_out_what_a_setting_turns_off():
     assert cpu["train.gpus_per_worker"] == 0  # 0: a CPU run, said by the one key
     off = params_in_effect(load_config(REPO / demo, ["mining.refresh=never"]))
     assert [k for k in off if k.startswith("mining.")] == ["mining.refresh"]
-    # What is left is the config's own values, unchanged.
-    flat = load_config(REPO / demo).flat()
-    assert all(flat[k] == v for k, v in cpu.items()) and "mining.batch_sampler" in cpu
+    # What is left is the config's own values, unchanged; what the task resolves, as resolved.
+    demo_cfg = load_config(REPO / demo)
+    flat = demo_cfg.flat()
+    assert flat["mining.refresh"] is None and flat["mining.range_min"] is None
+    assert cpu["mining.refresh"] == demo_cfg.refresh == "every_epoch" and cpu["mining.range_min"] == 10
+    resolved = {"mining.refresh", "mining.range_min"}
+    assert all(flat[k] == v for k, v in cpu.items() if k not in resolved) and "mining.batch_sampler" in cpu
     pairs = params_in_effect(load_config(REPO / "jobs/configs/recipe-twitter-url.yaml"))
     assert "data.text_column" not in pairs and pairs["data.anchor_column"] == flat["data.anchor_column"]
     csv_pool = ["data.pool=pool.csv", "data.pool_format=csv"]

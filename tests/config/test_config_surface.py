@@ -51,7 +51,9 @@ def test_every_task_key_exists_and_the_params_leave_out_the_other_tasks_keys():
 
     flat = Config().flat()
     assert all(key in flat for keys in TASK_KEYS.values() for key in keys)
-    corpus = params_in_effect(load_config(None, ["train.epochs=2"]))  # a refresh: the miner runs
+    corpus = params_in_effect(
+        load_config(None, ["train.epochs=2", "mining.batch_sampler=knn"])
+    )  # the miner runs
     pairs = params_in_effect(load_config(None, ["task=pairs", "data.path=rows.jsonl"]))
     assert not set(TASK_KEYS["pairs"]) & set(corpus) and set(TASK_KEYS["corpus"]) <= set(corpus)
     assert not set(TASK_KEYS["corpus"]) & set(pairs) and set(TASK_KEYS["pairs"]) <= set(pairs)
