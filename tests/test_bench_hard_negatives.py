@@ -24,7 +24,11 @@ def hn():
 def test_sampler_variants_of_the_unsupervised_tasks(hn):
     assert hn.variant_overrides("cnsd", "peer") is None
     assert hn.variant_overrides("cnsd", "random-norefresh") == ["mining.refresh=never"]
-    assert hn.variant_overrides("wiki", "knn") == ["mining.batch_sampler=knn"]
+    assert hn.variant_overrides("wiki", "knn") == ["mining.batch_sampler=knn", "mining.refresh=every_epoch"]
+    assert hn.variant_overrides("wiki", "random") == [
+        "mining.batch_sampler=random",
+        "mining.refresh=every_epoch",
+    ]
     assert hn.parse_list(hn.TASKS["cnsd"].variants) == ["random", "knn", "peer"]
     for variant in hn.parse_list(hn.TASKS["cnsd"].variants):
         hn.variant_overrides("cnsd", variant)  # the defaults are all valid
