@@ -90,10 +90,9 @@ REMOVED_KEYS = {
 TASK_KEYS: dict[str, tuple[str, ...]] = {
     "pairs": (
         "data.anchor_column", "data.positive_column", "data.negative_column", "data.label_column",
-        "data.given_negatives", "data.pool", "data.pool_format",
-        "mining.random_negatives", "train.hard_negative_weight",
+        "data.given_negatives", "mining.random_negatives", "train.hard_negative_weight",
     ),
-    "corpus": ("data.generated.num_groups", "data.generated.sts_pairs", "mining.batch_sampler"),
+    "corpus": ("mining.batch_sampler",),
 }  # fmt: skip
 """The keys only one task reads. Every other key means something in both tasks; one of these
 set in the other task's config is an error, and the run's params leave them out there."""

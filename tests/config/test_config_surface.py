@@ -35,7 +35,6 @@ def test_a_removed_key_stops_with_one_line_that_says_what_decides_it_now(key):
         ("corpus", "data.label_column=label", "pairs"),
         ("corpus", "train.hard_negative_weight=1.0", "pairs"),
         ("pairs", "mining.batch_sampler=knn", "corpus"),
-        ("pairs", "data.generated.num_groups=10", "corpus"),
     ],
 )
 def test_a_key_of_the_other_task_is_an_error_not_ignored(task, override, owner):

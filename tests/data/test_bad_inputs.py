@@ -156,7 +156,7 @@ PRE_RAY = {
         "error: data.text_column: column 'text' not in {tmp}/corpus.parquet (columns: sentence, label)",
     ),
     "triplet csv without the positive column": (
-        ["data.path={tmp}/pairs.csv", "task=pairs"],
+        ["data.path={tmp}/pairs.csv", "task=pairs", "mining.batch_sampler=random"],  # demo's knn: corpus only
         1,
         "error: data.positive_column: column 'positive' not in {tmp}/pairs.csv (columns: anchor, answer)",
     ),
