@@ -70,6 +70,11 @@ def test_cnsd_reader_uses_fields_not_ids(tmp_path):
     ]
 
 
+# PAIRS as a tab-separated file with a header, and as JSON lines.
+_HEADED_TSV = "sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in PAIRS)
+_JSONL = "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in PAIRS)
+
+
 def test_header_formats(tmp_path):
     import csv
 
@@ -80,14 +85,9 @@ def test_header_formats(tmp_path):
         for s1, s2, score in PAIRS:
             writer.writerow([score, s1, s2 + ", with a comma", "x"])
     tsv_path = tmp_path / "pairs.tsv"
-    tsv_path.write_text(
-        "sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in PAIRS), encoding="utf-8"
-    )
+    tsv_path.write_text(_HEADED_TSV, encoding="utf-8")
     jsonl_path = tmp_path / "pairs.jsonl"
-    jsonl_path.write_text(
-        "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in PAIRS),
-        encoding="utf-8",
-    )
+    jsonl_path.write_text(_JSONL, encoding="utf-8")
     got_csv = read_sts(csv_path)
     assert got_csv.format == "csv" and got_csv.sentences2[0] == PAIRS[0][1] + ", with a comma"
     for path, fmt in ((tsv_path, "tsv"), (jsonl_path, "jsonl")):
@@ -100,14 +100,9 @@ def test_auto_detection_needs_no_format_for_a_misleading_extension(tmp_path):
     """What a format setting was once needed for: a tab-separated header in a .csv or .txt
     file, JSON lines in a .txt file."""
     tsv_in_csv = tmp_path / "pairs.csv"
-    tsv_in_csv.write_text(
-        "sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in PAIRS), encoding="utf-8"
-    )
+    tsv_in_csv.write_text(_HEADED_TSV, encoding="utf-8")
     jsonl_in_txt = tmp_path / "pairs.txt"
-    jsonl_in_txt.write_text(
-        "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in PAIRS),
-        encoding="utf-8",
-    )
+    jsonl_in_txt.write_text(_JSONL, encoding="utf-8")
     for path, fmt in ((tsv_in_csv, "tsv"), (jsonl_in_txt, "jsonl")):
         sts = read_sts(path)
         assert sts.format == fmt and sts.sentences2 == [p[1] for p in PAIRS]
