@@ -29,7 +29,7 @@ from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.pairs import index_pairs, load_pairs
 from pipeline.data.tokenized import dataset_digest
 from pipeline.jobs.pair_mining import MiningReport, mine_pairs
-from pipeline.model.encoder import load_sentence_encoder, pooler_mismatch
+from pipeline.model.encoder import load_sentence_encoder, pooler_warning
 from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
 from pipeline.runtime.cluster import ray_session
 from pipeline.runtime.preflight import preflight_mine
@@ -102,9 +102,8 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = Fals
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = fetch_pretrained_dir(cfg.model.name_or_path, tmp)
             tokenizer = load_tokenizer(model_dir)
-            mismatch = pooler_mismatch(model_dir, cfg.model.pooler)
-            if mismatch:
-                echo(f"[model] warning: {mismatch}")
+            if pooler_line := pooler_warning(model_dir, cfg.model.pooler):
+                echo(pooler_line)
             model = load_sentence_encoder(model_dir, pooler=cfg.model.pooler)
         table, report = mine_pairs(
             anchors,

@@ -27,7 +27,7 @@ from pipeline.evaluation.retrieval_scoring import RetrievalEvalSet
 from pipeline.evaluation.retrieval_sets import RetrievalSet
 from pipeline.evaluation.scoring import STSEvalSet
 from pipeline.evaluation.sts import STSPairs
-from pipeline.model.encoder import pooler_mismatch
+from pipeline.model.encoder import pooler_warning
 from pipeline.model.folders import fetch_pretrained_dir, load_tokenizer, pack_dir
 from pipeline.model.tiny import build_random_bert_dir
 from pipeline.tracking.context import log_run_context
@@ -161,9 +161,8 @@ def tokenize_inputs(
     tokenizer has an unknown token; params, not charts: they never change within a run), with
     a warning line when many tokens are ``[UNK]``."""
     model_dir = prepare_model_dir(cfg, lambda: data.corpus.column("text").to_pylist(), run_dir)
-    mismatch = pooler_mismatch(model_dir, cfg.model.pooler)
-    if mismatch:
-        echo(f"[model] warning: {mismatch}")
+    if pooler_line := pooler_warning(model_dir, cfg.model.pooler):
+        echo(pooler_line)
     tokenizer = load_tokenizer(model_dir)
     t0 = time.perf_counter()
     tokenized, token_stats = tokenize_corpus_with_stats(data.corpus, tokenizer, cfg.data)

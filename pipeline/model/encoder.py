@@ -98,16 +98,16 @@ def folder_pooler(model_dir: str | Path) -> str:
     return declared_pooler(model_dir) or "cls"
 
 
-def pooler_mismatch(model_dir: str | Path, configured: str | None) -> str | None:
-    """One warning line where ``model.pooler`` is set and differs from what the folder
-    declares (reading a sentence-transformers model with another pooling gives worse
+def pooler_warning(model_dir: str | Path, configured: str | None) -> str | None:
+    """The job's one warning line where ``model.pooler`` is set and differs from what the
+    folder declares (reading a sentence-transformers model with another pooling gives worse
     embeddings, silently); ``None`` otherwise."""
     declared = declared_pooler(model_dir)
     if configured is None or declared is None or configured == declared:
         return None
     return (
-        f"model.pooler={configured}, but {model_dir} declares {declared} pooling; using {configured} "
-        f"(unset model.pooler to read the folder its own way)"
+        f"[model] warning: model.pooler={configured}, but {model_dir} declares {declared} pooling; "
+        f"using {configured} (unset model.pooler to read the folder its own way)"
     )
 
 

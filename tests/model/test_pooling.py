@@ -10,7 +10,7 @@ from transformers import AutoModel
 
 from pipeline.config.loading import load_config
 from pipeline.model.encode import encode_texts
-from pipeline.model.encoder import declared_pooler, folder_pooler, load_sentence_encoder, pooler_mismatch
+from pipeline.model.encoder import declared_pooler, folder_pooler, load_sentence_encoder, pooler_warning
 from pipeline.model.folders import load_tokenizer
 
 SENTENCES = ["a cat sat on the mat", "the dog ran", "a short one", "and a somewhat longer sentence here"]
@@ -66,13 +66,14 @@ def test_an_unset_pooler_reads_a_sentence_transformers_folder_with_its_own_pooli
 
 def test_a_pooler_set_against_the_folder_wins_with_one_warning_line(tiny_model_dir, tmp_path):
     folder = _sentence_transformers_folder(tiny_model_dir, tmp_path, "mean")
-    warning = pooler_mismatch(folder, "cls")
+    warning = pooler_warning(folder, "cls")
     assert warning is not None and "\n" not in warning
-    assert "model.pooler=cls" in warning and "declares mean pooling" in warning and str(folder) in warning
+    assert warning.startswith("[model] warning: model.pooler=cls, but ")
+    assert "declares mean pooling" in warning and str(folder) in warning
     assert load_sentence_encoder(folder, pooler="cls").pooler == "cls"
-    assert pooler_mismatch(folder, "mean") is None and pooler_mismatch(folder, None) is None
+    assert pooler_warning(folder, "mean") is None and pooler_warning(folder, None) is None
 
 
 def test_a_plain_hugging_face_folder_declares_nothing_and_reads_as_cls(tiny_model_dir):
     assert declared_pooler(tiny_model_dir) is None and folder_pooler(tiny_model_dir) == "cls"
-    assert pooler_mismatch(tiny_model_dir, "mean") is None  # nothing declared: nothing to contradict
+    assert pooler_warning(tiny_model_dir, "mean") is None  # nothing declared: nothing to contradict
