@@ -47,15 +47,16 @@ def mining_metrics(mined: MinedNegatives, *, random_pairs: np.ndarray, pool_size
         return int(pc.sum(mined.table.column(column)).as_py() or 0)
 
     found = mined.scores[mined.negatives >= 0]
+    candidates = total("candidates")
     removed = {name: total(f"removed_{name}") for name in FILTERS}
-    passed, left = {}, total("candidates")
+    passed, left = {}, candidates
     for name in FILTERS:
         left -= removed[name]
         passed[name] = left
     return {
         **{f"mining/{stage}_s": seconds for stage, seconds in mined.seconds.items()},
         "mining/corpus_size": float(pool_size),
-        "mining/candidates": float(total("candidates")),
+        "mining/candidates": float(candidates),
         "mining/kept": float(total("kept")),
         **{f"mining/removed_{name}": float(count) for name, count in removed.items()},
         **{f"mining/passed_{name}": float(count) for name, count in passed.items()},
