@@ -273,7 +273,9 @@ def run_train_job(
     ``workdir``, in :func:`timed_job_env`, its output to ``log``; returns its wall seconds.
     Stops the script with the end of the log where the job fails (``what``: which run)."""
     command = [sys.executable, str(REPO / "jobs" / "train.py")]
-    command += ["--config", str(config)] if config is not None else []
+    # The job runs from workdir: a config path relative to the caller's directory must not
+    # be read relative to it.
+    command += ["--config", str(Path(config).resolve())] if config is not None else []
     for item in overrides:
         command += ["--set", item]
     started = time.perf_counter()
