@@ -37,14 +37,13 @@ negatives column it trains with (pairs; None for a corpus), and what the boundar
 class PlanRefresher:
     """Gets each next epoch's plan from the miner (rank 0 talks to it) for every rank.
 
-    ``sync``: at the epoch boundary rank 0 snapshots the weights and submits the refresh;
-    the workers evaluate meanwhile (if ``eval.sts`` is set), then wait for the plan, which
-    rank 0 broadcasts.
-    ``async``: ``mining.max_staleness_steps`` steps before the boundary rank 0 snapshots the
-    weights and submits the refresh, and training goes on while the miner works. At the
-    boundary the newest finished plan is adopted without waiting; if the refresh has not
-    finished, the current plan is kept (its batches reshuffled) and the refresh's plan is
-    adopted at the next boundary, with its larger staleness logged.
+    Rank 0 snapshots the weights and submits the refresh a fixed number of steps before the
+    epoch's end (``every_epoch``: after its last step, so the epoch-end evaluation overlaps the
+    miner's work; ``every_epoch_async``: ``mining.max_staleness_steps`` before, and training
+    goes on meanwhile). At the boundary a finished refresh's plan is adopted; one still
+    running is waited for (``every_epoch``) or left for a later boundary while the current
+    plan is kept, its batches reshuffled (``every_epoch_async``; its larger staleness is
+    logged when it is adopted). Rank 0 broadcasts what it chose.
 
     A miner that dies during a refresh is restarted by Ray (``train.max_failures``); the
     refresh is then submitted again with the newest weights, and the event is logged.
@@ -106,19 +105,12 @@ class PlanRefresher:
     def after_step(
         self, epoch: int, steps_done: int, plan: BatchPlan, step: int, model: SentenceEncoder
     ) -> None:
-        """Async only: submit the refresh once ``max_staleness_steps`` remain in the epoch
-        (at once when a run resumes past that point: the lost refresh is not waited for).
+        """Submit the refresh once the policy's lead of steps remain in the epoch (at once
+        when a run resumes past that point: a lost refresh is not waited for).
 
         Its plan becomes version ``plan.version + 1``: no other plan can be adopted before it.
         """
         if self.policy.submits_after_step(epoch, steps_done, plan.num_batches):
-            self._submit(epoch, model, plan.version + 1, step)
-
-    def start_boundary_refresh(self, epoch: int, plan: BatchPlan, step: int, model: SentenceEncoder) -> None:
-        """Sync: submit the epoch-end refresh as soon as the epoch's last step is done, so that
-        what runs before :meth:`next_plan` (the evaluation) overlaps the miner's work. The
-        weights are the same either way: nothing trains in between."""
-        if self.policy.submits_at_epoch_end(epoch):
             self._submit(epoch, model, plan.version + 1, step)
 
     def next_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> Adopted:
@@ -170,14 +162,19 @@ class PlanRefresher:
 
     def _finished_predicate(self) -> Callable[[Any], bool]:
         """Whether a pending refresh counts as finished at this boundary: by the clock, or as
-        a test scripts it (:mod:`pipeline.core.seams`)."""
+        a test scripts it (:mod:`pipeline.core.seams`: each boundary that asks takes the next
+        word)."""
         assert self.client is not None
-        client = self.client
-        if not self._scripted or self.policy.pending is None or self.cfg.refresh_mode != "async":
-            return client.finished
-        if self._scripted.pop(0) == "late":
-            return lambda ticket: False
-        return lambda ticket: client.finished(ticket, within_s=self.cfg.mining.timeout_s)
+        client, scripted = self.client, self._scripted
+
+        def finished(ticket: Any) -> bool:
+            if not scripted:
+                return client.finished(ticket)
+            if scripted.pop(0) == "late":
+                return False
+            return client.finished(ticket, within_s=self.cfg.mining.timeout_s)
+
+        return finished
 
     def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
         """The rows in fresh random batches (same version) where the plan's batches carry no

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import UnrecoverableError
 
@@ -34,8 +34,14 @@ class RefreshSettings:
     """The part of the config that the refresh decisions read."""
 
     epochs: int
-    mode: Literal["sync", "async"]
-    max_staleness_steps: int
+    lead_steps: int
+    """Steps before an epoch's end at which rank 0 snapshots the weights and submits the
+    refresh: 0 for ``every_epoch`` (after the last step), ``mining.max_staleness_steps`` for
+    ``every_epoch_async``."""
+    waits: bool
+    """What a boundary does with a refresh that has not finished: wait for it (``every_epoch``)
+    or keep the current plan, reshuffled, and adopt the refresh's at a later boundary
+    (``every_epoch_async``). The one rule in which the two modes differ."""
     timeout_s: float
     max_restarts: int
     """Times a dead miner is restarted (``train.max_failures``; -1: no limit)."""
@@ -53,8 +59,8 @@ class RefreshSettings:
         """The settings from ``cfg`` (``train.epochs``, ``run.seed`` and the ``mining`` section)."""
         return cls(
             epochs=cfg.train.epochs,
-            mode=cfg.refresh_mode,
-            max_staleness_steps=cfg.mining.max_staleness_steps,
+            lead_steps=cfg.mining.max_staleness_steps if cfg.refresh_mode == "async" else 0,
+            waits=cfg.refresh_mode == "sync",
             timeout_s=cfg.mining.timeout_s,
             max_restarts=cfg.train.max_failures,
             seed=cfg.run.seed,
@@ -80,7 +86,7 @@ class BoundaryAction(enum.Enum):
     """What rank 0 does at a boundary that asks the miner."""
 
     WAIT = "wait"
-    """Sync: wait for the refresh's plan (submitting it now if it is not under way)."""
+    """``waits``: wait for the refresh's plan (submitting it now if it is not under way)."""
     ADOPT = "adopt"
     """Async: the refresh has finished: collect and adopt its plan."""
     LATE = "late"
@@ -121,22 +127,15 @@ class RefreshPolicy:
         weights: the pairs task, a fresh run (a resumed one carries its plan in the checkpoint)."""
         return self.settings.enabled and self.settings.before_training and step == 0
 
-    def _rank0_asking(self, epoch: int, mode: str) -> bool:
-        return self.rank == 0 and self.settings.mode == mode and self.asks_miner(epoch)
-
     def submits_after_step(self, epoch: int, steps_done: int, num_batches: int) -> bool:
-        """Async: whether to submit the refresh now, ``steps_done`` of the epoch's ``num_batches``
-        steps in: once ``max_staleness_steps`` remain (at once for a run resumed past that
-        point), once per epoch, and not while a refresh is under way."""
-        if not self._rank0_asking(epoch, "async"):
+        """Whether rank 0 submits the refresh now, ``steps_done`` of the epoch's ``num_batches``
+        steps in: once ``lead_steps`` remain (after the last step for a lead of 0; at once for
+        a run resumed past that point), once per epoch, and not while a refresh is under way."""
+        if self.rank != 0 or not self.asks_miner(epoch):
             return False
         if self.pending is not None or self._submitted_in_epoch == epoch:
             return False
-        return steps_done >= max(0, num_batches - self.settings.max_staleness_steps)
-
-    def submits_at_epoch_end(self, epoch: int) -> bool:
-        """Sync: whether to submit the refresh when epoch ``epoch``'s last step is done."""
-        return self._rank0_asking(epoch, "sync")
+        return steps_done >= max(0, num_batches - self.settings.lead_steps)
 
     def submitted(self, epoch: int, ticket: Any, step: int, now: float) -> None:
         """Record a refresh submitted in epoch ``epoch`` from the weights at ``step``, at time ``now``."""
@@ -146,14 +145,14 @@ class RefreshPolicy:
     def boundary_action(self, now: float, finished: Callable[[Any], bool]) -> BoundaryAction:
         """Rank 0, at a boundary that :meth:`asks_miner`: what to do at time ``now``.
 
-        ``finished(ticket)`` says whether the pending refresh is done; it is called only in
-        async mode with a refresh under way.
+        ``finished(ticket)`` says whether the pending refresh is done; it is called only where
+        the boundary does not wait and a refresh is under way.
 
         Raises:
-            UnrecoverableError: async, and the refresh under way was submitted more than
-                ``mining.timeout_s`` ago.
+            UnrecoverableError: the boundary does not wait, and the refresh under way was
+                submitted more than ``mining.timeout_s`` ago.
         """
-        if self.settings.mode == "sync":
+        if self.settings.waits:
             return BoundaryAction.WAIT
         if self.pending is None:
             return BoundaryAction.RESHUFFLE
@@ -167,10 +166,10 @@ class RefreshPolicy:
 
     def adopted(self, step: int) -> int:
         """The pending refresh's plan is adopted at ``step``: forget the refresh and return its
-        staleness, the steps between its weights and now (0 in sync mode: it mines the
-        boundary's own weights)."""
+        staleness, the steps between its weights and now (0 for a refresh submitted after the
+        epoch's last step, or at the boundary itself)."""
         pending, self.pending = self.pending, None
-        if self.settings.mode == "sync" or pending is None:
+        if pending is None:
             return 0
         return step - pending.snapshot_step
 

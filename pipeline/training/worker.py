@@ -218,7 +218,6 @@ class SimCSEWorker:
         state.history.epoch_losses.append(epoch_loss)
         state.history.plan_versions.append(plan.version)
         epoch_seconds = state.epoch_seconds + time.perf_counter() - self.segment_start
-        self.refresher.start_boundary_refresh(epoch, plan, state.step, self.model)
         if self.evaluator is not None:
             self.evaluate(epoch + 1)
         state.epoch = epoch + 1

@@ -16,9 +16,13 @@ NUM_BATCHES = 10
 
 def _settings(**changes) -> RefreshSettings:
     base = RefreshSettings(
-        epochs=3, mode="async", max_staleness_steps=3, timeout_s=60.0, max_restarts=2, seed=42, enabled=True
+        epochs=3, lead_steps=3, waits=False, timeout_s=60.0, max_restarts=2, seed=42, enabled=True
     )
     return dataclasses.replace(base, **changes)
+
+
+SYNC = {"lead_steps": 0, "waits": True}
+"""``mining.refresh: every_epoch``: submitted after the epoch's last step, waited for."""
 
 
 def _policy(rank: int = 0, **changes) -> RefreshPolicy:
@@ -47,9 +51,13 @@ def test_settings_are_read_from_the_config_once():
         ],
     )  # fmt: skip
     assert RefreshSettings.from_config(cfg) == RefreshSettings(
-        epochs=4, mode="async", max_staleness_steps=5, timeout_s=12.5, max_restarts=2, seed=7, enabled=True,
+        epochs=4, lead_steps=5, waits=False, timeout_s=12.5, max_restarts=2, seed=7, enabled=True,
         at_boundaries=True, before_training=False,
     )  # fmt: skip
+    sync = RefreshSettings.from_config(
+        load_config(None, ["mining.refresh=every_epoch", "mining.max_staleness_steps=5"])
+    )
+    assert (sync.lead_steps, sync.waits) == (0, True)  # the staleness setting is async's alone
 
 
 @pytest.mark.parametrize(
@@ -94,7 +102,6 @@ def test_refresh_once_is_for_pair_mode_only():
 def test_async_submits_exactly_when_max_staleness_steps_remain_and_once_per_epoch():
     policy = _policy()
     assert _first_submit_step(policy, epoch=0) == NUM_BATCHES - 3
-    assert not policy.submits_at_epoch_end(0)  # the sync rule does not apply
     policy.submitted(0, "ref-1", step=7, now=100.0)
     assert policy.pending is not None and policy.pending.snapshot_step == 7
     assert _first_submit_step(policy, epoch=0) is None  # one under way
@@ -104,7 +111,7 @@ def test_async_submits_exactly_when_max_staleness_steps_remain_and_once_per_epoc
 
 
 def test_async_staleness_longer_than_the_epoch_submits_before_its_first_step():
-    policy = _policy(max_staleness_steps=NUM_BATCHES + 5)
+    policy = _policy(lead_steps=NUM_BATCHES + 5)
     assert _first_submit_step(policy, epoch=0) == 0
 
 
@@ -114,10 +121,9 @@ def test_a_run_resumed_past_the_submit_point_submits_at_once():
     assert policy.submits_after_step(0, steps_done=9, num_batches=NUM_BATCHES)
 
 
-def test_sync_submits_at_the_epoch_end_and_waits_at_the_boundary():
-    policy = _policy(mode="sync")
-    assert _first_submit_step(policy, epoch=0) is None
-    assert policy.submits_at_epoch_end(0)
+def test_sync_submits_after_the_last_step_and_waits_at_the_boundary():
+    policy = _policy(**SYNC)
+    assert _first_submit_step(policy, epoch=0) == NUM_BATCHES  # by the same rule as async, lead 0
     policy.submitted(0, "ref-1", step=10, now=0.0)
     # However long the miner takes, sync waits: neither late nor timed out here.
     assert policy.boundary_action(now=1e9, finished=_never_called) is BoundaryAction.WAIT
@@ -127,34 +133,31 @@ def test_sync_submits_at_the_epoch_end_and_waits_at_the_boundary():
 
 def test_sync_boundary_waits_even_with_nothing_submitted():
     # Resumed from a checkpoint written before the refresh came back: the boundary asks again.
-    policy = _policy(mode="sync")
+    policy = _policy(**SYNC)
     assert policy.boundary_action(now=0.0, finished=_never_called) is BoundaryAction.WAIT
     assert policy.adopted(step=20) == 0
 
 
 def test_no_refresh_after_the_last_epoch():
-    for mode in ("sync", "async"):
-        policy = _policy(mode=mode, epochs=3)
+    for mode in ({}, SYNC):
+        policy = _policy(**mode, epochs=3)
         assert policy.asks_miner(1)
         assert not policy.asks_miner(2)
         assert _first_submit_step(policy, epoch=2) is None
-        assert not policy.submits_at_epoch_end(2)
 
 
 def test_only_rank_0_submits_but_every_rank_knows_the_boundary_asks():
-    for mode in ("sync", "async"):
-        policy = _policy(rank=1, mode=mode)
+    for mode in ({}, SYNC):
+        policy = _policy(rank=1, **mode)
         assert policy.asks_miner(0)
         assert _first_submit_step(policy, epoch=0) is None
-        assert not policy.submits_at_epoch_end(0)
 
 
 def test_mining_disabled_never_asks_the_miner():
-    for mode in ("sync", "async"):
-        policy = _policy(mode=mode, enabled=False)
+    for mode in ({}, SYNC):
+        policy = _policy(**mode, enabled=False)
         assert not any(policy.asks_miner(epoch) for epoch in range(3))
         assert _first_submit_step(policy, epoch=0) is None
-        assert not policy.submits_at_epoch_end(0)
 
 
 def test_async_finished_refresh_is_adopted_with_its_staleness():
