@@ -7,7 +7,8 @@ texts, then runs the training job's driver stages on it in a fresh process, insi
 read and index the pairs (``load_training_data``), tokenize them on Ray Data
 (``tokenize_inputs``) and put the inputs in the object store (``put_inputs``), exactly as
 ``jobs/train.py`` does before it starts the trainer. It prints a table of the driver's resident
-memory before the data stages (after Ray started) and its peak (``VmHWM``) after them.
+memory before the data stages (after Ray started) and its peak (``VmHWM``) after them, then each
+stage's own peak (``VmHWM`` reset before it) and the memory it left resident.
 
     python -m bench.driver_memory --rows 2000000 --model runs/recipe-data/all-MiniLM-L6-v2
 
@@ -24,7 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +59,15 @@ def _rss_mib(field: str) -> float:
     return float("nan")
 
 
-def run_stages(path: str, model: str, sets: list[str], workdir: Path) -> dict[str, float]:
-    """The driver's data stages on ``path``; the driver's memory before and at its peak."""
+def _reset_peak() -> None:
+    """Start a new ``VmHWM`` from the current resident size (Linux: ``clear_refs`` 5), so that
+    each stage's peak is its own."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def run_stages(path: str, model: str, sets: list[str], workdir: Path) -> dict[str, Any]:
+    """The driver's data stages on ``path``: the driver's memory before them, its peak over
+    all of them, and each stage's own peak and what it left resident."""
     from pipeline.config.loading import load_config
     from pipeline.core.errors import ConfigError
     from pipeline.jobs.train_inputs import load_training_data, put_inputs, tokenize_inputs
@@ -72,17 +82,26 @@ def run_stages(path: str, model: str, sets: list[str], workdir: Path) -> dict[st
     except ConfigError:  # a commit before `task: pairs`
         cfg = load_config(None, ["mining.negative_mode=triplet", *base, *sets])
     tracked = start_or_resume_run(f"sqlite:///{workdir / 'mlruns.db'}", "driver-memory", "driver-memory")
+    stages: list[dict[str, Any]] = []
+
+    def measured(name: str, stage: Callable[[], Any]) -> Any:
+        _reset_peak()
+        started = time.perf_counter()
+        result = stage()
+        stages.append({"stage": name, "peak_mib": _rss_mib("VmHWM"), "after_mib": _rss_mib("VmRSS"),
+                       "seconds": time.perf_counter() - started})  # fmt: skip
+        return result
+
     with ray_session(cfg):
         before = _rss_mib("VmRSS")
         started = time.perf_counter()
-        data = load_training_data(cfg, tracked, print)
-        inputs = tokenize_inputs(cfg, data, workdir / "run", tracked, print)
-        put_inputs(cfg, data, inputs, [], print, [])
+        data = measured("read and index the pairs", lambda: load_training_data(cfg, tracked, print))
+        inputs = measured("tokenize", lambda: tokenize_inputs(cfg, data, workdir / "run", tracked, print))
+        measured("put in the object store", lambda: put_inputs(cfg, data, inputs, [], print, []))
         seconds = time.perf_counter() - started
-        peak = _rss_mib("VmHWM")
     tracked.finish()
     return {"rows": data.rows, "texts": inputs.corpus.num_rows, "rss_before_mib": before,
-            "peak_rss_mib": peak, "seconds": seconds}  # fmt: skip
+            "peak_rss_mib": max(s["peak_mib"] for s in stages), "seconds": seconds, "stages": stages}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     print(f"| {args.label or 'this checkout'} | {result['rows']:,} | {result['texts']:,} | {size:.0f} | "
           f"{result['rss_before_mib']:.0f} | {result['peak_rss_mib']:.0f} | {result['seconds']:.0f} |")  # fmt: skip
+    if result.get("stages"):  # older checkouts' --stage-only reports no stages
+        print("\n| stage | peak RSS MiB | RSS after MiB | s |\n|---|---|---|---|")
+        for stage in result["stages"]:
+            print(
+                f"| {stage['stage']} | {stage['peak_mib']:.0f} | {stage['after_mib']:.0f} | {stage['seconds']:.0f} |"
+            )
     return 0
 
 

@@ -21,6 +21,7 @@ from conftest import PYTHON, REPO, RayHead
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
+from pipeline.core.seams import CONNECT_TIMEOUT_ENV
 from pipeline.runtime.cluster import free_port
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
@@ -140,14 +141,14 @@ def test_jobs_at_once_beside_each_other_and_a_ray_start_head(tmp_path, trained_t
 def test_a_cluster_that_does_not_answer_fails_in_seconds_with_one_line(tmp_path):
     dead = f"127.0.0.1:{free_port()}"
     proc = subprocess.run(
-        [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", "ray.connect_timeout_s=2"],
-        cwd=tmp_path, env=job_env({"RAY_ADDRESS": dead}), capture_output=True, text=True, timeout=180,
+        [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO],
+        cwd=tmp_path, env=job_env({"RAY_ADDRESS": dead, CONNECT_TIMEOUT_ENV: "2"}), capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: no Ray cluster answers at RAY_ADDRESS={dead} (Connection refused) after "
-        "ray.connect_timeout_s=2s; start it, fix the address, or unset it to start a local Ray"
+        "2s; start it, fix the address, or unset it to start a local Ray"
     ], proc.stderr
     assert "Traceback" not in proc.stderr
     assert _finished_run(tmp_path / "mlruns.db", "simcse-demo").info.status == "FAILED"

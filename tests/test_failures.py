@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
 from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wait_for
-from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV, TRACKING_CONNECT_TIMEOUT_ENV
+from pipeline.core.seams import CONNECT_TIMEOUT_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.runtime.cluster import free_port
 from pipeline.tracking.review import refresh_table
 
@@ -275,7 +275,7 @@ def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
     port = free_port()  # nothing listens there
     proc = subprocess.run(
         [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"tracking.uri=http://127.0.0.1:{port}"],
-        cwd=tmp_path, env=job_env({TRACKING_CONNECT_TIMEOUT_ENV: "2"}), capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, env=job_env({CONNECT_TIMEOUT_ENV: "2"}), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

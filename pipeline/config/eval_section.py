@@ -33,11 +33,17 @@ class EvalSection:
     ``retrieval_<set>_{ndcg_at_10,mrr_at_10,recall_at_1,recall_at_10,recall_at_100}``
     (higher is better). ``None``: the first STS file's Spearman, else the first retrieval set's
     nDCG@10."""
+    patience: int = 0
+    """Early stopping: end the run at the first epoch end where the last ``patience``
+    evaluations (epoch ends, and every ``every_steps``) did not beat the best ``select_by``
+    score so far; the best model is exported as always. 0: train every epoch. Needs an
+    evaluation (``eval.sts`` or ``eval.retrieval``)."""
 
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""
         return [
             ("eval.every_steps", self.every_steps >= 0, "must be >= 0"),
+            ("eval.patience", self.patience >= 0, "must be >= 0 (0: no early stopping)"),
             ("eval.retrieval", all(p.strip() for p in self.retrieval), "must not hold an empty path"),
             (
                 "eval.select_by",

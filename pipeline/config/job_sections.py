@@ -33,15 +33,12 @@ class RaySection:
     address: str | None = None
     """Cluster to join. ``None``: ``RAY_ADDRESS`` if set (as under ``ray job submit``), else start
     a local Ray."""
-    connect_timeout_s: float = 30.0
-    """How long a job waits for the cluster at ``ray.address`` / ``RAY_ADDRESS`` to answer
-    before failing with one line (Ray's own client would retry for many minutes)."""
     num_cpus: float | None = None
     """Logical CPUs of a locally started Ray (``None``: the machine's count)."""
 
     def checks(self) -> list[Check]:
-        """This section's rules (see :data:`Check`)."""
-        return [("ray.connect_timeout_s", self.connect_timeout_s > 0, "must be > 0")]
+        """This section's rules (see :data:`Check`): none."""
+        return []
 
 
 @dataclass

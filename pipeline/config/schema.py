@@ -66,6 +66,7 @@ REMOVED_KEYS = {
     "ray.train_log_level": "Ray Train's console logs are CRITICAL, INFO with the job's --debug flag; delete the key",
     "ray.dashboard_host": "a locally started Ray's dashboard listens on 127.0.0.1 only; to serve it on "
     "the network start Ray yourself (ray start --head --dashboard-host ...) and set ray.address to it",
+    "ray.connect_timeout_s": "the job waits a fixed 30 s for the cluster at ray.address to answer; delete the key",
     "tracking.connect_timeout_s": "the job waits a fixed 15 s for the tracking server at start; delete the key",
     "tracking.flush_every_s": "metrics are sent every train.log_every steps and at least every 5 s; delete the key",
     "tracking.drain_timeout_s": "unsent metrics are retried for a fixed 300 s after training; delete the key",

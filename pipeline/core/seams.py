@@ -15,10 +15,11 @@ inherit it); a run without them behaves as if this module did not exist.
     reaches that point writes ``<point>=<key>.held`` into the folder and blocks there until a
     ``<point>=<key>.release`` file appears (or it is killed: what a fault test does). It holds
     once per run: a restarted process finds the ``.held`` file and goes on.
-``SIMCSE_TEST_TRACKING_CONNECT_TIMEOUT_S``
-    Seconds the job's start waits for an HTTP tracking server, in place of the fixed
-    :data:`pipeline.tracking.run.CONNECT_TIMEOUT_S`: the test of an unreachable server then
-    fails in 2 s, not 15.
+``SIMCSE_TEST_CONNECT_TIMEOUT_S``
+    Seconds the job's start waits for an HTTP tracking server and for a Ray cluster to
+    answer, in place of the fixed :data:`pipeline.tracking.run.CONNECT_TIMEOUT_S` and
+    :data:`pipeline.runtime.cluster.RAY_CONNECT_TIMEOUT_S`: the tests of an unreachable
+    server or cluster then fail in 2 s, not 15 or 30.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 ASYNC_BOUNDARIES_ENV = "SIMCSE_TEST_ASYNC_BOUNDARIES"
 HOLD_ENV = "SIMCSE_TEST_HOLD"
 HOLD_DIR_ENV = "SIMCSE_TEST_HOLD_DIR"
-TRACKING_CONNECT_TIMEOUT_ENV = "SIMCSE_TEST_TRACKING_CONNECT_TIMEOUT_S"
+CONNECT_TIMEOUT_ENV = "SIMCSE_TEST_CONNECT_TIMEOUT_S"
 
 
 def scripted_boundaries(value: str | None) -> list[str]:
@@ -42,9 +43,9 @@ def scripted_boundaries(value: str | None) -> list[str]:
     return words
 
 
-def tracking_connect_timeout_s(fixed_s: float) -> float:
-    """``SIMCSE_TEST_TRACKING_CONNECT_TIMEOUT_S`` seconds when a test set it, else ``fixed_s``."""
-    return float(os.environ.get(TRACKING_CONNECT_TIMEOUT_ENV) or fixed_s)
+def connect_timeout_s(fixed_s: float) -> float:
+    """``SIMCSE_TEST_CONNECT_TIMEOUT_S`` seconds when a test set it, else ``fixed_s``."""
+    return float(os.environ.get(CONNECT_TIMEOUT_ENV) or fixed_s)
 
 
 def hold_once(point: str, key: int) -> None:

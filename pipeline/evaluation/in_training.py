@@ -81,8 +81,13 @@ def check_eval_sets(section: EvalSection, sts_names: list[str], retrieval_names:
     """The eval section against the sets the job really evaluates (names known once read).
 
     Raises:
-        ConfigError: ``eval.select_by`` names no metric of these sets.
+        ConfigError: ``eval.select_by`` names no metric of these sets, or ``eval.patience``
+            is set and nothing is evaluated.
     """
+    if section.patience and not sts_names and not retrieval_names:
+        raise ConfigError(
+            f"eval.patience={section.patience} needs an evaluation to stop on: set eval.sts or eval.retrieval"
+        )
     if section.select_by is None:
         return
     choices = selectable_metrics(sts_names, retrieval_names)

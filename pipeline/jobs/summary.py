@@ -140,7 +140,8 @@ class JobSummary:
         )
         lines = [
             f"SimCSE run {self.run_name!r} finished in {self.wall_seconds:.0f}s",
-            f"  epochs        {self.epochs} ({self.steps} steps)",
+            f"  epochs        {self.epochs} ({self.steps} steps)"
+            + ("; stopped early: no better evaluation within eval.patience" if history.stopped_early else ""),
             f"  loss          {loss}",
             f"  batch plans   {plans}",
             f"  mining        {len(refreshes)} refresh{'es' if len(refreshes) != 1 else ''}, {sum(refreshes):.1f}s of "

@@ -31,7 +31,7 @@ from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
 from pipeline.core.errors import first_line
 from pipeline.core.retry import call_with_retries
-from pipeline.core.seams import tracking_connect_timeout_s
+from pipeline.core.seams import connect_timeout_s
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
 from pipeline.evaluation.in_training import check_eval_sets
@@ -158,7 +158,7 @@ def _run_resolved(
     storage_root = cfg.run.storage_path or cfg.run.output_dir
     storage_root = storage_root if _is_uri(storage_root) else str(Path(storage_root).resolve())
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
-    check_tracking_reachable(tracking_uri, tracking_connect_timeout_s(CONNECT_TIMEOUT_S))
+    check_tracking_reachable(tracking_uri, connect_timeout_s(CONNECT_TIMEOUT_S))
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, cfg.run.name)
     if tracked.already_finished:
         return JobSummary(

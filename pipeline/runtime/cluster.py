@@ -6,7 +6,7 @@ scan for ``gcs_server`` processes), and a guess on a shared machine joins or que
 wrong one. So a job never lets Ray guess:
 
 * ``ray.address`` (or ``RAY_ADDRESS``, set by ``ray job submit``) names a cluster: the job
-  first checks, within ``ray.connect_timeout_s``, that something answers there, and then
+  first checks, within :data:`RAY_CONNECT_TIMEOUT_S`, that something answers there, and then
   joins exactly that address.
 * Otherwise the job starts its own local Ray (``address="local"``: Ray never looks for
   other clusters), on free ports, with its dashboard on loopback only, and tells every
@@ -31,10 +31,15 @@ from ray.data import DataContext
 from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError, UnrecoverableError
 from pipeline.core.retry import call_with_retries
+from pipeline.core.seams import connect_timeout_s
 
 log = logging.getLogger("pipeline")
 
 LOOPBACK = "127.0.0.1"
+RAY_CONNECT_TIMEOUT_S = 30.0
+"""How long a job waits for the cluster at ``ray.address`` / ``RAY_ADDRESS`` to answer before
+it fails with one line (Ray's own client retries a dead address for many minutes). A live
+head answers a TCP connect at once; 30 s covers a head that is still starting."""
 """Where a local Ray's dashboard and the ports picked for it listen: this machine only."""
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 """Read by Ray's state API (``get_address_for_submission_client``) before any guessing."""
@@ -72,7 +77,8 @@ def init_ray(cfg: Config, debug: bool = False) -> bool:
     Ray Data's progress bars are on with ``debug`` only: they flood non-interactive logs.
 
     Raises:
-        UnrecoverableError: the configured cluster did not answer within ``ray.connect_timeout_s``.
+        UnrecoverableError: the configured cluster did not answer within
+            :data:`RAY_CONNECT_TIMEOUT_S`.
     """
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Train's print patch re-emits every worker print through its logger: each line twice.
@@ -82,7 +88,9 @@ def init_ray(cfg: Config, debug: bool = False) -> bool:
         started = False
     elif address:
         wait_for_cluster(
-            address, cfg.ray.connect_timeout_s, "ray.address" if cfg.ray.address else "RAY_ADDRESS"
+            address,
+            connect_timeout_s(RAY_CONNECT_TIMEOUT_S),
+            "ray.address" if cfg.ray.address else "RAY_ADDRESS",
         )
         ray.init(address=address, logging_level=logging.WARNING)
         started = False
@@ -163,7 +171,7 @@ def wait_for_cluster(address: str, timeout_s: float, source: str = "ray.address"
     except OSError as exc:
         raise UnrecoverableError(
             f"no Ray cluster answers at {source}={address} ({exc.strerror or exc}) after "
-            f"ray.connect_timeout_s={timeout_s:g}s; start it, fix the address, or unset it "
+            f"{timeout_s:g}s; start it, fix the address, or unset it "
             "to start a local Ray"
         ) from None
 

@@ -55,6 +55,16 @@ class TrainHistory:
     """The evaluation the exported model comes from (never the starting model)."""
     miner_restarts: int = 0
     """Times the miner actor died during a refresh and was restarted."""
+    stopped_early: bool = False
+    """``eval.patience`` ended the run before ``train.epochs``."""
+
+    def evaluations_since_best(self) -> int:
+        """Evaluations after the best one (all of them after the start while none is best):
+        what ``eval.patience`` counts."""
+        trained = [e for e in self.evaluations if e["epoch"] > 0]
+        if self.best is None:
+            return len(trained)
+        return sum(1 for e in trained if e["step"] > self.best.step)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain lists, numbers and dicts (for ``torch.save`` and ``ray.train.report``)."""

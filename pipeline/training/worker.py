@@ -47,7 +47,8 @@ def train_loop_per_worker(loop_config: LoopConfig) -> None:
     with system_metrics_monitor(loop_config, ctx):
         worker = SimCSEWorker.setup(loop_config, ctx)
         worker.start()
-        for epoch in range(worker.state.epoch, loop_config.config.train.epochs):
+        while worker.trains_another_epoch():
+            epoch = worker.state.epoch
             worker.run_epoch(epoch)
             worker.end_epoch(epoch)
         worker.close()
@@ -126,6 +127,11 @@ class SimCSEWorker:
                 )
         if self.evaluator is not None and state.step == 0:
             self.evaluate(0)
+
+    def trains_another_epoch(self) -> bool:
+        """Whether an epoch is left: ``train.epochs`` not reached and ``eval.patience`` has not
+        ended the run (a run resumed after it stopped early stays stopped)."""
+        return self.state.epoch < self.cfg.train.epochs and not self.state.history.stopped_early
 
     def run_epoch(self, epoch: int) -> None:
         """Train epoch ``epoch`` (0-based) on the current plan, from the batch the state is at,
@@ -220,23 +226,39 @@ class SimCSEWorker:
         epoch_seconds = state.epoch_seconds + time.perf_counter() - self.segment_start
         if self.evaluator is not None:
             self.evaluate(epoch + 1)
+        state.history.stopped_early = self.stops_early()
         state.epoch = epoch + 1
         state.batches_done, state.loss_sum, state.epoch_seconds = 0, 0.0, 0.0
         if self.logger is not None:
             log_epoch_end(self.logger, epoch, epoch_loss, plan, epoch_seconds, state.step)
-        asks_miner = self.refresher.asks_miner(epoch)
+        asks_miner = self.refresher.asks_miner(epoch) and not state.history.stopped_early
         if asks_miner:
             state.plan_pending = True
             self.checkpoint(float(state.epoch), None)
-        boundary = self.adopt_next_plan(epoch)
+        # A run that stops here trains no next plan: a refresh already under way is dropped.
+        boundary = Boundary() if state.history.stopped_early else self.adopt_next_plan(epoch)
         if self.rank == 0:
             assert state.plan is not None
             print(
                 self.progress.epoch_line(epoch, epoch_loss, plan, epoch_seconds, state.plan, boundary),
                 flush=True,
             )
+            if state.history.stopped_early:
+                print(self.progress.early_stop_line(epoch, state.history, self.cfg.eval.patience), flush=True)
         if not asks_miner:
             self.checkpoint(float(state.epoch), None)
+
+    def stops_early(self) -> bool:
+        """Whether ``eval.patience`` ends the run at this epoch end: the last ``patience``
+        evaluations did not beat the best. Rank 0 decides (only it holds the scores) and
+        every rank learns it."""
+        patience = self.cfg.eval.patience
+        if not patience or self.evaluator is None:
+            return False
+        decision = [self.rank == 0 and self.state.history.evaluations_since_best() >= patience]
+        if self.world > 1 and dist.is_available() and dist.is_initialized():
+            dist.broadcast_object_list(decision, src=0)
+        return bool(decision[0])
 
     def adopt_next_plan(self, epoch: int) -> Boundary:
         """Get the plan that follows epoch ``epoch`` (0-based) from the refresher and make it

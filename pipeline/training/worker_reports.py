@@ -167,6 +167,15 @@ class ProgressLine:
             f"staleness {boundary.staleness_steps} steps{late})"
         )
 
+    def early_stop_line(self, epoch: int, history: Any, patience: int) -> str:
+        """Rank 0's line when ``eval.patience`` ends the run after epoch ``epoch`` (0-based)."""
+        best = history.best
+        since = f"epoch {best.epoch:g} (step {best.step}, score {best.score:.2f})" if best else "the start"
+        return (
+            f"[train] early stop after epoch {epoch + 1}/{self.epochs}: the last {patience} "
+            f"evaluation{'s' if patience != 1 else ''} did not beat {since} (eval.patience={patience})"
+        )
+
 
 def log_epoch_start(
     logger: Any, epoch: int, plan: BatchPlan, padding: float, step: int, negatives: np.ndarray | None = None

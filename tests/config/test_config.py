@@ -177,6 +177,7 @@ def test_an_old_config_with_a_removed_sampler_or_debias_key_says_to_delete_it(tm
         ("ray.progress_bars", True, "--debug"),
         ("ray.train_log_level", "INFO", "--debug"),
         ("ray.dashboard_host", "0.0.0.0", "ray start --head --dashboard-host"),
+        ("ray.connect_timeout_s", 2, "30 s"),
         ("tracking.connect_timeout_s", 2, "15 s"),
         ("tracking.flush_every_s", 1, "5 s"),
         ("tracking.drain_timeout_s", 0, "300 s"),
