@@ -144,7 +144,13 @@ class _TokenizeBatches:
     def __call__(self, batch: pa.Table) -> pa.Table:
         table = tokenize_table(batch, self.tokenizer, self.max_seq_len, flag_truncated=True)
         unk, words = count_unknown(table.column("input_ids"), self.tokenizer)
-        return table.append_column("unk_tokens", pa.array(unk)).append_column("word_tokens", pa.array(words))
+        # The text stays behind: the driver already holds it, and sending it back would
+        # double what crosses the object store.
+        return (
+            table.drop_columns(["text"])
+            .append_column("unk_tokens", pa.array(unk))
+            .append_column("word_tokens", pa.array(words))
+        )
 
 
 def tokenize_corpus_with_stats(
@@ -153,8 +159,9 @@ def tokenize_corpus_with_stats(
     """Tokenize ``(id, text)`` with Ray Data ``map_batches`` over a pool of tokenizer actors.
 
     Returns:
-        ``(id, text, input_ids)`` in the input's row order (sorted by id), how many
-        sentences were cut to ``data.max_seq_len``, and the corpus' ``[UNK]`` share.
+        ``(id, text, input_ids)`` in the input's row order (``input_ids`` in the chunks the
+        actors returned, no copy gathered on the driver), how many sentences were cut to
+        ``data.max_seq_len``, and the corpus' ``[UNK]`` share.
     """
 
     # Deferred: model/encode.py imports this module for tokenize_table, and the evaluate job
@@ -187,7 +194,12 @@ def tokenize_corpus_with_stats(
             # max_restarts > 0).
             max_restarts=0,
         )
+    # In the input's order, so the token lists line up with the driver's own rows: no
+    # gathered copy to sort (the flag is this dataset's own context, not the job's).
+    ds.context.execution_options.preserve_order = True
     tokenized = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    if not np.array_equal(tokenized.column("id").to_numpy(), corpus.column("id").to_numpy()):
+        raise RuntimeError("Ray Data returned the tokenized rows out of order despite preserve_order")
 
     def total(column: str) -> int:
         return int(pc.sum(tokenized.column(column)).as_py() or 0)
@@ -200,6 +212,4 @@ def tokenize_corpus_with_stats(
         word_tokens=total("word_tokens"),
         has_unk=getattr(tokenizer, "unk_token_id", None) is not None,
     )
-    # Blocks may finish out of order; ids are unique, so sorting restores the input order.
-    tokenized = tokenized.drop_columns(["truncated", "unk_tokens", "word_tokens"])
-    return tokenized.sort_by("id").combine_chunks(), stats
+    return corpus.select(["id", "text"]).append_column("input_ids", tokenized.column("input_ids")), stats
