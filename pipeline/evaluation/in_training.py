@@ -77,6 +77,19 @@ def selectable_metrics(sts_names: list[str], retrieval_names: list[str]) -> list
     ]
 
 
+def selected_metric(section: EvalSection, sts_names: list[str], retrieval_names: list[str]) -> str | None:
+    """The metric that picks the exported model, by name: ``eval.select_by``, else the first
+    STS file's Spearman, else the first retrieval set's nDCG@10 (what
+    :attr:`EvalOutcome.selection_score` reads); None when nothing is evaluated."""
+    if section.select_by is not None:
+        return section.select_by
+    if sts_names:
+        return f"sts_{metric_key(sts_names[0])}_spearman"
+    if retrieval_names:
+        return f"retrieval_{metric_key(retrieval_names[0])}_ndcg_at_10"
+    return None
+
+
 def check_eval_sets(section: EvalSection, sts_names: list[str], retrieval_names: list[str]) -> None:
     """The eval section against the sets the job really evaluates (names known once read).
 

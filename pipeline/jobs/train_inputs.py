@@ -27,7 +27,7 @@ from pipeline.evaluation.retrieval_scoring import RetrievalEvalSet
 from pipeline.evaluation.retrieval_sets import RetrievalSet
 from pipeline.evaluation.scoring import STSEvalSet
 from pipeline.evaluation.sts import STSPairs
-from pipeline.model.encoder import pooler_warning
+from pipeline.model.encoder import folder_pooler, pooler_warning
 from pipeline.model.folders import fetch_pretrained_dir, load_tokenizer, pack_dir
 from pipeline.model.tiny import build_random_bert_dir
 from pipeline.tracking.context import log_run_context
@@ -158,7 +158,8 @@ def tokenize_inputs(
 ) -> TokenizedInputs:
     """Prepare the initial model folder and tokenize the corpus with its tokenizer; tag the
     run with the token statistics and log the ``data/`` params (``data/unk_share`` where the
-    tokenizer has an unknown token; params, not charts: they never change within a run), with
+    tokenizer has an unknown token; params, not charts: they never change within a run) and,
+    where ``model.pooler`` is unset, the pooling the folder declares, with
     a warning line when many tokens are ``[UNK]``."""
     model_dir = prepare_model_dir(cfg, lambda: data.corpus.column("text").to_pylist(), run_dir)
     if pooler_line := pooler_warning(model_dir, cfg.model.pooler):
@@ -180,6 +181,8 @@ def tokenize_inputs(
     }
     if unk_share is not None:
         params["data/unk_share"] = f"{unk_share:.4g}"
+    if cfg.model.pooler is None:  # unset: the folder's own pooling, known only now
+        params["model.pooler"] = folder_pooler(model_dir)
     tracked.log_params(params)
     return TokenizedInputs(model_dir, tokenizer, tokenized, unk_share)
 

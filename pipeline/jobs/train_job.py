@@ -32,9 +32,10 @@ from pipeline.config.schema import Config
 from pipeline.core.errors import first_line
 from pipeline.core.retry import call_with_retries
 from pipeline.core.seams import connect_timeout_s
+from pipeline.data.formats import infer_format
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
-from pipeline.evaluation.in_training import check_eval_sets
+from pipeline.evaluation.in_training import check_eval_sets, selected_metric
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.scoring import read_sts_files
 from pipeline.evaluation.set_names import with_distinct_names
@@ -98,8 +99,15 @@ def run_train_job(cfg: Config, echo: Echo = print, debug: bool = False) -> JobSu
     generated_sts = resolved.eval.sts[: len(resolved.eval.sts) - len(cfg.eval.sts)]
     if generated_sts:
         sts_files = with_distinct_names([*(read_sts(p, "stsb") for p in generated_sts), *sts_files])
-    check_eval_sets(resolved.eval, [f.name for f in sts_files], [s.name for s in retrieval_sets])
-    return _run_resolved(resolved, sts_files, started_at, echo, retrieval_sets, debug)
+    sts_names, retrieval_names = [f.name for f in sts_files], [s.name for s in retrieval_sets]
+    check_eval_sets(resolved.eval, sts_names, retrieval_names)
+    # Named once here, the metric that picks the export is what the params, the resolved
+    # config and the workers all read.
+    selected = selected_metric(resolved.eval, sts_names, retrieval_names)
+    resolved = dataclasses.replace(resolved, eval=dataclasses.replace(resolved.eval, select_by=selected))
+    return _run_resolved(
+        resolved, sts_files, started_at, echo, retrieval_sets, debug, generated_data=cfg.data.path is None
+    )
 
 
 def check_train_inputs(cfg: Config) -> None:
@@ -128,7 +136,7 @@ def resolve_config(cfg: Config) -> Config:
     name = cfg.run.name or datetime.now().strftime("simcse-%Y%m%d-%H%M%S")
     resolved = dataclasses.replace(resolved, run=dataclasses.replace(resolved.run, name=name))
     if cfg.data.path is not None:
-        return resolved
+        return _with_read_formats(resolved)
     run_dir = run_dir_of(resolved)
     gen = cfg.data.generated
     if gen.sts_pairs:
@@ -140,7 +148,20 @@ def resolve_config(cfg: Config) -> Config:
         generated = run_dir / "generated_corpus.txt"
         write_generated_corpus(generated, gen.num_groups)
         resolved = dataclasses.replace(resolved, data=dataclasses.replace(resolved.data, path=str(generated)))
-    return resolved
+    return _with_read_formats(resolved)
+
+
+def _with_read_formats(cfg: Config) -> Config:
+    """``cfg`` with ``data.format`` and ``data.pool_format`` as the files will be read:
+    ``auto`` becomes the format the extension names."""
+    data = cfg.data
+    if data.path is not None:
+        data = dataclasses.replace(data, format=infer_format(data.path, data.format))
+    if data.pool is not None:
+        data = dataclasses.replace(
+            data, pool_format=infer_format(data.pool, data.pool_format, key="data.pool_format")
+        )
+    return dataclasses.replace(cfg, data=data)
 
 
 def _run_resolved(
@@ -150,9 +171,12 @@ def _run_resolved(
     echo: Echo,
     retrieval_sets: list[RetrievalSet] | None = None,
     debug: bool = False,
+    *,
+    generated_data: bool = False,
 ) -> JobSummary:
     """Open the MLflow run, record the resolved ``cfg`` and train in a Ray session; the run
-    is FINISHED with the summary as its description, or FAILED."""
+    is FINISHED with the summary as its description, or FAILED. ``generated_data``: the
+    corpus was generated (its ``data.generated`` settings are params)."""
     assert cfg.run.name is not None
     run_dir = run_dir_of(cfg)
     storage_root = cfg.run.storage_path or cfg.run.output_dir
@@ -173,7 +197,7 @@ def _run_resolved(
         run_dir.mkdir(parents=True, exist_ok=True)
         resolved_file = run_dir / "resolved_config.yaml"
         resolved_file.write_text(dump_yaml(cfg))
-        tracked.log_params(params_in_effect(cfg))
+        tracked.log_params(params_in_effect(cfg, generated_data=generated_data))
         tracked.log_artifact(resolved_file)
         with driver_system_metrics(cfg, tracked), ray_session(cfg, debug) as started_ray:
             check_cluster_fits(cfg, started_ray)

@@ -244,7 +244,6 @@ def test_params_leave_out_what_a_setting_turns_off():
 
     demo = "jobs/configs/demo.yaml"
     cpu = params_in_effect(load_config(REPO / demo))
-    assert cpu["train.gpus_per_worker"] == 0  # 0: a CPU run, said by the one key
     off = params_in_effect(load_config(REPO / demo, ["mining.refresh=never"]))
     assert [k for k in off if k.startswith("mining.")] == ["mining.refresh"]
     # What is left is the config's own values, unchanged; what the task resolves, as resolved.
@@ -252,10 +251,16 @@ def test_params_leave_out_what_a_setting_turns_off():
     flat = demo_cfg.flat()
     assert flat["mining.refresh"] is None and flat["mining.range_min"] is None
     assert cpu["mining.refresh"] == demo_cfg.refresh == "every_epoch" and cpu["mining.range_min"] == 10
-    resolved = {"mining.refresh", "mining.range_min"}
+    resolved = {"mining.refresh", "mining.range_min", "model.name_or_path"}
     assert all(flat[k] == v for k, v in cpu.items() if k not in resolved) and "mining.batch_sampler" in cpu
-    pairs = params_in_effect(load_config(REPO / "jobs/configs/recipe-twitter-url.yaml"))
-    assert "data.text_column" not in pairs and pairs["data.anchor_column"] == flat["data.anchor_column"]
+    assert cpu["model.name_or_path"] == "tiny BERT, random weights"  # never a null
+    pairs_cfg = load_config(REPO / "jobs/configs/recipe-twitter-url.yaml")
+    pairs = params_in_effect(pairs_cfg)
+    # A headerless pairs_tsv file has no columns to name.
+    assert pairs_cfg.data.format == "pairs_tsv" and "data.anchor_column" not in pairs
+    assert "data.text_column" not in pairs
+    jsonl = params_in_effect(load_config(None, ["task=pairs", "data.path=rows.jsonl", "data.format=jsonl"]))
+    assert jsonl["data.anchor_column"] == "anchor" and "data.text_column" not in jsonl
     csv_pool = ["data.pool=pool.csv", "data.pool_format=csv"]
     assert "data.text_column" in params_in_effect(
         load_config(REPO / "jobs/configs/recipe-twitter-url.yaml", csv_pool)
@@ -265,3 +270,27 @@ def test_params_leave_out_what_a_setting_turns_off():
     # A rule naming a key that does not exist would silently keep what it meant to leave out.
     for key, _ in RULES:
         assert any(k == key or (key.endswith(".") and k.startswith(key)) for k in flat), key
+
+
+def test_params_are_what_shaped_the_model_with_no_null_and_at_most_40():
+    """Issue 39: a reviewer reads the settings that change the model. Infrastructure
+    (resources, timeouts, storage, logging, how files are read) is in resolved_config.yaml
+    only; unset values, the generated data's knobs on a real file and evaluation knobs
+    without an evaluation are left out."""
+    from pipeline.config.params import INFRASTRUCTURE, params_in_effect
+
+    demo = load_config(REPO / "jobs/configs/demo.yaml", ["eval.sts=[g.tsv]", "eval.select_by=sts_g_spearman"])
+    recipe = load_config(
+        REPO / "jobs/configs/recipe-twitter-url.yaml", ["eval.select_by=retrieval_dev_ndcg_at_10"]
+    )
+    for cfg, generated in ((demo, True), (recipe, False)):
+        params = params_in_effect(cfg, generated_data=generated)
+        # The job adds four data/ params (rows, texts, truncated and [UNK] shares).
+        assert len(params) + 4 <= 40, sorted(params)
+        assert all(v is not None and v != [] for v in params.values()), params
+        infrastructure = [
+            k for k in params if any(k == i or (i.endswith(".") and k.startswith(i)) for i in INFRASTRUCTURE)
+        ]
+        assert not infrastructure
+        assert any(k.startswith("data.generated.") for k in params) is generated
+    assert "eval.patience" not in params_in_effect(load_config(None))  # nothing evaluated

@@ -53,6 +53,12 @@ def test_every_task_key_exists_and_the_params_leave_out_the_other_tasks_keys():
     corpus = params_in_effect(
         load_config(None, ["train.epochs=2", "mining.batch_sampler=knn"])
     )  # the miner runs
-    pairs = params_in_effect(load_config(None, ["task=pairs", "data.path=rows.jsonl"]))
+    pairs_cfg = load_config(
+        None, ["task=pairs", "data.path=rows.jsonl", "data.format=jsonl", "data.negative_column=neg"]
+    )
+    pairs = params_in_effect(pairs_cfg)
     assert not set(TASK_KEYS["pairs"]) & set(corpus) and set(TASK_KEYS["corpus"]) <= set(corpus)
-    assert not set(TASK_KEYS["corpus"]) & set(pairs) and set(TASK_KEYS["pairs"]) <= set(pairs)
+    # Every pairs key that is set is a param (data.label_column is unset here: no null is logged).
+    set_pairs_keys = {k for k in TASK_KEYS["pairs"] if pairs_cfg.flat()[k] is not None}
+    assert not set(TASK_KEYS["corpus"]) & set(pairs) and set_pairs_keys <= set(pairs)
+    assert set_pairs_keys == set(TASK_KEYS["pairs"]) - {"data.label_column"}

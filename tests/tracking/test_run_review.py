@@ -194,15 +194,16 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
     assert resolved.data.path == str(run_dir / "generated_corpus.txt")
     assert resolved.eval.sts == [str(run_dir / "generated_sts.tsv")]
     assert [f.name for f in sts_files] == ["generated_sts"]
+    # Named once: the metric that picks the export, and the format the corpus is read in.
+    assert resolved.eval.select_by == "sts_generated_sts_spearman" and resolved.data.format == "text"
     assert dataclasses.replace(resolved, data=before.data, eval=before.eval) == before  # nothing else
     assert (run_dir / "resolved_config.yaml").read_text() == dump_yaml(resolved)
     assert load_config(run_dir / "resolved_config.yaml") == resolved
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}").get_run(summary.run_id)
     # The params are the resolved values in effect (the whole config is the artifact).
-    in_effect = params_in_effect(resolved)
-    assert run.data.params == {k: "null" if v is None else str(v) for k, v in in_effect.items()}
-    assert (
-        "train.hard_negative_weight" not in run.data.params
-        and run.data.params["train.gpus_per_worker"] == "0.0"
-    )
+    in_effect = params_in_effect(resolved, generated_data=True)
+    assert run.data.params == {k: str(v) for k, v in in_effect.items()}
+    assert "train.hard_negative_weight" not in run.data.params and "null" not in run.data.params.values()
+    assert "train.gpus_per_worker" not in run.data.params  # resources: resolved_config.yaml only
+    assert run.data.params["data.generated.num_groups"] == str(resolved.data.generated.num_groups)
     assert run.info.status == "FINISHED"

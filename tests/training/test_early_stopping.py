@@ -44,7 +44,9 @@ def test_evaluations_since_best_counts_what_patience_counts(scores, since_best):
 
 
 def test_patience_is_checked_against_what_the_job_evaluates():
-    with pytest.raises(ConfigError, match=r"^eval\.patience must be >= 0 \(0: no early stopping\) \(got -1\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^eval\.patience must be >= 0 \(0: no early stopping\) \(got -1\)$"
+    ):
         load_config(None, ["eval.patience=-1"])
     with pytest.raises(ConfigError) as info:
         check_eval_sets(EvalSection(patience=2), [], [])
