@@ -82,8 +82,7 @@ def model_description(cfg: Config, summary: JobSummary) -> str:
     """What a registry user reads first: the base model, the data, the shipped score and what
     selected it."""
     base = cfg.model.name_or_path or "a tiny BERT (random weights)"
-    first = "the first STS file's Spearman" if cfg.eval.sts else "the first retrieval set's nDCG@10"
-    selected = cfg.eval.select_by or first
+    selected = cfg.eval.select_by  # the job names it (the default too) before training
     scores = summary.scores()
     shipped = (
         f"Shipped the model of step {summary.exported_step} (selected by {selected}): {scores}."
