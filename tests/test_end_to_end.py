@@ -177,6 +177,15 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # the plan fingerprint is a tag per epoch, not a chart.
     sections = {k.split("/", 1)[0] for k in metrics}
     assert sections == {"train", "eval", "mining", "best", "system"}, sorted(metrics)
+    # A sync run charts no async-only series (they would be flat zeros), and every per-epoch
+    # value sits at its epoch's last step.
+    assert "mining/refresh_wait_s" in metrics and "mining/refresh_late" not in metrics
+    assert "mining/next_plan_staleness_steps" not in metrics
+
+    def steps(key: str) -> list[int]:
+        return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+    assert steps("train/padding_share") == steps("train/epoch_loss") == steps("train/epoch_seconds")
     assert undeclared(set(metrics), kinds=("chart", "summary", "system")) == []
     assert len([k for k in metrics if k.startswith("mining/")]) <= MAX_MINING_CHARTS
     assert (

@@ -90,8 +90,8 @@ _MINING_CHARTS = [
     MetricSpec("mining/batch_similarity_mean", "chart", "Corpus task: mean in-batch pair cosine of the new plan."),
     MetricSpec("mining/churn", "chart", "Share of the plan that changed since the previous refresh."),
     MetricSpec("mining/refresh_wait_s", "chart", "Seconds the trainer waited for the refresh at the boundary."),
-    MetricSpec("mining/next_plan_staleness_steps", "chart", "Steps the adopted plan's weights were behind (async)."),
-    MetricSpec("mining/refresh_late", "chart", "1 where the boundary found the refresh not ready (async)."),
+    MetricSpec("mining/next_plan_staleness_steps", "chart", "Steps the adopted plan's weights were behind (async runs only)."),
+    MetricSpec("mining/refresh_late", "chart", "1 where the boundary found the refresh not ready (async runs only)."),
     MetricSpec("mining/miner_restarts", "chart", "Times the miner actor was restarted (logged only when it happens)."),
 ]
 _MINING_TABLE = [

@@ -69,6 +69,11 @@ class PlanRefresher:
         self._scripted = scripted_boundaries(os.environ.get(ASYNC_BOUNDARIES_ENV))
 
     @property
+    def waits(self) -> bool:
+        """Whether a boundary waits for an unfinished refresh (``every_epoch``)."""
+        return self.policy.settings.waits
+
+    @property
     def restarts(self) -> int:
         """Miner deaths survived so far in this run (``train.max_failures`` bounds them)."""
         return self.client.restarts if self.client is not None else 0
@@ -200,23 +205,22 @@ def random_batches(cfg: Config, seed: int, lengths: np.ndarray) -> BatchPlan:
     )
 
 
-def adopt_plan(state: TrainState, adopted: Adopted, logger: Any) -> Boundary:
+def adopt_plan(state: TrainState, adopted: Adopted, logger: Any, *, refresh_waits: bool) -> Boundary:
     """Make the adopted plan and negatives column the current ones and record the boundary:
     its wait, refresh time and staleness in the history, and (rank 0's ``logger``) as
-    ``mining/`` boundary metrics. Returns the boundary."""
+    ``mining/`` boundary metrics: the wait always, staleness and lateness only where a
+    refresh does not wait (``refresh_waits`` false), since a waiting one is never stale or
+    late and would chart a flat zero. Returns the boundary."""
     next_plan, negatives, boundary = adopted
     state.history.wait_seconds.append(boundary.wait_seconds)
     state.history.refresh_seconds.append(boundary.refresh_seconds)
     state.history.staleness_steps.append(boundary.staleness_steps)
     state.plan, state.negatives, state.plan_pending = next_plan, negatives, False
     if logger is not None:
-        logger.log(
-            {
-                "mining/refresh_wait_s": boundary.wait_seconds,
-                "mining/next_plan_staleness_steps": float(boundary.staleness_steps),
-                "mining/refresh_late": float(boundary.late),
-            },
-            state.step,
-        )
+        metrics = {"mining/refresh_wait_s": boundary.wait_seconds}
+        if not refresh_waits:
+            metrics["mining/next_plan_staleness_steps"] = float(boundary.staleness_steps)
+            metrics["mining/refresh_late"] = float(boundary.late)
+        logger.log(metrics, state.step)
         logger.flush()
     return boundary

@@ -118,7 +118,10 @@ class SimCSEWorker:
                     flush=True,
                 )
         if self.refresher.mines_before_training(state.step):
-            boundary = adopt_plan(state, self.refresher.initial_plan(state, self.model), self.logger)
+            # Mined before epoch 1 is always waited for: no staleness to chart.
+            boundary = adopt_plan(
+                state, self.refresher.initial_plan(state, self.model), self.logger, refresh_waits=True
+            )
             if self.rank == 0:
                 print(
                     f"[train] negatives mined with the starting weights: plan v{state.plan.version} "
@@ -145,8 +148,7 @@ class SimCSEWorker:
         )
         state.rng = None
         if self.logger is not None:
-            padding = padding_share(plan, self.lengths, self.world)
-            log_epoch_start(self.logger, epoch, plan, padding, state.step, negatives=state.negatives)
+            log_epoch_start(self.logger, epoch, plan, negatives=state.negatives)
         self.model.train()
         self.segment_start = time.perf_counter()
         self.progress.restart(self.segment_start)
@@ -230,7 +232,8 @@ class SimCSEWorker:
         state.epoch = epoch + 1
         state.batches_done, state.loss_sum, state.epoch_seconds = 0, 0.0, 0.0
         if self.logger is not None:
-            log_epoch_end(self.logger, epoch, epoch_loss, plan, epoch_seconds, state.step)
+            padding = padding_share(plan, self.lengths, self.world)
+            log_epoch_end(self.logger, epoch, epoch_loss, plan, epoch_seconds, state.step, padding=padding)
         asks_miner = self.refresher.asks_miner(epoch) and not state.history.stopped_early
         if asks_miner:
             state.plan_pending = True
@@ -263,7 +266,8 @@ class SimCSEWorker:
     def adopt_next_plan(self, epoch: int) -> Boundary:
         """Get the plan that follows epoch ``epoch`` (0-based) from the refresher and make it
         the current one (:func:`~pipeline.training.refresh.adopt_plan`)."""
-        return adopt_plan(self.state, self.refresher.next_plan(epoch, self.state, self.model), self.logger)
+        adopted = self.refresher.next_plan(epoch, self.state, self.model)
+        return adopt_plan(self.state, adopted, self.logger, refresh_waits=self.refresher.waits)
 
     def evaluate(self, epoch: float) -> None:
         """Evaluate (every rank) at ``epoch``; see :meth:`EvalRecorder.evaluate`."""

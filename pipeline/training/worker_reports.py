@@ -177,22 +177,21 @@ class ProgressLine:
         )
 
 
-def log_epoch_start(
-    logger: Any, epoch: int, plan: BatchPlan, padding: float, step: int, negatives: np.ndarray | None = None
-) -> None:
+def log_epoch_start(logger: Any, epoch: int, plan: BatchPlan, negatives: np.ndarray | None = None) -> None:
     """Rank 0, as epoch ``epoch`` (0-based) starts: the fingerprint of its plan and the rows'
-    ``negatives`` column, and its sampler, as tags (a hash or a name is no quantity to chart),
-    and the padding share its batches carry."""
+    ``negatives`` column, and its sampler, as tags (a hash or a name is no quantity to chart)."""
     logger.set_tags({f"plan.fingerprint.epoch_{epoch + 1}": plan.hex_fingerprint(negatives),
                      f"plan.sampler.epoch_{epoch + 1}": plan.sampler})  # fmt: skip
-    logger.log({"train/padding_share": padding}, step)
 
 
-def log_epoch_end(logger: Any, epoch: int, loss: float, plan: BatchPlan, seconds: float, step: int) -> None:
+def log_epoch_end(
+    logger: Any, epoch: int, loss: float, plan: BatchPlan, seconds: float, step: int, *, padding: float
+) -> None:
     """Rank 0, at the last step of epoch ``epoch`` (0-based): its mean loss, the plan version it
-    trained on, its training time and the epochs done."""
-    logger.log({"train/epoch_loss": loss, "train/plan_version": float(plan.version),
-                "train/epoch_seconds": seconds, "train/epoch": float(epoch + 1)}, step)  # fmt: skip
+    trained on, its training time, the share of padding its batches carried and the epochs
+    done: every per-epoch value at the same step, so their charts line up."""
+    logger.log({"train/epoch_loss": loss, "train/plan_version": float(plan.version), "train/epoch_seconds": seconds,
+                "train/padding_share": padding, "train/epoch": float(epoch + 1)}, step)  # fmt: skip
 
 
 def step_metrics(
