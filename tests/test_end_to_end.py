@@ -4,6 +4,7 @@ Ray started by the job, a real sqlite MLflow store, real FAISS."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -218,7 +219,13 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert f"| {best:g} (best) | {best_step} |" in table
     # The description: the headline (data, shipped score against the start), then short lines.
     note = run.data.tags["mlflow.note.content"].splitlines()
-    assert note[0].startswith("SimCSE run 'demo': 3 epochs (75 steps) on 1600 sentences")
+    headline = " ".join(note[: note.index("")])
+    assert headline.startswith(
+        "SimCSE run 'demo' fine-tuned a tiny BERT (random weights) on generated_corpus.txt: 1600 sentences"
+    )
+    # The start, the shipped score and their difference; nothing of this machine's folders.
+    assert re.search(r"generated_sts spearman \d+\.\d\d -> \d+\.\d\d \([+-]\d+\.\d\d\)", headline), headline
+    assert str(tmp_path) not in run.data.tags["mlflow.note.content"]
     assert "generated_sts spearman" in " ".join(note[:3])
     assert all(len(line) <= 100 or len(line.split()) == 1 for line in note)
     # dataset fingerprint, commit and versions for comparing runs
@@ -316,7 +323,10 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         in proc.stdout
     )
     assert "[eval] epoch 1 step " in proc.stdout and ": groups ndcg@10 " in proc.stdout
-    assert f"groups ndcg@10 {ndcg[0]:.2f} -> {ndcg[best_step]:.2f}; exported epoch" in proc.stdout
+    gain = ndcg[best_step] - ndcg[0]
+    assert (
+        f"groups ndcg@10 {ndcg[0]:.2f} -> {ndcg[best_step]:.2f} ({gain:+.2f}); exported epoch" in proc.stdout
+    )
     assert run.info.status == "FINISHED" and run.data.params["model.name_or_path"] == str(tiny_model_dir)
     assert run.data.params["train.dup_rate"] == "0.32"
     # Epoch 2 trained on the knn sampler's plan, which the checkpoint carries; the miner logged

@@ -40,7 +40,18 @@ def export_and_summarise(
         steps=int(metrics.get("step", 0)),
         best=best,
         model_dir=export_dir,
+        base_model=base_model_name(cfg),
+        data_name=Path(cfg.data.path).name if cfg.data.path else "generated data",
     )
+
+
+def base_model_name(cfg: Config) -> str:
+    """The fine-tuned model as a reviewer knows it: a hub name as is, a local folder by its
+    name (the folder's path means nothing on another machine), or the tiny random BERT."""
+    name = cfg.model.name_or_path
+    if not name:
+        return "a tiny BERT (random weights)"
+    return Path(name).name if Path(name).exists() else name
 
 
 def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, run_dir: Path) -> JobSummary:
@@ -81,7 +92,7 @@ def model_name(run_name: str) -> str:
 def model_description(cfg: Config, summary: JobSummary) -> str:
     """What a registry user reads first: the base model, the data, the shipped score and what
     selected it."""
-    base = cfg.model.name_or_path or "a tiny BERT (random weights)"
+    base = base_model_name(cfg)
     selected = cfg.eval.select_by  # the job names it (the default too) before training
     scores = summary.scores()
     shipped = (
@@ -90,7 +101,7 @@ def model_description(cfg: Config, summary: JobSummary) -> str:
         else f"Shipped the last epoch's model (step {summary.exported_step}; no evaluation)."
     )
     return (
-        f"SimCSE fine-tune of {base} on {cfg.data.path} ({summary.corpus}), "
+        f"SimCSE fine-tune of {base} on {summary.data_name} ({summary.corpus}), "
         f"{summary.epochs} epochs, run {summary.run_name!r} (MLflow run {summary.run_id}). {shipped}"
     )
 

@@ -36,6 +36,10 @@ class JobSummary:
     registered_as: str | None = None
     """``name/version`` in the model registry."""
     wall_seconds: float = 0.0
+    base_model: str = ""
+    """What was fine-tuned: the model's hub name or folder name, never a local path."""
+    data_name: str = ""
+    """What it was trained on: the data file's name (``train.tsv``), never its folder."""
 
     @classmethod
     def from_training(
@@ -50,6 +54,8 @@ class JobSummary:
         steps: int,
         best: BestModel | None,
         model_dir: Path,
+        base_model: str = "",
+        data_name: str = "",
     ) -> JobSummary:
         """The summary of a trained run whose model was exported from ``best`` (None without
         evaluation: the last epoch's model, at the last step)."""
@@ -64,6 +70,8 @@ class JobSummary:
             exported_epoch=best.epoch if best is not None else float(len(history.epoch_losses)),
             exported_step=best.step if best is not None else steps,
             model_dir=str(model_dir),
+            base_model=base_model,
+            data_name=data_name,
         )
 
     @property
@@ -84,8 +92,10 @@ class JobSummary:
             return None
 
         def change(key: str) -> str:
-            before = f"{start[key]:.2f} -> " if start is not None and key in start else ""
-            return f"{before}{shipped.get(key, float('nan')):.2f}"
+            after = shipped.get(key, float("nan"))
+            if start is None or key not in start:
+                return f"{after:.2f}"
+            return f"{start[key]:.2f} -> {after:.2f} ({after - start[key]:+.2f})"
 
         parts = []
         key = next((k for k in first if k.startswith("sts_") and k.endswith("_spearman")), None)
@@ -111,20 +121,29 @@ class JobSummary:
         )
 
     def headline(self) -> str:
-        """One line for the top of the run's description: what was trained, on what, and the
-        shipped score against the starting one."""
+        """One line for the top of the run's description: the base model, the data, and the
+        shipped score against the starting model's with the difference (where the start was
+        evaluated); no local path."""
         scores = self.scores()
-        trained = f"SimCSE run {self.run_name!r}: {self.epochs} epochs ({self.steps} steps) on {self.corpus}"
+        base = self.base_model or "a model"
+        data = f"{self.data_name}: {self.corpus}" if self.data_name else self.corpus
+        stopped = ", stopped early" if self.history.stopped_early else ""
+        trained = (
+            f"SimCSE run {self.run_name!r} fine-tuned {base} on {data}, "
+            f"{self.epochs} epochs ({self.steps} steps{stopped})"
+        )
         if scores is None:
-            return trained
+            return f"{trained}; no evaluation."
         return f"{trained}. Shipped the model of step {self.exported_step}: {scores}."
 
     def description(self) -> str:
-        """The MLflow run's description: the headline, then the console summary as a list."""
-        return run_description(self.render(), self.headline())
+        """The MLflow run's description: the headline, then the console summary as a list,
+        without its lines that name this machine's folders (useless inside the UI)."""
+        return run_description(self.render(local_paths=False), self.headline())
 
-    def render(self) -> str:
-        """The console summary."""
+    def render(self, local_paths: bool = True) -> str:
+        """The console summary; without ``local_paths``, no model folder and no ``mlflow ui``
+        command for this machine."""
         if self.already_finished:
             return (
                 f"run {self.run_name!r} already finished (MLflow run {self.run_id}); nothing to do.\n"
@@ -152,10 +171,10 @@ class JobSummary:
         if sts:
             lines.append(f"  eval          {sts}")
         lines += [
-            f"  model         {self.model_dir}",
+            *([f"  model         {self.model_dir}"] if local_paths else []),
             f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
             *([f"  mlflow model  {self.model_uri}"] if self.model_uri else []),
             *([f"  registered    {self.registered_as}"] if self.registered_as else []),
-            f"  review with   {ui_command(self.tracking_uri)}",
+            *([f"  review with   {ui_command(self.tracking_uri)}"] if local_paths else []),
         ]
         return "\n".join(lines)

@@ -57,7 +57,9 @@ def test_summary_counts_the_evaluations_that_could_be_exported():
     )  # fmt: skip
     assert (summary.exported_epoch, summary.exported_step, summary.model_dir) == (1.0, 25, "m")
     line = summary.sts_line()
-    assert line is not None and line.startswith("dev spearman 70.00 -> 80.00; exported epoch 1 (step 25")
+    assert line is not None and line.startswith(
+        "dev spearman 70.00 -> 80.00 (+10.00); exported epoch 1 (step 25"
+    )
     assert "best of 2 evaluations after training; the starting model's is the 'before'" in line
 
 
@@ -68,18 +70,23 @@ def test_the_run_description_puts_the_headline_first_in_short_lines():
     summary = JobSummary.from_training(
         "r", "id", "sqlite:///" + "/very/long/folder" * 8 + "/mlruns.db", "e", corpus="1600 sentences",
         history=TrainHistory(evaluations=HISTORY, epoch_losses=[1.0, 0.5], plan_versions=[0, 1]), steps=50,
-        best=BestModel(score=80.0, epoch=1.0, step=25), model_dir=Path("m"),
+        best=BestModel(score=80.0, epoch=1.0, step=25), model_dir=Path("/very/long/folder/m"),
+        base_model="all-MiniLM-L6-v2", data_name="train.tsv",
     )  # fmt: skip
     text = summary.description()
     lines = text.splitlines()
-    # At most 100 characters, but for a word too long to wrap (the store's URI), on its own line.
     assert "```" not in text and all(len(line) <= 100 or len(line.split()) == 1 for line in lines)
-    assert any(line.strip() == "sqlite:///" + "/very/long/folder" * 8 + "/mlruns.db" for line in lines)
-    assert lines[0].startswith("SimCSE run 'r': 2 epochs (50 steps) on 1600 sentences. Shipped the model")
-    assert "dev spearman 70.00 -> 80.00" in " ".join(lines[:3])  # the headline, however wrapped
-    # Every console line is an item, its words all there in order.
+    # Nothing of this machine's folders: no model folder, no `mlflow ui` command for its store.
+    assert "/very/long/folder" not in text and "mlflow ui" not in text
+    headline = " ".join(lines[: lines.index("")])
+    assert headline == (
+        "SimCSE run 'r' fine-tuned all-MiniLM-L6-v2 on train.tsv: 1600 sentences, 2 epochs (50 steps). "
+        "Shipped the model of step 25: dev spearman 70.00 -> 80.00 (+10.00)."
+    )
+    # Every console line but the local ones is an item, its words all there in order.
     items = [" ".join(chunk.split()) for chunk in text.split("\n- ")[1:]]
-    console = summary.render().splitlines()[1:]
+    console = summary.render(local_paths=False).splitlines()[1:]
+    assert len(console) == len(summary.render().splitlines()[1:]) - 2
     assert len(items) == len(console)
     for item, line in zip(items, console, strict=True):
         label, _, value = line.strip().partition("  ")
