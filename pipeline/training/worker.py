@@ -118,9 +118,12 @@ class SimCSEWorker:
                     flush=True,
                 )
         if self.refresher.mines_before_training(state.step):
-            # Mined before epoch 1 is always waited for: no staleness to chart.
+            # Waited for in every mode; an async run still charts its (zero) staleness from here.
             boundary = adopt_plan(
-                state, self.refresher.initial_plan(state, self.model), self.logger, refresh_waits=True
+                state,
+                self.refresher.initial_plan(state, self.model),
+                self.logger,
+                refresh_waits=self.refresher.waits,
             )
             if self.rank == 0:
                 print(
