@@ -16,10 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import ray
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.config.schema import Config
+from pipeline.core.errors import UnrecoverableError, first_line
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.training.miner_client import MinerClient
@@ -129,6 +131,21 @@ class PlanRefresher:
         start = time.perf_counter()
         chosen = self._choose_plan(epoch, state, model) if self.rank == 0 else None
         return broadcast_plan(chosen, start)
+
+    def drop_pending(self, version: int) -> None:
+        """Rank 0, when the run ends with a refresh under way (``eval.patience`` stopped it
+        after the refresh was submitted): let it finish, within ``mining.timeout_s``, and
+        drop its plan (``version``, for the timeout's message). The miner then ends idle, and its last uploads are not stuck behind a
+        refresh nobody will read. A miner that failed meanwhile is left alone: nothing waits
+        for it any more."""
+        pending = self.policy.pending
+        if self.rank != 0 or pending is None or self.client is None:
+            return
+        try:
+            self.client.get(pending.ticket, version, self.client.deadline())
+        except (ray.exceptions.RayActorError, UnrecoverableError) as exc:
+            print(f"[mining] the dropped refresh did not finish: {first_line(exc)}", flush=True)
+        self.policy.pending = None
 
     def _choose_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> Adopted:
         """Rank 0: what the miner returned if the policy adopts it now, else the current plan

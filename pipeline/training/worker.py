@@ -241,8 +241,12 @@ class SimCSEWorker:
         if asks_miner:
             state.plan_pending = True
             self.checkpoint(float(state.epoch), None)
-        # A run that stops here trains no next plan: a refresh already under way is dropped.
-        boundary = Boundary() if state.history.stopped_early else self.adopt_next_plan(epoch)
+        if state.history.stopped_early:
+            # No next epoch: a refresh already under way is let finish and dropped.
+            self.refresher.drop_pending(plan.version + 1)
+            boundary = Boundary()
+        else:
+            boundary = self.adopt_next_plan(epoch)
         if self.rank == 0:
             assert state.plan is not None
             print(
