@@ -249,8 +249,9 @@ class SimCSEWorker:
             boundary = self.adopt_next_plan(epoch)
         if self.rank == 0:
             assert state.plan is not None
+            next_plan = None if state.history.stopped_early else state.plan
             print(
-                self.progress.epoch_line(epoch, epoch_loss, plan, epoch_seconds, state.plan, boundary),
+                self.progress.epoch_line(epoch, epoch_loss, plan, epoch_seconds, next_plan, boundary),
                 flush=True,
             )
             if state.history.stopped_early:

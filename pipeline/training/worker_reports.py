@@ -158,12 +158,25 @@ class ProgressLine:
         )
 
     def epoch_line(
-        self, epoch: int, loss: float, plan: BatchPlan, seconds: float, next_plan: BatchPlan, boundary: Any
+        self,
+        epoch: int,
+        loss: float,
+        plan: BatchPlan,
+        seconds: float,
+        next_plan: BatchPlan | None,
+        boundary: Any,
     ) -> str:
+        """Rank 0's line at the end of epoch ``epoch`` (0-based); ``next_plan`` None where no
+        epoch follows because the run stopped early."""
+        ended = (
+            f"[train] epoch {epoch + 1}/{self.epochs}: loss {loss:.4f} over {plan.num_batches} steps on plan "
+            f"v{plan.version}, {seconds:.1f}s"
+        )
+        if next_plan is None:
+            return f"{ended}; no next epoch"
         late = "; the refresh under way was not ready: plan kept, reshuffled" if boundary.late else ""
         return (
-            f"[train] epoch {epoch + 1}/{self.epochs}: loss {loss:.4f} over {plan.num_batches} steps on plan "
-            f"v{plan.version}, {seconds:.1f}s; next plan v{next_plan.version} (waited {boundary.wait_seconds:.1f}s, "
+            f"{ended}; next plan v{next_plan.version} (waited {boundary.wait_seconds:.1f}s, "
             f"staleness {boundary.staleness_steps} steps{late})"
         )
 

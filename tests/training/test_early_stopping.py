@@ -3,6 +3,7 @@ job that stops where its own logged evaluations say it must and still exports th
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -89,6 +90,9 @@ def test_a_run_stops_where_its_evaluations_say_and_exports_the_best(tmp_path):
     )
     assert len(epoch_ends) == expected_epochs == 2, (scores, epoch_ends)
     assert "[train] early stop after epoch 2/4: the last 1 evaluation did not beat epoch 1" in out
+    assert re.search(
+        r"\[train\] epoch 2/4: loss \S+ over \d+ steps on plan v1, \S+s; no next epoch\n", out
+    ), out
     assert "epochs        2 (" in out and "stopped early" in out
     steps_per_epoch = epoch_ends[0]
     assert f"exported epoch 1 (step {steps_per_epoch}," in out
