@@ -8,6 +8,9 @@ from typing import Literal
 
 from pipeline.config.check import Check
 
+TINY_RANDOM_BERT = "a tiny BERT (random weights)"
+"""What a run fine-tunes without ``model.name_or_path``, as params, descriptions and tags name it."""
+
 
 @dataclass
 class ModelSection:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.config.model_section import TINY_RANDOM_BERT
 from pipeline.config.schema import Config
 
 Rule = tuple[str, Callable[[Config], bool]]
@@ -74,7 +75,7 @@ def params_in_effect(cfg: Config, *, generated_data: bool = False) -> dict[str, 
         **cfg.flat(),
         "mining.refresh": cfg.refresh,
         "mining.range_min": cfg.range_min,
-        "model.name_or_path": cfg.model.name_or_path or "tiny BERT, random weights",
+        "model.name_or_path": cfg.model.name_or_path or TINY_RANDOM_BERT,
     }
     return {
         key: value

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipeline.config.model_section import TINY_RANDOM_BERT
 from pipeline.config.schema import Config
 from pipeline.evaluation.exported import best_model_metrics, best_model_tags, exported_eval_metrics
 from pipeline.jobs.summary import JobSummary
@@ -50,7 +51,7 @@ def base_model_name(cfg: Config) -> str:
     name (the folder's path means nothing on another machine), or the tiny random BERT."""
     name = cfg.model.name_or_path
     if not name:
-        return "a tiny BERT (random weights)"
+        return TINY_RANDOM_BERT
     return Path(name).name if Path(name).exists() else name
 
 

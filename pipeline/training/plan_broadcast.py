@@ -12,6 +12,15 @@ from pipeline.batching.plan import BatchPlan
 from pipeline.training.refresh_policy import Boundary
 
 
+def from_rank0(value: Any) -> Any:
+    """Every rank's copy of rank 0's ``value`` (what other ranks pass is ignored); the value
+    itself without a multi-process group (one worker)."""
+    payload = [value]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(payload, src=0)
+    return payload[0]
+
+
 def broadcast_plan(
     chosen: tuple[BatchPlan, np.ndarray | None, Boundary] | None, start: float
 ) -> tuple[BatchPlan, np.ndarray | None, Boundary]:
@@ -26,9 +35,8 @@ def broadcast_plan(
         Rank 0's plan, negatives and boundary, with ``wait_seconds`` this rank's own wait since
         ``start``. Without a multi-process group (one worker) this is rank 0's own.
     """
-    payload: list[Any] = [None if chosen is None else (chosen[0].to_dict(), chosen[1], chosen[2])]
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(payload, src=0)
-    plan_dict, negatives, boundary = payload[0]
+    plan_dict, negatives, boundary = from_rank0(
+        None if chosen is None else (chosen[0].to_dict(), chosen[1], chosen[2])
+    )
     boundary.wait_seconds = time.perf_counter() - start
     return BatchPlan.from_dict(plan_dict), negatives, boundary

@@ -29,6 +29,7 @@ from pipeline.tracking.metric_logger import DRAIN_TIMEOUT_S
 from pipeline.training.contract import LoopConfig
 from pipeline.training.epoch_rng import seed_epoch
 from pipeline.training.global_batch import GlobalBatch
+from pipeline.training.plan_broadcast import from_rank0
 from pipeline.training.refresh import Boundary, adopt_plan
 from pipeline.training.step import OptimizerStep
 from pipeline.training.worker_reports import (
@@ -266,10 +267,7 @@ class SimCSEWorker:
         patience = self.cfg.eval.patience
         if not patience or self.evaluator is None:
             return False
-        decision = [self.rank == 0 and self.state.history.evaluations_since_best() >= patience]
-        if self.world > 1 and dist.is_available() and dist.is_initialized():
-            dist.broadcast_object_list(decision, src=0)
-        return bool(decision[0])
+        return bool(from_rank0(self.rank == 0 and self.state.history.evaluations_since_best() >= patience))
 
     def adopt_next_plan(self, epoch: int) -> Boundary:
         """Get the plan that follows epoch ``epoch`` (0-based) from the refresher and make it

@@ -253,7 +253,7 @@ def test_params_leave_out_what_a_setting_turns_off():
     assert cpu["mining.refresh"] == demo_cfg.refresh == "every_epoch" and cpu["mining.range_min"] == 10
     resolved = {"mining.refresh", "mining.range_min", "model.name_or_path"}
     assert all(flat[k] == v for k, v in cpu.items() if k not in resolved) and "mining.batch_sampler" in cpu
-    assert cpu["model.name_or_path"] == "tiny BERT, random weights"  # never a null
+    assert cpu["model.name_or_path"] == "a tiny BERT (random weights)"  # never a null
     pairs_cfg = load_config(REPO / "jobs/configs/recipe-twitter-url.yaml")
     pairs = params_in_effect(pairs_cfg)
     # A headerless pairs_tsv file has no columns to name.
