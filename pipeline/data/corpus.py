@@ -7,12 +7,18 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
 from pipeline.data.formats import infer_format
 from pipeline.data.readers import read_corpus, reading
+from pipeline.data.text_blocks import (
+    DistinctTexts,
+    TextColumns,
+    block_columns,
+    distinct_texts,
+    materialized_blocks,
+)
 from pipeline.data.utf8 import INVALID_UTF8, _as_text, stable_row_id
 
 
@@ -46,6 +52,7 @@ class CorpusStats:
 
 
 def _clean_batch(batch: pa.Table) -> pa.Table:
+    """``(id, text, invalid_utf8)``: stripped text and its id; ``id`` -1 where nothing is left."""
     text, bad = _as_text(batch.column("text"))
     if INVALID_UTF8 in batch.column_names:
         read_bad = batch.column(INVALID_UTF8)
@@ -53,15 +60,19 @@ def _clean_batch(batch: pa.Table) -> pa.Table:
     if bad is None:
         bad = pa.array(np.zeros(batch.num_rows, dtype=bool))
     text = pc.fill_null(pc.utf8_trim_whitespace(text), "")
-    ids = pa.array([stable_row_id(t) if t else 0 for t in text.to_pylist()], type=pa.int64())
+    ids = pa.array([stable_row_id(t) if t else -1 for t in text.to_pylist()], type=pa.int64())
     return pa.table({"id": ids, "text": text, INVALID_UTF8: bad})
 
 
-def load_clean_corpus(section: DataSection) -> tuple[pa.Table, CorpusStats]:
-    """Read and clean the corpus with Ray Data; return ``(id, text)`` sorted by id, unique.
+def load_clean_corpus(section: DataSection) -> tuple[DistinctTexts, CorpusStats]:
+    """Read and clean the corpus with Ray Data; return its distinct sentences (sorted by id)
+    as blocks in the object store, and what was dropped.
 
-    Lines (or cells) that are not valid UTF-8 are dropped and counted, not fatal: one bad
-    line in a 10M-line crawl should not stop the job.
+    The driver holds the ids only: reading, cleaning and hashing run in Ray Data tasks, and
+    the distinct texts are taken out of the blocks that hold them
+    (:func:`~pipeline.data.text_blocks.distinct_texts`). Lines (or cells) that are not valid
+    UTF-8 are dropped and counted, not fatal: one bad line in a 10M-line crawl should not stop
+    the job. ``data.max_rows`` keeps the first sentences by id, a fixed pseudo-random sample.
 
     Raises:
         DataError: the corpus cannot be read, or nothing usable is left after cleaning.
@@ -71,35 +82,21 @@ def load_clean_corpus(section: DataSection) -> tuple[pa.Table, CorpusStats]:
         ds = read_corpus(section).map_batches(
             _clean_batch, batch_format="pyarrow", num_cpus=section.tokenize_num_cpus
         )
-        tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    raw = (
-        pa.concat_tables(tables)
-        if tables
-        else pa.table(
-            {
-                "id": pa.array([], pa.int64()),
-                "text": pa.array([], pa.string()),
-                INVALID_UTF8: pa.array([], pa.bool_()),
-            }
-        )
-    )
-    rows_read = raw.num_rows
-    decoded = raw.filter(pc.invert(raw.column(INVALID_UTF8)))
-    non_empty = decoded.filter(pc.not_equal(pc.utf8_length(decoded.column("text")), 0))
-    ids = non_empty.column("id").to_numpy()
-    unique_ids, first = np.unique(ids, return_index=True)
-    if section.max_rows is not None:
-        # Sorted by content hash, the first rows are a fixed pseudo-random sample.
-        first = first[: section.max_rows]
-    corpus = non_empty.take(pa.array(first)).select(["id", "text"])  # np.unique sorts: sorted by id
+        blocks = materialized_blocks(ds)
+    read, block_rows = block_columns(blocks, ["id", INVALID_UTF8], section.tokenize_num_cpus)
+    ids = read.column("id").to_numpy()
+    invalid = read.column(INVALID_UTF8).to_numpy(zero_copy_only=False)
+    kept = np.unique(ids[ids >= 0])
+    non_empty = int((ids >= 0).sum())
     stats = CorpusStats(
-        rows_read=rows_read,
-        empty_dropped=decoded.num_rows - non_empty.num_rows,
-        duplicates_dropped=non_empty.num_rows - len(unique_ids),
-        sentences=corpus.num_rows,
-        beyond_max_rows=len(unique_ids) - corpus.num_rows,
-        invalid_utf8_dropped=rows_read - decoded.num_rows,
+        rows_read=len(ids),
+        empty_dropped=int((~invalid & (ids < 0)).sum()),
+        duplicates_dropped=non_empty - len(kept),
+        sentences=min(len(kept), section.max_rows) if section.max_rows is not None else len(kept),
+        beyond_max_rows=max(0, len(kept) - section.max_rows) if section.max_rows is not None else 0,
+        invalid_utf8_dropped=int(invalid.sum()),
     )
-    if corpus.num_rows == 0:
+    if stats.sentences == 0:
         raise DataError(f"data.path: {section.path} has no non-empty sentences ({stats.describe()})")
-    return corpus.combine_chunks(), stats
+    source = TextColumns(blocks, [("text", "id")], [ids], block_rows)
+    return distinct_texts([source], kept[: stats.sentences], section.tokenize_num_cpus), stats

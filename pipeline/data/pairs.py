@@ -1,6 +1,9 @@
 """Supervised rows read with Ray Data: (anchor, positive[, negative]) pairs from columns,
 labelled rows or headerless pair files, and the optional candidate pool (``data.pool``),
 then indexed as :class:`~pipeline.data.triplets.Triplets` (:func:`index_pairs`).
+
+The texts stay in the object store (:mod:`pipeline.data.text_blocks`): a Ray Data stage cleans
+and hashes them, the driver decides on their ids, and only the distinct texts are taken out.
 """
 
 from __future__ import annotations
@@ -11,17 +14,23 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
 from pipeline.data.columns import corpus_columns, pair_columns, require_columns, require_text_column
 from pipeline.data.delimited import require_pairs_tsv_fields
 from pipeline.data.formats import infer_format
-from pipeline.data.pair_labels import label_is_positive, round_robin_negatives
+from pipeline.data.pair_labels import label_codes, require_labels, round_robin_negatives
 from pipeline.data.readers import read_dataset, reading
-from pipeline.data.triplets import Triplets, index_triplets, one_array
-from pipeline.data.utf8 import _as_text
+from pipeline.data.text_blocks import (
+    DistinctTexts,
+    TextColumns,
+    block_columns,
+    distinct_texts,
+    materialized_blocks,
+)
+from pipeline.data.triplets import Triplets, triplets_from_ids
+from pipeline.data.utf8 import _as_text, stable_row_id
 
 
 def _clean_text(column: Any) -> Any:
@@ -30,37 +39,49 @@ def _clean_text(column: Any) -> Any:
     return pc.utf8_trim_whitespace(pc.fill_null(text, ""))
 
 
-def _non_empty(column: Any) -> np.ndarray:
-    return pc.greater(pc.utf8_length(column), 0).to_numpy(zero_copy_only=False)
+def _ids(texts: pa.Array) -> pa.Array:
+    """:func:`~pipeline.data.utf8.stable_row_id` of each text, -1 for an empty one."""
+    return pa.array([stable_row_id(t) if t else -1 for t in texts.to_pylist()], pa.int64())
 
 
-def _table(ds: Any, columns: list[str]) -> pa.Table:
-    """The dataset's ``columns`` as one Arrow table, in the file's row order."""
-    ds = ds.select_columns(columns)
-    # Row order is meaning here (a label-0 row's negative goes to its anchor's rows in turn,
-    # data.max_rows keeps the first rows), and Ray Data hands blocks back in the order they
-    # finish unless asked: under load a later block overtook an earlier one. The flag is on
-    # this read's own context (a read copies the current one), not the job's.
-    ds.context.execution_options.preserve_order = True
-    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    if not tables:
-        return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return pa.concat_tables(tables)
+def _clean_pairs(
+    batch: pa.Table, *, anchor: str, positive: str, negative: str | None, label: str | None
+) -> pa.Table:
+    """Ray Data stage: a block of the file as cleaned texts and their ids (``anchor``,
+    ``positive``[, ``negative``] and ``*_id``, -1 for an empty text) and, with labels,
+    :func:`~pipeline.data.pair_labels.label_codes` (``label``, ``label_other``)."""
+    columns: dict[str, Any] = {}
+    for name, source in (("anchor", anchor), ("positive", positive), ("negative", negative)):
+        if source is not None:
+            text = _clean_text(batch.column(source))
+            columns[name], columns[f"{name}_id"] = text, _ids(text)
+    if label is not None:
+        columns["label"], columns["label_other"] = label_codes(batch.column(label))
+        columns["label"] = pa.array(columns["label"])
+    return pa.table(columns)
+
+
+def _clean_pool(batch: pa.Table, *, column: str) -> pa.Table:
+    text = _clean_text(batch.column(column))
+    return pa.table({"text": text, "id": _ids(text)})
 
 
 @dataclass
 class PairRows:
-    """A pair input as read (:func:`load_pairs`): the (anchor, positive) rows in file order,
-    their given negatives, the candidate pool, and what was left out."""
+    """A pair input as read (:func:`load_pairs`): the (anchor, positive) rows in file order as
+    text ids, their given negatives, the candidate pool, and what was left out. The texts
+    stay in the object store (:attr:`sources`)."""
 
-    anchors: pa.Array
-    """Arrow strings, one per row: a large file never becomes Python strings on the driver."""
-    positives: pa.Array
-    negatives: pa.Array | None
-    """Given negative per row (``""``: none for that row); None when the input gives none or
+    anchors: np.ndarray
+    """Text id of each row's anchor (:func:`~pipeline.data.utf8.stable_row_id`)."""
+    positives: np.ndarray
+    negatives: np.ndarray | None
+    """Given negative's id per row (-1: none for that row); None when the input gives none or
     ``data.given_negatives`` is false."""
     rows_read: int
     """Rows in the file, whatever their label."""
+    sources: list[TextColumns]
+    """Where the texts are: the file's cleaned blocks, then the pool's."""
     empty_dropped: int = 0
     """Rows with an empty (or not UTF-8) first or second text, dropped whatever their label."""
     negative_rows: int = 0
@@ -68,8 +89,8 @@ class PairRows:
     ``data.given_negatives`` is false."""
     beyond_max_rows: int = 0
     """(anchor, positive) rows after the first ``data.max_rows``, not trained on."""
-    pool: pa.Array | None = None
-    """The distinct texts of ``data.pool``; None when unset."""
+    pool: np.ndarray | None = None
+    """The distinct text ids of ``data.pool``; None when unset."""
 
     def __len__(self) -> int:
         return len(self.anchors)
@@ -77,9 +98,7 @@ class PairRows:
     @property
     def given(self) -> int:
         """Rows with a given negative."""
-        if self.negatives is None:
-            return 0
-        return int(pc.sum(pc.greater(pc.utf8_length(self.negatives), 0)).as_py() or 0)
+        return 0 if self.negatives is None else int((self.negatives >= 0).sum())
 
     def describe(self) -> str:
         """``7710 (anchor, positive) rows of 30993 read (23283 labelled 0, ...), 7710 with a
@@ -92,6 +111,31 @@ class PairRows:
             f"{len(self)} (anchor, positive) rows of {self.rows_read} read ({', '.join(left)}), "
             f"{self.given} with a given negative"
         )
+
+
+def _read_columns(section: DataSection, fmt: str, ds: Any) -> tuple[dict[str, str | None], str]:
+    """The file's column of each role (anchor, positive, negative, label), after checking that
+    they are there, and the key a bad label is reported under."""
+    assert section.path is not None
+    if fmt == "text":
+        return {"anchor": "text", "positive": "text", "negative": None, "label": None}, "data.label_column"
+    if fmt == "pairs_tsv":
+        names = ds.schema().names
+        require_pairs_tsv_fields(names, section.path, "data.path")
+        label = "label" if "label" in names else None
+        return {"anchor": "sentence1", "positive": "sentence2", "negative": None, "label": label}, "data.path"
+    columns = pair_columns(section)
+    require_columns(ds, section.path, columns)
+    for key, column in columns.items():
+        if key != "data.label_column":
+            require_text_column(ds, section.path, key, column)
+    roles = {
+        "anchor": section.anchor_column,
+        "positive": section.positive_column,
+        "negative": columns.get("data.negative_column"),
+        "label": section.label_column,
+    }
+    return roles, "data.label_column"
 
 
 def load_pairs(section: DataSection) -> PairRows:
@@ -115,89 +159,73 @@ def load_pairs(section: DataSection) -> PairRows:
     """
     assert section.path is not None
     fmt = infer_format(section.path, section.format)
-    columns = pair_columns(section)
-    labels = column_negatives = None
-    label_key = "data.label_column"
     with reading(section.path, fmt):
-        text_columns = [c for key, c in columns.items() if key != "data.label_column"]
+        text_columns = [c for key, c in pair_columns(section).items() if key != "data.label_column"]
         ds = read_dataset(section.path, fmt, text_columns=text_columns)
-        if fmt == "text":
-            anchors = seconds = _clean_text(_table(ds, ["text"]).column("text"))  # not UTF-8: empty
-        elif fmt == "pairs_tsv":
-            names = ds.schema().names
-            require_pairs_tsv_fields(names, section.path, "data.path")
-            table = _table(ds, names)
-            anchors, seconds = _clean_text(table.column("sentence1")), _clean_text(table.column("sentence2"))
-            labels = table.column("label") if "label" in names else None
-            label_key = "data.path"
-        else:
-            require_columns(ds, section.path, columns)
-            for key, column in columns.items():
-                if key != "data.label_column":
-                    require_text_column(ds, section.path, key, column)
-            table = _table(ds, list(dict.fromkeys(columns.values())))
-            anchors = _clean_text(table.column(section.anchor_column))
-            seconds = _clean_text(table.column(section.positive_column))
-            labels = table.column(section.label_column) if section.label_column else None
-            if "data.negative_column" in columns:
-                column_negatives = _clean_text(table.column(columns["data.negative_column"]))
+        roles, label_key = _read_columns(section, fmt, ds)
+        if not section.given_negatives:
+            roles["negative"] = None
+        blocks = materialized_blocks(
+            ds.map_batches(
+                _clean_pairs, batch_format="pyarrow", fn_kwargs=roles, num_cpus=section.tokenize_num_cpus
+            )
+        )
+    names = ["anchor_id", "positive_id"] + (["negative_id"] if roles["negative"] else [])
+    names += ["label", "label_other"] if roles["label"] else []
+    read, block_rows = block_columns(blocks, names, section.tokenize_num_cpus)
+    anchors, seconds = read.column("anchor_id").to_numpy(), read.column("positive_id").to_numpy()
     rows_read = len(anchors)
-    keep = _non_empty(anchors) & _non_empty(seconds)
+    keep = (anchors >= 0) & (seconds >= 0)
     positive = np.ones(rows_read, dtype=bool)
-    if labels is not None:
-        positive = label_is_positive(labels, section.path, label_key)
+    if roles["label"]:
+        positive = require_labels(
+            read.column("label").to_numpy(), read.column("label_other"), section.path, label_key
+        )
         if not positive.any():
             raise DataError(
                 f"{label_key}: {section.path} has no row labelled 1 (a pair to train on) among its "
                 f"{rows_read} rows"
             )
-    pair_rows = pa.array(keep & positive)
-    anchor_texts = one_array(pc.filter(anchors, pair_rows))
-    if not len(anchor_texts):
+    pair_rows = keep & positive
+    if not pair_rows.any():
         raise DataError(f"data.path: {section.path} has no non-empty (anchor, positive) pairs")
-    positive_texts = one_array(pc.filter(seconds, pair_rows))
-    negative_rows = int((keep & ~positive).sum())
-    negative_texts = None
-    if column_negatives is not None:
-        negative_texts = one_array(pc.filter(column_negatives, pair_rows))
-    elif labels is not None and section.given_negatives:
-        # Per-anchor bookkeeping in Python: labelled files are the annotated corpora (tens of
-        # thousands of rows), not the web-scale pair files.
-        negative_rows_mask = pa.array(keep & ~positive)
-        dealt = round_robin_negatives(
-            anchor_texts.to_pylist(),
-            positive_texts.to_pylist(),
-            pc.filter(anchors, negative_rows_mask).to_pylist(),
-            pc.filter(seconds, negative_rows_mask).to_pylist(),
+    negatives = None
+    if roles["negative"]:
+        negatives = read.column("negative_id").to_numpy()[pair_rows]
+    elif roles["label"] and section.given_negatives:
+        label_zero = keep & ~positive
+        negatives = round_robin_negatives(
+            anchors[pair_rows], seconds[pair_rows], anchors[label_zero], seconds[label_zero]
         )
-        negative_texts = pa.array(dealt, pa.string())
+    anchor_ids, positive_ids = anchors[pair_rows], seconds[pair_rows]
     beyond = 0
-    if section.max_rows is not None and len(anchor_texts) > section.max_rows:  # pair files keep their order
-        beyond = len(anchor_texts) - section.max_rows
-        anchor_texts, positive_texts = anchor_texts[: section.max_rows], positive_texts[: section.max_rows]
-        negative_texts = negative_texts[: section.max_rows] if negative_texts is not None else None
+    if section.max_rows is not None and len(anchor_ids) > section.max_rows:  # pair files keep their order
+        beyond = len(anchor_ids) - section.max_rows
+        anchor_ids, positive_ids = anchor_ids[: section.max_rows], positive_ids[: section.max_rows]
+        negatives = negatives[: section.max_rows] if negatives is not None else None
+    text_roles = [(role, f"{role}_id") for role in ("anchor", "positive", "negative") if roles[role]]
+    ids = [read.column(f"{role}_id").to_numpy() for role, _ in text_roles]
+    sources = [TextColumns(blocks, text_roles, ids, block_rows)]
+    pool = None
+    if section.pool is not None:
+        pool_source = read_pool(section)
+        sources.append(pool_source)
+        pool = np.unique(pool_source.ids[0][pool_source.ids[0] >= 0])
     return PairRows(
-        anchor_texts,
-        positive_texts,
-        negative_texts,
+        anchor_ids,
+        positive_ids,
+        negatives,
         rows_read,
+        sources,
         empty_dropped=int((~keep).sum()),
-        negative_rows=negative_rows,
+        negative_rows=int((keep & ~positive).sum()),
         beyond_max_rows=beyond,
-        pool=read_pool(section) if section.pool is not None else None,
+        pool=pool,
     )
 
 
-def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | None, int]:
-    """``(anchors, positives, negatives, rows read)`` of :func:`load_pairs` as Python lists
-    (which also gives the candidate pool and the counts); for small files and tests."""
-    rows = load_pairs(section)
-    negatives = rows.negatives.to_pylist() if rows.negatives is not None else None
-    return rows.anchors.to_pylist(), rows.positives.to_pylist(), negatives, rows.rows_read
-
-
-def read_pool(section: DataSection) -> pa.Array:
-    """The distinct non-empty texts of ``data.pool`` in first-seen order: lines of a text
+def read_pool(section: DataSection) -> TextColumns:
+    """The non-empty texts of ``data.pool`` as cleaned blocks and their ids: lines of a text
     file, ``data.text_column`` of a csv/tsv/jsonl/parquet file, every sentence2 of a
     ``pairs_tsv`` file.
 
@@ -211,22 +239,57 @@ def read_pool(section: DataSection) -> pa.Array:
     with reading(path, fmt, key="data.pool"):
         ds = read_dataset(path, fmt, text_columns=list(columns.values()))
         if fmt == "text":
-            texts = _table(ds, ["text"]).column("text")
+            column = "text"
         elif fmt == "pairs_tsv":
             require_pairs_tsv_fields(ds.schema().names, path, "data.pool")
-            texts = _table(ds, ["sentence2"]).column("sentence2")
+            column = "sentence2"
         else:
             require_columns(ds, path, columns)
             require_text_column(ds, path, "data.text_column", section.text_column)
-            texts = _table(ds, [section.text_column]).column(section.text_column)
-    cleaned = _clean_text(texts)
-    distinct = one_array(pc.unique(pc.filter(cleaned, pa.array(_non_empty(cleaned)))))
-    if not len(distinct):
+            column = section.text_column
+        blocks = materialized_blocks(
+            ds.map_batches(
+                _clean_pool,
+                batch_format="pyarrow",
+                fn_kwargs={"column": column},
+                num_cpus=section.tokenize_num_cpus,
+            )
+        )
+    read, block_rows = block_columns(blocks, ["id"], section.tokenize_num_cpus)
+    ids = read.column("id").to_numpy()
+    if not (ids >= 0).any():
         raise DataError(f"data.pool: {path} has no non-empty texts")
-    return distinct
+    return TextColumns(blocks, [("text", "id")], [ids], block_rows)
 
 
-def index_pairs(rows: PairRows) -> tuple[pa.Table, Triplets]:
-    """:func:`~pipeline.data.triplets.index_triplets` of what :func:`load_pairs` read, the pool
-    included."""
-    return index_triplets(rows.anchors, rows.positives, rows.negatives, rows.pool)
+def index_pairs(rows: PairRows, num_cpus: float = 1) -> tuple[DistinctTexts, Triplets]:
+    """The rows as :class:`~pipeline.data.triplets.Triplets` over the distinct texts they name
+    (the pool's included), which are taken out of the read blocks (``num_cpus`` a task:
+    ``data.tokenize_num_cpus``) and stay in the object store."""
+    ids, triplets = triplets_from_ids(rows.anchors, rows.positives, rows.negatives, rows.pool)
+    return distinct_texts(rows.sources, ids, num_cpus), triplets
+
+
+def pair_texts(rows: PairRows) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:
+    """``(anchors, positives, negatives, pool)`` of :func:`load_pairs` as Python lists on the
+    caller (a negative ``""`` where a row has none): for the offline mining job, which encodes
+    in its own process, and for tests."""
+    texts, triplets = index_pairs(rows)
+    strings = texts.gather().column("text").to_pylist()
+
+    def at(positions: np.ndarray) -> list[str]:
+        return [strings[p] if p >= 0 else "" for p in positions.tolist()]
+
+    pool = (
+        sorted(strings[p] for p in np.searchsorted(texts.ids, rows.pool)) if rows.pool is not None else None
+    )
+    negatives = at(triplets.negative) if rows.negatives is not None else None
+    return at(triplets.anchor), at(triplets.positive), negatives, pool
+
+
+def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | None, int]:
+    """``(anchors, positives, negatives, rows read)`` of :func:`load_pairs` as Python lists;
+    for small files and tests."""
+    rows = load_pairs(section)
+    anchors, positives, negatives, _ = pair_texts(rows)
+    return anchors, positives, negatives, rows.rows_read

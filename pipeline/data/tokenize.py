@@ -1,16 +1,22 @@
-"""Tokenizing the corpus with a Ray Data actor pool (one tokenizer load per actor)."""
+"""Tokenizing the corpus with a Ray Data actor pool (one tokenizer load per actor); the tokens
+stay in the object store."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config.data_section import DataSection
+from pipeline.data.normalize import normalized_id
+from pipeline.data.tokenized import TokenizedBlocks
+
+if TYPE_CHECKING:
+    from pipeline.data.text_blocks import DistinctTexts
 
 ROWS_PER_BATCH = 1024
 """Rows per tokenization batch (and per Ray Data block). Fixed: large enough that Ray Data's
@@ -144,43 +150,47 @@ class _TokenizeBatches:
     def __call__(self, batch: pa.Table) -> pa.Table:
         table = tokenize_table(batch, self.tokenizer, self.max_seq_len, flag_truncated=True)
         unk, words = count_unknown(table.column("input_ids"), self.tokenizer)
-        # The text stays behind: the driver already holds it, and sending it back would
-        # double what crosses the object store.
+        # The text stays behind: what the workers and the miner need of it is its tokens and,
+        # for the negative filters, which texts are the same sentence (text_key).
+        keys = [normalized_id(t) for t in batch.column("text").to_pylist()]
         return (
             table.drop_columns(["text"])
+            .append_column("text_key", pa.array(keys, pa.int64()))
             .append_column("unk_tokens", pa.array(unk))
             .append_column("word_tokens", pa.array(words))
         )
 
 
-def tokenize_corpus_with_stats(
-    corpus: pa.Table, tokenizer: Any, section: DataSection
-) -> tuple[pa.Table, TokenizeStats]:
-    """Tokenize ``(id, text)`` with Ray Data ``map_batches`` over a pool of tokenizer actors.
+def tokenize_texts(
+    texts: DistinctTexts, tokenizer: Any, section: DataSection
+) -> tuple[TokenizedBlocks, TokenizeStats]:
+    """Tokenize the distinct texts with Ray Data ``map_batches`` over a pool of tokenizer
+    actors; the tokens stay in the object store.
 
     Returns:
-        ``(id, text, input_ids)`` in the input's row order (``input_ids`` in the chunks the
-        actors returned, no copy gathered on the driver), how many sentences were cut to
+        The ``(id, input_ids, text_key)`` blocks (:class:`~pipeline.data.tokenized.TokenizedBlocks`;
+        each worker and the miner assembles them), how many texts were cut to
         ``data.max_seq_len``, and the corpus' ``[UNK]`` share.
     """
 
     # Deferred: model/encode.py imports this module for tokenize_table, and the evaluate job
     # and bench/gpu_step.py run that without Ray.
-    import ray
     import ray.data
 
-    blocks = [corpus.slice(start, ROWS_PER_BATCH) for start in range(0, corpus.num_rows, ROWS_PER_BATCH)]
+    from pipeline.data.text_blocks import block_columns, materialized_blocks
+
+    batches = -(-len(texts) // ROWS_PER_BATCH)
     # The pool grows from one actor to what the cluster's CPUs hold at data.tokenize_num_cpus
-    # each, and never past one actor per block (each actor loads the tokenizer once).
+    # each, and never past one actor per batch (each actor loads the tokenizer once).
     cluster_actors = int(ray.cluster_resources().get("CPU", 0) / section.tokenize_num_cpus)
-    max_actors = max(1, min(cluster_actors, len(blocks)))
+    max_actors = max(1, min(cluster_actors, batches))
     with warnings.catch_warnings():
         # Ray (2.60) takes max_restarts only through map_batches' **ray_remote_args, which it
         # marks deprecated (removal planned for 2.64) without a named replacement yet.
         warnings.filterwarnings(
             "ignore", message="`ray_remote_args` is deprecated", category=DeprecationWarning
         )
-        ds = ray.data.from_arrow_refs([ray.put(block) for block in blocks]).map_batches(
+        ds = ray.data.from_arrow_refs(texts.blocks).map_batches(
             _TokenizeBatches,
             batch_format="pyarrow",
             batch_size=ROWS_PER_BATCH,
@@ -194,22 +204,18 @@ def tokenize_corpus_with_stats(
             # max_restarts > 0).
             max_restarts=0,
         )
-    # In the input's order, so the token lists line up with the driver's own rows: no
-    # gathered copy to sort (the flag is this dataset's own context, not the job's).
-    ds.context.execution_options.preserve_order = True
-    tokenized = pa.concat_tables(ray.get(ds.to_arrow_refs()))
-    if not np.array_equal(tokenized.column("id").to_numpy(), corpus.column("id").to_numpy()):
-        raise RuntimeError("Ray Data returned the tokenized rows out of order despite preserve_order")
+    blocks = materialized_blocks(ds)
+    counts, _ = block_columns(blocks, ["truncated", "unk_tokens", "word_tokens"], section.tokenize_num_cpus)
 
     def total(column: str) -> int:
-        return int(pc.sum(tokenized.column(column)).as_py() or 0)
+        return int(pc.sum(counts.column(column)).as_py() or 0)
 
     stats = TokenizeStats(
-        sentences=tokenized.num_rows,
+        sentences=counts.num_rows,
         truncated=total("truncated"),
         max_seq_len=section.max_seq_len,
         unk_tokens=total("unk_tokens"),
         word_tokens=total("word_tokens"),
         has_unk=getattr(tokenizer, "unk_token_id", None) is not None,
     )
-    return corpus.select(["id", "text"]).append_column("input_ids", tokenized.column("input_ids")), stats
+    return TokenizedBlocks(blocks), stats

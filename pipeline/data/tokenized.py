@@ -5,11 +5,30 @@ row lengths, and the digest that names the dataset in MLflow.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from pipeline.data.triplets import Triplets
+
+
+@dataclass(frozen=True)
+class TokenizedBlocks:
+    """The tokenized corpus as it travels: object refs of ``(id, input_ids, text_key, ...)``
+    blocks in the object store (:func:`~pipeline.data.tokenize.tokenize_texts`). The driver never
+    gathers them; each worker and the miner assembles its own copy with :meth:`table`."""
+
+    refs: list[Any]
+
+    def table(self) -> pa.Table:
+        """``(id, input_ids, text_key)`` sorted by id: position ``i`` is the ``i``-th smallest
+        id, as in :class:`~pipeline.data.triplets.Triplets`."""
+        import ray  # deferred: the evaluate job imports this module without Ray
+
+        table = pa.concat_tables([t.select(["id", "input_ids", "text_key"]) for t in ray.get(self.refs)])
+        return table.take(pa.array(np.argsort(table.column("id").to_numpy(), kind="stable"))).combine_chunks()
 
 
 class TokenizedCorpus:
@@ -49,14 +68,14 @@ def row_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np
     return np.maximum(corpus.lengths[triplets.anchor], corpus.lengths[triplets.positive])
 
 
-def dataset_digest(corpus: pa.Table, triplets: Triplets | None = None) -> str:
-    """A content fingerprint of the cleaned training data: the same sentences (and, for
-    triplets, the same rows) give the same digest whatever the file's name or row order."""
+def dataset_digest(ids: np.ndarray, triplets: Triplets | None = None) -> str:
+    """A content fingerprint of the cleaned training data, from its sorted distinct text ids:
+    the same sentences (and, for triplets, the same rows) give the same digest whatever the
+    file's name or row order."""
 
     digest = hashlib.blake2b(digest_size=8)
-    digest.update(np.sort(corpus.column("id").to_numpy()).astype("<i8").tobytes())
+    digest.update(np.sort(ids).astype("<i8").tobytes())
     if triplets is not None:
-        ids = corpus.column("id").to_numpy()
         rows = np.stack([ids[triplets.anchor], ids[triplets.positive],
                          np.where(triplets.negative >= 0, ids[np.maximum(triplets.negative, 0)], -1)], axis=1)  # fmt: skip
         digest.update(rows[np.lexsort(rows.T[::-1])].astype("<i8").tobytes())

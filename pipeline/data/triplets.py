@@ -63,45 +63,61 @@ def text_ids(texts: pa.Array, chunk: int = 65_536) -> np.ndarray:
     return ids
 
 
+def triplets_from_ids(
+    anchor: np.ndarray,
+    positive: np.ndarray,
+    negative: np.ndarray | None = None,
+    pool: np.ndarray | None = None,
+) -> tuple[np.ndarray, Triplets]:
+    """The rows as positions into the sorted distinct ids of every text they name.
+
+    Args:
+        anchor, positive: ``(n,)`` text ids (:func:`~pipeline.data.utf8.stable_row_id`) of each row.
+        negative: ``(n,)`` the given negative's id, -1 where a row has none; None: no row has one.
+        pool: ids of the candidate texts mining searches (``data.pool``); None: the positives.
+
+    Returns:
+        ``(ids, triplets)``: ``ids`` sorted and distinct (position ``i`` is ``ids[i]``'s text),
+        and the rows as positions in it.
+    """
+    parts = [anchor, positive]
+    if negative is not None:
+        parts.append(negative[negative >= 0])
+    if pool is not None:
+        parts.append(pool)
+    ids = np.unique(np.concatenate(parts))
+
+    def positions(column: np.ndarray) -> np.ndarray:
+        return np.where(column >= 0, np.searchsorted(ids, column), -1).astype(np.int64)
+
+    positive_at = positions(positive)
+    triplets = Triplets(
+        positions(anchor),
+        positive_at,
+        positions(negative) if negative is not None else np.full(len(positive_at), -1, dtype=np.int64),
+        pool=np.union1d(positions(pool), positive_at) if pool is not None else None,
+    )
+    return ids, triplets
+
+
 def index_triplets(
     anchors: Any,
     positives: Any,
     negatives: Any | None,
     pool: Any | None = None,
 ) -> tuple[pa.Table, Triplets]:
-    """One ``(id, text)`` table of every distinct text, sorted by id, and the rows as positions
-    in it: each text is tokenized and encoded once however often it occurs.
-
-    Texts are Arrow string arrays (or lists); the work is done in Arrow, so a file of millions of
-    rows never becomes millions of Python strings. ``negatives``: one given negative per row,
-    ``""`` where a row has none. ``pool``: candidate texts for mining (``data.pool``); they join
-    the table, and ``Triplets.pool`` holds their positions and the distinct positives'.
-    """
-    anchor_texts, positive_texts = _strings(anchors), _strings(positives)
-    negative_texts = _strings(negatives) if negatives is not None else None
-    pool_texts = _strings(pool) if pool is not None else None
-    parts = [anchor_texts, positive_texts]
-    if negative_texts is not None:
-        parts.append(pc.filter(negative_texts, pc.greater(pc.utf8_length(negative_texts), 0)))
-    if pool_texts is not None:
-        parts.append(pool_texts)
-    distinct = pc.unique(pa.concat_arrays(parts))
-    ids = text_ids(distinct)
-    order = np.argsort(ids, kind="stable")
-    texts = distinct.take(pa.array(order))
-    table = pa.table({"id": ids[order], "text": texts.cast(pa.string())})
-
-    def positions(column: pa.Array) -> np.ndarray:
-        found = pc.fill_null(pc.index_in(column, value_set=texts), -1)
-        return found.to_numpy(zero_copy_only=False).astype(np.int64)
-
-    positive = positions(positive_texts)
-    triplets = Triplets(
-        positions(anchor_texts),
-        positive,
-        positions(negative_texts)
-        if negative_texts is not None
-        else np.full(len(positive), -1, dtype=np.int64),
-        pool=np.union1d(positions(pool_texts), positive) if pool_texts is not None else None,
-    )
-    return table, triplets
+    """:func:`triplets_from_ids` of texts held in memory (Arrow arrays or lists), with the
+    ``(id, text)`` table of every distinct text, sorted by id. ``negatives``: one given
+    negative per row, ``""`` where a row has none. For small inputs and tests: a job's data
+    is indexed where it was read (:mod:`pipeline.data.pairs`)."""
+    columns = [_strings(t) if t is not None else None for t in (anchors, positives, negatives, pool)]
+    ids = [text_ids(t) if t is not None else None for t in columns]
+    if ids[2] is not None:
+        ids[2] = np.where(pc.utf8_length(columns[2]).to_numpy(zero_copy_only=False) > 0, ids[2], -1)
+    distinct, triplets = triplets_from_ids(*ids)
+    every = pa.concat_arrays([t for t in columns if t is not None])
+    every_ids = np.concatenate([i for i in ids if i is not None])
+    _, first = np.unique(every_ids, return_index=True)
+    found = every_ids[first]
+    texts = every.take(pa.array(first[np.isin(found, distinct)]))
+    return pa.table({"id": distinct, "text": texts.cast(pa.string())}), triplets

@@ -20,8 +20,9 @@ from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError
 from pipeline.data.corpus import load_clean_corpus
 from pipeline.data.pairs import index_pairs, load_pairs
-from pipeline.data.tokenize import tokenize_corpus_with_stats
-from pipeline.data.tokenized import dataset_digest
+from pipeline.data.text_blocks import DistinctTexts
+from pipeline.data.tokenize import tokenize_texts
+from pipeline.data.tokenized import TokenizedBlocks, dataset_digest
 from pipeline.data.triplets import Triplets
 from pipeline.evaluation.retrieval_scoring import RetrievalEvalSet
 from pipeline.evaluation.retrieval_sets import RetrievalSet
@@ -40,8 +41,8 @@ Echo = Callable[[str], None]
 class TrainingData:
     """What the run trains on, before tokenizing."""
 
-    corpus: Any
-    """Arrow table of the distinct texts (``id``, ``text``)."""
+    texts: DistinctTexts
+    """The distinct texts, in the object store (position ``i``: the ``i``-th smallest id)."""
     triplets: Triplets | None
     """Pairs task: the (anchor, positive[, negative]) rows over ``corpus``; else None."""
     rows: int
@@ -55,8 +56,8 @@ class TokenizedInputs:
     model_dir: Path
     """The initial model folder (:func:`prepare_model_dir`)."""
     tokenizer: Any
-    corpus: Any
-    """The tokenized corpus table (``id``, ``input_ids``)."""
+    corpus: TokenizedBlocks
+    """The tokenized corpus, in the object store."""
     unk_share: float | None = None
     """``[UNK]`` tokens among the corpus' non-special tokens; None: the tokenizer has none."""
 
@@ -72,7 +73,8 @@ def describe_corpus(data: TrainingData, inputs: TokenizedInputs) -> str:
 class InputRefs:
     """Object-store references of the inputs every worker and the miner read."""
 
-    corpus: Any
+    corpus: TokenizedBlocks
+    """The tokenized corpus' blocks (already in the object store)."""
     model: Any
     """The packed initial model folder (:func:`pipeline.model.folders.pack_dir`)."""
     triplets: Any = None
@@ -93,7 +95,7 @@ def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> Training
     """
     data = _read_triplets(cfg, tracked, echo) if cfg.pairs else _read_sentences(cfg, tracked, echo)
     no_commit = log_run_context(
-        tracked, cfg.data.path, data.rows, dataset_digest(data.corpus, data.triplets), cfg.task
+        tracked, cfg.data.path, data.rows, dataset_digest(data.texts.ids, data.triplets), cfg.task
     )
     if no_commit:
         echo(f"[run] {no_commit}")
@@ -107,7 +109,7 @@ def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> Training
 
 def _read_triplets(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
     pairs = load_pairs(cfg.data)
-    corpus, triplets = index_pairs(pairs)
+    texts, triplets = index_pairs(pairs, cfg.data.tokenize_num_cpus)
     rows = pairs.rows_read
     pool = (
         f", mining pool {len(triplets.candidate_pool())} texts ({len(pairs.pool)} distinct in {cfg.data.pool} "
@@ -115,27 +117,27 @@ def _read_triplets(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData
         if pairs.pool is not None and triplets.pool is not None
         else ""
     )
-    echo(f"[data] {cfg.data.path}: {pairs.describe()}, {corpus.num_rows} distinct texts{pool}")
+    echo(f"[data] {cfg.data.path}: {pairs.describe()}, {len(texts)} distinct texts{pool}")
     tags = {
         "data.rows_read": rows,
         "data.triplets": len(triplets),
-        "data.texts": corpus.num_rows,
+        "data.texts": len(texts),
         "data.given_negative_rows": pairs.given,
     }
     if triplets.pool is not None:
         tags["data.pool_texts"] = len(triplets.candidate_pool())
     tracked.set_tags(tags)
-    description = f"{len(triplets)} triplet rows over {corpus.num_rows} distinct texts"
-    return TrainingData(corpus, triplets, len(triplets), description)
+    description = f"{len(triplets)} triplet rows over {len(texts)} distinct texts"
+    return TrainingData(texts, triplets, len(triplets), description)
 
 
 def _read_sentences(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
     assert cfg.data.path is not None  # resolve_config named the generated corpus
-    corpus, stats = load_clean_corpus(cfg.data)
+    texts, stats = load_clean_corpus(cfg.data)
     echo(f"[data] {cfg.data.path}: {stats.describe()}")
     tracked.set_tags(stats.tags())
     description = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"
-    return TrainingData(corpus, None, stats.sentences, description)
+    return TrainingData(texts, None, stats.sentences, description)
 
 
 def prepare_model_dir(cfg: Config, texts: Callable[[], list[str]], run_dir: Path) -> Path:
@@ -161,12 +163,12 @@ def tokenize_inputs(
     tokenizer has an unknown token; params, not charts: they never change within a run) and,
     where ``model.pooler`` is unset, the pooling the folder declares, with
     a warning line when many tokens are ``[UNK]``."""
-    model_dir = prepare_model_dir(cfg, lambda: data.corpus.column("text").to_pylist(), run_dir)
+    model_dir = prepare_model_dir(cfg, lambda: data.texts.gather().column("text").to_pylist(), run_dir)
     if pooler_line := pooler_warning(model_dir, cfg.model.pooler):
         echo(pooler_line)
     tokenizer = load_tokenizer(model_dir)
     t0 = time.perf_counter()
-    tokenized, token_stats = tokenize_corpus_with_stats(data.corpus, tokenizer, cfg.data)
+    tokenized, token_stats = tokenize_texts(data.texts, tokenizer, cfg.data)
     unk_share = token_stats.unk_share
     unk = f"; [UNK] {unk_share:.2%} of tokens" if unk_share is not None else ""
     echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - t0:.1f}s{unk}")
@@ -176,7 +178,7 @@ def tokenize_inputs(
     tracked.set_tags(token_stats.tags())
     params = {
         "data/rows": data.rows,
-        "data/texts": data.corpus.num_rows,
+        "data/texts": len(data.texts),
         "data/truncated_share": f"{token_stats.truncated / max(1, token_stats.sentences):.4g}",
     }
     if unk_share is not None:
@@ -195,9 +197,9 @@ def put_inputs(
     echo: Echo,
     retrieval_sets: list[RetrievalSet] | None = None,
 ) -> InputRefs:
-    """Put the tokenized corpus, the packed model folder, the triplets and the STS and
-    retrieval evaluation sets in the object store once, so that each node fetches them once."""
-    corpus_ref = ray.put(inputs.corpus)
+    """Put the packed model folder, the triplets and the STS and retrieval evaluation sets in
+    the object store once, so that each node fetches them once (the tokenized corpus is there
+    already)."""
     model_ref = ray.put(pack_dir(inputs.model_dir))
     triplets_ref = ray.put(data.triplets) if data.triplets is not None else None
     when = "evaluated at the start and every epoch end" + (
@@ -213,4 +215,4 @@ def put_inputs(
         retrieval_set = RetrievalEvalSet(retrieval_sets, inputs.tokenizer, cfg.data.max_seq_len)
         retrieval_ref = ray.put(retrieval_set)
         echo(f"[eval] retrieval {retrieval_set.describe()}: {retrieval_set.num_sentences} texts, {when}")
-    return InputRefs(corpus_ref, model_ref, triplets_ref, eval_ref, retrieval_ref)
+    return InputRefs(inputs.corpus, model_ref, triplets_ref, eval_ref, retrieval_ref)

@@ -311,7 +311,7 @@ def fit(
     loop_config = LoopConfig(
         config=cfg,
         model_ref=refs.model,
-        corpus_ref=refs.corpus,
+        corpus=refs.corpus,
         triplets_ref=refs.triplets,
         eval_ref=refs.eval,
         retrieval_ref=refs.retrieval,

@@ -29,7 +29,7 @@ from pipeline.mining.pair_refresh import refresh_pairs
 from pipeline.mining.planning import refresh_corpus
 from pipeline.mining.refresh_log import RefreshLog
 from pipeline.mining.refresh_report import RefreshReport
-from pipeline.mining.text_keys import text_keys
+from pipeline.mining.text_keys import dense_keys
 from pipeline.model.encode import encode_batch_size, encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
@@ -49,7 +49,8 @@ class HardNegativeMiner:
     ):
         """
         Args:
-            corpus_table: the tokenized corpus (``id``, ``text``, ``input_ids``).
+            corpus_table: the tokenized corpus (``id``, ``input_ids``, ``text_key``), sorted by id
+                (:meth:`~pipeline.data.tokenized.TokenizedBlocks.table`).
             model_blob: the packed initial model folder (:func:`pipeline.model.folders.pack_dir`).
             settings: everything else it is configured with.
             triplets: the pairs task's rows over the corpus' texts; None: the corpus task.
@@ -63,7 +64,7 @@ class HardNegativeMiner:
         self.corpus = TokenizedCorpus(corpus_table, load_tokenizer(model_dir).pad_token_id)
         self.device = torch.device("cuda" if settings.use_gpu and torch.cuda.is_available() else "cpu")
         self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=settings.pooler).to(self.device)
-        (self.text_keys,) = text_keys(corpus_table.column("text").to_pylist())
+        self.text_keys = dense_keys(corpus_table.column("text_key").to_numpy())
         self.previous: RefreshReport | None = None
         """The last refresh's result: the next refresh's churn is measured against it."""
         self.log: RefreshLog | None = None

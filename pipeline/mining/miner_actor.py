@@ -31,8 +31,9 @@ class HardNegativeMinerActor:
 
     def _loaded(self, inputs: list[Any]) -> HardNegativeMiner:
         if self.miner is None:
-            corpus_table, model_blob, triplets = (ray.get(x) if x is not None else None for x in inputs)
-            self.miner = HardNegativeMiner(corpus_table, model_blob, self.settings, triplets)
+            corpus, model_ref, triplets_ref = inputs
+            triplets = ray.get(triplets_ref) if triplets_ref is not None else None
+            self.miner = HardNegativeMiner(corpus.table(), ray.get(model_ref), self.settings, triplets)
         return self.miner
 
     def ready(self, inputs: list[Any]) -> int:

@@ -5,17 +5,11 @@ whitespace), and the masks the negative filters are given, built from those keys
 
 from __future__ import annotations
 
-import re
-import unicodedata
-
 import numpy as np
 
+from pipeline.data.normalize import normalize_text
 
-def normalize_text(text: str) -> str:
-    """Key for "the same sentence up to case, accents, whitespace and punctuation"."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = re.sub(r"[^\w\s]", "", text)
-    return " ".join(text.split())
+__all__ = ["duplicate_mask", "known_positive_mask", "normalize_text", "text_keys"]
 
 
 def text_keys(*text_lists: list[str]) -> list[np.ndarray]:
@@ -76,3 +70,10 @@ def known_positive_mask(
     base = int(max(keys.max(), anchor_keys.max(), known_anchor_keys.max(), known_positive_keys.max())) + 1
     known = np.unique(known_anchor_keys.astype(np.int64) * base + known_positive_keys)
     return valid & np.isin(anchor_keys.astype(np.int64)[:, None] * base + keys, known)
+
+
+def dense_keys(hashed: np.ndarray) -> np.ndarray:
+    """Small integer keys (0, 1, ...) for hashed ones (the tokenized corpus' ``text_key``,
+    :func:`~pipeline.data.normalize.normalized_id`): equal where the hashes are equal, and
+    small enough for :func:`known_positive_mask`'s pair codes."""
+    return np.unique(hashed, return_inverse=True)[1].astype(np.int64)

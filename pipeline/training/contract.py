@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config.schema import Config
+from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.training.state import TrainHistory, TrainState
 
 
@@ -23,8 +24,8 @@ class LoopConfig:
     """The resolved run config (the one written to ``resolved_config.yaml``)."""
     model_ref: Any
     """Object ref of the packed initial model folder (:func:`pipeline.model.folders.pack_dir`)."""
-    corpus_ref: Any
-    """Object ref of the tokenized corpus table (``id``, ``input_ids``)."""
+    corpus: TokenizedBlocks
+    """The tokenized corpus' blocks in the object store; each worker assembles them."""
     triplets_ref: Any = None
     """Object ref of the :class:`~pipeline.data.triplets.Triplets` in the pairs task, else None."""
     eval_ref: Any = None
@@ -44,11 +45,12 @@ class LoopConfig:
     job, so workers sample only the other nodes."""
 
 
-def miner_inputs(corpus_ref: Any, model_ref: Any, triplets_ref: Any = None) -> list[Any]:
+def miner_inputs(corpus: TokenizedBlocks, model_ref: Any, triplets_ref: Any = None) -> list[Any]:
     """What every call to the miner actor (:class:`pipeline.mining.miner_actor.HardNegativeMinerActor`)
-    brings: the object refs of the tokenized corpus, the packed model folder and the triplets
-    (None in the corpus task), in that order. A list, so that Ray hands them over unresolved."""
-    return [corpus_ref, model_ref, triplets_ref]
+    brings: the tokenized corpus' blocks, and the object refs of the packed model folder and
+    the triplets (None in the corpus task), in that order. A list, so that Ray hands them over
+    unresolved."""
+    return [corpus, model_ref, triplets_ref]
 
 
 def report_metrics(state: TrainState, epoch: float) -> dict[str, Any]:

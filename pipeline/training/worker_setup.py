@@ -64,7 +64,7 @@ def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
     """The initial model folder, tokenizer, corpus and triplets the driver put in the object store."""
     model_dir = unpack_dir(ray.get(loop_config.model_ref))
     tokenizer = load_tokenizer(model_dir)
-    corpus = TokenizedCorpus(ray.get(loop_config.corpus_ref), tokenizer.pad_token_id)
+    corpus = TokenizedCorpus(loop_config.corpus.table(), tokenizer.pad_token_id)
     triplets = ray.get(loop_config.triplets_ref) if loop_config.triplets_ref is not None else None
     return WorkerInputs(model_dir, tokenizer, corpus, triplets, row_lengths(corpus, triplets))
 
@@ -224,7 +224,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             logger,
             restarts=state.history.miner_restarts,
             miner_pid=loop_config.miner_pid,
-            inputs=miner_inputs(loop_config.corpus_ref, loop_config.model_ref, loop_config.triplets_ref),
+            inputs=miner_inputs(loop_config.corpus, loop_config.model_ref, loop_config.triplets_ref),
         )
     refresher = PlanRefresher(cfg, rank, inputs.lengths, client)
     sts = build_evaluator(loop_config, rank, world, device)

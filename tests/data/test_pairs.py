@@ -9,14 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 
 from pipeline.config.data_section import DataSection
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.data.input_checks import check_corpus_columns
 from pipeline.data.pair_labels import round_robin_negatives
-from pipeline.data.pairs import index_pairs, load_pairs, read_pairs
-from pipeline.data.tokenize import TokenizeStats, count_unknown, tokenize_corpus_with_stats
+from pipeline.data.pairs import index_pairs, load_pairs, pair_texts, read_pairs
+from pipeline.data.text_blocks import DistinctTexts
+from pipeline.data.tokenize import TokenizeStats, count_unknown, tokenize_texts
 from pipeline.data.triplets import index_triplets
 
 # Quotes anywhere in a field, as in the Twitter URL corpus: quoting is off, a field runs to the tab.
@@ -53,32 +55,30 @@ LABELLED = [
 
 def test_headerless_pairs_read_exactly(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "q.tsv", QUOTED)))
-    assert rows.anchors.to_pylist() == [QUOTED[0][0], QUOTED[2][0]]
-    assert rows.positives.to_pylist() == [QUOTED[0][1], QUOTED[2][1]]
+    assert pair_texts(rows)[0] == [QUOTED[0][0], QUOTED[2][0]]
+    assert pair_texts(rows)[1] == [QUOTED[0][1], QUOTED[2][1]]
     assert rows.rows_read == 3 and rows.negative_rows == 1
-    assert rows.negatives.to_pylist() == ['" wow', ""]  # a field may start with a quote
+    assert pair_texts(rows)[2] == ['" wow', ""]  # a field may start with a quote
     two = load_pairs(_pairs_tsv(_tsv(tmp_path / "two.tsv", [r[:2] for r in QUOTED])))
-    assert two.anchors.to_pylist() == [r[0] for r in QUOTED] and two.positives.to_pylist() == [
-        r[1] for r in QUOTED
-    ]
+    assert pair_texts(two)[0] == [r[0] for r in QUOTED] and pair_texts(two)[1] == [r[1] for r in QUOTED]
     assert two.negatives is None and two.negative_rows == 0  # no labels: every row is a pair
 
 
 def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "l.tsv", LABELLED)))
-    assert list(zip(rows.anchors.to_pylist(), rows.positives.to_pylist(), strict=True)) == [
+    assert list(zip(pair_texts(rows)[0], pair_texts(rows)[1], strict=True)) == [
         ("a", "a1"),
         ("b", "b1"),
         ("a", "a2"),
         ("a", "a3"),
     ]
-    assert rows.negatives.to_pylist() == ["n1", "", "n2", "n1"]  # a's 1st, 2nd, 3rd row: n1, n2, n1 again
+    assert pair_texts(rows)[2] == ["n1", "", "n2", "n1"]  # a's 1st, 2nd, 3rd row: n1, n2, n1 again
     assert rows.given == 3 and rows.negative_rows == 5 and rows.rows_read == 9
     assert rows.describe() == (
         "4 (anchor, positive) rows of 9 read (5 labelled 0, 0 with an empty field dropped), 3 with a given negative"
     )
-    table, triplets = index_pairs(rows)
-    texts = table.column("text").to_pylist()
+    texts_in_store, triplets = index_pairs(rows)
+    texts = texts_in_store.gather().column("text").to_pylist()
     assert [texts[i] if i >= 0 else None for i in triplets.negative] == ["n1", None, "n2", "n1"]
     assert "n3" not in texts  # c has no positive: its label-0 text is nobody's negative
     assert triplets.pool is None
@@ -86,8 +86,8 @@ def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     # data.max_rows: the first (anchor, positive) rows, negatives assigned as over the whole file
     cut = load_pairs(_pairs_tsv(tmp_path / "l.tsv", max_rows=3))
     assert (
-        cut.anchors.to_pylist() == ["a", "b", "a"]
-        and cut.negatives.to_pylist() == ["n1", "", "n2"]
+        pair_texts(cut)[0] == ["a", "b", "a"]
+        and pair_texts(cut)[2] == ["n1", "", "n2"]
         and cut.beyond_max_rows == 1
     )
     # the same file with a header, labels as numbers (csv) or strings (jsonl)
@@ -98,36 +98,33 @@ def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     for path in (csv, jsonl):
         section = DataSection(path=str(path), anchor_column="q", positive_column="d", label_column="y")
         assert read_pairs(section) == (
-            rows.anchors.to_pylist(),
-            rows.positives.to_pylist(),
-            rows.negatives.to_pylist(),
+            pair_texts(rows)[0],
+            pair_texts(rows)[1],
+            pair_texts(rows)[2],
             9,
         )
 
 
 def test_given_negatives_off_leaves_label_0_rows_out(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "l.tsv", LABELLED), given_negatives=False))
-    assert rows.anchors.to_pylist() == ["a", "b", "a", "a"] and rows.negatives is None and rows.given == 0
-    table, triplets = index_pairs(rows)
-    assert sorted(table.column("text").to_pylist()) == ["a", "a1", "a2", "a3", "b", "b1"]
+    assert pair_texts(rows)[0] == ["a", "b", "a", "a"] and rows.negatives is None and rows.given == 0
+    texts_in_store, triplets = index_pairs(rows)
+    assert sorted(texts_in_store.gather().column("text").to_pylist()) == ["a", "a1", "a2", "a3", "b", "b1"]
     assert (triplets.negative == -1).all()
     column = tmp_path / "n.csv"
     column.write_text("anchor,positive,negative\na,a1,n1\nb,b1,n2\n")
     kept = load_pairs(DataSection(path=str(column), negative_column="negative"))
-    assert kept.negatives.to_pylist() == ["n1", "n2"]
+    assert pair_texts(kept)[2] == ["n1", "n2"]
     off = load_pairs(DataSection(path=str(column), negative_column="negative", given_negatives=False))
     assert off.negatives is None
 
 
 def test_round_robin_without_ray():
-    assert round_robin_negatives(
-        ["x", "y", "x", "x"], ["p", "q", "r", "s"], ["x", "x", "z"], ["m", "n", "o"]
-    ) == [
-        "m",
-        "",
-        "n",
-        "m",
-    ]
+    """Over text ids: anchor 1's rows get its label-0 texts 20, 21, 20 in turn; anchor 2 has none."""
+    negatives = round_robin_negatives(
+        np.array([1, 2, 1, 1]), np.array([10, 11, 12, 13]), np.array([1, 1, 3, 1]), np.array([20, 21, 22, 12])
+    )
+    assert negatives.tolist() == [20, -1, 21, 20]  # 12 is a positive of anchor 1: not its negative
 
 
 def _one_line_error(call) -> str:
@@ -206,9 +203,9 @@ def test_pool_texts_join_the_table_once(ray_local, tmp_path):
     pool_txt = tmp_path / "pool.txt"
     pool_txt.write_text("z1\n  a1 \nz2\n\nz1\na\n")  # a positive, an anchor, a duplicate, an empty line
     rows = load_pairs(_pairs_tsv(pairs, pool=str(pool_txt)))
-    assert rows.pool.to_pylist() == ["z1", "a1", "z2", "a"]
-    table, triplets = index_pairs(rows)
-    texts = table.column("text").to_pylist()
+    assert pair_texts(rows)[3] == ["a", "a1", "z1", "z2"]
+    texts_in_store, triplets = index_pairs(rows)
+    texts = texts_in_store.gather().column("text").to_pylist()
     assert len(texts) == len(set(texts))  # every text once, pool texts among anchors and positives
     assert set(texts) == {"a", "b", "a1", "a2", "a3", "b1", "n1", "n2", "z1", "z2"}
     assert sorted(texts[i] for i in triplets.pool) == ["a", "a1", "a2", "a3", "b1", "z1", "z2"]
@@ -216,10 +213,10 @@ def test_pool_texts_join_the_table_once(ray_local, tmp_path):
     # a csv pool's data.text_column, and a pairs_tsv pool: every sentence2
     (tmp_path / "pool.csv").write_text("doc\nz3\na2\n")
     csv_pool = load_pairs(_pairs_tsv(pairs, pool=str(tmp_path / "pool.csv"), text_column="doc"))
-    assert csv_pool.pool.to_pylist() == ["z3", "a2"]
+    assert pair_texts(csv_pool)[3] == ["a2", "z3"]
     tsv_pool = load_pairs(_pairs_tsv(pairs, pool=str(pairs), pool_format="pairs_tsv"))
-    assert tsv_pool.pool.to_pylist() == ["a1", "n1", "b1", "a2", "n2", "n3", "a3"]
-    assert "n3" in index_pairs(tsv_pool)[0].column("text").to_pylist()  # a candidate, not a negative
+    assert pair_texts(tsv_pool)[3] == ["a1", "a2", "a3", "b1", "n1", "n2", "n3"]
+    assert "n3" in index_pairs(tsv_pool)[0].gather().column("text").to_pylist()  # a candidate, not a negative
 
 
 def test_index_triplets_without_pool_keeps_its_positional_call(paraphrase_pairs):
@@ -258,10 +255,10 @@ def test_unk_share_counts_what_the_tokenizer_cannot_read(
     texts = list(dict.fromkeys(paraphrase_corpus[0][:10])) + greek
     ids = np.array([stable_row_id(t) for t in texts], dtype=np.int64)
     order = np.argsort(ids)
-    corpus = pa.table({"id": ids[order], "text": [texts[i] for i in order]})
+    corpus = DistinctTexts(ids[order], [ray.put(pa.table({"id": ids, "text": texts}))])
     tokenizer = load_tokenizer(tiny_model_dir)
     section = DataSection(max_seq_len=64)
-    _, stats = tokenize_corpus_with_stats(corpus, tokenizer, section)
+    _, stats = tokenize_texts(corpus, tokenizer, section)
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     unk = sum(ids.count(tokenizer.unk_token_id) for ids in encoded)
     assert unk >= 11  # each Greek word is one [UNK]

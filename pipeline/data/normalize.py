@@ -1,0 +1,23 @@
+"""What makes two texts "the same sentence" for the negative filters: equal after
+:func:`normalize_text`. Computed where the texts are tokenized, so that the miner compares
+integer keys and never needs the texts."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from pipeline.data.utf8 import stable_row_id
+
+
+def normalize_text(text: str) -> str:
+    """Key for "the same sentence up to case, accents, whitespace and punctuation"."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = re.sub(r"[^\w\s]", "", text)
+    return " ".join(text.split())
+
+
+def normalized_id(text: str) -> int:
+    """:func:`~pipeline.data.utf8.stable_row_id` of :func:`normalize_text`: equal for texts
+    that are the same sentence up to case, accents, whitespace and punctuation."""
+    return stable_row_id(normalize_text(text))

@@ -1,0 +1,133 @@
+"""Texts that stay in the object store: the blocks a Ray Data stage cleaned, the driver holding
+only their 64-bit ids, and each distinct text taken once out of the block that holds it.
+
+A 10-million-row file never becomes 10 million strings on the driver. The cleaning stage hashes
+each text where it cleans it (:func:`~pipeline.data.utf8.stable_row_id`); the driver decides on
+the ids alone (which rows are kept, which text is which row's anchor, which texts are
+distinct); then one task per block takes the distinct texts out of that block.
+
+Ids are content hashes, so two texts are one text here exactly when their 63-bit hashes are
+equal (about one chance in 10^7 of a collision among 10M texts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+
+@ray.remote
+def _select(block: pa.Table, columns: list[str]) -> pa.Table:
+    return block.select(columns)
+
+
+@ray.remote
+def _take_texts(block: pa.Table, picks: list[tuple[str, str, np.ndarray]]) -> pa.Table:
+    """``(id, text)`` of the rows ``picks`` names: ``(text column, id column, rows)`` each."""
+    parts = [
+        pa.table(
+            {"id": block.column(ids).take(pa.array(rows)), "text": block.column(text).take(pa.array(rows))}
+        )
+        for text, ids, rows in picks
+    ]
+    return pa.concat_tables(parts).combine_chunks()
+
+
+def materialized_blocks(ds: Any) -> list[Any]:
+    """Run ``ds`` and keep its output in the object store: the refs of its blocks, in the
+    input's order (row order is meaning: ``data.max_rows`` keeps the first rows, a label-0
+    row's negative goes to its anchor's rows in turn, and an error names a row by number)."""
+    # The flag is this dataset's own context (a dataset copies the current one), not the job's.
+    ds.context.execution_options.preserve_order = True
+    return list(ds.materialize().to_arrow_refs())
+
+
+def block_columns(blocks: list[Any], columns: list[str], num_cpus: float) -> tuple[pa.Table, np.ndarray]:
+    """The named (small: ids, flags) columns of every block, concatenated on the driver in
+    block order, and the rows of each block; the texts stay where they are."""
+    tables = ray.get([_select.options(num_cpus=num_cpus).remote(b, columns) for b in blocks])
+    rows = np.array([t.num_rows for t in tables], dtype=np.int64)
+    if not tables:
+        return pa.table({c: pa.array([], pa.int64()) for c in columns}), rows
+    return pa.concat_tables(tables).combine_chunks(), rows
+
+
+@dataclass(frozen=True)
+class TextColumns:
+    """Text columns of blocks in the object store, with the ids the driver holds for them."""
+
+    blocks: list[Any]
+    """Object refs of the blocks (Arrow tables), in file order."""
+    columns: list[tuple[str, str]]
+    """``(text column, id column)`` pairs of each block."""
+    ids: list[np.ndarray]
+    """Per pair of ``columns``: the id of every row of every block, in block order (-1: no text)."""
+    block_rows: np.ndarray = field(repr=False)
+    """Rows of each block."""
+
+
+@dataclass(frozen=True)
+class DistinctTexts:
+    """Each distinct text once, as ``(id, text)`` blocks in the object store; position ``i``
+    of the corpus is the text with the ``i``-th smallest id."""
+
+    ids: np.ndarray
+    """Sorted, distinct ids: the corpus' positions."""
+    blocks: list[Any]
+    """Object refs of ``(id, text)`` tables, together holding each id of :attr:`ids` once."""
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def gather(self) -> pa.Table:
+        """The whole ``(id, text)`` table on the caller, sorted by id: for what needs the texts
+        as Python strings (a tokenizer trained on the corpus, the offline mining job, tests)."""
+        tables = ray.get(self.blocks)
+        table = (
+            pa.concat_tables(tables)
+            if tables
+            else pa.table({"id": pa.array([], pa.int64()), "text": pa.array([], pa.string())})
+        )
+        return table.take(pa.array(np.argsort(table.column("id").to_numpy(), kind="stable"))).combine_chunks()
+
+
+def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: float) -> DistinctTexts:
+    """The texts of the ``wanted`` ids, each taken once from the first block slot that holds it.
+
+    Args:
+        sources: where the texts are; earlier sources and columns are taken first.
+        wanted: the ids to gather (each must occur in ``sources``).
+        num_cpus: CPUs each taking task reserves (``data.tokenize_num_cpus``).
+    """
+    wanted = np.unique(wanted)
+    flat = (
+        np.concatenate([ids for source in sources for ids in source.ids])
+        if sources
+        else np.empty(0, np.int64)
+    )
+    found, first = np.unique(flat, return_index=True)
+    picked = first[np.isin(found, wanted, assume_unique=True)]
+    if len(picked) != len(wanted):
+        raise RuntimeError(f"{len(wanted) - len(picked)} of the wanted texts are in no block")
+    picked.sort()
+    blocks: list[Any] = []
+    start = 0
+    for source in sources:
+        rows = int(source.block_rows.sum())
+        block_starts = np.concatenate([[0], np.cumsum(source.block_rows)])
+        picks: dict[int, list[tuple[str, str, np.ndarray]]] = {}
+        for text, ids in source.columns:
+            lo, hi = np.searchsorted(picked, [start, start + rows])
+            at = picked[lo:hi] - start
+            block_of = np.searchsorted(block_starts, at, side="right") - 1
+            for b in np.unique(block_of):
+                picks.setdefault(int(b), []).append((text, ids, at[block_of == b] - block_starts[b]))
+            start += rows
+        blocks += [
+            _take_texts.options(num_cpus=num_cpus).remote(source.blocks[b], picks[b]) for b in sorted(picks)
+        ]
+    return DistinctTexts(wanted, blocks)
