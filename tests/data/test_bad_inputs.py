@@ -389,7 +389,7 @@ def test_undecodable_csv_cells_and_text_lines_are_dropped_and_counted(ray_local,
     csv.write_bytes(b"text,n\n" + b"".join(f"{s},1\n".encode() for s in good) + b"caf\xe9,2\n12345,3\n")
     for path, expected in ((text, good), (csv, [*good, "12345"])):  # csv: a number is still text
         corpus, stats = load_clean_corpus(DataSection(path=str(path)))
-        assert sorted(corpus.column("text").to_pylist()) == sorted(expected)
+        assert sorted(corpus.gather().column("text").to_pylist()) == sorted(expected)
         assert stats.invalid_utf8_dropped == (2 if path == text else 1)
         assert stats.empty_dropped == 0 and stats.rows_read == len(expected) + stats.invalid_utf8_dropped
         assert f"{stats.invalid_utf8_dropped} not valid UTF-8" in stats.describe()

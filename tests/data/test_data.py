@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
@@ -17,9 +18,11 @@ from pipeline.data.columns import corpus_columns, require_columns
 from pipeline.data.corpus import load_clean_corpus
 from pipeline.data.formats import infer_format
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
+from pipeline.data.normalize import normalize_text
 from pipeline.data.pairs import read_pairs
 from pipeline.data.readers import read_dataset
-from pipeline.data.tokenize import tokenize_corpus_with_stats
+from pipeline.data.text_blocks import DistinctTexts
+from pipeline.data.tokenize import tokenize_texts
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.utf8 import stable_row_id
 from pipeline.model.folders import load_tokenizer
@@ -59,13 +62,14 @@ def _write(tmp_path, fmt):
 def test_readers_clean_and_dedup(ray_local, tmp_path, fmt):
     path = _write(tmp_path, fmt)
     section = DataSection(path=str(path), text_column="sentence")
-    corpus, stats = load_clean_corpus(section)
+    texts, stats = load_clean_corpus(section)
+    corpus = texts.gather()
     assert set(corpus.column("text").to_pylist()) == CLEAN
     assert stats.sentences == 3 and stats.duplicates_dropped == 1
     assert stats.rows_read - stats.empty_dropped - stats.duplicates_dropped == 3
     assert stats.rows_read == 6 and stats.empty_dropped == 2
     ids = corpus.column("id").to_pylist()
-    assert ids == sorted(ids)
+    assert ids == sorted(ids) == texts.ids.tolist()
     assert ids == sorted(stable_row_id(t) for t in CLEAN)  # content hash: same text, same id anywhere
 
 
@@ -90,12 +94,18 @@ def test_tokenize_matches_tokenizer_and_batches_pad(
     path = tmp_path / "c.txt"
     path.write_text("\n".join(texts))
     section = DataSection(path=str(path), max_seq_len=8)
-    corpus, _ = load_clean_corpus(section)
+    distinct, _ = load_clean_corpus(section)
+    corpus = distinct.gather()
     tokenizer = load_tokenizer(tiny_model_dir)
-    table, _ = tokenize_corpus_with_stats(corpus, tokenizer, section)
+    blocks, _ = tokenize_texts(distinct, tokenizer, section)
+    table = blocks.table()  # what a worker assembles: sorted by id, whatever order the blocks came in
     assert table.column("id").to_pylist() == corpus.column("id").to_pylist()
-    expected = tokenizer(table.column("text").to_pylist(), truncation=True, max_length=8)["input_ids"]
+    expected = tokenizer(corpus.column("text").to_pylist(), truncation=True, max_length=8)["input_ids"]
     assert table.column("input_ids").to_pylist() == expected
+    keys = [normalize_text(t) for t in corpus.column("text").to_pylist()]
+    same = [[a == b for b in keys] for a in keys]  # the miner's "same sentence", from keys alone
+    text_keys = table.column("text_key").to_pylist()
+    assert [[a == b for b in text_keys] for a in text_keys] == same
     assert max(len(x) for x in expected) == 8  # truncation happened
     view = TokenizedCorpus(table, tokenizer.pad_token_id)
     rows = np.array([5, 0, 17])
@@ -114,7 +124,8 @@ def test_max_rows_sample_is_the_one_the_recipe_peer_trains_on(tmp_path, ray_loca
     texts, _ = paraphrase_corpus
     path = tmp_path / "corpus.txt"
     path.write_text("\n".join(texts[:500] + texts[:50] + ["", "  "]) + "\n")
-    corpus, stats = load_clean_corpus(DataSection(path=str(path), max_rows=120))
+    distinct, stats = load_clean_corpus(DataSection(path=str(path), max_rows=120))
+    corpus = distinct.gather()
     assert corpus.num_rows == 120 and stats.beyond_max_rows == 500 - 120 and stats.duplicates_dropped == 50
     expected = sorted(texts[:500], key=stable_row_id)[:120]
     assert corpus.column("text").to_pylist() == expected
@@ -267,12 +278,13 @@ def test_a_dead_tokenizer_actor_fails_the_stage_at_once(ray_local):
         def __call__(self, texts, **kwargs):
             os._exit(1)  # the actor's process dies, as on a segfault or the OOM killer
 
-    corpus = pa.table({"id": np.arange(20, dtype=np.int64), "text": [f"sentence {i}" for i in range(20)]})
+    table = pa.table({"id": np.arange(20, dtype=np.int64), "text": [f"sentence {i}" for i in range(20)]})
+    corpus = DistinctTexts(np.arange(20, dtype=np.int64), [ray.put(table)])
     outcome = {}
 
     def tokenize():
         try:
-            tokenize_corpus_with_stats(corpus, DyingTokenizer(), DataSection())
+            tokenize_texts(corpus, DyingTokenizer(), DataSection())
         except Exception as exc:
             outcome["error"] = exc
 
