@@ -77,6 +77,7 @@ def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
     """(arrow table with id/text/input_ids sorted by id, group label per row)."""
     import numpy as np
 
+    from pipeline.data.normalize import with_text_keys
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.utf8 import stable_row_id
     from pipeline.model.folders import load_tokenizer
@@ -85,7 +86,7 @@ def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
     ids = np.array([stable_row_id(t) for t in texts], dtype=np.int64)
     order = np.argsort(ids)
     table = pa.table({"id": ids[order], "text": [texts[i] for i in order]})
-    return tokenize_table(table, load_tokenizer(tiny_model_dir), 32), groups[order]
+    return with_text_keys(tokenize_table(table, load_tokenizer(tiny_model_dir), 32)), groups[order]
 
 
 @pytest.fixture(scope="session")

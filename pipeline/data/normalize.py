@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+import pyarrow as pa
+
 from pipeline.data.utf8 import stable_row_id
 
 
@@ -21,3 +23,9 @@ def normalized_id(text: str) -> int:
     """:func:`~pipeline.data.utf8.stable_row_id` of :func:`normalize_text`: equal for texts
     that are the same sentence up to case, accents, whitespace and punctuation."""
     return stable_row_id(normalize_text(text))
+
+
+def with_text_keys(table: pa.Table) -> pa.Table:
+    """``table`` with a ``text_key`` column: :func:`normalized_id` of its ``text``."""
+    keys = [normalized_id(t) for t in table.column("text").to_pylist()]
+    return table.append_column("text_key", pa.array(keys, pa.int64()))

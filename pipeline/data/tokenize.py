@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config.data_section import DataSection
-from pipeline.data.normalize import normalized_id
+from pipeline.data.normalize import with_text_keys
 from pipeline.data.tokenized import TokenizedBlocks
 
 if TYPE_CHECKING:
@@ -152,10 +152,9 @@ class _TokenizeBatches:
         unk, words = count_unknown(table.column("input_ids"), self.tokenizer)
         # The text stays behind: what the workers and the miner need of it is its tokens and,
         # for the negative filters, which texts are the same sentence (text_key).
-        keys = [normalized_id(t) for t in batch.column("text").to_pylist()]
         return (
-            table.drop_columns(["text"])
-            .append_column("text_key", pa.array(keys, pa.int64()))
+            with_text_keys(table)
+            .drop_columns(["text"])
             .append_column("unk_tokens", pa.array(unk))
             .append_column("word_tokens", pa.array(words))
         )

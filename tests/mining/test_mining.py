@@ -255,6 +255,7 @@ def test_memory_estimate_counts_vectors_and_results():
 
 def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs):
 
+    from pipeline.data.normalize import with_text_keys
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.triplets import index_triplets
     from pipeline.mining.negatives import NegativeFilters
@@ -264,7 +265,7 @@ def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphras
     texts, groups = paraphrase_corpus
     anchors, positives = paraphrase_pairs
     table, triplets = index_triplets(anchors, positives, None)
-    tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
+    tokenized = with_text_keys(tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32))
     filters = NegativeFilters(num_negatives=2)
     settings = MinerSettings(
         pooler="mean",

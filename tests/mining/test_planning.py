@@ -82,6 +82,7 @@ def test_plan_settings_come_from_the_config():
 def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
     trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs
 ):
+    from pipeline.data.normalize import with_text_keys
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.triplets import index_triplets
     from pipeline.mining.text_keys import text_keys
@@ -89,7 +90,7 @@ def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
 
     anchors, positives = paraphrase_pairs
     table, triplets = index_triplets(anchors, positives, None)
-    tokenized = tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32)
+    tokenized = with_text_keys(tokenize_table(table, load_tokenizer(trained_tiny_model_dir), 32))
     settings = MinerSettings(
         pooler="mean", batch_size=32, search=SearchSettings(top_k=32), seed=0,
         filters=NegativeFilters(num_negatives=2), random_negatives=1,

@@ -125,12 +125,13 @@ def test_neighbourhood_refresh_charts_a_few_keys_and_tables_the_rest(
 
 
 def test_pair_refresh_charts_a_few_keys_and_tables_the_rest(tmp_path, tiny_model_dir, paraphrase_pairs):
+    from pipeline.data.normalize import with_text_keys
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.triplets import index_triplets
     from pipeline.model.folders import load_tokenizer
 
     table, triplets = index_triplets(*paraphrase_pairs, None)
-    tokenized = tokenize_table(table, load_tokenizer(tiny_model_dir), 32)
+    tokenized = with_text_keys(tokenize_table(table, load_tokenizer(tiny_model_dir), 32))
     client, run_id, reports = _refresh_twice(tmp_path, tiny_model_dir, tokenized, triplets)
     _assert_charts_and_table(client, run_id, reports)
     assert "mining/selected" in client.get_run(run_id).data.metrics
