@@ -100,7 +100,7 @@ def run_stages(path: str, model: str, sets: list[str], workdir: Path) -> dict[st
         measured("put in the object store", lambda: put_inputs(cfg, data, inputs, [], print, []))
         seconds = time.perf_counter() - started
     tracked.finish()
-    return {"rows": data.rows, "texts": inputs.corpus.num_rows, "rss_before_mib": before,
+    return {"rows": data.rows, "texts": len(data.texts) if hasattr(data, "texts") else inputs.corpus.num_rows, "rss_before_mib": before,
             "peak_rss_mib": max(s["peak_mib"] for s in stages), "seconds": seconds, "stages": stages}  # fmt: skip
 
 

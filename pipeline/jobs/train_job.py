@@ -238,9 +238,12 @@ def train_in_ray(
     data = load_training_data(cfg, tracked, echo)
     inputs = tokenize_inputs(cfg, data, run_dir, tracked, echo)
     refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
+    corpus_line = describe_corpus(data, inputs)
+    # Training reads the tokens only: dropping the data lets the texts' blocks leave the object store.
+    del data
     with miner_actor(cfg, tracked, refs) as (miner, miner_pid):
         result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo, debug)
-        summary = export_and_summarise(cfg, tracked, result, describe_corpus(data, inputs), run_dir)
+        summary = export_and_summarise(cfg, tracked, result, corpus_line, run_dir)
         return log_exported_model(cfg, tracked, summary, run_dir)
 
 
