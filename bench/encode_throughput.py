@@ -16,7 +16,7 @@ times after one untimed warm-up of each:
   refresh on the corpus Ray Data tokenized once. The batch size defaults to the miner's on a
   CPU (``pipeline.model.encode.CPU_ENCODE_BATCH_SIZE``). Also timed once per repeat: the tokenization the training
   corpus gets (``tokenize_table(..., flag_truncated=True)``, as
-  ``pipeline.data.tokenize.tokenize_corpus_with_stats`` runs it in its Ray Data actors), which encodes again
+  ``pipeline.data.tokenize.tokenize_texts`` runs it in its Ray Data actors), which encodes again
   every sentence longer than the max length to count truncations.
 - peer: ``SentenceTransformer(model).encode(texts, batch_size, normalize_embeddings=True)``
   with ``max_seq_length`` set; its tokenization time is its ``preprocess`` calls, timed by
@@ -212,7 +212,7 @@ def append_markdown(path: Path, args: argparse.Namespace, machine: str, table: s
         f"tokens, truncated), mean pooling, normalised. {Alternating.note(args.repeats)} Ours: "
         "`tokenize_table` + `TokenizedCorpus`, then `encode_rows` (the miner's call); ST: "
         "`SentenceTransformer.encode` (tokenize = its `preprocess` calls). Corpus-path tokenize: "
-        "`tokenize_table(flag_truncated=True)`, what `tokenize_corpus_with_stats` runs on the "
+        "`tokenize_table(flag_truncated=True)`, what `tokenize_texts` runs on the "
         f"training corpus.\n\n{table}"
     )
     title = f"{args.rows:,} sentences, {model_label(args.model)} on CPU"
