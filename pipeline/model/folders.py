@@ -30,6 +30,9 @@ def quiet_libraries() -> None:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    # MlflowClient.log_table downloads the table it appends to, with a progress bar per call:
+    # one line of bars in the job's log at every refresh.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for name in ("ray.train", "ray.data"):
         logging.getLogger(name).setLevel(logging.WARNING)
     # Train V2 logs every report at INFO through a logger named by its file's path
