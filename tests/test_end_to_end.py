@@ -76,7 +76,8 @@ def test_demo_trains_mines_and_logs(tmp_path):
     # The params name the files the run really used, generated ones included.
     assert params["data.path"] == str(tmp_path / "runs/demo/generated_corpus.txt")
     assert str(tmp_path / "runs/demo/generated_sts.tsv") in params["eval.sts"]
-    assert int(run.data.tags["data.sentences"]) > 1500 and int(run.data.tags["data.duplicates_dropped"]) > 0
+    assert int(params["data/rows"]) > 1500 and int(run.data.tags["data.duplicates_dropped"]) > 0
+    assert not {"data.sentences", "data.texts", "data.triplets"} & set(run.data.tags)  # params already say
     # The runs table's Source column: the job and the commit it ran from.
     assert (
         run.data.tags["mlflow.source.name"] == "jobs/train.py"

@@ -41,13 +41,12 @@ class CorpusStats:
         )
 
     def tags(self) -> dict[str, int]:
-        """The counts as MLflow run tags."""
+        """What was dropped, as MLflow run tags (the sentences kept are the param ``data/rows``)."""
         return {
             "data.rows_read": self.rows_read,
             "data.empty_dropped": self.empty_dropped,
             "data.invalid_utf8_dropped": self.invalid_utf8_dropped,
             "data.duplicates_dropped": self.duplicates_dropped,
-            "data.sentences": self.sentences,
         }
 
 

@@ -120,8 +120,6 @@ def _read_triplets(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData
     echo(f"[data] {cfg.data.path}: {pairs.describe()}, {len(texts)} distinct texts{pool}")
     tags = {
         "data.rows_read": rows,
-        "data.triplets": len(triplets),
-        "data.texts": len(texts),
         "data.given_negative_rows": pairs.given,
     }
     if triplets.pool is not None:
