@@ -243,13 +243,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """A test that uses the session's Ray, or runs whole jobs, is ``slow`` whether or not it
-    says so: ``make test-fast`` (``-m "not slow"``) then starts no Ray cluster at all.
-
-    The ``job`` tests (minutes each) run first: pytest-xdist's worksteal hands the short tests
-    out last, so the two test processes end close together instead of one waiting on a job
-    test begun late."""
+    """A test that uses the session's Ray is ``slow`` whether or not it says so: ``make
+    test-fast`` (``-m "not slow"``) then starts no Ray cluster at all."""
     for item in items:
-        if "ray_local" in getattr(item, "fixturenames", ()) or item.get_closest_marker("job"):
+        if "ray_local" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("job") is None)

@@ -45,7 +45,6 @@ def _finished_run(db: Path, experiment: str):
 SUBMITTED_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.mark.job
 @pytest.mark.slow
 def test_jobs_at_once_beside_each_other_and_a_ray_start_head(tmp_path, trained_tiny_model_dir):
     """All at once on one machine: a ``ray start`` head with the README's ``ray job submit`` of

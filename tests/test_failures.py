@@ -92,7 +92,6 @@ def faulted_run(tmp_path_factory):
     return facts
 
 
-@pytest.mark.job
 @pytest.mark.slow
 def test_worker_killed_mid_epoch_resumes_at_its_checkpoint(faulted_run):
     out = faulted_run["output"]
@@ -133,7 +132,6 @@ def test_worker_killed_mid_epoch_resumes_at_its_checkpoint(faulted_run):
     )
 
 
-@pytest.mark.job
 @pytest.mark.slow
 def test_miner_killed_during_refresh_is_restarted_and_remines(faulted_run):
     out = faulted_run["output"]
@@ -152,7 +150,6 @@ def test_miner_killed_during_refresh_is_restarted_and_remines(faulted_run):
     assert [row["plan_version"] for row in refresh_table(client, run_id)] == [1.0]
 
 
-@pytest.mark.job
 @pytest.mark.slow
 def test_killed_job_resumes_from_newest_complete_checkpoint(tmp_path):
     overrides = [
@@ -233,7 +230,6 @@ def _healthy(port: int) -> bool:
         return False
 
 
-@pytest.mark.job
 @pytest.mark.slow
 def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
     port = free_port()
@@ -288,7 +284,6 @@ def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
     assert "Traceback" not in proc.stderr and "[data]" not in proc.stdout  # nothing was computed
 
 
-@pytest.mark.job
 @pytest.mark.slow
 def test_hung_miner_ends_the_job_at_once_and_costs_no_epoch(tmp_path):
     """The miner process is frozen (SIGSTOP) before the first refresh: the epoch-end wait for its

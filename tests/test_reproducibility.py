@@ -30,7 +30,6 @@ def _run(cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, env=job_env(), capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.job
 def test_same_config_and_seed_give_the_same_run(tmp_path):
     runs = []
     for name in ("first", "second"):

@@ -180,7 +180,6 @@ def _generated_pairs(paraphrase_corpus, n, seed):
     return pairs
 
 
-@pytest.mark.job
 def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphrase_corpus):
     first, second = _generated_pairs(paraphrase_corpus, 120, 0), _generated_pairs(paraphrase_corpus, 80, 1)
     stsb = tmp_path / "dev.csv"

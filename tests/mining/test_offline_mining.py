@@ -101,7 +101,6 @@ def _mine(tmp_path, model_dir, input_path, output, *sets):
     return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.job
 @pytest.mark.slow
 def test_mine_job_on_text_and_pairs(tmp_path, trained_tiny_model_dir, paraphrase_corpus):
     texts, groups = paraphrase_corpus

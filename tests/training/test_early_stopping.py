@@ -57,7 +57,6 @@ def test_patience_is_checked_against_what_the_job_evaluates():
     check_eval_sets(EvalSection(patience=2), ["stsb-dev"], [])  # an STS file is enough
 
 
-@pytest.mark.job
 @pytest.mark.slow
 def test_a_run_stops_where_its_evaluations_say_and_exports_the_best(tmp_path):
     """The demo's generated STS set scores Recall@1 = 100 from the start (issue 39 says why),
