@@ -19,7 +19,7 @@ from pipeline.data.text_blocks import (
     distinct_texts,
     materialized_blocks,
 )
-from pipeline.data.utf8 import INVALID_UTF8, _as_text, stable_row_id
+from pipeline.data.utf8 import INVALID_UTF8, _as_text, text_ids
 
 
 @dataclass
@@ -59,8 +59,7 @@ def _clean_batch(batch: pa.Table) -> pa.Table:
     if bad is None:
         bad = pa.array(np.zeros(batch.num_rows, dtype=bool))
     text = pc.fill_null(pc.utf8_trim_whitespace(text), "")
-    ids = pa.array([stable_row_id(t) if t else -1 for t in text.to_pylist()], type=pa.int64())
-    return pa.table({"id": ids, "text": text, INVALID_UTF8: bad})
+    return pa.table({"id": text_ids(text), "text": text, INVALID_UTF8: bad})
 
 
 def load_clean_corpus(section: DataSection) -> tuple[DistinctTexts, CorpusStats]:
@@ -85,17 +84,17 @@ def load_clean_corpus(section: DataSection) -> tuple[DistinctTexts, CorpusStats]
     read, block_rows = block_columns(blocks, ["id", INVALID_UTF8], section.tokenize_num_cpus)
     ids = read.column("id").to_numpy()
     invalid = read.column(INVALID_UTF8).to_numpy(zero_copy_only=False)
-    kept = np.unique(ids[ids >= 0])
-    non_empty = int((ids >= 0).sum())
+    distinct = np.unique(ids[ids >= 0])
+    kept = distinct[: section.max_rows]  # sorted by content hash: a fixed pseudo-random sample
     stats = CorpusStats(
         rows_read=len(ids),
         empty_dropped=int((~invalid & (ids < 0)).sum()),
-        duplicates_dropped=non_empty - len(kept),
-        sentences=min(len(kept), section.max_rows) if section.max_rows is not None else len(kept),
-        beyond_max_rows=max(0, len(kept) - section.max_rows) if section.max_rows is not None else 0,
+        duplicates_dropped=int((ids >= 0).sum()) - len(distinct),
+        sentences=len(kept),
+        beyond_max_rows=len(distinct) - len(kept),
         invalid_utf8_dropped=int(invalid.sum()),
     )
     if stats.sentences == 0:
         raise DataError(f"data.path: {section.path} has no non-empty sentences ({stats.describe()})")
     source = TextColumns(blocks, [("text", "id")], [ids], block_rows)
-    return distinct_texts([source], kept[: stats.sentences], section.tokenize_num_cpus), stats
+    return distinct_texts([source], kept, section.tokenize_num_cpus), stats

@@ -30,18 +30,13 @@ from pipeline.data.text_blocks import (
     materialized_blocks,
 )
 from pipeline.data.triplets import Triplets, triplets_from_ids
-from pipeline.data.utf8 import _as_text, stable_row_id
+from pipeline.data.utf8 import _as_text, text_ids
 
 
 def _clean_text(column: Any) -> Any:
     """Stripped strings; a cell that is not UTF-8 becomes empty, so its row is dropped."""
     text, _ = _as_text(column)
     return pc.utf8_trim_whitespace(pc.fill_null(text, ""))
-
-
-def _ids(texts: pa.Array) -> pa.Array:
-    """:func:`~pipeline.data.utf8.stable_row_id` of each text, -1 for an empty one."""
-    return pa.array([stable_row_id(t) if t else -1 for t in texts.to_pylist()], pa.int64())
 
 
 def _clean_pairs(
@@ -54,16 +49,16 @@ def _clean_pairs(
     for name, source in (("anchor", anchor), ("positive", positive), ("negative", negative)):
         if source is not None:
             text = _clean_text(batch.column(source))
-            columns[name], columns[f"{name}_id"] = text, _ids(text)
+            columns[name], columns[f"{name}_id"] = text, text_ids(text)
     if label is not None:
-        columns["label"], columns["label_other"] = label_codes(batch.column(label))
-        columns["label"] = pa.array(columns["label"])
+        codes, columns["label_other"] = label_codes(batch.column(label))
+        columns["label"] = pa.array(codes)
     return pa.table(columns)
 
 
 def _clean_pool(batch: pa.Table, *, column: str) -> pa.Table:
     text = _clean_text(batch.column(column))
-    return pa.table({"text": text, "id": _ids(text)})
+    return pa.table({"text": text, "id": text_ids(text)})
 
 
 @dataclass
@@ -270,11 +265,12 @@ def index_pairs(rows: PairRows, num_cpus: float = 1) -> tuple[DistinctTexts, Tri
     return distinct_texts(rows.sources, ids, num_cpus), triplets
 
 
-def pair_texts(rows: PairRows) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:
+def pair_texts(
+    rows: PairRows, texts: DistinctTexts, triplets: Triplets
+) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:
     """``(anchors, positives, negatives, pool)`` of :func:`load_pairs` as Python lists on the
-    caller (a negative ``""`` where a row has none): for the offline mining job, which encodes
-    in its own process, and for tests."""
-    texts, triplets = index_pairs(rows)
+    caller (a negative ``""`` where a row has none), from what :func:`index_pairs` made of
+    ``rows``: for the offline mining job, which encodes in its own process, and for tests."""
     strings = texts.gather().column("text").to_pylist()
 
     def at(positions: np.ndarray) -> list[str]:
@@ -291,5 +287,5 @@ def read_pairs(section: DataSection) -> tuple[list[str], list[str], list[str] | 
     """``(anchors, positives, negatives, rows read)`` of :func:`load_pairs` as Python lists;
     for small files and tests."""
     rows = load_pairs(section)
-    anchors, positives, negatives, _ = pair_texts(rows)
+    anchors, positives, negatives, _ = pair_texts(rows, *index_pairs(rows))
     return anchors, positives, negatives, rows.rows_read

@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from pipeline.data.tokenized import sorted_by_id
+
 
 @ray.remote
 def _select(block: pa.Table, columns: list[str]) -> pa.Table:
@@ -90,13 +92,7 @@ class DistinctTexts:
     def gather(self) -> pa.Table:
         """The whole ``(id, text)`` table on the caller, sorted by id: for what needs the texts
         as Python strings (a tokenizer trained on the corpus, the offline mining job, tests)."""
-        tables = ray.get(self.blocks)
-        table = (
-            pa.concat_tables(tables)
-            if tables
-            else pa.table({"id": pa.array([], pa.int64()), "text": pa.array([], pa.string())})
-        )
-        return table.take(pa.array(np.argsort(table.column("id").to_numpy(), kind="stable"))).combine_chunks()
+        return sorted_by_id(ray.get(self.blocks))
 
 
 def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: float) -> DistinctTexts:
@@ -126,10 +122,12 @@ def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: flo
         picks: dict[int, list[tuple[str, str, np.ndarray]]] = {}
         for text, ids in source.columns:
             lo, hi = np.searchsorted(picked, [start, start + rows])
-            at = picked[lo:hi] - start
-            block_of = np.searchsorted(block_starts, at, side="right") - 1
-            for b in np.unique(block_of):
-                picks.setdefault(int(b), []).append((text, ids, at[block_of == b] - block_starts[b]))
+            at = picked[lo:hi] - start  # sorted: each block's rows are one slice of it
+            bounds = np.searchsorted(at, block_starts)
+            for b in np.flatnonzero(np.diff(bounds)):
+                picks.setdefault(int(b), []).append(
+                    (text, ids, at[bounds[b] : bounds[b + 1]] - block_starts[b])
+                )
             start += rows
         blocks += [
             _take_texts.options(num_cpus=num_cpus).remote(source.blocks[b], picks[b]) for b in sorted(picks)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from pipeline.data.text_blocks import DistinctTexts
 
 ROWS_PER_BATCH = 1024
-"""Rows per tokenization batch (and per Ray Data block). Fixed: large enough that Ray Data's
+"""Rows per tokenization batch. Fixed: large enough that Ray Data's
 per-batch cost is small beside the tokenization, small enough that a corpus of 100k sentences
 still gives about a hundred blocks to spread over the actors."""
 

@@ -14,6 +14,13 @@ import pyarrow as pa
 from pipeline.data.triplets import Triplets
 
 
+def sorted_by_id(tables: list[pa.Table]) -> pa.Table:
+    """Blocks gathered into one table in id order: position ``i`` is the ``i``-th smallest id,
+    whatever order the blocks came in."""
+    table = pa.concat_tables(tables)
+    return table.take(pa.array(np.argsort(table.column("id").to_numpy(), kind="stable"))).combine_chunks()
+
+
 @dataclass(frozen=True)
 class TokenizedBlocks:
     """The tokenized corpus as it travels: object refs of ``(id, input_ids, text_key, ...)``
@@ -27,8 +34,7 @@ class TokenizedBlocks:
         id, as in :class:`~pipeline.data.triplets.Triplets`."""
         import ray  # deferred: the evaluate job imports this module without Ray
 
-        table = pa.concat_tables([t.select(["id", "input_ids", "text_key"]) for t in ray.get(self.refs)])
-        return table.take(pa.array(np.argsort(table.column("id").to_numpy(), kind="stable"))).combine_chunks()
+        return sorted_by_id([t.select(["id", "input_ids", "text_key"]) for t in ray.get(self.refs)])
 
 
 class TokenizedCorpus:

@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from pipeline.data.utf8 import stable_row_id
+from pipeline.data.utf8 import text_ids
 
 
 @dataclass
@@ -51,16 +50,6 @@ def _strings(texts: Any) -> pa.Array:
     """``texts`` as one Arrow large_string array (64-bit offsets: a column of many long texts
     may pass 2 GiB)."""
     return one_array(texts).cast(pa.large_string())
-
-
-def text_ids(texts: pa.Array, chunk: int = 65_536) -> np.ndarray:
-    """:func:`~pipeline.data.utf8.stable_row_id` of each text, a chunk of Python strings at a
-    time (never all of them at once)."""
-    ids = np.empty(len(texts), dtype=np.int64)
-    for start in range(0, len(texts), chunk):
-        part = texts.slice(start, chunk).to_pylist()
-        ids[start : start + len(part)] = [stable_row_id(t) for t in part]
-    return ids
 
 
 def triplets_from_ids(
@@ -111,9 +100,7 @@ def index_triplets(
     negative per row, ``""`` where a row has none. For small inputs and tests: a job's data
     is indexed where it was read (:mod:`pipeline.data.pairs`)."""
     columns = [_strings(t) if t is not None else None for t in (anchors, positives, negatives, pool)]
-    ids = [text_ids(t) if t is not None else None for t in columns]
-    if ids[2] is not None:
-        ids[2] = np.where(pc.utf8_length(columns[2]).to_numpy(zero_copy_only=False) > 0, ids[2], -1)
+    ids = [text_ids(t) if t is not None else None for t in columns]  # an empty negative: -1, none
     distinct, triplets = triplets_from_ids(*ids)
     every = pa.concat_arrays([t for t in columns if t is not None])
     every_ids = np.concatenate([i for i in ids if i is not None])

@@ -23,6 +23,16 @@ def stable_row_id(text: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def text_ids(texts: pa.Array, chunk: int = 65_536) -> np.ndarray:
+    """:func:`stable_row_id` of each text, -1 for an empty one, a chunk of Python strings at a
+    time (never all of them at once)."""
+    ids = np.empty(len(texts), dtype=np.int64)
+    for start in range(0, len(texts), chunk):
+        part = texts.slice(start, chunk).to_pylist()
+        ids[start : start + len(part)] = [stable_row_id(t) if t else -1 for t in part]
+    return ids
+
+
 def split_utf8_lines(data: bytes) -> tuple[list[str], list[bool] | None]:
     """The lines of a file's bytes, as ``read_text`` splits them, and which were not UTF-8.
 

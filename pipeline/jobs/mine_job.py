@@ -26,9 +26,8 @@ import pyarrow.parquet as pq
 from pipeline.config.schema import Config
 from pipeline.core.errors import DataError
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
-from pipeline.data.pairs import load_pairs, pair_texts
+from pipeline.data.pairs import index_pairs, load_pairs, pair_texts
 from pipeline.data.tokenized import dataset_digest
-from pipeline.data.triplets import triplets_from_ids
 from pipeline.jobs.pair_mining import MiningReport, mine_pairs
 from pipeline.model.encoder import load_sentence_encoder, pooler_warning
 from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
@@ -91,13 +90,13 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = Fals
         )
         read = load_pairs(cfg.data)
         # The offline job encodes in this process, so it works on Python lists (a list per column).
-        anchors, positives, _, pool_texts = pair_texts(read)
+        texts, pairs = index_pairs(read, cfg.data.tokenize_num_cpus)
+        anchors, positives, _, pool_texts = pair_texts(read, texts, pairs)
         rows = read.rows_read
         pool_note = f", pool {cfg.data.pool}: {len(read.pool)} texts" if read.pool is not None else ""
         echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs{pool_note}")
-        ids, pairs = triplets_from_ids(read.anchors, read.positives, read.negatives, read.pool)
         no_commit = log_run_context(
-            tracked, cfg.data.path, len(anchors), dataset_digest(ids, pairs), "pairs", context="mining"
+            tracked, cfg.data.path, len(anchors), dataset_digest(texts.ids, pairs), "pairs", context="mining"
         )
         if no_commit:
             echo(f"[run] {no_commit}")

@@ -44,7 +44,7 @@ class TrainingData:
     texts: DistinctTexts
     """The distinct texts, in the object store (position ``i``: the ``i``-th smallest id)."""
     triplets: Triplets | None
-    """Pairs task: the (anchor, positive[, negative]) rows over ``corpus``; else None."""
+    """Pairs task: the (anchor, positive[, negative]) rows over ``texts``; else None."""
     rows: int
     """Training rows: sentences, or (anchor, positive) rows in the pairs task."""
     description: str

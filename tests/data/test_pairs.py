@@ -53,26 +53,31 @@ LABELLED = [
 ]
 
 
+def _texts(rows):
+    """:func:`pair_texts` of ``rows`` as the offline job reads them: indexed, then gathered."""
+    return pair_texts(rows, *index_pairs(rows))
+
+
 def test_headerless_pairs_read_exactly(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "q.tsv", QUOTED)))
-    assert pair_texts(rows)[0] == [QUOTED[0][0], QUOTED[2][0]]
-    assert pair_texts(rows)[1] == [QUOTED[0][1], QUOTED[2][1]]
+    assert _texts(rows)[0] == [QUOTED[0][0], QUOTED[2][0]]
+    assert _texts(rows)[1] == [QUOTED[0][1], QUOTED[2][1]]
     assert rows.rows_read == 3 and rows.negative_rows == 1
-    assert pair_texts(rows)[2] == ['" wow', ""]  # a field may start with a quote
+    assert _texts(rows)[2] == ['" wow', ""]  # a field may start with a quote
     two = load_pairs(_pairs_tsv(_tsv(tmp_path / "two.tsv", [r[:2] for r in QUOTED])))
-    assert pair_texts(two)[0] == [r[0] for r in QUOTED] and pair_texts(two)[1] == [r[1] for r in QUOTED]
+    assert _texts(two)[0] == [r[0] for r in QUOTED] and _texts(two)[1] == [r[1] for r in QUOTED]
     assert two.negatives is None and two.negative_rows == 0  # no labels: every row is a pair
 
 
 def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "l.tsv", LABELLED)))
-    assert list(zip(pair_texts(rows)[0], pair_texts(rows)[1], strict=True)) == [
+    assert list(zip(_texts(rows)[0], _texts(rows)[1], strict=True)) == [
         ("a", "a1"),
         ("b", "b1"),
         ("a", "a2"),
         ("a", "a3"),
     ]
-    assert pair_texts(rows)[2] == ["n1", "", "n2", "n1"]  # a's 1st, 2nd, 3rd row: n1, n2, n1 again
+    assert _texts(rows)[2] == ["n1", "", "n2", "n1"]  # a's 1st, 2nd, 3rd row: n1, n2, n1 again
     assert rows.given == 3 and rows.negative_rows == 5 and rows.rows_read == 9
     assert rows.describe() == (
         "4 (anchor, positive) rows of 9 read (5 labelled 0, 0 with an empty field dropped), 3 with a given negative"
@@ -86,9 +91,7 @@ def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     # data.max_rows: the first (anchor, positive) rows, negatives assigned as over the whole file
     cut = load_pairs(_pairs_tsv(tmp_path / "l.tsv", max_rows=3))
     assert (
-        pair_texts(cut)[0] == ["a", "b", "a"]
-        and pair_texts(cut)[2] == ["n1", "", "n2"]
-        and cut.beyond_max_rows == 1
+        _texts(cut)[0] == ["a", "b", "a"] and _texts(cut)[2] == ["n1", "", "n2"] and cut.beyond_max_rows == 1
     )
     # the same file with a header, labels as numbers (csv) or strings (jsonl)
     csv = tmp_path / "l.csv"
@@ -98,23 +101,23 @@ def test_labels_give_rows_and_round_robin_negatives(ray_local, tmp_path):
     for path in (csv, jsonl):
         section = DataSection(path=str(path), anchor_column="q", positive_column="d", label_column="y")
         assert read_pairs(section) == (
-            pair_texts(rows)[0],
-            pair_texts(rows)[1],
-            pair_texts(rows)[2],
+            _texts(rows)[0],
+            _texts(rows)[1],
+            _texts(rows)[2],
             9,
         )
 
 
 def test_given_negatives_off_leaves_label_0_rows_out(ray_local, tmp_path):
     rows = load_pairs(_pairs_tsv(_tsv(tmp_path / "l.tsv", LABELLED), given_negatives=False))
-    assert pair_texts(rows)[0] == ["a", "b", "a", "a"] and rows.negatives is None and rows.given == 0
+    assert _texts(rows)[0] == ["a", "b", "a", "a"] and rows.negatives is None and rows.given == 0
     texts_in_store, triplets = index_pairs(rows)
     assert sorted(texts_in_store.gather().column("text").to_pylist()) == ["a", "a1", "a2", "a3", "b", "b1"]
     assert (triplets.negative == -1).all()
     column = tmp_path / "n.csv"
     column.write_text("anchor,positive,negative\na,a1,n1\nb,b1,n2\n")
     kept = load_pairs(DataSection(path=str(column), negative_column="negative"))
-    assert pair_texts(kept)[2] == ["n1", "n2"]
+    assert _texts(kept)[2] == ["n1", "n2"]
     off = load_pairs(DataSection(path=str(column), negative_column="negative", given_negatives=False))
     assert off.negatives is None
 
@@ -203,7 +206,7 @@ def test_pool_texts_join_the_table_once(ray_local, tmp_path):
     pool_txt = tmp_path / "pool.txt"
     pool_txt.write_text("z1\n  a1 \nz2\n\nz1\na\n")  # a positive, an anchor, a duplicate, an empty line
     rows = load_pairs(_pairs_tsv(pairs, pool=str(pool_txt)))
-    assert pair_texts(rows)[3] == ["a", "a1", "z1", "z2"]
+    assert _texts(rows)[3] == ["a", "a1", "z1", "z2"]
     texts_in_store, triplets = index_pairs(rows)
     texts = texts_in_store.gather().column("text").to_pylist()
     assert len(texts) == len(set(texts))  # every text once, pool texts among anchors and positives
@@ -213,9 +216,9 @@ def test_pool_texts_join_the_table_once(ray_local, tmp_path):
     # a csv pool's data.text_column, and a pairs_tsv pool: every sentence2
     (tmp_path / "pool.csv").write_text("doc\nz3\na2\n")
     csv_pool = load_pairs(_pairs_tsv(pairs, pool=str(tmp_path / "pool.csv"), text_column="doc"))
-    assert pair_texts(csv_pool)[3] == ["a2", "z3"]
+    assert _texts(csv_pool)[3] == ["a2", "z3"]
     tsv_pool = load_pairs(_pairs_tsv(pairs, pool=str(pairs), pool_format="pairs_tsv"))
-    assert pair_texts(tsv_pool)[3] == ["a1", "a2", "a3", "b1", "n1", "n2", "n3"]
+    assert _texts(tsv_pool)[3] == ["a1", "a2", "a3", "b1", "n1", "n2", "n3"]
     assert "n3" in index_pairs(tsv_pool)[0].gather().column("text").to_pylist()  # a candidate, not a negative
 
 
