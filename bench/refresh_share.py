@@ -87,7 +87,7 @@ def read_run(workdir: Path) -> dict[str, Any]:
     """A finished run's per-epoch, per-step and per-refresh numbers from its MLflow store."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking.review import refresh_table
+    from pipeline.tracking.refresh_table import read_refresh_table
 
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlruns.db'}")
     (run,) = client.search_runs(client.get_experiment_by_name("bench-refresh-share").experiment_id)
@@ -105,7 +105,7 @@ def read_run(workdir: Path) -> dict[str, Any]:
         "step_end_s": [m.timestamp / 1000 for m in metrics("train/loss")],
         "snapshot_steps": [m.step for m in metrics("mining/total_s")],
     }
-    table = refresh_table(client, run.info.run_id)  # the per-refresh diagnostics
+    table = read_refresh_table(client, run.info.run_id)  # the per-refresh diagnostics
     for stage in ("encode", "index", "search", "plan", "total"):
         result[f"mining_{stage}_s"] = [row[f"{stage}_s"] for row in table]
     result["corpus_size"] = [row["corpus_size"] for row in table]

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from bench.common import job_env
 from pipeline.config.metric_catalogue import MAX_MINING_CHARTS, undeclared
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV
-from pipeline.tracking.review import refresh_table
+from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -98,7 +98,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert versions == [0.0, 1.0, 2.0]  # epochs 2 and 3 trained on mined plans
     # Every diagnostic of a refresh is one row of the refresh table; the charts are the few
     # that move (mining/total_s, the plan's hardness, churn).
-    table = refresh_table(client, run_id)
+    table = read_refresh_table(client, run_id)
     assert [row["plan_version"] for row in table] == [1.0, 2.0]
     for row in table:
         assert {"encode_s", "index_s", "search_s", "corpus_size", "top1_similarity_mean"} <= set(row)
@@ -336,7 +336,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     state, _ = load_checkpoint(max((p for p in (tmp_path / "runs/folder").glob("checkpoint_*") if p.is_dir()),
                                    key=lambda p: p.stat().st_mtime))  # fmt: skip
     assert state.plan.sampler == "knn" and sorted(state.plan.rows.tolist()) == list(range(len(texts)))
-    (refreshed,) = refresh_table(_client(tmp_path), run.info.run_id)
+    (refreshed,) = read_refresh_table(_client(tmp_path), run.info.run_id)
     assert 0 <= refreshed["false_negative_pairs_in_batches"] <= refreshed["false_negatives_flagged"]
     # Epoch 1 trained on length-grouped batches: the plan an independent tokenization gives.
     from transformers import AutoTokenizer
@@ -403,7 +403,7 @@ def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
     e1, e2, e3 = (k * steps_per_epoch for k in (1, 2, 3))
     # v1 is mined from the weights 20 steps before the end of epoch 1 and ready there; v2 is
     # submitted 20 steps before the end of epoch 2, late there, adopted at the end of epoch 3.
-    mined = {int(row["step"]): row["plan_version"] for row in refresh_table(client, run_id)}
+    mined = {int(row["step"]): row["plan_version"] for row in read_refresh_table(client, run_id)}
     assert mined == {e1 - max_staleness: 1.0, e2 - max_staleness: 2.0}
     # Every epoch end is a boundary; the last one (e4) asks no miner and keeps v2.
     e4 = 4 * steps_per_epoch
@@ -480,7 +480,7 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
     state, _ = load_checkpoint(newest)
     assert state.plan.version == 2 and state.negatives.shape == (len(rows), 3)  # 2 mined, 1 random
     assert (state.negatives[:, :2] >= 0).mean() > 0.5 and (state.negatives[:, 2] >= 0).all()
-    table = refresh_table(client, run_id)
+    table = read_refresh_table(client, run_id)
     assert table[0]["random_negatives"] == len(rows)
     assert [(row["step"], row["plan_version"]) for row in table] == [(0, 1.0), (steps_per_epoch, 2.0)]
     # The untrained tiny model ranks few candidates below the positive's margin; after an

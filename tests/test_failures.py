@@ -21,7 +21,7 @@ from bench.common import job_env
 from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wait_for
 from pipeline.core.seams import CONNECT_TIMEOUT_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.runtime.cluster import free_port
-from pipeline.tracking.review import refresh_table
+from pipeline.tracking.refresh_table import read_refresh_table
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 
@@ -147,7 +147,7 @@ def test_miner_killed_during_refresh_is_restarted_and_remines(faulted_run):
     # The re-mined plan was adopted for epoch 2 and the miner reported it once.
     versions = sorted(client.get_metric_history(run_id, "train/plan_version"), key=lambda m: m.step)
     assert [m.value for m in versions] == [0.0, 1.0]
-    assert [row["plan_version"] for row in refresh_table(client, run_id)] == [1.0]
+    assert [row["plan_version"] for row in read_refresh_table(client, run_id)] == [1.0]
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from bench.common import job_env
 from bench.running_job import RunningJob, wait_for
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.data.triplets import index_triplets
-from pipeline.tracking.review import refresh_table
+from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -126,7 +126,7 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     assert staleness == [(0, 0.0), (steps, float(steps)), (2 * steps, 0.0)]
     # Every known positive of an anchor is kept out of its candidates: each headline has two
     # paraphrase rows, the other one's tweet is a known positive, never a negative.
-    table = refresh_table(client, run_id)
+    table = read_refresh_table(client, run_id)
     assert table[0]["step"] == 0 and sum(row["removed_known_positive"] for row in table) > 0
     # The pool: the pool file's distinct texts (which hold every positive here).
     assert table[0]["corpus_size"] == len(set(twitter_like["pool"].read_text().split("\n")) - {""})
@@ -160,7 +160,7 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     client, run = _run(tmp_path, "static")
     run_id = run.info.run_id
     assert [v for _, v in _history(client, run_id, "train/plan_version")] == [1.0, 1.0]
-    assert [row["step"] for row in refresh_table(client, run_id)] == [0]  # mined once
+    assert [row["step"] for row in read_refresh_table(client, run_id)] == [0]  # mined once
     folders = [p for p in (tmp_path / "runs/static").glob("checkpoint_*") if p.is_dir()]
     state, _ = load_checkpoint(max(folders, key=lambda p: p.stat().st_mtime))
     assert state.plan.version == 1 and state.negatives.shape == (2 * TRAIN_GROUPS, 1)
@@ -227,5 +227,5 @@ def test_pair_mode_miner_killed_in_a_refresh_is_restarted_and_the_job_finishes(
     run_id = run.info.run_id
     assert [v for _, v in _history(client, run_id, "mining/miner_restarts")] == [1.0]
     # v1 from the starting weights, then v2 mined once by the restarted miner and trained on.
-    assert [row["plan_version"] for row in refresh_table(client, run_id)] == [1.0, 2.0]
+    assert [row["plan_version"] for row in read_refresh_table(client, run_id)] == [1.0, 2.0]
     assert [v for _, v in _history(client, run_id, "train/plan_version")] == [1.0, 2.0]

@@ -7,8 +7,8 @@ a run. Where a key lives:
 - ``summary``: one point per run, kept as a metric (not a param) because the runs table sorts
   and filters on metrics: the shipped model's selection score and step (its other scores are
   the logged model's metrics and ``best.*`` run tags).
-- ``table``: a column of the per-refresh table artifact ``mining/refreshes.json`` (one row per
-  mining, every diagnostic of the miner), not a chart; such values matter when something is
+- ``table``: a row of the per-refresh table artifact ``mining/refreshes.json`` (one column per
+  mining, one row per diagnostic of the miner), not a chart; such values matter when something is
   wrong, and a table shows all of them for every refresh on one screen.
 - ``param``: logged once as a run param (it never changes within a run).
 - ``system``: MLflow's System metrics tab (sampled by :mod:`pipeline.tracking.system`).
@@ -30,7 +30,7 @@ from typing import Literal
 
 Kind = Literal["chart", "summary", "table", "param", "system", "offline"]
 MINING_TABLE = "mining/refreshes.json"
-"""The per-refresh table artifact (``table`` keys are its columns, plus ``step``)."""
+"""The per-refresh table artifact (``table`` keys are its rows, after ``step``)."""
 MAX_MINING_CHARTS = 8
 """At most this many ``mining/`` charts in one run: the rest is in :data:`MINING_TABLE`."""
 

@@ -1,5 +1,5 @@
 """What the miner logs of each refresh to the job's MLflow run, off the refresh's path: the few
-charted ``mining/`` metrics, a row of the refresh table, and the similarity histogram.
+charted ``mining/`` metrics, a column of the refresh table, and the similarity histogram.
 
 Uploads go through one background thread in refresh order, with retries, so a slow or
 restarting tracking server never holds up a plan and a failed upload only warns.
@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config.metric_catalogue import MINING_TABLE, mining_charts
+from pipeline.config.metric_catalogue import mining_charts
 from pipeline.core.errors import first_line
 from pipeline.core.retry import call_with_retries
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.tracking.metric_logger import MetricLogger
 from pipeline.tracking.plots import similarity_histogram_png
+from pipeline.tracking.refresh_table import add_refresh
 
 UPLOAD_ATTEMPTS = 12
 """Histogram and refresh-table uploads: with waits doubling from 1 s up to 60 s, about ten
@@ -39,7 +40,7 @@ class RefreshLog:
         self, what: str, upload: Callable[[MetricLogger], None], cleanup: Callable[[], None] | None = None
     ) -> None:
         """Run ``upload(logger)`` off the refresh's path, one upload at a time in refresh order
-        (the refresh table is appended to, so two appends must not interleave).
+        (the refresh table is read and rewritten, so two updates must not interleave).
 
         A slow or restarting tracking server must not hold up the plan (MLflow's client retries
         for minutes), and a failed upload only warns.
@@ -95,17 +96,16 @@ class RefreshLog:
         )
 
     def refresh(self, report: RefreshReport, step: int, pairs: bool) -> None:
-        """Chart the few metrics that move, append every diagnostic as one row of the refresh
-        table, and draw the report's similarity histogram."""
+        """Chart the few metrics that move, add every diagnostic to the refresh
+        table (one column per refresh), and draw the report's similarity histogram."""
         version, metrics = report.version, report.metrics
         if report.similarities:
             self.histogram(report.similarities, version, pairs)
         self.logger.log(mining_charts(metrics), step)
         self.logger.flush()
-        # step and plan version first: the columns a reviewer reads a row by
-        row = {"step": [step], "plan_version": [float(version)]}
-        row.update({key.removeprefix("mining/"): [value] for key, value in metrics.items()})
+        refresh = {"step": float(step), "plan_version": float(version)}
+        refresh.update({key.removeprefix("mining/"): value for key, value in metrics.items()})
         self.upload(
-            f"refresh table row v{version}",
-            lambda logger: logger.client.log_table(logger.run_id, row, MINING_TABLE),
+            f"refresh table column v{version}",
+            lambda logger: add_refresh(logger.client, logger.run_id, refresh),
         )

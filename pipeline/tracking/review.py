@@ -7,13 +7,9 @@ history), so it can be rebuilt for any finished run.
 
 from __future__ import annotations
 
-import json
 import math
-import tempfile
 from pathlib import Path
-from typing import Any
 
-from pipeline.config.metric_catalogue import MINING_TABLE
 from pipeline.tracking.plots import pyplot
 from pipeline.tracking.run import TrackedRun
 
@@ -150,20 +146,3 @@ def log_review(
             f"{table}\n\nMean training loss: {losses}\n"
         )
     tracked.log_artifacts(out, "review")
-
-
-def refresh_table(client: Any, run_id: str) -> list[dict[str, float]]:
-    """The run's per-refresh mining table (``mining/refreshes.json``): one dict per refresh in
-    step order, keyed like the miner's metrics without ``mining/`` (``total_s``,
-    ``removed_known_positive`` ...) plus ``step``; a column a refresh did not have (``churn`` on
-    the first) is left out of its row. Empty when the run mined nothing. A row sent twice (an
-    upload retried after the server took it) is kept once."""
-    if MINING_TABLE not in {a.path for a in client.list_artifacts(run_id, MINING_TABLE.split("/")[0])}:
-        return []
-    with tempfile.TemporaryDirectory() as folder:
-        table = json.loads(Path(client.download_artifacts(run_id, MINING_TABLE, folder)).read_text())
-    rows: dict[tuple[float, float], dict[str, float]] = {}
-    for values in table["data"]:
-        row = {k: float(v) for k, v in zip(table["columns"], values, strict=True) if v is not None}
-        rows[(row["step"], row["plan_version"])] = row
-    return [rows[key] for key in sorted(rows)]
