@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
+from pipeline.data.delimited import PAIRS_TSV_COLUMNS
 
 
 def corpus_columns(section: DataSection) -> dict[str, str]:
@@ -36,6 +37,21 @@ def pair_columns(section: DataSection) -> dict[str, str]:
     if section.negative_column and section.given_negatives:
         columns["data.negative_column"] = section.negative_column
     return columns
+
+
+def input_schema(section: DataSection, pairs: bool) -> dict[str, str]:
+    """The columns the job reads from ``data.path``, column -> MLflow column type (``string``,
+    ``long``): the training dataset's schema in MLflow. A ``text`` file's lines are ``text``;
+    a ``pairs_tsv`` file's fields are named as the reader names them."""
+    if not pairs:
+        return {"text" if section.format == "text" else section.text_column: "string"}
+    if section.format == "pairs_tsv":
+        fields = PAIRS_TSV_COLUMNS if section.label_column else PAIRS_TSV_COLUMNS[:2]
+        return {name: "long" if name == "label" else "string" for name in fields}
+    return {
+        column: "long" if key == "data.label_column" else "string"
+        for key, column in pair_columns(section).items()
+    }
 
 
 def require_column_names(names: Sequence[str], path: str, wanted: dict[str, str]) -> None:

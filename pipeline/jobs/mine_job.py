@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config.schema import Config
 from pipeline.core.errors import DataError
+from pipeline.data.columns import input_schema
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.pairs import index_pairs, load_pairs, pair_texts
 from pipeline.data.tokenized import dataset_digest
@@ -33,7 +34,7 @@ from pipeline.model.encoder import load_sentence_encoder, pooler_warning
 from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
 from pipeline.runtime.cluster import ray_session
 from pipeline.runtime.preflight import preflight_mine
-from pipeline.tracking.context import log_run_context
+from pipeline.tracking.context import InputDataset, log_run_context
 from pipeline.tracking.plots import similarity_histogram_png
 from pipeline.tracking.run import (
     TrackedRun,
@@ -95,9 +96,15 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = Fals
         rows = read.rows_read
         pool_note = f", pool {cfg.data.pool}: {len(read.pool)} texts" if read.pool is not None else ""
         echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs{pool_note}")
-        no_commit = log_run_context(
-            tracked, cfg.data.path, len(anchors), dataset_digest(texts.ids, pairs), "pairs", context="mining"
+        dataset = InputDataset(
+            source=cfg.data.path,
+            digest=dataset_digest(texts.ids, pairs),
+            rows=len(anchors),
+            kind="pairs",
+            columns=input_schema(cfg.data, pairs=True),
+            context="mining",
         )
+        no_commit = log_run_context(tracked, dataset)
         if no_commit:
             echo(f"[run] {no_commit}")
         with tempfile.TemporaryDirectory() as tmp:

@@ -18,6 +18,7 @@ import ray
 
 from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError
+from pipeline.data.columns import input_schema
 from pipeline.data.corpus import load_clean_corpus
 from pipeline.data.pairs import index_pairs, load_pairs
 from pipeline.data.text_blocks import DistinctTexts
@@ -31,7 +32,7 @@ from pipeline.evaluation.sts import STSPairs
 from pipeline.model.encoder import folder_pooler, pooler_warning
 from pipeline.model.folders import fetch_pretrained_dir, load_tokenizer, pack_dir
 from pipeline.model.tiny import build_random_bert_dir
-from pipeline.tracking.context import log_run_context
+from pipeline.tracking.context import InputDataset, log_run_context
 from pipeline.tracking.run import TrackedRun
 
 Echo = Callable[[str], None]
@@ -94,9 +95,14 @@ def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> Training
         ConfigError: ``train.batch_size`` is larger than the data.
     """
     data = _read_triplets(cfg, tracked, echo) if cfg.pairs else _read_sentences(cfg, tracked, echo)
-    no_commit = log_run_context(
-        tracked, cfg.data.path, data.rows, dataset_digest(data.texts.ids, data.triplets), cfg.task
+    dataset = InputDataset(
+        source=cfg.data.path,
+        digest=dataset_digest(data.texts.ids, data.triplets),
+        rows=data.rows,
+        kind=cfg.task,
+        columns=input_schema(cfg.data, cfg.pairs),
     )
+    no_commit = log_run_context(tracked, dataset)
     if no_commit:
         echo(f"[run] {no_commit}")
     if data.rows < cfg.train.batch_size:

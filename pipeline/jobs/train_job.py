@@ -35,6 +35,7 @@ from pipeline.core.seams import connect_timeout_s
 from pipeline.data.formats import infer_format
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
 from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
+from pipeline.evaluation.eval_inputs import eval_datasets
 from pipeline.evaluation.in_training import check_eval_sets, selected_metric
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.scoring import read_sts_files
@@ -54,6 +55,7 @@ from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.runtime.cluster import check_cluster_fits, ray_session
 from pipeline.runtime.preflight import preflight_train
+from pipeline.tracking.context import log_datasets
 from pipeline.tracking.run import (
     CONNECT_TIMEOUT_S,
     TrackedRun,
@@ -199,6 +201,7 @@ def _run_resolved(
         resolved_file.write_text(dump_yaml(cfg))
         tracked.log_params(params_in_effect(cfg, generated_data=generated_data))
         tracked.log_artifact(resolved_file)
+        log_datasets(tracked, eval_datasets(sts_files, retrieval_sets or []))
         with driver_system_metrics(cfg, tracked), ray_session(cfg, debug) as started_ray:
             check_cluster_fits(cfg, started_ray)
             summary = train_in_ray(

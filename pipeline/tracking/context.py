@@ -1,4 +1,4 @@
-"""What a run was made from: the git commit, package versions and the input dataset."""
+"""What a run was made from: the git commit, package versions and the datasets it read."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 from contextlib import suppress
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -75,25 +76,58 @@ def git_commit(start: Path | None = None) -> tuple[str | None, str]:
     return None, f"not a git checkout and {GIT_COMMIT_ENV} is not set"
 
 
-def log_run_context(
-    tracked: TrackedRun, source: str, rows: int, digest: str, kind: str, context: str = "training"
-) -> str | None:
-    """Dataset fingerprint (as an MLflow dataset input, shown in the UI's Datasets column with
-    ``context``), the git commit and package versions.
+@dataclass(frozen=True)
+class InputDataset:
+    """A dataset a run read, as MLflow's Datasets column and dataset drawer show it."""
+
+    source: str
+    """The path or URI it was read from."""
+    digest: str
+    """A content fingerprint: the same data gives the same digest, whatever its file's name."""
+    rows: int
+    kind: str
+    """What it is to the run: ``corpus``, ``pairs`` (training data), ``sts``, ``retrieval``."""
+    columns: dict[str, str]
+    """Its schema: column -> MLflow column type (``string``, ``long``, ``double``)."""
+    context: str = "training"
+    """MLflow's dataset context: ``training``, ``mining`` or ``eval``."""
+    name: str | None = None
+    """Shown name; None: the source's file name."""
+    profile: dict[str, Any] = field(default_factory=dict)
+    """Counts beyond ``rows`` (a retrieval set's documents)."""
+
+    def entity(self) -> DatasetInput:
+        schema = {
+            "mlflow_colspec": [{"type": t, "name": n, "required": True} for n, t in self.columns.items()]
+        }
+        dataset = Dataset(
+            name=self.name or Path(self.source).name or self.source,
+            digest=self.digest,
+            source_type="uri" if "://" in self.source else "local",
+            source=json.dumps({"uri": self.source}),
+            schema=json.dumps(schema),
+            profile=json.dumps({"num_rows": self.rows, "kind": self.kind, **self.profile}),
+        )
+        return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", self.context)])
+
+
+def log_datasets(tracked: TrackedRun, datasets: list[InputDataset]) -> None:
+    """Log ``datasets`` as the run's dataset inputs (the UI's Datasets column and drawer)."""
+    if datasets:
+        tracked.client.log_inputs(tracked.run_id, datasets=[d.entity() for d in datasets])
+
+
+def log_run_context(tracked: TrackedRun, dataset: InputDataset) -> str | None:
+    """The input ``dataset`` (its fingerprint also as tags), the git commit and package versions.
 
     Returns a one-line note when no commit could be recorded (None when it was)."""
 
-    dataset = Dataset(
-        name=Path(source).name or source,
-        digest=digest,
-        source_type="uri" if "://" in source else "local",
-        source=json.dumps({"uri": source}),
-        profile=json.dumps({"num_rows": rows, "kind": kind}),
-    )
-    tracked.client.log_inputs(
-        tracked.run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])]
-    )
-    tags: dict[str, Any] = {"data.path": source, "data.rows": rows, "data.digest": digest}
+    log_datasets(tracked, [dataset])
+    tags: dict[str, Any] = {
+        "data.path": dataset.source,
+        "data.rows": dataset.rows,
+        "data.digest": dataset.digest,
+    }
     # The runs table's Source column reads these two (and shows the commit beside them).
     tags["mlflow.source.name"] = job_source()
     tags["mlflow.source.type"] = "JOB"
