@@ -155,7 +155,8 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert output.step == best_step
     logged = client.get_logged_model(output.model_id)
     linked = {m.key: m for m in logged.metrics}
-    assert {m.step for m in logged.metrics} == {best_step}
+    # its evaluation at the exported step, its best/ scores as the run's one-point (bar) metrics
+    assert {(m.key.split("/")[0], m.step) for m in logged.metrics} == {("eval", best_step), ("best", 0)}
     assert linked[key].value == pytest.approx(rescored[0].spearman, abs=0.05)
     assert not any(k.startswith(("system/", "train/", "mining/")) for k in linked)
     # A model a registry user recognises: named after the run, described, and tagged with the
@@ -172,6 +173,9 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert metrics["best/score"] == history[best_step]  # the first file's Spearman selects
     assert linked["best/score"].value == history[best_step]
     assert {k for k in metrics if k.startswith("best/")} == {"best/score", "best/step"}  # two dots, not 8
+    for key in ("best/score", "best/step"):  # one point at step 0: the run page draws a bar
+        assert [m.step for m in client.get_metric_history(run_id, key)] == [0]
+    assert "eval/score" not in metrics  # it would repeat the select_by series
     tags = run.data.tags
     assert float(tags["best.sts_generated_sts_spearman"]) == pytest.approx(history[best_step], rel=1e-3)
     best_runs = client.search_runs([run.info.experiment_id], order_by=["metrics.`best/score` DESC"])
@@ -316,8 +320,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     ndcg = {m.step: m.value for m in client.get_metric_history(run_id, "eval/retrieval_groups_ndcg_at_10")}
     steps_per_epoch = -(-len(texts) // 32)
     assert sorted(ndcg) == [0, steps_per_epoch, 2 * steps_per_epoch]
-    score = {m.step: m.value for m in client.get_metric_history(run_id, "eval/score")}
-    assert score == ndcg
+    assert "eval/score" not in run.data.metrics  # the selected series is not logged twice
     for name in ("mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100"):
         assert len(client.get_metric_history(run_id, f"eval/retrieval_groups_{name}")) == 3, name
     best_step = max((s for s in ndcg if s > 0), key=ndcg.get)

@@ -8,9 +8,9 @@ from pipeline.evaluation.in_training import eval_metric_names
 
 def exported_eval_metrics(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, float]:
     """The exported model's own evaluation under the names the run logged it with
-    (:func:`~pipeline.evaluation.in_training.eval_metric_names`: ``eval/sts_stsb-dev_spearman``,
-    ``eval/score`` ...); empty when no evaluation ran at ``exported_step``."""
-    evaluated = next((row for row in eval_history if int(row["step"]) == exported_step), None)
+    (:func:`~pipeline.evaluation.in_training.eval_metric_names`: ``eval/sts_stsb-dev_spearman``
+    ...); empty when no evaluation ran at ``exported_step``."""
+    evaluated = _evaluation_at(eval_history, exported_step)
     if evaluated is None:
         return {}
     return eval_metric_names({k: v for k, v in evaluated.items() if k not in ("epoch", "step")})
@@ -19,14 +19,18 @@ def exported_eval_metrics(eval_history: list[dict[str, float]], exported_step: i
 def best_model_metrics(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, float]:
     """The shipped model's selection score and where it came from, as metrics to sort and
     filter runs on: ``best/step`` and, when it was evaluated, ``best/score`` (its
-    ``eval.select_by`` score). Two single-point charts, not one per score: its other scores
+    ``eval.select_by`` score). Two one-point metrics, not one per score: its other scores
     are the logged model's metrics and the run's ``best.*`` tags (:func:`best_model_tags`);
     the epoch is the ``simcse.exported_epoch`` tag."""
     out = {"best/step": float(exported_step)}
-    evaluated = exported_eval_metrics(eval_history, exported_step)
-    if "eval/score" in evaluated:
-        out["best/score"] = evaluated["eval/score"]
+    evaluated = _evaluation_at(eval_history, exported_step)
+    if evaluated is not None and "eval_score" in evaluated:
+        out["best/score"] = evaluated["eval_score"]
     return out
+
+
+def _evaluation_at(eval_history: list[dict[str, float]], step: int) -> dict[str, float] | None:
+    return next((row for row in eval_history if int(row["step"]) == step), None)
 
 
 def best_model_tags(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, str]:
@@ -37,5 +41,5 @@ def best_model_tags(eval_history: list[dict[str, float]], exported_step: int) ->
     return {
         "best." + key.removeprefix("eval/"): f"{value:.4g}"
         for key, value in evaluated.items()
-        if key not in ("eval/score", "eval/seconds")
+        if key != "eval/seconds"
     }

@@ -113,8 +113,11 @@ def check_eval_sets(section: EvalSection, sts_names: list[str], retrieval_names:
 
 def eval_metric_names(metrics: dict[str, float]) -> dict[str, float]:
     """MLflow names for :meth:`EvalOutcome.metrics`: the ``eval/`` chart section, e.g.
-    ``eval/sts_stsb-dev_spearman`` and ``eval/score``."""
-    return {f"eval/{key.removeprefix('eval_')}": value for key, value in metrics.items()}
+    ``eval/sts_stsb-dev_spearman``. The selection score is left out: it repeats the
+    ``eval.select_by`` metric's series (the shipped model's is ``best/score``)."""
+    return {
+        f"eval/{key.removeprefix('eval_')}": value for key, value in metrics.items() if key != "eval_score"
+    }
 
 
 class TrainingEvaluator:

@@ -70,13 +70,17 @@ def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, ru
     tracked.set_tags({"simcse.exported_epoch": f"{epoch:g}", "simcse.exported_step": step,
                       **best_model_tags(evaluations, step)})  # fmt: skip
     best_scores = best_model_metrics(evaluations, step)
-    tracked.log_metrics(best_scores, step=step)
+    # At step 0, one point each: the run page draws them as bars, not as one-dot line charts.
+    tracked.log_metrics(best_scores, step=0)
     model_uri, version = log_sentence_transformers_model(
         tracked,
         Path(summary.model_dir),
         cfg.tracking.register_as,
         step=step,
-        linked_metrics=[*exported_eval_metrics(evaluations, step), *best_scores],
+        linked_metrics={
+            **dict.fromkeys(exported_eval_metrics(evaluations, step), step),
+            **dict.fromkeys(best_scores, 0),
+        },
         description=model_description(cfg, summary),
         name=model_name(summary.run_name),
         tags=model_tags(cfg, tracked),

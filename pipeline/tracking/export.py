@@ -20,7 +20,7 @@ def log_sentence_transformers_model(
     export_dir: Path,
     register_as: str | None,
     step: int,
-    linked_metrics: list[str],
+    linked_metrics: dict[str, int],
     description: str,
     name: str = "model",
     tags: dict[str, str] | None = None,
@@ -31,7 +31,8 @@ def log_sentence_transformers_model(
     ``register_as``) as a new registry version with the same description and tags beside its
     ``best/`` scores.
 
-    The run's values of ``linked_metrics`` at ``step`` become the model's metrics. MLflow's
+    The run's value of each ``linked_metrics`` key at the step it maps to (the evaluation's
+    at ``step``, a summary's at 0) becomes the model's metric. MLflow's
     own ``log_model(step=...)`` would link every metric logged at that step number, system
     metrics included (whose steps count samples, not training steps), so the model is
     created first and linked here to exactly these.
@@ -68,9 +69,9 @@ def log_sentence_transformers_model(
     client.log_outputs(run_id, models=[LoggedModelOutput(logged.model_id, step=step)])
     linked = [
         Metric(m.key, m.value, m.timestamp, m.step, model_id=logged.model_id, run_id=run_id)
-        for key in linked_metrics
+        for key, at_step in linked_metrics.items()
         for m in client.get_metric_history(run_id, key)
-        if m.step == step and m.model_id is None
+        if m.step == at_step and m.model_id is None
     ]
     if linked:
         client.log_batch(run_id, metrics=linked)

@@ -42,8 +42,7 @@ def test_linked_model_metrics_are_the_exported_evaluation_as_logged():
     assert exported_eval_metrics(HISTORY, exported_step=25) == {
         "eval/sts_dev_spearman": 80.0,
         "eval/sts_dev_alignment": 0.2,
-        "eval/score": 80.0,
-    }
+    }  # the selection score repeats the select_by metric's series: best/score only
     assert exported_eval_metrics(HISTORY, exported_step=30) == {}  # not evaluated there
 
 
