@@ -76,11 +76,10 @@ _EVAL = [
     MetricSpec("eval/sts_{set}_mrr_at_10", "chart", "Paraphrase retrieval inside the STS file: MRR@10 x 100."),
     MetricSpec("eval/sts_{set}_recall_at_1", "chart", "The same: Recall@1 x 100 (positives: gold >= 0.8 x the scale's top)."),
     MetricSpec("eval/retrieval_{set}_{metric}", "chart", "nDCG@10, MRR@10, Recall@1/@10/@100 x 100, per retrieval set."),
-    MetricSpec("eval/seconds", "chart", "Wall time of the evaluation."),
+    MetricSpec("eval/wall_seconds", "chart", "Wall time of the evaluation (named to chart after the scores)."),
 ]
 _BEST = [
     MetricSpec("best/score", "summary", "The exported model's eval.select_by score: sort runs by what they ship."),
-    MetricSpec("best/step", "summary", "The step the exported model comes from (its epoch: a tag)."),
 ]
 _MINING_CHARTS = [
     MetricSpec("mining/total_s", "chart", "Seconds one refresh took: encode, index, search and planning."),

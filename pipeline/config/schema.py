@@ -125,12 +125,14 @@ class Config:
 
     @property
     def refresh(self) -> str:
-        """``mining.refresh`` as resolved for the task (see that key): as set, else
-        ``every_epoch`` for pairs and for a corpus in ``knn`` batches, ``never`` for a corpus
+        """``mining.refresh`` as resolved for the task (see that key): as set, else ``once``
+        for pairs, ``every_epoch`` for a corpus in ``knn`` batches and ``never`` for a corpus
         in random batches."""
         if self.mining.refresh is not None:
             return self.mining.refresh
-        return "every_epoch" if self.pairs or self.mining.batch_sampler != "random" else "never"
+        if self.pairs:
+            return "once"
+        return "every_epoch" if self.mining.batch_sampler != "random" else "never"
 
     @property
     def mines(self) -> bool:

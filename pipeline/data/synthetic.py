@@ -14,6 +14,15 @@ import numpy as np
 
 from pipeline.config.data_section import GENERATED_GROUP_SIZE
 
+GENERATED_CORPUS_FILE = "generated_corpus.txt"
+GENERATED_STS_FILE = "generated_sts.tsv"
+"""The files a run without ``data.path`` writes into its run folder."""
+GENERATED_STS_NOTE = (
+    "generated, with the word overlap of its two sentences as the gold score, which an untrained "
+    "encoder already follows: its score shows the pipeline runs end to end, not that the model improved"
+)
+"""What the generated STS set measures, said wherever its score is reported."""
+
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "st", "tr", "pl"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
 _FILLERS = ["the", "a", "of", "and", "then", "very", "so", "just"]

@@ -17,16 +17,15 @@ def exported_eval_metrics(eval_history: list[dict[str, float]], exported_step: i
 
 
 def best_model_metrics(eval_history: list[dict[str, float]], exported_step: int) -> dict[str, float]:
-    """The shipped model's selection score and where it came from, as metrics to sort and
-    filter runs on: ``best/step`` and, when it was evaluated, ``best/score`` (its
-    ``eval.select_by`` score). Two one-point metrics, not one per score: its other scores
-    are the logged model's metrics and the run's ``best.*`` tags (:func:`best_model_tags`);
-    the epoch is the ``simcse.exported_epoch`` tag."""
-    out = {"best/step": float(exported_step)}
+    """The shipped model's selection score as a metric to sort and filter runs on:
+    ``best/score`` (its ``eval.select_by`` score), when it was evaluated. One metric, not one
+    per score: its other scores are the logged model's metrics and the run's ``best.*`` tags
+    (:func:`best_model_tags`); its step and epoch are the ``simcse.exported_step`` and
+    ``simcse.exported_epoch`` tags."""
     evaluated = _evaluation_at(eval_history, exported_step)
-    if evaluated is not None and "eval_score" in evaluated:
-        out["best/score"] = evaluated["eval_score"]
-    return out
+    if evaluated is None or "eval_score" not in evaluated:
+        return {}
+    return {"best/score": evaluated["eval_score"]}
 
 
 def _evaluation_at(eval_history: list[dict[str, float]], step: int) -> dict[str, float] | None:
@@ -41,5 +40,5 @@ def best_model_tags(eval_history: list[dict[str, float]], exported_step: int) ->
     return {
         "best." + key.removeprefix("eval/"): f"{value:.4g}"
         for key, value in evaluated.items()
-        if key != "eval/seconds"
+        if key != "eval/wall_seconds"
     }

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.config.model_section import TINY_RANDOM_BERT
 from pipeline.config.schema import Config
+from pipeline.data.synthetic import GENERATED_STS_FILE, GENERATED_STS_NOTE
 from pipeline.evaluation.exported import best_model_metrics, best_model_tags, exported_eval_metrics
 from pipeline.jobs.summary import JobSummary
 from pipeline.tracking.export import log_sentence_transformers_model
@@ -43,7 +44,16 @@ def export_and_summarise(
         model_dir=export_dir,
         base_model=base_model_name(cfg),
         data_name=Path(cfg.data.path).name if cfg.data.path else "generated data",
+        eval_note=generated_sts_note(cfg, run_dir),
     )
+
+
+def generated_sts_note(cfg: Config, run_dir: Path) -> str:
+    """Where the reported STS file is the run's generated one, what it measures (else "")."""
+    first = cfg.eval.sts[0] if cfg.eval.sts else None
+    if first is None or Path(first).resolve() != (run_dir / GENERATED_STS_FILE).resolve():
+        return ""
+    return f"{Path(first).stem} is {GENERATED_STS_NOTE}"
 
 
 def base_model_name(cfg: Config) -> str:

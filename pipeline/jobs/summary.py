@@ -40,6 +40,9 @@ class JobSummary:
     """What was fine-tuned: the model's hub name or folder name, never a local path."""
     data_name: str = ""
     """What it was trained on: the data file's name (``train.tsv``), never its folder."""
+    eval_note: str = ""
+    """What the reported evaluation measures, where the run knows it is not a quality measure
+    (the demo's generated STS set)."""
 
     @classmethod
     def from_training(
@@ -56,6 +59,7 @@ class JobSummary:
         model_dir: Path,
         base_model: str = "",
         data_name: str = "",
+        eval_note: str = "",
     ) -> JobSummary:
         """The summary of a trained run whose model was exported from ``best`` (None without
         evaluation: the last epoch's model, at the last step)."""
@@ -72,6 +76,7 @@ class JobSummary:
             model_dir=str(model_dir),
             base_model=base_model,
             data_name=data_name,
+            eval_note=eval_note,
         )
 
     @property
@@ -170,6 +175,8 @@ class JobSummary:
         sts = self.sts_line()
         if sts:
             lines.append(f"  eval          {sts}")
+        if self.eval_note:
+            lines.append(f"  eval set      {self.eval_note}")
         lines += [
             *([f"  model         {self.model_dir}"] if local_paths else []),
             f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",

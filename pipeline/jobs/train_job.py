@@ -34,7 +34,12 @@ from pipeline.core.retry import call_with_retries
 from pipeline.core.seams import connect_timeout_s
 from pipeline.data.formats import infer_format
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
-from pipeline.data.synthetic import write_generated_corpus, write_generated_sts
+from pipeline.data.synthetic import (
+    GENERATED_CORPUS_FILE,
+    GENERATED_STS_FILE,
+    write_generated_corpus,
+    write_generated_sts,
+)
 from pipeline.evaluation.eval_inputs import eval_datasets
 from pipeline.evaluation.in_training import check_eval_sets, selected_metric
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
@@ -142,12 +147,12 @@ def resolve_config(cfg: Config) -> Config:
     run_dir = run_dir_of(resolved)
     gen = cfg.data.generated
     if gen.sts_pairs:
-        generated_sts = run_dir / "generated_sts.tsv"
+        generated_sts = run_dir / GENERATED_STS_FILE
         write_generated_sts(generated_sts, gen.num_groups, gen.sts_pairs)
         sts = [str(generated_sts), *resolved.eval.sts]
         resolved = dataclasses.replace(resolved, eval=dataclasses.replace(resolved.eval, sts=sts))
     if not cfg.pairs:
-        generated = run_dir / "generated_corpus.txt"
+        generated = run_dir / GENERATED_CORPUS_FILE
         write_generated_corpus(generated, gen.num_groups)
         resolved = dataclasses.replace(resolved, data=dataclasses.replace(resolved.data, path=str(generated)))
     return _with_read_formats(resolved)

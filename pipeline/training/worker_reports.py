@@ -61,7 +61,7 @@ class EvalRecorder:
             save_model_dir(self.model, self.tokenizer, self.best_dir, self.max_seq_len)
         if self.logger is not None:
             self.logger.log(
-                {**eval_metric_names(metrics), "eval/seconds": time.perf_counter() - started}, state.step
+                {**eval_metric_names(metrics), "eval/wall_seconds": time.perf_counter() - started}, state.step
             )
             self.logger.flush()
         print(

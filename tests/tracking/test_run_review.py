@@ -26,13 +26,13 @@ HISTORY = [
 
 def test_best_metrics_are_the_exported_evaluation_under_stable_names():
     # Two metrics to sort and filter runs on; every score as a tag for the runs table's columns.
-    assert best_model_metrics(HISTORY, exported_step=25) == {"best/step": 25.0, "best/score": 80.0}
+    assert best_model_metrics(HISTORY, exported_step=25) == {"best/score": 80.0}
     assert best_model_tags(HISTORY, exported_step=25) == {
         "best.sts_dev_spearman": "80",
         "best.sts_dev_alignment": "0.2",
     }
     # No evaluation at the exported step (evaluation off): only where the model comes from.
-    assert best_model_metrics([], exported_step=50) == {"best/step": 50.0}
+    assert best_model_metrics([], exported_step=50) == {}
     assert best_model_tags([], exported_step=50) == {}
 
 
@@ -200,6 +200,15 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
     assert resolved.data.path == str(run_dir / "generated_corpus.txt")
     assert resolved.eval.sts == [str(run_dir / "generated_sts.tsv")]
     assert [f.name for f in sts_files] == ["generated_sts"]
+    # The generated STS set is said to be what it is wherever its score is reported; a
+    # configured set gets no such note.
+    from pipeline.jobs.shipped_model import generated_sts_note
+
+    assert generated_sts_note(resolved, run_dir).startswith(
+        "generated_sts is generated, with the word overlap"
+    )
+    elsewhere = dataclasses.replace(resolved.eval, sts=[str(tmp_path / "generated_sts.tsv")])
+    assert generated_sts_note(dataclasses.replace(resolved, eval=elsewhere), run_dir) == ""
     # Named once: the metric that picks the export, and the format the corpus is read in.
     assert resolved.eval.select_by == "sts_generated_sts_spearman" and resolved.data.format == "text"
     assert dataclasses.replace(resolved, data=before.data, eval=before.eval) == before  # nothing else
