@@ -406,7 +406,9 @@ def run_facts(task: Task, run: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = {
         "rows": int(run.data.params["data/rows"]) if "data/rows" in run.data.params else None,
-        "steps": int(run.data.tags["simcse.exported_step"]) if "simcse.exported_step" in run.data.tags else None,
+        "steps": int(run.data.tags["simcse.exported_step"])
+        if "simcse.exported_step" in run.data.tags
+        else None,
         "train_seconds": total("train/epoch_seconds"),
         "mining_seconds": total("mining/total_s"),
         "mining_wait_seconds": total("mining/refresh_wait_s"),

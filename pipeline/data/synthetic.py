@@ -18,8 +18,8 @@ GENERATED_CORPUS_FILE = "generated_corpus.txt"
 GENERATED_STS_FILE = "generated_sts.tsv"
 """The files a run without ``data.path`` writes into its run folder."""
 GENERATED_STS_NOTE = (
-    "generated, with the word overlap of its two sentences as the gold score, which an untrained "
-    "encoder already follows: its score shows the pipeline runs end to end, not that the model improved"
+    "generated: its gold score is the word overlap of the two sentences, which an untrained "
+    "encoder already follows, so it shows that the pipeline runs, not that the model improved"
 )
 """What the generated STS set measures, said wherever its score is reported."""
 

@@ -128,7 +128,8 @@ class JobSummary:
     def headline(self) -> str:
         """One line for the top of the run's description: the base model, the data, and the
         shipped score against the starting model's with the difference (where the start was
-        evaluated); no local path."""
+        evaluated), then what that score is worth where the run knows (:attr:`eval_note`); no
+        local path."""
         scores = self.scores()
         base = self.base_model or "a model"
         data = f"{self.data_name}: {self.corpus}" if self.data_name else self.corpus
@@ -139,7 +140,8 @@ class JobSummary:
         )
         if scores is None:
             return f"{trained}; no evaluation."
-        return f"{trained}. Shipped the model of step {self.exported_step}: {scores}."
+        note = f" Note: {self.eval_note}." if self.eval_note else ""
+        return f"{trained}. Shipped the model of step {self.exported_step}: {scores}.{note}"
 
     def description(self) -> str:
         """The MLflow run's description: the headline, then the console summary as a list,
@@ -147,8 +149,9 @@ class JobSummary:
         return run_description(self.render(local_paths=False), self.headline())
 
     def render(self, local_paths: bool = True) -> str:
-        """The console summary; without ``local_paths``, no model folder and no ``mlflow ui``
-        command for this machine."""
+        """The console summary; without ``local_paths`` (the run description's list), no model
+        folder and no ``mlflow ui`` command for this machine, and no eval-set note (the
+        description's headline carries it)."""
         if self.already_finished:
             return (
                 f"run {self.run_name!r} already finished (MLflow run {self.run_id}); nothing to do.\n"
@@ -175,7 +178,7 @@ class JobSummary:
         sts = self.sts_line()
         if sts:
             lines.append(f"  eval          {sts}")
-        if self.eval_note:
+        if self.eval_note and local_paths:  # the description's headline says it
             lines.append(f"  eval set      {self.eval_note}")
         lines += [
             *([f"  model         {self.model_dir}"] if local_paths else []),

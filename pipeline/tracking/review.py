@@ -94,7 +94,7 @@ def plot_alignment_uniformity(history: list[dict[str, float]], path: str | Path)
 def plot_loss(
     steps: list[int], losses: list[float], path: str | Path, epoch_ends: list[int] | None = None
 ) -> None:
-    """Training loss per step, with a moving average and the epoch boundaries."""
+    """Training loss per step (log scale), with a moving average and the epoch boundaries."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, losses, alpha=0.35, label="train_loss")
@@ -109,6 +109,8 @@ def plot_loss(
         ax.axvline(end, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel("InfoNCE loss")
+    if losses and min(losses) > 0:  # a log scale: the first steps' drop would flatten the rest
+        ax.set_yscale("log")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -205,7 +205,7 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
     from pipeline.jobs.shipped_model import generated_sts_note
 
     assert generated_sts_note(resolved, run_dir).startswith(
-        "generated_sts is generated, with the word overlap"
+        "generated_sts is generated: its gold score is the word overlap"
     )
     elsewhere = dataclasses.replace(resolved.eval, sts=[str(tmp_path / "generated_sts.tsv")])
     assert generated_sts_note(dataclasses.replace(resolved, eval=elsewhere), run_dir) == ""
