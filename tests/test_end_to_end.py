@@ -468,7 +468,7 @@ def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_d
         tmp_path, "run.name=sup", f"model.name_or_path={tiny_model_dir}", f"data.path={data}",
         "data.anchor_column=premise", "data.positive_column=hypothesis", "data.negative_column=contra",
         "task=pairs", "mining.batch_sampler=random",  # the demo config's knn is a corpus key
-        "mining.num_negatives=2", "mining.random_negatives=1",
+        "mining.num_negatives=2", "mining.random_negatives=1", "mining.refresh=every_epoch",
         "train.hard_negative_weight=0.5",
         "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
     )  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
-from pipeline.config.metric_catalogue import MINING_TABLE
+from pipeline.config.metric_catalogue import CATALOGUE, MINING_TABLE, spec_for
 
 SIGNIFICANT_DIGITS = 4
 KEYS = ("step", "plan_version")
@@ -59,15 +59,22 @@ def add_refresh(client: Any, run_id: str, refresh: dict[str, float]) -> None:
 
 
 def table_by_diagnostic(refreshes: list[dict[str, float]]) -> dict[str, list[Any]]:
-    """MLflow's table format with one row per diagnostic (in the order the miner reported them,
-    ``step`` and ``plan_version`` first) and one column per refresh, headed by its version and
-    step."""
-    names = list(KEYS)
+    """MLflow's table format with one row per diagnostic and one column per refresh, headed by
+    its version and step. ``step`` and ``plan_version`` come first, then the diagnostics in the
+    metric catalogue's order (the charted ones, then the stage times, counts and similarities),
+    so a reviewer reads the same rows in the same place in every run."""
+    seen: list[str] = []
     for refresh in refreshes:
-        names += [name for name in refresh if name not in names]
+        seen += [name for name in refresh if name not in seen and name not in KEYS]
+    names = [*KEYS, *sorted(seen, key=lambda name: (_catalogue_position(name), seen.index(name)))]
     columns = ["diagnostic"] + [f"v{int(r['plan_version'])} @ step {int(r['step'])}" for r in refreshes]
     data = [[name] + [_rounded(r.get(name)) for r in refreshes] for name in names]
     return {"columns": columns, "data": data}
+
+
+def _catalogue_position(name: str) -> int:
+    spec = spec_for(f"mining/{name}")
+    return CATALOGUE.index(spec) if spec is not None else len(CATALOGUE)
 
 
 def _rounded(value: float | None) -> float | int | None:

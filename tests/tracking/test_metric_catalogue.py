@@ -127,6 +127,9 @@ def _assert_one_column_per_refresh(client, run_id, table):
     assert raw["columns"] == ["diagnostic"] + [f"v{r['plan_version']:g} @ step {r['step']:g}" for r in table]
     names = [row[0] for row in raw["data"]]
     assert names[:2] == ["step", "plan_version"] and len(names) == len(set(names))
+    # the rest in the catalogue's order: the same row in the same place in every run
+    positions = [CATALOGUE.index(spec_for(f"mining/{name}")) for name in names[2:]]
+    assert positions == sorted(positions)
     assert set(names) == set().union(*table)
     for row in raw["data"]:
         for value in row[1:]:

@@ -92,6 +92,19 @@ def test_refresh_modes_decide_when_the_miner_is_asked(mode, refresh, before, bou
     assert single.runs_miner is before
 
 
+def test_unset_refresh_follows_the_measurements():
+    """Pairs mine once (refreshing measured level with it, docs/results.md); a corpus refreshes
+    its k-NN batches every epoch and runs no miner for random batches."""
+
+    def resolved(*overrides: str) -> str:
+        return load_config(None, ["data.path=pairs.tsv", *overrides]).refresh
+
+    assert resolved("task=pairs") == "once"
+    assert resolved("task=corpus", "mining.batch_sampler=knn") == "every_epoch"
+    assert resolved("task=corpus", "mining.batch_sampler=random") == "never"
+    assert resolved("task=pairs", "mining.refresh=every_epoch") == "every_epoch"
+
+
 def test_refresh_once_is_for_pair_mode_only():
     from pipeline.core.errors import ConfigError
 
