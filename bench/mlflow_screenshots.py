@@ -33,12 +33,8 @@ from mlflow.tracking import MlflowClient
 from pipeline.config.metric_catalogue import MINING_TABLE
 
 VIEWPORT = {"width": 1440, "height": 900}
-TABS = {
-    "overview": "overview",
-    "model-metrics": "model-metrics",
-    "artifacts": "artifacts",
-}
-"""Screenshot name -> the run page's tab route."""
+TABS = ("overview", "model-metrics", "artifacts")
+"""The run page's tab routes, also the screenshots' names."""
 SETTLE_MS = 3000
 
 
@@ -115,20 +111,20 @@ def screenshot_run(
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         page = browser.new_page(viewport=VIEWPORT)
-        for name, tab in TABS.items():
-            route = f"{tab}/{MINING_TABLE}" if name == "artifacts" and mined else tab
+        for tab in TABS:
+            route = f"{tab}/{MINING_TABLE}" if tab == "artifacts" and mined else tab
             # The run page in the UI's machine-learning mode, not its GenAI one.
             page.goto(
                 f"{base_url}/#/experiments/{experiment_id}/runs/{run_id}/{route}?workflowType=machine_learning"
             )
-            page.get_by_text(ready[name]).first.wait_for(timeout=120_000)
+            page.get_by_text(ready[tab]).first.wait_for(timeout=120_000)
             close = page.get_by_role("button", name="Close", exact=True)
             if close.count():  # the assistant side panel takes a third of the screen
                 close.first.click()
             page.wait_for_timeout(SETTLE_MS)  # charts draw after their data arrives
-            path = out / f"{label}-{name}.png"
+            path = out / f"{label}-{tab}.png"
             page.screenshot(path=str(path))
-            shots.append((path.name, ready[name]))
+            shots.append((path.name, ready[tab]))
         browser.close()
     return shots
 

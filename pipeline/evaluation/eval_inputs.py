@@ -21,7 +21,7 @@ def eval_datasets(sts_files: list[STSPairs], retrieval_sets: list[RetrievalSet])
     sts = [
         InputDataset(
             source=f.path,
-            digest=_digest(zip(f.sentences1, f.sentences2, map(repr, f.scores.tolist()), strict=True)),
+            digest=_sts_digest(f),
             rows=len(f),
             kind="sts",
             columns=STS_SCHEMA,
@@ -33,17 +33,7 @@ def eval_datasets(sts_files: list[STSPairs], retrieval_sets: list[RetrievalSet])
     retrieval = [
         InputDataset(
             source=s.path,
-            digest=_digest(
-                [
-                    *((q,) for q in s.queries),
-                    *((d,) for d in s.docs),
-                    *(
-                        (str(i), str(doc), repr(grade))
-                        for i, judged in enumerate(s.relevance)
-                        for doc, grade in sorted(judged.items())
-                    ),
-                ]
-            ),
+            digest=_retrieval_digest(s),
             rows=len(s.queries),
             kind="retrieval",
             columns=RETRIEVAL_SCHEMA,
@@ -54,6 +44,20 @@ def eval_datasets(sts_files: list[STSPairs], retrieval_sets: list[RetrievalSet])
         for s in retrieval_sets
     ]
     return sts + retrieval
+
+
+def _sts_digest(f: STSPairs) -> str:
+    return _digest(zip(f.sentences1, f.sentences2, map(repr, f.scores.tolist()), strict=True))
+
+
+def _retrieval_digest(s: RetrievalSet) -> str:
+    """Its queries, documents and judgements (query position, document position, grade)."""
+    judgements = (
+        (str(i), str(doc), repr(grade))
+        for i, judged in enumerate(s.relevance)
+        for doc, grade in sorted(judged.items())
+    )
+    return _digest([*((q,) for q in s.queries), *((d,) for d in s.docs), *judgements])
 
 
 def _digest(records: Iterable[tuple[str, ...]]) -> str:

@@ -37,8 +37,4 @@ def best_model_tags(eval_history: list[dict[str, float]], exported_step: int) ->
     ``best.sts_stsb-dev_spearman`` = ``"84.12"`` ... (4 significant digits); empty when no
     evaluation ran at ``exported_step``."""
     evaluated = exported_eval_metrics(eval_history, exported_step)
-    return {
-        "best." + key.removeprefix("eval/"): f"{value:.4g}"
-        for key, value in evaluated.items()
-        if key != "eval/wall_seconds"
-    }
+    return {"best." + key.removeprefix("eval/"): f"{value:.4g}" for key, value in evaluated.items()}

@@ -82,7 +82,7 @@ def log_sentence_transformers_model(
         for key, value in (tags or {}).items():
             client.set_model_version_tag(register_as, version, key, value)
         for m in linked:  # its scores, findable in the registry without opening the run
-            if m.key.startswith(("best/", "eval/")) and m.key != "eval/wall_seconds":
+            if m.key.startswith(("best/", "eval/")):
                 client.set_model_version_tag(register_as, version, m.key, f"{m.value:g}")
         client.set_model_version_tag(register_as, version, "source_run", run_id)
     return info.model_uri, version

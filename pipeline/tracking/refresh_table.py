@@ -22,6 +22,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
 from pipeline.config.metric_catalogue import CATALOGUE, MINING_TABLE, spec_for
 
+_FOLDER, _FILE = MINING_TABLE.rsplit("/", 1)
 SIGNIFICANT_DIGITS = 4
 KEYS = ("step", "plan_version")
 """What names a refresh: its column header and its first two rows."""
@@ -32,8 +33,7 @@ def read_refresh_table(client: Any, run_id: str) -> list[dict[str, float]]:
     without ``mining/`` (``total_s``, ``removed_known_positive`` ...) plus ``step``; a
     diagnostic a refresh did not have (``churn`` on the first) is left out of its dict. Empty
     when the run mined nothing."""
-    folder_name = MINING_TABLE.rsplit("/", 1)[0]
-    if MINING_TABLE not in {a.path for a in client.list_artifacts(run_id, folder_name)}:
+    if MINING_TABLE not in {a.path for a in client.list_artifacts(run_id, _FOLDER)}:
         return []
     with tempfile.TemporaryDirectory() as folder:
         table = json.loads(Path(client.download_artifacts(run_id, MINING_TABLE, folder)).read_text())
@@ -52,9 +52,9 @@ def add_refresh(client: Any, run_id: str, refresh: dict[str, float]) -> None:
     refreshes[(float(refresh["step"]), float(refresh["plan_version"]))] = refresh
     ordered = [refreshes[key] for key in sorted(refreshes)]
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / MINING_TABLE.rsplit("/", 1)[1]
+        path = Path(folder) / _FILE
         path.write_text(json.dumps(table_by_diagnostic(ordered), indent=1))
-        client.log_artifact(run_id, str(path), MINING_TABLE.rsplit("/", 1)[0])
+        client.log_artifact(run_id, str(path), _FOLDER)
     _mark_as_table(client, run_id)
 
 
