@@ -85,9 +85,13 @@ def read_present(path: Path = PRESENT_LIST) -> dict[str, str | None]:
 def job_requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]:
     """The job's runtime requirements: the project's dependencies plus the ``cpu`` extra
     (faiss-cpu; the GPU machine is CUDA 13, for which there is no faiss-gpu wheel, so GPU
-    nearest-neighbour search there is the torch path)."""
+    nearest-neighbour search there is the torch path), and the ``dev`` extra's ``datasets``:
+    the machine has sentence-transformers but not ``datasets``, which its trainer and
+    ``mine_hard_negatives`` read their rows from (``gpu_session.sh peers``)."""
     project = tomllib.loads(pyproject.read_text())["project"]
-    return list(project["dependencies"]) + list(project["optional-dependencies"]["cpu"])
+    extras = project["optional-dependencies"]
+    peers = [req for req in extras["dev"] if req.startswith("datasets")]
+    return list(project["dependencies"]) + list(extras["cpu"]) + peers
 
 
 def missing_packages(resolved: dict[str, str], present: dict[str, str | None]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """One hard-negative mining pass: ours next to sentence-transformers' ``mine_hard_negatives``.
 
     python -m bench.mining_vs_st [--workloads snli wiki] [--rows N] [--repeats 2] [--top-k 64] \\
-        [--range-min 10] [--threads N] [--model DIR] [--append docs/benchmarks.md]
+        [--range-min 10] [--relative-margin 0.05] [--threads N] [--model DIR] [--append docs/benchmarks.md]
 
 Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N pairs of each):
 
@@ -18,7 +18,8 @@ GPU: ``pipeline.model.encode.encode_batch_size``), exact flat faiss inner-produc
 GPU: ST's ``use_faiss=False``, ours ``mining.num_gpus=1``; faiss-gpu has no CUDA 13 build;
 each encodes in its default precision there, ours bf16 autocast, ST fp32),
 ``top_k`` = ST's ``range_max`` = ``--top-k`` (ST searches ``range_max`` + its max positives
-per query), ``range_min``, ``relative_margin=0.05``, one negative, ``top`` sampling. One
+per query), ``range_min``, ``relative_margin`` (``--relative-margin``, 0.05; a random-weights
+model, as on the GPU machine, scores every pair above 0.95 and needs 0), one negative, ``top`` sampling. One
 process, ``torch.set_num_threads(--threads)``, ``TOKENIZERS_PARALLELISM=false``; ST's
 progress bars (drawn even with ``verbose=False``) go to /dev/null; one untimed warm-up of each side on a small slice, then
 ``--repeats`` rounds alternating which side goes first. Timed, per side, the whole call:
@@ -106,7 +107,7 @@ class Ours:
             [
                 f"data.max_seq_len={args.max_seq_len}",
                 f"mining.top_k={args.top_k}", f"mining.range_min={args.range_min}",
-                "mining.relative_margin=0.05", "mining.num_negatives=1", "mining.sampling=top",
+                f"mining.relative_margin={args.relative_margin}", "mining.num_negatives=1", "mining.sampling=top",
                 "mining.index=flat", f"mining.num_gpus={1 if on_gpu else 0}",
             ],
         )  # fmt: skip
@@ -161,7 +162,7 @@ class Peer:
             started = time.perf_counter()
             out = mine_hard_negatives(
                 Dataset.from_dict({"anchor": anchors, "positive": positives}), self.model,
-                range_min=self.args.range_min, range_max=self.args.top_k, relative_margin=0.05,
+                range_min=self.args.range_min, range_max=self.args.top_k, relative_margin=self.args.relative_margin,
                 num_negatives=1, sampling_strategy="top", output_format="triplet",
                 batch_size=self.args.batch_size, use_faiss=self.use_faiss, verbose=False,
             )  # fmt: skip
@@ -231,7 +232,7 @@ def append_markdown(path: Path, args: argparse.Namespace, machine: str, table: s
         f"Ours: `pipeline.jobs.pair_mining.mine_pairs`; ST: "
         f"`mine_hard_negatives(use_faiss={device == 'cpu'})`; search: {search}. Same model, max length {args.max_seq_len}, encode batch "
         f"{args.batch_size}, {args.threads} torch threads, k = range_max = {args.top_k}, "
-        f"range_min {args.range_min}, relative_margin 0.05, 1 negative, top sampling. "
+        f"range_min {args.range_min}, relative_margin {args.relative_margin}, 1 negative, top sampling. "
         f"{Alternating.note(args.repeats)} On wiki (anchor = positive) ST encodes every sentence twice, "
         "ours once. Same negative: over the pairs both output; the filters are ST's, in its order, "
         f"except that ours also drops normalised-text duplicates of the anchor and positive.\n\n{table}"
@@ -266,6 +267,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--top-k", type=int, default=64, help="ours mining.top_k = ST range_max")
     parser.add_argument("--range-min", type=int, default=10)
+    parser.add_argument(
+        "--relative-margin", type=float, default=0.05,
+        help="both sides drop candidates scoring above positive x (1 - margin); 0 for a random-weights model",
+    )  # fmt: skip
     Alternating.add_options(parser, repeats=2)
     args = BENCHMARK.parse(parser)
     if not 0 <= args.range_min < args.top_k:
