@@ -91,7 +91,7 @@ for part in "$@"; do
     peers)
       "$PY" -m bench.train_throughput --data "$INPUTS" --model "$INPUTS/initial_model" \
         --configs ours-1w st --steps 300 --warmup-steps 20 --repeats 2 --corpus-label generated \
-        --set train.gpus_per_worker=1 --set train.cpus_per_worker=4 \
+        --cpus-per-worker 4 --set train.gpus_per_worker=1 \
         --append "$OUT/benchmarks.md"
       "$PY" -m bench.mining_vs_st --data "$INPUTS" --model "$INPUTS/initial_model" --workloads wiki \
         --rows "$ROWS" --relative-margin 0 --repeats 2 --append "$OUT/benchmarks.md"
