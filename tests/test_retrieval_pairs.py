@@ -193,6 +193,10 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     assert len(shared) >= 0.8 * len(pairs)
     agree = np.mean([offline[pair] == trained[pair] for pair in shared])
     assert agree >= 0.95, agree
+    # No-duplicates batches: the two rows of each headline never share a batch (a random cut
+    # of 240 rows into batches of 16 puts about 7 headlines' rows together).
+    anchors = np.array([a for a, _ in pairs])
+    assert all(len(set(anchors[batch].tolist())) == len(batch) for batch in state.plan.batches())
 
 
 def test_pair_mode_miner_killed_in_a_refresh_is_restarted_and_the_job_finishes(

@@ -32,6 +32,10 @@ class Triplets:
     def __len__(self) -> int:
         return len(self.anchor)
 
+    def row_texts(self) -> np.ndarray:
+        """``(n, 3)`` each row's anchor, positive and given negative (-1: none) positions."""
+        return np.stack([self.anchor, self.positive, self.negative], axis=1).astype(np.int64)
+
     def candidate_pool(self) -> np.ndarray:
         """Sorted, distinct positions of the texts negatives are mined from."""
         return np.unique(self.pool if self.pool is not None else self.positive)

@@ -54,15 +54,25 @@ class PlanRefresher:
         cfg: the run's config.
         rank: this worker's rank; rank 0 talks to the miner.
         lengths: tokens per training row (:func:`pipeline.data.tokenized.row_lengths`).
+        same_text_rows: pairs: each row's rows sharing one of its texts, never in its batch
+            (:func:`~pipeline.batching.same_text.rows_sharing_a_text`); None: none.
         client: the connection to the miner actor (built on every rank, used by rank 0), or
             None when no miner runs: then every boundary reshuffles.
     """
 
-    def __init__(self, cfg: Config, rank: int, lengths: np.ndarray, client: MinerClient | None):
+    def __init__(
+        self,
+        cfg: Config,
+        rank: int,
+        lengths: np.ndarray,
+        same_text_rows: np.ndarray | None,
+        client: MinerClient | None,
+    ):
         self.cfg = cfg
         self.rank = rank
         self.lengths = lengths
         """Tokens per training row, one entry per row."""
+        self.same_text_rows = same_text_rows
         settings = RefreshSettings.from_config(cfg)
         if client is None:
             settings = dataclasses.replace(settings, enabled=False)  # no actor: nothing to ask
@@ -205,13 +215,18 @@ class PlanRefresher:
         order."""
         seed = self.policy.reshuffle_seed(epoch)
         if plan.version == 0 or self.cfg.pairs:
-            return dataclasses.replace(random_batches(self.cfg, seed, self.lengths), version=plan.version)
+            return dataclasses.replace(
+                random_batches(self.cfg, seed, self.lengths, self.same_text_rows), version=plan.version
+            )
         return plan.reordered(seed)
 
 
-def random_batches(cfg: Config, seed: int, lengths: np.ndarray) -> BatchPlan:
+def random_batches(
+    cfg: Config, seed: int, lengths: np.ndarray, same_text_rows: np.ndarray | None = None
+) -> BatchPlan:
     """A version-0 plan of random batches over the ``len(lengths)`` training rows, length-grouped
-    when ``train.group_by_length``."""
+    when ``train.group_by_length``, rows that share a text (``same_text_rows``, pairs) in
+    different batches, as sentence-transformers' ``NO_DUPLICATES`` batches keep them."""
     return random_plan(
         len(lengths),
         cfg.train.batch_size,
@@ -219,6 +234,7 @@ def random_batches(cfg: Config, seed: int, lengths: np.ndarray) -> BatchPlan:
         version=0,
         lengths=lengths,
         group_batches=cfg.train.group_batches,
+        false_negatives=same_text_rows,
     )
 
 

@@ -21,6 +21,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from pipeline.batching.plan import balanced_batch_sizes
+from pipeline.batching.same_text import rows_sharing_a_text
 from pipeline.config.schema import Config
 from pipeline.data.tokenized import TokenizedCorpus, row_lengths
 from pipeline.data.triplets import Triplets
@@ -53,6 +54,9 @@ class WorkerInputs:
     """The pairs task's rows; None in unsupervised mode."""
     lengths: np.ndarray
     """``(num_rows,)`` tokens per training row (:func:`pipeline.data.tokenized.row_lengths`)."""
+    same_text_rows: np.ndarray | None
+    """Pairs: each row's rows sharing one of its texts, kept out of its batch
+    (:func:`~pipeline.batching.same_text.rows_sharing_a_text`); None: no row shares a text."""
 
     @property
     def num_rows(self) -> int:
@@ -66,7 +70,8 @@ def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
     tokenizer = load_tokenizer(model_dir)
     corpus = TokenizedCorpus(loop_config.corpus.table(), tokenizer.pad_token_id)
     triplets = ray.get(loop_config.triplets_ref) if loop_config.triplets_ref is not None else None
-    return WorkerInputs(model_dir, tokenizer, corpus, triplets, row_lengths(corpus, triplets))
+    same_text_rows = rows_sharing_a_text(triplets.row_texts()) if triplets is not None else None
+    return WorkerInputs(model_dir, tokenizer, corpus, triplets, row_lengths(corpus, triplets), same_text_rows)
 
 
 def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceEncoder:
@@ -97,7 +102,7 @@ def build_optimizer(cfg: Config, model: SentenceEncoder, num_rows: int) -> tuple
 
 def initial_state(
     cfg: Config,
-    lengths: np.ndarray,
+    inputs: WorkerInputs,
     resume: ResumePoint | None,
     model: SentenceEncoder,
     optimizer: torch.optim.Optimizer,
@@ -113,7 +118,9 @@ def initial_state(
     """
     best_dir = Path(tempfile.mkdtemp(prefix="simcse-best-")) / "model"
     if resume is None:
-        return TrainState(plan=random_batches(cfg, cfg.run.seed, lengths)), best_dir
+        return TrainState(
+            plan=random_batches(cfg, cfg.run.seed, inputs.lengths, inputs.same_text_rows)
+        ), best_dir
     state = resume.state
     if model.mlp is not None and resume.extras["mlp"] is not None:
         model.mlp.load_state_dict(resume.extras["mlp"])
@@ -213,7 +220,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
     resume = find_resume_point()
     model = build_model(cfg, resume.model_dir if resume is not None else inputs.model_dir, device)
     optimizer, scheduler = build_optimizer(cfg, model, inputs.num_rows)
-    state, best_dir = initial_state(cfg, inputs.lengths, resume, model, optimizer, scheduler, rank)
+    state, best_dir = initial_state(cfg, inputs, resume, model, optimizer, scheduler, rank)
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
     logger = open_logger(loop_config, rank, state, resumed=resume is not None)
     client = None
@@ -226,7 +233,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             miner_pid=loop_config.miner_pid,
             inputs=miner_inputs(loop_config.corpus, loop_config.model_ref, loop_config.triplets_ref),
         )
-    refresher = PlanRefresher(cfg, rank, inputs.lengths, client)
+    refresher = PlanRefresher(cfg, rank, inputs.lengths, inputs.same_text_rows, client)
     sts = build_evaluator(loop_config, rank, world, device)
     max_seq_len = cfg.data.max_seq_len
     return WorkerParts(
