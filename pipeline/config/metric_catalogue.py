@@ -86,7 +86,7 @@ _MINING_CHARTS = [
     MetricSpec("mining/selected", "chart", "Pairs task: mined negatives found in this refresh (at most rows x num_negatives)."),
     MetricSpec("mining/negative_similarity_mean", "chart", "Pairs task: mean cosine of the mined negatives to their anchors."),
     MetricSpec("mining/batch_similarity_mean", "chart", "Corpus task: mean in-batch pair cosine of the new plan."),
-    MetricSpec("mining/churn", "chart", "Share of the plan that changed since the previous refresh."),
+    MetricSpec("mining/churn", "chart", "Share of the plan that changed since the previous refresh (pairs: of the rows' mined negatives)."),
     MetricSpec("mining/refresh_wait_s", "chart", "Seconds the trainer waited for the refresh at the boundary."),
     MetricSpec("mining/next_plan_staleness_steps", "chart", "Steps the adopted plan's weights were behind (async runs only)."),
     MetricSpec("mining/refresh_late", "chart", "1 where the boundary found the refresh not ready (async runs only)."),

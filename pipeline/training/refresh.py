@@ -179,9 +179,11 @@ class PlanRefresher:
         if report is None:
             late = action in (BoundaryAction.LATE, BoundaryAction.ADOPT)
             return self._reshuffled(current, epoch), state.negatives, Boundary(late=late)
+        churn = report.metrics.get("mining/churn")
         boundary = Boundary(
             refresh_seconds=float(report.metrics["mining/total_s"]),
             staleness_steps=self.policy.adopted(step),
+            churn=float(churn) if churn is not None else None,
         )
         if report.negatives is not None:
             # Pairs: the new negatives travel beside the rows, which go into fresh random batches.

@@ -27,6 +27,9 @@ class Boundary:
     staleness_steps: int = 0
     late: bool = False
     """Async: a refresh was under way but not finished, so the current plan was kept."""
+    churn: float | None = None
+    """The adopted refresh's ``mining/churn``: the share of the rows' mined negatives (pairs)
+    or of the plan (corpus) it changed since the last mining; None: no earlier mining."""
 
 
 @dataclass(frozen=True)

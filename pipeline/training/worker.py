@@ -83,7 +83,7 @@ class SimCSEWorker:
         """What the train step calls: the DDP model, counting the tokens and FLOPs it encodes."""
         self.peak_tflops = parts.peak_tflops
         """The device's peak for ``train/mfu`` (None: no MFU logged)."""
-        self.progress = ProgressLine(cfg.train.epochs, cfg.train.batch_size)
+        self.progress = ProgressLine(cfg.train.epochs, cfg.train.batch_size, pairs=cfg.pairs)
         # The epoch in progress: its augmentation generator (set by run_epoch), the start of
         # its current timed segment (restarted by each mid-epoch checkpoint, so checkpoint
         # time stays out of the epoch's time) and the batch that segment started at, and its

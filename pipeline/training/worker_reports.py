@@ -135,8 +135,10 @@ class ProgressLine:
     """Rank 0's ``[train]`` lines: the epoch's running loss every :data:`PROGRESS_EVERY_S`
     seconds, and the epoch's summary at its end."""
 
-    def __init__(self, epochs: int, batch_size: int):
+    def __init__(self, epochs: int, batch_size: int, pairs: bool = False):
         self.epochs, self.batch_size = epochs, batch_size
+        self.pairs = pairs
+        """The pairs task: a refresh changes the rows' negatives, not the batches."""
         self.last = 0.0
 
     def restart(self, now: float) -> None:
@@ -177,7 +179,7 @@ class ProgressLine:
         late = "; the refresh under way was not ready: plan kept, reshuffled" if boundary.late else ""
         return (
             f"{ended}; next plan v{next_plan.version} (waited {boundary.wait_seconds:.1f}s, "
-            f"staleness {boundary.staleness_steps} steps{late})"
+            f"staleness {boundary.staleness_steps} steps{late}){churn_note(boundary.churn, self.pairs)}"
         )
 
     def early_stop_line(self, epoch: int, history: Any, patience: int) -> str:
@@ -188,6 +190,25 @@ class ProgressLine:
             f"[train] early stop after epoch {epoch + 1}/{self.epochs}: the last {patience} "
             f"evaluation{'s' if patience != 1 else ''} did not beat {since} (eval.patience={patience})"
         )
+
+
+BARELY_MOVED = 0.05
+"""A refresh that changes less than this share of the negatives trains on nearly what the last
+mining gave: the epoch line says so. On Twitter URL each refresh changed 49-65% of the rows'
+negatives and still scored level with mining once (docs/results.md), so a large share is no
+proof that refreshing pays; a small one shows that it cannot."""
+
+
+def churn_note(churn: float | None, pairs: bool) -> str:
+    """The epoch line's note on what the adopted refresh changed (``mining/churn``); empty when
+    there was no earlier mining to compare with."""
+    if churn is None:
+        return ""
+    what = "the rows' mined negatives" if pairs else "the plan's batches"
+    note = f"; the refresh changed {churn:.0%} of {what}"
+    if churn < BARELY_MOVED:
+        note += " (the model barely moved since the last mining: mining.refresh=once would train on nearly the same)"
+    return note
 
 
 def log_epoch_start(logger: Any, epoch: int, plan: BatchPlan, negatives: np.ndarray | None = None) -> None:

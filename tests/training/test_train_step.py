@@ -222,3 +222,24 @@ def test_progress_line_rate_counts_only_the_steps_since_its_timer_restarted(caps
     reports.ProgressLine(epochs=1, batch_size=8).maybe_print(0, state, 10, time.perf_counter() - 2.0)
     rate = float(re.search(r"([\d.]+) sentences/s", capsys.readouterr().out).group(1))
     assert rate == pytest.approx(20 * 8 / 2.0, rel=0.05)  # not 30 steps' worth
+
+
+def test_epoch_line_says_what_the_refresh_changed_and_when_the_model_barely_moved():
+    """Issue 38 item 4: each adopted refresh's line gives the share of negatives it replaced
+    (``mining/churn``), and says so when the model has barely moved since the last mining."""
+    import pipeline.training.worker_reports as reports
+    from pipeline.batching.samplers import random_plan
+    from pipeline.training.refresh_policy import Boundary
+
+    plan, next_plan = random_plan(64, 8, seed=1), random_plan(64, 8, seed=2, version=2)
+    pairs = reports.ProgressLine(epochs=3, batch_size=8, pairs=True)
+    moved = pairs.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary(churn=0.49))
+    assert moved.endswith("; the refresh changed 49% of the rows' mined negatives")
+    still = pairs.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary(churn=0.01))
+    assert "changed 1% of the rows' mined negatives (the model barely moved" in still
+    corpus = reports.ProgressLine(epochs=3, batch_size=8)
+    assert corpus.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary(churn=0.3)).endswith(
+        "; the refresh changed 30% of the plan's batches"
+    )
+    # The first mining has nothing to compare with: no note.
+    assert "refresh changed" not in pairs.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary())
