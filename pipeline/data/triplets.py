@@ -34,7 +34,7 @@ class Triplets:
 
     def row_texts(self) -> np.ndarray:
         """``(n, 3)`` each row's anchor, positive and given negative (-1: none) positions."""
-        return np.stack([self.anchor, self.positive, self.negative], axis=1).astype(np.int64)
+        return np.stack([self.anchor, self.positive, self.negative], axis=1)
 
     def candidate_pool(self) -> np.ndarray:
         """Sorted, distinct positions of the texts negatives are mined from."""
