@@ -12,6 +12,7 @@ import pyarrow as pa
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
 from pipeline.data.delimited import PAIRS_TSV_COLUMNS
+from pipeline.data.read_failures import schema_of
 
 
 def corpus_columns(section: DataSection) -> dict[str, str]:
@@ -68,7 +69,7 @@ def require_column_names(names: Sequence[str], path: str, wanted: dict[str, str]
 
 def require_columns(ds: Any, path: str, wanted: dict[str, str]) -> None:
     """:func:`require_column_names` for a Ray Dataset's schema."""
-    require_column_names(ds.schema().names, path, wanted)
+    require_column_names(schema_of(ds).names, path, wanted)
 
 
 def _is_text_type(dtype: pa.DataType) -> bool:
@@ -91,7 +92,7 @@ def require_text_column(ds: Any, path: str, key: str, column: str) -> None:
     Casting numbers to strings would train on ``"17"``, ``"42"``: a wrong column choice,
     not a corpus.
     """
-    schema = ds.schema()
+    schema = schema_of(ds)
     dtype = dict(zip(schema.names, schema.types, strict=True)).get(column)
     if isinstance(dtype, pa.DataType) and not _is_text_type(dtype):
         raise DataError(f"{key}: column {column!r} in {path} holds {dtype}, not text (strings)")

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
 from pipeline.data.formats import infer_format
+from pipeline.data.read_failures import passing_read_failures
 from pipeline.data.readers import read_corpus, reading
 from pipeline.data.text_blocks import (
     DistinctTexts,
@@ -50,6 +51,7 @@ class CorpusStats:
         }
 
 
+@passing_read_failures
 def _clean_batch(batch: pa.Table) -> pa.Table:
     """``(id, text, invalid_utf8)``: stripped text and its id; ``id`` -1 where nothing is left."""
     text, bad = _as_text(batch.column("text"))
@@ -81,7 +83,7 @@ def load_clean_corpus(section: DataSection) -> tuple[DistinctTexts, CorpusStats]
             _clean_batch, batch_format="pyarrow", num_cpus=section.tokenize_num_cpus
         )
         blocks = materialized_blocks(ds)
-    read, block_rows = block_columns(blocks, ["id", INVALID_UTF8], section.tokenize_num_cpus)
+        read, block_rows = block_columns(blocks, ["id", INVALID_UTF8], section.tokenize_num_cpus)
     ids = read.column("id").to_numpy()
     invalid = read.column(INVALID_UTF8).to_numpy(zero_copy_only=False)
     distinct = np.unique(ids[ids >= 0])

@@ -1,19 +1,15 @@
 """Delimited files (csv, tsv and headerless ``pairs_tsv``): how a line is split into cells
-and named, in one place for the Ray Data reader and the check before Ray, and a failed
-read's first bad row in pyarrow's own words.
+and named, in one place for the Ray Data reader and the check before Ray.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from pipeline.core.errors import DataError
-from pipeline.data.formats import filesystem_of
 
 PAIRS_TSV_COLUMNS = ("sentence1", "sentence2", "label")
 """The fields of a ``pairs_tsv`` line, as :func:`~pipeline.data.readers.read_dataset` names
@@ -55,31 +51,3 @@ def csv_read_options(fmt: str) -> Any:
     """Header or not: ``pairs_tsv`` files have none, so pyarrow names the fields ``f0``,
     ``f1``, ... (single-threaded, as Ray Data reads, so errors name the row)."""
     return pacsv.ReadOptions(use_threads=False, autogenerate_column_names=fmt == "pairs_tsv")
-
-
-_RAY_CSV_FAILURE = re.compile(r"Failed to read CSV file: (.+?)\. Please check the CSV file")
-
-
-def csv_parse_error(message: str, fmt: str) -> str | None:
-    """Pyarrow's own words for the first bad row (``CSV parse error: Row #3: Expected 3
-    columns, got 2: ...``) of the file a Ray Data csv read failed on.
-
-    Ray Data's read task reports only that the file failed (its cause does not survive the
-    trip back from the task), so the file named in ``message`` is parsed again here, as the
-    task parsed it, on this error path only. None when the message names no file or the
-    file parses here.
-    """
-    match = _RAY_CSV_FAILURE.search(message)
-    if fmt not in ("csv", "tsv", "pairs_tsv") or match is None:
-        return None
-    filesystem, inner = filesystem_of(match.group(1))
-    try:
-        with filesystem.open_input_stream(inner) as stream:
-            reader = pacsv.open_csv(
-                stream, read_options=csv_read_options(fmt), parse_options=csv_parse_options(fmt)
-            )
-            for _ in reader:
-                pass
-    except (OSError, ValueError, pa.ArrowException) as exc:
-        return str(exc).splitlines()[0] if str(exc) else None
-    return None

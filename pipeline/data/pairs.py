@@ -21,6 +21,7 @@ from pipeline.data.columns import corpus_columns, pair_columns, require_columns,
 from pipeline.data.delimited import require_pairs_tsv_fields
 from pipeline.data.formats import infer_format
 from pipeline.data.pair_labels import label_codes, require_labels, round_robin_negatives
+from pipeline.data.read_failures import passing_read_failures, schema_of
 from pipeline.data.readers import read_dataset, reading
 from pipeline.data.text_blocks import (
     DistinctTexts,
@@ -39,6 +40,7 @@ def _clean_text(column: Any) -> Any:
     return pc.utf8_trim_whitespace(pc.fill_null(text, ""))
 
 
+@passing_read_failures
 def _clean_pairs(
     batch: pa.Table, *, anchor: str, positive: str, negative: str | None, label: str | None
 ) -> pa.Table:
@@ -56,6 +58,7 @@ def _clean_pairs(
     return pa.table(columns)
 
 
+@passing_read_failures
 def _clean_pool(batch: pa.Table, *, column: str) -> pa.Table:
     text = _clean_text(batch.column(column))
     return pa.table({"text": text, "id": text_ids(text)})
@@ -115,7 +118,7 @@ def _read_columns(section: DataSection, fmt: str, ds: Any) -> tuple[dict[str, st
     if fmt == "text":
         return {"anchor": "text", "positive": "text", "negative": None, "label": None}, "data.label_column"
     if fmt == "pairs_tsv":
-        names = ds.schema().names
+        names = schema_of(ds).names
         require_pairs_tsv_fields(names, section.path, "data.path")
         label = "label" if "label" in names else None
         return {"anchor": "sentence1", "positive": "sentence2", "negative": None, "label": label}, "data.path"
@@ -165,9 +168,9 @@ def load_pairs(section: DataSection) -> PairRows:
                 _clean_pairs, batch_format="pyarrow", fn_kwargs=roles, num_cpus=section.tokenize_num_cpus
             )
         )
-    names = ["anchor_id", "positive_id"] + (["negative_id"] if roles["negative"] else [])
-    names += ["label", "label_other"] if roles["label"] else []
-    read, block_rows = block_columns(blocks, names, section.tokenize_num_cpus)
+        names = ["anchor_id", "positive_id"] + (["negative_id"] if roles["negative"] else [])
+        names += ["label", "label_other"] if roles["label"] else []
+        read, block_rows = block_columns(blocks, names, section.tokenize_num_cpus)
     anchors, seconds = read.column("anchor_id").to_numpy(), read.column("positive_id").to_numpy()
     rows_read = len(anchors)
     keep = (anchors >= 0) & (seconds >= 0)
@@ -236,7 +239,7 @@ def read_pool(section: DataSection) -> TextColumns:
         if fmt == "text":
             column = "text"
         elif fmt == "pairs_tsv":
-            require_pairs_tsv_fields(ds.schema().names, path, "data.pool")
+            require_pairs_tsv_fields(schema_of(ds).names, path, "data.pool")
             column = "sentence2"
         else:
             require_columns(ds, path, columns)
@@ -250,7 +253,7 @@ def read_pool(section: DataSection) -> TextColumns:
                 num_cpus=section.tokenize_num_cpus,
             )
         )
-    read, block_rows = block_columns(blocks, ["id"], section.tokenize_num_cpus)
+        read, block_rows = block_columns(blocks, ["id"], section.tokenize_num_cpus)
     ids = read.column("id").to_numpy()
     if not (ids >= 0).any():
         raise DataError(f"data.pool: {path} has no non-empty texts")

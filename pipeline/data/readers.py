@@ -1,5 +1,6 @@
 """Reading inputs with Ray Data: a Ray Dataset per format, the unsupervised corpus's text
-column, and a failed read turned into one line naming the file and the config key.
+column, and a failed read turned into one line naming the file and the config key (the read
+tasks carry a failure back as a block, :mod:`pipeline.data.read_failures`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,28 @@ import pyarrow.csv as pacsv
 import ray.data
 
 from pipeline.config.data_section import DataSection
-from pipeline.core.errors import DataError, first_line, root_cause
+from pipeline.core.errors import DataError
 from pipeline.data.columns import corpus_columns, require_columns, require_text_column
-from pipeline.data.delimited import csv_parse_error, csv_parse_options, csv_read_options, pairs_tsv_names
+from pipeline.data.delimited import csv_parse_options, csv_read_options, pairs_tsv_names
 from pipeline.data.formats import infer_format, require_sentence_format
+from pipeline.data.read_failures import failure_message, failures_as_blocks, schema_of
 from pipeline.data.utf8 import _utf8_lines_datasource
+
+
+def _read_delimited(path: str, **arrow_csv_args: Any) -> Any:
+    """``ray.data.read_csv``, its read failures carried as blocks."""
+    from ray.data._internal.datasource.csv_datasource import CSVDatasource
+
+    return ray.data.read_datasource(failures_as_blocks(CSVDatasource)(path, arrow_csv_args=arrow_csv_args))
+
+
+def _read_json_lines(path: str) -> Any:
+    """``ray.data.read_json(lines=True)``, its read failures carried as blocks."""
+    from ray.data._internal.datasource.json_datasource import PandasJSONDatasource
+
+    block_bytes = ray.data.DataContext.get_current().target_max_block_size
+    datasource = failures_as_blocks(PandasJSONDatasource)(path, target_output_size_bytes=block_bytes)
+    return ray.data.read_datasource(datasource)
 
 
 def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
@@ -30,11 +48,15 @@ def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
     csv/tsv file are read as bytes, whatever they look like: CSV has no types (a column of
     numbers is still sentences), and bytes let a cell that is not UTF-8 be dropped and
     counted rather than fail the read.
+
+    A text, csv, tsv, ``pairs_tsv`` or jsonl file that cannot be read gives a failure block in
+    place of raising (:mod:`~pipeline.data.read_failures`); parquet files are read by Ray Data
+    as they are.
     """
     if fmt == "text":
-        return ray.data.read_datasource(_utf8_lines_datasource()(path))
+        return ray.data.read_datasource(failures_as_blocks(_utf8_lines_datasource())(path))
     if fmt == "pairs_tsv":
-        ds = ray.data.read_csv(
+        ds = _read_delimited(
             path,
             read_options=csv_read_options(fmt),
             parse_options=csv_parse_options(fmt),
@@ -42,16 +64,16 @@ def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
                 column_types={"f0": pa.binary(), "f1": pa.binary(), "f2": pa.string()}
             ),
         )
-        names = ds.schema().names
+        names = schema_of(ds).names
         return ds.rename_columns(dict(zip(names, pairs_tsv_names(names), strict=True)))
     if fmt in ("csv", "tsv"):
-        return ray.data.read_csv(
+        return _read_delimited(
             path,
             parse_options=csv_parse_options(fmt),
             convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in text_columns}),
         )
     if fmt == "jsonl":
-        return ray.data.read_json(path, lines=True)
+        return _read_json_lines(path)
     return ray.data.read_parquet(path)
 
 
@@ -72,15 +94,6 @@ def read_corpus(section: DataSection) -> Any:
     return ds.rename_columns({section.text_column: "text"}) if section.text_column != "text" else ds
 
 
-def _root_message(exc: BaseException) -> str:
-    """The first line of the innermost cause: what went wrong in the reader, not Ray's wrapper."""
-    exc = root_cause(exc, follow_context=True)
-    if isinstance(exc, UnicodeDecodeError):
-        # Ray Data appends its retry advice to the codec name, so str(exc) is garbled.
-        return f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
-    return first_line(exc)
-
-
 class _HideErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno < logging.ERROR
@@ -92,9 +105,11 @@ def reading(path: str, fmt: str, key: str = "data.path") -> Iterator[None]:
     file, a ``pairs_tsv`` row with the wrong number of fields) into one :class:`DataError`
     naming ``key`` (``data.path``).
 
-    Ray Data also logs such a failure with its traceback on the console; that copy is held
-    back here (it still goes to Ray Data's log file) because the job reports the failure as
-    one line, and ``--debug`` shows the traceback, chained to the DataError.
+    A failure carried back as a block (:class:`~pipeline.data.read_failures.ReadFailed`) gives
+    the reader's own first line. One that Ray Data raises (a parquet file, a file that
+    cannot be opened) is also logged by Ray Data with its traceback on the console; that copy
+    is held back here (it still goes to Ray Data's log file) because the job reports the
+    failure as one line, and ``--debug`` shows the traceback, chained to the DataError.
     """
     console = [
         h
@@ -109,9 +124,7 @@ def reading(path: str, fmt: str, key: str = "data.path") -> Iterator[None]:
     except DataError:
         raise
     except Exception as exc:
-        message = _root_message(exc)
-        message = csv_parse_error(message, fmt) or message
-        raise DataError(f"{key}: cannot read {path} as {fmt}: {message}") from exc
+        raise DataError(f"{key}: cannot read {path} as {fmt}: {failure_message(exc)}") from exc
     finally:
         for handler in console:
             handler.removeFilter(hide)

@@ -20,12 +20,13 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from pipeline.data.read_failures import READ_FAILURE, raise_read_failure
 from pipeline.data.tokenized import sorted_by_id
 
 
 @ray.remote
 def _select(block: pa.Table, columns: list[str]) -> pa.Table:
-    return block.select(columns)
+    return block if READ_FAILURE in block.column_names else block.select(columns)
 
 
 @ray.remote
@@ -54,8 +55,13 @@ def materialized_blocks(ds: Any) -> list[Any]:
 
 def block_columns(blocks: list[Any], columns: list[str], num_cpus: float) -> tuple[pa.Table, np.ndarray]:
     """The named (small: ids, flags) columns of every block, concatenated on the driver in
-    block order, and the rows of each block; the texts stay where they are."""
+    block order, and the rows of each block; the texts stay where they are.
+
+    Raises:
+        ReadFailed: a block is a failed read's (:mod:`~pipeline.data.read_failures`).
+    """
     tables = ray.get([_select.options(num_cpus=num_cpus).remote(b, columns) for b in blocks])
+    raise_read_failure(tables)
     rows = np.array([t.num_rows for t in tables], dtype=np.int64)
     if not tables:
         return pa.table({c: pa.array([], pa.int64()) for c in columns}), rows
