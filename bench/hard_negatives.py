@@ -59,8 +59,9 @@ exported): ``A`` in-batch negatives only (``mining.refresh=never``,
 the starting model, filtered), ``C`` refreshed (``mining.refresh=every_epoch``: also mined again
 at every epoch boundary with the newest weights), ``U`` as ``C`` unfiltered (naive top-k:
 ``mining.relative_margin=null``, ``mining.range_min=0``, ``mining.max_score=null``), ``GS`` the
-given negatives and one mined as in ``S`` beside each (two hard negatives a row), ``AL`` as ``A``
-on length-grouped batches (``train.group_by_length=true``, issue 38). The peers
+given negatives and one mined as in ``S`` beside each (two hard negatives a row), ``AL``, ``SL``
+and ``CL`` as ``A``, ``S`` and ``C`` on length-grouped batches (``train.group_by_length=true``,
+issue 38). The peers
 are ``bench.st_mnrl_recipe`` on the label-1 rows with the same batch size, lr, warm-up, max length,
 epochs and seed, on ``NO_DUPLICATES`` batches: ``st`` (MNRL, in-batch negatives) and
 ``st-mined`` (``mine_hard_negatives(dataset, model, corpus=<every distinct train tweet>,
@@ -145,11 +146,14 @@ RETRIEVAL_ARMS = {
 RETRIEVAL_ARMS["U"] = [*RETRIEVAL_ARMS["C"], *UNFILTERED]
 RETRIEVAL_ARMS["GS"] = ["mining.refresh=once", "data.given_negatives=true"]
 RETRIEVAL_ARMS["AL"] = [*RETRIEVAL_ARMS["A"], "train.group_by_length=true"]
+RETRIEVAL_ARMS["SL"] = [*RETRIEVAL_ARMS["S"], "train.group_by_length=true"]
+RETRIEVAL_ARMS["CL"] = [*RETRIEVAL_ARMS["C"], "train.group_by_length=true"]
 """A retrieval task's pipeline arms (the pairs task): ``A`` in-batch negatives only, ``G`` the given
 (label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
 ``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
-the filters, ``GS`` the given negatives with one mined as in ``S`` beside each, ``AL`` as ``A`` on
-length-grouped batches (``train.group_by_length``: which rows meet as in-batch negatives changes)."""
+the filters, ``GS`` the given negatives with one mined as in ``S`` beside each, ``AL``, ``SL`` and ``CL`` as
+``A``, ``S`` and ``C`` on length-grouped batches (``train.group_by_length``: which rows meet as
+in-batch negatives changes)."""
 RETRIEVAL_PEERS = {"st": False, "st-mined": True}
 """A retrieval task's sentence-transformers arms: whether they run ``mine_hard_negatives`` first."""
 ST_MINED = (
