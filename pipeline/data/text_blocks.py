@@ -26,7 +26,9 @@ from pipeline.data.tokenized import sorted_by_id
 
 @ray.remote
 def _select(block: pa.Table, columns: list[str]) -> pa.Table:
-    return block if READ_FAILURE in block.column_names else block.select(columns)
+    # A failed read's block may hold the rows read before the failure: only the failure
+    # travels to the driver, not their texts.
+    return block.select([READ_FAILURE] if READ_FAILURE in block.column_names else columns)
 
 
 @ray.remote
