@@ -8,7 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= cpu,dev
 # Test processes (pytest-xdist). A job-level test keeps about one core of two busy (it waits on
 # Ray's starts and its own processes), so two share a 2-core machine well. Each test process
-# starts a local Ray of its own: raise it with the cores and memory.
+# starts a local Ray of its own: raise it with the cores and memory. Tests are handed out one at
+# a time (--maxschedchunk 1), the whole-job tests first (tests/conftest.py): longest first, so
+# neither process ends the run alone on a three-minute test while the other has none left.
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
@@ -28,7 +30,7 @@ demo: $(STAMP)
 	RAY_AUTH_MODE=disabled $(PY) jobs/train.py --config jobs/configs/demo.yaml
 
 test: $(STAMP)
-	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
+	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 tests
 
 test-fast: $(STAMP)
 	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests

@@ -244,7 +244,10 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """A test that uses the session's Ray is ``slow`` whether or not it says so: ``make
-    test-fast`` (``-m "not slow"``) then starts no Ray cluster at all."""
+    test-fast`` (``-m "not slow"``) then starts no Ray cluster at all. Tests marked ``job``
+    run first (in their own order): started last, a three-minute test keeps one test process
+    busy long after the other has run out of work."""
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("job") is None)

@@ -41,6 +41,7 @@ def _only_run(client: MlflowClient, experiment: str = "simcse-demo"):
     return runs[0]
 
 
+@pytest.mark.job
 def test_demo_trains_mines_and_logs(tmp_path):
     import mlflow.artifacts
     import mlflow.sentence_transformers
@@ -284,6 +285,7 @@ def test_demo_trains_mines_and_logs(tmp_path):
     assert len(client.get_metric_history(run_id, "train/loss")) == 75
 
 
+@pytest.mark.job
 def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corpus):
     """`model.name_or_path` = a HF model folder and `data.path` = a jsonl file with a text column;
     evaluated on a retrieval set only (no STS file), which picks the exported model."""
@@ -394,6 +396,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
     )
 
 
+@pytest.mark.job
 def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
     """Both async branches, each made to happen (the seam scripts whether a refresh is ready at
     a boundary: otherwise it is timing): a refresh ready at its boundary is adopted there with
@@ -436,6 +439,7 @@ def test_async_refresh_has_bounded_and_correctly_logged_staleness(tmp_path):
     assert "training waited" in proc.stdout
 
 
+@pytest.mark.job
 def test_triplet_mode_trains_on_given_and_mined_negatives(tmp_path, tiny_model_dir, paraphrase_corpus):
     import json
 

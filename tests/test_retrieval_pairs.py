@@ -100,6 +100,7 @@ def _run(cwd: Path, name: str):
     return client, run
 
 
+@pytest.mark.job
 def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     tmp_path, twitter_like, tiny_model_dir
 ):
@@ -147,6 +148,7 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     assert float(run.data.params["data/unk_share"]) < 0.01
 
 
+@pytest.mark.job
 def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     tmp_path, twitter_like, trained_tiny_model_dir
 ):
@@ -199,6 +201,7 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     assert all(len(set(anchors[batch].tolist())) == len(batch) for batch in state.plan.batches())
 
 
+@pytest.mark.job
 def test_pair_mode_miner_killed_in_a_refresh_is_restarted_and_the_job_finishes(
     tmp_path, twitter_like, tiny_model_dir
 ):

@@ -399,6 +399,7 @@ def test_undecodable_csv_cells_and_text_lines_are_dropped_and_counted(ray_local,
 
 
 @pytest.mark.slow
+@pytest.mark.job
 def test_long_lines_are_truncated_and_bad_lines_skipped_and_both_counted(
     ray_local, tmp_path, capfd, monkeypatch, paraphrase_corpus
 ):

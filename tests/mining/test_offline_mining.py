@@ -102,6 +102,7 @@ def _mine(tmp_path, model_dir, input_path, output, *sets):
 
 
 @pytest.mark.slow
+@pytest.mark.job
 def test_mine_job_on_text_and_pairs(tmp_path, trained_tiny_model_dir, paraphrase_corpus):
     texts, groups = paraphrase_corpus
     text_file = tmp_path / "sentences.txt"

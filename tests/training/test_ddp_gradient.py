@@ -193,6 +193,7 @@ def triplet_gradient_worker(config):
         json.dump({"loss": loss.item(), "grad": model.embed.weight.grad.tolist()}, fh)
 
 
+@pytest.mark.job
 def test_triplet_loss_gradient_equals_single_process(ray_local, tmp_path):
     import ray.cloudpickle
     import ray.train

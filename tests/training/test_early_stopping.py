@@ -58,6 +58,7 @@ def test_patience_is_checked_against_what_the_job_evaluates():
 
 
 @pytest.mark.slow
+@pytest.mark.job
 def test_a_run_stops_where_its_evaluations_say_and_exports_the_best(tmp_path):
     """The demo's generated STS set scores Recall@1 = 100 from the start (issue 39 says why),
     so selecting by it, the first trained evaluation is a best that nothing can beat: with
