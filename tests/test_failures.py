@@ -240,48 +240,6 @@ def _healthy(port: int) -> bool:
         return False
 
 
-@pytest.mark.slow
-@pytest.mark.job
-def test_tracking_server_killed_mid_run_loses_no_metrics(tmp_path):
-    port = free_port()
-    server = _start_mlflow_server(tmp_path, port)
-    job = None
-    try:
-        wait_for(lambda: _healthy(port), 90, "the MLflow server")
-        uri = f"http://127.0.0.1:{port}"
-        job = RunningJob(
-            tmp_path,
-            ["run.name=outage", "train.epochs=2", "train.log_every=5",
-             f"tracking.uri={uri}"],
-        )  # fmt: skip
-        client = MlflowClient(tracking_uri=uri)
-
-        def some_steps_logged():
-            runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-            return runs and len(train_loss_history(client, runs[0].info.run_id)) >= 5 and runs[0]
-
-        run = wait_for(some_steps_logged, 400, "the first logged steps", job, 0.5)
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-        wait_for(lambda: "[mlflow] could not send" in job.output, 120, "a failed send", job, 0.2)
-        server = _start_mlflow_server(tmp_path, port)
-        code = job.wait(timeout=600)
-        out = job.output
-        assert code == 0, out[-4000:]
-        assert "SimCSE run 'outage' finished" in out
-        finished = client.get_run(run.info.run_id)
-        assert finished.info.status == "FINISHED"
-        steps = int(re.search(r"epochs +2 \((\d+) steps\)", out).group(1))
-        history = train_loss_history(client, run.info.run_id)
-        assert sorted(m.step for m in history) == list(range(1, steps + 1))  # every step exactly once
-        assert len(client.get_metric_history(run.info.run_id, "train/epoch_loss")) == 2
-    finally:
-        if job is not None:
-            job.kill_all()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-
-
 def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
     port = free_port()  # nothing listens there
     proc = subprocess.run(
@@ -297,56 +255,78 @@ def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.job
-def test_hung_miner_ends_the_job_at_once_and_costs_no_epoch(tmp_path):
+def test_hung_miner_ends_the_job_at_once_and_a_tracking_outage_loses_no_metric(tmp_path):
     """The miner process is frozen (SIGSTOP) before the first refresh: the epoch-end wait for its
     plan ends after ``mining.timeout_s`` with one line naming that wait, not a hang, and is not
     retried (restarted workers would wait on the same miner); the run is marked FAILED. The
     finished epoch was checkpointed before the wait, so the job started again resumes at the
-    boundary, asks a new miner for the plan, and trains no step twice."""
+    boundary, asks a new miner for the plan, and trains no step twice. Both runs log to a real
+    ``mlflow server``, which is killed and restarted while the resumed run trains: every step's
+    metrics arrive exactly once."""
+    port = free_port()
+    server = _start_mlflow_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
     # The frozen miner never answers, so any deadline shows the wait ending: a short one keeps
     # the test from idling. The resumed run, whose healthy refresh that deadline also bounds,
     # keeps the default (mining.timeout_s is infrastructure, not a param: a resume may change it).
     # The miner's start has its own deadline (train.placement_timeout_s, default 600 s).
-    overrides = ["run.name=hung", "train.epochs=2", "checkpoint.every_steps=10"]
-    job = RunningJob(tmp_path, [*overrides, "mining.timeout_s=5"])
+    overrides = ["run.name=hung", "train.epochs=2", "checkpoint.every_steps=10", f"tracking.uri={uri}"]
+    jobs: list[RunningJob] = []
     try:
+        wait_for(lambda: _healthy(port), 90, "the MLflow server")
+        job = RunningJob(tmp_path, [*overrides, "mining.timeout_s=5"])
+        jobs.append(job)
         # The trainer is announced only after the miner answered ready(): it exists and is idle.
         wait_for(lambda: "[train] 2 epochs" in job.output, 300, "the trainer start", job)
         (miner,) = job.processes("HardNegativeMiner")
         miner.suspend()
         code = job.wait(timeout=300)
-    finally:
-        job.kill_all()
-    out = job.output
-    assert code == 1, out[-4000:]
-    errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert errors == ["error: the miner did not return plan v1 within mining.timeout_s=5s"], out[-4000:]
-    assert "Traceback" not in out  # Ray Train's own failure reports are off unless --debug
-    assert re.search(
-        r"\[train\] worker rank 0 failed: the miner did not return plan v1 within mining\.timeout_s=5s "
-        r"\(failure 1, train\.max_failures=3; not retried: it fails the same way on every restart\)",
-        out,
-    ), out[-4000:]
-    assert "failure 2" not in out
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
-    assert run.info.status == "FAILED"
-    assert run.data.tags["simcse.error"] == errors[0].removeprefix("error: ")
-    # Epoch 1 was checkpointed at steps 10 and 20, and at its end before the wait for the plan
-    # (checkpoint.keep_last=2 keeps the newest two).
-    checkpoints = snapshot_checkpoints(tmp_path / "runs/hung")
-    steps_per_epoch = checkpoints[-1]["step"]
-    assert [c["step"] for c in checkpoints] == [20, steps_per_epoch] and steps_per_epoch > 20
-    assert checkpoints[-1]["epoch"] == 1 and checkpoints[-1]["plan_pending"] is True
+        out = job.output
+        assert code == 1, out[-4000:]
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert errors == ["error: the miner did not return plan v1 within mining.timeout_s=5s"], out[-4000:]
+        assert "Traceback" not in out  # Ray Train's own failure reports are off unless --debug
+        assert re.search(
+            r"\[train\] worker rank 0 failed: the miner did not return plan v1 within mining\.timeout_s=5s "
+            r"\(failure 1, train\.max_failures=3; not retried: it fails the same way on every restart\)",
+            out,
+        ), out[-4000:]
+        assert "failure 2" not in out
+        client = MlflowClient(tracking_uri=uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+        assert run.info.status == "FAILED"
+        assert run.data.tags["simcse.error"] == errors[0].removeprefix("error: ")
+        # Epoch 1 was checkpointed at steps 10 and 20, and at its end before the wait for the plan
+        # (checkpoint.keep_last=2 keeps the newest two).
+        checkpoints = snapshot_checkpoints(tmp_path / "runs/hung")
+        steps_per_epoch = checkpoints[-1]["step"]
+        assert [c["step"] for c in checkpoints] == [20, steps_per_epoch] and steps_per_epoch > 20
+        assert checkpoints[-1]["epoch"] == 1 and checkpoints[-1]["plan_pending"] is True
 
-    again = RunningJob(tmp_path, overrides)
-    code = again.wait(timeout=600)
-    out = again.output
-    assert code == 0, out[-4000:]
-    assert f"[train] resumed at step {steps_per_epoch}, after epoch 1" in out
-    assert "[train] epoch 1 was checkpointed before its refresh; next plan v1" in out
-    assert "batch plans   v0 (random), v1 (mined)" in out
-    (resumed,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
-    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
-    history = train_loss_history(client, run.info.run_id)
-    assert sorted(m.step for m in history) == list(range(1, 2 * steps_per_epoch + 1))  # each step once
+        again = RunningJob(tmp_path, overrides)
+        jobs.append(again)
+        wait_for(
+            lambda: any(m.step > steps_per_epoch for m in train_loss_history(client, run.info.run_id)),
+            400, "a step of the resumed run logged", again, 0.5,
+        )  # fmt: skip
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+        wait_for(lambda: "[mlflow] could not send" in again.output, 300, "a failed send", again, 0.2)
+        server = _start_mlflow_server(tmp_path, port)
+        code = again.wait(timeout=600)
+        out = again.output
+        assert code == 0, out[-4000:]
+        assert f"[train] resumed at step {steps_per_epoch}, after epoch 1" in out
+        assert "[train] epoch 1 was checkpointed before its refresh; next plan v1" in out
+        assert "batch plans   v0 (random), v1 (mined)" in out
+        # Read back from the restarted server, which is stopped only after.
+        (resumed,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+        assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+        history = train_loss_history(client, run.info.run_id)
+        assert sorted(m.step for m in history) == list(range(1, 2 * steps_per_epoch + 1))  # each step once
+        assert len(client.get_metric_history(run.info.run_id, "train/epoch_loss")) == 2
+    finally:
+        for started in jobs:
+            started.kill_all()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
