@@ -160,18 +160,18 @@ def _miner_killed_during_refresh_is_restarted_and_remines(faulted_run: dict) -> 
 @pytest.mark.slow
 @pytest.mark.job
 def test_killed_job_resumes_from_newest_complete_checkpoint(tmp_path):
-    overrides = [
-        # About 37 steps an epoch: the kill after the step-20 checkpoint lands well before the next
-        # one (step 30) and the epoch's end, so the damaged checkpoint is the newest on disk.
-        "run.name=resume", "data.generated.num_groups=600", "train.epochs=2",
-        "checkpoint.every_steps=10", "train.log_every=5",
-    ]  # fmt: skip
+    overrides = ["run.name=resume", "train.epochs=2", "checkpoint.every_steps=10", "train.log_every=5"]
     run_dir = tmp_path / "runs" / "resume"
-    first = RunningJob(tmp_path, overrides)
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    # Rank 0 is held before step 23 (the seam), so the checkpoints at steps 10 and 20 are the
+    # newest there will be when the job is killed: the clock does not decide which is damaged.
+    first = RunningJob(tmp_path, overrides, {HOLD_ENV: "train_step=23", HOLD_DIR_ENV: str(holds)})
     try:
+        wait_for(lambda: (holds / "train_step=23.held").exists(), 400, "step 23", first)
         wait_for(
-            lambda: (c := snapshot_checkpoints(run_dir)) and len(c) >= 2 and c[-1]["step"] >= 20 and c,
-            400, "two checkpoints", first,
+            lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == 20 and c,
+            120, "the checkpoint at step 20 registered", first,
         )  # fmt: skip
         first.proc.kill()  # SIGKILL: no handler runs, nothing is cleaned up or marked
         first.proc.wait(timeout=30)
@@ -216,6 +216,7 @@ def test_killed_job_resumes_from_newest_complete_checkpoint(tmp_path):
     # Started once more: the run is finished, the job says so and does nothing.
     again = RunningJob(tmp_path, overrides)
     assert again.wait(timeout=120) == 0 and "already finished" in again.output
+    assert len(train_loss_history(client, run.info.run_id)) == len(history)  # nothing trained or logged
 
 
 def _start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
