@@ -148,12 +148,17 @@ RETRIEVAL_ARMS["GS"] = ["mining.refresh=once", "data.given_negatives=true"]
 RETRIEVAL_ARMS["AL"] = [*RETRIEVAL_ARMS["A"], "train.group_by_length=true"]
 RETRIEVAL_ARMS["SL"] = [*RETRIEVAL_ARMS["S"], "train.group_by_length=true"]
 RETRIEVAL_ARMS["CL"] = [*RETRIEVAL_ARMS["C"], "train.group_by_length=true"]
+RETRIEVAL_ARMS["SE"] = [*RETRIEVAL_ARMS["S"], "eval.patience=1"]
 """A retrieval task's pipeline arms (the pairs task): ``A`` in-batch negatives only, ``G`` the given
 (label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
 ``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
 the filters, ``GS`` the given negatives with one mined as in ``S`` beside each, ``AL``, ``SL`` and ``CL`` as
 ``A``, ``S`` and ``C`` on length-grouped batches (``train.group_by_length``: which rows meet as
-in-batch negatives changes)."""
+in-batch negatives changes), ``SE`` as ``S`` with early stopping (``eval.patience=1``: it
+evaluates the recipe's dev set while it trains, and exports its best epoch)."""
+EVALUATING_ARMS = ("SE",)
+"""Arms that keep the recipe's evaluation while they train (early stopping needs it); every
+other arm evaluates nothing while it trains (:data:`NO_TRAINING_EVAL`)."""
 RETRIEVAL_PEERS = {"st": False, "st-mined": True}
 """A retrieval task's sentence-transformers arms: whether they run ``mine_hard_negatives`` first."""
 ST_MINED = (
@@ -221,7 +226,8 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
     """
     if TASKS[task].retrieval:
         if variant in RETRIEVAL_ARMS:
-            return [*RETRIEVAL_ARMS[variant], *NO_TRAINING_EVAL]
+            no_eval = [] if variant in EVALUATING_ARMS else NO_TRAINING_EVAL
+            return [*RETRIEVAL_ARMS[variant], *no_eval]
         if variant in RETRIEVAL_PEERS or variant in REFERENCE_ARMS:
             return None
         raise ValueError(f"variant {variant!r} is not one of task {task}'s: {TASKS[task].variants}")

@@ -222,7 +222,7 @@ def test_each_retrieval_arm_trains_the_recipe_with_its_overrides_and_no_in_train
     for arm in ("st", "st-mined", "start", "bm25"):
         assert hn.variant_overrides("twitter-url", arm) is None
     assert hn.parse_list(hn.TASKS["twitter-url"].variants) == [
-        "start", "bm25", "A", "G", "S", "C", "U", "GS", "AL", "SL", "CL", "st", "st-mined"
+        "start", "bm25", "A", "G", "S", "C", "U", "GS", "AL", "SL", "CL", "SE", "st", "st-mined"
     ]  # fmt: skip
     with pytest.raises(ValueError, match="not one of task twitter-url's: start,bm25,A"):
         hn.variant_overrides("twitter-url", "knn")
@@ -243,11 +243,14 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
     }
     assert {arm: c.mining.refresh for arm, c in configs.items()} == {
         "A": "never", "G": "never", "S": "once", "C": "every_epoch", "U": "every_epoch", "GS": "once",
-        "AL": "never", "SL": "once", "CL": "every_epoch",
+        "AL": "never", "SL": "once", "CL": "every_epoch", "SE": "once",
     }  # fmt: skip
     assert [arm for arm, c in configs.items() if c.train.group_by_length] == ["AL", "SL", "CL"]
     assert [arm for arm, c in configs.items() if c.data.given_negatives] == ["G", "GS"]
-    assert all(c.eval.retrieval == [] and c.eval.sts == [] for c in configs.values())
+    # Every arm but SE evaluates nothing while it trains; SE keeps the recipe's sets and stops early.
+    assert [arm for arm, c in configs.items() if c.eval.patience] == ["SE"]
+    assert [arm for arm, overrides in ((a, hn.variant_overrides("twitter-url", a)) for a in configs)
+            if "eval.retrieval=[]" not in overrides] == ["SE"]  # fmt: skip
     assert configs["C"].mining.relative_margin == 0.05 and configs["U"].mining.relative_margin is None
     assert configs["U"].mining.range_min == 0 and configs["U"].mining.max_score is None
 
