@@ -125,6 +125,19 @@ def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tup
     assert alarming == expected, [line for line in alarming if line not in expected]
 
 
+def assert_clean_negatives(rows: list[dict], num_negatives: int) -> None:
+    """Rows as ``jobs/mine.py`` writes them: each has ``num_negatives`` distinct non-empty
+    negatives, none of them (after normalization) its anchor or its positive."""
+    from pipeline.mining.text_keys import normalize_text
+
+    for row in rows:
+        negatives = [row[f"negative_{j + 1}"] for j in range(num_negatives)]
+        forbidden = {normalize_text(row["anchor"]), normalize_text(row["positive"])}
+        assert all(isinstance(n, str) and n for n in negatives)
+        assert not forbidden & {normalize_text(n) for n in negatives}
+        assert len(set(negatives)) == num_negatives
+
+
 @pytest.fixture(scope="session")
 def trained_tiny_model_dir(tmp_path_factory, tiny_model_dir, paraphrase_corpus):
     """The tiny model after 3 quick SimCSE epochs in-process: a random BERT is anisotropic

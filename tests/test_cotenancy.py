@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, RayHead
+from conftest import PYTHON, REPO, RayHead, assert_clean_negatives
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -54,16 +54,18 @@ SUBMITTED_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.fixture(scope="module")
-def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir):
+def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_corpus):
     """All at once on one machine: a ``ray start`` head with the README's ``ray job submit`` of
     jobs/train.py (unchanged) running on it, the same training job with the same config and
-    seed on a local Ray of its own beside it, and an offline mining job whose Ray folder holds
-    a dead cluster's leftovers. Yields each job's exit status and output by name."""
+    seed on a local Ray of its own beside it, and an offline mining job on a text file (an
+    empty line and a repeated sentence in it) whose Ray folder holds a dead cluster's leftovers.
+    Yields each job's exit status and output by name."""
     tmp_path = tmp_path_factory.mktemp("cotenancy")
     ray_tmp = Path("/tmp") / f"rtc{free_port()}"  # short: Ray's socket paths have a length limit
     stale_tmp = Path("/tmp") / f"rtd{free_port()}"
+    texts, _ = paraphrase_corpus
     sentences = tmp_path / "sentences.txt"
-    sentences.write_text("\n".join(f"sentence number {i} about topic {i % 7}" for i in range(200)) + "\n")
+    sentences.write_text("\n".join([*texts, "", texts[0]]) + "\n")
     head = None
     jobs: dict[str, subprocess.Popen] = {}
     outputs: dict[str, str] = {}
@@ -99,7 +101,7 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir):
         )  # fmt: skip
         jobs["mine"] = _start(
             [str(REPO / "jobs/mine.py"), "--model", str(trained_tiny_model_dir), "--input", str(sentences),
-             "--output", "triplets.parquet", "--set", "mining.num_negatives=1"],
+             "--output", "out/triplets.parquet", "--set", "mining.num_negatives=2", "--set", "model.pooler=mean"],
             tmp_path / "mine", job_env({"RAY_TMPDIR": str(stale_tmp)}),
         )  # fmt: skip
         started = time.monotonic()
@@ -125,7 +127,7 @@ def _settings() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.job
-def test_jobs_at_once_beside_each_other_and_a_ray_start_head(jobs_beside_each_other):
+def test_jobs_at_once_beside_each_other_and_a_ray_start_head(jobs_beside_each_other, paraphrase_corpus):
     """Each job finishes on the Ray it means, each MLflow run is FINISHED, no output has a
     traceback, and the two training jobs made the same run. One test over the jobs (a fixture
     shared by two tests would be made twice when pytest-xdist sends them to different test
@@ -149,9 +151,29 @@ def test_jobs_at_once_beside_each_other_and_a_ray_start_head(jobs_beside_each_ot
     assert tags["mlflow.source.git.commit"] == SUBMITTED_COMMIT
     assert tags["mlflow.source.name"] == "jobs/train.py"  # the uploaded working dir's script
     assert tags["simcse.git_commit_from"] == "SIMCSE_GIT_COMMIT"
-    assert "mined triplets.parquet" in outputs["mine"]
-    assert _finished_run(tmp_path / "mine" / "mlruns.db", "simcse-mining").info.status == "FINISHED"
     _assert_the_same_run(tmp_path)
+    _assert_the_text_file_mined(tmp_path / "mine", outputs["mine"], paraphrase_corpus[0])
+
+
+def _assert_the_text_file_mined(folder: Path, out: str, texts: list[str]) -> None:
+    """jobs/mine.py on a text file: each sentence its own positive, two negatives, the empty
+    line and the repeat dropped, a parquet file that ``datasets`` loads, a FINISHED run."""
+    import pyarrow.parquet as pq
+    from datasets import load_dataset
+
+    assert "mined out/triplets.parquet" in out
+    assert "too few" in out and "removed: duplicate" in out
+    assert "[mining] flat index over" in out  # memory estimate, printed before building
+    table = pq.read_table(folder / "out/triplets.parquet")
+    assert table.column_names == ["anchor", "positive", "negative_1", "negative_2"]
+    rows = table.to_pylist()
+    assert all(r["anchor"] == r["positive"] for r in rows)
+    assert_clean_negatives(rows, 2)
+    assert table.num_rows >= 0.9 * len(texts)
+    loaded = load_dataset("parquet", data_files=str(folder / "out/triplets.parquet"), split="train")
+    assert loaded.num_rows == table.num_rows
+    run = _finished_run(folder / "mlruns.db", "simcse-mining")
+    assert run.info.status == "FINISHED" and run.data.metrics["mining/rows_out"] == table.num_rows
 
 
 def _assert_the_same_run(tmp_path: Path) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, assert_no_alarming_lines
+from conftest import PYTHON, REPO, assert_clean_negatives, assert_no_alarming_lines
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -198,7 +199,10 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
         cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert mined.returncode == 0, mined.stderr[-3000:]
-    offline = {(r["anchor"], r["positive"]): r["negative_1"] for r in map(json.loads, output.open())}
+    mined_rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert mined_rows and set(mined_rows[0]) == {"anchor", "positive", "negative_1"}
+    assert_clean_negatives(mined_rows, 1)
+    offline = {(r["anchor"], r["positive"]): r["negative_1"] for r in mined_rows}
     # The column names texts by position in the run's table of distinct texts, which depends
     # only on the set of texts: every text of the pair file (given negatives included) and the pool.
     lines = [line.split("\t") for line in twitter_like["train"].read_text().splitlines()]
@@ -215,7 +219,30 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     assert len(shared) >= 0.8 * len(pairs)
     agree = np.mean([offline[pair] == trained[pair] for pair in shared])
     assert agree >= 0.95, agree
+    _assert_the_mining_run_is_reviewable(client, mined.stdout, mined_rows)
     # No-duplicates batches: the two rows of each headline never share a batch (a random cut
     # of 240 rows into batches of 16 puts about 7 headlines' rows together).
     anchors = np.array([a for a, _ in pairs])
     assert all(len(set(anchors[batch].tolist())) == len(batch) for batch in state.plan.batches())
+
+
+def _assert_the_mining_run_is_reviewable(client: MlflowClient, out: str, rows: list[dict]) -> None:
+    """The run a reviewer opens: named in the summary, described, with its input as a dataset,
+    a similarity histogram and a sample of the rows it wrote."""
+    (run,) = client.search_runs([client.get_experiment_by_name("simcse-mining").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["mining/rows_out"] == len(rows)
+    assert f"  mlflow run    {run.info.run_id} (experiment 'simcse-mining')" in out
+    assert f"{len(rows)} written of " in run.data.tags["mlflow.note.content"]
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.digest == run.data.tags["data.digest"]
+    assert {t.value for t in dataset.tags} == {"mining"}
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id, "review")) == [
+        "review/sample_triplets.md",
+        "review/similarity.png",
+    ]
+    with tempfile.TemporaryDirectory() as folder:
+        sample = Path(client.download_artifacts(run.info.run_id, "review/sample_triplets.md", folder))
+        assert (
+            f"| {rows[0]['anchor']} | {rows[0]['positive']} | {rows[0]['negative_1']} |" in sample.read_text()
+        )
+    assert all(k.startswith("mining/") for k in run.data.metrics)
