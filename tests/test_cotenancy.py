@@ -156,8 +156,8 @@ def test_jobs_at_once_beside_each_other_and_a_ray_start_head(jobs_beside_each_ot
 
 
 def _assert_the_text_file_mined(folder: Path, out: str, texts: list[str]) -> None:
-    """jobs/mine.py on a text file: each sentence its own positive, two negatives, the empty
-    line and the repeat dropped, a parquet file that ``datasets`` loads, a FINISHED run."""
+    """jobs/mine.py on a text file: each sentence its own positive, two clean negatives, at least
+    90% of the sentences written, a parquet file that ``datasets`` loads, a FINISHED run."""
     import pyarrow.parquet as pq
     from datasets import load_dataset
 

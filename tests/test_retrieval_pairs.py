@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -219,20 +218,23 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     assert len(shared) >= 0.8 * len(pairs)
     agree = np.mean([offline[pair] == trained[pair] for pair in shared])
     assert agree >= 0.95, agree
-    _assert_the_mining_run_is_reviewable(client, mined.stdout, mined_rows)
+    # The pair file's every line is read, label-0 ones included (given_negatives=false ignores them).
+    _assert_the_mining_run_is_reviewable(client, mined.stdout, mined_rows, len(lines), tmp_path)
     # No-duplicates batches: the two rows of each headline never share a batch (a random cut
     # of 240 rows into batches of 16 puts about 7 headlines' rows together).
     anchors = np.array([a for a, _ in pairs])
     assert all(len(set(anchors[batch].tolist())) == len(batch) for batch in state.plan.batches())
 
 
-def _assert_the_mining_run_is_reviewable(client: MlflowClient, out: str, rows: list[dict]) -> None:
+def _assert_the_mining_run_is_reviewable(
+    client: MlflowClient, out: str, rows: list[dict], rows_read: int, download_to: Path
+) -> None:
     """The run a reviewer opens: named in the summary, described, with its input as a dataset,
     a similarity histogram and a sample of the rows it wrote."""
     (run,) = client.search_runs([client.get_experiment_by_name("simcse-mining").experiment_id])
     assert run.info.status == "FINISHED" and run.data.metrics["mining/rows_out"] == len(rows)
     assert f"  mlflow run    {run.info.run_id} (experiment 'simcse-mining')" in out
-    assert f"{len(rows)} written of " in run.data.tags["mlflow.note.content"]
+    assert f"{len(rows)} written of {rows_read} pairs" in run.data.tags["mlflow.note.content"]
     (dataset,) = run.inputs.dataset_inputs
     assert dataset.dataset.digest == run.data.tags["data.digest"]
     assert {t.value for t in dataset.tags} == {"mining"}
@@ -240,9 +242,6 @@ def _assert_the_mining_run_is_reviewable(client: MlflowClient, out: str, rows: l
         "review/sample_triplets.md",
         "review/similarity.png",
     ]
-    with tempfile.TemporaryDirectory() as folder:
-        sample = Path(client.download_artifacts(run.info.run_id, "review/sample_triplets.md", folder))
-        assert (
-            f"| {rows[0]['anchor']} | {rows[0]['positive']} | {rows[0]['negative_1']} |" in sample.read_text()
-        )
+    sample = Path(client.download_artifacts(run.info.run_id, "review/sample_triplets.md", str(download_to)))
+    assert f"| {rows[0]['anchor']} | {rows[0]['positive']} | {rows[0]['negative_1']} |" in sample.read_text()
     assert all(k.startswith("mining/") for k in run.data.metrics)
