@@ -347,6 +347,7 @@ class TreeCpuSampler(Sampler):
         super().__init__(interval)
         self.root_pid = root_pid
         self.samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
+        self.titles: dict[int, str] = {}
 
     def sample(self) -> None:
         import psutil
@@ -369,6 +370,8 @@ class TreeCpuSampler(Sampler):
             else:
                 label = "worker" if "RayTrainWorker" in title else "other"
             snapshot[proc.pid] = (label, cpu.user + cpu.system)
+            # The latest: a Ray worker renames itself (ray::<Actor>) once its task or actor starts.
+            self.titles[proc.pid] = process_name(title)
         self.samples.append((now, snapshot))
 
     def cores_busy(self, start: float, end: float, root_is_worker: bool) -> dict[str, float]:
@@ -386,6 +389,41 @@ class TreeCpuSampler(Sampler):
                     label = "worker" if root_is_worker else "other"
                 busy[label] += cpu - first[1][pid][1]
         return {k: v / span if span > 0 else float("nan") for k, v in busy.items()}
+
+    def cores_by_process(self, start: float, end: float) -> list[tuple[str, float]]:
+        """Mean cores busy between the samples nearest ``start`` and ``end``, summed by process
+        name (:func:`process_name`), busiest first."""
+        if len(self.samples) < 2:
+            return []
+        first = min(self.samples, key=lambda s: abs(s[0] - start))
+        last = min(self.samples, key=lambda s: abs(s[0] - end))
+        span = last[0] - first[0]
+        if span <= 0:
+            return []
+        busy: dict[str, float] = {}
+        for pid, (_, cpu) in last[1].items():
+            if pid in first[1]:
+                name = self.titles[pid]
+                busy[name] = busy.get(name, 0.0) + (cpu - first[1][pid][1]) / span
+        return sorted(busy.items(), key=lambda item: -item[1])
+
+
+def process_name(cmdline: str) -> str:
+    """A short name for a process of a job: Ray's worker title (``ray::RayTrainWorker``), the
+    Python script or module it runs (``dashboard.py``, ``-m bench.train_throughput``), or its
+    executable (``raylet``, ``gcs_server``)."""
+    words = cmdline.split()
+    if not words:
+        return "?"
+    if words[0].startswith("ray::"):
+        return words[0]
+    if "python" in Path(words[0]).name:
+        for i, word in enumerate(words[1:], 1):
+            if word == "-m" and i + 1 < len(words):
+                return f"-m {words[i + 1]}"
+            if word.endswith(".py"):
+                return Path(word).name
+    return Path(words[0]).name
 
 
 def time_calls(owner: Any, name: str, on_call: Callable[[float, tuple[Any, ...]], None]) -> None:

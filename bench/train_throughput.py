@@ -46,7 +46,8 @@ Measured, each as the median over repeats:
   Between-steps ms = period - in-step.
 - CPU cores busy during the steady window, in the train workers (ST: its one process) and in
   everything else the job started (driver, Ray's GCS, raylet, dashboard, Train controller),
-  sampled from the process tree with psutil every 0.5 s.
+  sampled from the process tree with psutil every 0.5 s; each round also prints them by
+  process (``steady, by process: ray::RayTrainWorker 1.746, ray::IDLE 0.017, ...``).
 - end-to-end s: from starting the process to its exit; split into start-up (to the first
   step's start), steps, and after the last step. Ours pays Ray start, Ray Data reading and
   tokenization, Ray Train's worker-group start-up (~20 s fixed on this machine) before
@@ -318,6 +319,16 @@ def describe(name: str, r: dict[str, float]) -> str:
     )
 
 
+def busiest_processes(
+    sampler: TreeCpuSampler, result: dict[str, Any], args: argparse.Namespace, n: int = 10
+) -> str:
+    """The cores each process of a run kept busy in its steady window, busiest first: where
+    "other" goes."""
+    ends = result["step_end"]
+    by_process = sampler.cores_by_process(ends[args.warmup_steps - 1], ends[-1])
+    return ", ".join(f"{name} {cores:.3f}" for name, cores in by_process[:n])
+
+
 LABELS = {
     "ours-1w": "ours, 1 worker",
     "ours-2w": "ours, 2 workers (DDP)",
@@ -457,6 +468,7 @@ def main() -> None:
                 reduced = reduce_run(name, result, sampler, spawned, exited, args)
                 runs[name].append(reduced)
                 print(f"round {repeat + 1}: {describe(name, reduced)}", flush=True)
+                print(f"  steady, by process: {busiest_processes(sampler, result, args)}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

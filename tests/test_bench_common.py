@@ -90,3 +90,20 @@ def test_gpu_step_runs_on_a_tiny_model_on_the_cpu(tmp_path):
     train, knn = report["results"]["train"], report["results"]["knn"]
     assert train["loss_last"] < 10 and set(train["phase_ms"]) >= {"backward", "clip grad norm"}
     assert knn["self_found_first"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "name"),
+    [
+        ("ray::RayTrainWorker.__init__", "ray::RayTrainWorker.__init__"),
+        ("ray::IDLE", "ray::IDLE"),
+        ("/venv/bin/python -u /venv/lib/ray/dashboard/dashboard.py --host=127.0.0.1", "dashboard.py"),
+        ("/venv/bin/python3.11 -m bench.train_throughput --child ours", "-m bench.train_throughput"),
+        ("/venv/lib/ray/core/src/ray/raylet/raylet --raylet_socket_name=/tmp/x", "raylet"),
+        ("", "?"),
+    ],
+)
+def test_a_process_is_named_by_its_ray_title_script_or_executable(cmdline, name):
+    from bench.common import process_name
+
+    assert process_name(cmdline) == name
