@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from bench.common import REPO, job_env
+from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
 
 DEMO_CONFIG = REPO / "jobs" / "configs" / "demo.yaml"
 
@@ -32,9 +33,26 @@ class JobWaitError(RuntimeError):
 
 
 class RunningJob:
-    """``jobs/train.py`` in its own session, its output collected line by line with arrival times."""
+    """``jobs/train.py`` in its own session, its output collected line by line with arrival times.
 
-    def __init__(self, cwd: Path, overrides: list[str], env: dict | None = None, config: str | None = None):
+    ``holds`` names seam points (:func:`pipeline.core.seams.hold_once`, e.g. ``miner_refresh=1``,
+    ``train_step=36``) where the job blocks the first time it gets there, so that a fault lands
+    at a point the test chose and not where the clock happens to be (:meth:`wait_held`,
+    :meth:`kill_held`). A held process stays blocked until it is killed.
+    """
+
+    def __init__(
+        self,
+        cwd: Path,
+        overrides: list[str],
+        env: dict | None = None,
+        config: str | None = None,
+        holds: tuple[str, ...] = (),
+    ):
+        self.hold_dir = cwd / "holds"
+        if holds:
+            self.hold_dir.mkdir(exist_ok=True)
+            env = {**(env or {}), HOLD_ENV: ",".join(holds), HOLD_DIR_ENV: str(self.hold_dir)}
         args = [sys.executable, str(REPO / "jobs" / "train.py"), "--config", config or str(DEMO_CONFIG)]
         for item in overrides:
             args += ["--set", item]
@@ -75,6 +93,22 @@ class RunningJob:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
         return found
+
+    def wait_held(self, point: str, what: str, timeout: float = 400) -> None:
+        """Return once a process of the job is blocked at the seam ``point`` (one of ``holds``).
+
+        Raises:
+            JobWaitError: not within ``timeout`` s, or the job ended first.
+        """
+        wait_for(lambda: (self.hold_dir / f"{point}.held").exists(), timeout, what, self)
+
+    def kill_held(self, point: str, title: str, what: str, timeout: float = 400) -> psutil.Process:
+        """Wait until the job is held at ``point``, then SIGKILL its one process whose title
+        contains ``title`` (e.g. ``HardNegativeMiner``); returns that process."""
+        self.wait_held(point, what, timeout)
+        (victim,) = self.processes(title)
+        victim.kill()
+        return victim
 
     def wait(self, timeout: float) -> int:
         """The job's exit status; everything it started is killed either way."""

@@ -14,9 +14,8 @@ from conftest import PYTHON, REPO, assert_no_alarming_lines
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
-from bench.running_job import RunningJob, wait_for
+from bench.running_job import RunningJob
 from pipeline.config.metric_catalogue import MAX_MINING_CHARTS, undeclared
-from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
 from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 
@@ -438,15 +437,9 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
         "train.hard_negative_weight=0.5",
         "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
     ]  # fmt: skip
-    holds = tmp_path / "holds"
-    holds.mkdir()
-    job = RunningJob(
-        tmp_path, overrides, {HOLD_ENV: "miner_refresh=2", HOLD_DIR_ENV: str(holds)}, config=DEMO
-    )
+    job = RunningJob(tmp_path, overrides, config=DEMO, holds=("miner_refresh=2",))
     try:
-        wait_for(lambda: (holds / "miner_refresh=2.held").exists(), 400, "the refresh after epoch 1", job)
-        (miner,) = job.processes("HardNegativeMiner")
-        miner.kill()
+        miner = job.kill_held("miner_refresh=2", "HardNegativeMiner", "the refresh after epoch 1")
         code = job.wait(timeout=600)
     finally:
         job.kill_all()

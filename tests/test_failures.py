@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
 from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wait_for
-from pipeline.core.seams import CONNECT_TIMEOUT_ENV, HOLD_DIR_ENV, HOLD_ENV
+from pipeline.core.seams import CONNECT_TIMEOUT_ENV
 from pipeline.runtime.cluster import free_port
 from pipeline.tracking.refresh_table import read_refresh_table
 
@@ -42,30 +42,21 @@ def faulted_run(tmp_path_factory):
     it computes the epoch-1 refresh (held there by the seams), then rank 0's train worker is
     SIGKILLed in the middle of epoch 2, between two checkpoints."""
     cwd = tmp_path_factory.mktemp("faults")
-    holds = cwd / "holds"
-    holds.mkdir()
-    env = {
-        HOLD_ENV: f"miner_start=0,miner_refresh=1,train_step={KILLED_BEFORE_STEP}",
-        HOLD_DIR_ENV: str(holds),
-    }
     overrides = ["run.name=faults", "train.epochs=2", "checkpoint.every_steps=10", "train.log_every=5"]
-    job = RunningJob(cwd, overrides, env)
+    holds = ("miner_start=0", "miner_refresh=1", f"train_step={KILLED_BEFORE_STEP}")
+    job = RunningJob(cwd, overrides, holds=holds)
     run_dir = cwd / "runs" / "faults"
     facts: dict = {"cwd": cwd}
     try:
         # Ray restarts a miner that dies while it loads; the job asks it again and goes on.
-        wait_for(lambda: (holds / "miner_start=0.held").exists(), 400, "the miner's start", job)
-        (starting,) = job.processes("HardNegativeMiner")
-        starting.kill()
+        starting = job.kill_held("miner_start=0", "HardNegativeMiner", "the miner's start")
         facts["miner_killed_at_start_pid"] = starting.pid
-        wait_for(lambda: (holds / "miner_refresh=1.held").exists(), 400, "the epoch-1 refresh", job)
+        miner = job.kill_held("miner_refresh=1", "HardNegativeMiner", "the epoch-1 refresh")
+        facts["miner_killed_pid"] = miner.pid
         # Only now: the job has made its MLflow store (two processes creating it at once collide).
         client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlruns.db'}")
-        (miner,) = job.processes("HardNegativeMiner")
-        miner.kill()
-        facts["miner_killed_pid"] = miner.pid
 
-        wait_for(lambda: (holds / f"train_step={KILLED_BEFORE_STEP}.held").exists(), 400, "step 36", job)
+        job.wait_held(f"train_step={KILLED_BEFORE_STEP}", "step 36")
         # Ray Train registers a reported checkpoint a moment later; nothing newer can land while held.
         checkpoint = wait_for(
             lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == MID_EPOCH_CHECKPOINT and c[-1],
@@ -176,13 +167,11 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
         "eval.patience=1", f"eval.select_by={EARLY_STOP_METRIC}",
     ]  # fmt: skip
     run_dir = tmp_path / "runs" / "resume"
-    holds = tmp_path / "holds"
-    holds.mkdir()
     # Rank 0 is held before step 23 (the seam), so the checkpoints at steps 10 and 20 are the
     # newest there will be when the job is killed: the clock does not decide which is damaged.
-    first = RunningJob(tmp_path, overrides, {HOLD_ENV: "train_step=23", HOLD_DIR_ENV: str(holds)})
+    first = RunningJob(tmp_path, overrides, holds=("train_step=23",))
     try:
-        wait_for(lambda: (holds / "train_step=23.held").exists(), 400, "step 23", first)
+        first.wait_held("train_step=23", "step 23")
         wait_for(
             lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == 20 and c,
             120, "the checkpoint at step 20 registered", first,
