@@ -23,8 +23,9 @@ class TripletStep:
     """Supervised SimCSE on triplet rows, negatives gathered from all workers.
 
     Each row's negatives are its given one (if any) and its mined ones (if a refresh has
-    happened): ``1 + num_negatives`` slots, absent ones masked. Anchors, positives and the
-    present negatives go through the encoder in one forward pass. Rows sharing a positive
+    happened): ``1 + num_negatives`` slots, absent ones masked. The anchors go through the
+    encoder in one forward pass, the positives and present negatives in a second, each padded
+    to its own longest text. Rows sharing a positive
     text (a premise with several hypotheses) are not each other's negatives, and neither are
     rows sharing an anchor text (a headline with several paraphrases: each row's positive is
     a known positive of the other's anchor).
@@ -64,12 +65,17 @@ class TripletStep:
         global_negatives = triplets.negative[batch.rows][:, None]
         if batch.mined is not None:
             global_negatives = np.concatenate([global_negatives, batch.mined[batch.rows]], axis=1)
-        texts = np.concatenate(
-            [triplets.anchor[local_rows], triplets.positive[local_rows], negatives[present]]
+        # Queries and documents are padded apart, as sentence-transformers pads each column: short
+        # queries (headlines) padded to the longest document would be computed for nothing.
+        groups = (
+            triplets.anchor[local_rows],
+            np.concatenate([triplets.positive[local_rows], negatives[present]]),
         )
-        input_ids, mask = self.corpus.batch(texts)
         with autocast(device):
-            embeddings = model(to_device(input_ids, device), to_device(mask, device)).float()
+            embeddings = torch.cat([
+                model(to_device(input_ids, device), to_device(mask, device))
+                for input_ids, mask in map(self.corpus.batch, groups)
+            ]).float()  # fmt: skip
         n = len(local_rows)
         present_t = to_device(present, device)
         negative_embeddings = embeddings.new_zeros((n, negatives.shape[1], embeddings.shape[1]))

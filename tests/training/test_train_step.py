@@ -121,6 +121,29 @@ def test_triplet_step_uses_exactly_the_present_given_and_mined_negatives(model, 
     assert abs(without_mined.item() - loss.item()) > 1e-3
 
 
+def test_triplet_step_pads_anchors_apart_from_positives_and_negatives(model, corpus):
+    """Short queries are not padded to the longest document (sentence-transformers pads each
+    column on its own): the encoder sees the anchors at their own longest width."""
+    cfg = load_config(None, TRIPLET)
+    by_length = np.argsort(corpus.lengths, kind="stable")
+    short, long = by_length[:4], by_length[-8:]
+    assert corpus.lengths[short].max() < corpus.lengths[long].min()
+    triplets = Triplets(anchor=short, positive=long[:4], negative=np.array([long[4], -1, long[5], -1]))
+    widths: list[tuple[int, int]] = []
+
+    def recording(input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        widths.append(tuple(input_ids.shape))
+        return model(input_ids, mask)
+
+    step = make_train_step(cfg, corpus, triplets, CPU)
+    step(recording, GlobalBatch(np.arange(4), [4], 0, np.array([[long[6]], [-1], [-1], [long[7]]])))
+    documents = np.concatenate([long[:4], long[[4, 6, 5, 7]]])
+    assert widths == [
+        (4, int(corpus.lengths[short].max())),
+        (len(documents), int(corpus.lengths[documents].max())),
+    ]
+
+
 def test_the_config_picks_the_step(corpus):
     triplets = Triplets(anchor=np.array([0, 1]), positive=np.array([2, 3]), negative=np.array([-1, 4]))
 
