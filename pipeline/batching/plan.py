@@ -99,23 +99,26 @@ def worker_slices(batch_len: int, world_size: int) -> list[int]:
 
 def padding_share(plan: BatchPlan, lengths: np.ndarray, world_size: int = 1) -> float:
     """Share of pad tokens in an epoch on this plan: each worker pads its slice of every
-    global batch (:func:`worker_slices`) to the slice's longest row.
+    global batch (:func:`worker_slices`) to the slice's longest row, each column on its own.
 
     Args:
         plan: the epoch's plan.
-        lengths: ``(num_rows,)`` tokens per row.
+        lengths: ``(num_rows,)`` tokens per row, or ``(num_rows, k)`` for rows of k texts
+            that the step pads apart (the pairs step's anchors and positives:
+            :func:`pipeline.data.tokenized.padded_lengths`).
         world_size: DDP workers.
 
     Returns:
         ``1 - real tokens / padded tokens``, in [0, 1).
     """
+    columns = lengths.reshape(len(lengths), -1)
     real = padded = 0
     for batch in plan.batches():
         start = 0
         for size in worker_slices(len(batch), world_size):
-            widths = lengths[batch[start : start + size]]
+            widths = columns[batch[start : start + size]]
             start += size
             if size:
                 real += int(widths.sum())
-                padded += size * int(widths.max())
+                padded += size * int(widths.max(axis=0).sum())
     return 1.0 - real / padded if padded else 0.0

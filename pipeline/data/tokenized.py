@@ -74,6 +74,15 @@ def row_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np
     return np.maximum(corpus.lengths[triplets.anchor], corpus.lengths[triplets.positive])
 
 
+def padded_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np.ndarray:
+    """Tokens of each training row in each group the train step pads on its own:
+    ``(num_rows,)`` for sentences, ``(num_rows, 2)`` for triplet rows (anchor, positive; the
+    negatives, padded with the positives, are left out)."""
+    if triplets is None:
+        return corpus.lengths
+    return np.stack([corpus.lengths[triplets.anchor], corpus.lengths[triplets.positive]], axis=1)
+
+
 def dataset_digest(ids: np.ndarray, triplets: Triplets | None = None) -> str:
     """A content fingerprint of the cleaned training data, from its sorted distinct text ids:
     the same sentences (and, for triplets, the same rows) give the same digest whatever the

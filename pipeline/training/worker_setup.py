@@ -23,7 +23,7 @@ from transformers import get_linear_schedule_with_warmup
 from pipeline.batching.plan import balanced_batch_sizes
 from pipeline.batching.same_text import rows_sharing_a_text
 from pipeline.config.schema import Config
-from pipeline.data.tokenized import TokenizedCorpus, row_lengths
+from pipeline.data.tokenized import TokenizedCorpus, padded_lengths, row_lengths
 from pipeline.data.triplets import Triplets
 from pipeline.evaluation.in_training import TrainingEvaluator
 from pipeline.model.accel import enable_tf32, fused_adamw
@@ -198,7 +198,8 @@ class WorkerParts:
     scheduler: Any
     state: TrainState
     lengths: np.ndarray
-    """Tokens per training row (for the plan's padding share)."""
+    """Tokens per training row and padded group, for the plan's padding share
+    (:func:`pipeline.data.tokenized.padded_lengths`)."""
     refresher: PlanRefresher | None
     evaluator: EvalRecorder | None
     checkpoints: CheckpointReporter | None
@@ -246,7 +247,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
         optimizer=optimizer,
         scheduler=scheduler,
         state=state,
-        lengths=inputs.lengths,
+        lengths=padded_lengths(inputs.corpus, inputs.triplets),
         refresher=refresher,
         evaluator=EvalRecorder(sts, model, inputs.tokenizer, best_dir, max_seq_len, logger)
         if sts is not None

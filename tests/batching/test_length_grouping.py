@@ -28,6 +28,11 @@ def test_padding_share_counts_each_workers_slice():
     assert padding_share(random_plan(6400, 64, seed=1), _lengths(6400)) == pytest.approx(
         _padding_share(random_plan(6400, 64, seed=1), _lengths(6400))
     )
+    # Rows of two texts padded apart (the pairs step's anchors and positives): each column to
+    # its own longest. Anchors [1 1 3 1] pad to 3, positives [5 9 5 5] to 9; then [2 1], [7 8].
+    pairs = np.array([[1, 5], [1, 9], [3, 5], [1, 5], [2, 7], [1, 8]])
+    real = pairs.sum()
+    assert padding_share(plan, pairs) == pytest.approx(1 - real / (4 * 3 + 4 * 9 + 2 * 2 + 2 * 8))
 
 
 def _lengths(n: int, seed: int = 0) -> np.ndarray:
