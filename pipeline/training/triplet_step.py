@@ -25,10 +25,9 @@ class TripletStep:
     Each row's negatives are its given one (if any) and its mined ones (if a refresh has
     happened): ``1 + num_negatives`` slots, absent ones masked. The anchors go through the
     encoder in one forward pass, the positives and present negatives in a second, each padded
-    to its own longest text. Rows sharing a positive
-    text (a premise with several hypotheses) are not each other's negatives, and neither are
-    rows sharing an anchor text (a headline with several paraphrases: each row's positive is
-    a known positive of the other's anchor).
+    to its own longest text. Rows sharing a positive text (a premise with several hypotheses)
+    are not each other's negatives, and neither are rows sharing an anchor text (a headline
+    with several paraphrases: each row's positive is a known positive of the other's anchor).
     """
 
     corpus: TokenizedCorpus
