@@ -374,37 +374,40 @@ class TreeCpuSampler(Sampler):
             self.titles[proc.pid] = process_name(title)
         self.samples.append((now, snapshot))
 
-    def cores_busy(self, start: float, end: float, root_is_worker: bool) -> dict[str, float]:
-        """Mean cores busy per label between the samples nearest ``start`` and ``end``."""
+    def cpu_seconds(self, start: float, end: float) -> tuple[dict[int, tuple[str, float]], float]:
+        """Each process's CPU seconds (with its label) between the samples nearest ``start`` and
+        ``end``, for the processes in both, and the seconds between those samples (0 with
+        fewer than two samples)."""
         if len(self.samples) < 2:
-            return {"worker": float("nan"), "other": float("nan")}
+            return {}, 0.0
         first = min(self.samples, key=lambda s: abs(s[0] - start))
         last = min(self.samples, key=lambda s: abs(s[0] - end))
-        span = last[0] - first[0]
+        used = {
+            pid: (label, cpu - first[1][pid][1]) for pid, (label, cpu) in last[1].items() if pid in first[1]
+        }
+        return used, last[0] - first[0]
+
+    def cores_busy(self, start: float, end: float, root_is_worker: bool) -> dict[str, float]:
+        """Mean cores busy per label between the samples nearest ``start`` and ``end``."""
+        used, span = self.cpu_seconds(start, end)
         busy = {"worker": 0.0, "other": 0.0}
-        for pid, (label, cpu) in last[1].items():
-            if pid in first[1]:
-                if label == "root":
-                    # ST trains in its one process; our driver only waits on Ray.
-                    label = "worker" if root_is_worker else "other"
-                busy[label] += cpu - first[1][pid][1]
+        for label, seconds in used.values():
+            if label == "root":
+                # ST trains in its one process; our driver only waits on Ray.
+                label = "worker" if root_is_worker else "other"
+            busy[label] += seconds
         return {k: v / span if span > 0 else float("nan") for k, v in busy.items()}
 
     def cores_by_process(self, start: float, end: float) -> list[tuple[str, float]]:
         """Mean cores busy between the samples nearest ``start`` and ``end``, summed by process
         name (:func:`process_name`), busiest first."""
-        if len(self.samples) < 2:
-            return []
-        first = min(self.samples, key=lambda s: abs(s[0] - start))
-        last = min(self.samples, key=lambda s: abs(s[0] - end))
-        span = last[0] - first[0]
+        used, span = self.cpu_seconds(start, end)
         if span <= 0:
             return []
         busy: dict[str, float] = {}
-        for pid, (_, cpu) in last[1].items():
-            if pid in first[1]:
-                name = self.titles[pid]
-                busy[name] = busy.get(name, 0.0) + (cpu - first[1][pid][1]) / span
+        for pid, (_, seconds) in used.items():
+            name = self.titles[pid]
+            busy[name] = busy.get(name, 0.0) + seconds / span
         return sorted(busy.items(), key=lambda item: -item[1])
 
 
