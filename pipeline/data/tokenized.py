@@ -69,9 +69,8 @@ class TokenizedCorpus:
 def row_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np.ndarray:
     """Tokens per training row, i.e. the width a row forces on its padded batch: a sentence's
     length, or for a triplet row the longer of its anchor and positive."""
-    if triplets is None:
-        return corpus.lengths
-    return np.maximum(corpus.lengths[triplets.anchor], corpus.lengths[triplets.positive])
+    lengths = padded_lengths(corpus, triplets)
+    return lengths if lengths.ndim == 1 else lengths.max(axis=1)
 
 
 def padded_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np.ndarray:
