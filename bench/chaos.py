@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import tempfile
@@ -63,14 +64,11 @@ def run_job(
     job = RunningJob(run_dir, overrides, config=RECIPE)
     landed: list[dict] = []
     try:
-        while job.proc.poll() is None:
-            if len(landed) >= kills:
-                job.proc.wait()
-                break
+        while job.running() and len(landed) < kills:
             time.sleep(rng.uniform(*gaps))
             title = rng.choice(VICTIMS)
             candidates = job.processes(title)
-            if not candidates or job.proc.poll() is not None:
+            if not candidates or not job.running():
                 continue
             victim = rng.choice(candidates)
             victim.kill()
@@ -81,7 +79,7 @@ def run_job(
                 f"[chaos] kill {len(landed)}: {title} pid {victim.pid} at {landed[-1]['after_s']}s",
                 flush=True,
             )
-        status = job.wait(timeout=60)
+        status = job.wait(timeout=math.inf)
     finally:
         job.kill_all()
     (run_dir / "job.log").write_text(job.output)

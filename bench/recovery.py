@@ -95,7 +95,7 @@ def driver_kill() -> dict:
         wait_for(lambda: len(snapshot_checkpoints(cwd / "runs/bench")) >= 2, 600, "two checkpoints", first)
         first_step_s = first.first_line_time(r"\[eval\] epoch 0 step 0")
         first.proc.kill()
-        first.proc.wait(timeout=30)
+        first.wait(timeout=30)
     finally:
         first.kill_all()
     started = time.monotonic()

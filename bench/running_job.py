@@ -82,6 +82,8 @@ class RunningJob:
     def processes(self, title: str) -> list[psutil.Process]:
         """Descendants of the job whose process title (Ray sets ``ray::Class.method``) contains ``title``."""
         found = []
+        if self.proc.returncode is not None:
+            return []  # reaped: the pid may be another process's now
         try:
             children = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -110,17 +112,42 @@ class RunningJob:
         victim.kill()
         return victim
 
+    def running(self) -> bool:
+        """Whether the job's process is still running. Unlike ``Popen.poll`` this leaves an
+        exited process unreaped, so its pid and process group id stay the job's, never another
+        process's, until :meth:`kill_all` has killed what is left of the group."""
+        if self.proc.returncode is not None:
+            return False
+        return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+
     def wait(self, timeout: float) -> int:
-        """The job's exit status; everything it started is killed either way."""
+        """The job's exit status; everything it started is killed either way.
+
+        Raises:
+            subprocess.TimeoutExpired: still running after ``timeout`` s (it is killed).
+        """
+        deadline = time.monotonic() + timeout
         try:
-            code = self.proc.wait(timeout=timeout)
+            while self.running():
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(self.proc.args, timeout)
+                time.sleep(0.1)
         finally:
             self.kill_all()
         self._reader.join(timeout=10)
-        return code
+        assert self.proc.returncode is not None
+        return self.proc.returncode
 
     def kill_all(self) -> None:
-        """SIGKILL the job and everything it started (its local Ray included)."""
+        """SIGKILL the job and everything it started (its local Ray included), then reap it.
+
+        Calling it again, or after the job was reaped elsewhere, does nothing: once reaped, its
+        pid and group id are free, and with the common ``pid_max`` of 32768 (threads draw from
+        the same numbers) a test suite goes round them in minutes, so they may name another
+        test's processes by then.
+        """
+        if self.proc.returncode is not None:
+            return
         with_children = []
         with contextlib.suppress(psutil.NoSuchProcess):
             with_children = psutil.Process(self.proc.pid).children(recursive=True)
@@ -128,7 +155,8 @@ class RunningJob:
             os.killpg(self.proc.pid, signal.SIGKILL)
         for child in with_children:
             with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
+                child.kill()  # psutil checks it is still the same process, not a reused pid
+        self.proc.wait()
 
 
 def wait_for(
@@ -144,7 +172,7 @@ def wait_for(
         value = condition()
         if value:
             return value
-        if job is not None and job.proc.poll() is not None:
+        if job is not None and not job.running():
             raise JobWaitError(f"the job ended while waiting for {what}:\n{job.output[-4000:]}")
         time.sleep(poll)
     raise JobWaitError(f"timed out waiting for {what}" + (f":\n{job.output[-4000:]}" if job else ""))

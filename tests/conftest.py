@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from crash_report import pytest_handlecrashitem, ray_session_noted  # noqa: F401 (registers the hook)
 
 from bench.common import job_env
 from pipeline.runtime.cluster import free_port
@@ -101,7 +102,9 @@ def ray_local():
     from pipeline.runtime.cluster import ray_session
 
     with ray_session(load_config(None, ["ray.num_cpus=4"])):
-        yield ray
+        session_dir = ray._private.worker._global_node.get_session_dir_path()  # no public accessor
+        with ray_session_noted(session_dir):
+            yield ray
 
 
 def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tuple[int, ...] = ()) -> None:
@@ -239,10 +242,11 @@ class RayHead:
             try:
                 os.killpg(self.proc.pid, 0)
             except ProcessLookupError:
-                break
+                break  # the group is gone, and its id free for another process: no SIGKILL
             time.sleep(0.25)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         shutil.rmtree(self.temp, ignore_errors=True)
