@@ -10,12 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import PYTHON, REPO, assert_no_alarming_lines
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
 from bench.running_job import RunningJob
 from pipeline.config.metric_catalogue import MAX_MINING_CHARTS, undeclared
+from pipeline.model.accel import native_bf16
 from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 
@@ -45,7 +47,6 @@ def _only_run(client: MlflowClient, experiment: str = "simcse-demo"):
 def test_demo_trains_mines_and_logs(tmp_path):
     import mlflow.artifacts
     import mlflow.sentence_transformers
-    import torch
     from transformers import AutoModel, AutoTokenizer
 
     proc = _run_job(
@@ -84,6 +85,8 @@ def test_demo_trains_mines_and_logs(tmp_path):
         and run.data.tags["mlflow.source.type"] == "JOB"
     )
     assert len(run.data.tags["mlflow.source.git.commit"]) == 40
+    # The forward passes ran in bf16 exactly where this CPU computes it natively.
+    assert run.data.tags["simcse.forward_dtype"] == ("bf16" if native_bf16(torch.device("cpu")) else "fp32")
 
     losses = client.get_metric_history(run_id, "train/loss")
     steps = sorted(m.step for m in losses)

@@ -49,10 +49,17 @@ class TrainStep(Protocol):
 
 
 def make_train_step(
-    cfg: Config, corpus: TokenizedCorpus, triplets: Triplets | None, device: torch.device
+    cfg: Config,
+    corpus: TokenizedCorpus,
+    triplets: Triplets | None,
+    device: torch.device,
+    *,
+    bf16: bool | None = None,
 ) -> TrainStep:
     """The run's step: :class:`TripletStep` for ``task: pairs``,
-    else :class:`UnsupervisedStep`; the other settings come from ``cfg.train``.
+    else :class:`UnsupervisedStep`; the other settings come from ``cfg.train``. ``bf16``: the
+    forward passes under bf16 autocast; None (the job's choice): where ``device`` computes
+    bf16 natively. Not a config key: the hardware decides, as it does for a GPU.
 
     Raises:
         ValueError: the pairs task without triplets, or triplets for the corpus task.
@@ -60,10 +67,12 @@ def make_train_step(
     if cfg.pairs:
         if triplets is None:
             raise ValueError("task: pairs needs the triplet rows")
-        return TripletStep(corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device)
+        return TripletStep(
+            corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device, bf16=bf16
+        )
     if triplets is not None:
         raise ValueError(f"triplet rows given, but task: {cfg.task}")
-    return UnsupervisedStep(corpus, cfg.train.temperature, cfg.train.dup_rate, device)
+    return UnsupervisedStep(corpus, cfg.train.temperature, cfg.train.dup_rate, device, bf16=bf16)
 
 
 @dataclass(frozen=True)

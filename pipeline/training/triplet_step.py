@@ -13,7 +13,7 @@ import torch
 
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.triplets import Triplets
-from pipeline.model.accel import autocast, to_device
+from pipeline.model.accel import to_device, train_autocast
 from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.losses import gather_across_workers, simcse_loss
 
@@ -36,6 +36,9 @@ class TripletStep:
     hard_negative_weight: float
     """Added to the logit of each row's own hard negatives (SimCSE's supervised weight)."""
     device: torch.device
+    bf16: bool | None = None
+    """Forward passes under bf16 autocast (weights, gradients and loss stay fp32); None: where
+    the device computes bf16 natively (:func:`~pipeline.model.accel.native_bf16`)."""
 
     @functools.cached_property
     def _known_pairs(self) -> tuple[np.ndarray, int]:
@@ -70,7 +73,7 @@ class TripletStep:
             triplets.anchor[local_rows],
             np.concatenate([triplets.positive[local_rows], negatives[present]]),
         )
-        with autocast(device):
+        with train_autocast(device, self.bf16):
             embeddings = torch.cat([
                 model(to_device(input_ids, device), to_device(mask, device))
                 for input_ids, mask in map(self.corpus.batch, groups)

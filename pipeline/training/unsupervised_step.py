@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pipeline.data.tokenized import TokenizedCorpus
-from pipeline.model.accel import autocast, to_device
+from pipeline.model.accel import to_device, train_autocast
 from pipeline.training.augment import repeat_words
 from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.losses import global_batch_simcse_loss
@@ -46,6 +46,9 @@ class UnsupervisedStep:
     dup_rate: float
     """ESimCSE word repetition rate of the second view (0: none)."""
     device: torch.device
+    bf16: bool | None = None
+    """The forward pass under bf16 autocast (weights, gradients and loss stay fp32); None: where
+    the device computes bf16 natively (:func:`~pipeline.model.accel.native_bf16`)."""
 
     def __call__(
         self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator
@@ -82,7 +85,7 @@ class UnsupervisedStep:
         Returns:
             ``(view1, view2)``, each ``(n, d)`` fp32.
         """
-        with autocast(self.device):
+        with train_autocast(self.device, self.bf16):
             embeddings = model(input_ids, attention_mask)
         return embeddings.float().split(input_ids.shape[0] // 2)
 

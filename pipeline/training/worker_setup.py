@@ -26,7 +26,7 @@ from pipeline.config.schema import Config
 from pipeline.data.tokenized import TokenizedCorpus, padded_lengths, row_lengths
 from pipeline.data.triplets import Triplets
 from pipeline.evaluation.in_training import TrainingEvaluator
-from pipeline.model.accel import enable_tf32, fused_adamw
+from pipeline.model.accel import enable_tf32, fused_adamw, native_bf16
 from pipeline.model.encoder import SentenceEncoder, folder_pooler, load_sentence_encoder
 from pipeline.model.flops import device_peak_tflops
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
@@ -224,6 +224,9 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
     state, best_dir = initial_state(cfg, inputs, resume, model, optimizer, scheduler, rank)
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
     logger = open_logger(loop_config, rank, state, resumed=resume is not None)
+    bf16 = native_bf16(device)  # the hardware decides, on a CPU as on a GPU: not a config key
+    if rank == 0:
+        logger.set_tags({"simcse.forward_dtype": "bf16" if bf16 else "fp32"})
     client = None
     if loop_config.miner is not None and cfg.mines:
         client = MinerClient(
@@ -243,7 +246,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
         world=world,
         model=model,
         ddp_model=ddp_model,
-        train_step=make_train_step(cfg, inputs.corpus, inputs.triplets, device),
+        train_step=make_train_step(cfg, inputs.corpus, inputs.triplets, device, bf16=bf16),
         optimizer=optimizer,
         scheduler=scheduler,
         state=state,

@@ -15,6 +15,7 @@ from test_losses import _numpy_infonce
 from pipeline.config.loading import load_config
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.triplets import Triplets
+from pipeline.model.accel import native_bf16
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 from pipeline.training.global_batch import GlobalBatch
@@ -44,7 +45,7 @@ def _embed(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def test_unsupervised_step_is_infonce_over_two_dropout_views(model, corpus):
-    step = make_train_step(load_config(None, ["train.temperature=0.05"]), corpus, None, CPU)
+    step = make_train_step(load_config(None, ["train.temperature=0.05"]), corpus, None, CPU, bf16=False)
     rows = np.array([5, 17, 5, 40, 99, 3])  # row 5 twice: the same sentence, not its own negative
     model.train()
     torch.manual_seed(1)
@@ -71,7 +72,7 @@ def test_unsupervised_step_is_infonce_over_two_dropout_views(model, corpus):
 
 
 def test_unsupervised_step_repeats_words_in_the_second_view(model, corpus):
-    step = UnsupervisedStep(corpus, temperature=0.05, dup_rate=0.32, device=CPU)
+    step = UnsupervisedStep(corpus, temperature=0.05, dup_rate=0.32, device=CPU, bf16=False)
     rows = np.arange(8)
     model.train()
     torch.manual_seed(2)
@@ -93,7 +94,7 @@ def test_triplet_step_uses_exactly_the_present_given_and_mined_negatives(model, 
         anchor=np.array([0, 1, 2, 3]), positive=np.array([4, 5, 6, 4]), negative=np.array([7, -1, 8, -1])
     )
     mined = np.array([[9, -1], [-1, -1], [10, 11], [12, -1]])
-    step = make_train_step(cfg, corpus, triplets, CPU)
+    step = make_train_step(cfg, corpus, triplets, CPU, bf16=False)
     model.eval()  # no dropout: each text has one embedding, however it is batched
     rows = np.arange(4)
     loss, _ = step(model, GlobalBatch(rows, [4], 0, mined), np.random.default_rng(0))
@@ -142,6 +143,36 @@ def test_triplet_step_pads_anchors_apart_from_positives_and_negatives(model, cor
         (4, int(corpus.lengths[short].max())),
         (len(documents), int(corpus.lengths[documents].max())),
     ]
+
+
+@pytest.mark.parametrize("task", ["corpus", "pairs"])
+def test_steps_run_the_forward_pass_in_bf16_where_the_cpu_computes_it_natively(model, corpus, task):
+    """bf16 autocast moves a batch's loss by bf16 rounding, not more, and leaves the loss and
+    the gradients fp32; the job's default (``bf16=None``) is bf16 exactly where the device
+    computes it natively (this test runs on CPUs with and without)."""
+    triplets = Triplets(
+        anchor=np.array([0, 1, 2]), positive=np.array([3, 4, 5]), negative=np.array([6, -1, 7])
+    )
+    cfg = load_config(None, TRIPLET if task == "pairs" else [])
+    dtypes: list[torch.dtype] = []
+    hook = model.encoder.encoder.layer[0].attention.self.query.register_forward_hook(
+        lambda _module, _inputs, output: dtypes.append(output.dtype)
+    )
+    model.eval()
+    losses, seen = {}, {}
+    for bf16 in (False, True, None):
+        step = make_train_step(cfg, corpus, triplets if task == "pairs" else None, CPU, bf16=bf16)
+        dtypes.clear()
+        model.zero_grad()
+        loss, to_backward = step(model, GlobalBatch(np.arange(3), [3], 0), np.random.default_rng(0))
+        to_backward.backward()
+        assert loss.dtype == torch.float32
+        assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+        losses[bf16], seen[bf16] = loss.item(), set(dtypes)
+    hook.remove()
+    assert seen[False] == {torch.float32} and seen[True] == {torch.bfloat16}
+    assert seen[None] == seen[native_bf16(CPU)]
+    assert losses[True] == pytest.approx(losses[False], rel=0.05) and losses[True] != losses[False]
 
 
 def test_the_config_picks_the_step(corpus):
