@@ -217,13 +217,14 @@ def build_mnrl_trainer(
     warmup_ratio: float = 0.0,
     no_duplicates: bool = False,
     callbacks: list[Any] | None = None,
+    bf16: bool | None = None,
 ) -> Any:
     """The peer every comparison here runs: ``SentenceTransformerTrainer`` with
     ``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05) on ``rows``
     (``anchor``, ``positive``[, ``negative``]), linear warm-up over ``warmup_ratio`` of the
     steps then linear decay, batches from sentence-transformers' ``NO_DUPLICATES`` sampler
     where ``no_duplicates`` (else its default sampler), no checkpoints, on :func:`peer_device`
-    (on a GPU in bf16, as our workers' autocast)."""
+    (on a GPU in bf16, as our workers' autocast; ``bf16`` asks for it on a CPU too)."""
     import datasets
     from sentence_transformers import (
         SentenceTransformer,
@@ -250,7 +251,7 @@ def build_mnrl_trainer(
         disable_tqdm=True,
         dataloader_drop_last=False,
         use_cpu=device == "cpu",
-        bf16=device == "cuda",
+        bf16=device == "cuda" if bf16 is None else bf16,
     )
     return SentenceTransformerTrainer(
         model=model,

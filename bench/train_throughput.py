@@ -2,7 +2,7 @@
 
     python -m bench.train_throughput [--data ../shared/data] [--steps 60] [--batch-size 64] \\
         [--max-seq-len 32] [--warmup-steps 5] [--repeats 2] \\
-        [--configs ours-1w st ours-2w ours-1w-grouped] \\
+        [--configs ours-1w st ours-2w ours-1w-grouped st-bf16] \\
         [--model DIR] [--set KEY=VALUE ...] [--append docs/benchmarks.md]
 
 On a GPU machine both sides train there: ours with ``--set train.gpus_per_worker=1`` (bf16
@@ -27,6 +27,9 @@ exactly ``--steps`` steps, each side in its own process, the configurations alte
   changes which sentences share a batch; sentence-transformers has no such sampler (its
   batch samplers are random, no-duplicates and group-by-label), and its quality effect is
   measured by ``bench.length_grouping``.
+- ``st-bf16``: ``st`` with the trainer's ``bf16=True`` (bf16 autocast, on a CPU too): what
+  our workers do wherever the device computes bf16 natively (``pipeline.model.accel.native_bf16``),
+  so that the like-for-like ratio sits beside the one against the peer's default fp32.
 - ``st``: ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss(scale=20)`` (=
   temperature 0.05) on (anchor, positive = the same sentence) pairs, set up as
   ``bench.st_mnrl_recipe`` does, ``torch.set_num_threads(--threads)``; dropout makes the
@@ -91,7 +94,7 @@ from bench.st_mnrl_recipe import build_mnrl_trainer, peer_device, training_rows
 
 BENCHMARK = Benchmark(__spec__.name, "Training throughput: ours vs sentence-transformers MNRL")
 RESULT_PREFIX = "TRAIN_THROUGHPUT_RESULT "
-CONFIGS = ("ours-1w", "ours-2w", "ours-1w-grouped", "st")
+CONFIGS = ("ours-1w", "ours-2w", "ours-1w-grouped", "st", "st-bf16")
 
 
 def ours_workers(name: str) -> int:
@@ -208,7 +211,7 @@ def child_st(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     marks.append(("read rows", time.time()))
     trainer = build_mnrl_trainer(
         args.model, rows, workdir / "trainer", max_seq_len=args.max_seq_len, batch_size=args.batch_size,
-        lr=args.lr, callbacks=[StepTimer()],
+        lr=args.lr, callbacks=[StepTimer()], bf16=args.bf16 or None,
     )  # fmt: skip
     model = trainer.model
     marks.append(("model load + trainer set-up", time.time()))
@@ -243,8 +246,8 @@ def run_child(
 ) -> tuple[dict[str, Any], TreeCpuSampler, float, float]:
     """One configuration in its own process; returns its result, CPU samples, spawn and exit times."""
     command = [sys.executable, "-m", __spec__.name, *args.child_argv]
-    if name == "st":
-        command += ["--child", "st"]
+    if name.startswith("st"):
+        command += ["--child", "st"] + (["--bf16"] if name == "st-bf16" else [])
     else:
         command += ["--child", "ours", "--workers", str(ours_workers(name))]
         if name.endswith("-grouped"):
@@ -292,7 +295,7 @@ def reduce_run(
         phases[label] = when - previous
         previous = when
     phases[result["exit_label"]] = exited - previous
-    cores = sampler.cores_busy(ends[w - 1], ends[-1], root_is_worker=(name == "st"))
+    cores = sampler.cores_busy(ends[w - 1], ends[-1], root_is_worker=name.startswith("st"))
     return {
         "sps": args.batch_size / period,
         "period_ms": 1000 * period,
@@ -334,6 +337,7 @@ LABELS = {
     "ours-2w": "ours, 2 workers (DDP)",
     "ours-1w-grouped": "ours, 1 worker, length-grouped batches",
     "st": "sentence-transformers",
+    "st-bf16": "sentence-transformers, bf16=True",
 }
 
 
@@ -414,6 +418,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
     parser.add_argument("--child", choices=["ours", "st"], help=argparse.SUPPRESS)
+    parser.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--group-by-length", action="store_true", help=argparse.SUPPRESS)
     # A window starts at a step's end, so at least the first step is left out.
