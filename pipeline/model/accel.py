@@ -44,8 +44,9 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
 
 def train_autocast(device: torch.device, bf16: bool | None = None) -> contextlib.AbstractContextManager[Any]:
     """The train steps' autocast: bf16 where ``bf16``, by default wherever the device computes
-    bf16 natively (:func:`native_bf16`). Weights, gradients and the loss stay fp32. On a CPU
-    with AVX512-BF16 a MiniLM step ran ~1.8x faster (docs/benchmarks.md, "bf16 on a CPU")."""
+    bf16 natively (:func:`native_bf16`). Weights, gradients and the loss stay fp32. On 2 cores
+    of a CPU with AVX512-BF16 a MiniLM step ran 1.5-1.7x faster, at the same dev scores
+    (docs/benchmarks.md: Twitter URL with bf16 forward passes on the CPU)."""
     enabled = native_bf16(device) if bf16 is None else bf16
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
 
