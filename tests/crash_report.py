@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 KERNEL_LINES = re.compile(r"(?i)out of memory|killed process|oom|segfault|general protection|trap")
 RAY_LOG_ENTRY = re.compile(r"^\[\S+ \S+ ([DIWEF]) \d+ \d+\]")
 """A Ray log line: ``[date time LEVEL pid tid] ...``."""
@@ -48,9 +50,9 @@ def _log_lines(path: Path, lines: int) -> list[str]:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    entries = [line for line in text if RAY_LOG_ENTRY.match(line)]
-    alarming = [line for line in entries if RAY_LOG_ENTRY.match(line)[1] in "WEF"]
-    return alarming[-lines:] + ["  ..."] + entries[-3:]
+    entries = [(match[1], line) for line in text if (match := RAY_LOG_ENTRY.match(line))]
+    alarming = [line for level, line in entries if level in "WEF"]
+    return alarming[-lines:] + ["  ..."] + [line for _, line in entries[-3:]]
 
 
 def _kernel_lines() -> list[str]:
@@ -62,6 +64,7 @@ def _kernel_lines() -> list[str]:
     return found[-5:] or ["  nothing about killed or crashed processes"]
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a run with -p no:xdist has no such spec
 def pytest_handlecrashitem(crashitem: str, report, sched) -> None:
     """pytest-xdist's hook for a test whose process died: extends ``report.longrepr``."""
     lines = [str(report.longrepr), "kernel (dmesg):", *_kernel_lines()]
