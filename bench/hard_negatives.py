@@ -53,8 +53,9 @@ read as it is (headerless ``headline<TAB>tweet<TAB>label``), recipe
 ``jobs/configs/recipe-twitter-url.yaml`` (the pairs task, batch 64, lr 5e-5, warm-up 0.1, max length
 32, 3 epochs unless ``--epochs``). The pipeline arms are ``jobs/train.py`` runs of the recipe
 that evaluate nothing while training (``eval.retrieval=[]``, ``eval.sts=[]``: the last epoch is
-exported): ``A`` in-batch negatives only (``mining.refresh=never``,
-``data.given_negatives=false``), ``G`` the given label-0 negatives (``mining.refresh=never``,
+exported): ``A`` in-batch negatives only on random batches (``mining.refresh=never``,
+``data.given_negatives=false``, ``train.group_by_length=false``: as it ran before such rows
+were length-grouped by default, so its records stay comparable), ``G`` the given label-0 negatives (``mining.refresh=never``,
 ``data.given_negatives=true``), ``S`` static (``mining.refresh=once``: mined before epoch 1 with
 the starting model, filtered), ``C`` refreshed (``mining.refresh=every_epoch``: also mined again
 at every epoch boundary with the newest weights), ``U`` as ``C`` unfiltered (naive top-k:
@@ -138,7 +139,7 @@ model the bench scores, as it scores the peers'."""
 UNFILTERED = ["mining.relative_margin=null", "mining.range_min=0", "mining.max_score=null"]
 """Naive top-k: none of the positive-aware filters."""
 RETRIEVAL_ARMS = {
-    "A": ["mining.refresh=never", "data.given_negatives=false"],
+    "A": ["mining.refresh=never", "data.given_negatives=false", "train.group_by_length=false"],
     "G": ["mining.refresh=never", "data.given_negatives=true"],
     "S": ["mining.refresh=once", "data.given_negatives=false"],
     "C": ["mining.refresh=every_epoch", "data.given_negatives=false"],
@@ -153,7 +154,7 @@ RETRIEVAL_ARMS["SE"] = [*RETRIEVAL_ARMS["S"], "eval.patience=1"]
 (label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
 ``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
 the filters, ``GS`` the given negatives with one mined as in ``S`` beside each, ``AL``, ``SL`` and ``CL`` as
-``A``, ``S`` and ``C`` on length-grouped batches (``train.group_by_length``: which rows meet as
+``A``, ``S`` and ``C`` on length-grouped batches (``AL``: what in-batch pairs train on by default) (``train.group_by_length``: which rows meet as
 in-batch negatives changes), ``SE`` as ``S`` with early stopping (``eval.patience=1``: it
 evaluates the recipe's dev set while it trains, and exports its best epoch)."""
 EVALUATING_ARMS = ("SE",)

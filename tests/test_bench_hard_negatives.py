@@ -207,7 +207,7 @@ def test_the_peers_mining_joins_each_mined_negative_to_its_own_row(
 def test_each_retrieval_arm_trains_the_recipe_with_its_overrides_and_no_in_training_eval(hn):
     no_eval = ["eval.retrieval=[]", "eval.sts=[]"]
     assert hn.variant_overrides("twitter-url", "A") == [
-        "mining.refresh=never", "data.given_negatives=false", *no_eval
+        "mining.refresh=never", "data.given_negatives=false", "train.group_by_length=false", *no_eval
     ]  # fmt: skip
     assert hn.variant_overrides("twitter-url", "G") == [
         "mining.refresh=never", "data.given_negatives=true", *no_eval
@@ -246,6 +246,8 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
         "AL": "never", "SL": "once", "CL": "every_epoch", "SE": "once",
     }  # fmt: skip
     assert [arm for arm, c in configs.items() if c.train.group_by_length] == ["AL", "SL", "CL"]
+    # A is the ungrouped in-batch arm of the earlier records; unset, such rows are grouped (AL).
+    assert configs["A"].train.group_by_length is False
     assert [arm for arm, c in configs.items() if c.data.given_negatives] == ["G", "GS"]
     # Every arm but SE evaluates nothing while it trains; SE keeps the recipe's sets and stops early.
     assert [arm for arm, c in configs.items() if c.eval.patience] == ["SE"]

@@ -224,6 +224,50 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     # of 240 rows into batches of 16 puts about 7 headlines' rows together).
     anchors = np.array([a for a, _ in pairs])
     assert all(len(set(anchors[batch].tolist())) == len(batch) for batch in state.plan.batches())
+    # Rows with hard negatives train on random batches, not length-grouped ones (the unset
+    # switch resolved as the run's param says).
+    assert run.data.params["train.group_by_length"] == "False"
+
+
+def test_in_batch_pairs_train_on_length_grouped_batches_by_default(
+    tmp_path, twitter_like, trained_tiny_model_dir
+):
+    """Pairs without hard negatives (no mining, given negatives off) leave
+    ``train.group_by_length`` unset and train on length-grouped batches, rows of one headline
+    still apart: the epoch-1 plan an independent tokenization gives, and the run's param says so."""
+    from transformers import AutoTokenizer
+
+    from pipeline.batching.same_text import rows_sharing_a_text
+    from pipeline.batching.samplers import random_plan
+    from pipeline.config.train_section import LENGTH_GROUP_BATCHES
+
+    proc = _train(
+        tmp_path, twitter_like, trained_tiny_model_dir, "run.name=in-batch", "mining.refresh=never",
+        "data.given_negatives=false", "train.epochs=1", "eval.retrieval=[]",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, run = _run(tmp_path, "in-batch")
+    assert run.info.status == "FINISHED" and run.data.params["train.group_by_length"] == "True"
+    assert "mining.top_k" not in run.data.params  # no miner ran
+    lines = [line.split("\t") for line in twitter_like["train"].read_text().splitlines()]
+    pairs = [(a, b) for a, b, label in lines if label == "1"]
+    tokenizer = AutoTokenizer.from_pretrained(trained_tiny_model_dir)
+    max_len = int(run.data.params["data.max_seq_len"])
+
+    def tokens(text: str) -> int:
+        return len(tokenizer(text, truncation=True, max_length=max_len)["input_ids"])
+
+    widths = np.array([max(tokens(a), tokens(b)) for a, b in pairs])
+    ids = {text: i for i, text in enumerate(dict.fromkeys(t for pair in pairs for t in pair))}
+    texts = np.array([[ids[a], ids[b], -1] for a, b in pairs])
+    seed = int(run.data.params["run.seed"])
+    grouped = random_plan(
+        len(pairs), BATCH, seed=seed, lengths=widths, group_batches=LENGTH_GROUP_BATCHES,
+        false_negatives=rows_sharing_a_text(texts),
+    )  # fmt: skip
+    assert run.data.tags["plan.fingerprint.epoch_1"] == grouped.hex_fingerprint()
+    ungrouped = random_plan(len(pairs), BATCH, seed=seed, false_negatives=rows_sharing_a_text(texts))
+    assert grouped.hex_fingerprint() != ungrouped.hex_fingerprint()
 
 
 def _assert_the_mining_run_is_reviewable(

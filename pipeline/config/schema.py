@@ -159,6 +159,14 @@ class Config:
         """Whether the run needs the miner actor (and FAISS)."""
         return self.mines_before_training or (self.refreshes_at_boundaries and self.train.epochs > 1)
 
+    def groups_by_length(self, *, given_negatives: bool) -> bool:
+        """``train.group_by_length`` as resolved (see that key): as set, else on exactly for
+        pairs rows that carry no hard negative: no mining, and no row with a given negative
+        (``given_negatives``: whether any row of the data has one)."""
+        if self.train.group_by_length is not None:
+            return self.train.group_by_length
+        return self.pairs and not self.mines and not given_negatives
+
     @property
     def range_min(self) -> int:
         """``mining.range_min`` as resolved for the task (see that key)."""

@@ -55,11 +55,16 @@ class TrainSection:
     """Longest to wait for the train workers' resources (each start and restart) and for the
     miner actor to be placed and load its inputs, before failing with an error that names
     what could not be placed."""
-    group_by_length: bool = False
+    group_by_length: bool | None = None
     """Random batches (epoch 1, every epoch when mining is off, and the pairs task's plans) are
     drawn from groups of :data:`LENGTH_GROUP_BATCHES` batches sorted by token length, so a
-    batch carries little padding. Mined neighbourhood plans keep their own grouping. Effect
-    on speed and STS-B: see docs/benchmarks.md (Length-grouped batches)."""
+    batch carries little padding. Mined neighbourhood plans keep their own grouping. ``None``
+    (:meth:`~pipeline.config.schema.Config.groups_by_length` resolves it): on for pairs that
+    carry no hard negative (no mining, no given negatives), off otherwise. On Twitter URL, 3
+    seeds, grouping raised in-batch-only training by 0.29 ± 0.15 nDCG@10 in 0.72x the time and
+    lowered mined-once training by 0.50 ± 0.33 (docs/results.md); the corpus task's one
+    measurement (STS-B, 2 seeds, 1 epoch: docs/benchmarks.md, Length-grouped batches) showed
+    no difference in quality, too little to change its default."""
     compile: CompileMode = "off"
     """``torch.compile`` the model in each worker (in place) in this mode; ``off``: eager.
     Faster GPU steps for a compile at start, and each new batch width may compile again, so
@@ -81,11 +86,6 @@ class TrainSection:
         ray-project/ray#48012)."""
         own_gpu = self.gpus_per_worker >= 1 or self.num_workers == 1
         return "nccl" if self.use_gpu and own_gpu else "gloo"
-
-    @property
-    def group_batches(self) -> int:
-        """Batches per length-sorted group of a random plan; 0 when grouping is off."""
-        return LENGTH_GROUP_BATCHES if self.group_by_length else 0
 
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""

@@ -32,6 +32,11 @@ class Triplets:
     def __len__(self) -> int:
         return len(self.anchor)
 
+    @property
+    def has_given_negatives(self) -> bool:
+        """Whether any row carries a given negative."""
+        return bool((self.negative >= 0).any())
+
     def row_texts(self) -> np.ndarray:
         """``(n, 3)`` each row's anchor, positive and given negative (-1: none) positions."""
         return np.stack([self.anchor, self.positive, self.negative], axis=1)

@@ -165,7 +165,8 @@ def tokenize_inputs(
     """Prepare the initial model folder and tokenize the corpus with its tokenizer; tag the
     run with the token statistics and log the ``data/`` params (``data/unk_share`` where the
     tokenizer has an unknown token; params, not charts: they never change within a run) and,
-    where ``model.pooler`` is unset, the pooling the folder declares, with
+    where ``model.pooler`` is unset, the pooling the folder declares, where
+    ``train.group_by_length`` is unset, whether these rows' random batches are grouped, with
     a warning line when many tokens are ``[UNK]``."""
     model_dir = prepare_model_dir(cfg, lambda: data.texts.gather().column("text").to_pylist(), run_dir)
     if pooler_line := pooler_warning(model_dir, cfg.model.pooler):
@@ -189,6 +190,9 @@ def tokenize_inputs(
         params["data/unk_share"] = f"{unk_share:.4g}"
     if cfg.model.pooler is None:  # unset: the folder's own pooling, known only now
         params["model.pooler"] = folder_pooler(model_dir)
+    if cfg.train.group_by_length is None:  # unset: resolved by the task and the rows' negatives
+        given = data.triplets is not None and data.triplets.has_given_negatives
+        params["train.group_by_length"] = cfg.groups_by_length(given_negatives=given)
     tracked.log_params(params)
     return TokenizedInputs(model_dir, tokenizer, tokenized, unk_share)
 

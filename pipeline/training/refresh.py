@@ -21,6 +21,7 @@ import ray
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.config.schema import Config
+from pipeline.config.train_section import LENGTH_GROUP_BATCHES
 from pipeline.core.errors import UnrecoverableError, first_line
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 from pipeline.model.encoder import SentenceEncoder
@@ -56,6 +57,8 @@ class PlanRefresher:
         lengths: tokens per training row (:func:`pipeline.data.tokenized.row_lengths`).
         same_text_rows: pairs: each row's rows sharing one of its texts, never in its batch
             (:func:`~pipeline.batching.same_text.rows_sharing_a_text`); None: none.
+        given_negatives: pairs: whether any row carries a given negative (whether random
+            batches are length-grouped by default: :meth:`Config.groups_by_length`).
         client: the connection to the miner actor (built on every rank, used by rank 0), or
             None when no miner runs: then every boundary reshuffles.
     """
@@ -67,12 +70,15 @@ class PlanRefresher:
         lengths: np.ndarray,
         same_text_rows: np.ndarray | None,
         client: MinerClient | None,
+        *,
+        given_negatives: bool = False,
     ):
         self.cfg = cfg
         self.rank = rank
         self.lengths = lengths
         """Tokens per training row, one entry per row."""
         self.same_text_rows = same_text_rows
+        self.given_negatives = given_negatives
         settings = RefreshSettings.from_config(cfg)
         if client is None:
             settings = dataclasses.replace(settings, enabled=False)  # no actor: nothing to ask
@@ -218,24 +224,35 @@ class PlanRefresher:
         seed = self.policy.reshuffle_seed(epoch)
         if plan.version == 0 or self.cfg.pairs:
             return dataclasses.replace(
-                random_batches(self.cfg, seed, self.lengths, self.same_text_rows), version=plan.version
+                random_batches(
+                    self.cfg, seed, self.lengths, self.same_text_rows, given_negatives=self.given_negatives
+                ),
+                version=plan.version,
             )
         return plan.reordered(seed)
 
 
 def random_batches(
-    cfg: Config, seed: int, lengths: np.ndarray, same_text_rows: np.ndarray | None = None
+    cfg: Config,
+    seed: int,
+    lengths: np.ndarray,
+    same_text_rows: np.ndarray | None = None,
+    *,
+    given_negatives: bool = False,
 ) -> BatchPlan:
-    """A version-0 plan of random batches over the ``len(lengths)`` training rows, length-grouped
-    when ``train.group_by_length``, rows that share a text (``same_text_rows``, pairs) in
-    different batches, as sentence-transformers' ``NO_DUPLICATES`` batches keep them."""
+    """A version-0 plan of random batches over the ``len(lengths)`` training rows, rows that
+    share a text (``same_text_rows``, pairs) in different batches, as sentence-transformers'
+    ``NO_DUPLICATES`` batches keep them; length-grouped where
+    :meth:`~pipeline.config.schema.Config.groups_by_length` says so for these rows
+    (``given_negatives``: whether any row carries a given negative)."""
+    grouped = cfg.groups_by_length(given_negatives=given_negatives)
     return random_plan(
         len(lengths),
         cfg.train.batch_size,
         seed=seed,
         version=0,
         lengths=lengths,
-        group_batches=cfg.train.group_batches,
+        group_batches=LENGTH_GROUP_BATCHES if grouped else 0,
         false_negatives=same_text_rows,
     )
 

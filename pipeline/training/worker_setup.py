@@ -57,6 +57,9 @@ class WorkerInputs:
     same_text_rows: np.ndarray | None
     """Pairs: each row's rows sharing one of its texts, kept out of its batch
     (:func:`~pipeline.batching.same_text.rows_sharing_a_text`); None: no row shares a text."""
+    given_negatives: bool
+    """Pairs: whether any row carries a given negative (random batches are length-grouped by
+    default only where none does: :meth:`~pipeline.config.schema.Config.groups_by_length`)."""
 
     @property
     def num_rows(self) -> int:
@@ -71,7 +74,15 @@ def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
     corpus = TokenizedCorpus(loop_config.corpus.table(), tokenizer.pad_token_id)
     triplets = ray.get(loop_config.triplets_ref) if loop_config.triplets_ref is not None else None
     same_text_rows = rows_sharing_a_text(triplets.row_texts()) if triplets is not None else None
-    return WorkerInputs(model_dir, tokenizer, corpus, triplets, row_lengths(corpus, triplets), same_text_rows)
+    return WorkerInputs(
+        model_dir=model_dir,
+        tokenizer=tokenizer,
+        corpus=corpus,
+        triplets=triplets,
+        lengths=row_lengths(corpus, triplets),
+        same_text_rows=same_text_rows,
+        given_negatives=triplets is not None and triplets.has_given_negatives,
+    )
 
 
 def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceEncoder:
@@ -119,7 +130,13 @@ def initial_state(
     best_dir = Path(tempfile.mkdtemp(prefix="simcse-best-")) / "model"
     if resume is None:
         return TrainState(
-            plan=random_batches(cfg, cfg.run.seed, inputs.lengths, inputs.same_text_rows)
+            plan=random_batches(
+                cfg,
+                cfg.run.seed,
+                inputs.lengths,
+                inputs.same_text_rows,
+                given_negatives=inputs.given_negatives,
+            )
         ), best_dir
     state = resume.state
     if model.mlp is not None and resume.extras["mlp"] is not None:
@@ -237,7 +254,9 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             miner_pid=loop_config.miner_pid,
             inputs=miner_inputs(loop_config.corpus, loop_config.model_ref, loop_config.triplets_ref),
         )
-    refresher = PlanRefresher(cfg, rank, inputs.lengths, inputs.same_text_rows, client)
+    refresher = PlanRefresher(
+        cfg, rank, inputs.lengths, inputs.same_text_rows, client, given_negatives=inputs.given_negatives
+    )
     sts = build_evaluator(loop_config, rank, world, device)
     max_seq_len = cfg.data.max_seq_len
     return WorkerParts(

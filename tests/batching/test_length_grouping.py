@@ -89,13 +89,53 @@ def test_without_lengths_or_groups_the_plan_is_the_random_one():
         random_plan(1000, 64, seed=3, lengths=lengths[:10], group_batches=50)
 
 
-def test_config_switch():
-    assert (
-        load_config(overrides=["train.group_by_length=true"]).train.group_batches
-        == LENGTH_GROUP_BATCHES
-        == 50
+PAIRS = ["task=pairs", "data.path=pairs.tsv", "train.batch_size=16"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "given_negatives", "grouped"),
+    [
+        ([], False, False),  # the corpus task: ungrouped unless asked
+        (["train.group_by_length=true"], False, True),
+        ([*PAIRS, "mining.refresh=never"], False, True),  # in-batch negatives only: grouped
+        ([*PAIRS, "mining.refresh=never"], True, False),  # rows carry given negatives
+        (PAIRS, False, False),  # mined once before epoch 1 (the pairs default)
+        ([*PAIRS, "mining.refresh=every_epoch"], False, False),
+        ([*PAIRS, "mining.refresh=never", "train.group_by_length=false"], False, False),
+        ([*PAIRS, "train.group_by_length=true"], True, True),
+    ],
+)
+def test_group_by_length_unset_groups_exactly_the_rows_without_hard_negatives(
+    overrides, given_negatives, grouped
+):
+    """Unset, ``train.group_by_length`` groups the pairs task's batches when its rows carry no
+    hard negative (measured better and faster there, worse with mined negatives:
+    docs/results.md); set, it is what it says. The plan is the one ``random_plan`` gives with
+    or without :data:`LENGTH_GROUP_BATCHES`."""
+    from pipeline.training.refresh import random_batches
+
+    cfg = load_config(overrides=overrides)
+    assert cfg.groups_by_length(given_negatives=given_negatives) is grouped
+    lengths = np.random.default_rng(0).integers(3, 33, size=400)
+    plan = random_batches(cfg, 7, lengths, given_negatives=given_negatives)
+    expected = random_plan(
+        400,
+        cfg.train.batch_size,
+        seed=7,
+        lengths=lengths,
+        group_batches=LENGTH_GROUP_BATCHES if grouped else 0,
     )
-    assert load_config().train.group_batches == 0
+    assert plan.fingerprint() == expected.fingerprint()
+    assert LENGTH_GROUP_BATCHES == 50  # Hugging Face's megabatch
+
+
+def test_given_negatives_are_read_from_the_rows():
+    from pipeline.data.triplets import index_triplets
+
+    _, without = index_triplets(["a", "b"], ["c", "d"], None)
+    _, some = index_triplets(["a", "b"], ["c", "d"], ["", "e"])
+    assert not without.has_given_negatives
+    assert some.has_given_negatives and (some.negative >= 0).sum() == 1
 
 
 def test_pairs_batches_group_by_length(trained_tiny_model_dir, paraphrase_pairs):
