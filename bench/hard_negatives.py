@@ -55,8 +55,8 @@ read as it is (headerless ``headline<TAB>tweet<TAB>label``), recipe
 that evaluate nothing while training (``eval.retrieval=[]``, ``eval.sts=[]``: the last epoch is
 exported): ``A`` in-batch negatives only on random batches (``mining.refresh=never``,
 ``data.given_negatives=false``, ``train.group_by_length=false``: as it ran before such rows
-were length-grouped by default, so its records stay comparable), ``G`` the given label-0 negatives (``mining.refresh=never``,
-``data.given_negatives=true``), ``S`` static (``mining.refresh=once``: mined before epoch 1 with
+were length-grouped by default, so its records stay comparable), ``G`` the given label-0
+negatives (``mining.refresh=never``, ``data.given_negatives=true``), ``S`` static (``mining.refresh=once``: mined before epoch 1 with
 the starting model, filtered), ``C`` refreshed (``mining.refresh=every_epoch``: also mined again
 at every epoch boundary with the newest weights), ``U`` as ``C`` unfiltered (naive top-k:
 ``mining.relative_margin=null``, ``mining.range_min=0``, ``mining.max_score=null``), ``GS`` the
@@ -154,8 +154,8 @@ RETRIEVAL_ARMS["SE"] = [*RETRIEVAL_ARMS["S"], "eval.patience=1"]
 (label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
 ``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
 the filters, ``GS`` the given negatives with one mined as in ``S`` beside each, ``AL``, ``SL`` and ``CL`` as
-``A``, ``S`` and ``C`` on length-grouped batches (``AL``: what in-batch pairs train on by default) (``train.group_by_length``: which rows meet as
-in-batch negatives changes), ``SE`` as ``S`` with early stopping (``eval.patience=1``: it
+``A``, ``S`` and ``C`` on length-grouped batches (``train.group_by_length``: which rows meet as
+in-batch negatives changes; ``AL`` is what in-batch pairs train on by default), ``SE`` as ``S`` with early stopping (``eval.patience=1``: it
 evaluates the recipe's dev set while it trains, and exports its best epoch)."""
 EVALUATING_ARMS = ("SE",)
 """Arms that keep the recipe's evaluation while they train (early stopping needs it); every

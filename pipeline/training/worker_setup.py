@@ -57,9 +57,12 @@ class WorkerInputs:
     same_text_rows: np.ndarray | None
     """Pairs: each row's rows sharing one of its texts, kept out of its batch
     (:func:`~pipeline.batching.same_text.rows_sharing_a_text`); None: no row shares a text."""
-    given_negatives: bool
-    """Pairs: whether any row carries a given negative (random batches are length-grouped by
-    default only where none does: :meth:`~pipeline.config.schema.Config.groups_by_length`)."""
+
+    @property
+    def given_negatives(self) -> bool:
+        """Pairs: whether any row carries a given negative (random batches are length-grouped by
+        default only where none does: :meth:`~pipeline.config.schema.Config.groups_by_length`)."""
+        return self.triplets is not None and self.triplets.has_given_negatives
 
     @property
     def num_rows(self) -> int:
@@ -81,7 +84,6 @@ def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
         triplets=triplets,
         lengths=row_lengths(corpus, triplets),
         same_text_rows=same_text_rows,
-        given_negatives=triplets is not None and triplets.has_given_negatives,
     )
 
 
