@@ -30,6 +30,7 @@ from pipeline.mining.planning import refresh_corpus
 from pipeline.mining.refresh_log import RefreshLog
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import dense_keys
+from pipeline.model.accel import encodes_bf16
 from pipeline.model.encode import encode_batch_size, encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
@@ -69,7 +70,10 @@ class HardNegativeMiner:
         """The last refresh's result: the next refresh's churn is measured against it."""
         self.log: RefreshLog | None = None
         if settings.tracking_uri and settings.run_id:
-            self.log = RefreshLog(MetricLogger(settings.tracking_uri, settings.run_id))
+            logger = MetricLogger(settings.tracking_uri, settings.run_id)
+            bf16 = encodes_bf16(self.device, for_mining=True)
+            logger.set_tags({"simcse.mining_dtype": "bf16" if bf16 else "fp32"})
+            self.log = RefreshLog(logger)
 
     def wait_logged(self, timeout: float) -> bool:
         """:meth:`~pipeline.mining.refresh_log.RefreshLog.wait_logged`; True at once without a
@@ -82,7 +86,8 @@ class HardNegativeMiner:
         if s.encode_actors == 0:
             self.model.encoder.load_state_dict(encoder_state)
             rows = np.arange(len(self.corpus))
-            return encode_rows(self.model, self.corpus, rows, encode_batch_size(self.device), self.device)
+            batch_size = encode_batch_size(self.device)
+            return encode_rows(self.model, self.corpus, rows, batch_size, self.device, for_mining=True)
         # Each encode actor reserves what the miner reserves: the same work on the same device.
         return encode_with_actor_pool(
             self.corpus_table, self.corpus.lengths, model_blob=self.model_blob, pooler=s.pooler,

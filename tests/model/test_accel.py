@@ -1,5 +1,6 @@
 """The device speed path (pipeline.accel, train.compile) on a CPU: the same numbers as the
-plain path, and a compiled model that saves and loads like an eager one."""
+plain path, mining encodes in bf16 where the CPU computes it (evaluation never), and a
+compiled model that saves and loads like an eager one."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.model.accel import autocast, enable_tf32, fused_adamw, to_device
+from pipeline.model.accel import autocast, enable_tf32, encodes_bf16, fused_adamw, native_bf16, to_device
+from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import load_encoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, save_model_dir
 
@@ -28,6 +30,41 @@ def test_cpu_path_is_plain_fp32():
     with autocast(cpu):
         product = torch.ones(2, 3) @ torch.ones(3, 2)
     assert product.dtype == torch.float32
+
+
+def test_mining_encodes_in_bf16_exactly_where_the_cpu_computes_it_and_evaluation_never(tiny_model_dir):
+    cpu = torch.device("cpu")
+    native = native_bf16(cpu)
+    assert encodes_bf16(cpu, for_mining=True) is native and not encodes_bf16(cpu, for_mining=False)
+    assert encodes_bf16(torch.device("cuda"), for_mining=False)  # a GPU encodes in bf16 for both
+    model = load_sentence_encoder(tiny_model_dir, pooler="mean")
+    ids, mask = _batch(1)
+
+    class Rows:  # what encode_rows reads of a corpus: lengths, and a batch cut to its longest row
+        lengths = mask.sum(1)
+
+        @staticmethod
+        def batch(rows):
+            width = int(mask[rows].sum(1).max())
+            return ids[rows, :width], mask[rows, :width]
+
+    rows = np.arange(len(ids))
+
+    def reference(bf16: bool) -> np.ndarray:
+        """All rows in one forward pass under an explicit autocast, L2-normalised."""
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            emb = model(*(torch.from_numpy(a) for a in Rows.batch(rows)), train_head=False)
+        return torch.nn.functional.normalize(emb.float(), dim=-1).numpy()
+
+    fp32, bf16 = reference(False), reference(True)
+    # bf16 rounding moves these vectors by ~1e-5 (a random model's small layer outputs beside
+    # its fp32 residual stream); each encode must sit ten times closer to its own reference.
+    tolerance = np.abs(fp32 - bf16).max() / 10
+    assert tolerance > 1e-7
+    evaluated = encode_rows(model, Rows, rows, len(rows), cpu)
+    mined = encode_rows(model, Rows, rows, len(rows), cpu, for_mining=True)
+    np.testing.assert_allclose(evaluated, fp32, rtol=0, atol=tolerance)
+    np.testing.assert_allclose(mined, bf16 if native else fp32, rtol=0, atol=tolerance)
 
 
 def test_fused_adamw_decays_matrices_only_and_steps_like_the_loop_version(tiny_model_dir):
