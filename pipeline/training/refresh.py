@@ -71,7 +71,7 @@ class PlanRefresher:
         same_text_rows: np.ndarray | None,
         client: MinerClient | None,
         *,
-        given_negatives: bool = False,
+        given_negatives: bool,
     ):
         self.cfg = cfg
         self.rank = rank
