@@ -385,8 +385,9 @@ def metric_key(sts_path: str, metric: str) -> str:
     return f"eval/sts_{stem}_{metric}"
 
 
-def finished_run(task: Task, name: str) -> Any | None:
-    """The finished MLflow run called ``name`` in the task's experiment, if there is one."""
+def finished_run(task: Task, name: str, *, any_state: bool = False) -> Any | None:
+    """The newest finished MLflow run called ``name`` in the task's experiment, if there is one
+    (``any_state``: finished, failed or interrupted)."""
     from mlflow.tracking import MlflowClient
 
     from pipeline.tracking.run import RUN_NAME_TAG, STATE_TAG
@@ -395,9 +396,10 @@ def finished_run(task: Task, name: str) -> Any | None:
     experiment = client.get_experiment_by_name(task.experiment)
     if experiment is None:
         return None
+    state = "" if any_state else f" and tags.`{STATE_TAG}` = 'finished'"
     runs = client.search_runs(
         [experiment.experiment_id],
-        filter_string=f"tags.`{RUN_NAME_TAG}` = '{name}' and tags.`{STATE_TAG}` = 'finished'",
+        filter_string=f"tags.`{RUN_NAME_TAG}` = '{name}'{state}",
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
@@ -460,6 +462,7 @@ def train_pipeline(task: Task, variant: str, seed: int, overrides: list[str]) ->
     run = finished_run(task, name)
     if run is not None:
         return run, None
+    clear_other_experiments_folder(task, name)
     cmd = [sys.executable, "jobs/train.py", "--config", task.config]
     sets = [
         *overrides,
@@ -480,6 +483,18 @@ def train_pipeline(task: Task, variant: str, seed: int, overrides: list[str]) ->
     if run is None:
         raise RuntimeError(f"jobs/train.py finished but no finished MLflow run {name!r}:\n{tail(output)}")
     return run, wall
+
+
+def clear_other_experiments_folder(task: Task, name: str) -> bool:
+    """Remove the run folder ``name`` when the task's experiment has no run of that name: a
+    folder kept (``--keep-run-dirs``) by a bench of another experiment, whose checkpoints the
+    job would resume, so the arm would export that run's model without training. A folder of
+    this experiment's interrupted run stays, and the job resumes it. True if removed."""
+    folder = BENCH_DIR / task.name / name
+    if not folder.exists() or finished_run(task, name, any_state=True) is not None:
+        return False
+    shutil.rmtree(folder)
+    return True
 
 
 def run_pipeline(task: Task, variant: str, seed: int, overrides: list[str], keep_dir: bool) -> dict[str, Any]:

@@ -471,6 +471,34 @@ def test_the_grid_skips_what_is_done_and_runs_start_and_bm25_once(hn, tmp_path, 
     assert hn.main(argv[:-1]) == 0 and len(ran) == 5  # without --skip-done: all again
 
 
+def test_a_run_folder_kept_by_another_experiment_is_cleared_and_an_interrupted_one_kept(
+    hn, tmp_path, monkeypatch
+):
+    """A folder left by ``--keep-run-dirs`` in another experiment would be resumed by the job
+    (its last checkpoint exported, nothing trained); this experiment's interrupted run resumes."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking.run import RUN_NAME_TAG, STATE_TAG
+
+    task = retrieval_task(hn, tmp_path)
+    monkeypatch.setattr(hn, "BENCH_DIR", tmp_path / "runs")
+    kept, interrupted = "hn-twitter-url-C-rall-e3-s2", "hn-twitter-url-C-rall-e3-s3"
+    for name in (kept, interrupted):
+        (tmp_path / "runs/twitter-url" / name / "checkpoint_000001").mkdir(parents=True)
+    client = MlflowClient(tracking_uri=task.tracking_uri)
+    other = client.create_experiment("an-earlier-bench")
+    client.create_run(other, tags={RUN_NAME_TAG: kept, STATE_TAG: "finished"})
+    ours = client.create_experiment(task.experiment)
+    client.create_run(ours, tags={RUN_NAME_TAG: interrupted, STATE_TAG: "running"})
+
+    assert hn.clear_other_experiments_folder(task, kept)
+    assert not (tmp_path / "runs/twitter-url" / kept).exists()
+    assert not hn.clear_other_experiments_folder(task, interrupted)
+    assert (tmp_path / "runs/twitter-url" / interrupted / "checkpoint_000001").is_dir()
+    assert hn.finished_run(task, interrupted) is None  # not finished: trained (resumed) again
+    assert not hn.clear_other_experiments_folder(task, "no-folder")
+
+
 def test_the_grid_default_results_file_is_the_tasks_own(hn):
     assert hn.results_path("twitter-url") == "bench/results/twitter-url.jsonl"
     assert hn.results_path("cnsd") == "bench/results/results.jsonl"
