@@ -385,9 +385,9 @@ def metric_key(sts_path: str, metric: str) -> str:
     return f"eval/sts_{stem}_{metric}"
 
 
-def finished_run(task: Task, name: str, *, any_state: bool = False) -> Any | None:
-    """The newest finished MLflow run called ``name`` in the task's experiment, if there is one
-    (``any_state``: finished, failed or interrupted)."""
+def newest_run(task: Task, name: str, *, state: str | None = None) -> Any | None:
+    """The newest MLflow run called ``name`` in the task's experiment (in ``state``, e.g.
+    ``finished``; None: any), if there is one."""
     from mlflow.tracking import MlflowClient
 
     from pipeline.tracking.run import RUN_NAME_TAG, STATE_TAG
@@ -396,14 +396,19 @@ def finished_run(task: Task, name: str, *, any_state: bool = False) -> Any | Non
     experiment = client.get_experiment_by_name(task.experiment)
     if experiment is None:
         return None
-    state = "" if any_state else f" and tags.`{STATE_TAG}` = 'finished'"
+    in_state = "" if state is None else f" and tags.`{STATE_TAG}` = '{state}'"
     runs = client.search_runs(
         [experiment.experiment_id],
-        filter_string=f"tags.`{RUN_NAME_TAG}` = '{name}'{state}",
+        filter_string=f"tags.`{RUN_NAME_TAG}` = '{name}'{in_state}",
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
     return runs[0] if runs else None
+
+
+def finished_run(task: Task, name: str) -> Any | None:
+    """The finished MLflow run called ``name`` in the task's experiment, if there is one."""
+    return newest_run(task, name, state="finished")
 
 
 def run_facts(task: Task, run: Any) -> dict[str, Any]:
@@ -491,7 +496,7 @@ def clear_other_experiments_folder(task: Task, name: str) -> bool:
     job would resume, so the arm would export that run's model without training. A folder of
     this experiment's interrupted run stays, and the job resumes it. True if removed."""
     folder = BENCH_DIR / task.name / name
-    if not folder.exists() or finished_run(task, name, any_state=True) is not None:
+    if not folder.exists() or newest_run(task, name) is not None:
         return False
     shutil.rmtree(folder)
     return True

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Alternating, Benchmark, machine_report, model_label, time_calls, wiki_file
-from bench.st_mnrl_recipe import peer_device
+from bench.st_mnrl_recipe import ALL_ROWS, mining_corpus, peer_device, training_rows
 
 BENCHMARK = Benchmark(__spec__.name, "Mining pass: ours vs sentence-transformers mine_hard_negatives")
 SNLI = Path("nli") / "snli-senteval"
@@ -79,10 +79,11 @@ def read_workload(name: str, data_dir: Path, rows: int | None) -> Workload:
         path = data_dir / TWITTER_URL
         if not path.is_file():
             sys.exit(f"error: {path} not found (pass --data, see ../shared/data/README.md)")
-        lines = [ln.split("\t") for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        pairs = [(a, p) for a, p, label in lines if label.strip() == "1"]
-        anchors, positives = [a for a, _ in pairs], [p for _, p in pairs]
-        pool = sorted({tweet for _, tweet, _ in lines})
+        # Read as the hard-negatives bench's st-mined peer reads it: its label-1 rows, and the
+        # second column of every row as the candidates (sorted, as ours orders its pool).
+        rows_read = training_rows(str(path), None)
+        anchors, positives = rows_read["anchor"], rows_read["positive"]
+        pool = sorted(mining_corpus(ALL_ROWS, str(path)) or ())
     elif name == "snli":
         files = [data_dir / SNLI / f"{part}.dev" for part in ("s1", "s2", "labels")]
         for path in files:

@@ -5,9 +5,11 @@ compiled model that saves and loads like an eager one."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
+from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.model.accel import autocast, enable_tf32, encodes_bf16, fused_adamw, native_bf16, to_device
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import load_encoder, load_sentence_encoder
@@ -39,21 +41,14 @@ def test_mining_encodes_in_bf16_exactly_where_the_cpu_computes_it_and_evaluation
     assert encodes_bf16(torch.device("cuda"), for_mining=False)  # a GPU encodes in bf16 for both
     model = load_sentence_encoder(tiny_model_dir, pooler="mean")
     ids, mask = _batch(1)
-
-    class Rows:  # what encode_rows reads of a corpus: lengths, and a batch cut to its longest row
-        lengths = mask.sum(1)
-
-        @staticmethod
-        def batch(rows):
-            width = int(mask[rows].sum(1).max())
-            return ids[rows, :width], mask[rows, :width]
-
-    rows = np.arange(len(ids))
+    unpadded = [row[: int(n)].tolist() for row, n in zip(ids, mask.sum(1), strict=True)]
+    corpus = TokenizedCorpus(pa.table({"input_ids": unpadded}), pad_token_id=0)
+    rows = np.arange(len(corpus))
 
     def reference(bf16: bool) -> np.ndarray:
         """All rows in one forward pass under an explicit autocast, L2-normalised."""
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            emb = model(*(torch.from_numpy(a) for a in Rows.batch(rows)), train_head=False)
+            emb = model(*(torch.from_numpy(a) for a in corpus.batch(rows)), train_head=False)
         return torch.nn.functional.normalize(emb.float(), dim=-1).numpy()
 
     fp32, bf16 = reference(False), reference(True)
@@ -61,8 +56,8 @@ def test_mining_encodes_in_bf16_exactly_where_the_cpu_computes_it_and_evaluation
     # its fp32 residual stream); each encode must sit ten times closer to its own reference.
     tolerance = np.abs(fp32 - bf16).max() / 10
     assert tolerance > 1e-7
-    evaluated = encode_rows(model, Rows, rows, len(rows), cpu)
-    mined = encode_rows(model, Rows, rows, len(rows), cpu, for_mining=True)
+    evaluated = encode_rows(model, corpus, rows, len(rows), cpu)
+    mined = encode_rows(model, corpus, rows, len(rows), cpu, for_mining=True)
     np.testing.assert_allclose(evaluated, fp32, rtol=0, atol=tolerance)
     np.testing.assert_allclose(mined, bf16 if native else fp32, rtol=0, atol=tolerance)
 
