@@ -493,8 +493,9 @@ def train_pipeline(task: Task, variant: str, seed: int, overrides: list[str]) ->
 def clear_other_experiments_folder(task: Task, name: str) -> bool:
     """Remove the run folder ``name`` when the task's experiment has no run of that name: a
     folder kept (``--keep-run-dirs``) by a bench of another experiment, whose checkpoints the
-    job would resume, so the arm would export that run's model without training. A folder of
-    this experiment's interrupted run stays, and the job resumes it. True if removed."""
+    job refuses to continue under a new run (``check_checkpoints_are_this_runs``), so the arm
+    would fail. A folder of this experiment's interrupted run stays, and the job resumes it.
+    True if removed."""
     folder = BENCH_DIR / task.name / name
     if not folder.exists() or newest_run(task, name) is not None:
         return False

@@ -160,7 +160,8 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
     """A SIGKILLed driver and a damaged newest checkpoint: the next start resumes the same MLflow
     run from the checkpoint before; the resumed run stops early (``eval.patience``) where its
     logged evaluations say it must, lets the refresh already submitted finish, drops it, and
-    exports the best epoch's model; a third start does nothing. (One job for both: each whole
+    exports the best epoch's model; a third start does nothing, and a start under another
+    experiment is refused rather than continuing these checkpoints. (One job for both: each whole
     job a test starts costs about 50 s of CPU, docs/operations.md "Tests".)"""
     overrides = [
         "run.name=resume", "train.epochs=4", "checkpoint.every_steps=10", "train.log_every=5",
@@ -220,6 +221,19 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
     again = RunningJob(tmp_path, overrides)
     assert again.wait(timeout=120) == 0 and "already finished" in again.output
     assert len(train_loss_history(client, run.info.run_id)) == len(history)  # nothing trained or logged
+
+    # The same name and folder under another experiment: a new MLflow run, and the checkpoints
+    # are not its own. Ray Train would continue them; the job refuses and writes nothing there.
+    folder_before = {p.relative_to(run_dir): p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    other = RunningJob(tmp_path, [*overrides, "tracking.experiment=other"])
+    assert other.wait(timeout=120) != 0
+    errors = [line for line in other.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, other.output[-4000:]
+    assert f"{run_dir} holds the checkpoints of a run that experiment 'other'" in errors[0]
+    assert "Traceback" not in other.output and "[data]" not in other.output
+    (refused,) = client.search_runs([client.get_experiment_by_name("other").experiment_id])
+    assert refused.info.status == "FAILED"
+    assert {p.relative_to(run_dir): p.stat().st_mtime_ns for p in run_dir.rglob("*")} == folder_before
 
 
 def _stopped_early_with_the_best_model(client: MlflowClient, run_id: str, out: str) -> None:

@@ -29,7 +29,7 @@ import ray
 from pipeline.config.loading import dump_yaml
 from pipeline.config.params import params_in_effect
 from pipeline.config.schema import Config
-from pipeline.core.errors import first_line
+from pipeline.core.errors import ConfigError, first_line
 from pipeline.core.retry import call_with_retries
 from pipeline.core.seams import connect_timeout_s
 from pipeline.data.formats import infer_format
@@ -70,7 +70,7 @@ from pipeline.tracking.run import (
 )
 from pipeline.tracking.system import system_metrics
 from pipeline.training.contract import LoopConfig, miner_inputs
-from pipeline.training.trainer import build_trainer
+from pipeline.training.trainer import build_trainer, resumable_checkpoints
 
 Echo = Callable[[str], None]
 MINER_LOG_WAIT_S = 30.0
@@ -201,6 +201,7 @@ def _run_resolved(
 
     quiet_libraries()
     with tracked.failing_on_error():
+        check_checkpoints_are_this_runs(cfg, tracked, storage_root)
         run_dir.mkdir(parents=True, exist_ok=True)
         resolved_file = run_dir / "resolved_config.yaml"
         resolved_file.write_text(dump_yaml(cfg))
@@ -216,6 +217,30 @@ def _run_resolved(
     tracked.set_note(summary.description())
     tracked.finish()
     return summary
+
+
+def check_checkpoints_are_this_runs(cfg: Config, tracked: TrackedRun, storage_root: str) -> None:
+    """A new MLflow run must not continue checkpoints it does not own.
+
+    Ray Train resumes whatever run left checkpoints under ``storage_root/run.name``. When the
+    MLflow run was just created, they are another run's: one of another
+    ``tracking.experiment`` or tracking store, or a deleted run. Training would silently go
+    on from its weights, plan and step. Refused before anything is written there.
+
+    Raises:
+        ConfigError: naming the folder and the ways out.
+    """
+    if tracked.resumed:
+        return
+    assert cfg.run.name is not None
+    folder = resumable_checkpoints(storage_root, cfg.run.name)
+    if folder is not None:
+        raise ConfigError(
+            f"run.name {cfg.run.name!r}: {folder} holds the checkpoints of a run that experiment "
+            f"{cfg.tracking.experiment!r} at {tracked.tracking_uri} does not have (another "
+            "experiment's, another store's, or a deleted run); training would continue it. "
+            "Choose another run.name or run.output_dir, or remove that folder"
+        )
 
 
 def driver_system_metrics(cfg: Config, tracked: TrackedRun) -> AbstractContextManager[Any]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray.train
 from ray.train import ControllerError, UserCallback
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from pipeline.config.schema import Config
 from pipeline.core.errors import describe_error, is_deterministic, is_process_death, root_cause
+from pipeline.data.formats import filesystem_of
 from pipeline.training.contract import LoopConfig
 from pipeline.training.worker import train_loop_per_worker
 
@@ -57,6 +59,22 @@ def worker_failure_reporter(max_failures: int) -> Any:
                 raise ControllerError(causes[first])
 
     return WorkerFailureReporter()
+
+
+# Ray Train (v2) resumes a run name whose storage folder holds this file, the list of the
+# checkpoints its run reported (``CHECKPOINT_MANAGER_SNAPSHOT_FILENAME`` in Ray's internals).
+RESUME_SNAPSHOT = "checkpoint_manager_snapshot.json"
+
+
+def resumable_checkpoints(storage_path: str, run_name: str) -> str | None:
+    """The storage folder (``storage_path/run_name``, local or a URI) that a trainer named
+    ``run_name`` would resume from, because an earlier run of that name reported checkpoints
+    there; None where it starts from scratch."""
+    filesystem, root = filesystem_of(storage_path)
+    snapshot = f"{root.rstrip('/')}/{run_name}/{RESUME_SNAPSHOT}"
+    if filesystem.get_file_info(snapshot).type == pafs.FileType.NotFound:
+        return None
+    return f"{storage_path.rstrip('/')}/{run_name}"
 
 
 def build_trainer(

@@ -1,4 +1,4 @@
-"""Checkpoint contents, verification and random-state capture, without Ray."""
+"""Checkpoint contents, verification and random-state capture, and which folder Ray Train resumes, without Ray."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pipeline.training.checkpoint import (
     save_checkpoint,
 )
 from pipeline.training.state import BestModel, TrainHistory, TrainState, capture_rng, restore_rng
+from pipeline.training.trainer import RESUME_SNAPSHOT, resumable_checkpoints
 
 
 def _saved(tmp_path, tiny_model_dir, best_step=None, name="ckpt"):
@@ -124,3 +125,20 @@ def test_metric_logger_sends_in_background_and_requeues(tmp_path):
     assert sorted(m.step for m in history) == list(range(1, 51))
     (late,) = client.get_metric_history(run_id, "late_metric")
     assert (late.step, late.value, late.timestamp) == (5, 2.0, 1_000)
+
+
+@pytest.mark.parametrize("as_uri", [False, True])
+def test_resumable_checkpoints_names_the_folder_ray_train_would_resume(tmp_path, as_uri):
+    """Only a run folder holding Ray Train's checkpoint list counts: a folder with other files
+    (the run's config, an unregistered checkpoint) starts from scratch. A URI is read through
+    its filesystem. (That Ray Train writes and resumes from this file: the resume job test.)"""
+    storage = f"file://{tmp_path}" if as_uri else str(tmp_path)
+    run_dir = tmp_path / "run-a"
+    (run_dir / "checkpoint_2099-01-01_00-00-00.000000").mkdir(parents=True)
+    (run_dir / "resolved_config.yaml").write_text("run: {}\n")
+    assert resumable_checkpoints(storage, "run-a") is None
+    assert resumable_checkpoints(storage, "run-b") is None
+    (run_dir / RESUME_SNAPSHOT).write_text("{}")
+    assert resumable_checkpoints(storage, "run-a") == f"{storage}/run-a"
+    assert resumable_checkpoints(storage + "/", "run-a") == f"{storage}/run-a"
+    assert resumable_checkpoints(storage, "run-b") is None
