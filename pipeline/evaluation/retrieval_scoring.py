@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from pipeline.evaluation.distinct_texts import DistinctTexts
 from pipeline.evaluation.retrieval_metrics import RankingMetrics, ranking_metrics
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.text_table import text_table
+from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, max_seq_len_of
@@ -106,7 +106,7 @@ def evaluate_retrieval_model_dir(
         sets = read_retrieval_sets([str(item) for item in sets])
     tokenizer = load_tokenizer(model_dir)
     eval_set = RetrievalEvalSet(sets, tokenizer, max_seq_len or max_seq_len_of(model_dir))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = compute_device(use_gpu=True)
     model = load_sentence_encoder(model_dir).to(device)
     batch_size = batch_size or encode_batch_size(device)
     embeddings = encode_rows(

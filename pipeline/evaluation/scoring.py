@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from pipeline.core.errors import DataError
 from pipeline.evaluation.diagnostics import alignment, uniformity
@@ -25,6 +24,7 @@ from pipeline.evaluation.set_names import with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
 from pipeline.evaluation.text_table import text_table
 from pipeline.evaluation.whitening import Whitening, fit_whitening
+from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows, encode_texts
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, max_seq_len_of
@@ -157,7 +157,7 @@ def evaluate_model_dir(
     tokenizer = load_tokenizer(model_dir)
     max_seq_len = max_seq_len or max_seq_len_of(model_dir)
     eval_set = STSEvalSet(files, tokenizer, max_seq_len)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = compute_device(use_gpu=True)
     model = load_sentence_encoder(model_dir).to(device)
     batch_size = batch_size or encode_batch_size(device)
     embeddings = encode_rows(

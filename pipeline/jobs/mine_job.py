@@ -122,6 +122,7 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = Fals
             echo=echo,
             pool_texts=pool_texts,
         )
+        tracked.set_tags({"simcse.mining_dtype": report.encode_dtype})
         report.rows_in = rows
         report.pairs_dropped_empty = read.empty_dropped
         report.run_id, report.experiment, report.tracking_uri = (

@@ -24,6 +24,7 @@ from pipeline.mining.index import estimate_index_bytes, index_summary
 from pipeline.mining.mining_metrics import mining_metrics, random_pair_similarities
 from pipeline.mining.negatives import FILTERS, NegativeFilters
 from pipeline.mining.text_keys import text_keys
+from pipeline.model.accel import compute_device, mining_dtype
 from pipeline.model.encode import encode_batch_size, encode_texts
 from pipeline.tracking.run import ui_command
 
@@ -44,6 +45,10 @@ class MiningReport:
     pairs_dropped_empty: int = 0
     negatives_per_row: int = 0
     backend: str = ""
+    encode_device: str = ""
+    """``cpu`` or ``cuda``: where the texts were encoded."""
+    encode_dtype: str = ""
+    """``fp32`` or ``bf16``: in what (:func:`~pipeline.model.accel.mining_dtype`)."""
     mined: dict[str, float] = field(default_factory=dict)
     similarities: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """Cosine similarities for the review histogram: ``positives`` (anchor-positive),
@@ -76,7 +81,7 @@ class MiningReport:
                 f"  similarity    negatives mean {sims['mean']:.3f} (p10 {sims['p10']:.3f}, p50 {sims['p50']:.3f}, "
                 f"p90 {sims['p90']:.3f}); positives mean {self.mined['mining/positive_similarity_mean']:.3f}"
             )
-        lines.append(f"  time          {timing}")
+        lines.append(f"  time          {timing} (encoded on {self.encode_device} in {self.encode_dtype})")
         if self.run_id:
             lines += [
                 f"  mlflow run    {self.run_id} (experiment {self.experiment!r})",
@@ -99,20 +104,25 @@ def mine_pairs(
     model: Any,
     tokenizer: Any,
     cfg: Config,
-    device: Any = None,
+    device: torch.device | None = None,
     echo: Any = None,
     pool_texts: list[str] | None = None,
 ) -> tuple[pa.Table, MiningReport]:
     """Mine negatives for each (anchor, positive) among the candidate pool: the distinct
     positives and ``pool_texts`` (``data.pool``), as the training miner's pool. Every positive
     any row gives an anchor's text is excluded from its candidates, as the training miner does.
+    Encodes on ``device``, by default where the training miner would with this config
+    (:func:`~pipeline.model.accel.compute_device` of ``mining.num_gpus > 0``, here in this
+    process), and moves ``model`` there.
 
     Returns the output table (``anchor``, ``positive``, ``negative_1``..``negative_n``) and
     the report of what each filter removed.
     """
-    device = device or torch.device("cpu")
     mining = cfg.mining
+    device = device or compute_device(use_gpu=mining.num_gpus > 0)
+    model.to(device)
     report = MiningReport(rows_in=len(anchors), negatives_per_row=mining.num_negatives)
+    report.encode_device, report.encode_dtype = device.type, mining_dtype(device)
     pool = sorted(set(positives).union(pool_texts or ()))
     t0 = time.perf_counter()
 

@@ -30,7 +30,7 @@ from pipeline.mining.planning import refresh_corpus
 from pipeline.mining.refresh_log import RefreshLog
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import dense_keys
-from pipeline.model.accel import encodes_bf16
+from pipeline.model.accel import compute_device, mining_dtype
 from pipeline.model.encode import encode_batch_size, encode_rows, encode_with_actor_pool
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
@@ -63,7 +63,7 @@ class HardNegativeMiner:
         self.triplets = triplets
         model_dir = unpack_dir(model_blob)
         self.corpus = TokenizedCorpus(corpus_table, load_tokenizer(model_dir).pad_token_id)
-        self.device = torch.device("cuda" if settings.use_gpu and torch.cuda.is_available() else "cpu")
+        self.device = compute_device(use_gpu=settings.use_gpu)
         self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=settings.pooler).to(self.device)
         self.text_keys = dense_keys(corpus_table.column("text_key").to_numpy())
         self.previous: RefreshReport | None = None
@@ -71,8 +71,7 @@ class HardNegativeMiner:
         self.log: RefreshLog | None = None
         if settings.tracking_uri and settings.run_id:
             logger = MetricLogger(settings.tracking_uri, settings.run_id)
-            bf16 = encodes_bf16(self.device, for_mining=True)
-            logger.set_tags({"simcse.mining_dtype": "bf16" if bf16 else "fp32"})
+            logger.set_tags({"simcse.mining_dtype": mining_dtype(self.device)})
             self.log = RefreshLog(logger)
 
     def wait_logged(self, timeout: float) -> bool:

@@ -17,6 +17,13 @@ import numpy as np
 import torch
 
 
+def compute_device(*, use_gpu: bool) -> torch.device:
+    """Where a process computes: CUDA when ``use_gpu`` and this process sees a GPU (Ray sets
+    ``CUDA_VISIBLE_DEVICES`` to those it reserved), else the CPU. The offline jobs run in the
+    driver, so a GPU setting there means the driver's machine's GPU, if it has one."""
+    return torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+
+
 def enable_tf32(device: torch.device) -> None:
     """TF32 tensor-core matmuls for fp32 work on CUDA (the loss' similarity matrix, the MLP head).
 
@@ -47,6 +54,12 @@ def encodes_bf16(device: torch.device, *, for_mining: bool) -> bool:
     docs/benchmarks.md, "Mining pass"). Evaluation stays fp32 on a CPU, so the scores a run
     reports compare with runs on any CPU and with the offline evaluate job."""
     return device.type == "cuda" or (for_mining and native_bf16(device))
+
+
+def mining_dtype(device: torch.device) -> str:
+    """``bf16`` or ``fp32``: what mining encodes in on ``device`` (:func:`encodes_bf16`), as the
+    ``simcse.mining_dtype`` tag records it."""
+    return "bf16" if encodes_bf16(device, for_mining=True) else "fp32"
 
 
 def autocast(device: torch.device, *, for_mining: bool = False) -> contextlib.AbstractContextManager[Any]:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from pipeline.data.tokenize import tokenize_table
 from pipeline.data.tokenized import TokenizedCorpus
-from pipeline.model.accel import autocast, to_device
+from pipeline.model.accel import autocast, compute_device, to_device
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 
@@ -163,7 +163,7 @@ class _EncodeBatches:
         quiet_libraries()
         model_dir = unpack_dir(ray.get(model_blob) if isinstance(model_blob, ray.ObjectRef) else model_blob)
         self.pad = load_tokenizer(model_dir).pad_token_id
-        self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+        self.device = compute_device(use_gpu=use_gpu)
         self.model = load_sentence_encoder(model_dir, pooler=pooler)
         self.model.encoder.load_state_dict(
             ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights

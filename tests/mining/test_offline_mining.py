@@ -6,12 +6,14 @@ about 50 s of CPU: docs/operations.md, "Tests")."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 from conftest import assert_clean_negatives
 
 from pipeline.config.loading import load_config
 from pipeline.jobs.pair_mining import mine_pairs
 from pipeline.mining.negatives import FILTERS
 from pipeline.mining.text_keys import normalize_text
+from pipeline.model.accel import native_bf16
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 
@@ -60,11 +62,34 @@ def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus
 
 
 def _random_pair_similarity(model, tokenizer, texts):
-    import torch
-
     from pipeline.model.encode import encode_texts
 
     vectors = encode_texts(model, tokenizer, texts, 32, 64, torch.device("cpu"))
     rng = np.random.default_rng(0)
     a, b = rng.integers(len(texts), size=(2, 500))
     return float(np.einsum("ij,ij->i", vectors[a], vectors[b]).mean())
+
+
+def test_mine_pairs_encodes_where_the_training_miner_would(trained_tiny_model_dir, paraphrase_corpus):
+    """``mining.num_gpus`` > 0 asks the offline job, as the training miner, to encode (and
+    search) on this process's GPU; on a machine without one it runs on the CPU and mines the same
+    negatives. The report says where and in what precision it encoded (bf16 on a CPU only where
+    the CPU computes it natively)."""
+    texts, groups = paraphrase_corpus
+    anchors, positives = _pairs(texts, groups)
+    tokenizer = load_tokenizer(trained_tiny_model_dir)
+    on_cpu = load_config(None, ["mining.top_k=20"])
+    on_gpu = load_config(None, ["mining.top_k=20", "mining.num_gpus=1"])
+    cpu_table, cpu_report = mine_pairs(
+        anchors, positives, load_sentence_encoder(trained_tiny_model_dir), tokenizer, on_cpu
+    )
+    model = load_sentence_encoder(trained_tiny_model_dir)
+    gpu_table, gpu_report = mine_pairs(anchors, positives, model, tokenizer, on_gpu)
+    has_gpu = torch.cuda.is_available()
+    assert cpu_report.encode_device == "cpu"
+    assert cpu_report.encode_dtype == ("bf16" if native_bf16(torch.device("cpu")) else "fp32")
+    assert gpu_report.encode_device == next(model.parameters()).device.type == ("cuda" if has_gpu else "cpu")
+    assert f"(encoded on {gpu_report.encode_device} in {gpu_report.encode_dtype})" in gpu_report.render("out")
+    if not has_gpu:
+        assert gpu_report.backend == cpu_report.backend == "faiss-cpu/flat"
+        assert gpu_table.equals(cpu_table)
