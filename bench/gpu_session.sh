@@ -19,6 +19,8 @@
 #   peers     sentence-transformers MNRL training and mine_hard_negatives (torch path) next
 #             to ours, same GPU, model and sentences (random weights score every pair above
 #             0.95, so both sides mine with relative margin 0; the bundle brings `datasets`)
+#   mine      jobs/mine.py on the generated sentences with mining.num_gpus=1: it must say it
+#             encoded on cuda (in bf16) and write its triplets; its summary goes to the log
 #
 # Results go to $OUT (tables appended to $OUT/benchmarks.md, MLflow stores, logs); without
 # $OUT, to runs/gpu-session. Every part appends; nothing here stops other processes.
@@ -96,8 +98,15 @@ for part in "$@"; do
       "$PY" -m bench.mining_vs_st --data "$INPUTS" --model "$INPUTS/initial_model" --workloads wiki \
         --rows "$ROWS" --relative-margin 0 --repeats 2 --append "$OUT/benchmarks.md"
       ;;
+    mine)
+      log="$OUT/mine.log"
+      "$PY" jobs/mine.py --model "$INPUTS/initial_model" --input "$INPUTS/wiki/wiki1m_for_simcse.first11914.txt" \
+        --output /tmp/gpu-session-runs/mined.parquet --set mining.num_gpus=1 --set mining.relative_margin=0 \
+        --set "tracking.uri=sqlite:///$OUT/mine.db" 2>&1 | tee "$log"
+      grep -q 'encoded on cuda in bf16' "$log" || { echo "mine: did not encode on the GPU" >&2; exit 1; }
+      ;;
     *)
-      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers)" >&2
+      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers, mine)" >&2
       exit 2
       ;;
   esac
