@@ -127,9 +127,7 @@ def mine_pairs(
     t0 = time.perf_counter()
 
     def encode(texts: list[str]) -> np.ndarray:
-        return encode_texts(
-            model, tokenizer, texts, cfg.data.max_seq_len, encode_batch_size(device), device, for_mining=True
-        )
+        return encode_texts(model, tokenizer, texts, cfg.data.max_seq_len, encode_batch_size(device), device)
 
     # Each distinct text is encoded once: anchors repeat (SNLI premises) or are positives too.
     # The pool comes first, so pool position i is text position i.

@@ -86,7 +86,7 @@ class HardNegativeMiner:
             self.model.encoder.load_state_dict(encoder_state)
             rows = np.arange(len(self.corpus))
             batch_size = encode_batch_size(self.device)
-            return encode_rows(self.model, self.corpus, rows, batch_size, self.device, for_mining=True)
+            return encode_rows(self.model, self.corpus, rows, batch_size, self.device)
         # Each encode actor reserves what the miner reserves: the same work on the same device.
         return encode_with_actor_pool(
             self.corpus_table, self.corpus.lengths, model_blob=self.model_blob, pooler=s.pooler,

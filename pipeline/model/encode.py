@@ -2,7 +2,7 @@
 home of encoding, whoever encodes.
 
 :func:`encode_rows` is the routine itself (length-sorted batches, no gradient, bf16 autocast
-on CUDA, and for mining on a CPU that computes bf16 natively). The other entry points only
+on CUDA, fp32 on a CPU). The other entry points only
 decide where it runs:
 
 * :func:`encode_texts`: raw texts, tokenized here first (offline mining, export checks).
@@ -54,14 +54,12 @@ def encode_rows(
     batch_size: int,
     device: torch.device,
     normalize: bool = True,
-    *,
-    for_mining: bool = False,
 ) -> np.ndarray:
     """Float32 embeddings of corpus rows, in the order of ``rows``: L2-normalised, or the raw
     pooled output with ``normalize=False`` (what whitening is fitted on and export matches).
 
     Rows are encoded in order of length so batches carry little padding; eval mode, no
-    gradient, autocast as :func:`pipeline.model.accel.autocast` (``for_mining``) sets it.
+    gradient, autocast as :func:`pipeline.model.accel.autocast` sets it.
 
     Args:
         model: the encoder; left in the train/eval mode it came in.
@@ -71,8 +69,6 @@ def encode_rows(
         batch_size: rows per forward pass.
         device: where the model is.
         normalize: L2-normalise the embeddings.
-        for_mining: vectors that only rank neighbours (the miner, the offline mine job):
-            bf16 also on a CPU that computes it natively.
 
     Returns:
         ``(n, hidden_size)`` float32 embeddings, row ``i`` for ``rows[i]``.
@@ -84,7 +80,7 @@ def encode_rows(
     for start in range(0, len(rows), batch_size):
         chunk = order[start : start + batch_size]
         input_ids, mask = corpus.batch(rows[chunk])
-        with autocast(device, for_mining=for_mining):
+        with autocast(device):
             emb = model(to_device(input_ids, device), to_device(mask, device), train_head=False)
         emb = emb.float()
         out[chunk] = (torch.nn.functional.normalize(emb, dim=-1) if normalize else emb).cpu().numpy()
@@ -99,15 +95,13 @@ def _encode_table(
     batch_size: int,
     device: torch.device,
     normalize: bool = True,
-    *,
-    for_mining: bool = False,
 ) -> np.ndarray:
     """:func:`encode_rows` of every row of an Arrow table with an ``input_ids`` column, in
     the table's order."""
 
     corpus = TokenizedCorpus(table, pad_token_id)
     rows = np.arange(table.num_rows)
-    return encode_rows(model, corpus, rows, batch_size, device, normalize, for_mining=for_mining)
+    return encode_rows(model, corpus, rows, batch_size, device, normalize)
 
 
 def encode_texts(
@@ -118,14 +112,12 @@ def encode_texts(
     batch_size: int,
     device: torch.device,
     normalize: bool = True,
-    *,
-    for_mining: bool = False,
 ) -> np.ndarray:
     """Embeddings of raw texts (tokenized here, truncated to ``max_seq_len``, then
     :func:`encode_rows`); row ``i`` for ``texts[i]``."""
     table = tokenize_table(pa.table({"text": texts}), tokenizer, max_seq_len)
     pad = tokenizer.pad_token_id
-    return _encode_table(model, table, pad, batch_size, device, normalize, for_mining=for_mining)
+    return _encode_table(model, table, pad, batch_size, device, normalize)
 
 
 def sharded_encode(
@@ -171,9 +163,7 @@ class _EncodeBatches:
         self.model.to(self.device)
 
     def __call__(self, batch: Any) -> dict[str, np.ndarray]:
-        embeddings = _encode_table(
-            self.model, batch, self.pad, encode_batch_size(self.device), self.device, for_mining=True
-        )
+        embeddings = _encode_table(self.model, batch, self.pad, encode_batch_size(self.device), self.device)
         return {"position": batch.column("position").to_numpy(), "embedding": embeddings}
 
 
@@ -188,7 +178,7 @@ def encode_with_actor_pool(
     num_cpus: float,
     num_gpus: float,
 ) -> np.ndarray:
-    """Normalised :func:`encode_rows` (``for_mining``: the miner's pool) of the whole corpus
+    """Normalised :func:`encode_rows` of the whole corpus
     on a Ray Data pool of up to ``actors`` encoder actors (each with ``num_cpus`` /
     ``num_gpus``), in batches of :func:`encode_batch_size` for the actors' device.
 

@@ -13,7 +13,6 @@ from pipeline.config.loading import load_config
 from pipeline.jobs.pair_mining import mine_pairs
 from pipeline.mining.negatives import FILTERS
 from pipeline.mining.text_keys import normalize_text
-from pipeline.model.accel import native_bf16
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
 
@@ -73,8 +72,7 @@ def _random_pair_similarity(model, tokenizer, texts):
 def test_mine_pairs_encodes_where_the_training_miner_would(trained_tiny_model_dir, paraphrase_corpus):
     """``mining.num_gpus`` > 0 asks the offline job, as the training miner, to encode (and
     search) on this process's GPU; on a machine without one it runs on the CPU and mines the same
-    negatives. The report says where and in what precision it encoded (bf16 on a CPU only where
-    the CPU computes it natively)."""
+    negatives. The report says where and in what precision it encoded (fp32 on any CPU)."""
     texts, groups = paraphrase_corpus
     anchors, positives = _pairs(texts, groups)
     tokenizer = load_tokenizer(trained_tiny_model_dir)
@@ -87,7 +85,7 @@ def test_mine_pairs_encodes_where_the_training_miner_would(trained_tiny_model_di
     gpu_table, gpu_report = mine_pairs(anchors, positives, model, tokenizer, on_gpu)
     has_gpu = torch.cuda.is_available()
     assert cpu_report.encode_device == "cpu"
-    assert cpu_report.encode_dtype == ("bf16" if native_bf16(torch.device("cpu")) else "fp32")
+    assert cpu_report.encode_dtype == "fp32"
     assert gpu_report.encode_device == next(model.parameters()).device.type == ("cuda" if has_gpu else "cpu")
     assert f"(encoded on {gpu_report.encode_device} in {gpu_report.encode_dtype})" in gpu_report.render("out")
     if not has_gpu:
