@@ -223,8 +223,12 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
     assert len(train_loss_history(client, run.info.run_id)) == len(history)  # nothing trained or logged
 
     # The same name and folder under another experiment: a new MLflow run, and the checkpoints
-    # are not its own. Ray Train would continue them; the job refuses and writes nothing there.
-    folder_before = {p.relative_to(run_dir): p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    # are not its own. Ray Train would continue them; the job refuses before its config or any
+    # checkpoint is written there (the generated corpus is written again, the same bytes).
+    def folder_files() -> dict[Path, bytes]:
+        return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+    folder_before = folder_files()
     other = RunningJob(tmp_path, [*overrides, "tracking.experiment=other"])
     assert other.wait(timeout=120) != 0
     errors = [line for line in other.output.splitlines() if line.startswith("error:")]
@@ -233,7 +237,7 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
     assert "Traceback" not in other.output and "[data]" not in other.output
     (refused,) = client.search_runs([client.get_experiment_by_name("other").experiment_id])
     assert refused.info.status == "FAILED"
-    assert {p.relative_to(run_dir): p.stat().st_mtime_ns for p in run_dir.rglob("*")} == folder_before
+    assert folder_files() == folder_before
 
 
 def _stopped_early_with_the_best_model(client: MlflowClient, run_id: str, out: str) -> None:

@@ -225,7 +225,8 @@ def check_checkpoints_are_this_runs(cfg: Config, tracked: TrackedRun, storage_ro
     Ray Train resumes whatever run left checkpoints under ``storage_root/run.name``. When the
     MLflow run was just created, they are another run's: one of another
     ``tracking.experiment`` or tracking store, or a deleted run. Training would silently go
-    on from its weights, plan and step. Refused before anything is written there.
+    on from its weights, plan and step. Refused before the run's config or a checkpoint is
+    written there (a generated corpus was written already, by :func:`resolve_config`).
 
     Raises:
         ConfigError: naming the folder and the ways out.
