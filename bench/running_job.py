@@ -180,8 +180,11 @@ def wait_for(
 
 def snapshot_checkpoints(run_dir: Path) -> list[dict]:
     """The checkpoints Ray Train has registered (name + reported metrics), oldest first."""
+    # Deferred: the trainer module imports Ray Train, which a watcher needs only here.
+    from pipeline.training.trainer import RESUME_SNAPSHOT
+
     try:
-        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+        snapshot = json.loads((run_dir / RESUME_SNAPSHOT).read_text())
     except (OSError, ValueError):
         return []
     return [{"dir": r["checkpoint_dir_name"], **r["metrics"]} for r in snapshot["checkpoint_results"]]

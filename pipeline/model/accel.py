@@ -4,9 +4,8 @@ On CUDA: bf16 autocast, TF32 for the matmuls autocast leaves in fp32, and host b
 copied from pinned memory (asynchronously). On a CPU the plain fp32 path, except that the
 train steps use bf16 autocast on a CPU that computes bf16 natively (:func:`native_bf16`);
 encoding (evaluation and mining) stays fp32 there (:func:`encodes_bf16`). The same code runs
-(and is tested) everywhere.
-:func:`fused_adamw` is the optimizer of both; ``train.compile`` compiles the model in the train
-loop.
+(and is tested) everywhere. :func:`fused_adamw` is the optimizer of both; ``train.compile``
+compiles the model in the train loop.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 home of encoding, whoever encodes.
 
 :func:`encode_rows` is the routine itself (length-sorted batches, no gradient, bf16 autocast
-on CUDA, fp32 on a CPU). The other entry points only
-decide where it runs:
+on CUDA, fp32 on a CPU). The other entry points only decide where it runs:
 
 * :func:`encode_texts`: raw texts, tokenized here first (offline mining, export checks).
 * :func:`sharded_encode`: every DDP rank encodes one slice, rank 0 gathers (in-training
