@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PYTHON, REPO, assert_no_alarming_lines
+from conftest import PYTHON, REPO, assert_no_alarming_lines, run_script_in_process
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -289,9 +289,13 @@ def test_demo_trains_mines_and_logs(tmp_path):
 
 
 @pytest.mark.job
-def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corpus):
+def test_model_folder_and_jsonl_corpus(
+    tmp_path, tiny_model_dir, paraphrase_corpus, ray_local, capfd, monkeypatch
+):
     """`model.name_or_path` = a HF model folder and `data.path` = a jsonl file with a text column;
-    evaluated on a retrieval set only (no STS file), which picks the exported model."""
+    evaluated on a retrieval set only (no STS file), which picks the exported model. The job
+    runs in this test process on its Ray: what it shows does not depend on the job's own
+    process (the demo's test above runs one)."""
     import json
 
     texts, groups = paraphrase_corpus
@@ -308,8 +312,7 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         f"{m[0]}\t{m[1]}\t1\n{m[0]}\t{m[2]}\t1\n{m[0]}\t{ordered[(g + 1) % 60][3]}\t0\n"
         for g, m in enumerate(ordered[:60])
     ))  # fmt: skip
-    proc = _run_job(
-        tmp_path,
+    settings = [
         "run.name=folder",
         f"model.name_or_path={tiny_model_dir}",
         f"data.path={corpus}",
@@ -321,7 +324,12 @@ def test_model_folder_and_jsonl_corpus(tmp_path, tiny_model_dir, paraphrase_corp
         "mining.batch_sampler=knn",  # a refreshed epoch from the other sampler
         "tracking.experiment=folder",
         f"eval.retrieval={pairs}",
-    )
+        "train.num_workers=1",  # two ranks: the demo test's run; a worker costs ~9 s of CPU to start
+    ]
+    proc = run_script_in_process(
+        "jobs/train.py", ["--config", DEMO, *(a for item in settings for a in ("--set", item))],
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch, actor_lines=("[eval] epoch 1 step ",),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{len(texts)} sentences (0 empty, 0 duplicates dropped)" in proc.stdout
     run = _only_run(_client(tmp_path), "folder")
@@ -442,6 +450,7 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
         "mining.num_negatives=2", "mining.random_negatives=1", "mining.refresh=every_epoch",
         "train.hard_negative_weight=0.5",
         "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
+        "train.num_workers=1",  # two ranks: the demo test's run; a worker costs ~9 s of CPU to start
     ]  # fmt: skip
     job = RunningJob(tmp_path, overrides, config=DEMO, holds=("miner_refresh=2",))
     try:

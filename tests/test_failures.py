@@ -163,9 +163,11 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
     exports the best epoch's model; a third start does nothing, and a start under another
     experiment is refused rather than continuing these checkpoints. (One job for both: each whole
     job a test starts costs about 50 s of CPU, docs/operations.md "Tests".)"""
+    # One train worker: resuming two ranks exactly is the faulted run's check (above); each
+    # worker costs a job start about 9 s of CPU, and this test starts the job twice.
     overrides = [
         "run.name=resume", "train.epochs=4", "checkpoint.every_steps=10", "train.log_every=5",
-        "eval.patience=1", f"eval.select_by={EARLY_STOP_METRIC}",
+        "eval.patience=1", f"eval.select_by={EARLY_STOP_METRIC}", "train.num_workers=1",
     ]  # fmt: skip
     run_dir = tmp_path / "runs" / "resume"
     # Rank 0 is held before step 23 (the seam), so the checkpoints at steps 10 and 20 are the
@@ -271,7 +273,10 @@ def _start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
             "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
             "--artifacts-destination", str(folder / "artifacts"),
         ],
-        cwd=folder, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        # MLflow 3's server also starts a job runner and seven huey consumers (GenAI jobs) that a
+        # tracking server does not use: 20 processes and about 50 s of CPU per test otherwise.
+        cwd=folder, env=job_env({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
 
 
@@ -315,7 +320,10 @@ def test_hung_miner_ends_the_job_at_once_and_a_tracking_outage_loses_no_metric(t
     # the test from idling. The resumed run, whose healthy refresh that deadline also bounds,
     # keeps the default (mining.timeout_s is infrastructure, not a param: a resume may change it).
     # The miner's start has its own deadline (train.placement_timeout_s, default 600 s).
-    overrides = ["run.name=hung", "train.epochs=2", "checkpoint.every_steps=10", f"tracking.uri={uri}"]
+    # One train worker (the job starts twice; two ranks are the faulted run's).
+    overrides = [
+        "run.name=hung", "train.epochs=2", "checkpoint.every_steps=10", f"tracking.uri={uri}", "train.num_workers=1",
+    ]  # fmt: skip
     jobs: list[RunningJob] = []
     try:
         wait_for(lambda: _healthy(port), 90, "the MLflow server")

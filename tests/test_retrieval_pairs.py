@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, assert_clean_negatives, assert_no_alarming_lines
+from conftest import PYTHON, REPO, assert_clean_negatives, assert_no_alarming_lines, run_script_in_process
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -88,6 +88,17 @@ def _train(
     return subprocess.run(args, cwd=cwd, env=job_env(env), capture_output=True, text=True, timeout=600)
 
 
+def _train_here(cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str, capfd, monkeypatch):
+    """:func:`_train` in this test process, on its Ray (the test holds ``ray_local``): for runs
+    that need no seam (the async run's boundaries are scripted in its workers' environment)."""
+    argv = [
+        "--config",
+        RECIPE,
+        *(a for item in _settings(files, model_dir, *overrides) for a in ("--set", item)),
+    ]
+    return run_script_in_process("jobs/train.py", argv, cwd=cwd, capfd=capfd, monkeypatch=monkeypatch)
+
+
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
@@ -156,26 +167,22 @@ def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
     ndcg = dict(_history(client, run_id, "eval/retrieval_dev_ndcg_at_10"))
     assert sorted(ndcg) == [0, e1, e2, e3, e4]
     exported_step = int(run.data.tags["simcse.exported_step"])
-    offline = subprocess.run(
-        [PYTHON, str(REPO / "jobs/evaluate.py"), "--model", str(tmp_path / "runs/refreshed/model"),
-         "--retrieval", str(twitter_like["dev"]), "--json"],
-        env=job_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert offline.returncode == 0, offline.stderr[-2000:]
-    scored = json.loads(offline.stdout)
-    (dev,) = scored["retrieval"].values() if isinstance(scored["retrieval"], dict) else scored["retrieval"]
-    assert dev["ndcg_at_10"] == pytest.approx(ndcg[exported_step], abs=1e-3)
+    # jobs/evaluate.py's scoring, here (its command line: tests/evaluation/test_retrieval_sets.py).
+    from pipeline.evaluation.retrieval_scoring import evaluate_retrieval_model_dir
+
+    (dev,) = evaluate_retrieval_model_dir(tmp_path / "runs/refreshed/model", [str(twitter_like["dev"])])
+    assert dev.ndcg_at_10 == pytest.approx(ndcg[exported_step], abs=1e-3)
     assert float(run.data.params["data/unk_share"]) < 0.01
 
 
 @pytest.mark.job
 def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
-    tmp_path, twitter_like, trained_tiny_model_dir
+    tmp_path, twitter_like, trained_tiny_model_dir, ray_local, capfd, monkeypatch
 ):
     # A trained start: a random BERT ranks nearly every candidate inside the positive's margin.
-    proc = _train(
+    proc = _train_here(
         tmp_path, twitter_like, trained_tiny_model_dir, "run.name=static", "mining.refresh=once",
-        "data.given_negatives=true",
+        "data.given_negatives=true", capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{2 * TRAIN_GROUPS} with a given negative" in proc.stdout
@@ -189,13 +196,14 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
 
     # jobs/mine.py with the same config, model and pool: the negatives of the training job's
     # mining before epoch 1 (the negatives column above), row for row.
+    # In this process, on its Ray (the job as a process of its own: tests/test_cotenancy.py).
     output = tmp_path / "mined.jsonl"
-    mined = subprocess.run(
-        [PYTHON, str(REPO / "jobs/mine.py"), "--config", RECIPE, "--model", str(trained_tiny_model_dir),
-         "--input", str(twitter_like["train"]), "--output", str(output),
-         "--set", f"data.pool={twitter_like['pool']}", "--set", "data.pool_format=text",
+    mined = run_script_in_process(
+        "jobs/mine.py",
+        ["--config", RECIPE, "--model", str(trained_tiny_model_dir), "--input", str(twitter_like["train"]),
+         "--output", str(output), "--set", f"data.pool={twitter_like['pool']}", "--set", "data.pool_format=text",
          "--set", "eval.retrieval=[]", "--set", "data.given_negatives=false"],
-        cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert mined.returncode == 0, mined.stderr[-3000:]
     mined_rows = [json.loads(line) for line in output.read_text().splitlines()]
@@ -230,7 +238,7 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
 
 
 def test_in_batch_pairs_train_on_length_grouped_batches_by_default(
-    tmp_path, twitter_like, trained_tiny_model_dir
+    tmp_path, twitter_like, trained_tiny_model_dir, ray_local, capfd, monkeypatch
 ):
     """Pairs without hard negatives (no mining, given negatives off) leave
     ``train.group_by_length`` unset and train on length-grouped batches, rows of one headline
@@ -241,9 +249,9 @@ def test_in_batch_pairs_train_on_length_grouped_batches_by_default(
     from pipeline.batching.samplers import random_plan
     from pipeline.config.train_section import LENGTH_GROUP_BATCHES
 
-    proc = _train(
+    proc = _train_here(
         tmp_path, twitter_like, trained_tiny_model_dir, "run.name=in-batch", "mining.refresh=never",
-        "data.given_negatives=false", "train.epochs=1", "eval.retrieval=[]",
+        "data.given_negatives=false", "train.epochs=1", "eval.retrieval=[]", capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, run = _run(tmp_path, "in-batch")

@@ -362,7 +362,7 @@ def fit(
         f"[train] {cfg.train.epochs} epochs on {cfg.train.num_workers} worker(s), global batch {cfg.train.batch_size}; "
         f"checkpoints in {storage_root}/{cfg.run.name}"
     )
-    result = build_trainer(cfg, loop_config, storage_root, cfg.run.name, debug).fit()
+    result = build_trainer(cfg, ray.put(loop_config), storage_root, cfg.run.name, debug).fit()
     if result.error is not None:
         raise result.error
     return result

@@ -13,8 +13,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from pipeline.config.schema import Config
 from pipeline.core.errors import describe_error, is_deterministic, is_process_death, root_cause
 from pipeline.data.formats import filesystem_of
-from pipeline.training.contract import LoopConfig
-from pipeline.training.worker import train_loop_per_worker
+from pipeline.training.worker import LOOP_CONFIG_KEY, train_loop_per_worker
 
 
 def worker_failure_reporter(max_failures: int) -> Any:
@@ -78,10 +77,13 @@ def resumable_checkpoints(storage_path: str, run_name: str) -> str | None:
 
 
 def build_trainer(
-    cfg: Config, loop_config: LoopConfig, storage_path: str, run_name: str, debug: bool = False
+    cfg: Config, loop_config_ref: Any, storage_path: str, run_name: str, debug: bool = False
 ) -> Any:
     """A ``TorchTrainer`` over :func:`train_loop_per_worker` with resources, failure handling
-    and checkpoint retention from config.
+    and checkpoint retention from config. ``loop_config_ref`` is the object ref of the
+    :class:`~pipeline.training.contract.LoopConfig` (``ray.put``): Ray Train's controller
+    unpickles its config, and the LoopConfig's classes (and the miner's handle) would import
+    torch, transformers and MLflow there, about 2.5 s of CPU per job start for nothing.
 
     Ray Train's own console logs are at ``CRITICAL`` (its failure reports carry full
     tracebacks; :func:`worker_failure_reporter` prints one line each instead), at ``INFO``
@@ -96,7 +98,7 @@ def build_trainer(
         resources["GPU"] = cfg.train.gpus_per_worker
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=loop_config,
+        train_loop_config={LOOP_CONFIG_KEY: loop_config_ref},
         scaling_config=ray.train.ScalingConfig(
             num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu, resources_per_worker=resources
         ),

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 import ray.train
 import torch.distributed as dist
 
@@ -40,10 +41,15 @@ from pipeline.training.worker_reports import (
 )
 from pipeline.training.worker_setup import WorkerParts, system_metrics_monitor, worker_parts
 
+LOOP_CONFIG_KEY = "loop_config"
+"""The key of ``train_loop_config`` that holds the object ref of the :class:`LoopConfig`."""
 
-def train_loop_per_worker(loop_config: LoopConfig) -> None:
-    """Ray Train entry point: runs on every worker. The first worker on each node also logs
-    the node's system metrics (``tracking.system_metrics``) while it trains."""
+
+def train_loop_per_worker(train_loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point: runs on every worker, on the :class:`LoopConfig` whose object ref
+    ``train_loop_config`` holds. The first worker on each node also logs the node's system
+    metrics (``tracking.system_metrics``) while it trains."""
+    loop_config: LoopConfig = ray.get(train_loop_config[LOOP_CONFIG_KEY])
     ctx = ray.train.get_context()
     with system_metrics_monitor(loop_config, ctx):
         worker = SimCSEWorker.setup(loop_config, ctx)

@@ -56,23 +56,15 @@ def _sentences():
     return tokens
 
 
-def ddp_gradient_worker(config):
-    """Runs pipeline.training.unsupervised_step.UnsupervisedStep on each Ray Train worker's
-    slice (shipped by value: test modules are not importable there), writing the step's loss
-    and gradient."""
-    import json
-
-    import numpy as np
-    import ray.train
+def _unsupervised_gradient(config, rank: int, world: int) -> dict:
+    """pipeline.training.unsupervised_step.UnsupervisedStep on this rank's slice: the step's
+    loss and gradient."""
     import ray.train.torch
-    import torch
 
     from pipeline.batching.plan import worker_slices
     from pipeline.training.global_batch import GlobalBatch
     from pipeline.training.unsupervised_step import UnsupervisedStep
 
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(0)
     model = BagEncoder()
     wrapped = ray.train.torch.prepare_model(model)
@@ -83,29 +75,70 @@ def ddp_gradient_worker(config):
         wrapped, GlobalBatch(np.arange(N), sizes, rank), np.random.default_rng([0, rank])
     )
     to_backward.backward()
-    out = {"loss": loss.item(), "grad": model.embed.weight.grad.tolist(), "world": world, "sizes": sizes}
+    return {"loss": loss.item(), "grad": model.embed.weight.grad.tolist(), "world": world, "sizes": sizes}
+
+
+def ddp_gradients_worker(config):
+    """Each Ray Train worker runs both train steps on its slice (the module is shipped by value:
+    test modules are not importable there) and writes their losses and gradients. One
+    ``fit()`` for both: each costs a worker group's start."""
+    import json
+
+    import ray.train
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    outputs = {
+        "unsupervised": _unsupervised_gradient(config["unsupervised"], rank, world),
+        "triplet": _triplet_gradient(config["triplet"], rank, world),
+    }
     with open(f"{config['out']}.{rank}.json", "w") as fh:
-        json.dump(out, fh)
+        json.dump(outputs, fh)
 
 
-def test_gathered_loss_gradient_equals_single_process(ray_local, tmp_path):
+@pytest.fixture(scope="module")
+def ddp_gradients(ray_local, tmp_path_factory):
+    """Both steps' loss and gradient on each of two gloo workers (a list by rank)."""
     import ray.cloudpickle
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    tmp_path = tmp_path_factory.mktemp("ddp")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    tokens = _sentences()
-    config = {"tokens": tokens, "ids": IDS, "temperature": TEMPERATURE, "out": str(tmp_path / "grad")}
-    trainer = TorchTrainer(
-        ddp_gradient_worker,
+    tokens, anchor, positive, negative, mined = _triplet_inputs()
+    config = {
+        "unsupervised": {"tokens": _sentences(), "ids": IDS, "temperature": TEMPERATURE},
+        "triplet": {
+            "tokens": tokens,
+            "anchor": anchor,
+            "positive": positive,
+            "negative": negative,
+            "mined": mined,
+        },
+        "out": str(tmp_path / "grad"),
+    }
+    result = TorchTrainer(
+        ddp_gradients_worker,
         train_loop_config=config,
         scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
         torch_config=TorchConfig(backend="gloo"),
         run_config=ray.train.RunConfig(name="ddp-grad", storage_path=str(tmp_path / "storage")),
-    )
-    result = trainer.fit()
+    ).fit()
     assert result.error is None
-    per_rank = [json.loads((tmp_path / f"grad.{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp_path / f"grad.{r}.json").read_text()) for r in range(2)], config
+
+
+@pytest.mark.job
+def test_ddp_gradients_equal_single_process(ddp_gradients):
+    """One test over the workers' run (a fixture shared by two tests would be made twice when
+    pytest-xdist sends them to different test processes)."""
+    per_rank, config = ddp_gradients
+    _gathered_loss_gradient_equals_single_process([r["unsupervised"] for r in per_rank])
+    _triplet_loss_gradient_equals_single_process([r["triplet"] for r in per_rank], config["triplet"])
+
+
+def _gathered_loss_gradient_equals_single_process(per_rank: list[dict]) -> None:
+    tokens = _sentences()
     assert per_rank[0]["world"] == 2 and per_rank[0]["sizes"] == [4, 3]
 
     # One process, whole batch, same initial weights, and the same views.
@@ -158,14 +191,10 @@ def _triplet_inputs():
     return tokens, anchor.tolist(), positive.tolist(), negative.tolist(), mined.tolist()
 
 
-def triplet_gradient_worker(config):
-    """Runs pipeline.training.triplet_step's TripletStep on each worker's slice of the global batch."""
-    import json
-
-    import numpy as np
-    import ray.train
+def _triplet_gradient(config, rank: int, world: int) -> dict:
+    """pipeline.training.triplet_step's TripletStep on this rank's slice of the global batch
+    (the whole batch, unwrapped, when ``world`` is 1): its loss and gradient."""
     import ray.train.torch
-    import torch
 
     from pipeline.batching.plan import worker_slices
     from pipeline.config.loading import load_config
@@ -173,8 +202,6 @@ def triplet_gradient_worker(config):
     from pipeline.training.global_batch import GlobalBatch
     from pipeline.training.step import make_train_step
 
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(0)
     model = BagEncoder()
     wrapped = ray.train.torch.prepare_model(model) if world > 1 else model
@@ -189,35 +216,12 @@ def triplet_gradient_worker(config):
     batch = GlobalBatch(np.arange(7), sizes, rank, np.array(config["mined"]))
     loss, to_backward = step(wrapped, batch, np.random.default_rng([0, rank]))
     to_backward.backward()
-    with open(f"{config['out']}.{rank}.json", "w") as fh:
-        json.dump({"loss": loss.item(), "grad": model.embed.weight.grad.tolist()}, fh)
+    return {"loss": loss.item(), "grad": model.embed.weight.grad.tolist()}
 
 
-@pytest.mark.job
-def test_triplet_loss_gradient_equals_single_process(ray_local, tmp_path):
-    import ray.cloudpickle
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    tokens, anchor, positive, negative, mined = _triplet_inputs()
-    config = {"tokens": tokens, "anchor": anchor, "positive": positive, "negative": negative, "mined": mined}
-    TorchTrainer(
-        triplet_gradient_worker,
-        train_loop_config={**config, "out": str(tmp_path / "ddp")},
-        scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=ray.train.RunConfig(name="triplet-grad", storage_path=str(tmp_path / "storage")),
-    ).fit()
-    TorchTrainer(
-        triplet_gradient_worker,
-        train_loop_config={**config, "out": str(tmp_path / "single")},
-        scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
-        run_config=ray.train.RunConfig(name="triplet-single", storage_path=str(tmp_path / "storage")),
-    ).fit()
-    single = json.loads((tmp_path / "single.0.json").read_text())
-    for rank in range(2):
-        got = json.loads((tmp_path / f"ddp.{rank}.json").read_text())
+def _triplet_loss_gradient_equals_single_process(per_rank: list[dict], config: dict) -> None:
+    single = _triplet_gradient(config, rank=0, world=1)  # here, one process, the whole batch
+    for got in per_rank:
         assert got["loss"] == pytest.approx(single["loss"], rel=1e-6)
         g, want = np.array(got["grad"]), np.array(single["grad"])
         assert np.linalg.norm(g - want) / np.linalg.norm(want) < 1e-5
