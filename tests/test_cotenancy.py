@@ -8,7 +8,8 @@ that head; they do not touch the machine's default ``/tmp/ray``.
 
 The two training jobs there share config and seed, so they also show that a run is
 reproducible: the same config and seed give the same run on a local Ray and submitted to a
-``ray start`` head.
+``ray start`` head. The local one is the demo as a user runs it, everything on
+(:mod:`demo_checks` says what its run must be): one whole job fewer for the suite.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, RayHead, assert_clean_negatives
+from demo_checks import DEMO_CHECKED, assert_the_demo_run
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -29,11 +31,11 @@ from pipeline.core.seams import CONNECT_TIMEOUT_ENV
 from pipeline.runtime.cluster import free_port
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
-# Both training jobs: 600 sentences, 2 epochs (a random one, then a mined one), seed 42 (as set).
-SMALL = [
-    "train.epochs=2", "data.generated.num_groups=150", "data.generated.sts_pairs=150",
-    "train.batch_size=32", "run.seed=42",
-]  # fmt: skip
+# Both training jobs: the demo (1600 sentences, 3 epochs: a random one, then two mined ones)
+# with everything on, seed 42 (as set).
+SETTINGS = [*DEMO_CHECKED, "run.seed=42"]
+# The local job is the demo's run; the submitted one has a name of its own.
+RUN_NAMES = {"submitted": "submitted", "local": "demo"}
 
 
 def _start(cmd: list[str], cwd: Path, env: dict) -> subprocess.Popen:
@@ -96,7 +98,7 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
             start_new_session=True,
         )  # fmt: skip
         jobs["local"] = _start(
-            [str(REPO / "jobs/train.py"), "--config", DEMO, "--set", "run.name=local", *_settings()],
+            [str(REPO / "jobs/train.py"), "--config", DEMO, *_settings()],
             tmp_path / "local", job_env({"RAY_TMPDIR": str(ray_tmp)}),
         )  # fmt: skip
         jobs["mine"] = _start(
@@ -122,16 +124,16 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
 
 
 def _settings() -> list[str]:
-    return [a for item in SMALL for a in ("--set", item)]
+    return [a for item in SETTINGS for a in ("--set", item)]
 
 
 @pytest.mark.slow
 @pytest.mark.job
-def test_jobs_at_once_beside_each_other_and_a_ray_start_head(jobs_beside_each_other, paraphrase_corpus):
+def test_the_demo_beside_a_submitted_copy_and_a_mining_job(jobs_beside_each_other, paraphrase_corpus):
     """Each job finishes on the Ray it means, each MLflow run is FINISHED, no output has a
-    traceback, and the two training jobs made the same run. One test over the jobs (a fixture
-    shared by two tests would be made twice when pytest-xdist sends them to different test
-    processes)."""
+    traceback, the two training jobs made the same run, and the local one is the demo's run as
+    :mod:`demo_checks` describes it. One test over the jobs (a fixture shared by two tests
+    would be made twice when pytest-xdist sends them to different test processes)."""
     finished, tmp_path = jobs_beside_each_other
     for name, (code, out) in finished.items():
         assert code == 0, f"{name}:\n{out[-4000:]}"
@@ -141,10 +143,10 @@ def test_jobs_at_once_beside_each_other_and_a_ray_start_head(jobs_beside_each_ot
         assert "Failed to connect to GCS" not in out, f"{name}:\n{out[-4000:]}"
     outputs = {name: out for name, (_, out) in finished.items()}
     assert "succeeded" in outputs["submitted"]
-    for name in ("submitted", "local"):
-        assert f"SimCSE run '{name}' finished" in outputs[name]
-        assert "batch plans   v0 (random), v1 (mined)" in outputs[name]
-        assert (tmp_path / name / "runs" / name / "model" / "config.json").is_file()
+    for name, run_name in RUN_NAMES.items():
+        assert f"SimCSE run '{run_name}' finished" in outputs[name]
+        assert "batch plans   v0 (random), v1 (mined), v2 (mined)" in outputs[name]
+        assert (tmp_path / name / "runs" / run_name / "model" / "config.json").is_file()
         run = _finished_run(tmp_path / name / "mlruns.db", "simcse-demo")
         assert run.info.status == "FINISHED"
     tags = _finished_run(tmp_path / "submitted" / "mlruns.db", "simcse-demo").data.tags
@@ -153,6 +155,7 @@ def test_jobs_at_once_beside_each_other_and_a_ray_start_head(jobs_beside_each_ot
     assert tags["simcse.git_commit_from"] == "SIMCSE_GIT_COMMIT"
     _assert_the_same_run(tmp_path)
     _assert_the_text_file_mined(tmp_path / "mine", outputs["mine"], paraphrase_corpus[0])
+    assert_the_demo_run(tmp_path / "local", outputs["local"])
 
 
 def _assert_the_text_file_mined(folder: Path, out: str, texts: list[str]) -> None:
@@ -189,7 +192,7 @@ def _assert_the_same_run(tmp_path: Path) -> None:
         runs[name] = (client, _finished_run(tmp_path / name / "mlruns.db", "simcse-demo"))
     for name in ("tokenizer.json", "model.safetensors"):
         first, second = (
-            tmp_path / job / "runs" / job / "initial_model" / name for job in ("submitted", "local")
+            tmp_path / job / "runs" / run / "initial_model" / name for job, run in RUN_NAMES.items()
         )
         assert first.read_bytes() == second.read_bytes(), name
     (_, submitted), (_, local) = runs.values()
@@ -200,7 +203,7 @@ def _assert_the_same_run(tmp_path: Path) -> None:
         client, run = runs[name]
         return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
 
-    steps_per_epoch = 600 // 32  # at most 600 sentences (150 generated groups of 4), batches of 32
+    steps_per_epoch = 1600 // 64  # the demo's 1600 sentences, batches of 64
     losses = [history(name, "train/loss")[:steps_per_epoch] for name in runs]
     assert len(losses[0]) == steps_per_epoch and [s for s, _ in losses[0]] == [s for s, _ in losses[1]]
     assert [v for _, v in losses[0]] == pytest.approx([v for _, v in losses[1]], abs=1e-6)

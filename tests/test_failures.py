@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO
+from conftest import PYTHON, REPO, run_script_in_process
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -156,7 +156,9 @@ EARLY_STOP_METRIC = "sts_generated_sts_recall_at_1"
 
 @pytest.mark.slow
 @pytest.mark.job
-def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_evaluations_say(tmp_path):
+def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_evaluations_say(
+    tmp_path, capfd, monkeypatch
+):
     """A SIGKILLed driver and a damaged newest checkpoint: the next start resumes the same MLflow
     run from the checkpoint before; the resumed run stops early (``eval.patience``) where its
     logged evaluations say it must, lets the refresh already submitted finish, drops it, and
@@ -219,9 +221,16 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
     )
     _stopped_early_with_the_best_model(client, run.info.run_id, out)
 
-    # Started once more: the run is finished, the job says so and does nothing.
-    again = RunningJob(tmp_path, overrides)
-    assert again.wait(timeout=120) == 0 and "already finished" in again.output
+    # Started once more: the run is finished, the job says so and does nothing. This start and
+    # the next end before Ray: they run in this process (no job's imports to pay again).
+    def start_here(*extra: str) -> subprocess.CompletedProcess:
+        argv = ["--config", DEMO, *(a for item in [*overrides, *extra] for a in ("--set", item))]
+        return run_script_in_process(
+            "jobs/train.py", argv, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch
+        )
+
+    again = start_here()
+    assert again.returncode == 0 and "already finished" in again.stdout, again.stderr[-3000:]
     assert len(train_loss_history(client, run.info.run_id)) == len(history)  # nothing trained or logged
 
     # The same name and folder under another experiment: a new MLflow run, and the checkpoints
@@ -231,12 +240,13 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
         return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
     folder_before = folder_files()
-    other = RunningJob(tmp_path, [*overrides, "tracking.experiment=other"])
-    assert other.wait(timeout=120) != 0
-    errors = [line for line in other.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, other.output[-4000:]
+    other = start_here("tracking.experiment=other")
+    output = other.stdout + other.stderr
+    assert other.returncode != 0
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output[-4000:]
     assert f"{run_dir} holds the checkpoints of a run that experiment 'other'" in errors[0]
-    assert "Traceback" not in other.output and "[data]" not in other.output
+    assert "Traceback" not in output and "[data]" not in output
     (refused,) = client.search_runs([client.get_experiment_by_name("other").experiment_id])
     assert refused.info.status == "FAILED"
     assert folder_files() == folder_before
