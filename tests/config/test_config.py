@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import PYTHON, REPO
+from conftest import PYTHON, REPO, run_script_in_process
 
 from bench.common import job_env
 from pipeline.config.loading import load_config
@@ -93,15 +93,28 @@ def test_yaml_errors(tmp_path):
         (["--set", "data.path=/nonexistent/corpus.txt"], "data.path: /nonexistent/corpus.txt does not exist"),
     ],
 )
-def test_cli_fails_fast_with_one_line(tmp_path, args, needle):
+def test_cli_fails_fast_with_one_line(tmp_path, capfd, monkeypatch, args, needle):
+    """jobs/train.py's main() here (each case as a process of its own would pay the imports
+    again); the command itself: the next test."""
+    proc = run_script_in_process(
+        "jobs/train.py", ["--config", str(REPO / "jobs/configs/demo.yaml"), *args],
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
+    )  # fmt: skip
+    _assert_failed_fast(proc, tmp_path, needle)
+
+
+def test_the_command_fails_fast_with_one_line(tmp_path):
+    """The same as a user meets it: a process of its own, where a library's import-time
+    warning would show too."""
     proc = subprocess.run(
-        [PYTHON, str(REPO / "jobs/train.py"), "--config", str(REPO / "jobs/configs/demo.yaml"), *args],
-        cwd=tmp_path,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+        [PYTHON, str(REPO / "jobs/train.py"), "--config", str(REPO / "jobs/configs/demo.yaml"),
+         "--set", "data.path=/nonexistent/corpus.txt"],
+        cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    _assert_failed_fast(proc, tmp_path, "data.path: /nonexistent/corpus.txt does not exist")
+
+
+def _assert_failed_fast(proc: subprocess.CompletedProcess, tmp_path, needle: str) -> None:
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "mlflow" not in line.lower()]
     assert lines == [f"error: {lines[0][7:]}"] and needle in lines[0], proc.stderr

@@ -7,7 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO
+from conftest import PYTHON, REPO, run_script_in_process
 from scipy.stats import spearmanr
 
 from bench.common import job_env
@@ -180,7 +180,9 @@ def _generated_pairs(paraphrase_corpus, n, seed):
     return pairs
 
 
-def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphrase_corpus):
+def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphrase_corpus, capfd, monkeypatch):
+    """The command once as a process of its own (``--json``), then its ``main()`` here (the
+    table, and a bad file's one line): a process costs its imports again."""
     first, second = _generated_pairs(paraphrase_corpus, 120, 0), _generated_pairs(paraphrase_corpus, 80, 1)
     stsb = tmp_path / "dev.csv"
     _write_stsb(stsb, first)
@@ -204,12 +206,11 @@ def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphras
 
     corpus = tmp_path / "corpus.txt"  # post-hoc whitening, fitted on these sentences
     corpus.write_text("\n".join(paraphrase_corpus[0][:400]) + "\n", encoding="utf-8")
-    both = subprocess.run(
-        cmd + ["--sts", str(stsb), "--sts", str(jsonl), "--whiten-on", str(corpus)],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-    )
+    here = ["--model", str(trained_tiny_model_dir)]
+    both = run_script_in_process(
+        "jobs/evaluate.py", [*here, "--sts", str(stsb), "--sts", str(jsonl), "--whiten-on", str(corpus)],
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
+    )  # fmt: skip
     assert both.returncode == 0, both.stderr[-2000:]
     rows = {line.split()[0]: line.split() for line in both.stdout.splitlines()[3:]}
     assert set(rows) == {"dev", "other", "average"}
@@ -222,6 +223,8 @@ def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphras
 
     bad = tmp_path / "bad.csv"
     bad.write_text("a\tb\tc\td\tNaNx\te\tf\n")
-    failed = subprocess.run(cmd + ["--sts", str(bad)], env=job_env(), capture_output=True, text=True)
+    failed = run_script_in_process(
+        "jobs/evaluate.py", [*here, "--sts", str(bad)], cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch
+    )
     assert failed.returncode != 0 and "Traceback" not in failed.stderr
     assert failed.stderr.strip().splitlines() == [f"error: {bad}:1: score 'NaNx' is not a number"]
