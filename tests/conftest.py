@@ -63,7 +63,13 @@ def run_script_in_process(
         monkeypatch.delenv(key)
     monkeypatch.chdir(cwd)
     capfd.readouterr()  # what earlier tests left
-    code = module.main(argv)
+    environment = dict(os.environ)
+    try:
+        code = module.main(argv)
+    finally:  # what the job set for itself (MLflow's retry count, Ray's switches) ends with it
+        for key in set(os.environ) - set(environment):
+            del os.environ[key]
+        os.environ.update(environment)
     out, err = capfd.readouterr()
     deadline = time.monotonic() + 60
     while not all(line in out for line in actor_lines) and time.monotonic() < deadline:

@@ -300,11 +300,12 @@ def _healthy(port: int) -> bool:
         return False
 
 
-def test_unreachable_tracking_server_fails_before_any_compute(tmp_path):
+def test_unreachable_tracking_server_fails_before_any_compute(tmp_path, capfd, monkeypatch):
     port = free_port()  # nothing listens there
-    proc = subprocess.run(
-        [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, "--set", f"tracking.uri=http://127.0.0.1:{port}"],
-        cwd=tmp_path, env=job_env({CONNECT_TIMEOUT_ENV: "2"}), capture_output=True, text=True, timeout=120,
+    monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "2")
+    proc = run_script_in_process(
+        "jobs/train.py", ["--config", DEMO, "--set", f"tracking.uri=http://127.0.0.1:{port}"],
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
