@@ -3,16 +3,12 @@ its dashboard (which serves the job-submission API) on the loopback interface.""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 
 import psutil
 import pytest
 import torch
-from conftest import PYTHON
 
-from bench.common import job_env
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
 
@@ -49,30 +45,14 @@ def test_checkpoint_state_carrying_code_is_refused(tmp_path, tiny_model_dir):
     assert not marker.exists()
 
 
-@pytest.mark.slow
-def test_local_ray_dashboard_listens_on_loopback_only(tmp_path):
-    script = (
-        "import json, ray\n"
-        "from pipeline.config.loading import load_config\n"
-        "from pipeline.runtime.cluster import init_ray\n"
-        "init_ray(load_config(None, ['ray.num_cpus=1']))\n"
-        "print(json.dumps({'url': ray._private.worker.get_dashboard_url()}), flush=True)\n"
-        "import sys; sys.stdin.readline()\n"
-        "ray.shutdown()\n"
-    )
-    proc = subprocess.Popen(
-        [PYTHON, "-c", script], cwd=tmp_path, env=job_env(),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        url = json.loads(proc.stdout.readline())["url"]
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        assert host == "127.0.0.1", url
-        listening = [
-            c.laddr.ip
-            for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)
-        ]
-        assert listening and set(listening) == {"127.0.0.1"}, listening
-    finally:
-        proc.communicate("\n", timeout=60)
+def test_local_ray_dashboard_listens_on_loopback_only(ray_local):
+    """The session's Ray was started the way a job starts its own (``init_ray``)."""
+    url = ray_local._private.worker.get_dashboard_url()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    assert host == "127.0.0.1", url
+    listening = [
+        c.laddr.ip
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)
+    ]
+    assert listening and set(listening) == {"127.0.0.1"}, listening
