@@ -1,7 +1,9 @@
 """What the driver hands every training worker, and what the workers report back.
 
-The driver builds one :class:`LoopConfig` (Ray Train's ``train_loop_config``); large inputs
-travel as object-store references so that each node fetches them once. Every
+The driver builds one :class:`LoopConfig` and puts it in the object store; Ray Train's
+``train_loop_config`` carries only its reference (see
+:func:`pipeline.training.trainer.build_trainer`). Large inputs inside it travel as object-store
+references too, so that each node fetches them once. Every
 ``ray.train.report`` carries :func:`report_metrics`, from which the driver reads the run's
 :class:`~pipeline.training.state.TrainHistory` with :func:`history_from_report`.
 """
