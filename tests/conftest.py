@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,6 +41,11 @@ def load_script(relative_path: str, name: str):
     return module
 
 
+def set_flags(overrides: list[str]) -> list[str]:
+    """``--set KEY=VALUE`` for each override, as the job scripts take them."""
+    return [flag for item in overrides for flag in ("--set", item)]
+
+
 def run_script_in_process(
     relative_path: str,
     argv: list[str],
@@ -47,22 +53,25 @@ def run_script_in_process(
     cwd: Path,
     capfd,
     monkeypatch,
-    actor_lines: tuple[str, ...] = (),
+    actor_output: bool = False,
 ) -> subprocess.CompletedProcess:
     """``main(argv)`` of a job script in this test process, in ``cwd``, with no ``MLFLOW_*``
-    variable: on the test process's Ray when the test holds ``ray_local`` (no Ray start and no
-    imports of its own: about 20 s of CPU less than a process of its own). For jobs that run
-    the same either way; a job whose processes a test kills, or whose actors must see a seam's
-    variable, runs as a process of its own.
+    variable and the environment as it was afterwards: on the test process's Ray when the
+    test holds ``ray_local`` (no Ray start and no imports of its own: about 20 s of CPU less
+    than a process of its own). For jobs that run the same either way; a job whose processes a
+    test kills, or whose actors must see a seam's variable, runs as a process of its own.
 
-    Ray forwards what its actors print to this process a moment later, so ``main`` may return
-    before their last lines arrive: the output is read until it holds each of ``actor_lines``
-    (at most 60 s; a line that never comes fails the test's own assertion)."""
-    module = load_script(relative_path, "in_process_" + Path(relative_path).stem)
+    Ray forwards what its actors print to this process some time later, so ``main`` returns
+    before their lines have surely arrived. With ``actor_output`` the stdout returned ends with
+    what the job's actors wrote to their Ray log files while ``main`` ran, which is complete
+    when it returns (their processes wrote it before the job's end)."""
+    name = "in_process_" + Path(relative_path).stem
+    module = sys.modules.get(name) or load_script(relative_path, name)
     for key in [k for k in os.environ if k.startswith("MLFLOW_")]:
         monkeypatch.delenv(key)
     monkeypatch.chdir(cwd)
     capfd.readouterr()  # what earlier tests left
+    logs_before = _actor_logs() if actor_output else {}
     environment = dict(os.environ)
     try:
         code = module.main(argv)
@@ -71,12 +80,24 @@ def run_script_in_process(
             del os.environ[key]
         os.environ.update(environment)
     out, err = capfd.readouterr()
-    deadline = time.monotonic() + 60
-    while not all(line in out for line in actor_lines) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        more_out, more_err = capfd.readouterr()
-        out, err = out + more_out, err + more_err
+    if actor_output:
+        written = "".join(text[len(logs_before.get(path, "")) :] for path, text in _actor_logs().items())
+        # Ray's markers of which job and actor a log belongs to (its console leaves them out)
+        out += "".join(line for line in written.splitlines(keepends=True) if not RAY_LOG_MARKER.match(line))
     return subprocess.CompletedProcess([relative_path, *argv], code, out, err)
+
+
+RAY_LOG_MARKER = re.compile(r":(job_id|actor_name|task_name):")
+
+
+def _actor_logs() -> dict[Path, str]:
+    """What the workers of this process's Ray session wrote to stdout so far, by log file."""
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"  # no public accessor
+    return {path: path.read_text(errors="replace") for path in logs.glob("worker-*.out")}
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, RayHead, assert_clean_negatives
+from conftest import PYTHON, REPO, RayHead, assert_clean_negatives, set_flags
 from demo_checks import DEMO_CHECKED, assert_the_demo_run
 from mlflow.tracking import MlflowClient
 
@@ -124,7 +124,7 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
 
 
 def _settings() -> list[str]:
-    return [a for item in SETTINGS for a in ("--set", item)]
+    return set_flags(SETTINGS)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, assert_no_alarming_lines, run_script_in_process
+from conftest import REPO, assert_no_alarming_lines, run_script_in_process, set_flags
 from mlflow.tracking import MlflowClient
 
 from bench.running_job import RunningJob
@@ -70,8 +70,8 @@ def test_model_folder_and_jsonl_corpus(
         "train.num_workers=1",  # two ranks: the demo's run; a worker costs ~9 s of CPU to start
     ]
     proc = run_script_in_process(
-        "jobs/train.py", ["--config", DEMO, *(a for item in settings for a in ("--set", item))],
-        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch, actor_lines=("[eval] epoch 1 step ",),
+        "jobs/train.py", ["--config", DEMO, *set_flags(settings)],
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch, actor_output=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{len(texts)} sentences (0 empty, 0 duplicates dropped)" in proc.stdout

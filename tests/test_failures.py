@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, run_script_in_process
+from conftest import PYTHON, REPO, run_script_in_process, set_flags
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -224,7 +224,7 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
     # Started once more: the run is finished, the job says so and does nothing. This start and
     # the next end before Ray: they run in this process (no job's imports to pay again).
     def start_here(*extra: str) -> subprocess.CompletedProcess:
-        argv = ["--config", DEMO, *(a for item in [*overrides, *extra] for a in ("--set", item))]
+        argv = ["--config", DEMO, *set_flags([*overrides, *extra])]
         return run_script_in_process(
             "jobs/train.py", argv, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch
         )

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REPO, assert_clean_negatives, assert_no_alarming_lines, run_script_in_process
+from conftest import (
+    PYTHON,
+    REPO,
+    assert_clean_negatives,
+    assert_no_alarming_lines,
+    run_script_in_process,
+    set_flags,
+)
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -79,23 +86,21 @@ def _settings(files: dict[str, Path], model_dir: Path, *overrides: str) -> list[
     ]  # fmt: skip
 
 
+def _argv(files: dict[str, Path], model_dir: Path, *overrides: str) -> list[str]:
+    return ["--config", RECIPE, *set_flags(_settings(files, model_dir, *overrides))]
+
+
 def _train(
     cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    args = [PYTHON, str(REPO / "jobs/train.py"), "--config", RECIPE]
-    for item in _settings(files, model_dir, *overrides):
-        args += ["--set", item]
+    args = [PYTHON, str(REPO / "jobs/train.py"), *_argv(files, model_dir, *overrides)]
     return subprocess.run(args, cwd=cwd, env=job_env(env), capture_output=True, text=True, timeout=600)
 
 
 def _train_here(cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str, capfd, monkeypatch):
     """:func:`_train` in this test process, on its Ray (the test holds ``ray_local``): for runs
     that need no seam (the async run's boundaries are scripted in its workers' environment)."""
-    argv = [
-        "--config",
-        RECIPE,
-        *(a for item in _settings(files, model_dir, *overrides) for a in ("--set", item)),
-    ]
+    argv = _argv(files, model_dir, *overrides)
     return run_script_in_process("jobs/train.py", argv, cwd=cwd, capfd=capfd, monkeypatch=monkeypatch)
 
 

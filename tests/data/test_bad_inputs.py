@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import PYTHON, REPO, load_script
+from conftest import PYTHON, REPO, run_script_in_process, set_flags
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env
@@ -27,14 +27,6 @@ from bench.common import job_env
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 # Small and quick wherever a run gets as far as training.
 TINY = ["train.epochs=1", "mining.refresh=never", "train.batch_size=16", "train.num_workers=1"]
-
-
-def _load_job(name: str):
-    return load_script(f"jobs/{name}.py", f"jobs_{name}_bad_inputs")
-
-
-TRAIN = _load_job("train")
-MINE = _load_job("mine")
 
 
 @dataclass
@@ -64,8 +56,6 @@ class Outcome:
 
 def _train(tmp_path: Path, capfd, monkeypatch, *overrides: str, name: str = "bad") -> Outcome:
     """jobs/train.py's main() in this process, in ``tmp_path``, with its own MLflow store."""
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
     db = tmp_path / "mlruns.db"
     settings = [
         f"tracking.uri=sqlite:///{db}",
@@ -75,13 +65,14 @@ def _train(tmp_path: Path, capfd, monkeypatch, *overrides: str, name: str = "bad
         *TINY,
         *overrides,
     ]
-    argv = ["--config", DEMO]
-    for item in settings:
-        argv += ["--set", item]
-    capfd.readouterr()  # drop whatever earlier tests left
-    code = TRAIN.main(argv)
-    out, err = capfd.readouterr()
-    return Outcome(code, out, err, db, name)
+    proc = run_script_in_process(
+        "jobs/train.py",
+        ["--config", DEMO, *set_flags(settings)],
+        cwd=tmp_path,
+        capfd=capfd,
+        monkeypatch=monkeypatch,
+    )
+    return Outcome(proc.returncode, proc.stdout, proc.stderr, db, name)
 
 
 def _assert_failed(outcome: Outcome, code: int, error: str | re.Pattern, run_created: bool) -> None:
@@ -230,13 +221,11 @@ def test_mine_job_rejected_before_anything_starts(tmp_path, capfd, monkeypatch, 
     (tmp_path / "good-pairs.csv").write_text("anchor,positive\na cat,a kitten\n")
     (tmp_path / "model").mkdir()
     (tmp_path / "model/config.json").write_text("{}")  # passes the model folder check
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
     db = tmp_path / "mlruns.db"
     argv = [a.format(tmp=tmp_path) for a in arguments]
     argv += ["--output", str(tmp_path / "out.parquet"), "--set", f"tracking.uri=sqlite:///{db}"]
-    capfd.readouterr()
-    outcome = Outcome(MINE.main(argv), *capfd.readouterr(), db, "simcse-mining")
+    proc = run_script_in_process("jobs/mine.py", argv, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
+    outcome = Outcome(proc.returncode, proc.stdout, proc.stderr, db, "simcse-mining")
     _assert_failed(outcome, code, error.format(tmp=tmp_path), run_created=False)
     assert "[data]" not in outcome.stdout  # the pairs were never read
     assert not (tmp_path / "out.parquet").exists()

@@ -191,7 +191,8 @@ def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphras
         "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in second)
     )
 
-    cmd = [PYTHON, str(REPO / "jobs/evaluate.py"), "--model", str(trained_tiny_model_dir)]
+    here = ["--model", str(trained_tiny_model_dir)]
+    cmd = [PYTHON, str(REPO / "jobs/evaluate.py"), *here]
     one = subprocess.run(cmd + ["--sts", str(stsb), "--json"], env=job_env(), capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
     result = json.loads(one.stdout)
@@ -206,7 +207,6 @@ def test_evaluate_job_json_and_table(tmp_path, trained_tiny_model_dir, paraphras
 
     corpus = tmp_path / "corpus.txt"  # post-hoc whitening, fitted on these sentences
     corpus.write_text("\n".join(paraphrase_corpus[0][:400]) + "\n", encoding="utf-8")
-    here = ["--model", str(trained_tiny_model_dir)]
     both = run_script_in_process(
         "jobs/evaluate.py", [*here, "--sts", str(stsb), "--sts", str(jsonl), "--whiten-on", str(corpus)],
         cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
