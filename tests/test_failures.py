@@ -156,41 +156,141 @@ EARLY_STOP_METRIC = "sts_generated_sts_recall_at_1"
 
 @pytest.mark.slow
 @pytest.mark.job
-def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_evaluations_say(
+def test_a_killed_job_then_a_hung_miner_resume_where_they_must_and_a_tracking_outage_loses_no_metric(
     tmp_path, capfd, monkeypatch
 ):
-    """A SIGKILLed driver and a damaged newest checkpoint: the next start resumes the same MLflow
-    run from the checkpoint before; the resumed run stops early (``eval.patience``) where its
-    logged evaluations say it must, lets the refresh already submitted finish, drops it, and
-    exports the best epoch's model; a third start does nothing, and a start under another
-    experiment is refused rather than continuing these checkpoints. (One job for both: each whole
-    job a test starts costs about 50 s of CPU, docs/operations.md "Tests".)"""
+    """One run, started three times, logging to a real ``mlflow server`` (each whole job a test
+    starts costs about 50 s of CPU, docs/operations.md "Tests"):
+
+    1. The driver is SIGKILLed in epoch 1 and the newest checkpoint is damaged: the next start
+       resumes the same MLflow run from the checkpoint before.
+    2. That start's miner is frozen (SIGSTOP): the epoch-end wait for its plan ends after
+       ``mining.timeout_s`` with one line naming that wait, not a hang, and is not retried
+       (restarted workers would wait on the same miner); the run is marked FAILED. The finished
+       epoch was checkpointed before the wait.
+    3. The third start resumes at that boundary, asks a new miner for the plan, trains no step
+       twice while the MLflow server is killed and restarted (every metric arrives exactly
+       once), stops early (``eval.patience``) where its logged evaluations say, lets the refresh
+       already submitted finish, drops it, and exports the best epoch's model.
+
+    Then a fourth start does nothing, and a start under another experiment is refused rather
+    than continuing these checkpoints."""
+    port = free_port()
+    server = _start_mlflow_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
     # One train worker: resuming two ranks exactly is the faulted run's check (above); each
-    # worker costs a job start about 9 s of CPU, and this test starts the job twice.
+    # worker costs a job start about 9 s of CPU, and this test starts the job three times.
     overrides = [
         "run.name=resume", "train.epochs=4", "checkpoint.every_steps=10", "train.log_every=5",
-        "eval.patience=1", f"eval.select_by={EARLY_STOP_METRIC}", "train.num_workers=1",
+        "eval.patience=1", f"eval.select_by={EARLY_STOP_METRIC}", "train.num_workers=1", f"tracking.uri={uri}",
     ]  # fmt: skip
     run_dir = tmp_path / "runs" / "resume"
-    # Rank 0 is held before step 23 (the seam), so the checkpoints at steps 10 and 20 are the
-    # newest there will be when the job is killed: the clock does not decide which is damaged.
-    first = RunningJob(tmp_path, overrides, holds=("train_step=23",))
+    jobs: list[RunningJob] = []
     try:
+        wait_for(lambda: _healthy(port), 90, "the MLflow server")
+        client = MlflowClient(tracking_uri=uri)
+        # Rank 0 is held before step 23 (the seam), so the checkpoints at steps 10 and 20 are the
+        # newest there will be when the job is killed: the clock does not decide which is damaged.
+        first = RunningJob(tmp_path, overrides, holds=("train_step=23",))
+        jobs.append(first)
         first.wait_held("train_step=23", "step 23")
         wait_for(
             lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == 20 and c,
             120, "the checkpoint at step 20 registered", first,
         )  # fmt: skip
+        (interrupted,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+        run_id = interrupted.info.run_id
+        # Steps 16-20 are sent at step 20 (train.log_every=5): the next start trains them again.
+        wait_for(
+            lambda: 20 in {m.step for m in train_loss_history(client, run_id)}, 120, "step 20 sent", first
+        )  # fmt: skip
         first.proc.kill()  # SIGKILL: no handler runs, nothing is cleaned up or marked
         first.wait(timeout=30)
-    finally:
-        first.kill_all()
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
-    (interrupted,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
-    assert interrupted.info.status == "RUNNING"  # the killed job could not mark anything
+        assert client.get_run(run_id).info.status == "RUNNING"  # the killed job could not mark anything
 
-    # The newest checkpoint is damaged as a write cut short would leave it, and an unregistered
-    # half-written folder sits beside it: neither may be resumed from.
+        previous = _damage_the_newest_checkpoint(run_dir)
+        # The frozen miner never answers, so any deadline shows the wait ending: a short one keeps
+        # the test from idling. The next start, whose healthy refresh that deadline also bounds,
+        # keeps the default (mining.timeout_s is infrastructure, not a param: a resume may change
+        # it). The miner's start has its own deadline (train.placement_timeout_s, default 600 s).
+        second = RunningJob(tmp_path, [*overrides, "mining.timeout_s=5"])
+        jobs.append(second)
+        # The trainer is announced only after the miner answered ready(): it exists and is idle.
+        wait_for(lambda: "[train] 4 epochs" in second.output, 300, "the trainer start", second)
+        (miner,) = second.processes("HardNegativeMiner")
+        miner.suspend()
+        code = second.wait(timeout=300)
+        steps_per_epoch = _resumed_then_failed_on_the_hung_miner(
+            second.output, code, client, run_id, run_dir, previous
+        )
+
+        third = RunningJob(tmp_path, overrides)
+        jobs.append(third)
+        wait_for(
+            lambda: any(m.step > steps_per_epoch for m in train_loss_history(client, run_id)),
+            400, "a step of the third start logged", third, 0.5,
+        )  # fmt: skip
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+        wait_for(lambda: "[mlflow] could not send" in third.output, 300, "a failed send", third, 0.2)
+        server = _start_mlflow_server(tmp_path, port)
+        code = third.wait(timeout=600)
+        out = third.output
+        assert code == 0, out[-4000:]
+        assert f"[train] resumed at step {steps_per_epoch}, after epoch 1" in out
+        assert "[train] epoch 1 was checkpointed before its refresh; next plan v1" in out
+        # Read back from the restarted server, which is stopped only after.
+        (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
+        assert run.info.run_id == run_id and run.info.status == "FINISHED"
+        # Every step once, but those the first start had trained and sent after its last intact
+        # checkpoint (step 10; it trained up to step 22, held before 23, and had sent step 20):
+        # the second start trained them again.
+        history = train_loss_history(client, run_id)
+        redone, _ = steps_redone(history)
+        assert redone == list(range(previous["step"] + 1, redone[-1] + 1)) and 20 <= redone[-1] <= 22, redone
+        assert sorted(set(m.step for m in history)) == list(range(1, 2 * steps_per_epoch + 1))
+        assert len(history) == 2 * steps_per_epoch + len(redone)
+        versions = {(m.step, m.value) for m in client.get_metric_history(run_id, "train/plan_version")}
+        assert {(steps_per_epoch * (e + 1), float(e)) for e in range(2)} <= versions
+        _stopped_early_with_the_best_model(client, run_id, out)
+
+        # Started once more: the run is finished, the job says so and does nothing. This start
+        # and the next end before Ray: they run in this process (no job's imports to pay again).
+        def start_here(*extra: str) -> subprocess.CompletedProcess:
+            argv = ["--config", DEMO, *set_flags([*overrides, *extra])]
+            return run_script_in_process(
+                "jobs/train.py", argv, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch
+            )
+
+        again = start_here()
+        assert again.returncode == 0 and "already finished" in again.stdout, again.stderr[-3000:]
+        assert len(train_loss_history(client, run_id)) == len(history)  # nothing trained or logged
+        # The same name and folder under another experiment: a new MLflow run, and the checkpoints
+        # are not its own. Ray Train would continue them; the job refuses before its config or
+        # any checkpoint is written there (the generated corpus is written again, the same bytes).
+        folder_before = _folder_files(run_dir)
+        other = start_here("tracking.experiment=other")
+        output = other.stdout + other.stderr
+        assert other.returncode != 0
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, output[-4000:]
+        assert f"{run_dir} holds the checkpoints of a run that experiment 'other'" in errors[0]
+        assert "Traceback" not in output and "[data]" not in output
+        (refused,) = client.search_runs([client.get_experiment_by_name("other").experiment_id])
+        assert refused.info.status == "FAILED"
+        assert _folder_files(run_dir) == folder_before
+    finally:
+        for started in jobs:
+            started.kill_all()
+        if server.returncode is None:  # unreaped: its group id is still the server's
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+
+
+def _damage_the_newest_checkpoint(run_dir: Path) -> dict:
+    """Damage the newest registered checkpoint as a write cut short would leave it, and put an
+    unregistered half-written folder beside it: neither may be resumed from. Returns the
+    checkpoint before the newest."""
     registered = snapshot_checkpoints(run_dir)
     newest, previous = registered[-1], registered[-2]
     state_file = run_dir / newest["dir"] / "train_state.pt"
@@ -198,58 +298,42 @@ def test_killed_job_resumes_from_newest_complete_checkpoint_and_stops_where_its_
     stray = run_dir / "checkpoint_2099-01-01_00-00-00.000000"
     (stray / "model").mkdir(parents=True)
     (stray / "train_state.pt").write_bytes(b"partial")
+    return previous
 
-    second = RunningJob(tmp_path, overrides)
-    code = second.wait(timeout=600)
-    out = second.output
-    assert code == 0, out[-4000:]
+
+def _resumed_then_failed_on_the_hung_miner(
+    out: str, code: int, client: MlflowClient, run_id: str, run_dir: Path, previous: dict
+) -> int:
+    """The second start resumed from the checkpoint before the damaged one, then failed with one
+    line on the frozen miner, FAILED in MLflow, epoch 1 checkpointed before the wait. Returns
+    the steps in an epoch."""
+    assert code == 1, out[-4000:]
     assert "resuming 'resume'" in out
-    assert "skipping checkpoint" in out and "train_state.pt has" in out, (registered, out[-4000:])
+    assert "skipping checkpoint" in out and "train_state.pt has" in out, out[-4000:]
     assert f"[train] resumed at step {previous['step']}" in out
-    resume_seconds = second.first_line_time(r"\[train\] resumed at step")
-    (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
-    assert run.info.run_id == interrupted.info.run_id and run.info.status == "FINISHED"
-    steps_per_epoch = int(client.get_metric_history(run.info.run_id, "train/plan_version")[0].step)
-    history = train_loss_history(client, run.info.run_id)
-    assert {m.step for m in history} == set(range(1, 2 * steps_per_epoch + 1))
-    redone, _ = steps_redone(history)
-    assert redone and redone[0] == previous["step"] + 1
-    versions = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/plan_version")}
-    assert {(steps_per_epoch * (e + 1), float(e)) for e in range(2)} <= versions
-    print(
-        f"\ndriver kill: resumed {resume_seconds:.1f}s after the command started, {len(redone)} steps redone"
-    )
-    _stopped_early_with_the_best_model(client, run.info.run_id, out)
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors == ["error: the miner did not return plan v1 within mining.timeout_s=5s"], out[-4000:]
+    assert "Traceback" not in out  # Ray Train's own failure reports are off unless --debug
+    assert re.search(
+        r"\[train\] worker rank 0 failed: the miner did not return plan v1 within mining\.timeout_s=5s "
+        r"\(failure 1, train\.max_failures=3; not retried: it fails the same way on every restart\)",
+        out,
+    ), out[-4000:]
+    assert "failure 2" not in out
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["simcse.error"] == errors[0].removeprefix("error: ")
+    # Epoch 1 was checkpointed at step 20 again, and at its end before the wait for the plan
+    # (checkpoint.keep_last=2 keeps the newest two).
+    checkpoints = snapshot_checkpoints(run_dir)
+    steps_per_epoch = checkpoints[-1]["step"]
+    assert [c["step"] for c in checkpoints] == [20, steps_per_epoch] and steps_per_epoch > 20
+    assert checkpoints[-1]["epoch"] == 1 and checkpoints[-1]["plan_pending"] is True
+    return steps_per_epoch
 
-    # Started once more: the run is finished, the job says so and does nothing. This start and
-    # the next end before Ray: they run in this process (no job's imports to pay again).
-    def start_here(*extra: str) -> subprocess.CompletedProcess:
-        argv = ["--config", DEMO, *set_flags([*overrides, *extra])]
-        return run_script_in_process(
-            "jobs/train.py", argv, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch
-        )
 
-    again = start_here()
-    assert again.returncode == 0 and "already finished" in again.stdout, again.stderr[-3000:]
-    assert len(train_loss_history(client, run.info.run_id)) == len(history)  # nothing trained or logged
-
-    # The same name and folder under another experiment: a new MLflow run, and the checkpoints
-    # are not its own. Ray Train would continue them; the job refuses before its config or any
-    # checkpoint is written there (the generated corpus is written again, the same bytes).
-    def folder_files() -> dict[Path, bytes]:
-        return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-
-    folder_before = folder_files()
-    other = start_here("tracking.experiment=other")
-    output = other.stdout + other.stderr
-    assert other.returncode != 0
-    errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, output[-4000:]
-    assert f"{run_dir} holds the checkpoints of a run that experiment 'other'" in errors[0]
-    assert "Traceback" not in output and "[data]" not in output
-    (refused,) = client.search_runs([client.get_experiment_by_name("other").experiment_id])
-    assert refused.info.status == "FAILED"
-    assert folder_files() == folder_before
+def _folder_files(folder: Path) -> dict[Path, bytes]:
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 def _stopped_early_with_the_best_model(client: MlflowClient, run_id: str, out: str) -> None:
@@ -312,86 +396,3 @@ def test_unreachable_tracking_server_fails_before_any_compute(tmp_path, capfd, m
     assert len(errors) == 1 and f"http://127.0.0.1:{port} is not reachable" in errors[0], proc.stderr
     assert "after 2s" in errors[0]  # the seam's wait, in place of the fixed 15 s
     assert "Traceback" not in proc.stderr and "[data]" not in proc.stdout  # nothing was computed
-
-
-@pytest.mark.slow
-@pytest.mark.job
-def test_hung_miner_ends_the_job_at_once_and_a_tracking_outage_loses_no_metric(tmp_path):
-    """The miner process is frozen (SIGSTOP) before the first refresh: the epoch-end wait for its
-    plan ends after ``mining.timeout_s`` with one line naming that wait, not a hang, and is not
-    retried (restarted workers would wait on the same miner); the run is marked FAILED. The
-    finished epoch was checkpointed before the wait, so the job started again resumes at the
-    boundary, asks a new miner for the plan, and trains no step twice. Both runs log to a real
-    ``mlflow server``, which is killed and restarted while the resumed run trains: every step's
-    metrics arrive exactly once."""
-    port = free_port()
-    server = _start_mlflow_server(tmp_path, port)
-    uri = f"http://127.0.0.1:{port}"
-    # The frozen miner never answers, so any deadline shows the wait ending: a short one keeps
-    # the test from idling. The resumed run, whose healthy refresh that deadline also bounds,
-    # keeps the default (mining.timeout_s is infrastructure, not a param: a resume may change it).
-    # The miner's start has its own deadline (train.placement_timeout_s, default 600 s).
-    # One train worker (the job starts twice; two ranks are the faulted run's).
-    overrides = [
-        "run.name=hung", "train.epochs=2", "checkpoint.every_steps=10", f"tracking.uri={uri}", "train.num_workers=1",
-    ]  # fmt: skip
-    jobs: list[RunningJob] = []
-    try:
-        wait_for(lambda: _healthy(port), 90, "the MLflow server")
-        job = RunningJob(tmp_path, [*overrides, "mining.timeout_s=5"])
-        jobs.append(job)
-        # The trainer is announced only after the miner answered ready(): it exists and is idle.
-        wait_for(lambda: "[train] 2 epochs" in job.output, 300, "the trainer start", job)
-        (miner,) = job.processes("HardNegativeMiner")
-        miner.suspend()
-        code = job.wait(timeout=300)
-        out = job.output
-        assert code == 1, out[-4000:]
-        errors = [line for line in out.splitlines() if line.startswith("error:")]
-        assert errors == ["error: the miner did not return plan v1 within mining.timeout_s=5s"], out[-4000:]
-        assert "Traceback" not in out  # Ray Train's own failure reports are off unless --debug
-        assert re.search(
-            r"\[train\] worker rank 0 failed: the miner did not return plan v1 within mining\.timeout_s=5s "
-            r"\(failure 1, train\.max_failures=3; not retried: it fails the same way on every restart\)",
-            out,
-        ), out[-4000:]
-        assert "failure 2" not in out
-        client = MlflowClient(tracking_uri=uri)
-        (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
-        assert run.info.status == "FAILED"
-        assert run.data.tags["simcse.error"] == errors[0].removeprefix("error: ")
-        # Epoch 1 was checkpointed at steps 10 and 20, and at its end before the wait for the plan
-        # (checkpoint.keep_last=2 keeps the newest two).
-        checkpoints = snapshot_checkpoints(tmp_path / "runs/hung")
-        steps_per_epoch = checkpoints[-1]["step"]
-        assert [c["step"] for c in checkpoints] == [20, steps_per_epoch] and steps_per_epoch > 20
-        assert checkpoints[-1]["epoch"] == 1 and checkpoints[-1]["plan_pending"] is True
-
-        again = RunningJob(tmp_path, overrides)
-        jobs.append(again)
-        wait_for(
-            lambda: any(m.step > steps_per_epoch for m in train_loss_history(client, run.info.run_id)),
-            400, "a step of the resumed run logged", again, 0.5,
-        )  # fmt: skip
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-        wait_for(lambda: "[mlflow] could not send" in again.output, 300, "a failed send", again, 0.2)
-        server = _start_mlflow_server(tmp_path, port)
-        code = again.wait(timeout=600)
-        out = again.output
-        assert code == 0, out[-4000:]
-        assert f"[train] resumed at step {steps_per_epoch}, after epoch 1" in out
-        assert "[train] epoch 1 was checkpointed before its refresh; next plan v1" in out
-        assert "batch plans   v0 (random), v1 (mined)" in out
-        # Read back from the restarted server, which is stopped only after.
-        (resumed,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
-        assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
-        history = train_loss_history(client, run.info.run_id)
-        assert sorted(m.step for m in history) == list(range(1, 2 * steps_per_epoch + 1))  # each step once
-        assert len(client.get_metric_history(run.info.run_id, "train/epoch_loss")) == 2
-    finally:
-        for started in jobs:
-            started.kill_all()
-        if server.returncode is None:  # unreaped: its group id is still the server's
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
