@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -58,8 +59,10 @@ def run_script_in_process(
     """``main(argv)`` of a job script in this test process, in ``cwd``, with no ``MLFLOW_*``
     variable and the environment as it was afterwards: on the test process's Ray when the
     test holds ``ray_local`` (no Ray start and no imports of its own: about 20 s of CPU less
-    than a process of its own). For jobs that run the same either way; a job whose processes a
-    test kills, or whose actors must see a seam's variable, runs as a process of its own.
+    than a process of its own). For jobs that run the same either way: the seams a test sets
+    here reach the job's actors in their runtime_env, and :func:`hold_and_kill` kills one of
+    them; a job whose driver a test kills, or that needs a Ray of its own, runs as a process
+    of its own.
 
     Ray forwards what its actors print to this process some time later, so ``main`` returns
     before their lines have surely arrived. With ``actor_output`` the stdout returned ends with
@@ -88,6 +91,34 @@ def run_script_in_process(
 
 
 RAY_LOG_MARKER = re.compile(r":(job_id|actor_name|task_name):")
+
+
+def hold_and_kill(monkeypatch, hold_dir: Path, point: str, timeout: float = 400) -> Future:
+    """Set the hold seam (:func:`pipeline.core.seams.hold_once`) at ``point`` for a job run in
+    this process (:func:`run_script_in_process`), and SIGKILL the process that holds there, from
+    a thread, once it does. The future gives the pid killed (a TimeoutError: nothing held there
+    within ``timeout`` s)."""
+    from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
+
+    hold_dir.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv(HOLD_ENV, point)
+    monkeypatch.setenv(HOLD_DIR_ENV, str(hold_dir))
+    held = hold_dir / f"{point}.held"
+
+    def kill_when_held() -> int:
+        deadline = time.monotonic() + timeout
+        while not (held.is_file() and held.read_text()):  # created, then its pid written
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing held at {point} within {timeout:g}s")
+            time.sleep(0.05)
+        pid = int(held.read_text())
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(kill_when_held)
+    pool.shutdown(wait=False)  # the thread runs on until the kill (or the timeout)
+    return future
 
 
 def _actor_logs() -> dict[Path, str]:

@@ -5,15 +5,13 @@ runs it (its own process and local Ray): tests/test_cotenancy.py with tests/demo
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, assert_no_alarming_lines, run_script_in_process, set_flags
+from conftest import REPO, assert_no_alarming_lines, hold_and_kill, run_script_in_process, set_flags
 from mlflow.tracking import MlflowClient
 
-from bench.running_job import RunningJob
 from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 
@@ -152,13 +150,14 @@ def test_model_folder_and_jsonl_corpus(
 
 @pytest.mark.job
 def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_killed(
-    tmp_path, tiny_model_dir, paraphrase_corpus
+    tmp_path, tiny_model_dir, paraphrase_corpus, ray_local, capfd, monkeypatch
 ):
     """The pairs task on the demo config: given negatives and mined ones (mined with the starting
     weights before epoch 1, refreshed after it), evaluated on STS. The miner is SIGKILLed while
     it mines v2 after epoch 1 (held there by the seam): Ray restarts it from what its calls
     bring (no object-store reference held by the actor), the refresh is submitted again, and
-    the job finishes as an uninterrupted one would, with nothing alarming in its output."""
+    the job finishes as an uninterrupted one would, with nothing alarming in its output. It runs
+    in this process, on its Ray: the seam reaches the miner in its runtime_env."""
 
     texts, groups = paraphrase_corpus
     members: dict[int, list[str]] = {}
@@ -194,20 +193,20 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
         "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
         "train.num_workers=1",  # two ranks: the demo's run; a worker costs ~9 s of CPU to start
     ]  # fmt: skip
-    job = RunningJob(tmp_path, overrides, config=DEMO, holds=("miner_refresh=2",))
-    try:
-        miner = job.kill_held("miner_refresh=2", "HardNegativeMiner", "the refresh after epoch 1")
-        code = job.wait(timeout=600)
-    finally:
-        job.kill_all()
-    out = job.output
-    assert code == 0, out[-4000:]
+    killed = hold_and_kill(monkeypatch, tmp_path / "holds", "miner_refresh=2")
+    proc = run_script_in_process(
+        "jobs/train.py", ["--config", DEMO, *set_flags(overrides)], cwd=tmp_path, capfd=capfd,
+        monkeypatch=monkeypatch, actor_output=True,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, (out + proc.stderr)[-4000:]
+    miner_pid = killed.result(timeout=0)
     assert f"{len(rows)} (anchor, positive) rows" in out and f"{len(rows) // 2} with a given negative" in out
     assert (
         "[mining] the miner actor died during refresh v2" in out and "the miner actor was restarted 1x" in out
     )
     # Nothing alarming but Ray's one report of the process the test killed.
-    assert_no_alarming_lines(subprocess.CompletedProcess([], 0, out, ""), killed_pids=(miner.pid,))
+    assert_no_alarming_lines(proc, killed_pids=(miner_pid,))
     client = _client(tmp_path)
     run = _only_run(client, "sup")
     assert run.info.status == "FINISHED" and run.data.params["task"] == "pairs"

@@ -12,13 +12,11 @@ paraphrase tweets (label 1), a sentence of another group a label-0 tweet.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import (
-    PYTHON,
     REPO,
     assert_clean_negatives,
     assert_no_alarming_lines,
@@ -27,7 +25,6 @@ from conftest import (
 )
 from mlflow.tracking import MlflowClient
 
-from bench.common import job_env
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV
 from pipeline.data.triplets import index_triplets
 from pipeline.tracking.refresh_table import read_refresh_table
@@ -90,18 +87,13 @@ def _argv(files: dict[str, Path], model_dir: Path, *overrides: str) -> list[str]
     return ["--config", RECIPE, *set_flags(_settings(files, model_dir, *overrides))]
 
 
-def _train(
-    cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    args = [PYTHON, str(REPO / "jobs/train.py"), *_argv(files, model_dir, *overrides)]
-    return subprocess.run(args, cwd=cwd, env=job_env(env), capture_output=True, text=True, timeout=600)
-
-
 def _train_here(cwd: Path, files: dict[str, Path], model_dir: Path, *overrides: str, capfd, monkeypatch):
-    """:func:`_train` in this test process, on its Ray (the test holds ``ray_local``): for runs
-    that need no seam (the async run's boundaries are scripted in its workers' environment)."""
+    """jobs/train.py in this test process, on its Ray (the test holds ``ray_local``); its stdout
+    ends with what the job's actors printed."""
     argv = _argv(files, model_dir, *overrides)
-    return run_script_in_process("jobs/train.py", argv, cwd=cwd, capfd=capfd, monkeypatch=monkeypatch)
+    return run_script_in_process(
+        "jobs/train.py", argv, cwd=cwd, capfd=capfd, monkeypatch=monkeypatch, actor_output=True
+    )
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -125,12 +117,14 @@ EPOCHS, LEAD_STEPS = 4, 5
 
 @pytest.mark.job
 def test_refreshed_pairs_async_mine_before_epoch_one_and_evaluate_retrieval(
-    tmp_path, twitter_like, tiny_model_dir
+    tmp_path, twitter_like, tiny_model_dir, ray_local, capfd, monkeypatch
 ):
-    proc = _train(
+    # The seam reaches rank 0 in its runtime_env (pipeline.core.seams.actor_runtime_env).
+    monkeypatch.setenv(ASYNC_BOUNDARIES_ENV, "ready,late,ready")
+    proc = _train_here(
         tmp_path, twitter_like, tiny_model_dir, "run.name=refreshed", f"train.epochs={EPOCHS}",
         "mining.refresh=every_epoch_async", f"mining.max_staleness_steps={LEAD_STEPS}",
-        env={ASYNC_BOUNDARIES_ENV: "ready,late,ready"},
+        capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = 2 * TRAIN_GROUPS

@@ -3,8 +3,10 @@ shortens a fixed wait it would otherwise sit out.
 
 Whether an async refresh is ready at a boundary, or where exactly a worker is when it is
 killed, is otherwise a matter of how fast the machine is. A test that checks such a branch
-sets one of the variables below in the job's environment (Ray's local workers and actors
-inherit it); a run without them behaves as if this module did not exist.
+sets one of the variables below in the job's environment; the job passes those its actors
+read (Ray Train's workers, the miner) on to them in their ``runtime_env``
+(:func:`actor_runtime_env`), so they arrive on a Ray that was already running too. A run
+without them behaves as if this module did not exist.
 
 ``SIMCSE_TEST_ASYNC_BOUNDARIES``
     One word per async boundary that finds a refresh under way, in order: ``ready`` (rank 0
@@ -12,7 +14,8 @@ inherit it); a run without them behaves as if this module did not exist.
     (treated as unfinished, whatever it is). Later boundaries use the clock.
 ``SIMCSE_TEST_HOLD`` and ``SIMCSE_TEST_HOLD_DIR``
     ``point=key`` items, comma separated (``train_step=36,miner_refresh=1``): the process that
-    reaches that point writes ``<point>=<key>.held`` into the folder and blocks there until a
+    reaches that point writes ``<point>=<key>.held`` (holding its process id) into the folder
+    and blocks there until a
     ``<point>=<key>.release`` file appears (or it is killed: what a fault test does). It holds
     once per run: a restarted process finds the ``.held`` file and goes on.
 ``SIMCSE_TEST_CONNECT_TIMEOUT_S``
@@ -32,6 +35,18 @@ ASYNC_BOUNDARIES_ENV = "SIMCSE_TEST_ASYNC_BOUNDARIES"
 HOLD_ENV = "SIMCSE_TEST_HOLD"
 HOLD_DIR_ENV = "SIMCSE_TEST_HOLD_DIR"
 CONNECT_TIMEOUT_ENV = "SIMCSE_TEST_CONNECT_TIMEOUT_S"
+ACTOR_SEAMS = (ASYNC_BOUNDARIES_ENV, HOLD_ENV, HOLD_DIR_ENV)
+"""The seams read inside the job's actors, not by the driver."""
+
+
+def actor_runtime_env() -> dict[str, dict[str, str]]:
+    """A ``runtime_env`` that carries the actor seams set in this (the driver's) process to the
+    job's actors. A local Ray started by the job hands its environment to its processes; a Ray
+    that was already running (a joined cluster, a test's Ray) does not. Empty when no seam is
+    set, so a run without them starts its actors as it always did (a runtime_env of its own
+    would keep an actor off Ray's pool of started workers)."""
+    env = {name: os.environ[name] for name in ACTOR_SEAMS if os.environ.get(name)}
+    return {"env_vars": env} if env else {}
 
 
 def scripted_boundaries(value: str | None) -> list[str]:
@@ -57,7 +72,8 @@ def hold_once(point: str, key: int) -> None:
     folder = Path(os.environ[HOLD_DIR_ENV])
     held, release = folder / f"{point}={key}.held", folder / f"{point}={key}.release"
     try:
-        held.touch(exist_ok=False)
+        with held.open("x") as note:  # its process id: what a test kills
+            note.write(str(os.getpid()))
     except FileExistsError:
         return  # held once already: a restarted process goes on
     while not release.exists():

@@ -10,7 +10,7 @@ from typing import Any
 import ray
 import torch
 
-from pipeline.core.seams import hold_once
+from pipeline.core.seams import actor_runtime_env, hold_once
 from pipeline.mining.miner import HardNegativeMiner, RefreshReport
 from pipeline.mining.miner_settings import MinerSettings
 
@@ -68,6 +68,7 @@ def start_miner_actor(settings: MinerSettings) -> Any:
             num_gpus=settings.num_gpus,
             max_restarts=settings.max_restarts,
             max_task_retries=0,
+            runtime_env=actor_runtime_env() or None,
         )
         .remote(settings)
     )

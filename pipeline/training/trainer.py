@@ -12,6 +12,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from pipeline.config.schema import Config
 from pipeline.core.errors import describe_error, is_deterministic, is_process_death, root_cause
+from pipeline.core.seams import actor_runtime_env
 from pipeline.data.formats import filesystem_of
 from pipeline.training.worker import LOOP_CONFIG_KEY, train_loop_per_worker
 
@@ -117,5 +118,6 @@ def build_trainer(
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
             callbacks=[worker_failure_reporter(cfg.train.max_failures)],
             logging_config=ray.train.LoggingConfig(log_level="INFO" if debug else "CRITICAL"),
+            worker_runtime_env=actor_runtime_env(),
         ),
     )
