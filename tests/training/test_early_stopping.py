@@ -1,6 +1,6 @@
 """Early stopping (``eval.patience``): the rule on a history and the config's checks. A real
 job that stops where its own logged evaluations say it must and still exports the best model
-is the resumed run of tests/test_failures.py's killed-job test (one job start for both)."""
+is the third start of tests/test_failures.py's killed-job test (one job start for both)."""
 
 from __future__ import annotations
 
