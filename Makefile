@@ -1,8 +1,6 @@
 # Two commands: `make demo` and `make test`. Both create .venv if missing and install the
 # project into it. Torch is installed first from an exact pin (CPU build here, via pip's
 # find-links) and then held by a constraints file, so no later step can swap in a CUDA build.
-# --no-compile: pip would byte-compile all ~21,600 modules it installs (about a minute of one
-# core on 2 slow ones); Python compiles and caches those a job imports the first time it does.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -23,9 +21,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# Keep whatever torch the venv (or a --system-site-packages venv) already has.
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
-	PIP_CONSTRAINT=$(VENV)/torch-constraint.txt $(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
+	PIP_CONSTRAINT=$(VENV)/torch-constraint.txt $(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
 demo: $(STAMP)
