@@ -247,6 +247,11 @@ class Alternating:
 # The jobs a benchmark starts.
 
 
+def set_flags(overrides: list[str]) -> list[str]:
+    """``--set KEY=VALUE`` for each override, as the job scripts take them."""
+    return [flag for item in overrides for flag in ("--set", item)]
+
+
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment to run ``jobs/*.py`` in as a user would, isolated from the caller's
     MLflow and Ray (no ``MLFLOW_*``, no ``RAY_ADDRESS``), Ray's token auth off, output
@@ -276,8 +281,7 @@ def run_train_job(
     # The job runs from workdir: a config path relative to the caller's directory must not
     # be read relative to it.
     command += ["--config", str(Path(config).resolve())] if config is not None else []
-    for item in overrides:
-        command += ["--set", item]
+    command += set_flags(overrides)
     started = time.perf_counter()
     with log.open("w") as out:
         code = subprocess.run(

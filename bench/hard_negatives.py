@@ -101,7 +101,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, argument_parser, job_env, machine_report, minilm_model_dir
+from bench.common import REPO, argument_parser, job_env, machine_report, minilm_model_dir, set_flags
 from pipeline.batching.registry import SAMPLERS  # the samplers the miner knows
 
 EXPERIMENT = "hard-negatives-bench"
@@ -479,8 +479,7 @@ def train_pipeline(task: Task, variant: str, seed: int, overrides: list[str]) ->
         f"model.name_or_path={task.model}",
     ]
     sets += [f"data.max_rows={task.max_rows}"] if task.max_rows else []
-    for item in sets:
-        cmd += ["--set", item]
+    cmd += set_flags(sets)
     status, wall, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.log")
     if status != 0:
         raise RuntimeError(f"jobs/train.py exited {status}:\n{tail(output)}")

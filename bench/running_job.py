@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import REPO, job_env
+from bench.common import REPO, job_env, set_flags
 from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
 
 DEMO_CONFIG = REPO / "jobs" / "configs" / "demo.yaml"
@@ -53,9 +53,10 @@ class RunningJob:
         if holds:
             self.hold_dir.mkdir(exist_ok=True)
             env = {**(env or {}), HOLD_ENV: ",".join(holds), HOLD_DIR_ENV: str(self.hold_dir)}
-        args = [sys.executable, str(REPO / "jobs" / "train.py"), "--config", config or str(DEMO_CONFIG)]
-        for item in overrides:
-            args += ["--set", item]
+        args = [
+            sys.executable, str(REPO / "jobs" / "train.py"), "--config", config or str(DEMO_CONFIG),
+            *set_flags(overrides),
+        ]  # fmt: skip
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             args, cwd=cwd, env=job_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

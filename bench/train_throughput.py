@@ -87,6 +87,7 @@ from bench.common import (
     TreeCpuSampler,
     machine_report,
     model_label,
+    set_flags,
     timed_job_env,
     wiki_file,
 )
@@ -434,7 +435,7 @@ def parse_args() -> argparse.Namespace:
         "--lr", repr(args.lr), "--threads", str(args.threads),
         *(["--ray-num-cpus", repr(args.ray_num_cpus)] if args.ray_num_cpus else []),
         *(["--cpus-per-worker", repr(args.cpus_per_worker)] if args.cpus_per_worker else []),
-        *(item for override in args.set for item in ("--set", override)),
+        *set_flags(args.set),
     ]  # fmt: skip
     return args
 

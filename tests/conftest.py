@@ -42,11 +42,6 @@ def load_script(relative_path: str, name: str):
     return module
 
 
-def set_flags(overrides: list[str]) -> list[str]:
-    """``--set KEY=VALUE`` for each override, as the job scripts take them."""
-    return [flag for item in overrides for flag in ("--set", item)]
-
-
 def run_script_in_process(
     relative_path: str,
     argv: list[str],

@@ -22,11 +22,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, RayHead, assert_clean_negatives, set_flags
+from conftest import PYTHON, REPO, RayHead, assert_clean_negatives
 from demo_checks import DEMO_CHECKED, assert_the_demo_run
 from mlflow.tracking import MlflowClient
 
-from bench.common import job_env
+from bench.common import job_env, set_flags
 from pipeline.core.seams import CONNECT_TIMEOUT_ENV
 from pipeline.runtime.cluster import free_port
 

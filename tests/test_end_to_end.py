@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, assert_no_alarming_lines, hold_and_kill, run_script_in_process, set_flags
+from conftest import REPO, assert_no_alarming_lines, hold_and_kill, run_script_in_process
 from mlflow.tracking import MlflowClient
 
+from bench.common import set_flags
 from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
 

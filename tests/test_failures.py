@@ -14,10 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, run_script_in_process, set_flags
+from conftest import PYTHON, REPO, run_script_in_process
 from mlflow.tracking import MlflowClient
 
-from bench.common import job_env
+from bench.common import job_env, set_flags
 from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wait_for
 from pipeline.core.seams import CONNECT_TIMEOUT_ENV
 from pipeline.runtime.cluster import free_port

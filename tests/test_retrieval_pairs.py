@@ -21,10 +21,10 @@ from conftest import (
     assert_clean_negatives,
     assert_no_alarming_lines,
     run_script_in_process,
-    set_flags,
 )
 from mlflow.tracking import MlflowClient
 
+from bench.common import set_flags
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV
 from pipeline.data.triplets import index_triplets
 from pipeline.tracking.refresh_table import read_refresh_table

@@ -19,10 +19,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import PYTHON, REPO, run_script_in_process, set_flags
+from conftest import PYTHON, REPO, run_script_in_process
 from mlflow.tracking import MlflowClient
 
-from bench.common import job_env
+from bench.common import job_env, set_flags
 
 DEMO = str(REPO / "jobs/configs/demo.yaml")
 # Small and quick wherever a run gets as far as training.
@@ -270,7 +270,6 @@ def test_undecodable_lines_are_split_out_exactly():
 
 @pytest.mark.slow
 def test_more_workers_than_a_local_cluster_can_place_fails_fast(tmp_path):
-    args = [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO]
     overrides = [
         *TINY,
         "ray.num_cpus=2",
@@ -278,8 +277,7 @@ def test_more_workers_than_a_local_cluster_can_place_fails_fast(tmp_path):
         "train.cpus_per_worker=1",
         "tracking.experiment=too-big",
     ]
-    for item in overrides:
-        args += ["--set", item]
+    args = [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, *set_flags(overrides)]
     proc = subprocess.run(args, cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=180)
     outcome = Outcome(proc.returncode, proc.stdout, proc.stderr, tmp_path / "mlruns.db", "too-big")
     _assert_failed(
