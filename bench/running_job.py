@@ -97,19 +97,20 @@ class RunningJob:
                 pass
         return found
 
-    def wait_held(self, point: str, what: str, timeout: float = 400) -> None:
-        """Return once a process of the job is blocked at the seam ``point`` (one of ``holds``).
+    def wait_held(self, point: str, what: str, timeout: float = 400) -> int:
+        """The pid of the job's process blocked at the seam ``point`` (one of ``holds``), once
+        it is.
 
         Raises:
             JobWaitError: not within ``timeout`` s, or the job ended first.
         """
-        wait_for(lambda: (self.hold_dir / f"{point}.held").exists(), timeout, what, self)
+        return wait_for(lambda: held_pid(self.hold_dir, point), timeout, what, self)
 
     def kill_held(self, point: str, title: str, what: str, timeout: float = 400) -> psutil.Process:
-        """Wait until the job is held at ``point``, then SIGKILL its one process whose title
-        contains ``title`` (e.g. ``HardNegativeMiner``); returns that process."""
-        self.wait_held(point, what, timeout)
-        (victim,) = self.processes(title)
+        """Wait until the job is held at ``point``, then SIGKILL the process held there, whose
+        title must contain ``title`` (e.g. ``HardNegativeMiner``); returns that process."""
+        victim = psutil.Process(self.wait_held(point, what, timeout))
+        assert title in " ".join(victim.cmdline()), (title, victim.cmdline())
         victim.kill()
         return victim
 
@@ -177,6 +178,16 @@ def wait_for(
             raise JobWaitError(f"the job ended while waiting for {what}:\n{job.output[-4000:]}")
         time.sleep(poll)
     raise JobWaitError(f"timed out waiting for {what}" + (f":\n{job.output[-4000:]}" if job else ""))
+
+
+def held_pid(hold_dir: Path, point: str) -> int | None:
+    """The pid of the process held at the seam ``point`` (``point=key``), which
+    :func:`pipeline.core.seams.hold_once` writes into ``hold_dir``; None until it has."""
+    try:
+        text = (hold_dir / f"{point}.held").read_text()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else None  # created, then its pid written
 
 
 def snapshot_checkpoints(run_dir: Path) -> list[dict]:

@@ -91,22 +91,17 @@ RAY_LOG_MARKER = re.compile(r":(job_id|actor_name|task_name):")
 def hold_and_kill(monkeypatch, hold_dir: Path, point: str, timeout: float = 400) -> Future:
     """Set the hold seam (:func:`pipeline.core.seams.hold_once`) at ``point`` for a job run in
     this process (:func:`run_script_in_process`), and SIGKILL the process that holds there, from
-    a thread, once it does. The future gives the pid killed (a TimeoutError: nothing held there
-    within ``timeout`` s)."""
+    a thread, once it does. The future gives the pid killed (nothing held there
+    within ``timeout`` s: ``JobWaitError``)."""
+    from bench.running_job import held_pid, wait_for
     from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
 
     hold_dir.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv(HOLD_ENV, point)
     monkeypatch.setenv(HOLD_DIR_ENV, str(hold_dir))
-    held = hold_dir / f"{point}.held"
 
     def kill_when_held() -> int:
-        deadline = time.monotonic() + timeout
-        while not (held.is_file() and held.read_text()):  # created, then its pid written
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing held at {point} within {timeout:g}s")
-            time.sleep(0.05)
-        pid = int(held.read_text())
+        pid = wait_for(lambda: held_pid(hold_dir, point), timeout, f"a process held at {point}")
         os.kill(pid, signal.SIGKILL)
         return pid
 

@@ -201,7 +201,7 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
     )  # fmt: skip
     out = proc.stdout
     assert proc.returncode == 0, (out + proc.stderr)[-4000:]
-    miner_pid = killed.result(timeout=0)
+    miner_pid = killed.result(timeout=30)  # killed before the job could end; the thread returns after
     assert f"{len(rows)} (anchor, positive) rows" in out and f"{len(rows) // 2} with a given negative" in out
     assert (
         "[mining] the miner actor died during refresh v2" in out and "the miner actor was restarted 1x" in out

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
+from bench.running_job import held_pid, wait_for
 from pipeline.core.seams import (
     ACTOR_SEAMS,
     ASYNC_BOUNDARIES_ENV,
@@ -39,11 +39,7 @@ def test_a_hold_writes_the_holding_pid_blocks_until_released_and_holds_once(tmp_
 
     holder = threading.Thread(target=hold_once, args=("miner_refresh", 2), daemon=True)
     holder.start()
-    deadline = time.monotonic() + 30
-    while not (held.is_file() and held.read_text()):
-        assert time.monotonic() < deadline, "the hold never wrote its file"
-        time.sleep(0.01)
-    assert int(held.read_text()) == os.getpid()
+    assert wait_for(lambda: held_pid(tmp_path, "miner_refresh=2"), 30, "the hold's file") == os.getpid()
     assert holder.is_alive()  # blocked until released
     release.touch()
     holder.join(timeout=30)
