@@ -117,8 +117,16 @@ def _actor_logs() -> dict[Path, str]:
 
     if not ray.is_initialized():
         return {}
-    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"  # no public accessor
-    return {path: path.read_text(errors="replace") for path in logs.glob("worker-*.out")}
+    return {
+        path: path.read_text(errors="replace") for path in (ray_session_dir() / "logs").glob("worker-*.out")
+    }
+
+
+def ray_session_dir() -> Path:
+    """The session folder of the Ray this process is connected to."""
+    import ray
+
+    return Path(ray._private.worker._global_node.get_session_dir_path())  # no public accessor
 
 
 @pytest.fixture(scope="session")
@@ -182,10 +190,8 @@ def ray_local():
     from pipeline.config.loading import load_config
     from pipeline.runtime.cluster import ray_session
 
-    with ray_session(load_config(None, ["ray.num_cpus=4"])):
-        session_dir = ray._private.worker._global_node.get_session_dir_path()  # no public accessor
-        with ray_session_noted(session_dir):
-            yield ray
+    with ray_session(load_config(None, ["ray.num_cpus=4"])), ray_session_noted(str(ray_session_dir())):
+        yield ray
 
 
 def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tuple[int, ...] = ()) -> None:
