@@ -14,8 +14,9 @@
 #             batch 64, sync and async: train sentences/s, MFU, refresh share, encode/kNN rates
 #   job1024   the same at batch 1,024, sync
 #   compile   the job without mining, eager vs torch.compile default vs reduce-overhead
-#   workers2  two DDP ranks on the one GPU (gloo), 0.25 GPU each + the miner's 0.5, with
-#             mid-epoch checkpoints; then the same run.name again, one epoch more: a resume
+#   workers2  two DDP ranks on the one GPU (gloo), 0.25 GPU each + the miner's 0.5, on
+#             $WORKERS2_ROWS (8,000) rows with mid-epoch checkpoints, killed $KILL_AFTER_S (20) s
+#             into epoch 2; then the same command again: it must resume
 #   peers     sentence-transformers MNRL training and mine_hard_negatives (torch path) next
 #             to ours, same GPU, model and sentences (random weights score every pair above
 #             0.95, so both sides mine with relative margin 0; the bundle brings `datasets`)
@@ -76,15 +77,18 @@ for part in "$@"; do
     workers2)
       # Killed (driver and its local Ray, by process group) once epoch 1 has ended and epoch 2
       # has run a while, then the same command again: it must resume from the checkpoint.
+      # Two ranks on one GPU all-reduce with gloo through host memory: about 270 ms a step for
+      # BERT-base on an H200 (2026-11-28), so an epoch of 40,000 rows took 171 s and the kill,
+      # the second start and the resume did not fit one command. 8,000 rows: 125 steps an epoch.
       two=(--config "$CONFIG" --set run.name=gpu-two-ranks --set run.output_dir=/tmp/gpu-session-runs
         --set "tracking.uri=sqlite:///$OUT/workers2.db" --set train.num_workers=2
-        --set train.gpus_per_worker=0.25 --set checkpoint.every_steps=200 --set train.epochs=2
-        --set "data.generated.num_groups=$((ROWS / 4))")
+        --set train.gpus_per_worker=0.25 --set checkpoint.every_steps=40 --set train.epochs=2
+        --set "data.generated.num_groups=$((${WORKERS2_ROWS:-8000} / 4))")
       log="$OUT/workers2.log"
       setsid "$PY" jobs/train.py "${two[@]}" >"$log" 2>&1 &
       job=$!
       until grep -q '\[train\] epoch 1/2:' "$log" || ! kill -0 "$job" 2>/dev/null; do sleep 2; done
-      sleep "${KILL_AFTER_S:-30}"
+      sleep "${KILL_AFTER_S:-20}"
       kill -KILL -- "-$job" 2>/dev/null || true
       wait "$job" || true
       "$PY" jobs/train.py "${two[@]}" 2>&1 | tee -a "$log"

@@ -218,10 +218,12 @@ class SimCSEWorker:
         if not every or state.step % every or not self._inside_epoch():
             return
         assert state.plan is not None
-        now = time.perf_counter()
-        state.epoch_seconds += now - self.segment_start
-        self.segment_start, self.segment_first_batch = now, state.batches_done
+        state.epoch_seconds += time.perf_counter() - self.segment_start
         self.checkpoint(epoch + state.batches_done / state.plan.num_batches, self.augment_rng)
+        # A checkpoint is not training time (BERT-base's took 30 s on a GPU machine): the
+        # epoch's seconds and the progress line's rate go on from its end.
+        self.segment_start, self.segment_first_batch = time.perf_counter(), state.batches_done
+        self.progress.restart(self.segment_start)
 
     def end_epoch(self, epoch: int) -> None:
         """Close epoch ``epoch``: record and log its loss and time, evaluate, checkpoint, and

@@ -259,6 +259,46 @@ def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, cor
     assert "train/mfu" not in metrics.logged[-1] and metrics.logged[-1]["train/tokens_per_s"] > 0
 
 
+def test_a_mid_epoch_checkpoint_counts_in_neither_the_epoch_seconds_nor_the_progress_rate(model, corpus):
+    """On a GPU machine BERT-base's mid-epoch checkpoint took 30 s, and the progress line after
+    it printed 0 sentences/s: the epoch's timer had restarted before the checkpoint ran. The
+    checkpoint must carry the epoch's seconds up to it, and both timers go on from its end."""
+    import time
+
+    from pipeline.batching.samplers import random_plan
+    from pipeline.training.state import TrainState
+    from pipeline.training.worker import SimCSEWorker
+    from pipeline.training.worker_setup import WorkerParts
+
+    cfg = load_config(None, ["train.batch_size=8", "checkpoint.every_steps=2"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    state = TrainState(plan=random_plan(len(corpus.lengths), 8, seed=3))
+    worker = SimCSEWorker(
+        WorkerParts(
+            cfg=cfg, rank=0, world=1, model=model, ddp_model=model, train_step=make_train_step(cfg, corpus, None, CPU),
+            optimizer=optimizer, scheduler=scheduler, state=state, lengths=corpus.lengths,
+            refresher=None, evaluator=None, checkpoints=None, logger=None, peak_tflops=None,
+        )
+    )  # fmt: skip
+    epoch_start = worker.segment_start = time.perf_counter()  # what run_epoch does
+    worker.train_batch(0)
+    worker.train_batch(1)
+    saved: dict[str, float] = {}
+
+    def checkpoint(epoch: float, augment_rng) -> None:  # stands in for the Ray Train report
+        saved["epoch_seconds"] = state.epoch_seconds
+        saved["ended"] = time.perf_counter()
+
+    worker.checkpoint = checkpoint
+    worker.maybe_checkpoint(0)
+    assert "ended" in saved, "step 2 of checkpoint.every_steps=2 did not checkpoint"
+    assert 0 < saved["epoch_seconds"] <= saved["ended"] - epoch_start
+    assert state.epoch_seconds == saved["epoch_seconds"]  # the checkpoint's own time not added
+    assert worker.segment_start >= saved["ended"] and worker.progress.last >= saved["ended"]
+    assert worker.segment_first_batch == 2
+
+
 def test_progress_line_rate_counts_only_the_steps_since_its_timer_restarted(capsys, monkeypatch):
     """A mid-epoch checkpoint restarts the progress timer (checkpoint time is not training
     time); the sentences/s printed after it must count only the steps since then."""
