@@ -160,9 +160,7 @@ class SimCSEWorker:
         if self.logger is not None:
             log_epoch_start(self.logger, epoch, plan, negatives=state.negatives)
         self.model.train()
-        self.segment_start = time.perf_counter()
-        self.progress.restart(self.segment_start)
-        self.segment_first_batch = self.first_batch
+        self.start_segment(self.first_batch)
         self.refresher.after_step(epoch, self.first_batch, plan, self.state.step, self.model)
         for batch_index in range(self.first_batch, plan.num_batches):
             if self.rank == 0:
@@ -222,7 +220,12 @@ class SimCSEWorker:
         self.checkpoint(epoch + state.batches_done / state.plan.num_batches, self.augment_rng)
         # A checkpoint is not training time (BERT-base's took 30 s on a GPU machine): the
         # epoch's seconds and the progress line's rate go on from its end.
-        self.segment_start, self.segment_first_batch = time.perf_counter(), state.batches_done
+        self.start_segment(state.batches_done)
+
+    def start_segment(self, first_batch: int) -> None:
+        """Start a timed segment of the epoch at ``first_batch``: at the epoch's start (or its
+        resume) and after each mid-epoch checkpoint."""
+        self.segment_start, self.segment_first_batch = time.perf_counter(), first_batch
         self.progress.restart(self.segment_start)
 
     def end_epoch(self, epoch: int) -> None:

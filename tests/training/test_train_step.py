@@ -224,27 +224,34 @@ class _RecordedMetrics:
         pass
 
 
+def _single_worker(cfg, model, corpus, state, *, logger, peak_tflops):
+    """A rank-0 SimCSEWorker of one, outside Ray: plain SGD at a constant rate, no miner,
+    evaluator or checkpoint store."""
+    from pipeline.training.worker import SimCSEWorker
+    from pipeline.training.worker_setup import WorkerParts
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    return SimCSEWorker(
+        WorkerParts(
+            cfg=cfg, rank=0, world=1, model=model, ddp_model=model, train_step=make_train_step(cfg, corpus, None, CPU),
+            optimizer=optimizer, scheduler=scheduler, state=state, lengths=corpus.lengths,
+            refresher=None, evaluator=None, checkpoints=None, logger=logger, peak_tflops=peak_tflops,
+        )
+    )  # fmt: skip
+
+
 def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, corpus):
     """train/tokens_per_s counts both views' real tokens (from the corpus's own lengths), and
     train/mfu is the model FLOPs of those tokens at the batch's width over the device's peak."""
     from pipeline.batching.samplers import random_plan
     from pipeline.model.flops import EncoderFlops
     from pipeline.training.state import TrainState
-    from pipeline.training.worker import SimCSEWorker
-    from pipeline.training.worker_setup import WorkerParts
 
     cfg = load_config(None, ["train.batch_size=8"])
     plan = random_plan(len(corpus.lengths), 8, seed=3)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     metrics = _RecordedMetrics()
-    worker = SimCSEWorker(
-        WorkerParts(
-            cfg=cfg, rank=0, world=1, model=model, ddp_model=model, train_step=make_train_step(cfg, corpus, None, CPU),
-            optimizer=optimizer, scheduler=scheduler, state=TrainState(plan=plan), lengths=corpus.lengths,
-            refresher=None, evaluator=None, checkpoints=None, logger=metrics, peak_tflops=0.5,
-        )
-    )  # fmt: skip
+    worker = _single_worker(cfg, model, corpus, TrainState(plan=plan), logger=metrics, peak_tflops=0.5)
     worker.train_batch(0)
     (logged,) = metrics.logged
     rows = plan.batch(0)
@@ -267,21 +274,12 @@ def test_a_mid_epoch_checkpoint_counts_in_neither_the_epoch_seconds_nor_the_prog
 
     from pipeline.batching.samplers import random_plan
     from pipeline.training.state import TrainState
-    from pipeline.training.worker import SimCSEWorker
-    from pipeline.training.worker_setup import WorkerParts
 
     cfg = load_config(None, ["train.batch_size=8", "checkpoint.every_steps=2"])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     state = TrainState(plan=random_plan(len(corpus.lengths), 8, seed=3))
-    worker = SimCSEWorker(
-        WorkerParts(
-            cfg=cfg, rank=0, world=1, model=model, ddp_model=model, train_step=make_train_step(cfg, corpus, None, CPU),
-            optimizer=optimizer, scheduler=scheduler, state=state, lengths=corpus.lengths,
-            refresher=None, evaluator=None, checkpoints=None, logger=None, peak_tflops=None,
-        )
-    )  # fmt: skip
-    epoch_start = worker.segment_start = time.perf_counter()  # what run_epoch does
+    worker = _single_worker(cfg, model, corpus, state, logger=None, peak_tflops=None)
+    worker.start_segment(0)  # what run_epoch does at the epoch's start
+    epoch_start = worker.segment_start
     worker.train_batch(0)
     worker.train_batch(1)
     saved: dict[str, float] = {}
