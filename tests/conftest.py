@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -319,23 +320,103 @@ class RayHead:
         raise RuntimeError(f"the Ray head's dashboard did not answer within {timeout:g}s")
 
     def stop(self) -> None:
-        """SIGTERM the head's process group (``--block`` keeps ``ray start`` as its leader),
-        then SIGKILL whatever of it is left after a few seconds."""
+        """End the head's own processes (:func:`stop_process_group`) and remove its folder."""
+        stop_process_group(self.proc)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def node_ids(self) -> dict[str, str]:
+        """The live nodes' ids by name: ``head``, and each :class:`RayWorkerNode`'s name."""
+        from ray.util.state import list_nodes
+
+        named = {}
+        for node in list_nodes(address=self.dashboard, filters=[("state", "=", "ALIVE")], detail=True):
+            tags = [r.removeprefix(NODE_TAG) for r in node.resources_total if r.startswith(NODE_TAG)]
+            named["head" if node.is_head_node else tags[0] if tags else node.node_id] = node.node_id
+        return named
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """SIGTERM a ``ray start --block`` process group (``ray start`` is its leader), then SIGKILL
+    whatever of it is left after a few seconds: Ray's own stop command would end every Ray on
+    the host."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader, or the group never looks empty
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break  # the group is gone, and its id free for another process: no SIGKILL
+        time.sleep(0.25)
+    else:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            self.proc.poll()  # reap the leader, or the group never looks empty
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                break  # the group is gone, and its id free for another process: no SIGKILL
-            time.sleep(0.25)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+NODE_TAG = "test_node_"
+"""A custom resource (one unit) that names a test's worker node: Ray's state API lists it."""
+
+
+class RayWorkerNode:
+    """A ``ray start --block --address=...`` worker node of a :class:`RayHead`, a real raylet and
+    object store on this machine, stopped by its own process group.
+
+    ``hidden``: folders this node must not see, as a node of a real cluster does not see the
+    driver's disk. The node starts in a mount namespace of its own with an empty private tmpfs
+    over each (``unshare -m``, as root): a path there is empty for its processes, and whatever
+    they write there stays in that tmpfs. Everything else (the venv, the shared folders a test
+    gives as storage) is the same disk. Each node has a Ray folder of its own, as each machine
+    of a cluster has: where nodes share one, a node that drops a job's unpacked working
+    directory deletes it under the driver on the head.
+    """
+
+    def __init__(
+        self,
+        head: RayHead,
+        name: str,
+        *,
+        num_cpus: float,
+        num_gpus: int = 0,
+        hidden: tuple[Path, ...] = (),
+        timeout: float = 120,
+    ):
+        import json
+
+        self.head, self.name = head, name
+        self.temp = Path("/tmp") / f"rn{free_port()}"  # short: Ray's socket paths have a length limit
+        start = [
+            str(Path(PYTHON).parent / "ray"), "start", "--block", f"--address={head.address}", f"--temp-dir={self.temp}",
+            f"--num-cpus={num_cpus:g}", f"--num-gpus={num_gpus}", f"--resources={json.dumps({NODE_TAG + name: 1})}",
+            f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats",
+        ]  # fmt: skip
+        if hidden:
+            mounts = " && ".join(f"mount -t tmpfs tmpfs {shlex.quote(str(folder))}" for folder in hidden)
+            start = [
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f"{mounts} && exec {shlex.join(start)}",
+            ]
+        self.log = head.log.with_name(f"ray-node-{name}.log")
+        self.proc = subprocess.Popen(
+            start, env=head.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while name not in head.node_ids():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"worker node {name} did not join: {self.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        self.node_id = head.node_ids()[name]
+
+    def stop(self) -> None:
+        stop_process_group(self.proc)
         shutil.rmtree(self.temp, ignore_errors=True)
 
 

@@ -39,8 +39,10 @@ class TrainSection:
     """CPUs Ray reserves for each worker."""
     gpus_per_worker: float = 0.0
     """GPUs Ray reserves for each worker; above 0 the workers train on GPUs (bf16 autocast,
-    fused AdamW), 0 on CPUs. A fraction packs workers (and a miner with a fractional
-    ``mining.num_gpus``) onto one GPU; see :attr:`backend`."""
+    fused AdamW), 0 on CPUs. At most 1: a worker's model sits on one device (data parallel,
+    Ray Train's convention), so more GPUs are had with more workers (``train.num_workers``); a
+    second GPU reserved per worker would idle. A fraction packs workers (and a miner with a
+    fractional ``mining.num_gpus``) onto one GPU; see :attr:`backend`."""
     log_every: int = 10
     """Steps between MLflow metric flushes from rank 0."""
     hard_negative_weight: float = 0.0
@@ -100,9 +102,9 @@ class TrainSection:
             ("train.cpus_per_worker", self.cpus_per_worker > 0, "must be > 0"),
             (
                 "train.gpus_per_worker",
-                self.gpus_per_worker >= 0
-                and (self.gpus_per_worker <= 1 or float(self.gpus_per_worker).is_integer()),
-                "must be >= 0, and a whole number above 1 (Ray does not split a worker over part-GPUs)",
+                0 <= self.gpus_per_worker <= 1,
+                "must be in [0, 1]: a worker trains on one GPU (its model is not split over "
+                "devices); for more GPUs raise train.num_workers",
             ),
             ("train.log_every", self.log_every >= 1, "must be >= 1"),
             ("train.dup_rate", 0 <= self.dup_rate <= 1, "must be in [0, 1]"),

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from pipeline.config.data_section import DataSection
 from pipeline.core.errors import DataError
 from pipeline.data.formats import infer_format
+from pipeline.data.placement import ANYWHERE, ReadNodes
 from pipeline.data.read_failures import passing_read_failures
 from pipeline.data.readers import read_corpus, reading
 from pipeline.data.text_blocks import (
@@ -64,7 +65,9 @@ def _clean_batch(batch: pa.Table) -> pa.Table:
     return pa.table({"id": text_ids(text), "text": text, INVALID_UTF8: bad})
 
 
-def load_clean_corpus(section: DataSection) -> tuple[DistinctTexts, CorpusStats]:
+def load_clean_corpus(
+    section: DataSection, *, reads: ReadNodes = ANYWHERE
+) -> tuple[DistinctTexts, CorpusStats]:
     """Read and clean the corpus with Ray Data; return its distinct sentences (sorted by id)
     as blocks in the object store, and what was dropped.
 
@@ -73,13 +76,14 @@ def load_clean_corpus(section: DataSection) -> tuple[DistinctTexts, CorpusStats]
     (:func:`~pipeline.data.text_blocks.distinct_texts`). Lines (or cells) that are not valid
     UTF-8 are dropped and counted, not fatal: one bad line in a 10M-line crawl should not stop
     the job. ``data.max_rows`` keeps the first sentences by id, a fixed pseudo-random sample.
+    ``reads``: whether the file is read on one node only (the one whose disk holds it).
 
     Raises:
         DataError: the corpus cannot be read, or nothing usable is left after cleaning.
     """
     assert section.path is not None
     with reading(section.path, infer_format(section.path, section.format)):
-        ds = read_corpus(section).map_batches(
+        ds = read_corpus(section, reads=reads).map_batches(
             _clean_batch, batch_format="pyarrow", num_cpus=section.tokenize_num_cpus
         )
         blocks = materialized_blocks(ds)

@@ -21,6 +21,7 @@ from pipeline.data.columns import corpus_columns, pair_columns, require_columns,
 from pipeline.data.delimited import require_pairs_tsv_fields
 from pipeline.data.formats import infer_format
 from pipeline.data.pair_labels import label_codes, require_labels, round_robin_negatives
+from pipeline.data.placement import ANYWHERE, ReadNodes
 from pipeline.data.read_failures import passing_read_failures, schema_of
 from pipeline.data.readers import read_dataset, reading
 from pipeline.data.text_blocks import (
@@ -136,7 +137,7 @@ def _read_columns(section: DataSection, fmt: str, ds: Any) -> tuple[dict[str, st
     return roles, "data.label_column"
 
 
-def load_pairs(section: DataSection) -> PairRows:
+def load_pairs(section: DataSection, *, reads: ReadNodes = ANYWHERE) -> PairRows:
     """Read ``data.path`` as (anchor, positive) rows, and ``data.pool`` when set.
 
     - A text file gives each sentence as its own positive.
@@ -149,7 +150,8 @@ def load_pairs(section: DataSection) -> PairRows:
     rows are given negatives of their anchor (:func:`~pipeline.data.pair_labels.round_robin_negatives`).
     Texts are stripped; a row with an empty first or second text is dropped. ``data.given_negatives``
     false leaves label-0 rows and the negative column out. ``data.max_rows`` keeps the first
-    (anchor, positive) rows.
+    (anchor, positive) rows. ``reads``: which files are read on one node only (the one whose
+    disk holds them).
 
     Raises:
         DataError: one line naming the key and the file: unreadable, a missing column, a
@@ -159,7 +161,7 @@ def load_pairs(section: DataSection) -> PairRows:
     fmt = infer_format(section.path, section.format)
     with reading(section.path, fmt):
         text_columns = [c for key, c in pair_columns(section).items() if key != "data.label_column"]
-        ds = read_dataset(section.path, fmt, text_columns=text_columns)
+        ds = read_dataset(section.path, fmt, text_columns=text_columns, reads=reads)
         roles, label_key = _read_columns(section, fmt, ds)
         if not section.given_negatives:
             roles["negative"] = None
@@ -206,7 +208,7 @@ def load_pairs(section: DataSection) -> PairRows:
     sources = [TextColumns(blocks, text_roles, ids, block_rows)]
     pool = None
     if section.pool is not None:
-        pool_source = read_pool(section)
+        pool_source = read_pool(section, reads=reads)
         sources.append(pool_source)
         pool = np.unique(pool_source.ids[0][pool_source.ids[0] >= 0])
     return PairRows(
@@ -222,7 +224,7 @@ def load_pairs(section: DataSection) -> PairRows:
     )
 
 
-def read_pool(section: DataSection) -> TextColumns:
+def read_pool(section: DataSection, *, reads: ReadNodes = ANYWHERE) -> TextColumns:
     """The non-empty texts of ``data.pool`` as cleaned blocks and their ids: lines of a text
     file, ``data.text_column`` of a csv/tsv/jsonl/parquet file, every sentence2 of a
     ``pairs_tsv`` file.
@@ -235,7 +237,7 @@ def read_pool(section: DataSection) -> TextColumns:
     fmt = infer_format(path, section.pool_format, key="data.pool_format")
     columns = corpus_columns(section)
     with reading(path, fmt, key="data.pool"):
-        ds = read_dataset(path, fmt, text_columns=list(columns.values()))
+        ds = read_dataset(path, fmt, text_columns=list(columns.values()), reads=reads)
         if fmt == "text":
             column = "text"
         elif fmt == "pairs_tsv":

@@ -19,27 +19,31 @@ from pipeline.core.errors import DataError
 from pipeline.data.columns import corpus_columns, require_columns, require_text_column
 from pipeline.data.delimited import csv_parse_options, csv_read_options, pairs_tsv_names
 from pipeline.data.formats import infer_format, require_sentence_format
+from pipeline.data.placement import ANYWHERE, ReadNodes
 from pipeline.data.read_failures import failure_message, failures_as_blocks, schema_of
 from pipeline.data.utf8 import _utf8_lines_datasource
 
 
-def _read_delimited(path: str, **arrow_csv_args: Any) -> Any:
+def _read_delimited(path: str, read_args: dict[str, Any], **arrow_csv_args: Any) -> Any:
     """``ray.data.read_csv``, its read failures carried as blocks."""
     from ray.data._internal.datasource.csv_datasource import CSVDatasource
 
-    return ray.data.read_datasource(failures_as_blocks(CSVDatasource)(path, arrow_csv_args=arrow_csv_args))
+    datasource = failures_as_blocks(CSVDatasource)(path, arrow_csv_args=arrow_csv_args)
+    return ray.data.read_datasource(datasource, **read_args)
 
 
-def _read_json_lines(path: str) -> Any:
+def _read_json_lines(path: str, read_args: dict[str, Any]) -> Any:
     """``ray.data.read_json(lines=True)``, its read failures carried as blocks."""
     from ray.data._internal.datasource.json_datasource import PandasJSONDatasource
 
     block_bytes = ray.data.DataContext.get_current().target_max_block_size
     datasource = failures_as_blocks(PandasJSONDatasource)(path, target_output_size_bytes=block_bytes)
-    return ray.data.read_datasource(datasource)
+    return ray.data.read_datasource(datasource, **read_args)
 
 
-def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
+def read_dataset(
+    path: str, fmt: str, text_columns: Sequence[str] = (), *, reads: ReadNodes = ANYWHERE
+) -> Any:
     """A Ray Dataset over a file, folder or URI in one of the supported formats.
 
     Text files give two columns, ``text`` and :data:`~pipeline.data.utf8.INVALID_UTF8`;
@@ -51,13 +55,15 @@ def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
 
     A text, csv, tsv, ``pairs_tsv`` or jsonl file that cannot be read gives a failure block in
     place of raising (:mod:`~pipeline.data.read_failures`); parquet files are read by Ray Data
-    as they are.
+    as they are. ``reads`` says whether the file is read on one node only (its disk's).
     """
+    read_args = reads.read_args(path)
     if fmt == "text":
-        return ray.data.read_datasource(failures_as_blocks(_utf8_lines_datasource())(path))
+        return ray.data.read_datasource(failures_as_blocks(_utf8_lines_datasource())(path), **read_args)
     if fmt == "pairs_tsv":
         ds = _read_delimited(
             path,
+            read_args,
             read_options=csv_read_options(fmt),
             parse_options=csv_parse_options(fmt),
             convert_options=pacsv.ConvertOptions(
@@ -69,21 +75,22 @@ def read_dataset(path: str, fmt: str, text_columns: Sequence[str] = ()) -> Any:
     if fmt in ("csv", "tsv"):
         return _read_delimited(
             path,
+            read_args,
             parse_options=csv_parse_options(fmt),
             convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in text_columns}),
         )
     if fmt == "jsonl":
-        return _read_json_lines(path)
-    return ray.data.read_parquet(path)
+        return _read_json_lines(path, read_args)
+    return ray.data.read_parquet(path, **read_args)
 
 
-def read_corpus(section: DataSection) -> Any:
+def read_corpus(section: DataSection, *, reads: ReadNodes = ANYWHERE) -> Any:
     """A Ray Dataset with a string column ``text`` (unclean), and for text files also
     :data:`~pipeline.data.utf8.INVALID_UTF8`."""
     assert section.path is not None
     fmt = infer_format(section.path, section.format)
     require_sentence_format(fmt)
-    ds = read_dataset(section.path, fmt, text_columns=[section.text_column])
+    ds = read_dataset(section.path, fmt, text_columns=[section.text_column], reads=reads)
     if fmt == "text":
         return ds
     columns = corpus_columns(section)

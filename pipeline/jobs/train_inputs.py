@@ -21,6 +21,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.data.columns import input_schema
 from pipeline.data.corpus import load_clean_corpus
 from pipeline.data.pairs import index_pairs, load_pairs
+from pipeline.data.placement import ANYWHERE, ReadNodes
 from pipeline.data.text_blocks import DistinctTexts
 from pipeline.data.tokenize import tokenize_texts
 from pipeline.data.tokenized import TokenizedBlocks, dataset_digest
@@ -86,15 +87,19 @@ class InputRefs:
     retrieval evaluation."""
 
 
-def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
+def load_training_data(
+    cfg: Config, tracked: TrackedRun, echo: Echo, *, reads: ReadNodes = ANYWHERE
+) -> TrainingData:
     """Read the corpus (or the triplets), say what was read, tag the run with it and log its
-    context (dataset, commit, versions).
+    context (dataset, commit, versions). ``reads``: the inputs read on one node only.
 
     Raises:
         DataError: the data cannot be read.
         ConfigError: ``train.batch_size`` is larger than the data.
     """
-    data = _read_triplets(cfg, tracked, echo) if cfg.pairs else _read_sentences(cfg, tracked, echo)
+    data = (
+        _read_triplets(cfg, tracked, echo, reads) if cfg.pairs else _read_sentences(cfg, tracked, echo, reads)
+    )
     dataset = InputDataset(
         source=cfg.data.path,
         digest=dataset_digest(data.texts.ids, data.triplets),
@@ -113,8 +118,8 @@ def load_training_data(cfg: Config, tracked: TrackedRun, echo: Echo) -> Training
     return data
 
 
-def _read_triplets(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
-    pairs = load_pairs(cfg.data)
+def _read_triplets(cfg: Config, tracked: TrackedRun, echo: Echo, reads: ReadNodes) -> TrainingData:
+    pairs = load_pairs(cfg.data, reads=reads)
     texts, triplets = index_pairs(pairs, cfg.data.tokenize_num_cpus)
     rows = pairs.rows_read
     pool = (
@@ -135,9 +140,9 @@ def _read_triplets(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData
     return TrainingData(texts, triplets, len(triplets), description)
 
 
-def _read_sentences(cfg: Config, tracked: TrackedRun, echo: Echo) -> TrainingData:
+def _read_sentences(cfg: Config, tracked: TrackedRun, echo: Echo, reads: ReadNodes) -> TrainingData:
     assert cfg.data.path is not None  # resolve_config named the generated corpus
-    texts, stats = load_clean_corpus(cfg.data)
+    texts, stats = load_clean_corpus(cfg.data, reads=reads)
     echo(f"[data] {cfg.data.path}: {stats.describe()}")
     tracked.set_tags(stats.tags())
     description = f"{stats.sentences} sentences ({stats.empty_dropped} empty, {stats.duplicates_dropped} duplicates dropped)"

@@ -59,8 +59,10 @@ from pipeline.mining.miner_actor import start_miner_actor
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.runtime.cluster import check_cluster_fits, ray_session
+from pipeline.runtime.nodes import check_storage_on_every_node, plan_reads
 from pipeline.runtime.preflight import preflight_train
 from pipeline.tracking.context import log_datasets
+from pipeline.tracking.relay import relay_needed, start_tracking_relay
 from pipeline.tracking.run import (
     CONNECT_TIMEOUT_S,
     TrackedRun,
@@ -210,6 +212,10 @@ def _run_resolved(
         log_datasets(tracked, eval_datasets(sts_files, retrieval_sets or []))
         with driver_system_metrics(cfg, tracked), ray_session(cfg, debug) as started_ray:
             check_cluster_fits(cfg, started_ray)
+            storage_key = (
+                "run.storage_path" if cfg.run.storage_path else "run.storage_path (unset: run.output_dir)"
+            )
+            check_storage_on_every_node(storage_root, storage_key)
             summary = train_in_ray(
                 cfg, tracked, storage_root, sts_files, echo, retrieval_sets=retrieval_sets, debug=debug
             )
@@ -269,22 +275,41 @@ def train_in_ray(
     or raises.
     """
     run_dir = run_dir_of(cfg)
-    data = load_training_data(cfg, tracked, echo)
+    reads = plan_reads({"data.path": cfg.data.path, "data.pool": cfg.data.pool}, echo)
+    data = load_training_data(cfg, tracked, echo, reads=reads)
     inputs = tokenize_inputs(cfg, data, run_dir, tracked, echo)
     refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
     corpus_line = describe_corpus(data, inputs)
     # Training reads the tokens only: dropping the data lets the texts' blocks leave the object store.
     del data
-    with miner_actor(cfg, tracked, refs) as (miner, miner_pid):
-        result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo, debug)
+    with tracking_relay(tracked) as relay, miner_actor(cfg, tracked, refs, relay) as (miner, miner_pid):
+        result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo, debug, relay=relay)
         summary = export_and_summarise(cfg, tracked, result, corpus_line, run_dir)
         return log_exported_model(cfg, tracked, summary, run_dir)
 
 
 @contextmanager
-def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[tuple[Any, int | None]]:
+def tracking_relay(tracked: TrackedRun) -> Iterator[Any]:
+    """The :class:`~pipeline.tracking.relay.TrackingRelay` on the driver's node when the store is
+    on its disk (rank 0 and the miner log through it), killed on exit; None for a store every
+    node reaches."""
+    if not relay_needed(tracked.tracking_uri):
+        yield None
+        return
+    relay = start_tracking_relay(tracked.tracking_uri)
+    try:
+        yield relay
+    finally:
+        ray.kill(relay)
+
+
+@contextmanager
+def miner_actor(
+    cfg: Config, tracked: TrackedRun, refs: InputRefs, relay: Any = None
+) -> Iterator[tuple[Any, int | None]]:
     """The miner actor and its process id once it is placed and loaded, killed on exit;
-    ``(None, None)`` when no refresh runs (mining off, or a single epoch).
+    ``(None, None)`` when no refresh runs (mining off, or a single epoch). ``relay``: the
+    tracking relay the miner logs through, if any.
 
     Raises:
         TimeoutError: the actor was not placed within ``train.placement_timeout_s``.
@@ -293,7 +318,7 @@ def miner_actor(cfg: Config, tracked: TrackedRun, refs: InputRefs) -> Iterator[t
         yield None, None
         return
 
-    settings = MinerSettings.from_config(cfg, tracked.tracking_uri, tracked.run_id)
+    settings = MinerSettings.from_config(cfg, tracked.tracking_uri, tracked.run_id, tracking_relay=relay)
     miner = start_miner_actor(settings)
     try:
         try:
@@ -334,9 +359,12 @@ def fit(
     storage_root: str,
     echo: Echo,
     debug: bool = False,
+    *,
+    relay: Any = None,
 ) -> Any:
     """Train all epochs with one Ray Train ``fit()``, checkpointing under
-    ``storage_root/run.name`` (``debug``: Ray Train's console logs on).
+    ``storage_root/run.name`` (``debug``: Ray Train's console logs on; ``relay``: the tracking
+    relay rank 0 logs through, if any).
 
     Returns:
         Ray Train's result (its last reported metrics and the final checkpoint).
@@ -356,6 +384,7 @@ def fit(
         miner_pid=miner_pid,
         tracking_uri=tracked.tracking_uri,
         run_id=tracked.run_id,
+        tracking_relay=relay,
         driver_node_id=ray.get_runtime_context().get_node_id(),
     )
     echo(

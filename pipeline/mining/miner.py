@@ -70,7 +70,7 @@ class HardNegativeMiner:
         """The last refresh's result: the next refresh's churn is measured against it."""
         self.log: RefreshLog | None = None
         if settings.tracking_uri and settings.run_id:
-            logger = MetricLogger(settings.tracking_uri, settings.run_id)
+            logger = MetricLogger(settings.tracking_uri, settings.run_id, relay=settings.tracking_relay)
             logger.set_tags({"simcse.mining_dtype": mining_dtype(self.device)})
             self.log = RefreshLog(logger)
 

@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 from mlflow.entities import Metric, RunTag
-from mlflow.tracking import MlflowClient
 
 from pipeline.core.errors import first_line
+from pipeline.tracking.relay import tracking_client
 from pipeline.tracking.run import quick_http_failures
 
 FLUSH_EVERY_S = 5.0
@@ -35,10 +35,13 @@ class MetricLogger:
     tags do not: the train loop sets its tags again when it resumes.)
     """
 
-    def __init__(self, tracking_uri: str, run_id: str, flush_every_s: float = FLUSH_EVERY_S):
-
+    def __init__(
+        self, tracking_uri: str, run_id: str, flush_every_s: float = FLUSH_EVERY_S, relay: Any | None = None
+    ):
+        """``relay``: the driver's :class:`~pipeline.tracking.relay.TrackingRelay`, when the store
+        is on its disk (sent there instead of opened here)."""
         quick_http_failures()
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = tracking_client(tracking_uri, relay)
         self.run_id = run_id
         self.flush_every_s = flush_every_s
         self.failed_sends = 0

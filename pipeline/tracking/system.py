@@ -6,9 +6,12 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
 import psutil
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+from pipeline.tracking.relay import tracking_client
 
 SAMPLE_EVERY_S = 10.0
 """Seconds between samples: a stall of a minute shows as several points, and a ten-hour run
@@ -20,7 +23,11 @@ once would read a meaningless 0."""
 
 @contextmanager
 def system_metrics(
-    tracking_uri: str, run_id: str, interval_s: float = SAMPLE_EVERY_S, node_id: str | None = None
+    tracking_uri: str,
+    run_id: str,
+    interval_s: float = SAMPLE_EVERY_S,
+    node_id: str | None = None,
+    relay: Any | None = None,
 ) -> Iterator[None]:
     """MLflow's own system metrics (``system/cpu_utilization_percentage``, memory, disk,
     network, and ``system/gpu_*`` where NVIDIA's NVML is installed) for this machine: a sample
@@ -30,11 +37,14 @@ def system_metrics(
 
     MLflow's monitor is used for what it measures and how it names and logs it; the schedule
     is ours: its own loop samples first after a whole interval and drops the sample in hand
-    when it stops, which left short runs without a single point."""
+    when it stops, which left short runs without a single point. With ``relay`` (the store is
+    on the driver's disk, :mod:`pipeline.tracking.relay`) the samples go through the relay."""
 
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
-    monitor = SystemMetricsMonitor(
-        run_id, sampling_interval=interval_s, resume_logging=True, node_id=node_id, tracking_uri=tracking_uri
+    monitor = (
+        _monitor(tracking_uri, run_id, interval_s, node_id)
+        if relay is None
+        else _relayed_monitor(relay, run_id, interval_s, node_id)
     )
     psutil.cpu_percent()  # the reference reading the first sample's CPU share is measured from
     stop = threading.Event()
@@ -64,3 +74,30 @@ def system_metrics(
         thread.join()
         with suppress(Exception):  # never fail a run for its last system sample
             sample()
+
+
+def _monitor(tracking_uri: str, run_id: str, interval_s: float, node_id: str | None) -> SystemMetricsMonitor:
+    return SystemMetricsMonitor(
+        run_id, sampling_interval=interval_s, resume_logging=True, node_id=node_id, tracking_uri=tracking_uri
+    )
+
+
+IN_MEMORY_STORE = "sqlite:///:memory:"
+
+
+def _relayed_monitor(relay: Any, run_id: str, interval_s: float, node_id: str | None) -> SystemMetricsMonitor:
+    """MLflow's monitor with its batch logger's client swapped for the relay's. MLflow's
+    monitor opens a store of its own URI at once; an in-memory one is opened, never written, so
+    that nothing appears on this node's disk. A resumed run goes on from its last system step
+    (what MLflow's ``resume_logging`` reads), read through the relay."""
+    for name in ("mlflow.store.db.utils", "alembic"):  # the in-memory store's table creation chatter
+        logging.getLogger(name).setLevel(logging.WARNING)
+    monitor = SystemMetricsMonitor(
+        run_id, sampling_interval=interval_s, node_id=node_id, tracking_uri=IN_MEMORY_STORE
+    )
+    client = tracking_client(IN_MEMORY_STORE, relay)
+    monitor.mlflow_logger.client = client
+    prefix = f"system/{node_id}/" if node_id else "system/"
+    steps = [m.step for m in client.get_run(run_id).data._metric_objs if m.key.startswith(prefix)]
+    monitor._logging_step = max(steps) + 1 if steps else 0  # MLflow's monitor has no setter
+    return monitor

@@ -168,7 +168,7 @@ def open_logger(loop_config: LoopConfig, rank: int, state: TrainState, resumed: 
     if rank != 0 or not loop_config.run_id:
         return None
 
-    logger = MetricLogger(loop_config.tracking_uri, loop_config.run_id)
+    logger = MetricLogger(loop_config.tracking_uri, loop_config.run_id, relay=loop_config.tracking_relay)
     if resumed and state.step > 0:
         logger.log({"train/resumed_at_step": float(state.step)}, state.step)
     return logger
@@ -198,7 +198,12 @@ def system_metrics_monitor(loop_config: LoopConfig, ctx: Any) -> contextlib.Abst
     if ray.get_runtime_context().get_node_id() == loop_config.driver_node_id:
         return contextlib.nullcontext()
 
-    return system_metrics(loop_config.tracking_uri, loop_config.run_id, node_id=f"node_{ctx.get_node_rank()}")
+    return system_metrics(
+        loop_config.tracking_uri,
+        loop_config.run_id,
+        node_id=f"node_{ctx.get_node_rank()}",
+        relay=loop_config.tracking_relay,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+"""What every node of the cluster sees, checked before compute.
+
+On one machine every process sees the same disk. On a cluster each node has its own, and a
+local path names a different folder (or nothing) on each. Two things a job writes or reads
+by path are checked on every live node, by a task pinned there (no CPU of its own: a KubeRay
+head offers none):
+
+* Ray Train's storage (``run.storage_path``, else ``run.output_dir``): every worker writes its
+  checkpoints there and the driver exports from it. The driver writes a probe file and every
+  node must read it back (:func:`check_storage_on_every_node`); a folder only some nodes see
+  stops the job with one line before the first step.
+* Local inputs (``data.path``, ``data.pool``): a file only the driver's node sees is read there
+  (:func:`plan_reads`); cleaning and tokenizing still run on any node.
+
+On a one-node Ray both are skipped: there is one disk.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from pipeline.core.errors import ConfigError
+from pipeline.data.formats import filesystem_of
+from pipeline.data.placement import ANYWHERE, ReadNodes
+
+Echo = Callable[[str], None]
+PROBE_PREFIX = ".simcse-storage-probe-"
+
+
+def live_nodes() -> list[dict[str, Any]]:
+    """The cluster's live nodes as ``ray.nodes()`` lists them."""
+    return [node for node in ray.nodes() if node.get("Alive")]
+
+
+def on_every_node(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` run once on every live node; its result by node id."""
+    task = ray.remote(num_cpus=0, max_retries=0)(fn)
+    nodes = [node["NodeID"] for node in live_nodes()]
+    refs = [
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(*args)
+        for n in nodes
+    ]
+    return dict(zip(nodes, ray.get(refs), strict=True))
+
+
+def _describe(node_id: str) -> str:
+    address = next((n["NodeManagerAddress"] for n in live_nodes() if n["NodeID"] == node_id), "?")
+    return f"node {node_id[:8]} at {address}"
+
+
+def _read_probe(uri: str) -> str | None:
+    """The probe's text as this node reads it; None when it cannot."""
+    try:
+        filesystem, path = filesystem_of(uri)
+        with filesystem.open_input_stream(path) as stream:
+            return stream.read().decode()
+    except Exception:
+        return None
+
+
+def check_storage_on_every_node(storage_root: str, key: str) -> None:
+    """Stop unless every live node reads back a probe the driver writes under ``storage_root``
+    (``key`` names the setting it came from). The probe is removed either way.
+
+    Raises:
+        ConfigError: naming ``key``, the folder, a node that cannot see it, and what to give.
+    """
+    if len(live_nodes()) < 2:
+        return
+    filesystem, root = filesystem_of(storage_root)
+    filesystem.create_dir(root, recursive=True)
+    token = uuid.uuid4().hex
+    probe = f"{root.rstrip('/')}/{PROBE_PREFIX}{token}"
+    uri = probe if "://" not in storage_root else f"{storage_root.rstrip('/')}/{PROBE_PREFIX}{token}"
+    with filesystem.open_output_stream(probe) as stream:
+        stream.write(token.encode())
+    try:
+        seen = on_every_node(_read_probe, uri)
+    finally:
+        filesystem.delete_file(probe)
+    blind = [node for node, text in seen.items() if text != token]
+    if blind:
+        raise ConfigError(
+            f"{key}: {storage_root} is not the same folder on every Ray node ({_describe(blind[0])} "
+            f"does not see the file the driver wrote there, {len(blind)} of {len(seen)} nodes); "
+            "Ray Train's workers write checkpoints there: give a URI (s3://, gs://) or a path every node mounts"
+        )
+
+
+def _local_file_size(path: str) -> int | None:
+    """Size of a local file (-1 for a folder), None when this node has nothing there."""
+    if os.path.isdir(path):
+        return -1
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+def plan_reads(inputs: Mapping[str, str | None], echo: Echo) -> ReadNodes:
+    """Where each local input of ``inputs`` (config key -> path) is read: anywhere when every
+    live node sees the same file (a shared mount), else on the driver's node, which saw it when
+    the config was checked. URIs are read anywhere.
+
+    Prints one line for each input read on the driver's node only."""
+    local = {key: path for key, path in inputs.items() if path is not None and "://" not in path}
+    if not local or len(live_nodes()) < 2:
+        return ANYWHERE
+    here = ray.get_runtime_context().get_node_id()
+    pinned: dict[str, str] = {}
+    for key, path in local.items():
+        sizes = on_every_node(_local_file_size, os.path.abspath(path))
+        blind = [node for node, size in sizes.items() if size != sizes[here]]
+        if blind:
+            pinned[path] = here
+            echo(
+                f"[data] {key}: {path} is on the driver's disk only ({len(blind)} of {len(sizes)} nodes "
+                "do not see it): read on the driver's node"
+            )
+    return ReadNodes(pinned) if pinned else ANYWHERE
