@@ -289,27 +289,27 @@ def train_in_ray(
 
 
 @contextmanager
-def tracking_relay(tracked: TrackedRun) -> Iterator[Any]:
-    """The :class:`~pipeline.tracking.relay.TrackingRelay` on the driver's node when the store is
-    on its disk (rank 0 and the miner log through it), killed on exit; None for a store every
-    node reaches."""
+def tracking_relay(tracked: TrackedRun) -> Iterator[str | None]:
+    """The name of the :class:`~pipeline.tracking.relay.TrackingRelay` started on the driver's
+    node when the store is on its disk (rank 0 and the miner log through it), killed on exit;
+    None for a store every node reaches."""
     if not relay_needed(tracked.tracking_uri):
         yield None
         return
-    relay = start_tracking_relay(tracked.tracking_uri)
+    relay, name = start_tracking_relay(tracked.tracking_uri, tracked.run_id)
     try:
-        yield relay
+        yield name
     finally:
         ray.kill(relay)
 
 
 @contextmanager
 def miner_actor(
-    cfg: Config, tracked: TrackedRun, refs: InputRefs, relay: Any = None
+    cfg: Config, tracked: TrackedRun, refs: InputRefs, relay: str | None = None
 ) -> Iterator[tuple[Any, int | None]]:
     """The miner actor and its process id once it is placed and loaded, killed on exit;
     ``(None, None)`` when no refresh runs (mining off, or a single epoch). ``relay``: the
-    tracking relay the miner logs through, if any.
+    name of the tracking relay the miner logs through, if any.
 
     Raises:
         TimeoutError: the actor was not placed within ``train.placement_timeout_s``.
@@ -360,11 +360,11 @@ def fit(
     echo: Echo,
     debug: bool = False,
     *,
-    relay: Any = None,
+    relay: str | None = None,
 ) -> Any:
     """Train all epochs with one Ray Train ``fit()``, checkpointing under
-    ``storage_root/run.name`` (``debug``: Ray Train's console logs on; ``relay``: the tracking
-    relay rank 0 logs through, if any).
+    ``storage_root/run.name`` (``debug``: Ray Train's console logs on; ``relay``: the name of
+    the tracking relay rank 0 logs through, if any).
 
     Returns:
         Ray Train's result (its last reported metrics and the final checkpoint).

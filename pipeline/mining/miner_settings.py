@@ -5,7 +5,7 @@ from the run config once by the driver and handed to the miner actor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.negatives import NegativeFilters
@@ -44,9 +44,9 @@ class MinerSettings:
     tracking_uri: str | None = None
     run_id: str | None = None
     """The MLflow run the miner logs its ``mining/`` metrics and histograms to; None: no logging."""
-    tracking_relay: Any = None
-    """The driver's :class:`~pipeline.tracking.relay.TrackingRelay` when the store is on its
-    disk (the miner logs through it); None: it opens ``tracking_uri`` itself."""
+    tracking_relay: str | None = None
+    """The name of the driver's :class:`~pipeline.tracking.relay.TrackingRelay` when the store
+    is on its disk (the miner logs through it); None: it opens ``tracking_uri`` itself."""
 
     @property
     def use_gpu(self) -> bool:
@@ -58,7 +58,7 @@ class MinerSettings:
         cfg: Config,
         tracking_uri: str | None = None,
         run_id: str | None = None,
-        tracking_relay: Any = None,
+        tracking_relay: str | None = None,
     ) -> MinerSettings:
         """The settings of the run config ``cfg``, logging to MLflow run ``run_id`` at
         ``tracking_uri`` (through ``tracking_relay`` when the driver started one)."""

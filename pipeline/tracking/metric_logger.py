@@ -36,10 +36,10 @@ class MetricLogger:
     """
 
     def __init__(
-        self, tracking_uri: str, run_id: str, flush_every_s: float = FLUSH_EVERY_S, relay: Any | None = None
+        self, tracking_uri: str, run_id: str, flush_every_s: float = FLUSH_EVERY_S, relay: str | None = None
     ):
-        """``relay``: the driver's :class:`~pipeline.tracking.relay.TrackingRelay`, when the store
-        is on its disk (sent there instead of opened here)."""
+        """``relay``: the name of the driver's :class:`~pipeline.tracking.relay.TrackingRelay`,
+        when the store is on its disk (sent there instead of opened here)."""
         quick_http_failures()
         self.client = tracking_client(tracking_uri, relay)
         self.run_id = run_id

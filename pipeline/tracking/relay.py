@@ -10,12 +10,17 @@ written directly, as before: :func:`relay_needed` decides which.
 
 Artifacts travel as bytes (a histogram, the refresh table: kilobytes), metrics and tags as
 MLflow's own entities. What the workers log does not change with the route.
+
+The relay is a named actor: the workers and the miner are given its name, not its handle,
+so that no actor's constructor arguments hold a handle (the miner is restarted from its
+arguments after a failure) and each process looks it up when it opens its client.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +70,12 @@ class TrackingRelay:
 class RelayedClient:
     """What rank 0 and the miner call on an ``MlflowClient`` (``log_batch``, ``set_tag``,
     ``get_run``, ``list_artifacts``, ``log_artifact``, ``download_artifacts``), each sent to the
-    :class:`TrackingRelay` and answered from there. Errors come back as the relay's, so the
-    callers' retries (:class:`~pipeline.tracking.metric_logger.MetricLogger`) work unchanged."""
+    :class:`TrackingRelay` named ``relay_name`` and answered from there. Errors come back as the
+    relay's, so the callers' retries (:class:`~pipeline.tracking.metric_logger.MetricLogger`)
+    work unchanged."""
 
-    def __init__(self, relay: Any):
-        self.relay = relay
+    def __init__(self, relay_name: str):
+        self.relay = ray.get_actor(relay_name)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return ray.get(self.relay.call.remote(method, *args, **kwargs))
@@ -99,17 +105,22 @@ class RelayedClient:
         return str(target)
 
 
-def tracking_client(tracking_uri: str, relay: Any | None = None) -> Any:
+def tracking_client(tracking_uri: str, relay: str | None = None) -> Any:
     """The client a worker or the miner logs through: the relay's when the driver started one
-    (the store is on its disk), else an ``MlflowClient`` of the store itself."""
+    (``relay``: its name; the store is on the driver's disk), else an ``MlflowClient`` of the
+    store itself."""
     return RelayedClient(relay) if relay is not None else MlflowClient(tracking_uri=tracking_uri)
 
 
-def start_tracking_relay(tracking_uri: str) -> Any:
-    """The relay actor for the store at ``tracking_uri``, on this (the driver's) node: no CPU
-    of its own (a KubeRay head offers none), restarted if it dies while the job runs."""
+def start_tracking_relay(tracking_uri: str, run_id: str) -> tuple[Any, str]:
+    """The relay actor for the store at ``tracking_uri`` and its name, on this (the driver's)
+    node: no CPU of its own (a KubeRay head offers none), restarted if it dies while the job
+    runs. The name holds MLflow run ``run_id`` and a fresh suffix: a resumed job in the same
+    Ray never meets its predecessor's relay, dead or dying."""
+    name = f"simcse-tracking-relay-{run_id}-{uuid.uuid4().hex[:8]}"
     node_id = ray.get_runtime_context().get_node_id()
     actor = ray.remote(TrackingRelay).options(
+        name=name,
         num_cpus=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         max_restarts=-1,
@@ -117,4 +128,4 @@ def start_tracking_relay(tracking_uri: str) -> Any:
         # Uploads and metric batches from rank 0 and the miner at once.
         max_concurrency=4,
     )
-    return actor.remote(tracking_uri)
+    return actor.remote(tracking_uri), name

@@ -6,7 +6,6 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
 
 import psutil
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
@@ -27,7 +26,7 @@ def system_metrics(
     run_id: str,
     interval_s: float = SAMPLE_EVERY_S,
     node_id: str | None = None,
-    relay: Any | None = None,
+    relay: str | None = None,
 ) -> Iterator[None]:
     """MLflow's own system metrics (``system/cpu_utilization_percentage``, memory, disk,
     network, and ``system/gpu_*`` where NVIDIA's NVML is installed) for this machine: a sample
@@ -85,7 +84,7 @@ def _monitor(tracking_uri: str, run_id: str, interval_s: float, node_id: str | N
 IN_MEMORY_STORE = "sqlite:///:memory:"
 
 
-def _relayed_monitor(relay: Any, run_id: str, interval_s: float, node_id: str | None) -> SystemMetricsMonitor:
+def _relayed_monitor(relay: str, run_id: str, interval_s: float, node_id: str | None) -> SystemMetricsMonitor:
     """MLflow's monitor with its batch logger's client swapped for the relay's. MLflow's
     monitor opens a store of its own URI at once; an in-memory one is opened, never written, so
     that nothing appears on this node's disk. A resumed run goes on from its last system step

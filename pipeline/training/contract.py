@@ -42,9 +42,9 @@ class LoopConfig:
     tracking_uri: str | None = None
     run_id: str | None = None
     """The MLflow run rank 0 logs to; None logs nothing."""
-    tracking_relay: Any = None
-    """The driver's :class:`~pipeline.tracking.relay.TrackingRelay` when the store is on its
-    disk (rank 0 logs through it); None: rank 0 opens ``tracking_uri`` itself."""
+    tracking_relay: str | None = None
+    """The name of the driver's :class:`~pipeline.tracking.relay.TrackingRelay` when the store
+    is on its disk (rank 0 logs through it); None: rank 0 opens ``tracking_uri`` itself."""
     driver_node_id: str | None = None
     """The Ray node the driver runs on: it samples that machine's system metrics for the whole
     job, so workers sample only the other nodes."""
