@@ -381,7 +381,7 @@ class RayWorkerNode:
         num_cpus: float,
         num_gpus: int = 0,
         hidden: tuple[Path, ...] = (),
-        timeout: float = 120,
+        timeout: float = 300,
     ):
         import json
 
@@ -407,13 +407,14 @@ class RayWorkerNode:
         self.proc = subprocess.Popen(
             start, env=head.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )
+        # ray start says so once its raylet has joined; read from its log, not the dashboard,
+        # which answers slowly on a loaded machine.
         deadline = time.monotonic() + timeout
-        while name not in head.node_ids():
+        while "Ray runtime started" not in self.log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"worker node {name} did not join: {self.log.read_text()[-3000:]}")
             time.sleep(0.5)
-        self.node_id = head.node_ids()[name]
 
     def stop(self) -> None:
         stop_process_group(self.proc)
