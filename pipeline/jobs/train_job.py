@@ -217,7 +217,14 @@ def _run_resolved(
             )
             check_storage_on_every_node(storage_root, storage_key)
             summary = train_in_ray(
-                cfg, tracked, storage_root, sts_files, echo, retrieval_sets=retrieval_sets, debug=debug
+                cfg,
+                tracked,
+                storage_root,
+                sts_files,
+                echo,
+                retrieval_sets=retrieval_sets,
+                debug=debug,
+                joined_cluster=not started_ray,
             )
     summary = dataclasses.replace(summary, wall_seconds=time.perf_counter() - started_at)
     tracked.set_note(summary.description())
@@ -267,9 +274,11 @@ def train_in_ray(
     echo: Echo,
     retrieval_sets: list[RetrievalSet] | None = None,
     debug: bool = False,
+    joined_cluster: bool = True,
 ) -> JobSummary:
     """The job's sections inside the Ray session: data, model, miner, trainer and export
-    (``debug``: Ray Train's console logs on, see :func:`build_trainer`).
+    (``debug``: Ray Train's console logs on, see :func:`build_trainer`; ``joined_cluster``:
+    False when the job started its own local Ray, one node on one disk).
 
     Returns the summary (``wall_seconds`` still 0); the miner actor is gone when it returns
     or raises.
@@ -282,18 +291,23 @@ def train_in_ray(
     corpus_line = describe_corpus(data, inputs)
     # Training reads the tokens only: dropping the data lets the texts' blocks leave the object store.
     del data
-    with tracking_relay(tracked) as relay, miner_actor(cfg, tracked, refs, relay) as (miner, miner_pid):
+    with (
+        tracking_relay(tracked, joined_cluster) as relay,
+        miner_actor(cfg, tracked, refs, relay) as (miner, miner_pid),
+    ):
         result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo, debug, relay=relay)
         summary = export_and_summarise(cfg, tracked, result, corpus_line, run_dir)
         return log_exported_model(cfg, tracked, summary, run_dir)
 
 
 @contextmanager
-def tracking_relay(tracked: TrackedRun) -> Iterator[str | None]:
+def tracking_relay(tracked: TrackedRun, joined_cluster: bool) -> Iterator[str | None]:
     """The name of the :class:`~pipeline.tracking.relay.TrackingRelay` started on the driver's
-    node when the store is on its disk (rank 0 and the miner log through it), killed on exit;
-    None for a store every node reaches."""
-    if not relay_needed(tracked.tracking_uri):
+    node when the store is on its disk and the job joined a cluster (rank 0 and the miner log
+    through it), killed on exit; None for a store every node reaches, and on a local Ray the
+    job started itself (one node, one disk: no actor to start). A joined cluster gets it even
+    with one node now: an autoscaler may add the nodes the workers land on."""
+    if not (joined_cluster and relay_needed(tracked.tracking_uri)):
         yield None
         return
     relay, name = start_tracking_relay(tracked.tracking_uri, tracked.run_id)

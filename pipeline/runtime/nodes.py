@@ -77,11 +77,10 @@ def check_storage_on_every_node(storage_root: str, key: str) -> None:
     filesystem.create_dir(root, recursive=True)
     token = uuid.uuid4().hex
     probe = f"{root.rstrip('/')}/{PROBE_PREFIX}{token}"
-    uri = probe if "://" not in storage_root else f"{storage_root.rstrip('/')}/{PROBE_PREFIX}{token}"
     with filesystem.open_output_stream(probe) as stream:
         stream.write(token.encode())
     try:
-        seen = on_every_node(_read_probe, uri)
+        seen = on_every_node(_read_probe, f"{storage_root.rstrip('/')}/{PROBE_PREFIX}{token}")
     finally:
         filesystem.delete_file(probe)
     blind = [node for node, text in seen.items() if text != token]
@@ -93,14 +92,18 @@ def check_storage_on_every_node(storage_root: str, key: str) -> None:
         )
 
 
-def _local_file_size(path: str) -> int | None:
-    """Size of a local file (-1 for a folder), None when this node has nothing there."""
-    if os.path.isdir(path):
-        return -1
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return None
+def _local_file_sizes(paths: list[str]) -> list[int | None]:
+    """Each local path's size as this node sees it (-1 for a folder, None: nothing there)."""
+
+    def size(path: str) -> int | None:
+        if os.path.isdir(path):
+            return -1
+        try:
+            return os.path.getsize(path)
+        except OSError:
+            return None
+
+    return [size(path) for path in paths]
 
 
 def plan_reads(inputs: Mapping[str, str | None], echo: Echo) -> ReadNodes:
@@ -113,10 +116,10 @@ def plan_reads(inputs: Mapping[str, str | None], echo: Echo) -> ReadNodes:
     if not local or len(live_nodes()) < 2:
         return ANYWHERE
     here = ray.get_runtime_context().get_node_id()
+    sizes = on_every_node(_local_file_sizes, [os.path.abspath(path) for path in local.values()])
     pinned: dict[str, str] = {}
-    for key, path in local.items():
-        sizes = on_every_node(_local_file_size, os.path.abspath(path))
-        blind = [node for node, size in sizes.items() if size != sizes[here]]
+    for i, (key, path) in enumerate(local.items()):
+        blind = [node for node, seen in sizes.items() if seen[i] != sizes[here][i]]
         if blind:
             pinned[path] = here
             echo(

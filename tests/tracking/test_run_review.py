@@ -182,7 +182,16 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
     before = copy.deepcopy(cfg)
     handed = []
 
-    def train_in_ray(resolved, tracked, storage_root, sts_files, echo, retrieval_sets=None, debug=False):
+    def train_in_ray(
+        resolved,
+        tracked,
+        storage_root,
+        sts_files,
+        echo,
+        retrieval_sets=None,
+        debug=False,
+        joined_cluster=True,
+    ):
         handed.append((resolved, sts_files))
         return JobSummary(
             resolved.run.name, tracked.run_id, tracked.tracking_uri, resolved.tracking.experiment
