@@ -324,12 +324,30 @@ class RayHead:
         stop_process_group(self.proc)
         shutil.rmtree(self.temp, ignore_errors=True)
 
+    @contextlib.contextmanager
+    def addressed(self):
+        """Ray's state and job-submission clients in this process aimed at this head for the
+        block. They read ``RAY_API_SERVER_ADDRESS`` before the address they are given
+        (``ray.dashboard.utils.get_address_for_submission_client``), and a test process that
+        holds ``ray_local`` has it set to that Ray's dashboard."""
+        saved = os.environ.get("RAY_API_SERVER_ADDRESS")
+        os.environ["RAY_API_SERVER_ADDRESS"] = self.dashboard
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+            else:
+                os.environ["RAY_API_SERVER_ADDRESS"] = saved
+
     def node_ids(self) -> dict[str, str]:
         """The live nodes' ids by name: ``head``, and each :class:`RayWorkerNode`'s name."""
         from ray.util.state import list_nodes
 
         named = {}
-        for node in list_nodes(address=self.dashboard, filters=[("state", "=", "ALIVE")], detail=True):
+        with self.addressed():
+            alive = list_nodes(address=self.dashboard, filters=[("state", "=", "ALIVE")], detail=True)
+        for node in alive:
             tags = [r.removeprefix(NODE_TAG) for r in node.resources_total if r.startswith(NODE_TAG)]
             named["head" if node.is_head_node else tags[0] if tags else node.node_id] = node.node_id
         return named
@@ -407,8 +425,7 @@ class RayWorkerNode:
         self.proc = subprocess.Popen(
             start, env=head.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )
-        # ray start says so once its raylet has joined; read from its log, not the dashboard,
-        # which answers slowly on a loaded machine.
+        # ray start says so once its raylet has joined: its log, no call to the head needed.
         deadline = time.monotonic() + timeout
         while "Ray runtime started" not in self.log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -88,9 +88,11 @@ def _placements(head: RayHead, submission_id: str) -> dict[str, set[str]]:
     from ray.job_submission import JobSubmissionClient
     from ray.util.state import list_actors
 
-    job = JobSubmissionClient(head.dashboard).get_job_info(submission_id)
+    with head.addressed():
+        job = JobSubmissionClient(head.dashboard).get_job_info(submission_id)
+        actors = list_actors(address=head.dashboard, filters=[("job_id", "=", job.job_id)], limit=1000)
     placed: dict[str, set[str]] = {"driver": {job.driver_node_id}}
-    for actor in list_actors(address=head.dashboard, filters=[("job_id", "=", job.job_id)], limit=1000):
+    for actor in actors:
         placed.setdefault(actor.class_name, set()).add(actor.node_id)
     placed.update({f"node:{name}": {node} for name, node in head.node_ids().items()})
     return placed
