@@ -3,24 +3,17 @@ local Ray started for real with its temp files under pytest's tmp dir."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from crash_report import pytest_handlecrashitem, ray_session_noted  # noqa: F401 (registers the hook)
-
-from bench.common import job_env
-from pipeline.runtime.cluster import free_port
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -258,184 +251,6 @@ def trained_tiny_model_dir(tmp_path_factory, tiny_model_dir, paraphrase_corpus):
             loss.backward()
             optimizer.step()
     return save_model_dir(model, tokenizer, tmp_path_factory.mktemp("trained_tiny"), 32)
-
-
-class RayHead:
-    """A ``ray start --head`` of the test's own, beside whatever other Ray runs on the machine.
-
-    Every default port is replaced by a free one (another head may hold 6379, 8265, 10001
-    and the dashboard agent's 52365), its processes are told their own dashboard address
-    (so Ray's state API inside it never guesses another cluster), and :meth:`stop` ends
-    only its own processes, by process group: Ray's own stop command would end every Ray on the
-    host.
-    """
-
-    def __init__(self, tmp: Path, num_cpus: int = 4, ray_tmpdir: Path | None = None):
-        bin_dir = Path(PYTHON).parent
-        self.gcs_port, self.dashboard_port = free_port(), free_port()
-        self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
-        # The job's `python` is resolved on the PATH of whoever started the head: the venv first.
-        self.env = job_env(
-            {
-                "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-                "RAY_API_SERVER_ADDRESS": self.dashboard,
-            }
-        )
-        # Ray's root folder (it writes ray_current_cluster there, which Ray's auto-detection
-        # reads). Short: Ray's unix socket paths have a length limit.
-        self.temp = ray_tmpdir or Path("/tmp") / f"rayt{os.getpid()}-{self.gcs_port}"
-        self.env["RAY_TMPDIR"] = str(self.temp)
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.log = tmp / "ray-head.log"
-        self.proc = subprocess.Popen(
-            [
-                str(bin_dir / "ray"), "start", "--head", "--block", f"--port={self.gcs_port}",
-                f"--num-cpus={num_cpus}", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
-                "--disable-usage-stats",
-            ],
-            env=self.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        self._wait_ready(timeout=180)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.gcs_port}"
-
-    def _wait_ready(self, timeout: float) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"ray start exited with {self.proc.returncode}: {self.log.read_text()[-3000:]}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.dashboard}/api/version", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"the Ray head's dashboard did not answer within {timeout:g}s")
-
-    def stop(self) -> None:
-        """End the head's own processes (:func:`stop_process_group`) and remove its folder."""
-        stop_process_group(self.proc)
-        shutil.rmtree(self.temp, ignore_errors=True)
-
-    @contextlib.contextmanager
-    def addressed(self):
-        """Ray's state and job-submission clients in this process aimed at this head for the
-        block. They read ``RAY_API_SERVER_ADDRESS`` before the address they are given
-        (``ray.dashboard.utils.get_address_for_submission_client``), and a test process that
-        holds ``ray_local`` has it set to that Ray's dashboard."""
-        saved = os.environ.get("RAY_API_SERVER_ADDRESS")
-        os.environ["RAY_API_SERVER_ADDRESS"] = self.dashboard
-        try:
-            yield
-        finally:
-            if saved is None:
-                os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-            else:
-                os.environ["RAY_API_SERVER_ADDRESS"] = saved
-
-    def node_ids(self) -> dict[str, str]:
-        """The live nodes' ids by name: ``head``, and each :class:`RayWorkerNode`'s name."""
-        from ray.util.state import list_nodes
-
-        named = {}
-        with self.addressed():
-            alive = list_nodes(address=self.dashboard, filters=[("state", "=", "ALIVE")], detail=True)
-        for node in alive:
-            tags = [r.removeprefix(NODE_TAG) for r in node.resources_total if r.startswith(NODE_TAG)]
-            named["head" if node.is_head_node else tags[0] if tags else node.node_id] = node.node_id
-        return named
-
-
-def stop_process_group(proc: subprocess.Popen) -> None:
-    """SIGTERM a ``ray start --block`` process group (``ray start`` is its leader), then SIGKILL
-    whatever of it is left after a few seconds: Ray's own stop command would end every Ray on
-    the host."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the leader, or the group never looks empty
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break  # the group is gone, and its id free for another process: no SIGKILL
-        time.sleep(0.25)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-
-
-NODE_TAG = "test_node_"
-"""A custom resource (one unit) that names a test's worker node: Ray's state API lists it."""
-
-
-class RayWorkerNode:
-    """A ``ray start --block --address=...`` worker node of a :class:`RayHead`, a real raylet and
-    object store on this machine, stopped by its own process group.
-
-    ``hidden``: folders this node must not see, as a node of a real cluster does not see the
-    driver's disk. The node starts in a mount namespace of its own with an empty private tmpfs
-    over each (``unshare -m``, as root): a path there is empty for its processes, and whatever
-    they write there stays in that tmpfs. Everything else (the venv, the shared folders a test
-    gives as storage) is the same disk. Each node has a Ray folder of its own, as each machine
-    of a cluster has: where nodes share one, a node that drops a job's unpacked working
-    directory deletes it under the driver on the head.
-    """
-
-    def __init__(
-        self,
-        head: RayHead,
-        name: str,
-        *,
-        num_cpus: float,
-        num_gpus: int = 0,
-        hidden: tuple[Path, ...] = (),
-        timeout: float = 300,
-    ):
-        import json
-
-        self.head, self.name = head, name
-        self.temp = Path("/tmp") / f"rn{free_port()}"  # short: Ray's socket paths have a length limit
-        start = [
-            str(Path(PYTHON).parent / "ray"), "start", "--block", f"--address={head.address}", f"--temp-dir={self.temp}",
-            f"--num-cpus={num_cpus:g}", f"--num-gpus={num_gpus}", f"--resources={json.dumps({NODE_TAG + name: 1})}",
-            f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats",
-        ]  # fmt: skip
-        if hidden:
-            mounts = " && ".join(f"mount -t tmpfs tmpfs {shlex.quote(str(folder))}" for folder in hidden)
-            start = [
-                "unshare",
-                "-m",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                f"{mounts} && exec {shlex.join(start)}",
-            ]
-        self.log = head.log.with_name(f"ray-node-{name}.log")
-        self.proc = subprocess.Popen(
-            start, env=head.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-        )
-        # ray start says so once its raylet has joined: its log, no call to the head needed.
-        deadline = time.monotonic() + timeout
-        while "Ray runtime started" not in self.log.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"worker node {name} did not join: {self.log.read_text()[-3000:]}")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        stop_process_group(self.proc)
-        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -16,12 +16,20 @@ runs there, no stage does) and two worker nodes that carry the CPUs and do not s
 driver's folders (each in a mount namespace of its own with an empty tmpfs over them): its
 generated corpus, its run folder and its sqlite MLflow store are on the driver's disk only, and
 Ray Train's storage is a folder every node sees (``run.storage_path``, as a shared mount would
-be). Beside it, the same job with its storage on the driver's disk only stops before compute.
+be). It is submitted as the KubeRay RayJob submits it: the manifest's entrypoint string, its
+``$VARS`` given in the job's environment. The train workers go to nodes labelled
+``role=trainer``, the miner to ``role=miner`` (``train.label_selector``,
+``mining.label_selector``), and both are lost on purpose: the miner's node while it computes
+the first refresh, the workers' node in the middle of epoch 2, each replaced by a fresh node,
+as an autoscaler replaces a preempted machine. Beside it, the same job with its storage on the
+driver's disk only stops before compute.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -29,12 +37,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, RayHead, RayWorkerNode, assert_clean_negatives
+from conftest import PYTHON, REPO, assert_clean_negatives
 from demo_checks import DEMO_CHECKED, assert_the_demo_run
 from mlflow.tracking import MlflowClient
+from test_kuberay_manifest import rayjob_entrypoint
 
 from bench.common import job_env, set_flags
-from pipeline.core.seams import CONNECT_TIMEOUT_ENV
+from bench.local_cluster import RayHead, RayWorkerNode
+from bench.running_job import held_pid, snapshot_checkpoints, wait_for
+from pipeline.core.seams import CONNECT_TIMEOUT_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.runtime.cluster import free_port
 from pipeline.tracking.refresh_table import read_refresh_table
 
@@ -47,9 +58,11 @@ RUN_NAMES = {"submitted": "submitted", "local": "demo"}
 
 
 def _start(cmd: list[str], cwd: Path, env: dict) -> subprocess.Popen:
+    """A job whose output goes to ``cwd/job.log`` (a pipe nobody reads while the test moves
+    nodes would fill and stall it)."""
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [PYTHON, *cmd], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd, cwd=cwd, env=env, stdout=(cwd / "job.log").open("w"), stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip
 
@@ -62,49 +75,74 @@ def _finished_run(db: Path, experiment: str):
 
 SUBMITTED_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
-
-def _submit(head: RayHead, folder: Path, name: str, submission_id: str, *flags: str) -> subprocess.Popen:
-    """README's ``ray job submit`` of the demo, run ``name``, its run folder and sqlite store in
-    ``folder`` (the driver's disk)."""
-    # Ray uploads the working dir without .git: the README's submit line passes the commit.
-    runtime_env = json.dumps({"env_vars": {"SIMCSE_GIT_COMMIT": SUBMITTED_COMMIT}})
-    folder.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [
-            str(Path(PYTHON).parent / "ray"), "job", "submit", "--address", head.dashboard,
-            "--submission-id", submission_id, "--working-dir", str(REPO), "--runtime-env-json", runtime_env,
-            "--", "python", "jobs/train.py", "--config", "jobs/configs/demo.yaml",
-            "--set", f"run.name={name}", "--set", f"run.output_dir={folder / 'runs'}",
-            "--set", f"tracking.uri=sqlite:///{folder / 'mlruns.db'}", *flags, *_settings(),
-        ],
-        cwd=folder, env=head.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
+# Where the submitted job's stages may run (Ray node labels the worker nodes carry).
+PLACEMENT = ["train.label_selector.role=trainer", "mining.label_selector.role=miner"]
+# The demo's 1600 rows in batches of 64: 25 steps an epoch, checkpoints every 10 steps
+# (DEMO_CHECKED). Rank 0 is held before step 36 and its node lost there: the run resumes at 30.
+STEPS_PER_EPOCH, MID_EPOCH_CHECKPOINT, LOST_BEFORE_STEP = 25, 30, 36
+NODE_LOSS_HOLDS = ("miner_refresh=1", f"train_step={LOST_BEFORE_STEP}")
 
 
-def _placements(head: RayHead, submission_id: str) -> dict[str, set[str]]:
+def _submit(
+    head: RayHead, folder: Path, *, name: str, submission_id: str, storage: Path, env: dict | None = None
+) -> subprocess.Popen:
+    """``ray job submit`` of the KubeRay RayJob's entrypoint as written in
+    deploy/kuberay/rayjob.yaml, run through a shell as KubeRay's submitter pod runs it, with the
+    ConfigMap's variables in that shell's environment: the demo config, run ``name``, its run
+    folder in ``folder`` (the driver's disk), Ray Train's storage in ``storage``. The sqlite
+    store in ``folder`` reaches the driver as MLFLOW_TRACKING_URI (the head pod's environment
+    on KubeRay); ``env`` goes to the job as well."""
+    submitter_env = {
+        **head.env,
+        "SIMCSE_CONFIG": "jobs/configs/demo.yaml",
+        "SIMCSE_STORAGE_PATH": str(storage),
+        "SIMCSE_OUTPUT_DIR": str(folder / "runs"),
+        "SIMCSE_SETTINGS": shlex.join(set_flags([f"run.name={name}", *PLACEMENT, *SETTINGS])),
+    }
+    job_env_vars = {
+        # Ray uploads the working dir without .git: the RayJob passes the commit.
+        "SIMCSE_GIT_COMMIT": SUBMITTED_COMMIT,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlruns.db'}",
+        **(env or {}),
+    }
+    submit = shlex.join([
+        str(Path(PYTHON).parent / "ray"), "job", "submit", "--address", head.dashboard,
+        "--submission-id", submission_id, "--working-dir", str(REPO),
+        "--runtime-env-json", json.dumps({"env_vars": job_env_vars}), "--",
+    ])  # fmt: skip
+    return _start(["sh", "-c", f"{submit} {rayjob_entrypoint()}"], folder, submitter_env)
+
+
+def _placements(head: RayHead, submission_id: str, named: dict[str, str]) -> dict[str, set[str]]:
     """Where the submitted job's processes ran, by Ray's state API (dead actors included): the
-    node ids of its driver and of each of its actor classes, and the cluster's nodes by name."""
+    node ids of its driver and of each of its actor classes (a restarted actor: where it runs
+    last), and the ``named`` nodes (lost ones included)."""
     from ray.job_submission import JobSubmissionClient
     from ray.util.state import list_actors
 
     with head.addressed():
         job = JobSubmissionClient(head.dashboard).get_job_info(submission_id)
-        actors = list_actors(address=head.dashboard, filters=[("job_id", "=", job.job_id)], limit=1000)
+        actors = list_actors(
+            address=head.dashboard,
+            filters=[("job_id", "=", job.job_id)],
+            limit=1000,
+            raise_on_missing_output=False,
+        )
     placed: dict[str, set[str]] = {"driver": {job.driver_node_id}}
     for actor in actors:
         placed.setdefault(actor.class_name, set()).add(actor.node_id)
-    placed.update({f"node:{name}": {node} for name, node in head.node_ids().items()})
+    placed.update({f"node:{name}": {node} for name, node in named.items()})
     return placed
 
 
 @pytest.fixture(scope="module")
 def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_corpus):
-    """All at once on one machine: a ``ray start`` head with the README's ``ray job submit`` of
-    jobs/train.py (unchanged) running on it, the same training job with the same config and
-    seed on a local Ray of its own beside it, and an offline mining job on a text file (an
-    empty line and a repeated sentence in it) whose Ray folder holds a dead cluster's leftovers.
-    Yields each job's exit status and output by name."""
+    """All at once on one machine: a ``ray start`` head with the RayJob's entrypoint submitted
+    to it (its nodes lost and replaced on the way, :func:`_lose_and_replace_nodes`), the same
+    training job with the same config and seed on a local Ray of its own beside it, and an
+    offline mining job on a text file (an empty line and a repeated sentence in it) whose Ray
+    folder holds a dead cluster's leftovers. Yields each job's exit status and output by name,
+    the folder, and where the submitted job's processes ran."""
     tmp_path = tmp_path_factory.mktemp("cotenancy")
     ray_tmp = Path("/tmp") / f"rtc{free_port()}"  # short: Ray's socket paths have a length limit
     stale_tmp = Path("/tmp") / f"rtd{free_port()}"
@@ -112,18 +150,27 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("\n".join([*texts, "", texts[0]]) + "\n")
     head = None
-    nodes: list[RayWorkerNode] = []
+    nodes: dict[str, RayWorkerNode] = {}
+    named: dict[str, str] = {}  # node ids by name, of the lost nodes too
     jobs: dict[str, subprocess.Popen] = {}
-    outputs: dict[str, str] = {}
     placements: dict[str, set[str]] = {}
     # The driver's disk: folders the worker nodes do not see.
     driver_only = (tmp_path / "submitted", tmp_path / "blind")
     for folder in driver_only:
         folder.mkdir()
+    shared = tmp_path / "shared-storage"  # what every node mounts
+    holds = shared / "holds"
+    holds.mkdir(parents=True)
     submission = f"simcse-multinode-{free_port()}"
+
+    def node(name: str, role: str) -> None:
+        nodes[name] = RayWorkerNode(head, name, num_cpus=2, labels={"role": role}, hidden=driver_only)
+        named.update(head.node_ids())
+
     try:
         head = RayHead(tmp_path / "head", num_cpus=0, ray_tmpdir=ray_tmp)
-        nodes = [RayWorkerNode(head, name, num_cpus=2, hidden=driver_only) for name in ("a", "b")]
+        node("a", "trainer")
+        node("b", "miner")
         # What Ray's guessing would find (ray start writes it once the head is up).
         deadline = time.monotonic() + 120
         while not (ray_tmp / "ray" / "ray_current_cluster").is_file():
@@ -133,39 +180,103 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
         (stale_tmp / "ray").mkdir(parents=True)
         (stale_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
 
-        shared = tmp_path / "shared-storage"  # what every node mounts
         jobs["submitted"] = _submit(
-            head, tmp_path / "submitted", "submitted", submission, "--set", f"run.storage_path={shared}"
-        )
-        # Storage left at run.output_dir: the driver's disk only.
-        jobs["blind"] = _submit(head, tmp_path / "blind", "blind", f"{submission}-blind")
+            head, tmp_path / "submitted", name="submitted", submission_id=submission, storage=shared,
+            env={HOLD_ENV: ",".join(NODE_LOSS_HOLDS), HOLD_DIR_ENV: str(holds)},
+        )  # fmt: skip
+        # Storage left on the driver's disk.
+        jobs["blind"] = _submit(
+            head, tmp_path / "blind", name="blind", submission_id=f"{submission}-blind",
+            storage=tmp_path / "blind" / "runs",
+        )  # fmt: skip
         jobs["local"] = _start(
-            [str(REPO / "jobs/train.py"), "--config", DEMO, *_settings()],
+            [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, *_settings()],
             tmp_path / "local", job_env({"RAY_TMPDIR": str(ray_tmp)}),
         )  # fmt: skip
         jobs["mine"] = _start(
-            [str(REPO / "jobs/mine.py"), "--model", str(trained_tiny_model_dir), "--input", str(sentences),
+            [PYTHON, str(REPO / "jobs/mine.py"), "--model", str(trained_tiny_model_dir), "--input", str(sentences),
              "--output", "out/triplets.parquet", "--set", "mining.num_negatives=2", "--set", "model.pooler=mean"],
             tmp_path / "mine", job_env({"RAY_TMPDIR": str(stale_tmp)}),
         )  # fmt: skip
+        lost = _lose_and_replace_nodes(
+            head, nodes, node, jobs["submitted"], holds=holds, run_dir=shared / "submitted"
+        )
         started = time.monotonic()
-        for name, proc in jobs.items():
-            outputs[name] = proc.communicate(timeout=max(60, 900 - (time.monotonic() - started)))[0]
+        for proc in jobs.values():
+            proc.wait(timeout=max(60, 900 - (time.monotonic() - started)))
         # The head is still up after all of it.
         with urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=10) as answer:
             assert answer.status == 200
-        placements = _placements(head, submission)
+        placements = _placements(head, submission, named)
+        placements.update({f"lost:{name}": ids for name, ids in lost.items()})
     finally:
         for proc in jobs.values():
             if proc.poll() is None:
                 proc.kill()
-        for node in nodes:
-            node.stop()
+        for worker_node in nodes.values():
+            worker_node.stop()
         if head is not None:
             head.stop()
         for folder in (ray_tmp, stale_tmp):
             shutil.rmtree(folder, ignore_errors=True)
+    outputs = {name: (tmp_path / name / "job.log").read_text() for name in jobs}
     yield {name: (jobs[name].returncode, out) for name, out in outputs.items()}, tmp_path, placements
+
+
+def _alive_on(head: RayHead, class_name: str) -> set[str]:
+    """The node ids of the live actors of ``class_name``, by Ray's state API."""
+    from ray.util.state import list_actors
+
+    with head.addressed():
+        actors = list_actors(
+            address=head.dashboard,
+            filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")],
+            raise_on_missing_output=False,  # the filtered-out actors are not lost output
+        )
+    return {actor.node_id for actor in actors}
+
+
+def _lose_and_replace_nodes(
+    head: RayHead,
+    nodes: dict[str, RayWorkerNode],
+    add_node,
+    job: subprocess.Popen,
+    *,
+    holds: Path,
+    run_dir: Path,
+) -> dict[str, set[str]]:
+    """Lose the node that holds the miner while it computes refresh v1 (held there by the
+    seam) and add a fresh ``role=miner`` node; then lose the node that holds the train workers
+    before step 36 (rank 0 held there, the checkpoint at step 30 registered) and add a fresh
+    ``role=trainer`` node. The held processes die with their nodes (SIGKILL to every process of
+    the node, no warning). Returns the node ids of the miner and of the train workers when their
+    nodes were lost."""
+
+    def held(point: str) -> int | None:
+        assert job.poll() is None, "the submitted job ended before its nodes were lost"
+        return held_pid(holds, point)
+
+    ids = head.node_ids()
+    lost: dict[str, set[str]] = {}
+    wait_for(lambda: held("miner_refresh=1"), 600, "the miner held in refresh v1")
+    lost["miner"] = _alive_on(head, "HardNegativeMinerActor")
+    assert lost["miner"] == {ids["b"]}, (lost, ids)  # mining.label_selector: the role=miner node
+    nodes["b"].lose()
+    add_node("c", "miner")
+
+    wait_for(
+        lambda: held(f"train_step={LOST_BEFORE_STEP}"), 600, f"rank 0 held before step {LOST_BEFORE_STEP}"
+    )
+    # Ray Train registers a reported checkpoint a moment later; nothing newer can land while held.
+    wait_for(
+        lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == MID_EPOCH_CHECKPOINT,
+        120, f"the checkpoint at step {MID_EPOCH_CHECKPOINT} registered",
+    )  # fmt: skip
+    lost["workers"] = _alive_on(head, "RayTrainWorker")
+    assert lost["workers"] == {ids["a"]}, (lost, ids)  # train.label_selector: the role=trainer node
+    nodes["a"].lose()
+    add_node("d", "trainer")
+    return lost
 
 
 def _settings() -> list[str]:
@@ -199,7 +310,7 @@ def test_the_demo_beside_a_submitted_copy_and_a_mining_job(jobs_beside_each_othe
     assert tags["mlflow.source.git.commit"] == SUBMITTED_COMMIT
     assert tags["mlflow.source.name"] == "jobs/train.py"  # the uploaded working dir's script
     assert tags["simcse.git_commit_from"] == "SIMCSE_GIT_COMMIT"
-    _assert_the_same_run(tmp_path)
+    _assert_the_same_run(tmp_path, outputs["submitted"])
     _assert_placed_off_the_drivers_node(placements, outputs["submitted"])
     _assert_the_text_file_mined(tmp_path / "mine", outputs["mine"], paraphrase_corpus[0])
     assert_the_demo_run(tmp_path / "local", outputs["local"])
@@ -213,12 +324,15 @@ def _assert_storage_on_the_drivers_disk_only_stops_the_job(folder: Path, code: i
     errors = sorted({line for line in out.splitlines() if line.startswith("error:")})
     assert len(errors) == 1, out[-4000:]
     assert errors[0].startswith(
-        f"error: run.storage_path (unset: run.output_dir): {folder / 'runs'} is not the same folder on every Ray node (node "
+        f"error: run.storage_path: {folder / 'runs'} is not the same folder on every Ray node (node "
     )
-    assert errors[0].endswith(
-        "does not see the file the driver wrote there, 2 of 3 nodes); Ray Train's workers write "
-        "checkpoints there: give a URI (s3://, gs://) or a path every node mounts"
-    ), errors[0]
+    # Every node but the driver's (the head) is blind to it.
+    blind = re.search(
+        r"does not see the file the driver wrote there, (\d+) of (\d+) nodes\); Ray Train's workers write "
+        r"checkpoints there: give a URI \(s3://, gs://\) or a path every node mounts$",
+        errors[0],
+    )
+    assert blind and int(blind[1]) == int(blind[2]) - 1, errors[0]
     assert "[data]" not in out and "Traceback" not in out
     run = _finished_run(folder / "mlruns.db", "simcse-demo")
     assert run.info.status == "FAILED" and "run.storage_path" in run.data.tags["simcse.error"]
@@ -227,14 +341,16 @@ def _assert_storage_on_the_drivers_disk_only_stops_the_job(folder: Path, code: i
 
 
 def _assert_placed_off_the_drivers_node(placements: dict[str, set[str]], out: str) -> None:
-    """The driver on the head (no CPUs), every train worker and the miner on the worker nodes,
-    the tracking relay beside the driver: read from Ray's state API, not from the config. The
-    generated corpus, on the driver's disk only, was read there."""
-    head, workers = placements["node:head"], placements["node:a"] | placements["node:b"]
-    assert placements["driver"] == head
-    assert placements["RayTrainWorker"] and placements["RayTrainWorker"] <= workers
-    assert placements["HardNegativeMinerActor"] and placements["HardNegativeMinerActor"] <= workers
-    assert placements["TrackingRelay"] == head
+    """The driver on the head (no CPUs), the tracking relay beside it; the train workers on the
+    ``role=trainer`` node, then (that node lost) on the fresh one; the miner on the
+    ``role=miner`` node, then (that node lost) restarted on the fresh one: read from Ray's state
+    API, not from the config. The generated corpus, on the driver's disk only, was read there."""
+    head = placements["node:head"]
+    assert placements["driver"] == head and placements["TrackingRelay"] == head
+    assert placements["lost:workers"] == placements["node:a"]
+    assert placements["RayTrainWorker"] == placements["node:a"] | placements["node:d"]
+    assert placements["lost:miner"] == placements["node:b"]
+    assert placements["HardNegativeMinerActor"] == placements["node:c"]
     assert "is on the driver's disk only (2 of 3 nodes do not see it): read on the driver's node" in out
 
 
@@ -261,12 +377,15 @@ def _assert_the_text_file_mined(folder: Path, out: str, texts: list[str]) -> Non
     assert run.data.tags["simcse.mining_dtype"] == "fp32" and "(encoded on cpu in fp32)" in out
 
 
-def _assert_the_same_run(tmp_path: Path) -> None:
-    """The submitted job (three nodes, its store on the driver's disk only) and the local one
-    (one node), same config and seed, at the same time: the same tokenizer and starting model,
-    the same batch plans (random and mined), the same first-epoch losses, the same evaluations
-    and exported score, and the same MLflow run (metric keys, refresh table, artifacts, logged
-    model) but for the system metrics of the nodes the workers ran on."""
+def _assert_the_same_run(tmp_path: Path, out: str) -> None:
+    """The submitted job (its store on the driver's disk only, two of its nodes lost) and the
+    local one (one node, nothing lost), same config and seed, at the same time: the same
+    tokenizer and starting model, the same batch plans (random and mined: the restarted miner
+    re-mined the same plan), the same first-epoch losses, every step trained and only those
+    after the last checkpoint twice, identically, the same evaluations and exported score
+    (within the chaos check's tolerance, 0.05), and the same MLflow run (metric keys, refresh
+    table, artifacts, logged model) but for the system metrics of the nodes the workers ran on
+    and the two restarts it records. ``out``: the submitted job's output."""
     runs = {}
     for name in ("submitted", "local"):
         client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / name / 'mlruns.db'}")
@@ -284,10 +403,31 @@ def _assert_the_same_run(tmp_path: Path) -> None:
         client, run = runs[name]
         return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
 
-    steps_per_epoch = 1600 // 64  # the demo's 1600 sentences, batches of 64
+    steps_per_epoch = STEPS_PER_EPOCH
     losses = [history(name, "train/loss")[:steps_per_epoch] for name in runs]
     assert len(losses[0]) == steps_per_epoch and [s for s, _ in losses[0]] == [s for s, _ in losses[1]]
     assert [v for _, v in losses[0]] == pytest.approx([v for _, v in losses[1]], abs=1e-6)
+    # The workers' node lost before step 36: resumed at the checkpoint at 30 on the fresh node,
+    # steps 31-35 trained twice, the same both times (plan, weights and RNG states restored).
+    everything = history("submitted", "train/loss")
+    assert {s for s, _ in everything} == set(range(1, 3 * steps_per_epoch + 1))
+    twice = sorted({s for s, _ in everything if sum(1 for t, _ in everything if t == s) > 1})
+    assert twice == list(range(MID_EPOCH_CHECKPOINT + 1, LOST_BEFORE_STEP))
+    for step in twice:
+        first, again = (v for s, v in everything if s == step)
+        assert first == pytest.approx(again, abs=1e-6), step
+    assert f"[train] resumed at step {MID_EPOCH_CHECKPOINT}, in epoch 2 after batch" in out
+    assert re.search(r"\[train\] worker rank \d failed: .+ \(failure 1, train\.max_failures=3; ", out), out[
+        -4000:
+    ]
+    # The miner's node lost during refresh v1: restarted on the fresh node, it re-mined.
+    assert "[mining] the miner actor died during refresh v1" in out
+    assert "the miner actor was restarted 1x" in out
+    # The MLflow run records both restarts.
+    assert history("submitted", "mining/miner_restarts") == [(steps_per_epoch, 1.0)]
+    assert history("submitted", "train/resumed_at_step") == [
+        (MID_EPOCH_CHECKPOINT, float(MID_EPOCH_CHECKPOINT))
+    ]
     # The starting model's evaluation (what an issue once saw differ: 87.00 vs 88.28).
     start = [history(name, "eval/sts_generated_sts_spearman")[0] for name in runs]
     assert start[0] == start[1]
@@ -301,7 +441,8 @@ def _assert_the_same_run(tmp_path: Path) -> None:
     def logged(name: str) -> tuple[set[str], list[tuple[float, float]], set[str]]:
         client, run = runs[name]
         run_id = run.info.run_id
-        keys = {k for k in run.data.metrics if not k.startswith("system/")}
+        restarts = {"mining/miner_restarts", "train/resumed_at_step"}
+        keys = {k for k in run.data.metrics if not k.startswith("system/") and k not in restarts}
         refreshes = [(r["step"], r["plan_version"]) for r in read_refresh_table(client, run_id)]
         files = {a.path for folder in ("", "mining", "review") for a in client.list_artifacts(run_id, folder)}
         assert client.search_logged_models(experiment_ids=[run.info.experiment_id]), name

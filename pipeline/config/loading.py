@@ -39,6 +39,13 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key} must be a list (got {value!r})")
         return [_coerce(item, item_type, f"{key}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        key_type, value_type = typing.get_args(annotation)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping (got {value!r})")
+        return {
+            _coerce(k, key_type, f"{key} key"): _coerce(v, value_type, f"{key}.{k}") for k, v in value.items()
+        }
     if origin is Literal:
         allowed = typing.get_args(annotation)
         if value is False and "off" in allowed:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.batching.registry import SAMPLER_NAMES
@@ -49,6 +49,11 @@ class MiningSection:
     num_gpus: float = 0.0
     """GPUs for the miner actor (and for each encode actor); with a GPU it encodes there and
     searches with a GPU index."""
+    label_selector: dict[str, str] = field(default_factory=dict)
+    """Ray node labels the miner (and each encode actor) must run on, as
+    ``train.label_selector`` for the workers: e.g. a node group of inference GPUs beside the
+    training ones, or on-demand nodes for the one actor a refresh depends on. Empty: any
+    node with the resources."""
     batch_sampler: SamplerName = "random"
     """How a refreshed epoch's rows are grouped into batches (the corpus task); every
     sampler covers each row once, in balanced batches, and keeps flagged false negatives

@@ -3,7 +3,7 @@ resources, failures, compilation) and how often they save."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.config.check import Check
@@ -43,6 +43,11 @@ class TrainSection:
     Ray Train's convention), so more GPUs are had with more workers (``train.num_workers``); a
     second GPU reserved per worker would idle. A fraction packs workers (and a miner with a
     fractional ``mining.num_gpus``) onto one GPU; see :attr:`backend`."""
+    label_selector: dict[str, str] = field(default_factory=dict)
+    """Ray node labels the workers must run on (Ray's label selectors: ``value``, ``!value``,
+    ``in(a,b)``), e.g. ``{ray.io/node-group: gpu-train}`` on KubeRay, or
+    ``{ray.io/market-type: on-demand}``; each start and restart of the workers waits for such a
+    node. Empty: any node with the resources."""
     log_every: int = 10
     """Steps between MLflow metric flushes from rank 0."""
     hard_negative_weight: float = 0.0

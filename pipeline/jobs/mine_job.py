@@ -33,6 +33,7 @@ from pipeline.jobs.pair_mining import MiningReport, mine_pairs
 from pipeline.model.encoder import load_sentence_encoder, pooler_warning
 from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
 from pipeline.runtime.cluster import ray_session
+from pipeline.runtime.nodes import plan_reads
 from pipeline.runtime.preflight import preflight_mine
 from pipeline.tracking.context import InputDataset, log_run_context
 from pipeline.tracking.plots import similarity_histogram_png
@@ -89,7 +90,9 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = Fals
         tracked.set_tags(
             {"simcse.job": "mine", "simcse.output": output, "simcse.model": cfg.model.name_or_path}
         )
-        read = load_pairs(cfg.data)
+        # Submitted to a cluster, the input may sit on the driver's disk only.
+        reads = plan_reads({"data.path": cfg.data.path, "data.pool": cfg.data.pool}, echo)
+        read = load_pairs(cfg.data, reads=reads)
         # The offline job encodes in this process, so it works on Python lists (a list per column).
         texts, pairs = index_pairs(read, cfg.data.tokenize_num_cpus)
         anchors, positives, _, pool_texts = pair_texts(read, texts, pairs)

@@ -349,9 +349,12 @@ def miner_actor(
                 wait_s=1.0,
             )
         except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
+            selector = (
+                f", mining.label_selector={cfg.mining.label_selector}" if cfg.mining.label_selector else ""
+            )
             raise TimeoutError(
-                f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}) "
-                f"was not placed within train.placement_timeout_s={timeout_s:g}s"
+                f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}"
+                f"{selector}) was not placed within train.placement_timeout_s={timeout_s:g}s"
             ) from None
         yield miner, miner_pid
         # The last refresh's table row and histogram go up in the miner's background; let them

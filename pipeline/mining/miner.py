@@ -91,6 +91,7 @@ class HardNegativeMiner:
         return encode_with_actor_pool(
             self.corpus_table, self.corpus.lengths, model_blob=self.model_blob, pooler=s.pooler,
             encoder_state=encoder_state, actors=s.encode_actors, num_cpus=s.num_cpus, num_gpus=s.num_gpus,
+            label_selector=s.label_selector,
         )  # fmt: skip
 
     def ready(self) -> int:

@@ -61,14 +61,18 @@ def start_miner_actor(settings: MinerSettings) -> Any:
         calls in flight when it died fail rather than being retried, so the caller knows to
         submit the refresh again with newer weights (the new process loads on that call).
     """
-    return (
-        ray.remote(HardNegativeMinerActor)
-        .options(
-            num_cpus=settings.num_cpus,
-            num_gpus=settings.num_gpus,
-            max_restarts=settings.max_restarts,
-            max_task_retries=0,
-            runtime_env=actor_runtime_env() or None,
-        )
-        .remote(settings)
-    )
+    return ray.remote(HardNegativeMinerActor).options(**miner_actor_options(settings)).remote(settings)
+
+
+def miner_actor_options(settings: MinerSettings) -> dict[str, Any]:
+    """The miner actor's Ray options: its own CPUs and GPUs (Ray sets its
+    ``CUDA_VISIBLE_DEVICES`` to those GPUs alone), a node that ``mining.label_selector``
+    matches, and restarts up to ``train.max_failures``."""
+    return {
+        "num_cpus": settings.num_cpus,
+        "num_gpus": settings.num_gpus,
+        "label_selector": settings.label_selector or None,
+        "max_restarts": settings.max_restarts,
+        "max_task_retries": 0,
+        "runtime_env": actor_runtime_env() or None,
+    }

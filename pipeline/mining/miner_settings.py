@@ -39,6 +39,8 @@ class MinerSettings:
     """The miner actor's own CPUs (``mining.num_cpus``)."""
     num_gpus: float = 0.0
     """The miner actor's own GPUs (``mining.num_gpus``); with one it encodes and searches there."""
+    label_selector: dict[str, str] = field(default_factory=dict)
+    """Ray node labels the miner and its encode actors must run on (``mining.label_selector``)."""
     max_restarts: int = 0
     """Times Ray restarts a dead miner actor (``train.max_failures``; -1: no limit)."""
     tracking_uri: str | None = None
@@ -74,6 +76,7 @@ class MinerSettings:
             encode_actors=mining.encode_actors,
             num_cpus=mining.num_cpus,
             num_gpus=mining.num_gpus,
+            label_selector=dict(mining.label_selector),
             max_restarts=cfg.train.max_failures,
             tracking_uri=tracking_uri,
             run_id=run_id,

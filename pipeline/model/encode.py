@@ -176,10 +176,12 @@ def encode_with_actor_pool(
     actors: int,
     num_cpus: float,
     num_gpus: float,
+    label_selector: dict[str, str] | None = None,
 ) -> np.ndarray:
     """Normalised :func:`encode_rows` of the whole corpus
     on a Ray Data pool of up to ``actors`` encoder actors (each with ``num_cpus`` /
-    ``num_gpus``), in batches of :func:`encode_batch_size` for the actors' device.
+    ``num_gpus``, on nodes ``label_selector`` matches), in batches of :func:`encode_batch_size`
+    for the actors' device.
 
     Rows are fed in order of token length, so each batch pads little; results are placed
     back by position.
@@ -212,6 +214,8 @@ def encode_with_actor_pool(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
+        # Passed only when set: an actor with a selector of its own is placed differently.
+        **({"label_selector": label_selector} if label_selector else {}),
         fn_constructor_kwargs={
             "model_blob": ray.put(model_blob),
             "weights": ray.put(encoder_state),

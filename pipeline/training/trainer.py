@@ -77,6 +77,22 @@ def resumable_checkpoints(storage_path: str, run_name: str) -> str | None:
     return f"{storage_path.rstrip('/')}/{run_name}"
 
 
+def scaling_config(cfg: Config) -> ray.train.ScalingConfig:
+    """Where the train workers run and what each reserves: ``train.num_workers`` workers of
+    ``train.cpus_per_worker`` CPUs and ``train.gpus_per_worker`` GPUs (Ray shows each worker
+    the GPUs of the workers on its node, and it trains on its own), on nodes that
+    ``train.label_selector`` matches."""
+    resources = {"CPU": cfg.train.cpus_per_worker}
+    if cfg.train.use_gpu:
+        resources["GPU"] = cfg.train.gpus_per_worker
+    return ray.train.ScalingConfig(
+        num_workers=cfg.train.num_workers,
+        use_gpu=cfg.train.use_gpu,
+        resources_per_worker=resources,
+        label_selector=cfg.train.label_selector or None,
+    )
+
+
 def build_trainer(
     cfg: Config, loop_config_ref: Any, storage_path: str, run_name: str, debug: bool = False
 ) -> Any:
@@ -94,15 +110,10 @@ def build_trainer(
     # the worker group waits this long for resources, and a timeout is not retried, so a
     # group that cannot be placed ends the job instead of waiting forever.
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = f"{cfg.train.placement_timeout_s:g}"
-    resources = {"CPU": cfg.train.cpus_per_worker}
-    if cfg.train.use_gpu:
-        resources["GPU"] = cfg.train.gpus_per_worker
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={LOOP_CONFIG_KEY: loop_config_ref},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu, resources_per_worker=resources
-        ),
+        scaling_config=scaling_config(cfg),
         torch_config=TorchConfig(
             backend=cfg.train.backend,
             # Ranks other than 0 wait in a collective while rank 0 waits on the miner.
