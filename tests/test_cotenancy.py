@@ -84,20 +84,28 @@ NODE_LOSS_HOLDS = ("miner_refresh=1", f"train_step={LOST_BEFORE_STEP}")
 
 
 def _submit(
-    head: RayHead, folder: Path, *, name: str, submission_id: str, storage: Path, env: dict | None = None
+    head: RayHead,
+    folder: Path,
+    *,
+    name: str,
+    submission_id: str,
+    storage: Path,
+    settings: list[str] = SETTINGS,
+    env: dict | None = None,
 ) -> subprocess.Popen:
     """``ray job submit`` of the KubeRay RayJob's entrypoint as written in
-    deploy/kuberay/rayjob.yaml, run through a shell as KubeRay's submitter pod runs it, with the
-    ConfigMap's variables in that shell's environment: the demo config, run ``name``, its run
-    folder in ``folder`` (the driver's disk), Ray Train's storage in ``storage``. The sqlite
-    store in ``folder`` reaches the driver as MLFLOW_TRACKING_URI (the head pod's environment
-    on KubeRay); ``env`` goes to the job as well."""
+        deploy/kuberay/rayjob.yaml, run through a shell as KubeRay's submitter pod runs it, with the
+        ConfigMap's variables in that shell's environment: the demo config, run ``name``, its run
+        folder in ``folder`` (the driver's disk), Ray Train's storage in ``storage``, ``settings``
+    (the demo's as the local job's, by default). The sqlite
+        store in ``folder`` reaches the driver as MLFLOW_TRACKING_URI (the head pod's environment
+        on KubeRay); ``env`` goes to the job as well."""
     submitter_env = {
         **head.env,
         "SIMCSE_CONFIG": "jobs/configs/demo.yaml",
         "SIMCSE_STORAGE_PATH": str(storage),
         "SIMCSE_OUTPUT_DIR": str(folder / "runs"),
-        "SIMCSE_SETTINGS": shlex.join(set_flags([f"run.name={name}", *PLACEMENT, *SETTINGS])),
+        "SIMCSE_SETTINGS": shlex.join(set_flags([f"run.name={name}", *PLACEMENT, *settings])),
     }
     job_env_vars = {
         # Ray uploads the working dir without .git: the RayJob passes the commit.
@@ -136,7 +144,9 @@ def _placements(head: RayHead, submission_id: str, named: dict[str, str]) -> dic
 
 
 @pytest.fixture(scope="module")
-def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_corpus):
+def jobs_beside_each_other(
+    tmp_path_factory, trained_tiny_model_dir, tiny_model_dir, paraphrase_corpus, paraphrase_pairs
+):
     """All at once on one machine: a ``ray start`` head with the RayJob's entrypoint submitted
     to it (its nodes lost and replaced on the way, :func:`_lose_and_replace_nodes`), the same
     training job with the same config and seed on a local Ray of its own beside it, and an
@@ -155,7 +165,7 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
     jobs: dict[str, subprocess.Popen] = {}
     placements: dict[str, set[str]] = {}
     # The driver's disk: folders the worker nodes do not see.
-    driver_only = (tmp_path / "submitted", tmp_path / "blind")
+    driver_only = (tmp_path / "submitted", tmp_path / "blind", tmp_path / "pairs")
     for folder in driver_only:
         folder.mkdir()
     shared = tmp_path / "shared-storage"  # what every node mounts
@@ -201,6 +211,11 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
         lost = _lose_and_replace_nodes(
             head, nodes, node, jobs["submitted"], holds=holds, run_dir=shared / "submitted"
         )
+        # The pairs run on the cluster as the losses left it (nothing of it is lost).
+        jobs["pairs"] = _submit(
+            head, tmp_path / "pairs", name="pairs", submission_id=f"{submission}-pairs", storage=shared,
+            settings=_pairs_settings(tmp_path / "pairs", paraphrase_pairs, paraphrase_corpus[0], tiny_model_dir),
+        )  # fmt: skip
         started = time.monotonic()
         for proc in jobs.values():
             proc.wait(timeout=max(60, 900 - (time.monotonic() - started)))
@@ -208,6 +223,7 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
         with urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=10) as answer:
             assert answer.status == 200
         placements = _placements(head, submission, named)
+        pairs_placed = _placements(head, f"{submission}-pairs", named)
         placements.update({f"lost:{name}": ids for name, ids in lost.items()})
     finally:
         for proc in jobs.values():
@@ -220,7 +236,32 @@ def jobs_beside_each_other(tmp_path_factory, trained_tiny_model_dir, paraphrase_
         for folder in (ray_tmp, stale_tmp):
             shutil.rmtree(folder, ignore_errors=True)
     outputs = {name: (tmp_path / name / "job.log").read_text() for name in jobs}
+    placements.update({f"pairs:{key}": nodes_ for key, nodes_ in pairs_placed.items()})
     yield {name: (jobs[name].returncode, out) for name, out in outputs.items()}, tmp_path, placements
+
+
+# The pairs run: 300 (anchor, positive) pairs of paraphrases, a pool of every generated
+# sentence, negatives mined with the starting weights and again after epoch 1.
+PAIRS_EPOCHS = 2
+
+
+def _pairs_settings(
+    folder: Path, pairs: tuple[list[str], list[str]], texts: list[str], model: Path
+) -> list[str]:
+    """A small pairs run's settings; its pairs file and pool in ``folder``, the driver's disk."""
+    anchors, positives = pairs
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pairs.jsonl").write_text(
+        "".join(
+            json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(anchors, positives, strict=True)
+        )
+    )
+    (folder / "pool.txt").write_text("\n".join(texts) + "\n")
+    return [
+        "task=pairs", f"data.path={folder / 'pairs.jsonl'}", f"data.pool={folder / 'pool.txt'}",
+        f"model.name_or_path={model}", "mining.batch_sampler=random", "mining.num_negatives=1",
+        "mining.refresh=every_epoch", f"train.epochs={PAIRS_EPOCHS}", "train.num_workers=1", "run.seed=42",
+    ]  # fmt: skip
 
 
 def _alive_on(head: RayHead, class_name: str) -> set[str]:
@@ -246,10 +287,12 @@ def _lose_and_replace_nodes(
     run_dir: Path,
 ) -> dict[str, set[str]]:
     """Lose the node that holds the miner while it computes refresh v1 (held there by the
-    seam) and add a fresh ``role=miner`` node; then lose the node that holds the train workers
-    before step 36 (rank 0 held there, the checkpoint at step 30 registered) and add a fresh
-    ``role=trainer`` node. The held processes die with their nodes (SIGKILL to every process of
-    the node, no warning). Returns the node ids of the miner and of the train workers when their
+    seam) and add a fresh ``role=miner`` node; then, before step 36 (rank 0 held there, the
+    checkpoint at step 30 registered), lose the node that holds the train workers and the
+    restarted miner's node at once, and add a fresh node for each role. After that no worker
+    node is left that tokenized the corpus or fetched it: the restarts must find it on the
+    driver's node. The held processes die with their nodes (SIGKILL to every process of the
+    node, no warning). Returns the node ids of the miner and of the train workers when their
     nodes were lost."""
 
     def held(point: str) -> int | None:
@@ -274,8 +317,11 @@ def _lose_and_replace_nodes(
     )  # fmt: skip
     lost["workers"] = _alive_on(head, "RayTrainWorker")
     assert lost["workers"] == {ids["a"]}, (lost, ids)  # train.label_selector: the role=trainer node
+    lost["miner again"] = _alive_on(head, "HardNegativeMinerActor")
     nodes["a"].lose()
+    nodes["c"].lose()
     add_node("d", "trainer")
+    add_node("e", "miner")
     return lost
 
 
@@ -285,7 +331,9 @@ def _settings() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.job
-def test_the_demo_beside_a_submitted_copy_and_a_mining_job(jobs_beside_each_other, paraphrase_corpus):
+def test_the_demo_beside_a_submitted_copy_and_a_mining_job(
+    jobs_beside_each_other, paraphrase_corpus, paraphrase_pairs
+):
     """Each job finishes on the Ray it means, each MLflow run is FINISHED, no output has a
     traceback, the two training jobs made the same run, and the local one is the demo's run as
     :mod:`demo_checks` describes it. One test over the jobs (a fixture shared by two tests
@@ -311,6 +359,9 @@ def test_the_demo_beside_a_submitted_copy_and_a_mining_job(jobs_beside_each_othe
     assert tags["mlflow.source.name"] == "jobs/train.py"  # the uploaded working dir's script
     assert tags["simcse.git_commit_from"] == "SIMCSE_GIT_COMMIT"
     _assert_the_same_run(tmp_path, outputs["submitted"])
+    _assert_the_pairs_run_mined_every_epoch(
+        tmp_path / "pairs", outputs["pairs"], placements, len(paraphrase_pairs[0])
+    )
     _assert_placed_off_the_drivers_node(placements, outputs["submitted"])
     _assert_the_text_file_mined(tmp_path / "mine", outputs["mine"], paraphrase_corpus[0])
     assert_the_demo_run(tmp_path / "local", outputs["local"])
@@ -350,8 +401,36 @@ def _assert_placed_off_the_drivers_node(placements: dict[str, set[str]], out: st
     assert placements["lost:workers"] == placements["node:a"]
     assert placements["RayTrainWorker"] == placements["node:a"] | placements["node:d"]
     assert placements["lost:miner"] == placements["node:b"]
-    assert placements["HardNegativeMinerActor"] == placements["node:c"]
+    assert placements["lost:miner again"] == placements["node:c"]
+    assert placements["HardNegativeMinerActor"] == placements["node:e"]
     assert "is on the driver's disk only (2 of 3 nodes do not see it): read on the driver's node" in out
+
+
+def _assert_the_pairs_run_mined_every_epoch(folder: Path, out: str, placements: dict, rows: int) -> None:
+    """The pairs run on the cluster the losses left: its pairs file and pool (on the driver's
+    disk only) read on the driver's node, negatives mined with the starting weights and again
+    after epoch 1, on the fresh nodes; a FINISHED run with both refreshes and a model."""
+    assert "succeeded" in out and "SimCSE run 'pairs' finished" in out
+    for key, name in (("data.path", "pairs.jsonl"), ("data.pool", "pool.txt")):
+        assert (
+            f"[data] {key}: {folder / name} is on the driver's disk only (2 of 3 nodes do not see it)" in out
+        )
+    assert f"{rows} (anchor, positive) rows" in out
+    assert "negatives mined with the starting weights: plan v1" in out
+    assert (folder / "runs" / "pairs" / "model" / "config.json").is_file()
+    assert placements["pairs:driver"] == placements["node:head"]
+    assert placements["pairs:RayTrainWorker"] == placements["node:d"]
+    assert placements["pairs:HardNegativeMinerActor"] == placements["node:e"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlruns.db'}")
+    run = _finished_run(folder / "mlruns.db", "simcse-demo")
+    assert run.info.status == "FINISHED" and run.data.params["task"] == "pairs"
+    steps_per_epoch = -(-rows // 64)
+    table = read_refresh_table(client, run.info.run_id)
+    assert [(r["step"], r["plan_version"]) for r in table] == [(0, 1.0), (steps_per_epoch, 2.0)]
+    # After an epoch most anchors find a negative below their positive's margin.
+    assert table[-1]["anchors_short"] < rows
+    versions = client.get_metric_history(run.info.run_id, "train/plan_version")
+    assert [m.value for m in sorted(versions, key=lambda m: m.step)] == [1.0, 2.0]
 
 
 def _assert_the_text_file_mined(folder: Path, out: str, texts: list[str]) -> None:
@@ -420,11 +499,16 @@ def _assert_the_same_run(tmp_path: Path, out: str) -> None:
     assert re.search(r"\[train\] worker rank \d failed: .+ \(failure 1, train\.max_failures=3; ", out), out[
         -4000:
     ]
-    # The miner's node lost during refresh v1: restarted on the fresh node, it re-mined.
+    # The miner's node lost during refresh v1: restarted on the fresh node, it re-mined; its
+    # node lost again in epoch 2, it was restarted again for refresh v2.
     assert "[mining] the miner actor died during refresh v1" in out
-    assert "the miner actor was restarted 1x" in out
-    # The MLflow run records both restarts.
-    assert history("submitted", "mining/miner_restarts") == [(steps_per_epoch, 1.0)]
+    assert re.search(
+        r"\[mining\] the miner actor died (during refresh v2|after refresh v1).*; restart 2/3", out
+    )
+    assert "the miner actor was restarted 2x" in out
+    # The MLflow run records the restarts.
+    restarts = history("submitted", "mining/miner_restarts")
+    assert [v for _, v in restarts] == [1.0, 2.0] and restarts[0][0] == steps_per_epoch, restarts
     assert history("submitted", "train/resumed_at_step") == [
         (MID_EPOCH_CHECKPOINT, float(MID_EPOCH_CHECKPOINT))
     ]
@@ -441,7 +525,9 @@ def _assert_the_same_run(tmp_path: Path, out: str) -> None:
     def logged(name: str) -> tuple[set[str], list[tuple[float, float]], set[str]]:
         client, run = runs[name]
         run_id = run.info.run_id
-        restarts = {"mining/miner_restarts", "train/resumed_at_step"}
+        # Restarts, and the churn of refresh v2: a miner restarted since v1 has no v1 to
+        # measure it against (asserted below).
+        restarts = {"mining/miner_restarts", "train/resumed_at_step", "mining/churn"}
         keys = {k for k in run.data.metrics if not k.startswith("system/") and k not in restarts}
         refreshes = [(r["step"], r["plan_version"]) for r in read_refresh_table(client, run_id)]
         files = {a.path for folder in ("", "mining", "review") for a in client.list_artifacts(run_id, folder)}
@@ -449,6 +535,7 @@ def _assert_the_same_run(tmp_path: Path, out: str) -> None:
         return keys, refreshes, files
 
     assert logged("submitted") == logged("local")
+    assert "mining/churn" in local.data.metrics and "mining/churn" not in submitted.data.metrics
     assert len(logged("submitted")[1]) == 2  # both refreshes in the submitted run's table
 
 

@@ -40,6 +40,7 @@ from pipeline.data.synthetic import (
     write_generated_corpus,
     write_generated_sts,
 )
+from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.evaluation.eval_inputs import eval_datasets
 from pipeline.evaluation.in_training import check_eval_sets, selected_metric
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
@@ -59,7 +60,7 @@ from pipeline.mining.miner_actor import start_miner_actor
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.runtime.cluster import check_cluster_fits, ray_session
-from pipeline.runtime.nodes import check_storage_on_every_node, plan_reads
+from pipeline.runtime.nodes import check_storage_on_every_node, keep_on_the_drivers_node, plan_reads
 from pipeline.runtime.preflight import preflight_train
 from pipeline.tracking.context import log_datasets
 from pipeline.tracking.relay import relay_needed, start_tracking_relay
@@ -287,6 +288,7 @@ def train_in_ray(
     reads = plan_reads({"data.path": cfg.data.path, "data.pool": cfg.data.pool}, echo)
     data = load_training_data(cfg, tracked, echo, reads=reads)
     inputs = tokenize_inputs(cfg, data, run_dir, tracked, echo)
+    inputs = dataclasses.replace(inputs, corpus=TokenizedBlocks(keep_on_the_drivers_node(inputs.corpus.refs)))
     refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
     corpus_line = describe_corpus(data, inputs)
     # Training reads the tokens only: dropping the data lets the texts' blocks leave the object store.

@@ -130,6 +130,7 @@ class HardNegativeMiner:
                 "mining/plan_version": float(version),
             }
         )
+        report.miner_pid = os.getpid()
         self.previous = report
         if self.log is not None:
             self.log.refresh(report, step, pairs=self.triplets is not None)

@@ -20,6 +20,9 @@ class RefreshReport:
     plan: BatchPlan | None = None
     negatives: np.ndarray | None = None
     """``(rows, m)`` text positions of each training row's negatives, -1 where none."""
+    miner_pid: int | None = None
+    """The process id of the miner that mined it: a new one tells rank 0 that Ray restarted the
+    miner since the last refresh (it died between refreshes, e.g. with its node)."""
     similarities: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """The histogram the refresh logs: ``label -> cosine similarities``, the random baseline
     first; empty: none drawn."""

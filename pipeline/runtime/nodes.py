@@ -13,6 +13,10 @@ head offers none):
   (:func:`plan_reads`); cleaning and tokenizing still run on any node.
 
 On a one-node Ray both are skipped: there is one disk.
+
+One thing the driver keeps on its own node for the same reason: the tokenized corpus
+(:func:`keep_on_the_drivers_node`). A node can be lost while the job runs; the driver's node
+cannot without ending the job.
 """
 
 from __future__ import annotations
@@ -127,3 +131,26 @@ def plan_reads(inputs: Mapping[str, str | None], echo: Echo) -> ReadNodes:
                 "do not see it): read on the driver's node"
             )
     return ReadNodes(pinned) if pinned else ANYWHERE
+
+
+def _same_block(block: Any) -> Any:
+    return block
+
+
+def keep_on_the_drivers_node(refs: list[Any]) -> list[Any]:
+    """Copies of the object ``refs`` stored on the driver's node, when the cluster has more
+    than one node (else ``refs`` as they are). The copies are made by 0-CPU tasks pinned there
+    and waited for; the originals are released when the caller drops them.
+
+    Why: the tokenized corpus is made by Ray Data's tokenizer actors on the worker nodes, and an
+    actor's output is not rebuilt from lineage. A worker or miner that restarts after its node
+    is lost fetches every block again; if each copy of a block was on nodes lost by then (one
+    GPU node that tokenized and trained, two nodes lost at once), the restart fails with
+    ``ObjectLostError``. The driver's node outlives every other node of the job."""
+    if len(live_nodes()) < 2 or not refs:
+        return refs
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    copy = ray.remote(num_cpus=0, max_retries=0)(_same_block).options(scheduling_strategy=here)
+    copies = [copy.remote(ref) for ref in refs]
+    ray.wait(copies, num_returns=len(copies), fetch_local=False)
+    return copies

@@ -77,13 +77,23 @@ class MinerClient:
         except ray.exceptions.GetTimeoutError:
             raise self._timed_out(version) from None
 
+    def _answered(self, report: Any, version: int, step: int) -> Any:
+        """``report``, once its miner's process id is noted: a new one means the miner died after
+        its last answer (between refreshes, e.g. with its node) and Ray restarted it before it
+        mined this refresh, which is whole. Counted and reported as a restart."""
+        pid = getattr(report, "miner_pid", None)
+        if pid is not None and self.miner_pid is not None and pid != self.miner_pid:
+            self._restarted(pid, step, f"[mining] the miner actor died after refresh v{version - 1}")
+        self.miner_pid = pid or self.miner_pid
+        return report
+
     def wait(self, ref: Any, model: SentenceEncoder, version: int, step: int) -> Any:
         """Sync: the report behind ``ref``, within ``mining.timeout_s``; a miner that failed is
         waited for and the refresh submitted again from ``model`` (weights of ``step``)."""
         deadline = self.deadline()
         while True:
             try:
-                return self.get(ref, version, deadline)
+                return self._answered(self.get(ref, version, deadline), version, step)
             except ray.exceptions.RayActorError as exc:
                 deadline = self.recover(exc, version, step, deadline)
                 ref = self.submit(model, version, step)
@@ -92,7 +102,7 @@ class MinerClient:
         """Async: the report behind the finished ``ref``; None when the miner failed during the
         refresh, once it answers again (the caller submits the refresh again)."""
         try:
-            return self.get(ref, version, self.deadline())
+            return self._answered(self.get(ref, version, self.deadline()), version, step)
         except ray.exceptions.RayActorError as exc:
             self.recover(exc, version, step, self.deadline())
             return None
@@ -143,19 +153,19 @@ class MinerClient:
                 flush=True,
             )
             return deadline
-        self._restarted(pid, version, step, reason)
+        self._restarted(
+            pid, step, f"[mining] the miner actor died during refresh v{version} ({reason})",
+            f", re-mining from the weights at step {step}",
+        )  # fmt: skip
         return self.deadline()
 
-    def _restarted(self, pid: int, version: int, step: int, reason: str) -> None:
-        """Count and report Ray's restart of the miner (now process ``pid``)."""
+    def _restarted(self, pid: int, step: int, what: str, then: str = "") -> None:
+        """Count and report (``what`` happened, ``then`` what follows) Ray's restart of the
+        miner, now process ``pid``; logged at ``step``."""
         self.miner_pid = pid
         self.restarts += 1
         budget = "no limit" if self.settings.max_restarts < 0 else self.settings.max_restarts
-        print(
-            f"[mining] the miner actor died during refresh v{version} ({reason}); restart "
-            f"{self.restarts}/{budget}, re-mining from the weights at step {step}",
-            flush=True,
-        )
+        print(f"{what}; restart {self.restarts}/{budget}{then}", flush=True)
         if self.logger is not None:
             self.logger.log({"mining/miner_restarts": float(self.restarts)}, step)
             self.logger.flush()

@@ -96,6 +96,11 @@ class PlanRefresher:
         """Miner deaths survived so far in this run (``train.max_failures`` bounds them)."""
         return self.client.restarts if self.client is not None else 0
 
+    @property
+    def miner_pid(self) -> int | None:
+        """The miner's process id when rank 0 last heard from it (None: no miner)."""
+        return self.client.miner_pid if self.client is not None else None
+
     def asks_miner(self, epoch: int) -> bool:
         """Whether the boundary after epoch ``epoch`` gets its plan from the miner (and may wait)."""
         return self.policy.asks_miner(epoch)

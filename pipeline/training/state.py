@@ -54,7 +54,10 @@ class TrainHistory:
     best: BestModel | None = None
     """The evaluation the exported model comes from (never the starting model)."""
     miner_restarts: int = 0
-    """Times the miner actor died during a refresh and was restarted."""
+    """Times the miner actor died and was restarted."""
+    miner_seen: list[str | int] | None = None
+    """``[Ray job id, process id]`` of the miner when rank 0 last heard from it: within the same
+    job, a new process id means Ray restarted the miner (a resumed job has a new miner)."""
     stopped_early: bool = False
     """``eval.patience`` ended the run before ``train.epochs``."""
 

@@ -295,6 +295,9 @@ class SimCSEWorker:
         """Report a checkpoint (every rank); mid-epoch (``augment_rng`` given) with every rank's
         random state. See :meth:`CheckpointReporter.report`."""
         self.state.history.miner_restarts = self.refresher.restarts
+        if self.refresher.miner_pid is not None:
+            job = ray.get_runtime_context().get_job_id()
+            self.state.history.miner_seen = [job, self.refresher.miner_pid]
         self.checkpoints.report(self.state, epoch, augment_rng)
 
     def close(self) -> None:

@@ -233,6 +233,15 @@ class WorkerParts:
     """The device's peak for ``train/mfu`` (None: no MFU logged)."""
 
 
+def last_miner_pid(seen: list[str | int] | None, at_start: int | None) -> int | None:
+    """The miner's process id rank 0 last heard from in this job (``seen``, from the checkpoint
+    a restarted worker group resumes), else the one the driver saw at the start (``at_start``):
+    a checkpoint of an earlier job names that job's miner."""
+    if seen and seen[0] == ray.get_runtime_context().get_job_id():
+        return int(seen[1])
+    return at_start
+
+
 def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
     """What :class:`~pipeline.training.worker.SimCSEWorker` trains with on this rank, from the
     driver's inputs and the Ray Train context; from the latest complete checkpoint when the run
@@ -258,7 +267,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             RefreshSettings.from_config(cfg),
             logger,
             restarts=state.history.miner_restarts,
-            miner_pid=loop_config.miner_pid,
+            miner_pid=last_miner_pid(state.history.miner_seen, loop_config.miner_pid),
             inputs=miner_inputs(loop_config.corpus, loop_config.model_ref, loop_config.triplets_ref),
         )
     refresher = PlanRefresher(

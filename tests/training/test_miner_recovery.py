@@ -85,3 +85,45 @@ def test_a_miner_that_never_answers_ends_at_the_deadline(ray_local):
         client.recover(ray.exceptions.ActorUnavailableError("x", None), 1, 0, time.monotonic() + 3)
     assert time.monotonic() - started < 300  # at the 3 s deadline, not when the actor answers (600 s)
     ray.kill(miner)
+
+
+def test_a_miner_that_died_between_refreshes_is_counted_when_its_successor_answers(ray_local, capsys):
+    """The miner's node lost while it was idle: no call failed, but the next refresh comes back
+    from a new process. Rank 0 counts that restart (and logs it); the report is used as it is."""
+    ray = ray_local
+
+    class Miner:
+        """Answers ``refresh`` with a report of its process id, as the miner's does."""
+
+        def refresh(self, inputs: list, weights, version: int, step: int):
+            from pipeline.mining.refresh_report import RefreshReport
+
+            return RefreshReport(version=version, metrics={}, miner_pid=os.getpid())
+
+        def ready(self, inputs: list) -> int:
+            return os.getpid()
+
+    miner = ray.remote(max_restarts=1)(Miner).remote()
+    first = ray.get(miner.refresh.remote([], None, 1, 0))
+    client = _client(ray, miner, first.miner_pid)
+    assert client.wait(miner.refresh.remote([], None, 1, 5), model=None, version=1, step=5) is not None
+    assert client.restarts == 0 and capsys.readouterr().out == ""
+
+    os.kill(first.miner_pid, signal.SIGKILL)  # between refreshes: nothing is waiting on it
+    while not _gone(first.miner_pid):
+        time.sleep(0.05)
+    # Ray restarts it before the next refresh is sent (a call sent while it restarts fails,
+    # and is the case above: a death during a refresh).
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(miner.ready.remote([]), timeout=10)
+            break
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    report = client.wait(miner.refresh.remote([], None, 2, 25), model=None, version=2, step=25)
+    assert report.miner_pid != first.miner_pid and client.miner_pid == report.miner_pid
+    assert client.restarts == 1
+    assert "[mining] the miner actor died after refresh v1; restart 1/1" in capsys.readouterr().out
+    ray.kill(miner)
