@@ -537,3 +537,12 @@ def test_checker_names_the_bad_path(rayjob, mutate, expected):
     mutate(broken)
     found = problems(broken, RAYJOB)
     assert any(problem.startswith(expected) for problem in found), found
+
+
+def test_the_cluster_launcher_config_submits_the_same_entrypoint(rayjob):
+    """cluster.yaml's usage submits the RayJob's entrypoint: one command on every kind of
+    cluster, the one the multi-node test runs."""
+    lines = (REPO / "cluster.yaml").read_text(encoding="utf-8").splitlines()
+    usage = " ".join(line.lstrip("#").strip().rstrip("\\").strip() for line in lines[:14])
+    submitted = usage.split(" ray job submit --working-dir . -- ", 1)[1].split(" ray down", 1)[0]
+    assert " ".join(submitted.split()) == " ".join(rayjob["spec"]["entrypoint"].split()), submitted
