@@ -128,6 +128,22 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _override_path(key: str) -> list[str]:
+    """``a.b.c`` as the path of keys it sets. Below a mapping field (``train.label_selector``)
+    the rest is one key, dots and all: ``train.label_selector.ray.io/node-group`` sets the
+    label ``ray.io/node-group``."""
+    parts = key.split(".")
+    cls: Any = Config
+    for i, part in enumerate(parts[:-1]):
+        if not dataclasses.is_dataclass(cls) or part not in {f.name for f in dataclasses.fields(cls)}:
+            break
+        hint = typing.get_type_hints(cls)[part]
+        if typing.get_origin(hint) is dict:
+            return [*parts[: i + 1], ".".join(parts[i + 1 :])]
+        cls = hint
+    return parts
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load defaults <- YAML file <- ``--set`` overrides, then type-check and validate.
 
@@ -150,7 +166,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key, value = parse_override(item)
         nested: dict[str, Any] = {}
         cursor = nested
-        parts = key.split(".")
+        parts = _override_path(key)
         for part in parts[:-1]:
             cursor = cursor.setdefault(part, {})
         cursor[parts[-1]] = value

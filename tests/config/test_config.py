@@ -48,6 +48,8 @@ def test_defaults_follow_simcse():
         ("train.compile=fast", "train.compile"),
         ("train.compile=true", "train.compile"),  # the mode is the value now
         ("run.name=a/b", "run.name"),
+        ("train.label_selector=gpu", "train.label_selector"),  # a mapping of labels
+        ("mining.label_selector.role=3", "mining.label_selector.role"),  # values are strings
     ],
 )
 def test_bad_values_name_the_key(override, key):
@@ -307,3 +309,18 @@ def test_params_are_what_shaped_the_model_with_no_null_and_at_most_40():
         assert not infrastructure
         assert any(k.startswith("data.generated.") for k in params) is generated
     assert "eval.patience" not in params_in_effect(load_config(None))  # nothing evaluated
+
+
+def test_label_selectors_load_key_by_key_or_whole_and_are_not_params():
+    """``--set train.label_selector.<label>=<value>`` adds one label to the selector, a YAML
+    mapping sets it whole; where a stage runs is no param of the model it trains."""
+    from pipeline.config.params import params_in_effect
+
+    cfg = load_config(
+        REPO / "jobs/configs/demo.yaml",
+        ["train.label_selector.ray.io/node-group=gpu", "mining.label_selector={role: miner, zone: '!spot'}"],
+    )
+    assert cfg.train.label_selector == {"ray.io/node-group": "gpu"}
+    assert cfg.mining.label_selector == {"role": "miner", "zone": "!spot"}
+    assert load_config(REPO / "jobs/configs/demo.yaml").train.label_selector == {}
+    assert not [key for key in params_in_effect(cfg) if "label_selector" in key]
