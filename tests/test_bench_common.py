@@ -17,7 +17,9 @@ import bench
 from bench.common import BENCHMARKS_DOC, HEADER, Benchmark, append_run, command_line, run_section
 
 SCRIPTS = sorted(
-    info.name for info in pkgutil.iter_modules(bench.__path__) if info.name not in ("common", "running_job")
+    info.name
+    for info in pkgutil.iter_modules(bench.__path__)
+    if info.name not in ("common", "running_job", "local_cluster")
 )
 
 
