@@ -83,7 +83,11 @@ class MinerClient:
         mined this refresh, which is whole. Counted and reported as a restart."""
         pid = getattr(report, "miner_pid", None)
         if pid is not None and self.miner_pid is not None and pid != self.miner_pid:
-            self._restarted(pid, step, f"[mining] the miner actor died after refresh v{version - 1}")
+            self._restarted(
+                pid,
+                step,
+                f"[mining] the miner actor died between refreshes (refresh v{version} came from a new process)",
+            )
         self.miner_pid = pid or self.miner_pid
         return report
 
