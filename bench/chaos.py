@@ -91,15 +91,7 @@ class NodeLossCluster:
     def lose_node_of(self, actor_class: str) -> str | None:
         """Lose the node that holds a live ``actor_class`` actor, then add a fresh node with its
         label. Returns the lost node's name (None: no such actor alive now)."""
-        from ray.util.state import list_actors
-
-        with self.head.addressed():
-            alive = list_actors(
-                address=self.head.dashboard,
-                filters=[("class_name", "=", actor_class), ("state", "=", "ALIVE")],
-                raise_on_missing_output=False,  # the filtered-out actors are not lost output
-            )
-        if not alive:
+        if not self.head.alive_on(actor_class):
             return None
         role = ROLES[actor_class]
         lost = self.nodes[role]

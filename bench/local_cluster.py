@@ -103,6 +103,18 @@ class RayHead:
             else:
                 os.environ["RAY_API_SERVER_ADDRESS"] = saved
 
+    def alive_on(self, class_name: str) -> set[str]:
+        """The node ids of the live actors of ``class_name``, by Ray's state API."""
+        from ray.util.state import list_actors
+
+        with self.addressed():
+            actors = list_actors(
+                address=self.dashboard,
+                filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")],
+                raise_on_missing_output=False,  # the filtered-out actors are not lost output
+            )
+        return {actor.node_id for actor in actors}
+
     def node_ids(self) -> dict[str, str]:
         """The live nodes' ids by name: ``head``, and each :class:`RayWorkerNode`'s name."""
         from ray.util.state import list_nodes

@@ -264,19 +264,6 @@ def _pairs_settings(
     ]  # fmt: skip
 
 
-def _alive_on(head: RayHead, class_name: str) -> set[str]:
-    """The node ids of the live actors of ``class_name``, by Ray's state API."""
-    from ray.util.state import list_actors
-
-    with head.addressed():
-        actors = list_actors(
-            address=head.dashboard,
-            filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")],
-            raise_on_missing_output=False,  # the filtered-out actors are not lost output
-        )
-    return {actor.node_id for actor in actors}
-
-
 def _lose_and_replace_nodes(
     head: RayHead,
     nodes: dict[str, RayWorkerNode],
@@ -302,7 +289,7 @@ def _lose_and_replace_nodes(
     ids = head.node_ids()
     lost: dict[str, set[str]] = {}
     wait_for(lambda: held("miner_refresh=1"), 600, "the miner held in refresh v1")
-    lost["miner"] = _alive_on(head, "HardNegativeMinerActor")
+    lost["miner"] = head.alive_on("HardNegativeMinerActor")
     assert lost["miner"] == {ids["b"]}, (lost, ids)  # mining.label_selector: the role=miner node
     nodes["b"].lose()
     add_node("c", "miner")
@@ -315,9 +302,9 @@ def _lose_and_replace_nodes(
         lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == MID_EPOCH_CHECKPOINT,
         120, f"the checkpoint at step {MID_EPOCH_CHECKPOINT} registered",
     )  # fmt: skip
-    lost["workers"] = _alive_on(head, "RayTrainWorker")
+    lost["workers"] = head.alive_on("RayTrainWorker")
     assert lost["workers"] == {ids["a"]}, (lost, ids)  # train.label_selector: the role=trainer node
-    lost["miner again"] = _alive_on(head, "HardNegativeMinerActor")
+    lost["miner again"] = head.alive_on("HardNegativeMinerActor")
     nodes["a"].lose()
     nodes["c"].lose()
     add_node("d", "trainer")
