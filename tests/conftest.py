@@ -188,25 +188,50 @@ def ray_local():
         yield ray
 
 
-def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tuple[int, ...] = ()) -> None:
-    """A healthy run prints no error-level line and no traceback. The exceptions are Ray's own
-    (docs/operations.md, "Console lines left in on purpose"): Ray Train 2.60's PreemptionWatcher
-    actor makes Ray print the restart warning that our miner no longer causes, and a busy
-    machine sometimes makes a pooled Ray worker report an RPC meant for the worker process
-    before it, which it ignores. Where a
-    test killed a process, the raylet's one report of that death (naming its pid) is expected,
-    and so is its note that a reply to the dead worker found the connection reset."""
-    lines = (proc.stdout + proc.stderr).splitlines()
-    alarming = [line for line in lines if " E " in line or "ERROR" in line or "Traceback" in line]
+def unexpected_alarming_lines(text: str, killed_pids: tuple[int, ...] = ()) -> list[str]:
+    """The error-level lines and tracebacks of a job's output that a healthy run does not print.
+    The exceptions are Ray's own (docs/operations.md, "Console lines left in on purpose"): Ray
+    Train 2.60's PreemptionWatcher actor makes Ray print the restart warning that our miner no
+    longer causes, and a busy machine sometimes makes a pooled Ray worker report an RPC meant
+    for the worker process before it, which it ignores. Where a test killed a process, the
+    raylet's one report of that death (naming its pid) is expected, and so is its note that a
+    reply to the dead worker found the connection reset."""
+    alarming = [line for line in text.splitlines() if " E " in line or "ERROR" in line or "Traceback" in line]
     reported = [f"Worker PID: {pid} " for pid in killed_pids]
-    expected = [
+    return [
         line for line in alarming
-        if "'PreemptionWatcher'" in line
-        or "Mismatched WorkerID: ignoring RPC for previous worker" in line
-        or ("A worker died or was killed" in line and any(pid in line for pid in reported))
-        or (bool(killed_pids) and "(raylet)" in line and "Connection reset by peer" in line)
+        if not (
+            "'PreemptionWatcher'" in line
+            or "Mismatched WorkerID: ignoring RPC for previous worker" in line
+            or ("A worker died or was killed" in line and any(pid in line for pid in reported))
+            or (bool(killed_pids) and "(raylet)" in line and "Connection reset by peer" in line)
+        )
     ]  # fmt: skip
-    assert alarming == expected, [line for line in alarming if line not in expected]
+
+
+def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tuple[int, ...] = ()) -> None:
+    """A healthy run prints no error-level line and no traceback but the expected ones
+    (:func:`unexpected_alarming_lines`)."""
+    unexpected = unexpected_alarming_lines(proc.stdout + proc.stderr, killed_pids)
+    assert not unexpected, unexpected
+
+
+def keep_ray_logs(ray_root: Path, into: Path) -> Path:
+    """Copy the ``logs`` folders of every Ray session under ``ray_root`` (a ``RAY_TMPDIR``'s
+    ``ray`` folder) into ``into``, before a test removes them: what a crashed Ray worker wrote
+    (its ``worker-*.err``, the raylet's log) is the only trace of why. Sockets and other
+    non-files are skipped. Returns ``into``."""
+    import shutil
+
+    for logs in ray_root.glob("session_*/logs"):
+        if logs.parent.is_symlink():
+            continue  # session_latest: the same folder again
+        for path in logs.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                target = into / logs.parent.name / path.relative_to(logs)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
+    return into
 
 
 def assert_clean_negatives(rows: list[dict], num_negatives: int) -> None:

@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, assert_clean_negatives
+from conftest import PYTHON, REPO, assert_clean_negatives, keep_ray_logs, unexpected_alarming_lines
 from demo_checks import DEMO_CHECKED, assert_the_demo_run
 from mlflow.tracking import MlflowClient
 from test_kuberay_manifest import rayjob_entrypoint
@@ -164,6 +164,7 @@ def jobs_beside_each_other(
     named: dict[str, str] = {}  # node ids by name, of the lost nodes too
     jobs: dict[str, subprocess.Popen] = {}
     placements: dict[str, set[str]] = {}
+    healthy = False  # every job ended and the local one printed nothing alarming
     # The driver's disk: folders the worker nodes do not see.
     driver_only = (tmp_path / "submitted", tmp_path / "blind", tmp_path / "pairs")
     for folder in driver_only:
@@ -225,10 +226,16 @@ def jobs_beside_each_other(
         placements = _placements(head, submission, named)
         pairs_placed = _placements(head, f"{submission}-pairs", named)
         placements.update({f"lost:{name}": ids for name, ids in lost.items()})
+        local_log = (tmp_path / "local" / "job.log").read_text(errors="replace")
+        healthy = not unexpected_alarming_lines(local_log)
     finally:
         for proc in jobs.values():
             if proc.poll() is None:
                 proc.kill()
+        if not healthy:
+            # The local demo's Ray and the head keep their sessions in ray_tmp, removed below.
+            kept = keep_ray_logs(ray_tmp / "ray", tmp_path / "ray-logs")
+            print(f"Ray's logs (the local job's Ray, the head) kept in {kept}")
         for worker_node in nodes.values():
             worker_node.stop()
         if head is not None:
