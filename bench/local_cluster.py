@@ -167,6 +167,9 @@ class RayWorkerNode:
     ``labels``: Ray node labels (``ray start --labels``), what ``train.label_selector`` and
     ``mining.label_selector`` select.
 
+    ``join``: wait until the node has joined (the default), or return at once and let
+    :meth:`wait_joined` wait: nodes started together join together, as a cluster's machines do.
+
     ``hidden``: folders this node must not see, as a node of a real cluster does not see the
     driver's disk. The node starts in a mount namespace of its own with an empty private tmpfs
     over each (``unshare -m``, as root): a path there is empty for its processes, and whatever
@@ -186,6 +189,7 @@ class RayWorkerNode:
         labels: dict[str, str] | None = None,
         hidden: tuple[Path, ...] = (),
         timeout: float = 300,
+        join: bool = True,
     ):
         import json
 
@@ -213,13 +217,20 @@ class RayWorkerNode:
         self.proc = subprocess.Popen(
             start, env=head.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )
+        self._deadline = time.monotonic() + timeout
+        if join:
+            self.wait_joined()
+
+    def wait_joined(self) -> RayWorkerNode:
+        """Block until the node's raylet has joined the head (``join=False`` starts it without
+        waiting, so that several nodes start at once). Returns the node."""
         # ray start says so once its raylet has joined: its log, no call to the head needed.
-        deadline = time.monotonic() + timeout
         while "Ray runtime started" not in self.log.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if self.proc.poll() is not None or time.monotonic() > self._deadline:
                 self.stop()
-                raise RuntimeError(f"worker node {name} did not join: {self.log.read_text()[-3000:]}")
+                raise RuntimeError(f"worker node {self.name} did not join: {self.log.read_text()[-3000:]}")
             time.sleep(0.5)
+        return self
 
     def stop(self) -> None:
         stop_process_group(self.proc)

@@ -174,14 +174,19 @@ def jobs_beside_each_other(
     holds.mkdir(parents=True)
     submission = f"simcse-multinode-{free_port()}"
 
-    def node(name: str, role: str) -> None:
-        nodes[name] = RayWorkerNode(head, name, num_cpus=2, labels={"role": role}, hidden=driver_only)
+    def add_nodes(**roles: str) -> None:
+        """A worker node per name, labelled with its role, started at once; back when all joined."""
+        for name, role in roles.items():
+            nodes[name] = RayWorkerNode(
+                head, name, num_cpus=2, labels={"role": role}, hidden=driver_only, join=False
+            )
+        for name in roles:
+            nodes[name].wait_joined()
         named.update(head.node_ids())
 
     try:
         head = RayHead(tmp_path / "head", num_cpus=0, ray_tmpdir=ray_tmp)
-        node("a", "trainer")
-        node("b", "miner")
+        add_nodes(a="trainer", b="miner")
         # What Ray's guessing would find (ray start writes it once the head is up).
         deadline = time.monotonic() + 120
         while not (ray_tmp / "ray" / "ray_current_cluster").is_file():
@@ -210,7 +215,7 @@ def jobs_beside_each_other(
             tmp_path / "mine", job_env({"RAY_TMPDIR": str(stale_tmp)}),
         )  # fmt: skip
         lost = _lose_and_replace_nodes(
-            head, nodes, node, jobs["submitted"], holds=holds, run_dir=shared / "submitted"
+            head, nodes, add_nodes, jobs["submitted"], holds=holds, run_dir=shared / "submitted"
         )
         # The pairs run on the cluster as the losses left it (nothing of it is lost).
         jobs["pairs"] = _submit(
@@ -274,7 +279,7 @@ def _pairs_settings(
 def _lose_and_replace_nodes(
     head: RayHead,
     nodes: dict[str, RayWorkerNode],
-    add_node,
+    add_nodes,
     job: subprocess.Popen,
     *,
     holds: Path,
@@ -299,7 +304,7 @@ def _lose_and_replace_nodes(
     lost["miner"] = head.alive_on("HardNegativeMinerActor")
     assert lost["miner"] == {ids["b"]}, (lost, ids)  # mining.label_selector: the role=miner node
     nodes["b"].lose()
-    add_node("c", "miner")
+    add_nodes(c="miner")
 
     wait_for(
         lambda: held(f"train_step={LOST_BEFORE_STEP}"), 600, f"rank 0 held before step {LOST_BEFORE_STEP}"
@@ -314,8 +319,7 @@ def _lose_and_replace_nodes(
     lost["miner again"] = head.alive_on("HardNegativeMinerActor")
     nodes["a"].lose()
     nodes["c"].lose()
-    add_node("d", "trainer")
-    add_node("e", "miner")
+    add_nodes(d="trainer", e="miner")
     return lost
 
 

@@ -3,7 +3,7 @@
 The train workers and the miner are placed with the job's own options
 (:func:`pipeline.training.trainer.scaling_config`,
 :func:`pipeline.mining.miner_actor.miner_actor_options`) on a cluster whose one GPU node has
-3 logical GPUs, so that they must share that node, beside a node of CPUs only; a probe in
+3 logical GPUs, so that they must share that node, beside a head with CPUs only; a probe in
 each process reports what Ray gave it and what it sees. Nothing trains: a CPU torch
 cannot initialise CUDA, so the probe stands in for the train loop and the miner's work, and
 the workers' collective is gloo (the job's would be NCCL, which needs the devices).
@@ -78,13 +78,12 @@ TorchTrainer(
 
 @pytest.mark.slow
 def test_train_workers_and_the_miner_hold_disjoint_gpus_and_see_what_they_reserved(tmp_path):
-    head = RayHead(tmp_path / "head", num_cpus=0, ray_tmpdir=Path("/tmp") / f"rtg{free_port()}")
+    # The head is the node of CPUs only (where the driver runs), so that what needs a GPU must
+    # go to the other.
+    head = RayHead(tmp_path / "head", num_cpus=2, ray_tmpdir=Path("/tmp") / f"rtg{free_port()}")
     nodes = []
     try:
-        nodes = [
-            RayWorkerNode(head, "gpu", num_cpus=2, num_gpus=3),
-            RayWorkerNode(head, "cpu", num_cpus=2),
-        ]
+        nodes = [RayWorkerNode(head, "gpu", num_cpus=2, num_gpus=3)]
         out = tmp_path / "seen"
         out.mkdir()
         proc = subprocess.run(
