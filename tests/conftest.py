@@ -192,12 +192,16 @@ def unexpected_alarming_lines(text: str, killed_pids: tuple[int, ...] = ()) -> l
     """The error-level lines and tracebacks of a job's output that a healthy run does not print.
     The exceptions are Ray's own (docs/operations.md, "Console lines left in on purpose"): Ray
     Train 2.60's PreemptionWatcher actor makes Ray print the restart warning that our miner no
-    longer causes, and a busy machine sometimes makes a pooled Ray worker report an RPC meant
-    for the worker process before it, which it ignores. Where a test killed a process, the
-    raylet's one report of that death (naming its pid) is expected, and so is its note that a
-    reply to the dead worker found the connection reset."""
+    longer causes; a busy machine sometimes makes a pooled Ray worker report an RPC meant
+    for the worker process before it, which it ignores; and Ray 2.60 sometimes aborts a pooled
+    worker that it is ending for being idle (a corrupt mutex in its shutdown, after its tasks
+    are done), whose fatal-signal report is accepted only where that worker's own Ray log shows
+    the idle exit (:func:`idle_exit_aborts`). Where a test killed a process, the raylet's one
+    report of that death (naming its pid) is expected, and so is its note that a reply to the
+    dead worker found the connection reset."""
     alarming = [line for line in text.splitlines() if " E " in line or "ERROR" in line or "Traceback" in line]
     reported = [f"Worker PID: {pid} " for pid in killed_pids]
+    idle_aborts = idle_exit_aborts(alarming)
     return [
         line for line in alarming
         if not (
@@ -205,8 +209,42 @@ def unexpected_alarming_lines(text: str, killed_pids: tuple[int, ...] = ()) -> l
             or "Mismatched WorkerID: ignoring RPC for previous worker" in line
             or ("A worker died or was killed" in line and any(pid in line for pid in reported))
             or (bool(killed_pids) and "(raylet)" in line and "Connection reset by peer" in line)
+            or _fatal_signal_pid(line) in idle_aborts
         )
     ]  # fmt: skip
+
+
+_FATAL_SIGNAL_LINE = re.compile(r"\([^()]*\bpid=(\d+)[^()]*\).* logging\.cc:\d+: ")
+"""A line of Ray's fatal-signal handler (``logging.cc``) forwarded from a worker: ``(name pid=N) ...``."""
+
+
+def _fatal_signal_pid(line: str) -> int | None:
+    found = _FATAL_SIGNAL_LINE.search(line)
+    return int(found[1]) if found else None
+
+
+def idle_exit_aborts(lines: list[str], roots: tuple[Path, ...] = (Path("/tmp"),)) -> set[int]:
+    """The pids among ``lines``' fatal-signal reports whose Ray worker log (any Ray session's
+    ``python-core-worker-*_<pid>.log`` under ``roots``) shows it was ending as an idle pooled
+    worker when it aborted: Ray's own shutdown crash, not a task's. A report whose log cannot be
+    found stays alarming."""
+    pids = {pid for pid in map(_fatal_signal_pid, lines) if pid is not None}
+    if not pids:
+        return set()
+    found: set[int] = set()
+    skip = {".venv", ".git", "site-packages", "node_modules", "__pycache__", "runtime_resources"}
+    for root in roots:
+        for folder, subfolders, files in os.walk(root):
+            subfolders[:] = [name for name in subfolders if name not in skip]
+            if not folder.endswith("logs"):
+                continue
+            for pid in pids - found:
+                for name in files:
+                    if name.startswith("python-core-worker-") and name.endswith(f"_{pid}.log"):
+                        log = (Path(folder) / name).read_text(errors="replace")
+                        if "Worker exited because it was idle" in log and "SIGABRT received" in log:
+                            found.add(pid)
+    return found
 
 
 def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tuple[int, ...] = ()) -> None:
@@ -228,7 +266,7 @@ def keep_ray_logs(ray_root: Path, into: Path) -> Path:
             continue  # session_latest: the same folder again
         for path in logs.rglob("*"):
             if path.is_file() and not path.is_symlink():
-                target = into / logs.parent.name / path.relative_to(logs)
+                target = into / logs.parent.name / "logs" / path.relative_to(logs)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target)
     return into

@@ -1,0 +1,30 @@
+"""The suite's check of a job's console (``conftest.unexpected_alarming_lines``): Ray 2.60's
+abort of a pooled worker it ends for being idle is accepted only where that worker's own Ray
+log shows the idle exit."""
+
+from __future__ import annotations
+
+from conftest import idle_exit_aborts
+
+ABORT = "\x1b[36m(get_table_block_metadata_schema pid={pid})\x1b[0m [2026-11-29 08:48:33,076 E {pid} 18874] logging.cc:474: *** SIGABRT received at time=1795942113 on cpu 1 ***"  # noqa: E501
+
+
+def _worker_log(folder, pid: int, text: str) -> None:
+    logs = folder / "session_2026-11-29_08-38-53_841415_2442" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (
+        logs / f"python-core-worker-af1bc415aa20202a56ce87ac982bb2014b7bdfb8f0ac4e71fba89663_{pid}.log"
+    ).write_text(text)
+
+
+def test_an_aborted_worker_counts_as_ray_s_idle_exit_crash_only_where_its_log_shows_it(tmp_path):
+    idle = (
+        "core_worker_shutdown_executor.cc:280: Executing handle exit: INTENDED_SYSTEM_EXIT - Worker exited "
+        "because it was idle for a long time (timeout: -1ms)\n"
+        "logging.cc:474: *** SIGABRT received at time=1795942113 on cpu 1 ***\n"
+    )
+    _worker_log(tmp_path, 17907, idle)
+    # Aborted while it ran a task: no idle exit in its log.
+    _worker_log(tmp_path, 17908, "logging.cc:474: *** SIGABRT received at time=1795942113 on cpu 1 ***\n")
+    lines = [ABORT.format(pid=pid) for pid in (17907, 17908, 17909)] + ["(raylet) [x E y] another error"]
+    assert idle_exit_aborts(lines, roots=(tmp_path,)) == {17907}  # 17909: no log found
