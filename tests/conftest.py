@@ -209,7 +209,7 @@ def unexpected_alarming_lines(text: str, killed_pids: tuple[int, ...] = ()) -> l
             or "Mismatched WorkerID: ignoring RPC for previous worker" in line
             or ("A worker died or was killed" in line and any(pid in line for pid in reported))
             or (bool(killed_pids) and "(raylet)" in line and "Connection reset by peer" in line)
-            or _fatal_signal_pid(line) in idle_aborts
+            or fatal_signal_pid(line) in idle_aborts
         )
     ]  # fmt: skip
 
@@ -218,9 +218,14 @@ _FATAL_SIGNAL_LINE = re.compile(r"\([^()]*\bpid=(\d+)[^()]*\).* logging\.cc:\d+:
 """A line of Ray's fatal-signal handler (``logging.cc``) forwarded from a worker: ``(name pid=N) ...``."""
 
 
-def _fatal_signal_pid(line: str) -> int | None:
+def fatal_signal_pid(line: str) -> int | None:
+    """The pid of the worker whose fatal-signal report ``line`` forwards; None: not such a line."""
     found = _FATAL_SIGNAL_LINE.search(line)
     return int(found[1]) if found else None
+
+
+_WORKER_LOG = re.compile(r"python-core-worker-\w+_(\d+)\.log")
+"""A Ray worker's own log, named by its pid."""
 
 
 def idle_exit_aborts(lines: list[str], roots: tuple[Path, ...] = (Path("/tmp"),)) -> set[int]:
@@ -228,7 +233,7 @@ def idle_exit_aborts(lines: list[str], roots: tuple[Path, ...] = (Path("/tmp"),)
     ``python-core-worker-*_<pid>.log`` under ``roots``) shows it was ending as an idle pooled
     worker when it aborted: Ray's own shutdown crash, not a task's. A report whose log cannot be
     found stays alarming."""
-    pids = {pid for pid in map(_fatal_signal_pid, lines) if pid is not None}
+    pids = {pid for pid in map(fatal_signal_pid, lines) if pid is not None}
     if not pids:
         return set()
     found: set[int] = set()
@@ -238,12 +243,12 @@ def idle_exit_aborts(lines: list[str], roots: tuple[Path, ...] = (Path("/tmp"),)
             subfolders[:] = [name for name in subfolders if name not in skip]
             if not folder.endswith("logs"):
                 continue
-            for pid in pids - found:
-                for name in files:
-                    if name.startswith("python-core-worker-") and name.endswith(f"_{pid}.log"):
-                        log = (Path(folder) / name).read_text(errors="replace")
-                        if "Worker exited because it was idle" in log and "SIGABRT received" in log:
-                            found.add(pid)
+            for name in files:
+                named = _WORKER_LOG.fullmatch(name)
+                if named and int(named[1]) in pids - found:
+                    log = (Path(folder) / name).read_text(errors="replace")
+                    if "Worker exited because it was idle" in log and "SIGABRT received" in log:
+                        found.add(int(named[1]))
     return found
 
 

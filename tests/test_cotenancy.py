@@ -37,7 +37,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, assert_clean_negatives, keep_ray_logs, unexpected_alarming_lines
+from conftest import (
+    PYTHON,
+    REPO,
+    assert_clean_negatives,
+    fatal_signal_pid,
+    keep_ray_logs,
+    unexpected_alarming_lines,
+)
 from demo_checks import DEMO_CHECKED, assert_the_demo_run
 from mlflow.tracking import MlflowClient
 from test_kuberay_manifest import rayjob_entrypoint
@@ -233,7 +240,9 @@ def jobs_beside_each_other(
         placements.update({f"lost:{name}": ids for name, ids in lost.items()})
         local_log = (tmp_path / "local" / "job.log").read_text(errors="replace")
         # A fatal-signal report is checked against the worker's Ray log after this folder is gone.
-        healthy = not unexpected_alarming_lines(local_log) and "logging.cc" not in local_log
+        healthy = not unexpected_alarming_lines(local_log) and not any(
+            fatal_signal_pid(line) for line in local_log.splitlines()
+        )
     finally:
         for proc in jobs.values():
             if proc.poll() is None:

@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.config.loading import load_config
 from pipeline.core.errors import UnrecoverableError
+from pipeline.core.retry import call_with_retries
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.refresh_policy import RefreshSettings
 
@@ -114,14 +115,12 @@ def test_a_miner_that_died_between_refreshes_is_counted_when_its_successor_answe
         time.sleep(0.05)
     # Ray restarts it before the next refresh is sent (a call sent while it restarts fails,
     # and is the case above: a death during a refresh).
-    deadline = time.monotonic() + 300  # a bound against a hang, not a timing branch
-    while True:
-        try:
-            ray.get(miner.ready.remote([]), timeout=10)
-            break
-        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+    call_with_retries(  # 300 s: a bound against a hang, not a timing branch
+        lambda: ray.get(miner.ready.remote([]), timeout=10),
+        retry_on=(ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError),
+        timeout_s=300,
+        wait_s=0.2,
+    )
     report = client.wait(miner.refresh.remote([], None, 2, 25), model=None, version=2, step=25)
     assert report.miner_pid != first.miner_pid and client.miner_pid == report.miner_pid
     assert client.restarts == 1
