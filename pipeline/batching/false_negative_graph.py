@@ -15,17 +15,28 @@ class FalseNegativeGraph:
 
     Args:
         false_negatives: ``(n, m)`` rows that must not share a batch with the row, -1
-            elsewhere (a row flagging itself is ignored).
+            elsewhere (a row flagging itself is ignored). :meth:`from_pairs` builds one from
+            a list of flagged pairs instead.
     """
 
     def __init__(self, false_negatives: np.ndarray):
         false_negatives = np.asarray(false_negatives)
-        num_rows = len(false_negatives)
         valid = false_negatives >= 0
-        src = np.broadcast_to(np.arange(num_rows)[:, None], false_negatives.shape)[valid]
-        dst = false_negatives[valid].astype(np.int64)
+        src = np.broadcast_to(np.arange(len(false_negatives))[:, None], false_negatives.shape)[valid]
+        self._link(len(false_negatives), src, false_negatives[valid])
+
+    @classmethod
+    def from_pairs(cls, num_rows: int, src: np.ndarray, dst: np.ndarray) -> FalseNegativeGraph:
+        """The graph of the flagged ``(src[i], dst[i])`` pairs of ``num_rows`` rows, without a
+        dense ``(n, m)`` matrix: for flags that come as a list of edges (rows sharing a text)."""
+        graph = cls.__new__(cls)
+        graph._link(num_rows, np.asarray(src), np.asarray(dst))
+        return graph
+
+    def _link(self, num_rows: int, src: np.ndarray, dst: np.ndarray) -> None:
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
         keep = src != dst
-        self.src, self.dst = src[keep].astype(np.int64), dst[keep]
+        self.src, self.dst = src[keep], dst[keep]
         """The flagged ``(row, flagged row)`` pairs."""
         both_src = np.concatenate([self.src, self.dst])
         order = np.argsort(both_src, kind="stable")

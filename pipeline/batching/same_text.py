@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.batching.false_negative_graph import FalseNegativeGraph
+
 MAX_PARTNERS = 256
 """Most rows listed per row. A text shared by more rows than that is flagged along a ring
 (each row with the next ``MAX_PARTNERS`` of the text's group; read both ways, each member is
 then kept from ``2 x MAX_PARTNERS`` of them), which keeps the matrix at ``(n, 256)`` at most.
 So many rows of one text could not all be apart anyway unless there were more batches than
-rows in the group."""
+rows in the group. It also bounds the pairs: at most ``MAX_PARTNERS`` a row, stored sparse
+(a dense ``(n, 256)`` matrix would be 20 GB at 10M rows)."""
 
 
-def rows_sharing_a_text(texts: np.ndarray, max_partners: int = MAX_PARTNERS) -> np.ndarray | None:
+def rows_sharing_a_text(texts: np.ndarray, max_partners: int = MAX_PARTNERS) -> FalseNegativeGraph | None:
     """For each row, the other rows that hold one of its texts.
 
     Args:
@@ -29,9 +32,10 @@ def rows_sharing_a_text(texts: np.ndarray, max_partners: int = MAX_PARTNERS) -> 
         max_partners: most partners listed per row (see :data:`MAX_PARTNERS`).
 
     Returns:
-        ``(n, m)`` int64, each row's partners (other rows sharing at least one text with it,
-        each once, ascending), -1 padded, ``m <= max_partners``: the ``false_negatives``
-        matrix of :func:`~pipeline.batching.samplers.random_plan`. None when no two rows share
+        Each row's partners (other rows sharing at least one text with it, at most
+        ``max_partners`` listed by a row) as the sparse
+        :class:`~pipeline.batching.false_negative_graph.FalseNegativeGraph` that
+        :func:`~pipeline.batching.samplers.random_plan` keeps apart. None when no two rows share
         a text (the plan is then exactly the one without it).
     """
     texts = np.asarray(texts, dtype=np.int64)
@@ -64,9 +68,7 @@ def rows_sharing_a_text(texts: np.ndarray, max_partners: int = MAX_PARTNERS) -> 
     first, second = np.concatenate(firsts), np.concatenate(seconds)
     edges = np.unique(np.stack([first, second], axis=1), axis=0)
     counts = np.bincount(edges[:, 0], minlength=n)
-    width = int(min(counts.max(), max_partners))
+    # A row in several large groups (its anchor's and its positive's) keeps its first partners.
     slot = np.arange(len(edges)) - np.repeat(np.cumsum(counts) - counts, counts)
-    keep = slot < width
-    out = np.full((n, width), -1, dtype=np.int64)
-    out[edges[keep, 0], slot[keep]] = edges[keep, 1]
-    return out
+    keep = slot < max_partners
+    return FalseNegativeGraph.from_pairs(n, edges[keep, 0], edges[keep, 1])

@@ -7,6 +7,7 @@ import heapq
 import numpy as np
 
 from pipeline.batching.batch_builder import BatchBuilder
+from pipeline.batching.false_negative_graph import FalseNegativeGraph
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
 from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.separation import separate_false_negatives
@@ -19,7 +20,7 @@ def random_plan(
     version: int = 0,
     lengths: np.ndarray | None = None,
     group_batches: int = 0,
-    false_negatives: np.ndarray | None = None,
+    false_negatives: np.ndarray | FalseNegativeGraph | None = None,
 ) -> BatchPlan:
     """Every row once, in random batches; with ``lengths`` and ``group_batches >= 2``, length-grouped.
 
@@ -39,7 +40,7 @@ def random_plan(
         lengths: ``(num_rows,)`` tokens per row (the padded width a row forces on its batch).
         group_batches: batches per sorted group; 0 (or 1) leaves batches purely random.
         false_negatives: optional ``(num_rows, m)`` rows that must not share a batch with the
-            row, -1 elsewhere: pairs the random cut puts together are swapped apart
+            row, -1 elsewhere (or their :class:`FalseNegativeGraph`): pairs the random cut puts together are swapped apart
             (:func:`separate_false_negatives`; grouped, preferably with a row of the same
             length, so padding is unchanged). None: the plan is exactly the one without it.
 

@@ -16,7 +16,7 @@ from pipeline.batching.false_negative_graph import FalseNegativeGraph
 
 def separate_false_negatives(
     batches: list[np.ndarray],
-    false_negatives: np.ndarray | None,
+    false_negatives: np.ndarray | FalseNegativeGraph | None,
     rng: np.random.Generator,
     like: np.ndarray | None = None,
     attempts: int = 48,
@@ -42,7 +42,7 @@ def separate_false_negatives(
     Args:
         batches: the batches, covering rows ``0..n-1`` once each (not modified).
         false_negatives: ``(n, m)`` rows that must not share a batch with the row, -1
-            elsewhere; None: nothing to separate.
+            elsewhere, or their :class:`FalseNegativeGraph`; None: nothing to separate.
         rng: the sampler's generator; not drawn from when there is no conflict, so a plan
             without conflicts is the same with and without this step.
         like: optional ``(n,)`` labels swaps should keep (see above).
@@ -56,7 +56,7 @@ def separate_false_negatives(
     placement = Placement.of(batches)
     if false_negatives is None:
         return placement.batches, 0
-    graph = FalseNegativeGraph(false_negatives)
+    graph = false_negatives if isinstance(false_negatives, FalseNegativeGraph) else FalseNegativeGraph(false_negatives)
     if len(batches) < 2 or not placement.conflicts(graph).any():
         return placement.batches, graph.together(placement.batch_of)
     labels = _Labels(like, placement.batches) if like is not None else None
