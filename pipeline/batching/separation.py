@@ -56,7 +56,11 @@ def separate_false_negatives(
     placement = Placement.of(batches)
     if false_negatives is None:
         return placement.batches, 0
-    graph = false_negatives if isinstance(false_negatives, FalseNegativeGraph) else FalseNegativeGraph(false_negatives)
+    graph = (
+        false_negatives
+        if isinstance(false_negatives, FalseNegativeGraph)
+        else FalseNegativeGraph(false_negatives)
+    )
     if len(batches) < 2 or not placement.conflicts(graph).any():
         return placement.batches, graph.together(placement.batch_of)
     labels = _Labels(like, placement.batches) if like is not None else None

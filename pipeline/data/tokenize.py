@@ -23,6 +23,13 @@ ROWS_PER_BATCH = 1024
 per-batch cost is small beside the tokenization, small enough that a corpus of 100k sentences
 still gives about a hundred blocks to spread over the actors."""
 
+SORTED_BLOCK_ROWS = 131_072
+"""Rows per block of the tokenized corpus once sorted by id: a train worker takes its rows with
+one task per block, so blocks are few (30 at 4M rows), yet small beside a worker's memory."""
+MAX_SORTED_BLOCKS = 256
+"""At most this many sorted blocks (larger blocks beyond 33M rows): the sort's shuffle moves
+blocks x blocks pieces."""
+
 
 @dataclass
 class TokenizeStats:
@@ -157,6 +164,7 @@ class _TokenizeBatches:
             .drop_columns(["text"])
             .append_column("unk_tokens", pa.array(unk))
             .append_column("word_tokens", pa.array(words))
+            .append_column("length", pc.list_value_length(table.column("input_ids")).cast(pa.int32()))
         )
 
 
@@ -166,14 +174,19 @@ def tokenize_texts(
     """Tokenize the distinct texts with Ray Data ``map_batches`` over a pool of tokenizer
     actors; the tokens stay in the object store.
 
+    The blocks come out sorted by id (Ray Data's ``sort``) into ranges of positions, so a
+    worker finds any row from the blocks' sizes (:meth:`TokenizedBlocks.take`), and the
+    tokens per position are put beside them (``lengths_ref``).
+
     Returns:
         The ``(id, input_ids, text_key)`` blocks (:class:`~pipeline.data.tokenized.TokenizedBlocks`;
-        each worker and the miner assembles them), how many texts were cut to
-        ``data.max_seq_len``, and the corpus' ``[UNK]`` share.
+        each train worker takes its rows, the miner the whole table), how many texts were cut
+        to ``data.max_seq_len``, and the corpus' ``[UNK]`` share.
     """
 
     # Deferred: model/encode.py imports this module for tokenize_table, and the evaluate job
     # and bench/gpu_step.py run that without Ray.
+    import ray
     import ray.data
 
     from pipeline.data.text_blocks import block_columns, materialized_blocks
@@ -203,8 +216,11 @@ def tokenize_texts(
             # max_restarts > 0).
             max_restarts=0,
         )
-    blocks = materialized_blocks(ds)
-    counts, _ = block_columns(blocks, ["truncated", "unk_tokens", "word_tokens"], section.tokenize_num_cpus)
+    sorted_blocks = max(1, min(MAX_SORTED_BLOCKS, -(-len(texts) // SORTED_BLOCK_ROWS)))
+    blocks = materialized_blocks(ds.repartition(sorted_blocks).sort("id"))
+    counts, rows = block_columns(
+        blocks, ["truncated", "unk_tokens", "word_tokens", "length"], section.tokenize_num_cpus
+    )
 
     def total(column: str) -> int:
         return int(pc.sum(counts.column(column)).as_py() or 0)
@@ -217,4 +233,5 @@ def tokenize_texts(
         word_tokens=total("word_tokens"),
         has_unk=getattr(tokenizer, "unk_token_id", None) is not None,
     )
-    return TokenizedBlocks(blocks), stats
+    lengths = counts.column("length").to_numpy()
+    return TokenizedBlocks(blocks, tuple(rows.tolist()), ray.put(lengths)), stats

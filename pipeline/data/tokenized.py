@@ -21,31 +21,88 @@ def sorted_by_id(tables: list[pa.Table]) -> pa.Table:
     return table.take(pa.array(np.argsort(table.column("id").to_numpy(), kind="stable"))).combine_chunks()
 
 
+def large_tokens(tokens: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Token lists as one ``large_list<int32>`` array: 64-bit offsets, so a corpus past 2^31
+    tokens (67M rows of 32) never overflows them. Each chunk is cast before they are joined."""
+    if isinstance(tokens, pa.ChunkedArray):
+        chunks = [chunk.cast(pa.large_list(pa.int32())) for chunk in tokens.chunks]
+        return pa.concat_arrays(chunks) if chunks else pa.array([], pa.large_list(pa.int32()))
+    return tokens.cast(pa.large_list(pa.int32()))
+
+
+def _take_rows(block: pa.Table, rows: np.ndarray) -> pa.Table:
+    return block.select(["input_ids"]).take(pa.array(rows))
+
+
 @dataclass(frozen=True)
 class TokenizedBlocks:
     """The tokenized corpus as it travels: object refs of ``(id, input_ids, text_key, ...)``
-    blocks in the object store (:func:`~pipeline.data.tokenize.tokenize_texts`). The driver never
-    gathers them; each worker and the miner assembles its own copy with :meth:`table`."""
+    blocks in the object store (:func:`~pipeline.data.tokenize.tokenize_texts`), sorted by id
+    across blocks. Position ``i`` (the ``i``-th smallest id, as in
+    :class:`~pipeline.data.triplets.Triplets`) is row ``i - starts[k]`` of the block ``k`` whose
+    range holds it, so any set of positions is found from the blocks' sizes alone.
+
+    The driver never gathers the blocks: a train worker takes the rows it trains on
+    (:meth:`take`, into a :class:`CorpusShare`), the miner the whole table (:meth:`table`)."""
 
     refs: list[Any]
+    rows: tuple[int, ...]
+    """Rows of each block, in block order."""
+    lengths_ref: Any = None
+    """Object ref of ``(num_rows,)`` int32 tokens per position (what plans and padding need
+    of every row without its tokens); None where nothing asks for it."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(sum(self.rows))
+
+    @property
+    def starts(self) -> np.ndarray:
+        """``(blocks + 1,)`` the first position of each block, then the number of rows."""
+        return np.concatenate([[0], np.cumsum(np.asarray(self.rows, dtype=np.int64))])
 
     def table(self) -> pa.Table:
-        """``(id, input_ids, text_key)`` sorted by id: position ``i`` is the ``i``-th smallest
-        id, as in :class:`~pipeline.data.triplets.Triplets`."""
+        """``(id, input_ids, text_key)`` of every row, in position order."""
         import ray  # deferred: the evaluate job imports this module without Ray
 
-        return sorted_by_id([t.select(["id", "input_ids", "text_key"]) for t in ray.get(self.refs)])
+        tables = [t.select(["id", "input_ids", "text_key"]) for t in ray.get(self.refs)]
+        if not tables:
+            return pa.table({"id": pa.array([], pa.int64()), "input_ids": pa.array([], pa.large_list(pa.int32())),
+                             "text_key": pa.array([], pa.int64())})  # fmt: skip
+        table = pa.concat_tables(tables)
+        return table.set_column(1, "input_ids", large_tokens(table.column("input_ids"))).combine_chunks()
+
+    def take(self, positions: np.ndarray) -> pa.Table:
+        """``(input_ids)`` of the sorted, distinct ``positions``, in their order.
+
+        One task per block that holds any of them takes its rows where the block is (Ray
+        places a task beside its largest argument), so only these rows cross the network.
+        The tasks reserve no CPU: the train workers that ask hold the CPUs, and a take is a
+        copy of rows, not compute."""
+        import ray
+
+        starts = self.starts
+        bounds = np.searchsorted(positions, starts)
+        take = ray.remote(num_cpus=0)(_take_rows)
+        parts = [
+            take.remote(self.refs[k], positions[bounds[k] : bounds[k + 1]] - starts[k])
+            for k in np.flatnonzero(np.diff(bounds))
+        ]
+        tables = ray.get(parts)
+        if not tables:
+            return pa.table({"input_ids": pa.array([], pa.large_list(pa.int32()))})
+        return pa.concat_tables(tables)
 
 
 class TokenizedCorpus:
     """Position-addressed view of the tokenized table, shared by training and mining.
 
     Holds numpy views of the Arrow buffers (no copy when the table came from the object
-    store) and pads any set of rows into a batch.
+    store as ``large_list``) and pads any set of rows into a batch.
     """
 
     def __init__(self, table: pa.Table, pad_token_id: int):
-        tokens = table.column("input_ids").combine_chunks()
+        tokens = large_tokens(table.column("input_ids"))
         self.ids = table.column("id").to_numpy() if "id" in table.column_names else np.arange(table.num_rows)
         self.offsets = tokens.offsets.to_numpy()
         self.values = tokens.values.to_numpy()
@@ -53,6 +110,11 @@ class TokenizedCorpus:
         self.pad_token_id = pad_token_id
 
     def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def num_texts(self) -> int:
+        """Texts in the corpus (every position this corpus answers for)."""
         return len(self.ids)
 
     def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -66,20 +128,65 @@ class TokenizedCorpus:
         return input_ids, mask.astype(np.int64)
 
 
-def row_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np.ndarray:
+class CorpusShare:
+    """The rows of the tokenized corpus one train worker holds: those its share of the epoch's
+    plan names (:meth:`hold`), taken from the blocks, never the whole corpus. Batches are asked
+    for by corpus position, as of a :class:`TokenizedCorpus`.
+
+    Args:
+        blocks: the corpus' blocks in the object store.
+        pad_token_id: the tokenizer's padding id.
+    """
+
+    def __init__(self, blocks: TokenizedBlocks, pad_token_id: int):
+        self.blocks = blocks
+        self.pad_token_id = pad_token_id
+        self.num_texts = blocks.num_rows
+        """Texts in the whole corpus (positions run from 0 to this)."""
+        self.positions = np.empty(0, dtype=np.int64)
+        """Sorted corpus positions of the rows held."""
+        self._rows: TokenizedCorpus | None = None
+
+    def __len__(self) -> int:
+        """Rows held now."""
+        return len(self.positions)
+
+    def hold(self, positions: np.ndarray) -> None:
+        """Hold exactly the rows at ``positions`` (any order, repeats allowed), fetching them
+        unless they are the ones held already."""
+        wanted = np.unique(np.asarray(positions, dtype=np.int64))
+        if self._rows is not None and np.array_equal(wanted, self.positions):
+            return
+        self._rows = None  # the old share goes before the new one arrives
+        self._rows = TokenizedCorpus(self.blocks.take(wanted), self.pad_token_id)
+        self.positions = wanted
+
+    def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`TokenizedCorpus.batch` of corpus positions, each of which must be held."""
+        if self._rows is None:
+            raise RuntimeError("CorpusShare.batch before any rows were held")
+        local = np.minimum(np.searchsorted(self.positions, rows), len(self.positions) - 1)
+        if not np.array_equal(self.positions[local], rows):
+            missing = np.setdiff1d(rows, self.positions)
+            raise KeyError(f"corpus positions {missing[:5].tolist()} are not in this worker's share")
+        return self._rows.batch(local)
+
+
+def row_lengths(text_lengths: np.ndarray, triplets: Triplets | None = None) -> np.ndarray:
     """Tokens per training row, i.e. the width a row forces on its padded batch: a sentence's
-    length, or for a triplet row the longer of its anchor and positive."""
-    lengths = padded_lengths(corpus, triplets)
+    length, or for a triplet row the longer of its anchor and positive (``text_lengths``:
+    tokens per corpus position)."""
+    lengths = padded_lengths(text_lengths, triplets)
     return lengths if lengths.ndim == 1 else lengths.max(axis=1)
 
 
-def padded_lengths(corpus: TokenizedCorpus, triplets: Triplets | None = None) -> np.ndarray:
+def padded_lengths(text_lengths: np.ndarray, triplets: Triplets | None = None) -> np.ndarray:
     """Tokens of each training row in each group the train step pads on its own:
     ``(num_rows,)`` for sentences, ``(num_rows, 2)`` for triplet rows (anchor, positive; the
     negatives, padded with the positives, are left out)."""
     if triplets is None:
-        return corpus.lengths
-    return np.stack([corpus.lengths[triplets.anchor], corpus.lengths[triplets.positive]], axis=1)
+        return text_lengths
+    return np.stack([text_lengths[triplets.anchor], text_lengths[triplets.positive]], axis=1)
 
 
 def dataset_digest(ids: np.ndarray, triplets: Triplets | None = None) -> str:

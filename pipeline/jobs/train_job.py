@@ -40,7 +40,6 @@ from pipeline.data.synthetic import (
     write_generated_corpus,
     write_generated_sts,
 )
-from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.evaluation.eval_inputs import eval_datasets
 from pipeline.evaluation.in_training import check_eval_sets, selected_metric
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
@@ -288,7 +287,9 @@ def train_in_ray(
     reads = plan_reads({"data.path": cfg.data.path, "data.pool": cfg.data.pool}, echo)
     data = load_training_data(cfg, tracked, echo, reads=reads)
     inputs = tokenize_inputs(cfg, data, run_dir, tracked, echo)
-    inputs = dataclasses.replace(inputs, corpus=TokenizedBlocks(keep_on_the_drivers_node(inputs.corpus.refs)))
+    inputs = dataclasses.replace(
+        inputs, corpus=dataclasses.replace(inputs.corpus, refs=keep_on_the_drivers_node(inputs.corpus.refs))
+    )
     refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
     corpus_line = describe_corpus(data, inputs)
     # Training reads the tokens only: dropping the data lets the texts' blocks leave the object store.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan, worker_slices
+from pipeline.data.triplets import Triplets
 
 
 @dataclass(frozen=True)
@@ -46,3 +47,38 @@ class GlobalBatch:
         """This worker's contiguous slice of :attr:`rows` (``sizes[rank]`` rows)."""
         lo = sum(self.sizes[: self.rank])
         return self.rows[lo : lo + self.sizes[self.rank]]
+
+
+def rows_of_rank(plan: BatchPlan, *, world: int, rank: int) -> np.ndarray:
+    """Every row rank ``rank`` of ``world`` trains on in ``plan``'s epoch, batch after batch:
+    its slice (:func:`~pipeline.batching.plan.worker_slices`) of each global batch, as
+    :meth:`GlobalBatch.local_rows` gives them one step at a time."""
+    sizes = np.asarray(plan.sizes, dtype=np.int64)
+    base, extra = np.divmod(sizes, world)
+    first = np.cumsum(sizes) - sizes + base * rank + np.minimum(rank, extra)
+    count = base + (rank < extra)
+    # Row i of the rank's share is the (i - its batch's offset)-th row after its batch's first.
+    offset = np.cumsum(count) - count
+    within = np.arange(int(count.sum())) - np.repeat(offset, count)
+    return plan.rows[np.repeat(first, count) + within]
+
+
+def texts_of_rank(
+    plan: BatchPlan,
+    *,
+    world: int,
+    rank: int,
+    triplets: Triplets | None = None,
+    negatives: np.ndarray | None = None,
+) -> np.ndarray:
+    """Corpus positions of every text rank ``rank`` encodes in ``plan``'s epoch (repeats
+    included): its rows' sentences, or for triplet rows their anchors, positives, given
+    negatives and mined ``negatives`` (the rows' column, -1 where none)."""
+    rows = rows_of_rank(plan, world=world, rank=rank)
+    if triplets is None:
+        return rows
+    parts = [triplets.anchor[rows], triplets.positive[rows], triplets.negative[rows]]
+    if negatives is not None:
+        parts.append(np.asarray(negatives)[rows].reshape(-1))
+    texts = np.concatenate(parts)
+    return texts[texts >= 0]

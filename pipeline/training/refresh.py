@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from pipeline.batching.false_negative_graph import FalseNegativeGraph
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.config.schema import Config
@@ -68,7 +69,7 @@ class PlanRefresher:
         cfg: Config,
         rank: int,
         lengths: np.ndarray,
-        same_text_rows: np.ndarray | None,
+        same_text_rows: FalseNegativeGraph | None,
         client: MinerClient | None,
         *,
         given_negatives: bool,
@@ -241,7 +242,7 @@ def random_batches(
     cfg: Config,
     seed: int,
     lengths: np.ndarray,
-    same_text_rows: np.ndarray | None = None,
+    same_text_rows: FalseNegativeGraph | None = None,
     *,
     given_negatives: bool = False,
 ) -> BatchPlan:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.tokenized import CorpusShare, TokenizedCorpus
 from pipeline.data.triplets import Triplets
 from pipeline.model.accel import to_device, train_autocast
 from pipeline.training.global_batch import GlobalBatch
@@ -30,7 +30,9 @@ class TripletStep:
     with several paraphrases: each row's positive is a known positive of the other's anchor).
     """
 
-    corpus: TokenizedCorpus
+    corpus: TokenizedCorpus | CorpusShare
+    """Where the texts' tokens come from: the worker's :class:`CorpusShare` (the texts of its
+    rows this epoch), or a whole :class:`TokenizedCorpus`."""
     triplets: Triplets
     temperature: float
     hard_negative_weight: float
@@ -43,7 +45,7 @@ class TripletStep:
     @functools.cached_property
     def _known_pairs(self) -> tuple[np.ndarray, int]:
         """Every training row's (anchor, positive) as sorted codes, and the code base."""
-        base = len(self.corpus.ids) + 1
+        base = self.corpus.num_texts + 1
         return np.unique(self.triplets.anchor.astype(np.int64) * base + self.triplets.positive), base
 
     def known_positive_candidates(self, rows: np.ndarray, negatives: np.ndarray) -> np.ndarray:
@@ -88,7 +90,8 @@ class TripletStep:
             temperature=self.temperature,
             hard_negatives=gather_across_workers(negative_embeddings, sizes),
             hard_negative_weight=self.hard_negative_weight,
-            row_ids=to_device(self.corpus.ids[triplets.positive[batch.rows]], device),
+            # Positions stand for ids: one position is one distinct text.
+            row_ids=to_device(triplets.positive[batch.rows], device),
             hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,
             false_negative_mask=to_device(
                 self.known_positive_candidates(batch.rows, global_negatives), device

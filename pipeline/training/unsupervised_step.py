@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.tokenized import CorpusShare, TokenizedCorpus
 from pipeline.model.accel import to_device, train_autocast
 from pipeline.training.augment import repeat_words
 from pipeline.training.global_batch import GlobalBatch
@@ -27,8 +27,8 @@ class ViewBatch:
     attention_mask: np.ndarray
     """``(2n, width)`` int64, 1 for real tokens."""
     global_ids: np.ndarray
-    """``(sum(sizes),)`` corpus ids of the whole global batch, rank order: rows sharing one
-    are not each other's negatives."""
+    """``(sum(sizes),)`` corpus positions of the whole global batch, rank order (a position is
+    one distinct text, so it stands for the id): rows sharing one are not each other's negatives."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,9 @@ class UnsupervisedStep:
     :meth:`collate` (host), :meth:`upload` (host to device), :meth:`forward`, :meth:`loss`.
     """
 
-    corpus: TokenizedCorpus
+    corpus: TokenizedCorpus | CorpusShare
+    """Where the rows' tokens come from: the worker's :class:`CorpusShare` (its rows this
+    epoch), or a whole :class:`TokenizedCorpus`."""
     temperature: float
     dup_rate: float
     """ESimCSE word repetition rate of the second view (0: none)."""
@@ -57,9 +59,9 @@ class UnsupervisedStep:
         return self.on_device(model, self.collate(batch, augment_rng), batch.sizes)
 
     def collate(self, batch: GlobalBatch, augment_rng: np.random.Generator) -> ViewBatch:
-        """This worker's rows as both views (:func:`two_views`), and the global batch's ids."""
+        """This worker's rows as both views (:func:`two_views`), and the global batch's positions."""
         input_ids, mask = two_views(self.corpus, batch.local_rows, self.dup_rate, augment_rng)
-        return ViewBatch(input_ids, mask, self.corpus.ids[batch.rows])
+        return ViewBatch(input_ids, mask, batch.rows)
 
     def on_device(
         self, model: Any, batch: ViewBatch, sizes: Sequence[int]
@@ -110,7 +112,7 @@ class UnsupervisedStep:
 
 
 def two_views(
-    corpus: TokenizedCorpus, rows: np.ndarray, dup_rate: float, rng: np.random.Generator
+    corpus: TokenizedCorpus | CorpusShare, rows: np.ndarray, dup_rate: float, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(2n, width)`` ids and mask: the rows, then the rows again (with ESimCSE word
     repetition when ``dup_rate > 0``), padded to one width for a single forward pass."""

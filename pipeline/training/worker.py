@@ -29,7 +29,7 @@ from pipeline.model.flops import CountingEncoder, EncoderFlops
 from pipeline.tracking.metric_logger import DRAIN_TIMEOUT_S
 from pipeline.training.contract import LoopConfig
 from pipeline.training.epoch_rng import seed_epoch
-from pipeline.training.global_batch import GlobalBatch
+from pipeline.training.global_batch import GlobalBatch, texts_of_rank
 from pipeline.training.plan_broadcast import from_rank0
 from pipeline.training.refresh import Boundary, adopt_plan
 from pipeline.training.step import OptimizerStep
@@ -80,6 +80,7 @@ class SimCSEWorker:
             parts.model, parts.optimizer, parts.scheduler, cfg.train.max_grad_norm
         )
         self.state = parts.state
+        self.share, self.triplets = parts.share, parts.triplets
         self.lengths = parts.lengths
         """Tokens per training row (for the plan's padding share)."""
         self.refresher, self.evaluator, self.checkpoints = parts.refresher, parts.evaluator, parts.checkpoints
@@ -148,11 +149,18 @@ class SimCSEWorker:
 
     def run_epoch(self, epoch: int) -> None:
         """Train epoch ``epoch`` (0-based) on the current plan, from the batch the state is at,
-        with the mid-epoch evaluations and checkpoints the config asks for."""
+        with the mid-epoch evaluations and checkpoints the config asks for. First the rank
+        takes the rows its share of the plan names (and, for pairs, their texts) out of the
+        object store: no rank holds the whole corpus."""
         state = self.state
         plan = state.plan
         assert plan is not None
         self.first_batch = state.batches_done
+        self.share.hold(
+            texts_of_rank(
+                plan, world=self.world, rank=self.rank, triplets=self.triplets, negatives=state.negatives
+            )
+        )
         self.augment_rng = seed_epoch(
             self.cfg.run.seed, self.rank, self.world, epoch, self.first_batch, state.rng
         )

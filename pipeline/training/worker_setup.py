@@ -20,10 +20,11 @@ import ray.train.torch
 import torch
 from transformers import get_linear_schedule_with_warmup
 
+from pipeline.batching.false_negative_graph import FalseNegativeGraph
 from pipeline.batching.plan import balanced_batch_sizes
 from pipeline.batching.same_text import rows_sharing_a_text
 from pipeline.config.schema import Config
-from pipeline.data.tokenized import TokenizedCorpus, padded_lengths, row_lengths
+from pipeline.data.tokenized import CorpusShare, padded_lengths, row_lengths
 from pipeline.data.triplets import Triplets
 from pipeline.evaluation.in_training import TrainingEvaluator
 from pipeline.model.accel import enable_tf32, fused_adamw, native_bf16
@@ -49,12 +50,15 @@ class WorkerInputs:
     model_dir: Path
     """Local folder of the initial model (also where the tokenizer comes from)."""
     tokenizer: Any
-    corpus: TokenizedCorpus
+    corpus: CorpusShare
+    """The rows this worker trains on, fetched epoch by epoch (empty until the first)."""
+    text_lengths: np.ndarray
+    """``(num_texts,)`` tokens per corpus position (from the object store, not a copy)."""
     triplets: Triplets | None
     """The pairs task's rows; None in unsupervised mode."""
     lengths: np.ndarray
     """``(num_rows,)`` tokens per training row (:func:`pipeline.data.tokenized.row_lengths`)."""
-    same_text_rows: np.ndarray | None
+    same_text_rows: FalseNegativeGraph | None
     """Pairs: each row's rows sharing one of its texts, kept out of its batch
     (:func:`~pipeline.batching.same_text.rows_sharing_a_text`); None: no row shares a text."""
 
@@ -67,22 +71,25 @@ class WorkerInputs:
     @property
     def num_rows(self) -> int:
         """Training rows of an epoch: triplet rows, or corpus sentences."""
-        return len(self.triplets) if self.triplets is not None else len(self.corpus)
+        return len(self.triplets) if self.triplets is not None else self.corpus.num_texts
 
 
 def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
-    """The initial model folder, tokenizer, corpus and triplets the driver put in the object store."""
+    """The initial model folder, tokenizer, the tokens per text and the triplets the driver put
+    in the object store; the corpus' rows are fetched epoch by epoch, this worker's only
+    (:class:`~pipeline.data.tokenized.CorpusShare`)."""
     model_dir = unpack_dir(ray.get(loop_config.model_ref))
     tokenizer = load_tokenizer(model_dir)
-    corpus = TokenizedCorpus(loop_config.corpus.table(), tokenizer.pad_token_id)
+    text_lengths = ray.get(loop_config.corpus.lengths_ref)
     triplets = ray.get(loop_config.triplets_ref) if loop_config.triplets_ref is not None else None
     same_text_rows = rows_sharing_a_text(triplets.row_texts()) if triplets is not None else None
     return WorkerInputs(
         model_dir=model_dir,
         tokenizer=tokenizer,
-        corpus=corpus,
+        corpus=CorpusShare(loop_config.corpus, tokenizer.pad_token_id),
+        text_lengths=text_lengths,
         triplets=triplets,
-        lengths=row_lengths(corpus, triplets),
+        lengths=row_lengths(text_lengths, triplets),
         same_text_rows=same_text_rows,
     )
 
@@ -221,6 +228,10 @@ class WorkerParts:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     state: TrainState
+    share: CorpusShare
+    """The rows this rank trains on, held epoch by epoch (what ``train_step`` reads)."""
+    triplets: Triplets | None
+    """The pairs task's rows (which texts a row's share needs); None for a corpus."""
     lengths: np.ndarray
     """Tokens per training row and padded group, for the plan's padding share
     (:func:`pipeline.data.tokenized.padded_lengths`)."""
@@ -285,7 +296,9 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
         optimizer=optimizer,
         scheduler=scheduler,
         state=state,
-        lengths=padded_lengths(inputs.corpus, inputs.triplets),
+        share=inputs.corpus,
+        triplets=inputs.triplets,
+        lengths=padded_lengths(inputs.text_lengths, inputs.triplets),
         refresher=refresher,
         evaluator=EvalRecorder(sts, model, inputs.tokenizer, best_dir, max_seq_len, logger)
         if sts is not None

@@ -47,7 +47,9 @@ def test_a_large_group_is_capped_and_still_links_every_member():
     graph = rows_sharing_a_text(texts, max_partners=5)
     assert graph is not None and np.bincount(graph.src, minlength=40).max() == 5
     # Along a ring: each member flags its next five; read both ways, the five before it too.
-    assert _listed(graph, 40) == [{(r + d) % 40 for d in (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)} for r in range(40)]
+    assert _listed(graph, 40) == [
+        {(r + d) % 40 for d in (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)} for r in range(40)
+    ]
 
 
 def test_same_text_pairs_stay_sparse_when_one_text_is_everywhere():
@@ -74,8 +76,12 @@ def test_the_sparse_pairs_give_the_plan_the_dense_matrix_gave():
         dense[row, : len(flagged)] = flagged
     lengths = rng.integers(5, 30, size=320)
     for group_batches in (0, 4):
-        sparse_plan = random_plan(320, 16, seed=3, lengths=lengths, group_batches=group_batches, false_negatives=graph)
-        dense_plan = random_plan(320, 16, seed=3, lengths=lengths, group_batches=group_batches, false_negatives=dense)
+        sparse_plan = random_plan(
+            320, 16, seed=3, lengths=lengths, group_batches=group_batches, false_negatives=graph
+        )
+        dense_plan = random_plan(
+            320, 16, seed=3, lengths=lengths, group_batches=group_batches, false_negatives=dense
+        )
         assert np.array_equal(sparse_plan.rows, dense_plan.rows)
 
 

@@ -20,6 +20,8 @@ pytestmark = pytest.mark.slow
 
 N = 7  # 7 rows over 2 workers: uneven slices (4 + 3)
 IDS = [11, 12, 11, 13, 14, 15, 12]  # rows 0/2 and 1/6 are the same sentence
+POSITIONS = [0, 1, 0, 2, 3, 4, 1]
+"""The rows as corpus positions (one position per distinct text): what the plan's batch holds."""
 VOCAB = 40
 DUP_RATE = 0.3  # word repetition: the two views differ without dropout
 # Bag-of-words views are nearly the same: at SimCSE's 0.05 the loss would be ~1e-3, too near
@@ -48,6 +50,12 @@ def _corpus(tokens, ids=None):
     return TokenizedCorpus(pa.table({"id": ids, "input_ids": pa.array(tokens, pa.list_(pa.int32()))}), 0)
 
 
+def _distinct_corpus(tokens):
+    """The corpus of the distinct sentences: position ``POSITIONS[i]`` holds row i's tokens."""
+    first = [POSITIONS.index(p) for p in range(max(POSITIONS) + 1)]
+    return _corpus([tokens[i] for i in first], sorted(set(IDS)))
+
+
 def _sentences():
     """N token rows; rows with the same id (IDS) hold the same tokens."""
     rng = np.random.default_rng(42)
@@ -68,11 +76,11 @@ def _unsupervised_gradient(config, rank: int, world: int) -> dict:
     torch.manual_seed(0)
     model = BagEncoder()
     wrapped = ray.train.torch.prepare_model(model)
-    corpus = _corpus(config["tokens"], config["ids"])
+    corpus = _distinct_corpus(config["tokens"])
     sizes = worker_slices(N, world)
     step = UnsupervisedStep(corpus, config["temperature"], DUP_RATE, torch.device("cpu"))
     loss, to_backward = step(
-        wrapped, GlobalBatch(np.arange(N), sizes, rank), np.random.default_rng([0, rank])
+        wrapped, GlobalBatch(np.array(POSITIONS), sizes, rank), np.random.default_rng([0, rank])
     )
     to_backward.backward()
     return {"loss": loss.item(), "grad": model.embed.weight.grad.tolist(), "world": world, "sizes": sizes}
@@ -107,7 +115,7 @@ def ddp_gradients(ray_local, tmp_path_factory):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     tokens, anchor, positive, negative, mined = _triplet_inputs()
     config = {
-        "unsupervised": {"tokens": _sentences(), "ids": IDS, "temperature": TEMPERATURE},
+        "unsupervised": {"tokens": _sentences(), "temperature": TEMPERATURE},
         "triplet": {
             "tokens": tokens,
             "anchor": anchor,

@@ -235,7 +235,7 @@ def _single_worker(cfg, model, corpus, state, *, logger, peak_tflops):
     return SimCSEWorker(
         WorkerParts(
             cfg=cfg, rank=0, world=1, model=model, ddp_model=model, train_step=make_train_step(cfg, corpus, None, CPU),
-            optimizer=optimizer, scheduler=scheduler, state=state, lengths=corpus.lengths,
+            optimizer=optimizer, scheduler=scheduler, state=state, share=corpus, triplets=None, lengths=corpus.lengths,
             refresher=None, evaluator=None, checkpoints=None, logger=logger, peak_tflops=peak_tflops,
         )
     )  # fmt: skip

@@ -1,0 +1,115 @@
+"""Each train worker holds its share of the tokenized corpus, not the corpus: the blocks come
+out of tokenizing sorted by id into ranges of positions, a worker takes the rows its share of
+the plan names (one task per block), and pads batches from them as from the whole corpus."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.batching.plan import BatchPlan
+from pipeline.batching.samplers import random_plan
+from pipeline.config.data_section import DataSection
+from pipeline.data.corpus import load_clean_corpus
+from pipeline.data.tokenize import tokenize_texts
+from pipeline.data.tokenized import CorpusShare, TokenizedCorpus, large_tokens
+from pipeline.data.triplets import Triplets
+from pipeline.model.folders import load_tokenizer
+from pipeline.training.global_batch import GlobalBatch, rows_of_rank, texts_of_rank
+
+
+@pytest.fixture(scope="module")
+def sorted_blocks(ray_local, tmp_path_factory, tiny_model_dir, paraphrase_corpus):
+    """The paraphrase corpus tokenized into several id-sorted blocks, with the distinct texts."""
+    texts, _ = paraphrase_corpus
+    path = tmp_path_factory.mktemp("share") / "c.txt"
+    path.write_text("\n".join(texts))
+    section = DataSection(path=str(path), max_seq_len=16)
+    distinct, _ = load_clean_corpus(section)
+    tokenizer = load_tokenizer(tiny_model_dir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("pipeline.data.tokenize.ROWS_PER_BATCH", 50)
+        patch.setattr("pipeline.data.tokenize.SORTED_BLOCK_ROWS", 97)  # several uneven blocks
+        blocks, _ = tokenize_texts(distinct, tokenizer, section)
+    return blocks, distinct.gather(), tokenizer
+
+
+def test_blocks_are_ranges_of_positions_in_id_order(sorted_blocks):
+    import ray
+
+    blocks, corpus, tokenizer = sorted_blocks
+    assert len(blocks.refs) > 2 and blocks.num_rows == corpus.num_rows
+    ids = np.concatenate([t.column("id").to_numpy() for t in ray.get(blocks.refs)])
+    # Position i is the i-th smallest id, block after block, without any sort on the reader.
+    assert np.array_equal(ids, corpus.column("id").to_numpy())
+    assert [t.num_rows for t in ray.get(blocks.refs)] == list(blocks.rows)
+    expected = tokenizer(corpus.column("text").to_pylist(), truncation=True, max_length=16)["input_ids"]
+    assert ray.get(blocks.lengths_ref).tolist() == [len(t) for t in expected]
+
+
+def test_take_gives_the_rows_of_any_positions_across_blocks(sorted_blocks):
+    blocks, _, _ = sorted_blocks
+    whole = blocks.table()
+    rng = np.random.default_rng(0)
+    positions = np.unique(rng.integers(0, blocks.num_rows, size=150))
+    taken = blocks.take(positions)
+    assert (
+        taken.column("input_ids").to_pylist()
+        == whole.column("input_ids").take(pa.array(positions)).to_pylist()
+    )
+    assert blocks.take(np.empty(0, dtype=np.int64)).num_rows == 0
+
+
+def test_a_share_pads_batches_as_the_whole_corpus_does_and_holds_only_its_rows(sorted_blocks, tiny_model_dir):
+    blocks, _, tokenizer = sorted_blocks
+    whole = TokenizedCorpus(blocks.table(), tokenizer.pad_token_id)
+    plan = random_plan(blocks.num_rows, 16, seed=4)
+    held = []
+    for rank in range(3):
+        share = CorpusShare(blocks, tokenizer.pad_token_id)
+        share.hold(texts_of_rank(plan, world=3, rank=rank))
+        held.append(share.positions)
+        batch = GlobalBatch.of_plan(plan, 5, world=3, rank=rank)
+        for got, want in zip(share.batch(batch.local_rows), whole.batch(batch.local_rows), strict=True):
+            assert np.array_equal(got, want)
+        other = np.setdiff1d(plan.batch(5), batch.local_rows)[:1]
+        with pytest.raises(KeyError, match="not in this worker's share"):
+            share.batch(other)
+    # Three shares: each row held by exactly one rank.
+    assert np.array_equal(np.sort(np.concatenate(held)), np.arange(blocks.num_rows))
+    assert max(len(h) for h in held) <= -(-blocks.num_rows // 3) + plan.num_batches
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_rows_of_rank_are_its_slices_of_every_batch(world):
+    plan = random_plan(203, 16, seed=1)  # balanced sizes 15 and 16: uneven slices
+    for rank in range(world):
+        expected = np.concatenate(
+            [GlobalBatch.of_plan(plan, b, world=world, rank=rank).local_rows for b in range(plan.num_batches)]
+        )
+        assert np.array_equal(rows_of_rank(plan, world=world, rank=rank), expected)
+
+
+def test_texts_of_a_triplet_rank_are_its_rows_texts_and_negatives():
+    plan = BatchPlan(1, np.array([3, 0, 2, 1]), np.array([2, 2]))
+    triplets = Triplets(np.array([10, 11, 12, 13]), np.array([20, 21, 22, 23]), np.array([-1, 30, -1, -1]))
+    mined = np.array([[40, -1], [41, 42], [-1, -1], [43, 44]])
+    # Rank 0 of 2 trains rows 3 (batch 0) and 2 (batch 1).
+    texts = texts_of_rank(plan, world=2, rank=0, triplets=triplets, negatives=mined)
+    assert sorted(texts.tolist()) == [12, 13, 22, 23, 43, 44]
+    # Rank 1 trains rows 0 and 1: row 1's given negative, row 0's one mined negative.
+    texts = texts_of_rank(plan, world=2, rank=1, triplets=triplets, negatives=mined)
+    assert sorted(texts.tolist()) == [10, 11, 20, 21, 30, 40, 41, 42]
+
+
+def test_token_offsets_are_64_bit():
+    """``list<int32>``'s 32-bit offsets overflow past 2^31 tokens (67M rows of 32); the corpus
+    is read as ``large_list`` whatever its blocks hold, each chunk cast before joining."""
+    chunks = pa.chunked_array(
+        [pa.array([[1, 2], [3]], pa.list_(pa.int32())), pa.array([[4, 5, 6]], pa.list_(pa.int32()))]
+    )
+    tokens = large_tokens(chunks)
+    assert tokens.type == pa.large_list(pa.int32()) and tokens.to_pylist() == [[1, 2], [3], [4, 5, 6]]
+    corpus = TokenizedCorpus(pa.table({"input_ids": chunks}), pad_token_id=0)
+    assert corpus.offsets.dtype == np.int64 and corpus.lengths.tolist() == [2, 1, 3]
