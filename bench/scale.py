@@ -1,0 +1,237 @@
+"""Memory against corpus size and train workers (issue 58): each train worker holds its share of
+the corpus, so its data memory falls with the number of workers.
+
+    python -m bench.scale --rows 1000000,4000000 --workers 1,2,4
+
+For each corpus size (and a 10,000-row corpus, the baseline) and each worker count W, one
+``jobs/train.py`` run of the corpus task with the tiny model on a local multi-node Ray cluster
+(:mod:`bench.local_cluster`): the driver on the head, which also tokenizes and keeps the
+corpus' blocks, and the W train workers on a second node labelled ``role=trainer``, so every
+row a worker holds crossed from the head's object store. No mining (``mining.refresh=never``):
+the miner still holds the whole corpus (issue 59); this measures the driver and the workers.
+
+The corpus is generated (:func:`pipeline.data.synthetic.write_generated_corpus`), and the tiny
+model's tokenizer is trained once on its first 20,000 lines and passed as ``model.name_or_path``
+(a run without one trains its tokenizer on every text, on the driver). Each run goes until rank 0
+is held at step 20 (a seam: the share was fetched and 19 steps trained), then the bench reads
+every process's peak RSS (``VmHWM``) and ends the run (it stops only the processes
+it started). The object store's peak is the largest total of Ray's ``object_store_bytes_used``
+over the cluster, polled every second.
+
+A worker's data memory is its peak RSS minus the same W's peak on the 10,000-row corpus (the
+interpreter, torch, the model and Ray's own); its ratio is against W = 1 at the same size
+(issue 58's goals: at most 0.55 at W = 2 and 0.3 at W = 4). The driver's bytes a row are its
+peak above the baseline run's, over the rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.common import Benchmark, machine_report
+from bench.local_cluster import RayHead, RayWorkerNode
+from bench.running_job import RunningJob
+
+BENCH = Benchmark("bench.scale", "Memory against corpus size and train workers")
+BASELINE_ROWS = 10_000
+TRAINER_CPUS = 4
+"""Logical CPUs of the trainer node: W up to 4 workers of 1 CPU (the 2 cores are shared)."""
+JOB_TIMEOUT_S = 3600.0
+HOLD_STEP = 20
+"""Rank 0 is held at this step (:func:`pipeline.core.seams.hold_once`) while the peaks are read:
+after the epoch's share was fetched and some steps trained, at the same point in every run."""
+MIB = 2**20
+CONFIG = """\
+task: corpus
+data: {max_seq_len: 32, tokenize_num_cpus: 0.25}
+model: {pooler: mean}
+train: {epochs: 1, batch_size: 64, cpus_per_worker: 1, label_selector: {role: trainer}}
+mining: {refresh: never}
+tracking: {experiment: scale, system_metrics: false}
+"""
+
+
+def vm_hwm(process: psutil.Process) -> int:
+    """The process's peak resident set (bytes) since it started, by the kernel's count."""
+    with contextlib.suppress(psutil.Error, OSError, ValueError):
+        for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def titled(root: psutil.Process, title: str) -> list[psutil.Process]:
+    """Descendants of ``root`` whose process title contains ``title`` (Ray sets ``ray::Class``)."""
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if title in " ".join(child.cmdline()):
+                    found.append(child)
+    return found
+
+
+class ObjectStorePeak:
+    """The largest ``object_store_bytes_used`` summed over the cluster's nodes, polled every second."""
+
+    def __init__(self, address: str):
+        self.address, self.peak = address, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ObjectStorePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+        state = get_state_from_address(self.address)
+        while not self._stop.wait(1.0):
+            with contextlib.suppress(Exception):  # a node that is starting answers nothing yet
+                used = get_memory_info_reply(state).store_stats.object_store_bytes_used
+                self.peak = max(self.peak, int(used))
+
+
+def prepare(workdir: Path, rows: int) -> tuple[Path, Path]:
+    """The generated corpus of about ``rows`` lines (kept in ``workdir`` between runs) and the
+    tiny model trained on its first lines."""
+    from pipeline.config.data_section import GENERATED_GROUP_SIZE
+    from pipeline.data.synthetic import write_generated_corpus
+    from pipeline.model.tiny import build_random_bert_dir
+
+    corpus = workdir / f"corpus-{rows}.txt"
+    if not corpus.exists():
+        write_generated_corpus(corpus, max(1, rows // GENERATED_GROUP_SIZE))
+    model = workdir / "tiny-model"
+    if not (model / "config.json").exists():
+        sample = workdir / f"corpus-{BASELINE_ROWS}.txt"
+        if not sample.exists():
+            write_generated_corpus(sample, BASELINE_ROWS // GENERATED_GROUP_SIZE)
+        texts = [line.strip() for line in sample.read_text().splitlines() if line.strip()]
+        build_random_bert_dir(texts, model, max_seq_len=32, dropout=0.1, seed=0)
+    return corpus, model
+
+
+def run_once(
+    head: RayHead, trainers: RayWorkerNode, *, corpus: Path, model: Path, workers: int, workdir: Path
+) -> dict[str, Any]:
+    """One run until its first progress line: the driver's and each train worker's peak RSS and
+    the object store's peak (bytes)."""
+    run_dir = workdir / f"run-{corpus.stem}-w{workers}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    config = run_dir / "scale.yaml"
+    config.write_text(CONFIG)
+    overrides = [
+        f"ray.address={head.address}", f"data.path={corpus}", f"model.name_or_path={model}",
+        f"train.num_workers={workers}", f"run.storage_path={run_dir / 'storage'}",
+        f"run.name=scale-{corpus.stem}-w{workers}", f"run.output_dir={run_dir / 'runs'}",
+    ]  # fmt: skip
+    job = RunningJob(
+        run_dir, overrides, env=dict(head.env), config=str(config), holds=(f"train_step={HOLD_STEP}",)
+    )
+    node = psutil.Process(trainers.proc.pid)
+    driver = psutil.Process(job.proc.pid)
+    with ObjectStorePeak(head.address) as store:
+        try:
+            job.wait_held(
+                f"train_step={HOLD_STEP}",
+                f"step {HOLD_STEP} of the run on {corpus.name} with {workers} workers",
+                JOB_TIMEOUT_S,
+            )
+        except Exception as exc:
+            job.kill_all()
+            sys.exit(f"error: {exc}\n{job.output[-3000:]}")
+        worker_peaks = sorted(vm_hwm(p) for p in titled(node, "RayTrainWorker"))
+        driver_peak = vm_hwm(driver)
+    job.kill_all()
+    if len(worker_peaks) != workers:
+        sys.exit(f"error: found {len(worker_peaks)} train workers, expected {workers}")
+    return {"driver": driver_peak, "workers": worker_peaks, "store": store.peak}
+
+
+def table(rows: list[int], workers: list[int], results: dict[tuple[int, int], dict[str, Any]]) -> str:
+    lines = [
+        "| rows | W | driver peak MiB | driver B/row above the 10k run | worker peak MiB (max) | worker data MiB (max) | data vs W=1 | object store peak MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for size in [BASELINE_ROWS, *rows]:
+        for w in workers:
+            got, base = results[(size, w)], results[(BASELINE_ROWS, w)]
+            worker = max(got["workers"])
+            data = worker - max(base["workers"])
+            first = results[(size, workers[0])]
+            first_data = max(first["workers"]) - max(results[(BASELINE_ROWS, workers[0])]["workers"])
+            ratio = f"{data / first_data:.2f}" if size != BASELINE_ROWS and first_data > 0 else "-"
+            per_row = f"{(got['driver'] - base['driver']) / size:.0f}" if size != BASELINE_ROWS else "-"
+            lines.append(
+                f"| {size:,} | {w} | {got['driver'] / MIB:,.0f} | {per_row} | {worker / MIB:,.0f} | "
+                f"{data / MIB:,.0f} | {ratio} | {got['store'] / MIB:,.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = BENCH.parser(__doc__)
+    parser.add_argument("--rows", default="1000000,4000000", help="corpus sizes, comma-separated")
+    parser.add_argument(
+        "--workers",
+        default="1,2,4",
+        help="train worker counts, comma-separated; the first is the ratios' base",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the generated corpora here (default: a temporary folder)",
+    )
+    args = parser.parse_args(argv)  # not BENCH.parse: its integer checks read --rows and --workers as counts
+    sizes = [int(r) for r in args.rows.split(",")]
+    workers = [int(w) for w in args.workers.split(",")]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scale-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[int, int], dict[str, Any]] = {}
+    head = RayHead(workdir / "cluster", num_cpus=2)
+    try:
+        trainers = RayWorkerNode(head, "trainers", num_cpus=TRAINER_CPUS, labels={"role": "trainer"})
+        try:
+            for size in [BASELINE_ROWS, *sizes]:
+                corpus, model = prepare(workdir, size)
+                for w in workers:
+                    started = time.perf_counter()
+                    results[(size, w)] = run_once(
+                        head, trainers, corpus=corpus, model=model, workers=w, workdir=workdir
+                    )
+                    print(
+                        f"[scale] {size:,} rows, W={w}: {time.perf_counter() - started:.0f}s {results[(size, w)]}",
+                        flush=True,
+                    )
+        finally:
+            trainers.stop()
+    finally:
+        head.stop()
+    body = table(sizes, workers, results)
+    print(body)
+    if args.append:
+        BENCH.append(
+            "memory against rows and workers", machine_report("ray", "torch"), body, args.append, argv
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
