@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.data.triplets import Triplets
 
@@ -72,23 +73,28 @@ class TokenizedBlocks:
         table = pa.concat_tables(tables)
         return table.set_column(1, "input_ids", large_tokens(table.column("input_ids"))).combine_chunks()
 
-    def take(self, positions: np.ndarray) -> pa.Table:
-        """``(input_ids)`` of the sorted, distinct ``positions``, in their order.
+    def take_refs(self, positions: np.ndarray) -> list[Any]:
+        """Object refs of ``(input_ids)`` tables of the sorted, distinct ``positions``: one per
+        block that holds any of them, in position order.
 
-        One task per block that holds any of them takes its rows where the block is (Ray
-        places a task beside its largest argument), so only these rows cross the network.
-        The tasks reserve no CPU: the train workers that ask hold the CPUs, and a take is a
-        copy of rows, not compute."""
+        Each is a task that takes its rows where the block is (Ray places a task beside its
+        largest argument), so only these rows cross the network. The tasks reserve no CPU: the
+        train workers that ask hold the CPUs, and a take is a copy of rows, not compute."""
         import ray
 
         starts = self.starts
         bounds = np.searchsorted(positions, starts)
         take = ray.remote(num_cpus=0)(_take_rows)
-        parts = [
+        return [
             take.remote(self.refs[k], positions[bounds[k] : bounds[k + 1]] - starts[k])
             for k in np.flatnonzero(np.diff(bounds))
         ]
-        tables = ray.get(parts)
+
+    def take(self, positions: np.ndarray) -> pa.Table:
+        """``(input_ids)`` of the sorted, distinct ``positions``, in their order, as one table."""
+        import ray
+
+        tables = ray.get(self.take_refs(positions))
         if not tables:
             return pa.table({"input_ids": pa.array([], pa.large_list(pa.int32()))})
         return pa.concat_tables(tables)
@@ -103,19 +109,37 @@ class TokenizedCorpus:
 
     def __init__(self, table: pa.Table, pad_token_id: int):
         tokens = large_tokens(table.column("input_ids"))
-        self.ids = table.column("id").to_numpy() if "id" in table.column_names else np.arange(table.num_rows)
-        self.offsets = tokens.offsets.to_numpy()
-        self.values = tokens.values.to_numpy()
-        self.lengths = np.diff(self.offsets)
+        ids = table.column("id").to_numpy() if "id" in table.column_names else None
+        self._init(tokens.offsets.to_numpy(), tokens.values.to_numpy(), pad_token_id, ids)
+
+    @classmethod
+    def of_arrays(cls, offsets: np.ndarray, values: np.ndarray, pad_token_id: int) -> TokenizedCorpus:
+        """The corpus whose row ``i`` is ``values[offsets[i]:offsets[i + 1]]`` (no ids: rows
+        are known by position)."""
+        corpus = cls.__new__(cls)
+        corpus._init(offsets, values, pad_token_id, None)
+        return corpus
+
+    def _init(
+        self, offsets: np.ndarray, values: np.ndarray, pad_token_id: int, ids: np.ndarray | None
+    ) -> None:
+        self.offsets, self.values = offsets, values
+        self.lengths = np.diff(offsets).astype(np.int32)
         self.pad_token_id = pad_token_id
+        self._ids = ids
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Each row's id (its position where the table had none)."""
+        return self._ids if self._ids is not None else np.arange(len(self.lengths))
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.lengths)
 
     @property
     def num_texts(self) -> int:
         """Texts in the corpus (every position this corpus answers for)."""
-        return len(self.ids)
+        return len(self.lengths)
 
     def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(input_ids, attention_mask)`` of shape ``(len(rows), longest)``, right-padded."""
@@ -138,9 +162,11 @@ class CorpusShare:
         pad_token_id: the tokenizer's padding id.
     """
 
-    def __init__(self, blocks: TokenizedBlocks, pad_token_id: int):
+    def __init__(self, blocks: TokenizedBlocks, pad_token_id: int, text_lengths: np.ndarray):
         self.blocks = blocks
         self.pad_token_id = pad_token_id
+        self.text_lengths = text_lengths
+        """``(num_texts,)`` tokens per corpus position (``blocks.lengths_ref``'s array)."""
         self.num_texts = blocks.num_rows
         """Texts in the whole corpus (positions run from 0 to this)."""
         self.positions = np.empty(0, dtype=np.int64)
@@ -153,12 +179,32 @@ class CorpusShare:
 
     def hold(self, positions: np.ndarray) -> None:
         """Hold exactly the rows at ``positions`` (any order, repeats allowed), fetching them
-        unless they are the ones held already."""
+        unless they are the ones held already.
+
+        The rows go straight into one array, a block's part at a time: the worker's peak is its
+        share and one part, not the parts and their copy."""
+        import ray
+
         wanted = np.unique(np.asarray(positions, dtype=np.int64))
         if self._rows is not None and np.array_equal(wanted, self.positions):
             return
         self._rows = None  # the old share goes before the new one arrives
-        self._rows = TokenizedCorpus(self.blocks.take(wanted), self.pad_token_id)
+        offsets = np.zeros(len(wanted) + 1, dtype=np.int64)
+        np.cumsum(self.text_lengths[wanted], out=offsets[1:])
+        values = np.empty(int(offsets[-1]), dtype=np.int32)
+        filled = 0
+        for ref in self.blocks.take_refs(wanted):
+            part = ray.get(ref).column("input_ids")
+            for chunk in part.chunks:
+                flat = pc.list_flatten(chunk).to_numpy()
+                values[filled : filled + len(flat)] = flat
+                filled += len(flat)
+            del part  # its object-store pages are let go before the next part maps in
+        if filled != len(values):
+            raise RuntimeError(
+                f"the corpus' blocks hold {filled} tokens for these rows, their lengths say {len(values)}"
+            )
+        self._rows = TokenizedCorpus.of_arrays(offsets, values, self.pad_token_id)
         self.positions = wanted
 
     def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -86,7 +86,7 @@ def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
     return WorkerInputs(
         model_dir=model_dir,
         tokenizer=tokenizer,
-        corpus=CorpusShare(loop_config.corpus, tokenizer.pad_token_id),
+        corpus=CorpusShare(loop_config.corpus, tokenizer.pad_token_id, text_lengths),
         text_lengths=text_lengths,
         triplets=triplets,
         lengths=row_lengths(text_lengths, triplets),

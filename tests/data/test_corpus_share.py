@@ -62,12 +62,14 @@ def test_take_gives_the_rows_of_any_positions_across_blocks(sorted_blocks):
 
 
 def test_a_share_pads_batches_as_the_whole_corpus_does_and_holds_only_its_rows(sorted_blocks, tiny_model_dir):
+    import ray
+
     blocks, _, tokenizer = sorted_blocks
     whole = TokenizedCorpus(blocks.table(), tokenizer.pad_token_id)
     plan = random_plan(blocks.num_rows, 16, seed=4)
     held = []
     for rank in range(3):
-        share = CorpusShare(blocks, tokenizer.pad_token_id)
+        share = CorpusShare(blocks, tokenizer.pad_token_id, ray.get(blocks.lengths_ref))
         share.hold(texts_of_rank(plan, world=3, rank=rank))
         held.append(share.positions)
         batch = GlobalBatch.of_plan(plan, 5, world=3, rank=rank)
