@@ -48,7 +48,7 @@ def random_plan(
         The plan; its batch sizes are the same with and without grouping.
     """
     rng = np.random.default_rng(seed)
-    rows = rng.permutation(num_rows).astype(np.int64)
+    rows = rng.permutation(num_rows).astype(np.int64, copy=False)  # int64 already: no second copy
     sizes = balanced_batch_sizes(num_rows, batch_size)
     if lengths is None or group_batches < 2:
         if false_negatives is None:

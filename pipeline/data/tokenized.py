@@ -44,7 +44,7 @@ class TokenizedBlocks:
     range holds it, so any set of positions is found from the blocks' sizes alone.
 
     The driver never gathers the blocks: a train worker takes the rows it trains on
-    (:meth:`take`, into a :class:`CorpusShare`), the miner the whole table (:meth:`table`)."""
+    (:meth:`take_refs`, into a :class:`CorpusShare`), the miner the whole table (:meth:`table`)."""
 
     refs: list[Any]
     rows: tuple[int, ...]

@@ -115,3 +115,24 @@ def test_token_offsets_are_64_bit():
     assert tokens.type == pa.large_list(pa.int32()) and tokens.to_pylist() == [[1, 2], [3], [4, 5, 6]]
     corpus = TokenizedCorpus(pa.table({"input_ids": chunks}), pad_token_id=0)
     assert corpus.offsets.dtype == np.int64 and corpus.lengths.tolist() == [2, 1, 3]
+
+
+def test_a_share_fetches_again_only_when_its_rows_change(sorted_blocks, monkeypatch):
+    import ray
+
+    blocks, _, tokenizer = sorted_blocks
+    share = CorpusShare(blocks, tokenizer.pad_token_id, ray.get(blocks.lengths_ref))
+    asked = []
+    take_refs = blocks.take_refs
+    monkeypatch.setattr(
+        type(blocks),
+        "take_refs",
+        lambda self, positions: asked.append(len(positions)) or take_refs(positions),
+    )
+    share.hold(np.array([9, 3, 3, 40]))
+    share.hold(np.array([40, 9, 3]))  # the same rows: nothing fetched
+    assert asked == [3] and share.positions.tolist() == [3, 9, 40]
+    share.hold(np.array([1, 2]))  # an epoch's new rows replace the old ones
+    assert asked == [3, 2] and len(share) == 2
+    with pytest.raises(KeyError):
+        share.batch(np.array([9]))
