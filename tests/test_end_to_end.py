@@ -13,8 +13,10 @@ from conftest import REPO, assert_no_alarming_lines, hold_and_kill, run_script_i
 from mlflow.tracking import MlflowClient
 
 from bench.common import set_flags
+from pipeline.config.loading import load_config
 from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
+from pipeline.training.plan_source import read_negatives, whole_plan
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +107,9 @@ def test_model_folder_and_jsonl_corpus(
     assert [run.data.tags[f"plan.sampler.epoch_{e}"] for e in (1, 2)] == ["random", "knn"]
     state, _ = load_checkpoint(max((p for p in (tmp_path / "runs/folder").glob("checkpoint_*") if p.is_dir()),
                                    key=lambda p: p.stat().st_mtime))  # fmt: skip
-    assert state.plan.sampler == "knn" and sorted(state.plan.rows.tolist()) == list(range(len(texts)))
+    # The checkpoint keeps where the plan comes from: the knn plan the miner returned, in the run's storage.
+    plan, _ = whole_plan(state.source, load_config(None), None, None)
+    assert plan.sampler == "knn" and sorted(plan.rows.tolist()) == list(range(len(texts)))
     (refreshed,) = read_refresh_table(_client(tmp_path), run.info.run_id)
     assert 0 <= refreshed["false_negative_pairs_in_batches"] <= refreshed["false_negatives_flagged"]
     # Epoch 1 trained on length-grouped batches: the plan an independent tokenization gives.
@@ -226,8 +230,9 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
     folders = [p for p in (tmp_path / "runs/sup").glob("checkpoint_*") if p.is_dir()]
     newest = max(folders, key=lambda p: p.stat().st_mtime)
     state, _ = load_checkpoint(newest)
-    assert state.plan.version == 2 and state.negatives.shape == (len(rows), 3)  # 2 mined, 1 random
-    assert (state.negatives[:, :2] >= 0).mean() > 0.5 and (state.negatives[:, 2] >= 0).all()
+    negatives = read_negatives(state.source)
+    assert state.source.version == 2 and negatives.shape == (len(rows), 3)  # 2 mined, 1 random
+    assert (negatives[:, :2] >= 0).mean() > 0.5 and (negatives[:, 2] >= 0).all()
     table = read_refresh_table(client, run_id)
     assert table[0]["random_negatives"] == len(rows)
     assert [(row["step"], row["plan_version"]) for row in table] == [(0, 1.0), (steps_per_epoch, 2.0)]

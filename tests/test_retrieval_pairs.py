@@ -25,10 +25,13 @@ from conftest import (
 from mlflow.tracking import MlflowClient
 
 from bench.common import set_flags
+from pipeline.config.loading import load_config
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV
+from pipeline.data.pairs import index_pairs, load_pairs
 from pipeline.data.triplets import index_triplets
 from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
+from pipeline.training.plan_source import read_negatives, whole_plan
 
 pytestmark = pytest.mark.slow
 
@@ -191,7 +194,8 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     assert [row["step"] for row in read_refresh_table(client, run_id)] == [0]  # mined once
     folders = [p for p in (tmp_path / "runs/static").glob("checkpoint_*") if p.is_dir()]
     state, _ = load_checkpoint(max(folders, key=lambda p: p.stat().st_mtime))
-    assert state.plan.version == 1 and state.negatives.shape == (2 * TRAIN_GROUPS, 1)
+    negatives = read_negatives(state.source)  # the checkpoint names the mined column in the run's storage
+    assert state.source.version == 1 and negatives.shape == (2 * TRAIN_GROUPS, 1)
 
     # jobs/mine.py with the same config, model and pool: the negatives of the training job's
     # mining before epoch 1 (the negatives column above), row for row.
@@ -218,7 +222,7 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     pairs = [(a, b) for a, b, label in lines if label == "1"]
     trained = {
         pair: texts[negative]
-        for pair, negative in zip(pairs, state.negatives[:, 0].tolist(), strict=True)
+        for pair, negative in zip(pairs, negatives[:, 0].tolist(), strict=True)
         if negative >= 0
     }
     shared = set(offline) & set(trained)
@@ -229,8 +233,13 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     _assert_the_mining_run_is_reviewable(client, mined.stdout, mined_rows, len(lines), tmp_path)
     # No-duplicates batches: the two rows of each headline never share a batch (a random cut
     # of 240 rows into batches of 16 puts about 7 headlines' rows together).
+    # The plan is its seed: made again here from the run's resolved config and rows, as every
+    # rank's planner task makes it (random batches: the tokens per text do not matter).
+    resolved = load_config(tmp_path / "runs/static/resolved_config.yaml")
+    distinct, triplets = index_pairs(load_pairs(resolved.data))
+    plan, _ = whole_plan(state.source, resolved, np.ones(len(distinct), dtype=np.int32), triplets)
     anchors = np.array([a for a, _ in pairs])
-    assert all(len(set(anchors[batch].tolist())) == len(batch) for batch in state.plan.batches())
+    assert all(len(set(anchors[batch].tolist())) == len(batch) for batch in plan.batches())
     # Rows with hard negatives train on random batches, not length-grouped ones (the unset
     # switch resolved as the run's param says).
     assert run.data.params["train.group_by_length"] == "False"

@@ -14,6 +14,7 @@ after each refresh of a corpus the miner plans the next epoch with the sampler
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, replace
 
@@ -63,6 +64,36 @@ class BatchPlan:
         """:meth:`fingerprint` as 12 hex digits, as the run's ``plan.fingerprint.epoch_N`` tags hold it."""
         return f"{self.fingerprint(negatives):012x}"
 
+    def share(
+        self,
+        *,
+        world: int,
+        rank: int,
+        negatives: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+    ) -> PlanShare:
+        """Rank ``rank`` of ``world``'s part of this plan (:class:`PlanShare`): its slice of each
+        batch (:func:`worker_slices`), with the rows' ``negatives`` beside them, the whole plan's
+        fingerprint and (given ``lengths``, as :func:`padding_share` takes them) its padding share."""
+        sizes = np.asarray(self.sizes, dtype=np.int64)
+        count = rank_counts(sizes, world, rank)
+        base, extra = np.divmod(sizes, world)
+        first = np.cumsum(sizes) - sizes + base * rank + np.minimum(rank, extra)
+        # Row i of the share is the (i - its batch's offset)-th row after its batch's first.
+        offset = np.cumsum(count) - count
+        rows = self.rows[np.repeat(first, count) + np.arange(int(count.sum())) - np.repeat(offset, count)]
+        return PlanShare(
+            version=self.version,
+            sizes=sizes,
+            world=world,
+            rank=rank,
+            rows=rows,
+            negatives=np.asarray(negatives)[rows] if negatives is not None else None,
+            sampler=self.sampler,
+            fingerprint=self.hex_fingerprint(negatives),
+            padding=padding_share(self, lengths, world) if lengths is not None else 0.0,
+        )
+
     def to_dict(self) -> dict:
         return {
             "version": self.version,
@@ -81,6 +112,47 @@ class BatchPlan:
         )
 
 
+@dataclass
+class PlanShare:
+    """One rank's part of an epoch's :class:`BatchPlan`: the rows it trains on, batch after
+    batch, with their mined negatives beside them (pairs), and what it needs to know of the
+    whole plan: the global batch sizes, the fingerprint and the padding share. A rank never
+    holds the whole plan; :meth:`BatchPlan.share` cuts this out of it where it is made."""
+
+    version: int
+    sizes: np.ndarray
+    """``(num_batches,)`` rows of each global batch."""
+    world: int
+    rank: int
+    rows: np.ndarray
+    """This rank's rows: its slice (:func:`worker_slices`) of batch 0, then of batch 1, ..."""
+    negatives: np.ndarray | None = None
+    """``(len(rows), m)`` the rows' mined negatives (-1: none), beside them; None: none mined."""
+    sampler: str = "random"
+    fingerprint: str = ""
+    """The whole plan's :meth:`BatchPlan.hex_fingerprint` with the whole negatives column."""
+    padding: float = 0.0
+    """The whole plan's :func:`padding_share` at ``world`` workers."""
+    texts: np.ndarray | None = None
+    """Sorted, distinct positions of every text the rows encode (for pairs: anchors, positives
+    and negatives), what the rank fetches for the epoch; None: the rows themselves."""
+    text_lengths: np.ndarray | None = None
+    """Tokens of each of :attr:`texts` (or of the rows, sorted)."""
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.sizes)
+
+    @functools.cached_property
+    def _bounds(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(rank_counts(self.sizes, self.world, self.rank))])
+
+    def local(self, index: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """This rank's rows of batch ``index`` and their negatives (None: none mined)."""
+        lo, hi = self._bounds[index], self._bounds[index + 1]
+        return self.rows[lo:hi], self.negatives[lo:hi] if self.negatives is not None else None
+
+
 def balanced_batch_sizes(num_rows: int, batch_size: int) -> np.ndarray:
     """``ceil(n / batch_size)`` batch sizes that sum to n and differ by at most one."""
     if num_rows < batch_size:
@@ -95,6 +167,12 @@ def worker_slices(batch_len: int, world_size: int) -> list[int]:
     """Rows of one global batch held by each rank (contiguous, rank 0 first)."""
     base, extra = divmod(batch_len, world_size)
     return [base + (1 if r < extra else 0) for r in range(world_size)]
+
+
+def rank_counts(sizes: np.ndarray, world: int, rank: int) -> np.ndarray:
+    """Rows rank ``rank`` holds of each global batch of ``sizes`` (:func:`worker_slices`, vectorised)."""
+    base, extra = np.divmod(np.asarray(sizes, dtype=np.int64), world)
+    return base + (rank < extra)
 
 
 def padding_share(plan: BatchPlan, lengths: np.ndarray, world_size: int = 1) -> float:

@@ -162,11 +162,9 @@ class CorpusShare:
         pad_token_id: the tokenizer's padding id.
     """
 
-    def __init__(self, blocks: TokenizedBlocks, pad_token_id: int, text_lengths: np.ndarray):
+    def __init__(self, blocks: TokenizedBlocks, pad_token_id: int):
         self.blocks = blocks
         self.pad_token_id = pad_token_id
-        self.text_lengths = text_lengths
-        """``(num_texts,)`` tokens per corpus position (``blocks.lengths_ref``'s array)."""
         self.num_texts = blocks.num_rows
         """Texts in the whole corpus (positions run from 0 to this)."""
         self.positions = np.empty(0, dtype=np.int64)
@@ -177,20 +175,20 @@ class CorpusShare:
         """Rows held now."""
         return len(self.positions)
 
-    def hold(self, positions: np.ndarray) -> None:
-        """Hold exactly the rows at ``positions`` (any order, repeats allowed), fetching them
-        unless they are the ones held already.
+    def hold(self, positions: np.ndarray, lengths: np.ndarray) -> None:
+        """Hold exactly the rows at the sorted, distinct ``positions``, of ``lengths`` tokens
+        each, fetching them unless they are the ones held already.
 
         The rows go straight into one array, a block's part at a time: the worker's peak is its
         share and one part, not the parts and their copy."""
         import ray
 
-        wanted = np.unique(np.asarray(positions, dtype=np.int64))
+        wanted = np.asarray(positions, dtype=np.int64)
         if self._rows is not None and np.array_equal(wanted, self.positions):
             return
         self._rows = None  # the old share goes before the new one arrives
         offsets = np.zeros(len(wanted) + 1, dtype=np.int64)
-        np.cumsum(self.text_lengths[wanted], out=offsets[1:])
+        np.cumsum(lengths, out=offsets[1:])
         values = np.empty(int(offsets[-1]), dtype=np.int32)
         filled = 0
         for ref in self.blocks.take_refs(wanted):

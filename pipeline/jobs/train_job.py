@@ -405,6 +405,7 @@ def fit(
         tracking_uri=tracked.tracking_uri,
         run_id=tracked.run_id,
         tracking_relay=relay,
+        mined_dir=f"{storage_root}/{cfg.run.name}/mined",
         driver_node_id=ray.get_runtime_context().get_node_id(),
     )
     echo(

@@ -4,7 +4,7 @@ A checkpoint folder::
 
     model/            the encoder as a Hugging Face + sentence-transformers folder
     best_model/       the best evaluated model so far, when it is not ``model/`` itself
-    train_state.pt    step, position in the epoch, plan, optimizer, scheduler, every
+    train_state.pt    step, position in the epoch, the plan's source, optimizer, scheduler, every
                       rank's RNG states, histories (read with ``weights_only=True``)
     manifest.json     written last: every file's size
 

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
-from pipeline.batching.plan import BatchPlan, worker_slices
-from pipeline.data.triplets import Triplets
+from pipeline.batching.plan import BatchPlan, PlanShare, worker_slices
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,8 @@ class GlobalBatch:
     rank: int
     """This worker's rank: it trains on slice ``rank`` of ``rows``."""
     mined: np.ndarray | None = None
-    """Pairs task: the rows' ``(num_rows, num_negatives)`` mined-negatives column (-1 where
-    none), or None before the first mining; unused otherwise."""
+    """Pairs task: ``(sum(sizes), num_negatives)`` the mined negatives of :attr:`rows`, row by
+    row (-1 where none), or None before the first mining; unused otherwise."""
 
     @classmethod
     def of_plan(
@@ -40,7 +41,22 @@ class GlobalBatch:
         """Batch ``batch_index`` of ``plan`` as rank ``rank`` of ``world`` trains it, with the
         rows' ``negatives`` column."""
         rows = plan.batch(batch_index)
-        return cls(rows, worker_slices(len(rows), world), rank, negatives)
+        return cls(
+            rows, worker_slices(len(rows), world), rank, negatives[rows] if negatives is not None else None
+        )
+
+    @classmethod
+    def of_share(cls, share: PlanShare, batch_index: int, device: torch.device) -> GlobalBatch:
+        """Batch ``batch_index`` as this rank trains it, from its :class:`PlanShare`: its own
+        rows and their negatives, and every other rank's, all-gathered (a few integers a row:
+        no rank holds the whole plan)."""
+        rows, negatives = share.local(batch_index)
+        sizes = worker_slices(int(share.sizes[batch_index]), share.world)
+        if share.world == 1:
+            return cls(rows, sizes, share.rank, negatives)
+        local = rows[:, None] if negatives is None else np.concatenate([rows[:, None], negatives], axis=1)
+        every = gather_rows(local, sizes, device)
+        return cls(every[:, 0].copy(), sizes, share.rank, every[:, 1:] if negatives is not None else None)
 
     @property
     def local_rows(self) -> np.ndarray:
@@ -48,37 +64,21 @@ class GlobalBatch:
         lo = sum(self.sizes[: self.rank])
         return self.rows[lo : lo + self.sizes[self.rank]]
 
-
-def rows_of_rank(plan: BatchPlan, *, world: int, rank: int) -> np.ndarray:
-    """Every row rank ``rank`` of ``world`` trains on in ``plan``'s epoch, batch after batch:
-    its slice (:func:`~pipeline.batching.plan.worker_slices`) of each global batch, as
-    :meth:`GlobalBatch.local_rows` gives them one step at a time."""
-    sizes = np.asarray(plan.sizes, dtype=np.int64)
-    base, extra = np.divmod(sizes, world)
-    first = np.cumsum(sizes) - sizes + base * rank + np.minimum(rank, extra)
-    count = base + (rank < extra)
-    # Row i of the rank's share is the (i - its batch's offset)-th row after its batch's first.
-    offset = np.cumsum(count) - count
-    within = np.arange(int(count.sum())) - np.repeat(offset, count)
-    return plan.rows[np.repeat(first, count) + within]
+    @property
+    def local_mined(self) -> np.ndarray | None:
+        """The mined negatives of :attr:`local_rows` (None: none mined)."""
+        if self.mined is None:
+            return None
+        lo = sum(self.sizes[: self.rank])
+        return self.mined[lo : lo + self.sizes[self.rank]]
 
 
-def texts_of_rank(
-    plan: BatchPlan,
-    *,
-    world: int,
-    rank: int,
-    triplets: Triplets | None = None,
-    negatives: np.ndarray | None = None,
-) -> np.ndarray:
-    """Corpus positions of every text rank ``rank`` encodes in ``plan``'s epoch (repeats
-    included): its rows' sentences, or for triplet rows their anchors, positives, given
-    negatives and mined ``negatives`` (the rows' column, -1 where none)."""
-    rows = rows_of_rank(plan, world=world, rank=rank)
-    if triplets is None:
-        return rows
-    parts = [triplets.anchor[rows], triplets.positive[rows], triplets.negative[rows]]
-    if negatives is not None:
-        parts.append(np.asarray(negatives)[rows].reshape(-1))
-    texts = np.concatenate(parts)
-    return texts[texts >= 0]
+def gather_rows(local: np.ndarray, sizes: list[int], device: torch.device) -> np.ndarray:
+    """Every rank's ``(sizes[r], c)`` int64 ``local`` rows, rank order, on every rank (padded
+    to the largest slice for the all-gather, on ``device`` as the process group needs)."""
+    width = max(sizes)
+    padded = torch.full((width, local.shape[1]), -1, dtype=torch.int64, device=device)
+    padded[: len(local)] = torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)).to(device)
+    gathered = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(gathered, padded)
+    return np.concatenate([part[:size].cpu().numpy() for part, size in zip(gathered, sizes, strict=True)])

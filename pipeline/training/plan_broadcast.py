@@ -1,14 +1,13 @@
-"""Rank 0's next plan and negatives column, sent to every rank."""
+"""Where rank 0's next plan comes from, sent to every rank (a few numbers and URIs, never the plan)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-import numpy as np
 import torch.distributed as dist
 
-from pipeline.batching.plan import BatchPlan
+from pipeline.training.plan_source import PlanSource
 from pipeline.training.refresh_policy import Boundary
 
 
@@ -21,22 +20,17 @@ def from_rank0(value: Any) -> Any:
     return payload[0]
 
 
-def broadcast_plan(
-    chosen: tuple[BatchPlan, np.ndarray | None, Boundary] | None, start: float
-) -> tuple[BatchPlan, np.ndarray | None, Boundary]:
-    """Every rank's copy of rank 0's next plan, negatives column and boundary.
+def broadcast_plan(chosen: tuple[PlanSource, Boundary] | None, start: float) -> tuple[PlanSource, Boundary]:
+    """Every rank's copy of rank 0's next plan source and boundary.
 
     Args:
-        chosen: rank 0's plan, the rows' negatives column (None: none) and boundary; None on
-            the other ranks.
+        chosen: rank 0's :class:`PlanSource` and boundary; None on the other ranks.
         start: when this rank began the boundary (``time.perf_counter()``).
 
     Returns:
-        Rank 0's plan, negatives and boundary, with ``wait_seconds`` this rank's own wait since
+        Rank 0's source and boundary, with ``wait_seconds`` this rank's own wait since
         ``start``. Without a multi-process group (one worker) this is rank 0's own.
     """
-    plan_dict, negatives, boundary = from_rank0(
-        None if chosen is None else (chosen[0].to_dict(), chosen[1], chosen[2])
-    )
+    source, boundary = from_rank0(chosen)
     boundary.wait_seconds = time.perf_counter() - start
-    return BatchPlan.from_dict(plan_dict), negatives, boundary
+    return source, boundary

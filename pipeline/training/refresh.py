@@ -18,24 +18,22 @@ from typing import Any
 import numpy as np
 import ray
 
-from pipeline.batching.false_negative_graph import FalseNegativeGraph
-from pipeline.batching.plan import BatchPlan
-from pipeline.batching.samplers import random_plan
+from pipeline.batching.plan import PlanShare
 from pipeline.config.schema import Config
-from pipeline.config.train_section import LENGTH_GROUP_BATCHES
 from pipeline.core.errors import UnrecoverableError, first_line
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.plan_broadcast import broadcast_plan
+from pipeline.training.plan_source import PlanInputs, PlanSource, share_of, write_mined
 from pipeline.training.refresh_policy import Boundary, BoundaryAction, RefreshPolicy, RefreshSettings
 from pipeline.training.state import TrainState
 
-__all__ = ["Adopted", "Boundary", "PlanRefresher", "random_batches"]
+__all__ = ["Adopted", "Boundary", "PlanRefresher"]
 
-Adopted = tuple[BatchPlan, "np.ndarray | None", Boundary]
-"""What a boundary hands every rank: the next plan (the order of the rows), the rows'
-negatives column it trains with (pairs; None for a corpus), and what the boundary did."""
+Adopted = tuple[PlanSource, PlanShare, Boundary]
+"""What a boundary hands every rank: where the next plan comes from (the same on every rank),
+this rank's share of it (its rows, with their negatives beside them), and what the boundary did."""
 
 
 class PlanRefresher:
@@ -55,37 +53,38 @@ class PlanRefresher:
     Args:
         cfg: the run's config.
         rank: this worker's rank; rank 0 talks to the miner.
-        lengths: tokens per training row (:func:`pipeline.data.tokenized.row_lengths`).
-        same_text_rows: pairs: each row's rows sharing one of its texts, never in its batch
-            (:func:`~pipeline.batching.same_text.rows_sharing_a_text`); None: none.
-        given_negatives: pairs: whether any row carries a given negative (whether random
-            batches are length-grouped by default: :meth:`Config.groups_by_length`).
+        world: the number of workers.
+        inputs: what every plan is made from (each rank's share is made by a Ray task:
+            :func:`~pipeline.training.plan_source.share_of`).
         client: the connection to the miner actor (built on every rank, used by rank 0), or
             None when no miner runs: then every boundary reshuffles.
+        mined_dir: where rank 0 writes what each refresh mined (the run's storage, which
+            every node reads); None only without a miner.
     """
 
     def __init__(
         self,
         cfg: Config,
         rank: int,
-        lengths: np.ndarray,
-        same_text_rows: FalseNegativeGraph | None,
+        world: int,
+        inputs: PlanInputs,
         client: MinerClient | None,
-        *,
-        given_negatives: bool,
+        mined_dir: str | None = None,
     ):
         self.cfg = cfg
-        self.rank = rank
-        self.lengths = lengths
-        """Tokens per training row, one entry per row."""
-        self.same_text_rows = same_text_rows
-        self.given_negatives = given_negatives
+        self.rank, self.world = rank, world
+        self.inputs = inputs
+        self.mined_dir = mined_dir
         settings = RefreshSettings.from_config(cfg)
         if client is None:
             settings = dataclasses.replace(settings, enabled=False)  # no actor: nothing to ask
         self.policy = RefreshPolicy(settings, rank)
         self.client = client
         self._scripted = scripted_boundaries(os.environ.get(ASYNC_BOUNDARIES_ENV))
+
+    def share(self, source: PlanSource) -> PlanShare:
+        """This rank's share of the plan ``source`` names."""
+        return share_of(source, self.inputs, world=self.world, rank=self.rank)
 
     @property
     def waits(self) -> bool:
@@ -115,16 +114,18 @@ class PlanRefresher:
         for in every ``mining.refresh`` mode (the static negatives sentence-transformers'
         ``mine_hard_negatives`` gives, and the baseline every refresh improves on), beside epoch
         1's rows in their order. The same on every rank."""
-        assert state.plan is not None and self.client is not None
+        assert state.source is not None and self.client is not None
         start = time.perf_counter()
         chosen = None
         if self.rank == 0:
-            version = state.plan.version + 1
+            version = state.source.version + 1
             ref = self.client.submit(model, version, state.step)
             report = self.client.wait(ref, model, version, state.step)
             boundary = Boundary(refresh_seconds=float(report.metrics["mining/total_s"]))
-            chosen = (dataclasses.replace(state.plan, version=version), report.negatives, boundary)
-        return broadcast_plan(chosen, start)
+            negatives = self._written(version, negatives=report.negatives)
+            chosen = (dataclasses.replace(state.source, version=version, negatives=negatives), boundary)
+        source, boundary = broadcast_plan(chosen, start)
+        return source, self.share(source), boundary
 
     def _submit(self, epoch: int, model: SentenceEncoder, version: int, step: int) -> None:
         assert self.client is not None  # the policy submits only when there is a miner
@@ -132,7 +133,7 @@ class PlanRefresher:
         self.policy.submitted(epoch, ref, step, time.perf_counter())
 
     def after_step(
-        self, epoch: int, steps_done: int, plan: BatchPlan, step: int, model: SentenceEncoder
+        self, epoch: int, steps_done: int, plan: PlanShare, step: int, model: SentenceEncoder
     ) -> None:
         """Submit the refresh once the policy's lead of steps remain in the epoch (at once
         when a run resumes past that point: a lost refresh is not waited for).
@@ -146,13 +147,15 @@ class PlanRefresher:
         """The plan for the epoch after ``epoch``, the rows' negatives column it trains with and
         what its boundary did, the same on every rank (``state.plan``: the finished epoch's
         plan; ``state.step``: the step now)."""
-        assert state.plan is not None
+        assert state.source is not None
         if not self.asks_miner(epoch):
-            # No refresh: a reshuffled plan, computed identically on every rank, no communication.
-            return self._reshuffled(state.plan, epoch), state.negatives, Boundary()
+            # No refresh: a reshuffled plan, named identically on every rank, no communication.
+            source = self._reshuffled(state.source, epoch)
+            return source, self.share(source), Boundary()
         start = time.perf_counter()
         chosen = self._choose_plan(epoch, state, model) if self.rank == 0 else None
-        return broadcast_plan(chosen, start)
+        source, boundary = broadcast_plan(chosen, start)
+        return source, self.share(source), boundary
 
     def drop_pending(self, version: int) -> None:
         """Rank 0, when the run ends with a refresh under way (``eval.patience`` stopped it
@@ -169,10 +172,12 @@ class PlanRefresher:
             print(f"[mining] the dropped refresh did not finish: {first_line(exc)}", flush=True)
         self.policy.pending = None
 
-    def _choose_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> Adopted:
-        """Rank 0: what the miner returned if the policy adopts it now, else the current plan
-        reshuffled with the current negatives."""
-        current, step = state.plan, state.step
+    def _choose_plan(
+        self, epoch: int, state: TrainState, model: SentenceEncoder
+    ) -> tuple[PlanSource, Boundary]:
+        """Rank 0: where the next plan comes from: what the miner returned if the policy
+        adopts it now, else the current plan reshuffled with the current negatives."""
+        current, step = state.source, state.step
         assert current is not None
         assert self.client is not None  # the policy asks only when there is a miner
         version = current.version + 1
@@ -190,7 +195,7 @@ class PlanRefresher:
                 self._submit(epoch, model, version, step)
         if report is None:
             late = action in (BoundaryAction.LATE, BoundaryAction.ADOPT)
-            return self._reshuffled(current, epoch), state.negatives, Boundary(late=late)
+            return self._reshuffled(current, epoch), Boundary(late=late)
         churn = report.metrics.get("mining/churn")
         boundary = Boundary(
             refresh_seconds=float(report.metrics["mining/total_s"]),
@@ -199,12 +204,20 @@ class PlanRefresher:
         )
         if report.negatives is not None:
             # Pairs: the new negatives travel beside the rows, which go into fresh random batches.
-            return (
-                dataclasses.replace(self._reshuffled(current, epoch), version=version),
-                report.negatives,
-                boundary,
-            )
-        return dataclasses.replace(report.plan, version=version), None, boundary
+            reshuffled = self._reshuffled(current, epoch)
+            return dataclasses.replace(
+                reshuffled, version=version, negatives=self._written(version, negatives=report.negatives)
+            ), boundary
+        assert report.plan is not None
+        return PlanSource(version, mined_plan=self._written(version, plan=report.plan)), boundary
+
+    def _written(self, version: int, *, plan: Any = None, negatives: np.ndarray | None = None) -> str | None:
+        """Rank 0: the URI of what refresh ``version`` mined, written to :attr:`mined_dir` (None: nothing)."""
+        if plan is None and negatives is None:
+            return None
+        assert self.mined_dir is not None
+        name = f"v{version}-plan.npz" if plan is not None else f"v{version}-negatives.npy"
+        return write_mined(self.mined_dir, name, plan=plan, negatives=negatives)
 
     def _finished_predicate(self) -> Callable[[Any], bool]:
         """Whether a pending refresh counts as finished at this boundary: by the clock, or as
@@ -222,58 +235,28 @@ class PlanRefresher:
 
         return finished
 
-    def _reshuffled(self, plan: BatchPlan, epoch: int) -> BatchPlan:
+    def _reshuffled(self, source: PlanSource, epoch: int) -> PlanSource:
         """The rows in fresh random batches (same version) where the plan's batches carry no
         structure: epoch 1's random plan, and every pairs plan (the same batches every epoch
         would repeat the same in-batch negatives); a mined corpus plan's same batches in a new
-        order."""
+        order. The rows keep their negatives."""
         seed = self.policy.reshuffle_seed(epoch)
-        if plan.version == 0 or self.cfg.pairs:
-            return dataclasses.replace(
-                random_batches(
-                    self.cfg, seed, self.lengths, self.same_text_rows, given_negatives=self.given_negatives
-                ),
-                version=plan.version,
-            )
-        return plan.reordered(seed)
-
-
-def random_batches(
-    cfg: Config,
-    seed: int,
-    lengths: np.ndarray,
-    same_text_rows: FalseNegativeGraph | None = None,
-    *,
-    given_negatives: bool = False,
-) -> BatchPlan:
-    """A version-0 plan of random batches over the ``len(lengths)`` training rows, rows that
-    share a text (``same_text_rows``, pairs) in different batches, as sentence-transformers'
-    ``NO_DUPLICATES`` batches keep them; length-grouped where
-    :meth:`~pipeline.config.schema.Config.groups_by_length` says so for these rows
-    (``given_negatives``: whether any row carries a given negative)."""
-    grouped = cfg.groups_by_length(given_negatives=given_negatives)
-    return random_plan(
-        len(lengths),
-        cfg.train.batch_size,
-        seed=seed,
-        version=0,
-        lengths=lengths,
-        group_batches=LENGTH_GROUP_BATCHES if grouped else 0,
-        false_negatives=same_text_rows,
-    )
+        if source.mined_plan is None:
+            return dataclasses.replace(source, seed=seed)
+        return dataclasses.replace(source, reorders=(*source.reorders, seed))
 
 
 def adopt_plan(state: TrainState, adopted: Adopted, logger: Any, *, refresh_waits: bool) -> Boundary:
-    """Make the adopted plan and negatives column the current ones and record the boundary:
+    """Make the adopted plan (its source and this rank's share) the current one and record the boundary:
     its wait, refresh time and staleness in the history, and (rank 0's ``logger``) as
     ``mining/`` boundary metrics: the wait always, staleness and lateness only where a
     refresh does not wait (``refresh_waits`` false), since a waiting one is never stale or
     late and would chart a flat zero. Returns the boundary."""
-    next_plan, negatives, boundary = adopted
+    source, share, boundary = adopted
     state.history.wait_seconds.append(boundary.wait_seconds)
     state.history.refresh_seconds.append(boundary.refresh_seconds)
     state.history.staleness_steps.append(boundary.staleness_steps)
-    state.plan, state.negatives, state.plan_pending = next_plan, negatives, False
+    state.source, state.plan, state.plan_pending = source, share, False
     if logger is not None:
         metrics = {"mining/refresh_wait_s": boundary.wait_seconds}
         if not refresh_waits:

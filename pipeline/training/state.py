@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.batching.plan import BatchPlan
+from pipeline.batching.plan import PlanShare
+from pipeline.training.plan_source import PlanSource
 
 
 @dataclass
@@ -93,13 +94,13 @@ class TrainState:
     batches_done: int = 0
     """Batches of the epoch in progress (``epoch + 1``) already trained; 0 at a boundary."""
     step: int = 0
-    plan: BatchPlan | None = None
-    """The plan of the epoch in progress, or of the next one at a boundary (the finished
-    epoch's own plan while ``plan_pending``)."""
-    negatives: np.ndarray | None = None
-    """The pairs task: the training rows' mined-negatives column, ``(rows, m)`` text positions
-    (-1 where none passed the filters), from the newest mining adopted; None before the first
-    mining and in the corpus task. The step reads row i's negatives beside row i."""
+    source: PlanSource | None = None
+    """Where the plan of the epoch in progress comes from (of the next one at a boundary, the
+    finished epoch's own while ``plan_pending``): a seed, or what the miner returned. What a
+    checkpoint keeps of the plan: every rank makes its share again from it."""
+    plan: PlanShare | None = None
+    """This rank's share of that plan (its rows, with their mined negatives beside them);
+    made from :attr:`source` (:func:`~pipeline.training.plan_source.share_of`), never saved."""
     plan_pending: bool = False
     """At a boundary: checkpointed before the miner's plan for the next epoch came back, so a
     run resumed here asks the miner again."""
@@ -117,13 +118,12 @@ class TrainState:
 
     def to_dict(self) -> dict[str, Any]:
         """The state as tensors, numbers, lists and dicts: loadable with ``weights_only=True``."""
-        assert self.plan is not None
+        assert self.source is not None
         return {
             "epoch": self.epoch,
             "batches_done": self.batches_done,
             "step": self.step,
-            "plan": _plan_tensors(self.plan),
-            "negatives": _tensor(self.negatives) if self.negatives is not None else None,
+            "source": self.source.to_dict(),
             "plan_pending": self.plan_pending,
             "history": self.history.to_dict(),
             "loss_sum": self.loss_sum,
@@ -134,13 +134,21 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> TrainState:
-        """The inverse of :meth:`to_dict`."""
+        """The inverse of :meth:`to_dict` (without :attr:`plan`, which the rank makes again).
+
+        Raises:
+            ValueError: a checkpoint of an earlier version, which kept the plan's arrays.
+        """
+        if "source" not in saved:
+            raise ValueError(
+                "this checkpoint was written by an earlier version (it holds the plan's arrays, "
+                "not where the plan comes from): start the run under a new run.name"
+            )
         return cls(
             epoch=saved["epoch"],
             batches_done=saved["batches_done"],
             step=saved["step"],
-            plan=_plan_from_tensors(saved["plan"]),
-            negatives=saved["negatives"].numpy() if saved.get("negatives") is not None else None,
+            source=PlanSource.from_dict(saved["source"]),
             plan_pending=bool(saved["plan_pending"]),
             history=TrainHistory.from_dict(saved["history"]),
             loss_sum=saved["loss_sum"],
@@ -169,26 +177,3 @@ def restore_rng(state: dict[str, Any], augment_rng: np.random.Generator) -> None
     augment_rng.bit_generator.state = state["augment"]
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def _tensor(values: np.ndarray) -> torch.Tensor:
-    # A copy: an array that came through Ray's object store is a read-only view.
-    return torch.tensor(np.asarray(values, dtype=np.int64))
-
-
-def _plan_tensors(plan: BatchPlan) -> dict[str, Any]:
-    return {
-        "version": plan.version,
-        "rows": _tensor(plan.rows),
-        "sizes": _tensor(plan.sizes),
-        "sampler": plan.sampler,
-    }
-
-
-def _plan_from_tensors(saved: dict[str, Any]) -> BatchPlan:
-    return BatchPlan(
-        saved["version"],
-        saved["rows"].numpy(),
-        saved["sizes"].numpy(),
-        str(saved.get("sampler", "random")),
-    )

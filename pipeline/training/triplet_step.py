@@ -64,11 +64,11 @@ class TripletStep:
         triplets, device = self.triplets, self.device
         negatives = triplets.negative[local_rows][:, None]
         if batch.mined is not None:
-            negatives = np.concatenate([negatives, batch.mined[local_rows]], axis=1)
+            negatives = np.concatenate([negatives, batch.local_mined], axis=1)
         present = negatives >= 0
         global_negatives = triplets.negative[batch.rows][:, None]
         if batch.mined is not None:
-            global_negatives = np.concatenate([global_negatives, batch.mined[batch.rows]], axis=1)
+            global_negatives = np.concatenate([global_negatives, batch.mined], axis=1)
         # Queries and documents are padded apart, as sentence-transformers pads each column: short
         # queries (headlines) padded to the longest document would be computed for nothing.
         groups = (

@@ -23,13 +23,12 @@ import ray
 import ray.train
 import torch.distributed as dist
 
-from pipeline.batching.plan import padding_share
 from pipeline.core.seams import hold_once
 from pipeline.model.flops import CountingEncoder, EncoderFlops
 from pipeline.tracking.metric_logger import DRAIN_TIMEOUT_S
 from pipeline.training.contract import LoopConfig
 from pipeline.training.epoch_rng import seed_epoch
-from pipeline.training.global_batch import GlobalBatch, texts_of_rank
+from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.plan_broadcast import from_rank0
 from pipeline.training.refresh import Boundary, adopt_plan
 from pipeline.training.step import OptimizerStep
@@ -80,9 +79,7 @@ class SimCSEWorker:
             parts.model, parts.optimizer, parts.scheduler, cfg.train.max_grad_norm
         )
         self.state = parts.state
-        self.share, self.triplets = parts.share, parts.triplets
-        self.lengths = parts.lengths
-        """Tokens per training row (for the plan's padding share)."""
+        self.share, self.device = parts.share, parts.device
         self.refresher, self.evaluator, self.checkpoints = parts.refresher, parts.evaluator, parts.checkpoints
         self.logger = parts.logger
         """Rank 0's metric logger; None on the other ranks and in runs without tracking."""
@@ -156,17 +153,14 @@ class SimCSEWorker:
         plan = state.plan
         assert plan is not None
         self.first_batch = state.batches_done
-        self.share.hold(
-            texts_of_rank(
-                plan, world=self.world, rank=self.rank, triplets=self.triplets, negatives=state.negatives
-            )
-        )
+        assert plan.texts is not None and plan.text_lengths is not None
+        self.share.hold(plan.texts, plan.text_lengths)
         self.augment_rng = seed_epoch(
             self.cfg.run.seed, self.rank, self.world, epoch, self.first_batch, state.rng
         )
         state.rng = None
         if self.logger is not None:
-            log_epoch_start(self.logger, epoch, plan, negatives=state.negatives)
+            log_epoch_start(self.logger, epoch, plan)
         self.model.train()
         self.start_segment(self.first_batch)
         self.refresher.after_step(epoch, self.first_batch, plan, self.state.step, self.model)
@@ -186,9 +180,7 @@ class SimCSEWorker:
         state, cfg = self.state, self.cfg
         assert state.plan is not None
         step_start = time.perf_counter()
-        batch = GlobalBatch.of_plan(
-            state.plan, batch_index, world=self.world, rank=self.rank, negatives=state.negatives
-        )
+        batch = GlobalBatch.of_share(state.plan, batch_index, self.device)
         loss, loss_to_backward = self.train_step(self.counted_model, batch, self.augment_rng)
         self.optimizer_step(loss_to_backward)
         state.step += 1
@@ -255,8 +247,9 @@ class SimCSEWorker:
         state.epoch = epoch + 1
         state.batches_done, state.loss_sum, state.epoch_seconds = 0, 0.0, 0.0
         if self.logger is not None:
-            padding = padding_share(plan, self.lengths, self.world)
-            log_epoch_end(self.logger, epoch, epoch_loss, plan, epoch_seconds, state.step, padding=padding)
+            log_epoch_end(
+                self.logger, epoch, epoch_loss, plan, epoch_seconds, state.step, padding=plan.padding
+            )
         asks_miner = self.refresher.asks_miner(epoch) and not state.history.stopped_early
         if asks_miner:
             state.plan_pending = True

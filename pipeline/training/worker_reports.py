@@ -15,7 +15,7 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from pipeline.batching.plan import BatchPlan
+from pipeline.batching.plan import PlanShare
 from pipeline.evaluation.in_training import EvalOutcome, TrainingEvaluator, eval_metric_names
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.model.folders import save_model_dir
@@ -163,9 +163,9 @@ class ProgressLine:
         self,
         epoch: int,
         loss: float,
-        plan: BatchPlan,
+        plan: PlanShare,
         seconds: float,
-        next_plan: BatchPlan | None,
+        next_plan: PlanShare | None,
         boundary: Any,
     ) -> str:
         """Rank 0's line at the end of epoch ``epoch`` (0-based); ``next_plan`` None where no
@@ -211,15 +211,15 @@ def churn_note(churn: float | None, pairs: bool) -> str:
     return note
 
 
-def log_epoch_start(logger: Any, epoch: int, plan: BatchPlan, negatives: np.ndarray | None = None) -> None:
-    """Rank 0, as epoch ``epoch`` (0-based) starts: the fingerprint of its plan and the rows'
-    ``negatives`` column, and its sampler, as tags (a hash or a name is no quantity to chart)."""
-    logger.set_tags({f"plan.fingerprint.epoch_{epoch + 1}": plan.hex_fingerprint(negatives),
+def log_epoch_start(logger: Any, epoch: int, plan: PlanShare) -> None:
+    """Rank 0, as epoch ``epoch`` (0-based) starts: the fingerprint of its whole plan and the
+    rows' negatives column, and its sampler, as tags (a hash or a name is no quantity to chart)."""
+    logger.set_tags({f"plan.fingerprint.epoch_{epoch + 1}": plan.fingerprint,
                      f"plan.sampler.epoch_{epoch + 1}": plan.sampler})  # fmt: skip
 
 
 def log_epoch_end(
-    logger: Any, epoch: int, loss: float, plan: BatchPlan, seconds: float, step: int, *, padding: float
+    logger: Any, epoch: int, loss: float, plan: PlanShare, seconds: float, step: int, *, padding: float
 ) -> None:
     """Rank 0, at the last step of epoch ``epoch`` (0-based): its mean loss, the plan version it
     trained on, its training time, the share of padding its batches carried and the epochs

@@ -14,17 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 import ray.train.torch
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from pipeline.batching.false_negative_graph import FalseNegativeGraph
 from pipeline.batching.plan import balanced_batch_sizes
-from pipeline.batching.same_text import rows_sharing_a_text
 from pipeline.config.schema import Config
-from pipeline.data.tokenized import CorpusShare, padded_lengths, row_lengths
+from pipeline.data.tokenized import CorpusShare
 from pipeline.data.triplets import Triplets
 from pipeline.evaluation.in_training import TrainingEvaluator
 from pipeline.model.accel import enable_tf32, fused_adamw, native_bf16
@@ -35,7 +32,8 @@ from pipeline.tracking.metric_logger import MetricLogger
 from pipeline.tracking.system import system_metrics
 from pipeline.training.contract import LoopConfig, miner_inputs
 from pipeline.training.miner_client import MinerClient
-from pipeline.training.refresh import PlanRefresher, random_batches
+from pipeline.training.plan_source import PlanInputs, PlanSource, share_of
+from pipeline.training.refresh import PlanRefresher
 from pipeline.training.refresh_policy import RefreshSettings
 from pipeline.training.resume import ResumePoint, find_resume_point
 from pipeline.training.state import TrainState
@@ -52,46 +50,32 @@ class WorkerInputs:
     tokenizer: Any
     corpus: CorpusShare
     """The rows this worker trains on, fetched epoch by epoch (empty until the first)."""
-    text_lengths: np.ndarray
-    """``(num_texts,)`` tokens per corpus position (from the object store, not a copy)."""
     triplets: Triplets | None
     """The pairs task's rows; None in unsupervised mode."""
-    lengths: np.ndarray
-    """``(num_rows,)`` tokens per training row (:func:`pipeline.data.tokenized.row_lengths`)."""
-    same_text_rows: FalseNegativeGraph | None
-    """Pairs: each row's rows sharing one of its texts, kept out of its batch
-    (:func:`~pipeline.batching.same_text.rows_sharing_a_text`); None: no row shares a text."""
-
-    @property
-    def given_negatives(self) -> bool:
-        """Pairs: whether any row carries a given negative (random batches are length-grouped by
-        default only where none does: :meth:`~pipeline.config.schema.Config.groups_by_length`)."""
-        return self.triplets is not None and self.triplets.has_given_negatives
-
-    @property
-    def num_rows(self) -> int:
-        """Training rows of an epoch: triplet rows, or corpus sentences."""
-        return len(self.triplets) if self.triplets is not None else self.corpus.num_texts
+    num_rows: int
+    """Training rows of an epoch: triplet rows, or corpus sentences."""
 
 
 def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
-    """The initial model folder, tokenizer, the tokens per text and the triplets the driver put
-    in the object store; the corpus' rows are fetched epoch by epoch, this worker's only
+    """The initial model folder, tokenizer and triplets the driver put in the object store;
+    the corpus' rows are fetched epoch by epoch, this worker's only
     (:class:`~pipeline.data.tokenized.CorpusShare`)."""
     model_dir = unpack_dir(ray.get(loop_config.model_ref))
     tokenizer = load_tokenizer(model_dir)
-    text_lengths = ray.get(loop_config.corpus.lengths_ref)
     triplets = ray.get(loop_config.triplets_ref) if loop_config.triplets_ref is not None else None
-    same_text_rows = rows_sharing_a_text(triplets.row_texts()) if triplets is not None else None
+    corpus = CorpusShare(loop_config.corpus, tokenizer.pad_token_id)
     return WorkerInputs(
         model_dir=model_dir,
         tokenizer=tokenizer,
-        corpus=CorpusShare(loop_config.corpus, tokenizer.pad_token_id, text_lengths),
-        text_lengths=text_lengths,
+        corpus=corpus,
         triplets=triplets,
-        lengths=row_lengths(text_lengths, triplets),
-        same_text_rows=same_text_rows,
+        num_rows=len(triplets) if triplets is not None else corpus.num_texts,
     )
+
+
+def plan_inputs(loop_config: LoopConfig) -> PlanInputs:
+    """What this run's plans are made from (:mod:`pipeline.training.plan_source`)."""
+    return PlanInputs(loop_config.config, loop_config.corpus.lengths_ref, loop_config.triplets_ref)
 
 
 def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceEncoder:
@@ -122,39 +106,36 @@ def build_optimizer(cfg: Config, model: SentenceEncoder, num_rows: int) -> tuple
 
 def initial_state(
     cfg: Config,
-    inputs: WorkerInputs,
+    plans: PlanInputs,
     resume: ResumePoint | None,
     model: SentenceEncoder,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
+    *,
     rank: int,
+    world: int,
 ) -> tuple[TrainState, Path]:
     """The state to start from, and the folder holding rank 0's copy of the best evaluated model.
 
-    A fresh run starts at step 0 on a random plan, with an empty best-model folder. A resumed
-    one takes the checkpoint's state, MLP head, optimizer, schedule and best model (its
-    encoder weights were loaded from the checkpoint by :func:`build_model`); rank 0 prints
+    A fresh run starts at step 0 on a random plan (``run.seed``), with an empty best-model
+    folder. A resumed one takes the checkpoint's state, MLP head, optimizer, schedule and best
+    model (its encoder weights were loaded from the checkpoint by :func:`build_model`); either
+    way the rank's share of the plan is made from where the plan comes from. Rank 0 prints
     where it resumes.
     """
     best_dir = Path(tempfile.mkdtemp(prefix="simcse-best-")) / "model"
     if resume is None:
-        return TrainState(
-            plan=random_batches(
-                cfg,
-                cfg.run.seed,
-                inputs.lengths,
-                inputs.same_text_rows,
-                given_negatives=inputs.given_negatives,
-            )
-        ), best_dir
+        source = PlanSource(version=0, seed=cfg.run.seed)
+        return TrainState(source=source, plan=share_of(source, plans, world=world, rank=rank)), best_dir
     state = resume.state
+    assert state.source is not None
+    state.plan = share_of(state.source, plans, world=world, rank=rank)
     if model.mlp is not None and resume.extras["mlp"] is not None:
         model.mlp.load_state_dict(resume.extras["mlp"])
     optimizer.load_state_dict(resume.extras["optimizer"])
     scheduler.load_state_dict(resume.extras["scheduler"])
     if resume.best_dir is not None:
         best_dir = resume.best_dir
-    assert state.plan is not None
     if rank == 0:
         where = (
             f"in epoch {state.epoch + 1} after batch {state.batches_done}/{state.plan.num_batches}"
@@ -163,7 +144,7 @@ def initial_state(
         )
         print(
             f"[train] resumed at step {state.step}, {where} "
-            f"(plan v{state.plan.version}, fingerprint {state.plan.hex_fingerprint(state.negatives)})",
+            f"(plan v{state.plan.version}, fingerprint {state.plan.fingerprint})",
             flush=True,
         )
     return state, best_dir
@@ -230,12 +211,9 @@ class WorkerParts:
     state: TrainState
     share: CorpusShare
     """The rows this rank trains on, held epoch by epoch (what ``train_step`` reads)."""
-    triplets: Triplets | None
-    """The pairs task's rows (which texts a row's share needs); None for a corpus."""
-    lengths: np.ndarray
-    """Tokens per training row and padded group, for the plan's padding share
-    (:func:`pipeline.data.tokenized.padded_lengths`)."""
-    refresher: PlanRefresher | None
+    device: torch.device
+    """Where the step runs (and the global batch's rows are gathered)."""
+    refresher: PlanRefresher
     evaluator: EvalRecorder | None
     checkpoints: CheckpointReporter | None
     logger: Any
@@ -265,7 +243,8 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
     resume = find_resume_point()
     model = build_model(cfg, resume.model_dir if resume is not None else inputs.model_dir, device)
     optimizer, scheduler = build_optimizer(cfg, model, inputs.num_rows)
-    state, best_dir = initial_state(cfg, inputs, resume, model, optimizer, scheduler, rank)
+    plans = plan_inputs(loop_config)
+    state, best_dir = initial_state(cfg, plans, resume, model, optimizer, scheduler, rank=rank, world=world)
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
     logger = open_logger(loop_config, rank, state, resumed=resume is not None)
     bf16 = native_bf16(device)  # the hardware decides, on a CPU as on a GPU: not a config key
@@ -281,9 +260,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             miner_pid=last_miner_pid(state.history.miner_seen, loop_config.miner_pid),
             inputs=miner_inputs(loop_config.corpus, loop_config.model_ref, loop_config.triplets_ref),
         )
-    refresher = PlanRefresher(
-        cfg, rank, inputs.lengths, inputs.same_text_rows, client, given_negatives=inputs.given_negatives
-    )
+    refresher = PlanRefresher(cfg, rank, world, plans, client, loop_config.mined_dir)
     sts = build_evaluator(loop_config, rank, world, device)
     max_seq_len = cfg.data.max_seq_len
     return WorkerParts(
@@ -297,8 +274,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
         scheduler=scheduler,
         state=state,
         share=inputs.corpus,
-        triplets=inputs.triplets,
-        lengths=padded_lengths(inputs.text_lengths, inputs.triplets),
+        device=device,
         refresher=refresher,
         evaluator=EvalRecorder(sts, model, inputs.tokenizer, best_dir, max_seq_len, logger)
         if sts is not None

@@ -112,7 +112,7 @@ def test_group_by_length_unset_groups_exactly_the_rows_without_hard_negatives(
     hard negative (measured better and faster there, worse with mined negatives:
     docs/results.md); set, it is what it says. The plan is the one ``random_plan`` gives with
     or without :data:`LENGTH_GROUP_BATCHES`."""
-    from pipeline.training.refresh import random_batches
+    from pipeline.training.plan_source import random_batches
 
     cfg = load_config(overrides=overrides)
     assert cfg.groups_by_length(given_negatives=given_negatives) is grouped
@@ -146,7 +146,7 @@ def test_pairs_batches_group_by_length(trained_tiny_model_dir, paraphrase_pairs)
     from pipeline.data.tokenized import TokenizedCorpus, row_lengths
     from pipeline.data.triplets import index_triplets
     from pipeline.model.folders import load_tokenizer
-    from pipeline.training.refresh import random_batches
+    from pipeline.training.plan_source import random_batches
 
     anchors, positives = paraphrase_pairs
     table, triplets = index_triplets(anchors, positives, None)

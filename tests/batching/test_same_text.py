@@ -8,7 +8,7 @@ import numpy as np
 from pipeline.batching.false_negative_graph import FalseNegativeGraph
 from pipeline.batching.same_text import rows_sharing_a_text
 from pipeline.config.loading import load_config
-from pipeline.training.refresh import random_batches
+from pipeline.training.plan_source import random_batches
 
 
 def _brute_force_partners(texts: np.ndarray) -> list[set[int]]:

@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.config.data_section import DataSection
 from pipeline.data.corpus import load_clean_corpus
@@ -16,7 +15,8 @@ from pipeline.data.tokenize import tokenize_texts
 from pipeline.data.tokenized import CorpusShare, TokenizedCorpus, large_tokens
 from pipeline.data.triplets import Triplets
 from pipeline.model.folders import load_tokenizer
-from pipeline.training.global_batch import GlobalBatch, rows_of_rank, texts_of_rank
+from pipeline.training.global_batch import GlobalBatch
+from pipeline.training.plan_source import PlanSource, _make_share
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +69,9 @@ def test_a_share_pads_batches_as_the_whole_corpus_does_and_holds_only_its_rows(s
     plan = random_plan(blocks.num_rows, 16, seed=4)
     held = []
     for rank in range(3):
-        share = CorpusShare(blocks, tokenizer.pad_token_id, ray.get(blocks.lengths_ref))
-        share.hold(texts_of_rank(plan, world=3, rank=rank))
+        share = CorpusShare(blocks, tokenizer.pad_token_id)
+        part = plan.share(world=3, rank=rank)
+        share.hold(np.unique(part.rows), ray.get(blocks.lengths_ref)[np.unique(part.rows)])
         held.append(share.positions)
         batch = GlobalBatch.of_plan(plan, 5, world=3, rank=rank)
         for got, want in zip(share.batch(batch.local_rows), whole.batch(batch.local_rows), strict=True):
@@ -84,25 +85,43 @@ def test_a_share_pads_batches_as_the_whole_corpus_does_and_holds_only_its_rows(s
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_rows_of_rank_are_its_slices_of_every_batch(world):
+def test_a_plan_share_is_the_ranks_slice_of_every_batch(world):
     plan = random_plan(203, 16, seed=1)  # balanced sizes 15 and 16: uneven slices
+    negatives = np.arange(203 * 2).reshape(203, 2)
     for rank in range(world):
-        expected = np.concatenate(
-            [GlobalBatch.of_plan(plan, b, world=world, rank=rank).local_rows for b in range(plan.num_batches)]
-        )
-        assert np.array_equal(rows_of_rank(plan, world=world, rank=rank), expected)
+        share = plan.share(world=world, rank=rank, negatives=negatives)
+        for b in range(plan.num_batches):
+            expected = GlobalBatch.of_plan(plan, b, world=world, rank=rank, negatives=negatives)
+            rows, mined = share.local(b)
+            assert np.array_equal(rows, expected.local_rows) and np.array_equal(mined, expected.local_mined)
+        assert share.fingerprint == plan.hex_fingerprint(negatives) and share.num_batches == plan.num_batches
 
 
-def test_texts_of_a_triplet_rank_are_its_rows_texts_and_negatives():
-    plan = BatchPlan(1, np.array([3, 0, 2, 1]), np.array([2, 2]))
+def test_a_triplet_share_names_its_rows_texts_and_negatives(tmp_path):
+    from pipeline.config.loading import load_config
+    from pipeline.training.plan_source import write_mined
+
+    cfg = load_config(None, ["task=pairs", "data.path=rows.jsonl", "train.batch_size=4"])
     triplets = Triplets(np.array([10, 11, 12, 13]), np.array([20, 21, 22, 23]), np.array([-1, 30, -1, -1]))
     mined = np.array([[40, -1], [41, 42], [-1, -1], [43, 44]])
-    # Rank 0 of 2 trains rows 3 (batch 0) and 2 (batch 1).
-    texts = texts_of_rank(plan, world=2, rank=0, triplets=triplets, negatives=mined)
-    assert sorted(texts.tolist()) == [12, 13, 22, 23, 43, 44]
-    # Rank 1 trains rows 0 and 1: row 1's given negative, row 0's one mined negative.
-    texts = texts_of_rank(plan, world=2, rank=1, triplets=triplets, negatives=mined)
-    assert sorted(texts.tolist()) == [10, 11, 20, 21, 30, 40, 41, 42]
+    source = PlanSource(1, seed=3, negatives=write_mined(str(tmp_path), "v1-negatives.npy", negatives=mined))
+    lengths = np.arange(50, dtype=np.int32) + 2
+    texts = []
+
+    def texts_of(row: int) -> set[int]:
+        named = (triplets.anchor[row], triplets.positive[row], triplets.negative[row], *mined[row])
+        return {int(t) for t in named if t >= 0}
+
+    for rank in range(2):
+        share = _make_share(source, cfg, lengths, triplets, world=2, rank=rank)
+        assert set(share.texts.tolist()) == set().union(*(texts_of(row) for row in share.rows.tolist()))
+        assert np.array_equal(share.text_lengths, lengths[share.texts])
+        assert np.array_equal(share.negatives, mined[share.rows])
+        texts.append(share.texts)
+    # Between them the ranks hold every row's texts once.
+    assert sorted(np.concatenate(texts).tolist()) == sorted(
+        {*range(10, 14), *range(20, 24), 30, 40, 41, 42, 43, 44}
+    )
 
 
 def test_token_offsets_are_64_bit():
@@ -121,7 +140,8 @@ def test_a_share_fetches_again_only_when_its_rows_change(sorted_blocks, monkeypa
     import ray
 
     blocks, _, tokenizer = sorted_blocks
-    share = CorpusShare(blocks, tokenizer.pad_token_id, ray.get(blocks.lengths_ref))
+    share = CorpusShare(blocks, tokenizer.pad_token_id)
+    lengths = ray.get(blocks.lengths_ref)
     asked = []
     take_refs = blocks.take_refs
     monkeypatch.setattr(
@@ -129,10 +149,10 @@ def test_a_share_fetches_again_only_when_its_rows_change(sorted_blocks, monkeypa
         "take_refs",
         lambda self, positions: asked.append(len(positions)) or take_refs(positions),
     )
-    share.hold(np.array([9, 3, 3, 40]))
-    share.hold(np.array([40, 9, 3]))  # the same rows: nothing fetched
+    share.hold(np.array([3, 9, 40]), lengths[[3, 9, 40]])
+    share.hold(np.array([3, 9, 40]), lengths[[3, 9, 40]])  # the same rows: nothing fetched
     assert asked == [3] and share.positions.tolist() == [3, 9, 40]
-    share.hold(np.array([1, 2]))  # an epoch's new rows replace the old ones
+    share.hold(np.array([1, 2]), lengths[[1, 2]])  # an epoch's new rows replace the old ones
     assert asked == [3, 2] and len(share) == 2
     with pytest.raises(KeyError):
         share.batch(np.array([9]))

@@ -235,7 +235,7 @@ def _single_worker(cfg, model, corpus, state, *, logger, peak_tflops):
     return SimCSEWorker(
         WorkerParts(
             cfg=cfg, rank=0, world=1, model=model, ddp_model=model, train_step=make_train_step(cfg, corpus, None, CPU),
-            optimizer=optimizer, scheduler=scheduler, state=state, share=corpus, triplets=None, lengths=corpus.lengths,
+            optimizer=optimizer, scheduler=scheduler, state=state, share=corpus, device=CPU,
             refresher=None, evaluator=None, checkpoints=None, logger=logger, peak_tflops=peak_tflops,
         )
     )  # fmt: skip
@@ -251,7 +251,9 @@ def test_worker_logs_tokens_per_second_and_mfu_of_the_rows_it_encoded(model, cor
     cfg = load_config(None, ["train.batch_size=8"])
     plan = random_plan(len(corpus.lengths), 8, seed=3)
     metrics = _RecordedMetrics()
-    worker = _single_worker(cfg, model, corpus, TrainState(plan=plan), logger=metrics, peak_tflops=0.5)
+    worker = _single_worker(
+        cfg, model, corpus, TrainState(plan=plan.share(world=1, rank=0)), logger=metrics, peak_tflops=0.5
+    )
     worker.train_batch(0)
     (logged,) = metrics.logged
     rows = plan.batch(0)
@@ -276,7 +278,7 @@ def test_a_mid_epoch_checkpoint_counts_in_neither_the_epoch_seconds_nor_the_prog
     from pipeline.training.state import TrainState
 
     cfg = load_config(None, ["train.batch_size=8", "checkpoint.every_steps=2"])
-    state = TrainState(plan=random_plan(len(corpus.lengths), 8, seed=3))
+    state = TrainState(plan=random_plan(len(corpus.lengths), 8, seed=3).share(world=1, rank=0))
     worker = _single_worker(cfg, model, corpus, state, logger=None, peak_tflops=None)
     worker.start_segment(0)  # what run_epoch does at the epoch's start
     epoch_start = worker.segment_start

@@ -1,0 +1,182 @@
+"""Where an epoch's plan comes from, and how a rank gets its share of it without the whole.
+
+A plan travels as :class:`PlanSource`: a seed, or the storage URI of what the miner returned,
+plus the seeds its batches were reordered with. That is small, holds no object refs, and is
+the same on every rank, so it is what rank 0 broadcasts and what a checkpoint keeps. Each rank
+then asks a Ray task for its share (:func:`share_of`): the task makes the whole plan, cuts the
+rank's slice of every batch out of it with the rows' negatives beside them
+(:meth:`~pipeline.batching.plan.BatchPlan.share`), and hands back only that. The whole plan
+and the whole negatives column never sit in a train worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.batching.false_negative_graph import FalseNegativeGraph
+from pipeline.batching.plan import BatchPlan, PlanShare
+from pipeline.batching.same_text import rows_sharing_a_text
+from pipeline.batching.samplers import random_plan
+from pipeline.config.schema import Config
+from pipeline.config.train_section import LENGTH_GROUP_BATCHES
+from pipeline.data.formats import filesystem_of
+from pipeline.data.tokenized import padded_lengths, row_lengths
+from pipeline.data.triplets import Triplets
+
+
+@dataclass(frozen=True)
+class PlanSource:
+    """How to make an epoch's whole plan again, on any process of any node.
+
+    A random plan is its ``seed``; a mined corpus plan is the URI the miner's plan was written
+    to (``mined_plan``) and the seeds its batches were put in a new order with since
+    (``reorders``, oldest first). The pairs task's rows always go in random batches, and its
+    mined negatives column is a URI too (``negatives``).
+    """
+
+    version: int
+    seed: int | None = None
+    """The random plan's seed (None where the plan was mined)."""
+    mined_plan: str | None = None
+    """URI of the mined corpus plan (:func:`write_mined`); None: a random plan."""
+    reorders: tuple[int, ...] = ()
+    """Seeds of :meth:`~pipeline.batching.plan.BatchPlan.reordered`, applied in turn to the mined plan."""
+    negatives: str | None = None
+    """URI of the pairs task's mined negatives column; None: none mined yet (or the corpus task)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "reorders": list(self.reorders)}
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> PlanSource:
+        return cls(**{**saved, "reorders": tuple(saved.get("reorders", ()))})
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What any plan is made from, as the driver put it in the object store."""
+
+    config: Config
+    lengths_ref: Any
+    """Object ref of the tokens per corpus position (``TokenizedBlocks.lengths_ref``)."""
+    triplets_ref: Any = None
+    """Object ref of the pairs task's :class:`~pipeline.data.triplets.Triplets`; None for a corpus."""
+
+
+def random_batches(
+    cfg: Config,
+    seed: int,
+    lengths: np.ndarray,
+    same_text_rows: FalseNegativeGraph | None = None,
+    *,
+    given_negatives: bool = False,
+) -> BatchPlan:
+    """A version-0 plan of random batches over the ``len(lengths)`` training rows, rows that
+    share a text (``same_text_rows``, pairs) in different batches, as sentence-transformers'
+    ``NO_DUPLICATES`` batches keep them; length-grouped where
+    :meth:`~pipeline.config.schema.Config.groups_by_length` says so for these rows
+    (``given_negatives``: whether any row carries a given negative)."""
+    grouped = cfg.groups_by_length(given_negatives=given_negatives)
+    return random_plan(
+        len(lengths),
+        cfg.train.batch_size,
+        seed=seed,
+        version=0,
+        lengths=lengths,
+        group_batches=LENGTH_GROUP_BATCHES if grouped else 0,
+        false_negatives=same_text_rows,
+    )
+
+
+def whole_plan(
+    source: PlanSource, cfg: Config, text_lengths: np.ndarray | None, triplets: Triplets | None
+) -> tuple[BatchPlan, np.ndarray | None]:
+    """The plan ``source`` names and its negatives column (None: none), with every row
+    (``text_lengths``: tokens per corpus position, which a random plan's length grouping and
+    size read; a mined plan needs neither it nor the ``triplets``)."""
+    if source.mined_plan is None:
+        assert source.seed is not None and text_lengths is not None
+        same_text = rows_sharing_a_text(triplets.row_texts()) if triplets is not None else None
+        given = triplets is not None and triplets.has_given_negatives
+        plan = random_batches(
+            cfg, source.seed, row_lengths(text_lengths, triplets), same_text, given_negatives=given
+        )
+    else:
+        saved = np.load(io.BytesIO(read_bytes(source.mined_plan)))
+        plan = BatchPlan(source.version, saved["rows"], saved["sizes"], str(saved["sampler"]))
+        for seed in source.reorders:
+            plan = plan.reordered(seed)
+    return dataclasses.replace(plan, version=source.version), read_negatives(source)
+
+
+def read_negatives(source: PlanSource) -> np.ndarray | None:
+    """The pairs task's whole mined-negatives column ``source`` names (None: none mined)."""
+    return np.load(io.BytesIO(read_bytes(source.negatives))) if source.negatives is not None else None
+
+
+def _make_share(
+    source: PlanSource,
+    cfg: Config,
+    text_lengths: np.ndarray,
+    triplets: Triplets | None,
+    *,
+    world: int,
+    rank: int,
+) -> PlanShare:
+    plan, negatives = whole_plan(source, cfg, text_lengths, triplets)
+    share = plan.share(
+        world=world, rank=rank, negatives=negatives, lengths=padded_lengths(text_lengths, triplets)
+    )
+    texts = share.rows
+    if triplets is not None:
+        parts = [triplets.anchor[share.rows], triplets.positive[share.rows], triplets.negative[share.rows]]
+        if share.negatives is not None:
+            parts.append(share.negatives.reshape(-1))
+        texts = np.concatenate(parts)
+        texts = texts[texts >= 0]
+    texts = np.unique(texts)
+    return dataclasses.replace(share, texts=texts, text_lengths=np.asarray(text_lengths)[texts])
+
+
+def share_of(source: PlanSource, inputs: PlanInputs, *, world: int, rank: int) -> PlanShare:
+    """Rank ``rank`` of ``world``'s share of the plan ``source`` names, made by a Ray task.
+
+    The task holds the whole plan for a moment, in its own process; the rank gets its slice
+    of every batch, the rows' negatives and the texts it will encode. It reserves no CPU:
+    the ranks that ask are waiting for it with theirs."""
+    import ray
+
+    task = ray.remote(num_cpus=0)(_make_share)
+    return ray.get(
+        task.remote(source, inputs.config, inputs.lengths_ref, inputs.triplets_ref, world=world, rank=rank)
+    )
+
+
+def read_bytes(uri: str) -> bytes:
+    filesystem, path = filesystem_of(uri)
+    with filesystem.open_input_stream(path) as stream:
+        return stream.read()
+
+
+def write_mined(
+    folder: str, name: str, *, plan: BatchPlan | None = None, negatives: np.ndarray | None = None
+) -> str:
+    """Write what a refresh mined (a corpus ``plan`` or a pairs ``negatives`` column) to
+    ``folder/name`` (a local folder or a URI every node reads: the run's storage); returns its URI."""
+    buffer = io.BytesIO()
+    if plan is not None:
+        np.savez(buffer, rows=plan.rows, sizes=plan.sizes, sampler=np.array(plan.sampler))
+    else:
+        assert negatives is not None
+        np.save(buffer, np.asarray(negatives, dtype=np.int64))
+    uri = f"{folder.rstrip('/')}/{name}"
+    filesystem, path = filesystem_of(uri)
+    filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with filesystem.open_output_stream(path) as stream:
+        stream.write(buffer.getvalue())
+    return uri
