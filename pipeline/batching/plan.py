@@ -189,14 +189,13 @@ def padding_share(plan: BatchPlan, lengths: np.ndarray, world_size: int = 1) -> 
     Returns:
         ``1 - real tokens / padded tokens``, in [0, 1).
     """
-    columns = lengths.reshape(len(lengths), -1)
-    real = padded = 0
-    for batch in plan.batches():
-        start = 0
-        for size in worker_slices(len(batch), world_size):
-            widths = columns[batch[start : start + size]]
-            start += size
-            if size:
-                real += int(widths.sum())
-                padded += size * int(widths.max(axis=0).sum())
-    return 1.0 - real / padded if padded else 0.0
+    widths = np.asarray(lengths).reshape(len(lengths), -1)[plan.rows].astype(np.int64)
+    # The plan's rows are batch after batch, each batch rank 0's slice first: every worker's
+    # slice is one run of consecutive rows.
+    counts = np.stack([rank_counts(plan.sizes, world_size, r) for r in range(world_size)], axis=1).reshape(-1)
+    counts = counts[counts > 0]
+    if not len(counts):
+        return 0.0
+    starts = np.cumsum(counts) - counts
+    padded = int((np.maximum.reduceat(widths, starts, axis=0).sum(axis=1) * counts).sum())
+    return 1.0 - int(widths.sum()) / padded if padded else 0.0

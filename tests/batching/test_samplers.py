@@ -195,3 +195,23 @@ def test_separation_reports_what_it_cannot_separate():
     assert before == 4 * 3 + 2 * 1
     assert left == false_negative_pairs(plan, fn)
     assert 6 <= left < before
+
+
+@pytest.mark.parametrize(("rows", "batch", "world"), [(203, 16, 1), (203, 16, 3), (77, 5, 7), (50, 8, 8)])
+def test_padding_share_pads_each_workers_slice_to_its_own_longest_row(rows, batch, world):
+    from pipeline.batching.plan import worker_slices
+
+    rng = np.random.default_rng(rows + world)
+    plan = random_plan(rows, batch, seed=2)
+    for lengths in (rng.integers(1, 30, rows), rng.integers(1, 30, (rows, 2))):
+        columns = lengths.reshape(rows, -1)
+        real = padded = 0
+        for rows_of_batch in plan.batches():  # slice by slice, each column on its own
+            start = 0
+            for size in worker_slices(len(rows_of_batch), world):
+                widths = columns[rows_of_batch[start : start + size]]
+                start += size
+                if size:
+                    real += int(widths.sum())
+                    padded += size * int(widths.max(axis=0).sum())
+        assert padding_share(plan, lengths, world) == pytest.approx(1 - real / padded, abs=1e-12)
