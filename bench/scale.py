@@ -21,7 +21,9 @@ over the cluster, polled every second.
 A worker's data memory is its peak RSS minus the same W's peak on the 10,000-row corpus (the
 interpreter, torch, the model and Ray's own); its ratio is against W = 1 at the same size
 (issue 58's goals: at most 0.55 at W = 2 and 0.3 at W = 4). The driver's bytes a row are its
-peak above the baseline run's, over the rows.
+peak above the baseline run's, over the rows. Peak RSS counts every object-store page a
+process has read (Ray maps the store into each process, and a page once touched stays in its
+RSS), so each figure is also given for ``RssAnon``, the process's own heap, sampled every 0.2 s.
 """
 
 from __future__ import annotations
@@ -60,13 +62,49 @@ tracking: {experiment: scale, system_metrics: false}
 """
 
 
-def vm_hwm(process: psutil.Process) -> int:
-    """The process's peak resident set (bytes) since it started, by the kernel's count."""
-    with contextlib.suppress(psutil.Error, OSError, ValueError):
-        for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+def status_bytes(pid: int, field: str) -> int:
+    """A ``/proc/PID/status`` memory field in bytes (0 once the process is gone)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def vm_hwm(process: psutil.Process) -> int:
+    """The process's peak resident set (bytes) since it started, by the kernel's count. It
+    counts every object-store page the process ever read (Ray maps the store into each
+    process), so :class:`AnonPeaks` gives the process's own memory too."""
+    return status_bytes(process.pid, "VmHWM")
+
+
+class AnonPeaks:
+    """Each process's largest ``RssAnon`` (its own heap: resident memory that is not a mapped
+    file or the shared object store), sampled every 0.2 s; processes are found again every
+    second (``find``). The kernel keeps no peak of it, so this is a sampled one."""
+
+    def __init__(self, find: Any):
+        self.find, self.peaks = find, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> AnonPeaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        pids: list[int] = []
+        ticks = 0
+        while not self._stop.wait(0.2):
+            if ticks % 5 == 0:
+                pids = self.find()
+            ticks += 1
+            for pid in pids:
+                self.peaks[pid] = max(self.peaks.get(pid, 0), status_bytes(pid, "RssAnon"))
 
 
 def titled(root: psutil.Process, title: str) -> list[psutil.Process]:
@@ -146,7 +184,11 @@ def run_once(
     )
     node = psutil.Process(trainers.proc.pid)
     driver = psutil.Process(job.proc.pid)
-    with ObjectStorePeak(head.address) as store:
+
+    def processes() -> list[int]:
+        return [driver.pid, *(p.pid for p in titled(node, "RayTrainWorker"))]
+
+    with ObjectStorePeak(head.address) as store, AnonPeaks(processes) as anon:
         try:
             job.wait_held(
                 f"train_step={HOLD_STEP}",
@@ -156,32 +198,52 @@ def run_once(
         except Exception as exc:
             job.kill_all()
             sys.exit(f"error: {exc}\n{job.output[-3000:]}")
-        worker_peaks = sorted(vm_hwm(p) for p in titled(node, "RayTrainWorker"))
+        workers_now = titled(node, "RayTrainWorker")
+        worker_peaks = sorted(vm_hwm(p) for p in workers_now)
         driver_peak = vm_hwm(driver)
+        time.sleep(0.5)  # one more sample of each
+    worker_anon = sorted(anon.peaks.get(p.pid, 0) for p in workers_now)
     job.kill_all()
     if len(worker_peaks) != workers:
         sys.exit(f"error: found {len(worker_peaks)} train workers, expected {workers}")
-    return {"driver": driver_peak, "workers": worker_peaks, "store": store.peak}
+    return {
+        "driver": driver_peak, "workers": worker_peaks, "store": store.peak,
+        "driver_anon": anon.peaks.get(driver.pid, 0), "workers_anon": worker_anon,
+    }  # fmt: skip
 
 
 def table(rows: list[int], workers: list[int], results: dict[tuple[int, int], dict[str, Any]]) -> str:
+    """Peak RSS (``VmHWM``) and sampled peak ``RssAnon`` of the driver and the largest train
+    worker, each above the 10,000-row run with the same W; the workers' data memory against W's first."""
     lines = [
-        "| rows | W | driver peak MiB | driver B/row above the 10k run | worker peak MiB (max) | worker data MiB (max) | data vs W=1 | object store peak MiB |",
+        "| rows | W | driver peak RSS MiB | driver B/row (RSS / anon) | worker peak RSS MiB | worker data MiB (RSS / anon) | vs W=1 (RSS / anon) | object store peak MiB |",
         "|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
+
+    def data(size: int, w: int, key: str) -> float:
+        return max(results[(size, w)][key]) - max(results[(BASELINE_ROWS, w)][key])
+
     for size in [BASELINE_ROWS, *rows]:
         for w in workers:
             got, base = results[(size, w)], results[(BASELINE_ROWS, w)]
-            worker = max(got["workers"])
-            data = worker - max(base["workers"])
-            first = results[(size, workers[0])]
-            first_data = max(first["workers"]) - max(results[(BASELINE_ROWS, workers[0])]["workers"])
-            ratio = f"{data / first_data:.2f}" if size != BASELINE_ROWS and first_data > 0 else "-"
-            per_row = f"{(got['driver'] - base['driver']) / size:.0f}" if size != BASELINE_ROWS else "-"
-            lines.append(
-                f"| {size:,} | {w} | {got['driver'] / MIB:,.0f} | {per_row} | {worker / MIB:,.0f} | "
-                f"{data / MIB:,.0f} | {ratio} | {got['store'] / MIB:,.0f} |"
-            )
+            cells = [f"{size:,}", str(w), f"{got['driver'] / MIB:,.0f}"]
+            if size == BASELINE_ROWS:
+                cells += ["-", f"{max(got['workers']) / MIB:,.0f}", "-", "-"]
+            else:
+                per_row = [(got[k] - base[k]) / size for k in ("driver", "driver_anon")]
+                rss, anon = data(size, w, "workers"), data(size, w, "workers_anon")
+                first_rss, first_anon = (
+                    data(size, workers[0], "workers"),
+                    data(size, workers[0], "workers_anon"),
+                )
+                cells += [
+                    f"{per_row[0]:.0f} / {per_row[1]:.0f}",
+                    f"{max(got['workers']) / MIB:,.0f}",
+                    f"{rss / MIB:,.0f} / {anon / MIB:,.0f}",
+                    f"{rss / first_rss:.2f} / {anon / first_anon:.2f}",
+                ]
+            cells.append(f"{got['store'] / MIB:,.0f}")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
