@@ -41,7 +41,7 @@ import psutil
 
 from bench.common import Benchmark, machine_report
 from bench.local_cluster import RayHead, RayWorkerNode
-from bench.running_job import RunningJob
+from bench.running_job import JobWaitError, RunningJob
 
 BENCH = Benchmark("bench.scale", "Memory against corpus size and train workers")
 BASELINE_ROWS = 10_000
@@ -132,7 +132,7 @@ class ObjectStorePeak:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=10)  # a call to a head that is gone may hang: the thread is a daemon
 
     def _run(self) -> None:
         from ray._private.internal_api import get_memory_info_reply, get_state_from_address
@@ -188,22 +188,22 @@ def run_once(
     def processes() -> list[int]:
         return [driver.pid, *(p.pid for p in titled(node, "RayTrainWorker"))]
 
-    with ObjectStorePeak(head.address) as store, AnonPeaks(processes) as anon:
-        try:
+    try:
+        with ObjectStorePeak(head.address) as store, AnonPeaks(processes) as anon:
             job.wait_held(
                 f"train_step={HOLD_STEP}",
                 f"step {HOLD_STEP} of the run on {corpus.name} with {workers} workers",
                 JOB_TIMEOUT_S,
             )
-        except Exception as exc:
-            job.kill_all()
-            sys.exit(f"error: {exc}\n{job.output[-3000:]}")
-        workers_now = titled(node, "RayTrainWorker")
-        worker_peaks = sorted(vm_hwm(p) for p in workers_now)
-        driver_peak = vm_hwm(driver)
-        time.sleep(0.5)  # one more sample of each
+            workers_now = titled(node, "RayTrainWorker")
+            worker_peaks = sorted(vm_hwm(p) for p in workers_now)
+            driver_peak = vm_hwm(driver)
+            time.sleep(0.5)  # one more sample of each
+    except JobWaitError as exc:
+        sys.exit(f"error: {exc}")
+    finally:
+        job.kill_all()  # also when the bench itself is interrupted: the job is its own session
     worker_anon = sorted(anon.peaks.get(p.pid, 0) for p in workers_now)
-    job.kill_all()
     if len(worker_peaks) != workers:
         sys.exit(f"error: found {len(worker_peaks)} train workers, expected {workers}")
     return {
