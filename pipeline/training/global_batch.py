@@ -78,7 +78,8 @@ def gather_rows(local: np.ndarray, sizes: list[int], device: torch.device) -> np
     to the largest slice for the all-gather, on ``device`` as the process group needs)."""
     width = max(sizes)
     padded = torch.full((width, local.shape[1]), -1, dtype=torch.int64, device=device)
-    padded[: len(local)] = torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)).to(device)
+    # A copy: the share's arrays are read-only views of the object store.
+    padded[: len(local)] = torch.tensor(np.asarray(local, dtype=np.int64), device=device)
     gathered = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(gathered, padded)
     return np.concatenate([part[:size].cpu().numpy() for part, size in zip(gathered, sizes, strict=True)])
