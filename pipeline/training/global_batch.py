@@ -53,7 +53,9 @@ class GlobalBatch:
         rows, negatives = share.local(batch_index)
         sizes = worker_slices(int(share.sizes[batch_index]), share.world)
         if share.world == 1:
-            return cls(rows, sizes, share.rank, negatives)
+            # Copies: the share's arrays are read-only views of the object store, which torch
+            # warns about when a step turns them into tensors.
+            return cls(rows.copy(), sizes, share.rank, negatives.copy() if negatives is not None else None)
         local = rows[:, None] if negatives is None else np.concatenate([rows[:, None], negatives], axis=1)
         every = gather_rows(local, sizes, device)
         return cls(every[:, 0].copy(), sizes, share.rank, every[:, 1:] if negatives is not None else None)
