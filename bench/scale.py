@@ -10,7 +10,8 @@ corpus' blocks, and the W train workers on a second node labelled ``role=trainer
 row a worker holds crossed from the head's object store. No mining (``mining.refresh=never``):
 the miner still holds the whole corpus (issue 59); this measures the driver and the workers.
 
-The corpus is generated (:func:`pipeline.data.synthetic.write_generated_corpus`), and the tiny
+The corpus is generated (:func:`pipeline.data.synthetic.write_generated_corpus`; beyond 1M
+rows, copies of the 1M corpus, each copy's lines led by a word of their own), and the tiny
 model's tokenizer is trained once on its first 20,000 lines and passed as ``model.name_or_path``
 (a run without one trains its tokenizer on every text, on the driver). Each run goes until rank 0
 is held at step 20 (a seam: the share was fetched and 19 steps trained), then the bench reads
@@ -45,6 +46,8 @@ from bench.running_job import JobWaitError, RunningJob
 
 BENCH = Benchmark("bench.scale", "Memory against corpus size and train workers")
 BASELINE_ROWS = 10_000
+GENERATED_ROWS = 1_000_000
+"""The largest corpus the generator makes here; larger ones are its copies (:func:`prepare`)."""
 TRAINER_CPUS = 4
 """Logical CPUs of the trainer node: W up to 4 workers of 1 CPU (the 2 cores are shared)."""
 JOB_TIMEOUT_S = 3600.0
@@ -152,7 +155,15 @@ def prepare(workdir: Path, rows: int) -> tuple[Path, Path]:
     from pipeline.model.tiny import build_random_bert_dir
 
     corpus = workdir / f"corpus-{rows}.txt"
-    if not corpus.exists():
+    if not corpus.exists() and rows > GENERATED_ROWS:
+        # The generator's time grows with the square of its size (its vocabulary grows with
+        # it): larger corpora are copies of the largest one it makes, each copy's lines led by
+        # a word of its own, so every line is distinct (one token more a line).
+        base = prepare(workdir, GENERATED_ROWS)[0].read_text().splitlines()
+        with corpus.open("w") as out:
+            for copy in range(-(-rows // len(base))):
+                out.writelines(f"copy{copy} {line}\n" for line in base[: rows - copy * len(base)])
+    elif not corpus.exists():
         write_generated_corpus(corpus, max(1, rows // GENERATED_GROUP_SIZE))
     model = workdir / "tiny-model"
     if not (model / "config.json").exists():
