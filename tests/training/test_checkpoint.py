@@ -145,3 +145,11 @@ def test_resumable_checkpoints_names_the_folder_ray_train_would_resume(tmp_path,
     assert resumable_checkpoints(storage, "run-a") == f"{storage}/run-a"
     assert resumable_checkpoints(storage + "/", "run-a") == f"{storage}/run-a"
     assert resumable_checkpoints(storage, "run-b") is None
+
+
+def test_a_checkpoint_of_the_earlier_plan_format_is_refused_in_one_line():
+    """Checkpoints written before plans travelled as their source held the plan's arrays: a
+    resume from one says what to do instead of failing on a missing key."""
+    saved = {"epoch": 1, "batches_done": 0, "step": 7, "plan": {"version": 1}, "negatives": None}
+    with pytest.raises(ValueError, match="earlier version .* start the run under a new run.name"):
+        TrainState.from_dict(saved)
