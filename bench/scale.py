@@ -33,14 +33,13 @@ import contextlib
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from bench.common import Benchmark, machine_report
+from bench.common import Benchmark, Sampler, machine_report
 from bench.local_cluster import RayHead, RayWorkerNode
 from bench.running_job import JobWaitError, RunningJob
 
@@ -81,33 +80,23 @@ def vm_hwm(process: psutil.Process) -> int:
     return status_bytes(process.pid, "VmHWM")
 
 
-class AnonPeaks:
+class AnonPeaks(Sampler):
     """Each process's largest ``RssAnon`` (its own heap: resident memory that is not a mapped
     file or the shared object store), sampled every 0.2 s; processes are found again every
     second (``find``). The kernel keeps no peak of it, so this is a sampled one."""
 
     def __init__(self, find: Any):
+        super().__init__(0.2)
         self.find, self.peaks = find, {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.pids: list[int] = []
+        self.ticks = 0
 
-    def __enter__(self) -> AnonPeaks:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        pids: list[int] = []
-        ticks = 0
-        while not self._stop.wait(0.2):
-            if ticks % 5 == 0:
-                pids = self.find()
-            ticks += 1
-            for pid in pids:
-                self.peaks[pid] = max(self.peaks.get(pid, 0), status_bytes(pid, "RssAnon"))
+    def sample(self) -> None:
+        if self.ticks % 5 == 0:
+            self.pids = self.find()
+        self.ticks += 1
+        for pid in self.pids:
+            self.peaks[pid] = max(self.peaks.get(pid, 0), status_bytes(pid, "RssAnon"))
 
 
 def titled(root: psutil.Process, title: str) -> list[psutil.Process]:
@@ -121,30 +110,21 @@ def titled(root: psutil.Process, title: str) -> list[psutil.Process]:
     return found
 
 
-class ObjectStorePeak:
+class ObjectStorePeak(Sampler):
     """The largest ``object_store_bytes_used`` summed over the cluster's nodes, polled every second."""
 
     def __init__(self, address: str):
-        self.address, self.peak = address, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        from ray._private.internal_api import get_state_from_address
 
-    def __enter__(self) -> ObjectStorePeak:
-        self._thread.start()
-        return self
+        super().__init__(1.0)
+        self.state, self.peak = get_state_from_address(address), 0
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)  # a call to a head that is gone may hang: the thread is a daemon
+    def sample(self) -> None:
+        from ray._private.internal_api import get_memory_info_reply
 
-    def _run(self) -> None:
-        from ray._private.internal_api import get_memory_info_reply, get_state_from_address
-
-        state = get_state_from_address(self.address)
-        while not self._stop.wait(1.0):
-            with contextlib.suppress(Exception):  # a node that is starting answers nothing yet
-                used = get_memory_info_reply(state).store_stats.object_store_bytes_used
-                self.peak = max(self.peak, int(used))
+        with contextlib.suppress(Exception):  # a node that is starting answers nothing yet
+            used = get_memory_info_reply(self.state).store_stats.object_store_bytes_used
+            self.peak = max(self.peak, int(used))
 
 
 def prepare(workdir: Path, rows: int) -> tuple[Path, Path]:

@@ -94,23 +94,6 @@ class BatchPlan:
             padding=padding_share(self, lengths, world) if lengths is not None else 0.0,
         )
 
-    def to_dict(self) -> dict:
-        return {
-            "version": self.version,
-            "rows": self.rows,
-            "sizes": self.sizes,
-            "sampler": self.sampler,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> BatchPlan:
-        return cls(
-            int(data["version"]),
-            np.asarray(data["rows"], dtype=np.int64),
-            np.asarray(data["sizes"], dtype=np.int64),
-            str(data.get("sampler", "random")),
-        )
-
 
 @dataclass
 class PlanShare:

@@ -90,15 +90,6 @@ class TokenizedBlocks:
             for k in np.flatnonzero(np.diff(bounds))
         ]
 
-    def take(self, positions: np.ndarray) -> pa.Table:
-        """``(input_ids)`` of the sorted, distinct ``positions``, in their order, as one table."""
-        import ray
-
-        tables = ray.get(self.take_refs(positions))
-        if not tables:
-            return pa.table({"input_ids": pa.array([], pa.large_list(pa.int32()))})
-        return pa.concat_tables(tables)
-
 
 class TokenizedCorpus:
     """Position-addressed view of the tokenized table, shared by training and mining.
