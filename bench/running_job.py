@@ -32,6 +32,23 @@ class JobWaitError(RuntimeError):
     """A condition on a running job did not come true in time, or the job ended first."""
 
 
+def titled(root: psutil.Process, title: str) -> list[psutil.Process]:
+    """Descendants of ``root`` whose process title contains ``title`` (Ray sets ``ray::Class.method``);
+    none once ``root`` is gone."""
+    found = []
+    try:
+        children = root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    for child in children:
+        try:
+            if title in " ".join(child.cmdline()):
+                found.append(child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
 class RunningJob:
     """``jobs/train.py`` in its own session, its output collected line by line with arrival times.
 
@@ -82,20 +99,12 @@ class RunningJob:
 
     def processes(self, title: str) -> list[psutil.Process]:
         """Descendants of the job whose process title (Ray sets ``ray::Class.method``) contains ``title``."""
-        found = []
         if self.proc.returncode is not None:
             return []  # reaped: the pid may be another process's now
         try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
+            return titled(psutil.Process(self.proc.pid), title)
         except psutil.NoSuchProcess:
             return []
-        for child in children:
-            try:
-                if title in " ".join(child.cmdline()):
-                    found.append(child)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        return found
 
     def wait_held(self, point: str, what: str, timeout: float = 400) -> int:
         """The pid of the job's process blocked at the seam ``point`` (one of ``holds``), once

@@ -41,7 +41,7 @@ import psutil
 
 from bench.common import Benchmark, Sampler, machine_report
 from bench.local_cluster import RayHead, RayWorkerNode
-from bench.running_job import JobWaitError, RunningJob
+from bench.running_job import JobWaitError, RunningJob, titled
 
 BENCH = Benchmark("bench.scale", "Memory against corpus size and train workers")
 BASELINE_ROWS = 10_000
@@ -97,17 +97,6 @@ class AnonPeaks(Sampler):
         self.ticks += 1
         for pid in self.pids:
             self.peaks[pid] = max(self.peaks.get(pid, 0), status_bytes(pid, "RssAnon"))
-
-
-def titled(root: psutil.Process, title: str) -> list[psutil.Process]:
-    """Descendants of ``root`` whose process title contains ``title`` (Ray sets ``ray::Class``)."""
-    found = []
-    with contextlib.suppress(psutil.Error):
-        for child in root.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                if title in " ".join(child.cmdline()):
-                    found.append(child)
-    return found
 
 
 class ObjectStorePeak(Sampler):
@@ -173,7 +162,7 @@ def run_once(
     job = RunningJob(
         run_dir, overrides, env=dict(head.env), config=str(config), holds=(f"train_step={HOLD_STEP}",)
     )
-    node = psutil.Process(trainers.proc.pid)
+    node = psutil.Process(trainers.proc.pid)  # the trainer node's ray start: its workers descend from it
     driver = psutil.Process(job.proc.pid)
 
     def processes() -> list[int]:
