@@ -175,7 +175,7 @@ def tokenize_texts(
     actors; the tokens stay in the object store.
 
     The blocks come out sorted by id (Ray Data's ``sort``) into ranges of positions, so a
-    worker finds any row from the blocks' sizes (:meth:`TokenizedBlocks.take`), and the
+    worker finds any row from the blocks' sizes (:meth:`TokenizedBlocks.take_refs`), and the
     tokens per position are put beside them (``lengths_ref``).
 
     Returns:

@@ -170,8 +170,9 @@ class CorpusShare:
         """Hold exactly the rows at the sorted, distinct ``positions``, of ``lengths`` tokens
         each, fetching them unless they are the ones held already.
 
-        The rows go straight into one array, a block's part at a time: the worker's peak is its
-        share and one part, not the parts and their copy."""
+        The rows go straight into one array, a block's part at a time, so the worker's heap
+        holds its share once (its peak RSS also counts the object-store pages of the parts it
+        read: Ray maps the store into the process)."""
         import ray
 
         wanted = np.asarray(positions, dtype=np.int64)
@@ -188,7 +189,7 @@ class CorpusShare:
                 flat = pc.list_flatten(chunk).to_numpy()
                 values[filled : filled + len(flat)] = flat
                 filled += len(flat)
-            del part  # its object-store pages are let go before the next part maps in
+            del part  # the part's object can leave the store once copied
         if filled != len(values):
             raise RuntimeError(
                 f"the corpus' blocks hold {filled} tokens for these rows, their lengths say {len(values)}"

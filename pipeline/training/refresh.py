@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from pipeline.batching.plan import PlanShare
+from pipeline.batching.plan import BatchPlan, PlanShare
 from pipeline.config.schema import Config
 from pipeline.core.errors import UnrecoverableError, first_line
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
@@ -144,9 +144,9 @@ class PlanRefresher:
             self._submit(epoch, model, plan.version + 1, step)
 
     def next_plan(self, epoch: int, state: TrainState, model: SentenceEncoder) -> Adopted:
-        """The plan for the epoch after ``epoch``, the rows' negatives column it trains with and
-        what its boundary did, the same on every rank (``state.plan``: the finished epoch's
-        plan; ``state.step``: the step now)."""
+        """Where the plan for the epoch after ``epoch`` comes from (the same on every rank), this
+        rank's share of it (its rows with their negatives) and what its boundary did
+        (``state.source``: the finished epoch's plan's; ``state.step``: the step now)."""
         assert state.source is not None
         if not self.asks_miner(epoch):
             # No refresh: a reshuffled plan, named identically on every rank, no communication.
@@ -211,7 +211,9 @@ class PlanRefresher:
         assert report.plan is not None
         return PlanSource(version, mined_plan=self._written(version, plan=report.plan)), boundary
 
-    def _written(self, version: int, *, plan: Any = None, negatives: np.ndarray | None = None) -> str | None:
+    def _written(
+        self, version: int, *, plan: BatchPlan | None = None, negatives: np.ndarray | None = None
+    ) -> str | None:
         """Rank 0: the URI of what refresh ``version`` mined, written to :attr:`mined_dir` (None: nothing)."""
         if plan is None and negatives is None:
             return None

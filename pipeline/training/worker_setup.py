@@ -213,7 +213,7 @@ class WorkerParts:
     """The rows this rank trains on, held epoch by epoch (what ``train_step`` reads)."""
     device: torch.device
     """Where the step runs (and the global batch's rows are gathered)."""
-    refresher: PlanRefresher
+    refresher: PlanRefresher | None
     evaluator: EvalRecorder | None
     checkpoints: CheckpointReporter | None
     logger: Any
