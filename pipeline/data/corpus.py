@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config.data_section import DataSection
+from pipeline.core.distinct import sorted_distinct
 from pipeline.core.errors import DataError
 from pipeline.data.formats import infer_format
 from pipeline.data.placement import ANYWHERE, ReadNodes
@@ -90,7 +91,7 @@ def load_clean_corpus(
         read, block_rows = block_columns(blocks, ["id", INVALID_UTF8], section.tokenize_num_cpus)
     ids = read.column("id").to_numpy()
     invalid = read.column(INVALID_UTF8).to_numpy(zero_copy_only=False)
-    distinct = np.unique(ids[ids >= 0])
+    distinct = sorted_distinct(ids[ids >= 0])
     kept = distinct[: section.max_rows]  # sorted by content hash: a fixed pseudo-random sample
     stats = CorpusStats(
         rows_read=len(ids),

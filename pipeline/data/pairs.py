@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config.data_section import DataSection
+from pipeline.core.distinct import sorted_distinct
 from pipeline.core.errors import DataError
 from pipeline.data.columns import corpus_columns, pair_columns, require_columns, require_text_column
 from pipeline.data.delimited import require_pairs_tsv_fields
@@ -210,7 +211,7 @@ def load_pairs(section: DataSection, *, reads: ReadNodes = ANYWHERE) -> PairRows
     if section.pool is not None:
         pool_source = read_pool(section, reads=reads)
         sources.append(pool_source)
-        pool = np.unique(pool_source.ids[0][pool_source.ids[0] >= 0])
+        pool = sorted_distinct(pool_source.ids[0][pool_source.ids[0] >= 0])
     return PairRows(
         anchor_ids,
         positive_ids,

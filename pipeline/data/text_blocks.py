@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
+from pipeline.core.distinct import first_occurrences, sorted_distinct
 from pipeline.data.read_failures import READ_FAILURE, raise_read_failure
 from pipeline.data.tokenized import sorted_by_id
 
@@ -70,6 +72,21 @@ def block_columns(blocks: list[Any], columns: list[str], num_cpus: float) -> tup
     return pa.concat_tables(tables).combine_chunks(), rows
 
 
+@ray.remote
+def _column_sums(block: pa.Table, columns: list[str]) -> dict[str, int]:
+    return {c: int(pc.sum(block.column(c)).as_py() or 0) for c in columns}
+
+
+def column_totals(blocks: list[Any], columns: list[str], num_cpus: float) -> dict[str, int]:
+    """The sum of each named (numeric or bool) column over every block, summed where the
+    blocks are: counts a row of which the driver needs only the total."""
+    totals = dict.fromkeys(columns, 0)
+    for sums in ray.get([_column_sums.options(num_cpus=num_cpus).remote(b, columns) for b in blocks]):
+        for column, value in sums.items():
+            totals[column] += value
+    return totals
+
+
 @dataclass(frozen=True)
 class TextColumns:
     """Text columns of blocks in the object store, with the ids the driver holds for them."""
@@ -111,16 +128,18 @@ def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: flo
         wanted: the ids to gather (each must occur in ``sources``).
         num_cpus: CPUs each taking task reserves (``data.tokenize_num_cpus``).
     """
-    wanted = np.unique(wanted)
-    flat = (
-        np.concatenate([ids for source in sources for ids in source.ids])
-        if sources
-        else np.empty(0, np.int64)
-    )
-    found, first = np.unique(flat, return_index=True)
-    picked = first[np.isin(found, wanted, assume_unique=True)]
-    if len(picked) != len(wanted):
-        raise RuntimeError(f"{len(wanted) - len(picked)} of the wanted texts are in no block")
+    if len(wanted) > 1 and not (wanted[1:] > wanted[:-1]).all():
+        wanted = sorted_distinct(wanted)
+    every = [ids for source in sources for ids in source.ids]
+    flat = every[0] if len(every) == 1 else np.concatenate(every or [np.empty(0, np.int64)])
+    found, first = first_occurrences(flat)
+    del flat, every
+    at = np.searchsorted(found, wanted).clip(max=max(len(found) - 1, 0))
+    missing = int((found[at] != wanted).sum()) if len(found) else len(wanted)
+    if missing:
+        raise RuntimeError(f"{missing} of the wanted texts are in no block")
+    picked = first[at]
+    del found, first, at
     picked.sort()
     blocks: list[Any] = []
     start = 0

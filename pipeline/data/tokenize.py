@@ -189,7 +189,7 @@ def tokenize_texts(
     import ray
     import ray.data
 
-    from pipeline.data.text_blocks import block_columns, materialized_blocks
+    from pipeline.data.text_blocks import block_columns, column_totals, materialized_blocks
 
     batches = -(-len(texts) // ROWS_PER_BATCH)
     # The pool grows from one actor to what the cluster's CPUs hold at data.tokenize_num_cpus
@@ -218,20 +218,14 @@ def tokenize_texts(
         )
     sorted_blocks = max(1, min(MAX_SORTED_BLOCKS, -(-len(texts) // SORTED_BLOCK_ROWS)))
     blocks = materialized_blocks(ds.repartition(sorted_blocks).sort("id"))
-    counts, rows = block_columns(
-        blocks, ["truncated", "unk_tokens", "word_tokens", "length"], section.tokenize_num_cpus
-    )
-
-    def total(column: str) -> int:
-        return int(pc.sum(counts.column(column)).as_py() or 0)
-
+    lengths, rows = block_columns(blocks, ["length"], section.tokenize_num_cpus)
+    totals = column_totals(blocks, ["truncated", "unk_tokens", "word_tokens"], section.tokenize_num_cpus)
     stats = TokenizeStats(
-        sentences=counts.num_rows,
-        truncated=total("truncated"),
+        sentences=lengths.num_rows,
+        truncated=totals["truncated"],
         max_seq_len=section.max_seq_len,
-        unk_tokens=total("unk_tokens"),
-        word_tokens=total("word_tokens"),
+        unk_tokens=totals["unk_tokens"],
+        word_tokens=totals["word_tokens"],
         has_unk=getattr(tokenizer, "unk_token_id", None) is not None,
     )
-    lengths = counts.column("length").to_numpy()
-    return TokenizedBlocks(blocks, tuple(rows.tolist()), ray.put(lengths)), stats
+    return TokenizedBlocks(blocks, tuple(rows.tolist()), ray.put(lengths.column("length").to_numpy())), stats

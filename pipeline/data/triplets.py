@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.core.distinct import sorted_distinct
 from pipeline.data.utf8 import text_ids
 
 
@@ -43,7 +44,7 @@ class Triplets:
 
     def candidate_pool(self) -> np.ndarray:
         """Sorted, distinct positions of the texts negatives are mined from."""
-        return np.unique(self.pool if self.pool is not None else self.positive)
+        return sorted_distinct(self.pool if self.pool is not None else self.positive)
 
 
 def one_array(texts: Any) -> pa.Array:
@@ -83,7 +84,7 @@ def triplets_from_ids(
         parts.append(negative[negative >= 0])
     if pool is not None:
         parts.append(pool)
-    ids = np.unique(np.concatenate(parts))
+    ids = sorted_distinct(np.concatenate(parts))
 
     def positions(column: np.ndarray) -> np.ndarray:
         return np.where(column >= 0, np.searchsorted(ids, column), -1).astype(np.int64)
@@ -93,7 +94,7 @@ def triplets_from_ids(
         positions(anchor),
         positive_at,
         positions(negative) if negative is not None else np.full(len(positive_at), -1, dtype=np.int64),
-        pool=np.union1d(positions(pool), positive_at) if pool is not None else None,
+        pool=sorted_distinct(np.concatenate([positions(pool), positive_at])) if pool is not None else None,
     )
     return ids, triplets
 
