@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -121,41 +122,64 @@ def choose_backend(use_gpu: bool) -> str:
     return "faiss-cpu"
 
 
-def knn_search(
-    vectors: np.ndarray,
-    k: int,
-    use_gpu: bool = False,
-    spec: IndexSpec | None = None,
-    query_chunk: int = 8192,
-    seed: int = 0,
-    queries: np.ndarray | None = None,
-) -> KnnResult:
-    """Top-``k`` neighbours among the rows of ``vectors`` for each query.
+class VectorIndex:
+    """An index over L2-normalised vectors, built once and searched as often as asked: a miner
+    shard builds one over its slice and searches it chunk after chunk of queries.
 
     Args:
-        vectors: ``(n, d)`` float32, L2-normalised: the searched corpus.
-        k: neighbours per query; capped at ``n``.
+        vectors: ``(n, d)`` float32, L2-normalised: the searched rows.
         use_gpu: search on a GPU when one is usable (see module docstring).
         spec: the index kind (default ``auto``).
-        query_chunk: queries per GPU matrix product (bounds GPU memory to ``chunk x n``).
         seed: for the IVF training sample.
-        queries: ``(m, d)`` float32, L2-normalised; ``None`` searches every row of
-            ``vectors`` (each finds itself first).
+        query_chunk: queries per matrix product on the ``torch-cuda`` path (bounds its
+            memory to ``chunk x n`` scores).
     """
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    queries = vectors if queries is None else np.ascontiguousarray(queries, dtype=np.float32)
-    n, dim = vectors.shape
-    k = min(k, n)
-    spec = spec or IndexSpec()
-    backend = choose_backend(use_gpu)
-    kind = spec.resolve(n, backend)
-    if backend == "torch-cuda" and kind == "flat":
-        return torch_search(vectors, queries, k, query_chunk)
-    if backend == "torch-cuda":
-        backend = "faiss-cpu"
+
+    def __init__(
+        self,
+        vectors: np.ndarray,
+        *,
+        use_gpu: bool = False,
+        spec: IndexSpec | None = None,
+        seed: int = 0,
+        query_chunk: int = 8192,
+    ):
+        start = time.perf_counter()
+        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        self.rows, dim = self.vectors.shape
+        backend = choose_backend(use_gpu)
+        self.kind = (spec or IndexSpec()).resolve(self.rows, backend)
+        self.query_chunk = query_chunk
+        self._base: torch.Tensor | None = None
+        self._index: Any = None
+        if backend == "torch-cuda" and self.kind == "flat":
+            self._base = torch.from_numpy(self.vectors).to("cuda")
+            torch.cuda.synchronize()
+        else:
+            backend = "faiss-cpu" if backend == "torch-cuda" else backend
+            self._index = _faiss_index(self.vectors, self.kind, on_gpu=backend == "faiss-gpu", seed=seed)
+        self.backend = f"{backend}/{self.kind}"
+        self.build_seconds = time.perf_counter() - start
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(m, k)`` float32 scores (best first) and int64 row positions of each query's top
+        ``k`` (capped at the rows), -1 where fewer exist.
+
+        Args:
+            queries: ``(m, d)`` float32, L2-normalised.
+        """
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        k = min(k, self.rows)
+        if self._base is not None:
+            return _torch_top_k(self._base, queries, k, self.query_chunk)
+        scores, indices = self._index.search(queries, k)
+        return scores, indices.astype(np.int64, copy=False)
+
+
+def _faiss_index(vectors: np.ndarray, kind: str, *, on_gpu: bool, seed: int) -> Any:
     import faiss  # deferred, as in choose_backend
 
-    start = time.perf_counter()
+    n, dim = vectors.shape
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     else:
@@ -170,13 +194,38 @@ def knn_search(
         )
         index.train(vectors[np.sort(sample)])
         index.nprobe = min(NPROBE, cells)
-    if backend == "faiss-gpu":
+    if on_gpu:
         index = faiss.index_cpu_to_all_gpus(index)
     index.add(vectors)
-    built = time.perf_counter()
-    scores, indices = index.search(queries, k)
-    done = time.perf_counter()
-    return KnnResult(scores, indices.astype(np.int64), f"{backend}/{kind}", built - start, done - built)
+    return index
+
+
+def knn_search(
+    vectors: np.ndarray,
+    k: int,
+    use_gpu: bool = False,
+    spec: IndexSpec | None = None,
+    query_chunk: int = 8192,
+    seed: int = 0,
+    queries: np.ndarray | None = None,
+) -> KnnResult:
+    """Top-``k`` neighbours among the rows of ``vectors`` for each query: one
+    :class:`VectorIndex` built and searched once.
+
+    Args:
+        vectors: ``(n, d)`` float32, L2-normalised: the searched corpus.
+        k: neighbours per query; capped at ``n``.
+        use_gpu: search on a GPU when one is usable (see module docstring).
+        spec: the index kind (default ``auto``).
+        query_chunk: queries per GPU matrix product (bounds GPU memory to ``chunk x n``).
+        seed: for the IVF training sample.
+        queries: ``(m, d)`` float32, L2-normalised; ``None`` searches every row of
+            ``vectors`` (each finds itself first).
+    """
+    index = VectorIndex(vectors, use_gpu=use_gpu, spec=spec, seed=seed, query_chunk=query_chunk)
+    started = time.perf_counter()
+    scores, indices = index.search(index.vectors if queries is None else queries, k)
+    return KnnResult(scores, indices, index.backend, index.build_seconds, time.perf_counter() - started)
 
 
 def torch_search(
@@ -198,12 +247,19 @@ def torch_search(
     if base.is_cuda:
         torch.cuda.synchronize()
     built = time.perf_counter()
+    scores, indices = _torch_top_k(base, queries, k, query_chunk)
+    done = time.perf_counter()
+    return KnnResult(scores, indices, f"torch-{device}/flat", built - start, done - built)
+
+
+def _torch_top_k(
+    base: torch.Tensor, queries: np.ndarray, k: int, query_chunk: int
+) -> tuple[np.ndarray, np.ndarray]:
     scores = np.empty((len(queries), k), dtype=np.float32)
     indices = np.empty((len(queries), k), dtype=np.int64)
     for lo in range(0, len(queries), query_chunk):
-        sims = torch.from_numpy(queries[lo : lo + query_chunk]).to(device) @ base.T
+        sims = torch.from_numpy(queries[lo : lo + query_chunk]).to(base.device) @ base.T
         top = torch.topk(sims, k, dim=1)
         scores[lo : lo + query_chunk] = top.values.cpu().numpy()
         indices[lo : lo + query_chunk] = top.indices.cpu().numpy()
-    done = time.perf_counter()
-    return KnnResult(scores, indices, f"torch-{device}/flat", built - start, done - built)
+    return scores, indices

@@ -1,0 +1,89 @@
+"""Exact k-NN over vectors split into shards: every query is searched on every shard, and the
+shards' top-k lists are merged into one.
+
+A corpus of 10M+ rows does not fit one searcher (3 KB a row at 768 dimensions, before the
+index's own copy). Each shard holds a contiguous slice of the rows and its own
+:class:`~pipeline.mining.index.VectorIndex`; a query's ``k`` best over the whole corpus are
+among the union of each shard's ``k`` best, so merging them gives exactly what one index over
+all the rows gives (with flat indexes; IVF and IVF-PQ are approximate per shard as they are
+whole). Queries go in chunks, so no process holds the ``n x k`` result of every query at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.mining.index import IndexSpec, VectorIndex
+
+
+class ShardSearch(Protocol):
+    """What the merge needs of a shard: its top ``k`` of a chunk of queries, as global rows."""
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class IndexShard:
+    """One shard: the rows ``first .. first + len(vectors) - 1`` of the corpus and their index.
+
+    Args:
+        vectors: ``(rows, d)`` float32, L2-normalised: this shard's slice.
+        first: the corpus position of ``vectors[0]``.
+        spec, use_gpu, seed: as :class:`~pipeline.mining.index.VectorIndex`.
+    """
+
+    def __init__(
+        self,
+        vectors: np.ndarray,
+        first: int,
+        *,
+        spec: IndexSpec | None = None,
+        use_gpu: bool = False,
+        seed: int = 0,
+    ):
+        self.first = first
+        self.index = VectorIndex(vectors, spec=spec, use_gpu=use_gpu, seed=seed)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(m, min(k, rows))`` scores and corpus positions (-1 where fewer exist)."""
+        scores, rows = self.index.search(queries, k)
+        return scores, np.where(rows >= 0, rows + self.first, -1)
+
+
+def merge_top_k(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best of each query over every shard's top list.
+
+    Args:
+        parts: per shard, ``(m, k_s)`` float32 scores (best first) and int64 corpus positions
+            (-1: no row) of the same ``m`` queries.
+        k: neighbours to keep per query.
+
+    Returns:
+        ``(m, k)`` scores, best first, and positions: a tie keeps the earlier shard's row
+        first, and -1 (score ``-inf``) pads where the shards hold fewer than ``k`` rows in all.
+    """
+    scores = np.concatenate([s for s, _ in parts], axis=1)
+    rows = np.concatenate([r for _, r in parts], axis=1)
+    scores = np.where(rows >= 0, scores, -np.inf).astype(np.float32)
+    if scores.shape[1] < k:
+        pad = k - scores.shape[1]
+        scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+        rows = np.pad(rows, ((0, 0), (0, pad)), constant_values=-1)
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, best, axis=1), np.take_along_axis(rows, best, axis=1)
+
+
+def sharded_search(
+    shards: Sequence[ShardSearch], queries: np.ndarray, k: int, query_chunk: int = 65_536
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Each chunk of ``queries`` searched on every shard and merged (:func:`merge_top_k`).
+
+    Yields:
+        ``(first query of the chunk, scores, positions)``, chunk after chunk, so a caller
+        filters and keeps what it needs of a chunk before the next one is searched.
+    """
+    for lo in range(0, len(queries), query_chunk):
+        chunk = queries[lo : lo + query_chunk]
+        yield (lo, *merge_top_k([shard.search(chunk, k) for shard in shards], k))

@@ -1,0 +1,49 @@
+"""Sharded exact search (pipeline/mining/sharded_search.py) against one flat FAISS index over
+the same vectors."""
+
+import numpy as np
+import pytest
+
+from pipeline.mining.index import IndexSpec, knn_search
+from pipeline.mining.sharded_search import IndexShard, merge_top_k, sharded_search
+
+
+def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def shards_of(vectors: np.ndarray, bounds: list[int]) -> list[IndexShard]:
+    edges = [0, *bounds, len(vectors)]
+    return [
+        IndexShard(vectors[lo:hi], lo, spec=IndexSpec("flat"))
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+    ]
+
+
+@pytest.mark.parametrize("bounds", [[], [500], [7, 400, 401]])  # 1, 2 and 4 shards, one of a single row
+def test_sharded_flat_search_equals_one_flat_index(bounds: list[int]) -> None:
+    vectors, queries = unit_vectors(1000, 24, 0), unit_vectors(300, 24, 1)
+    whole = knn_search(vectors, 16, spec=IndexSpec("flat"), queries=queries)
+    chunks = list(sharded_search(shards_of(vectors, bounds), queries, 16, query_chunk=128))
+    assert [lo for lo, _, _ in chunks] == [0, 128, 256]
+    scores = np.concatenate([s for _, s, _ in chunks])
+    rows = np.concatenate([r for _, _, r in chunks])
+    np.testing.assert_array_equal(rows, whole.indices)
+    np.testing.assert_array_equal(scores, whole.scores)  # the same dot products, bit for bit
+
+
+def test_every_row_against_the_corpus_finds_itself_first_across_shards() -> None:
+    vectors = unit_vectors(600, 16, 2)
+    ((_, scores, rows),) = sharded_search(shards_of(vectors, [250]), vectors, 5)
+    np.testing.assert_array_equal(rows[:, 0], np.arange(600))
+    np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
+
+
+def test_merge_pads_when_the_shards_hold_fewer_rows_than_k() -> None:
+    scores = np.array([[0.9, 0.1]], dtype=np.float32)
+    merged_scores, merged_rows = merge_top_k(
+        [(scores, np.array([[4, 5]])), (np.array([[0.5]], np.float32), np.array([[9]]))], 4
+    )
+    np.testing.assert_array_equal(merged_rows, [[4, 9, 5, -1]])
+    np.testing.assert_array_equal(merged_scores, np.array([[0.9, 0.5, 0.1, -np.inf]], np.float32))
