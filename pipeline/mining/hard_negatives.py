@@ -2,9 +2,10 @@
 training's miner both call it: vectors in, a table of negatives out.
 
 Mining is four steps, each visible in the function body: search each anchor's ``top_k``
-nearest pool vectors (FAISS, :func:`~pipeline.mining.index.knn_search`), mark the candidates
-that are the anchor's own text or one of its known positives, filter them
-(:mod:`pipeline.mining.negatives`), and keep ``num_negatives`` per anchor. The result is data,
+nearest pool vectors (FAISS, :class:`~pipeline.mining.index.VectorIndex`, or a miner's shards
+searched as one), mark the candidates that are the anchor's own text or one of its known
+positives, filter them (:mod:`pipeline.mining.negatives`), and keep ``num_negatives`` per
+anchor. The result is data,
 not a control object: a :class:`MinedNegatives` table with one row per anchor. What a run logs
 of a mining is computed from that table afterwards, in one place
 (:func:`pipeline.mining.mining_metrics.mining_metrics`).
@@ -19,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config.schema import Config
-from pipeline.mining.index import IndexSpec, choose_backend, knn_search
+from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex, choose_backend
 from pipeline.mining.negatives import NegativeFilters, select_negatives
 from pipeline.mining.text_keys import duplicate_mask, known_positive_mask
 
@@ -82,7 +83,7 @@ def mine_hard_negatives(
     *,
     anchor_vectors: np.ndarray,
     positive_vectors: np.ndarray,
-    pool_vectors: np.ndarray,
+    pool_vectors: np.ndarray | NeighbourSearch,
     anchor_keys: np.ndarray,
     positive_keys: np.ndarray,
     pool_keys: np.ndarray,
@@ -96,7 +97,9 @@ def mine_hard_negatives(
     Args:
         anchor_vectors, positive_vectors: ``(n, dim)`` L2-normalised embeddings of each row's
             anchor and positive.
-        pool_vectors: ``(p, dim)`` L2-normalised embeddings of the candidate texts.
+        pool_vectors: ``(p, dim)`` L2-normalised embeddings of the candidate texts, or an index
+            already built over them (:class:`~pipeline.mining.index.NeighbourSearch`: a miner's
+            shards, searched as one).
         anchor_keys, positive_keys, pool_keys: ``(n,)``, ``(n,)``, ``(p,)``
             :func:`~pipeline.mining.text_keys.text_keys` of the same texts, in one key space:
             equal keys are the same sentence up to case, accents and punctuation.
@@ -111,18 +114,21 @@ def mine_hard_negatives(
         One row per anchor: its negatives as pool positions, their scores, and what each
         filter removed (:class:`MinedNegatives`).
     """
-    k = min(search.top_k, len(pool_vectors))
-    knn = knn_search(
-        pool_vectors, k, use_gpu=search.use_gpu, spec=search.index, seed=seed, queries=anchor_vectors
+    index = (
+        VectorIndex(pool_vectors, use_gpu=search.use_gpu, spec=search.index, seed=seed)
+        if isinstance(pool_vectors, np.ndarray)
+        else pool_vectors
     )
+    started = time.perf_counter()
+    candidate_scores, candidates = index.search(anchor_vectors, search.top_k)
     t0 = time.perf_counter()
-    duplicate = duplicate_mask(knn.indices, anchor_keys, positive_keys, pool_keys)
+    duplicate = duplicate_mask(candidates, anchor_keys, positive_keys, pool_keys)
     known = None
     if exclude_known_positives:
-        known = known_positive_mask(knn.indices, anchor_keys, pool_keys, anchor_keys, positive_keys)
+        known = known_positive_mask(candidates, anchor_keys, pool_keys, anchor_keys, positive_keys)
     positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors).astype(np.float32)
     chosen = select_negatives(
-        knn.indices, knn.scores, positive_scores, duplicate, filters, seed=seed, known_positive=known
+        candidates, candidate_scores, positive_scores, duplicate, filters, seed=seed, known_positive=known
     )
     m = chosen.indices.shape[1]
     table = pa.table(
@@ -135,5 +141,5 @@ def mine_hard_negatives(
             **chosen.per_row,
         }
     )
-    seconds = {"index": knn.index_seconds, "search": knn.search_seconds, "filter": time.perf_counter() - t0}
-    return MinedNegatives(table, knn.backend, seconds)
+    seconds = {"index": index.build_seconds, "search": t0 - started, "filter": time.perf_counter() - t0}
+    return MinedNegatives(table, index.backend, seconds)

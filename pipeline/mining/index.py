@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -120,6 +120,20 @@ def choose_backend(use_gpu: bool) -> str:
         if torch.cuda.is_available():
             return "torch-cuda"
     return "faiss-cpu"
+
+
+class NeighbourSearch(Protocol):
+    """A built index over ``rows`` vectors: one :class:`VectorIndex`, or shards of one merged
+    (:class:`~pipeline.mining.sharded_search.ShardedIndex`)."""
+
+    rows: int
+    backend: str
+    """``<backend>/<kind>``, e.g. ``faiss-cpu/flat``."""
+    build_seconds: float
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(m, min(k, rows))`` scores, best first, and row positions (-1: none)."""
+        ...
 
 
 class VectorIndex:

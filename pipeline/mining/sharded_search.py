@@ -12,25 +12,19 @@ whole). Queries go in chunks, so no process holds the ``n x k`` result of every 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol
 
 import numpy as np
 
-from pipeline.mining.index import IndexSpec, VectorIndex
-
-
-class ShardSearch(Protocol):
-    """What the merge needs of a shard: its top ``k`` of a chunk of queries, as global rows."""
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
+from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex
 
 
 class IndexShard:
-    """One shard: the rows ``first .. first + len(vectors) - 1`` of the corpus and their index.
+    """One shard: the rows ``first .. first + len(vectors) - 1`` of the searched vectors and
+    their own :class:`~pipeline.mining.index.VectorIndex`.
 
     Args:
         vectors: ``(rows, d)`` float32, L2-normalised: this shard's slice.
-        first: the corpus position of ``vectors[0]``.
+        first: the position of ``vectors[0]`` among all the shards' rows.
         spec, use_gpu, seed: as :class:`~pipeline.mining.index.VectorIndex`.
     """
 
@@ -45,11 +39,36 @@ class IndexShard:
     ):
         self.first = first
         self.index = VectorIndex(vectors, spec=spec, use_gpu=use_gpu, seed=seed)
+        self.rows, self.backend, self.build_seconds = (
+            self.index.rows,
+            self.index.backend,
+            self.index.build_seconds,
+        )
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(m, min(k, rows))`` scores and corpus positions (-1 where fewer exist)."""
+        """``(m, min(k, rows))`` scores and positions among all the shards' rows (-1: none)."""
         scores, rows = self.index.search(queries, k)
         return scores, np.where(rows >= 0, rows + self.first, -1)
+
+
+class ShardedIndex:
+    """Shards of one index searched as one: each query on every shard, the top lists merged
+    (:func:`merge_top_k`). A :class:`~pipeline.mining.index.NeighbourSearch`.
+
+    Args:
+        shards: anything with ``search``, ``rows``, ``backend`` and ``build_seconds`` (an
+            :class:`IndexShard`, or a handle that answers for one), holding consecutive slices.
+    """
+
+    def __init__(self, shards: Sequence[NeighbourSearch]):
+        self.shards = list(shards)
+        self.rows = sum(shard.rows for shard in self.shards)
+        self.backend = f"{self.shards[0].backend} x{len(self.shards)}"
+        self.build_seconds = max(shard.build_seconds for shard in self.shards)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, self.rows)
+        return merge_top_k([shard.search(queries, k) for shard in self.shards], k)
 
 
 def merge_top_k(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,14 +95,13 @@ def merge_top_k(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple
 
 
 def sharded_search(
-    shards: Sequence[ShardSearch], queries: np.ndarray, k: int, query_chunk: int = 65_536
+    index: NeighbourSearch, queries: np.ndarray, k: int, query_chunk: int = 65_536
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Each chunk of ``queries`` searched on every shard and merged (:func:`merge_top_k`).
+    """Each chunk of ``queries`` searched on ``index`` (sharded or whole).
 
     Yields:
         ``(first query of the chunk, scores, positions)``, chunk after chunk, so a caller
         filters and keeps what it needs of a chunk before the next one is searched.
     """
     for lo in range(0, len(queries), query_chunk):
-        chunk = queries[lo : lo + query_chunk]
-        yield (lo, *merge_top_k([shard.search(chunk, k) for shard in shards], k))
+        yield (lo, *index.search(queries[lo : lo + query_chunk], k))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pipeline.mining.index import IndexSpec, knn_search
-from pipeline.mining.sharded_search import IndexShard, merge_top_k, sharded_search
+from pipeline.mining.sharded_search import IndexShard, ShardedIndex, merge_top_k, sharded_search
 
 
 def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
@@ -13,12 +13,14 @@ def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def shards_of(vectors: np.ndarray, bounds: list[int]) -> list[IndexShard]:
+def shards_of(vectors: np.ndarray, bounds: list[int]) -> ShardedIndex:
     edges = [0, *bounds, len(vectors)]
-    return [
-        IndexShard(vectors[lo:hi], lo, spec=IndexSpec("flat"))
-        for lo, hi in zip(edges[:-1], edges[1:], strict=True)
-    ]
+    return ShardedIndex(
+        [
+            IndexShard(vectors[lo:hi], lo, spec=IndexSpec("flat"))
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+        ]
+    )
 
 
 @pytest.mark.parametrize("bounds", [[], [500], [7, 400, 401]])  # 1, 2 and 4 shards, one of a single row
@@ -47,3 +49,36 @@ def test_merge_pads_when_the_shards_hold_fewer_rows_than_k() -> None:
     )
     np.testing.assert_array_equal(merged_rows, [[4, 9, 5, -1]])
     np.testing.assert_array_equal(merged_scores, np.array([[0.9, 0.5, 0.1, -np.inf]], np.float32))
+
+
+def test_mining_over_shards_gives_the_one_index_negatives_column() -> None:
+    """The pairs task's column of negatives, the filters and their counts: the same whether the
+    pool is one flat index or three shards of it."""
+    from pipeline.mining.hard_negatives import SearchSettings, mine_hard_negatives
+    from pipeline.mining.negatives import NegativeFilters
+
+    rng = np.random.default_rng(3)
+    pool = unit_vectors(800, 16, 4)
+    positives = pool[rng.integers(0, 800, size=200)]
+    anchors = positives + 0.4 * unit_vectors(200, 16, 5)  # near their positives: the margin keeps most
+    anchors /= np.linalg.norm(anchors, axis=1, keepdims=True)
+    pool_keys = np.arange(800) % 700  # some texts repeated: the duplicate filter has work
+    anchor_keys, positive_keys = rng.integers(0, 900, size=200), rng.integers(0, 800, size=200) % 700
+    search = SearchSettings(top_k=32, index=IndexSpec("flat"))
+    filters = NegativeFilters(range_min=2, num_negatives=3, relative_margin=0.05)
+
+    def mined(pool_vectors):  # noqa: ANN001, ANN202
+        return mine_hard_negatives(
+            anchor_vectors=anchors, positive_vectors=positives, pool_vectors=pool_vectors,
+            anchor_keys=anchor_keys, positive_keys=positive_keys, pool_keys=pool_keys,
+            filters=filters, search=search, seed=0,
+        )  # fmt: skip
+
+    whole, sharded = mined(pool), mined(shards_of(pool, [100, 450]))
+    assert (whole.negatives >= 0).sum() > 400  # most anchors found their three
+    np.testing.assert_array_equal(sharded.negatives, whole.negatives)
+    np.testing.assert_array_equal(sharded.scores, whole.scores)
+    assert sharded.table.drop_columns(["negatives", "scores"]).equals(
+        whole.table.drop_columns(["negatives", "scores"])
+    )
+    assert sharded.backend == "faiss-cpu/flat x3"
