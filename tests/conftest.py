@@ -174,6 +174,28 @@ def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
 
 
 @pytest.fixture(scope="session")
+def sorted_blocks(ray_local, tmp_path_factory, tiny_model_dir, paraphrase_corpus):
+    """The paraphrase corpus tokenized into several id-sorted blocks in the object store, with
+    the distinct texts and the tokenizer."""
+    from pipeline.config.data_section import DataSection
+    from pipeline.data.corpus import load_clean_corpus
+    from pipeline.data.tokenize import tokenize_texts
+    from pipeline.model.folders import load_tokenizer
+
+    texts, _ = paraphrase_corpus
+    path = tmp_path_factory.mktemp("share") / "c.txt"
+    path.write_text("\n".join(texts))
+    section = DataSection(path=str(path), max_seq_len=16)
+    distinct, _ = load_clean_corpus(section)
+    tokenizer = load_tokenizer(tiny_model_dir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("pipeline.data.tokenize.ROWS_PER_BATCH", 50)
+        patch.setattr("pipeline.data.tokenize.SORTED_BLOCK_ROWS", 97)  # several uneven blocks
+        blocks, _ = tokenize_texts(distinct, tokenizer, section)
+    return blocks, distinct.gather(), tokenizer
+
+
+@pytest.fixture(scope="session")
 def ray_local():
     """A local Ray started as a job starts its own (:func:`pipeline.runtime.cluster.ray_session`): on
     free ports, never joining another Ray that runs on the machine. One for the whole session (one

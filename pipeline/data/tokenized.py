@@ -197,6 +197,14 @@ class CorpusShare:
         self._rows = TokenizedCorpus.of_arrays(offsets, values, self.pad_token_id)
         self.positions = wanted
 
+    @property
+    def held(self) -> TokenizedCorpus:
+        """The rows held, as a corpus of their own: its row ``i`` is corpus position
+        ``positions[i]`` (what an encoder reads, in its own order)."""
+        if self._rows is None:
+            raise RuntimeError("CorpusShare.held before any rows were held")
+        return self._rows
+
     def batch(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`TokenizedCorpus.batch` of corpus positions, each of which must be held."""
         if self._rows is None:

@@ -141,7 +141,7 @@ def mine_pairs(
     search = SearchSettings.from_config(cfg)
     if echo is not None:
         k = min(search.top_k, len(pool))
-        kind = search.index_kind(len(pool))
+        kind = search.index_kind(len(pool), vectors.shape[1])
         estimate = estimate_index_bytes(len(pool), vectors.shape[1], k, kind)
         echo(f"[mining] {index_summary(kind, len(pool), vectors.shape[1], k, estimate)}")
     (keys,) = text_keys(texts)

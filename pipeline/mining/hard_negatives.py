@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config.schema import Config
-from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex, choose_backend
+from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex, choose_backend, index_memory_budget
 from pipeline.mining.negatives import NegativeFilters, select_negatives
 from pipeline.mining.text_keys import duplicate_mask, known_positive_mask
 
@@ -38,9 +38,14 @@ class SearchSettings:
         mining = cfg.mining
         return cls(top_k=mining.top_k, index=IndexSpec(mining.index), use_gpu=mining.num_gpus > 0)
 
-    def index_kind(self, n: int) -> str:
-        """The index kind a search over ``n`` vectors builds on this device."""
-        return self.index.resolve(n, choose_backend(self.use_gpu))
+    def index_kind(self, n: int, dim: int = 0) -> str:
+        """The index kind a search over ``n`` vectors of ``dim`` builds on this device, checked
+        against the memory free there when ``dim`` is given (:meth:`IndexSpec.resolve`: IVF-PQ
+        where ``auto``'s choice would not fit; one line, before anything is built, where none
+        fits)."""
+        backend = choose_backend(self.use_gpu)
+        budget = index_memory_budget(backend) if dim else None
+        return self.index.resolve(n, backend, dim=dim, k=self.top_k, budget=budget)
 
 
 @dataclass(frozen=True)
@@ -114,11 +119,12 @@ def mine_hard_negatives(
         One row per anchor: its negatives as pool positions, their scores, and what each
         filter removed (:class:`MinedNegatives`).
     """
-    index = (
-        VectorIndex(pool_vectors, use_gpu=search.use_gpu, spec=search.index, seed=seed)
-        if isinstance(pool_vectors, np.ndarray)
-        else pool_vectors
-    )
+    index = pool_vectors
+    if isinstance(pool_vectors, np.ndarray):
+        kind = search.index_kind(len(pool_vectors), pool_vectors.shape[1])
+        index = VectorIndex(
+            pool_vectors, use_gpu=search.use_gpu, spec=IndexSpec(kind), seed=seed, k=search.top_k
+        )
     started = time.perf_counter()
     candidate_scores, candidates = index.search(anchor_vectors, search.top_k)
     t0 = time.perf_counter()

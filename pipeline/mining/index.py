@@ -29,6 +29,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from pipeline.core.errors import ConfigError
+
 INDEX_KINDS = ("auto", "flat", "ivf", "ivfpq")
 # Largest corpus ``auto`` searches exactly on a CPU. 384-d vectors, 2 threads: flat 12.5 s
 # against IVF 7.6 s at 50k rows, 52.4 s against 21.4 s at 100k, IVF recall@10 1.000 on both
@@ -54,15 +56,62 @@ class IndexSpec:
     kind: str = "auto"
     """``mining.index``: ``auto``, ``flat``, ``ivf`` or ``ivfpq``."""
 
-    def resolve(self, n: int, backend: str = "faiss-cpu") -> str:
+    def resolve(
+        self, n: int, backend: str = "faiss-cpu", *, dim: int = 0, k: int = 0, budget: int | None = None
+    ) -> str:
         """The index kind to build over ``n`` vectors searched by ``backend``
-        (:func:`choose_backend`): ``auto`` is flat up to the device's limit, IVF above."""
+        (:func:`choose_backend`): ``auto`` is flat up to the device's limit, IVF above, and
+        IVF-PQ where the flat or IVF vectors would not fit ``budget``.
+
+        Args:
+            n: vectors indexed.
+            backend: where the search runs.
+            dim, k: their dimension and the neighbours searched, for the memory check.
+            budget: bytes the index may take beside the vectors already held
+                (:func:`index_memory_budget`); None: no check.
+
+        Raises:
+            ConfigError: an unknown kind, or no kind that fits ``budget`` (before anything is
+                built: one line naming the size and what to change).
+        """
         if self.kind not in INDEX_KINDS:
-            raise ValueError(f"mining.index must be one of {', '.join(INDEX_KINDS)} (got {self.kind!r})")
-        if self.kind == "auto":
+            raise ConfigError(f"mining.index must be one of {', '.join(INDEX_KINDS)} (got {self.kind!r})")
+        kind = self.kind
+        if kind == "auto":
             flat_max_rows = FLAT_MAX_ROWS_CPU if backend == "faiss-cpu" else FLAT_MAX_ROWS_GPU
-            return "flat" if n <= flat_max_rows else "ivf"
-        return self.kind
+            kind = "flat" if n <= flat_max_rows else "ivf"
+            if budget is not None and index_bytes(n, dim, kind) > budget:
+                kind = "ivfpq"
+        needed = index_bytes(n, dim, kind)
+        if budget is not None and needed > budget:
+            raise ConfigError(
+                f"mining.index: a {kind} index over {n} x {dim} vectors needs about "
+                f"{needed / 2**30:.1f} GiB, more than the {budget / 2**30:.1f} GiB free where it is "
+                "built; add mining shards (more memory in all) or set mining.index: ivfpq"
+            )
+        return kind
+
+
+def index_memory_budget(backend: str, share: float = 0.8) -> int:
+    """Bytes an index built now for ``backend`` may take: ``share`` of the GPU's free memory
+    for the GPU backends (torch's view of the current device), of the machine's available
+    memory for ``faiss-cpu``. The rest is left for the search's own buffers and whatever
+    else the process holds."""
+    if backend.startswith(("faiss-gpu", "torch-cuda")):
+        free, _ = torch.cuda.mem_get_info()
+    else:
+        import psutil  # deferred: Ray's dependency, present wherever the miner runs
+
+        free = psutil.virtual_memory().available
+    return int(free * share)
+
+
+def query_chunk_for(free_bytes: int, rows: int, k: int, most: int = 65_536) -> int:
+    """Queries per matrix product on the ``torch-cuda`` path so that a chunk's scores
+    (``chunk x rows`` float32) and its top-k (``chunk x k``, 12 B each) take at most half of
+    ``free_bytes``: at 2M rows a fixed 8,192 queries would be 61 GiB of scores."""
+    per_query = rows * 4 + k * 12
+    return int(max(1, min(most, free_bytes // 2 // max(per_query, 1))))
 
 
 def ivf_cells(n: int) -> int:
@@ -77,21 +126,23 @@ def pq_bytes(dim: int) -> int:
     return max(m for m in range(1, PQ_BYTES + 1) if PQ_BYTES % m == 0 and dim % m == 0)
 
 
-def estimate_index_bytes(n: int, dim: int, k: int, kind: str) -> int:
-    """Memory an index of ``kind`` (resolved, not ``auto``) over n vectors and its all-rows
-    k-NN result need, in bytes.
-
-    The embeddings themselves (n x dim float32) are counted once, as the caller holds them.
-    """
-    embeddings = n * dim * 4
-    result = n * k * (4 + 8)
+def index_bytes(n: int, dim: int, kind: str) -> int:
+    """Memory an index of ``kind`` (resolved, not ``auto``) over ``n`` vectors holds, in bytes:
+    its own copy of the vectors (or their codes), ids and cell centroids."""
     if kind == "flat":
-        index = n * dim * 4
-    elif kind == "ivf":
-        index = n * dim * 4 + n * 8 + ivf_cells(n) * dim * 4
-    else:
-        index = n * (pq_bytes(dim) + 8) + ivf_cells(n) * dim * 4 + 256 * dim * 4
-    return embeddings + index + result
+        return n * dim * 4
+    if kind == "ivf":
+        return n * dim * 4 + n * 8 + ivf_cells(n) * dim * 4
+    return n * (pq_bytes(dim) + 8) + ivf_cells(n) * dim * 4 + 256 * dim * 4
+
+
+def estimate_index_bytes(n: int, dim: int, k: int, kind: str, queries: int | None = None) -> int:
+    """Memory a search over ``n`` vectors needs, in bytes: the embeddings (n x dim float32,
+    counted once, as the caller holds them), the index (:func:`index_bytes`) and the k-NN
+    result. ``queries``: rows of the result held at once (default ``n``: every row searched
+    in one go; a sharded search holds one chunk's)."""
+    result = (n if queries is None else queries) * k * (4 + 8)
+    return n * dim * 4 + index_bytes(n, dim, kind) + result
 
 
 def index_summary(kind: str, n: int, dim: int, k: int, estimate: int) -> str:
@@ -146,7 +197,10 @@ class VectorIndex:
         spec: the index kind (default ``auto``).
         seed: for the IVF training sample.
         query_chunk: queries per matrix product on the ``torch-cuda`` path (bounds its
-            memory to ``chunk x n`` scores).
+            memory to ``chunk x n`` scores); None: sized from the GPU's free memory
+            (:func:`query_chunk_for`).
+        k: the neighbours searched, and ``budget``: the bytes the index may take, for the
+            memory check before anything is built (:meth:`IndexSpec.resolve`); None: no check.
     """
 
     def __init__(
@@ -156,19 +210,23 @@ class VectorIndex:
         use_gpu: bool = False,
         spec: IndexSpec | None = None,
         seed: int = 0,
-        query_chunk: int = 8192,
+        query_chunk: int | None = None,
+        k: int = 0,
+        budget: int | None = None,
     ):
         start = time.perf_counter()
         self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         self.rows, dim = self.vectors.shape
         backend = choose_backend(use_gpu)
-        self.kind = (spec or IndexSpec()).resolve(self.rows, backend)
+        self.kind = (spec or IndexSpec()).resolve(self.rows, backend, dim=dim, k=k, budget=budget)
         self.query_chunk = query_chunk
         self._base: torch.Tensor | None = None
         self._index: Any = None
         if backend == "torch-cuda" and self.kind == "flat":
             self._base = torch.from_numpy(self.vectors).to("cuda")
             torch.cuda.synchronize()
+            if self.query_chunk is None:
+                self.query_chunk = query_chunk_for(torch.cuda.mem_get_info()[0], self.rows, k or 1024)
         else:
             backend = "faiss-cpu" if backend == "torch-cuda" else backend
             self._index = _faiss_index(self.vectors, self.kind, on_gpu=backend == "faiss-gpu", seed=seed)
@@ -185,6 +243,7 @@ class VectorIndex:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         k = min(k, self.rows)
         if self._base is not None:
+            assert self.query_chunk is not None
             return _torch_top_k(self._base, queries, k, self.query_chunk)
         scores, indices = self._index.search(queries, k)
         return scores, indices.astype(np.int64, copy=False)
@@ -219,7 +278,7 @@ def knn_search(
     k: int,
     use_gpu: bool = False,
     spec: IndexSpec | None = None,
-    query_chunk: int = 8192,
+    query_chunk: int | None = None,
     seed: int = 0,
     queries: np.ndarray | None = None,
 ) -> KnnResult:
@@ -231,12 +290,13 @@ def knn_search(
         k: neighbours per query; capped at ``n``.
         use_gpu: search on a GPU when one is usable (see module docstring).
         spec: the index kind (default ``auto``).
-        query_chunk: queries per GPU matrix product (bounds GPU memory to ``chunk x n``).
+        query_chunk: queries per GPU matrix product (bounds GPU memory to ``chunk x n``);
+            None: sized from the GPU's free memory.
         seed: for the IVF training sample.
         queries: ``(m, d)`` float32, L2-normalised; ``None`` searches every row of
             ``vectors`` (each finds itself first).
     """
-    index = VectorIndex(vectors, use_gpu=use_gpu, spec=spec, seed=seed, query_chunk=query_chunk)
+    index = VectorIndex(vectors, use_gpu=use_gpu, spec=spec, seed=seed, query_chunk=query_chunk, k=k)
     started = time.perf_counter()
     scores, indices = index.search(index.vectors if queries is None else queries, k)
     return KnnResult(scores, indices, index.backend, index.build_seconds, time.perf_counter() - started)

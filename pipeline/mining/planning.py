@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.batching.registry import build_plan
 from pipeline.batching.sampler_inputs import SamplerInputs
-from pipeline.mining.index import estimate_index_bytes, index_summary, knn_search
+from pipeline.mining.index import IndexSpec, estimate_index_bytes, index_summary, knn_search
 from pipeline.mining.negatives import filter_candidates
 from pipeline.mining.plan_quality import plan_metrics
 from pipeline.mining.refresh_report import RefreshReport
@@ -62,10 +62,10 @@ def refresh_corpus(
     s = settings
     n, seed = len(embeddings), s.seed + version
     # Search: every row against the corpus; each finds itself first, which the filter drops.
-    k, kind = min(s.search.top_k + 1, n), s.search.index_kind(n)
+    k, kind = min(s.search.top_k + 1, n), s.search.index_kind(n, embeddings.shape[1])
     estimate = estimate_index_bytes(n, embeddings.shape[1], k, kind)
     print(f"[mining] v{version}: {index_summary(kind, n, embeddings.shape[1], k, estimate)}", flush=True)
-    knn = knn_search(embeddings, k, use_gpu=s.use_gpu, spec=s.search.index, seed=seed)
+    knn = knn_search(embeddings, k, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed)
     # Filter: duplicates of a row's text, and likely false negatives, out of its candidates. Each
     # row is its own positive (unsupervised), so the relative margin is against 1.0.
     started = time.perf_counter()

@@ -9,30 +9,10 @@ import pyarrow as pa
 import pytest
 
 from pipeline.batching.samplers import random_plan
-from pipeline.config.data_section import DataSection
-from pipeline.data.corpus import load_clean_corpus
-from pipeline.data.tokenize import tokenize_texts
 from pipeline.data.tokenized import CorpusShare, TokenizedCorpus, large_tokens
 from pipeline.data.triplets import Triplets
-from pipeline.model.folders import load_tokenizer
 from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.plan_source import PlanSource, _make_share
-
-
-@pytest.fixture(scope="module")
-def sorted_blocks(ray_local, tmp_path_factory, tiny_model_dir, paraphrase_corpus):
-    """The paraphrase corpus tokenized into several id-sorted blocks, with the distinct texts."""
-    texts, _ = paraphrase_corpus
-    path = tmp_path_factory.mktemp("share") / "c.txt"
-    path.write_text("\n".join(texts))
-    section = DataSection(path=str(path), max_seq_len=16)
-    distinct, _ = load_clean_corpus(section)
-    tokenizer = load_tokenizer(tiny_model_dir)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("pipeline.data.tokenize.ROWS_PER_BATCH", 50)
-        patch.setattr("pipeline.data.tokenize.SORTED_BLOCK_ROWS", 97)  # several uneven blocks
-        blocks, _ = tokenize_texts(distinct, tokenizer, section)
-    return blocks, distinct.gather(), tokenizer
 
 
 def test_blocks_are_ranges_of_positions_in_id_order(sorted_blocks):

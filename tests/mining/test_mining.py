@@ -251,6 +251,39 @@ def test_memory_estimate_counts_vectors_and_results():
     assert flat == 2 * n * d * 4 + n * k * 12
     assert estimate_index_bytes(n, d, k, "ivfpq") < 0.6 * flat
     assert estimate_index_bytes(n, d, k, "ivf") > flat
+    assert estimate_index_bytes(n, d, k, "flat", queries=1000) == 2 * n * d * 4 + 1000 * k * 12
+
+
+def test_auto_turns_to_ivfpq_where_the_vectors_would_not_fit_and_a_kind_that_cannot_fit_is_one_line():
+    from pipeline.core.errors import ConfigError
+    from pipeline.mining.index import IndexSpec, index_bytes
+
+    n, d = 3_000_000, 768  # 8.6 GiB of float32 vectors in a flat index
+    flat, pq = index_bytes(n, d, "flat"), index_bytes(n, d, "ivfpq")
+    one_m = index_bytes(1_000_000, d, "flat")
+    assert IndexSpec("auto").resolve(1_000_000, "faiss-gpu", dim=d, budget=one_m) == "flat"  # just fits
+    assert IndexSpec("auto").resolve(1_000_000, "faiss-gpu", dim=d, budget=one_m - 1) == "ivfpq"
+    assert IndexSpec("auto").resolve(n, "faiss-cpu", dim=d, budget=index_bytes(n, d, "ivf")) == "ivf"
+    assert IndexSpec("auto").resolve(n, "faiss-cpu", dim=d, budget=flat) == "ivfpq"
+    assert IndexSpec("auto").resolve(1000, "faiss-cpu", dim=d, budget=10**9) == "flat"
+    assert IndexSpec("ivfpq").resolve(n, "faiss-cpu", dim=d, budget=pq) == "ivfpq"
+    with pytest.raises(ConfigError) as raised:
+        IndexSpec("flat").resolve(n, "faiss-cpu", dim=d, budget=2**30)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("mining.index: a flat index over 3000000 x 768")
+    assert "8.6 GiB" in message and "1.0 GiB" in message
+    with pytest.raises(ConfigError, match="mining.index: a ivfpq index"):
+        IndexSpec("auto").resolve(n, "faiss-cpu", dim=d, budget=pq - 1)
+
+
+def test_torch_query_chunk_keeps_its_scores_within_half_the_free_memory():
+    from pipeline.mining.index import query_chunk_for
+
+    gib = 2**30
+    chunk = query_chunk_for(40 * gib, 2_000_000, 64)  # a 40 GiB card, 2M rows
+    assert chunk * (2_000_000 * 4 + 64 * 12) <= 20 * gib < (chunk + 1) * (2_000_000 * 4 + 64 * 12)
+    assert query_chunk_for(80 * gib, 1000, 64) == 65_536  # capped
+    assert query_chunk_for(100, 10**9, 64) == 1  # always at least one query
 
 
 def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs):

@@ -1,0 +1,102 @@
+"""The miner's S shards as Ray actors, asked as one: every shard encodes its texts, the
+vectors of any positions come from the shards that hold them, and a search runs on every shard
+with the top lists merged (:func:`~pipeline.mining.sharded_search.merge_top_k`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from pipeline.data.tokenized import TokenizedBlocks
+from pipeline.mining.hard_negatives import SearchSettings
+from pipeline.mining.miner_shard import MinerShard, ShardRange, shard_ranges
+from pipeline.mining.sharded_search import merge_top_k
+
+
+class MinerShards:
+    """Handles of :class:`~pipeline.mining.miner_shard.MinerShard` actors over consecutive
+    ranges of the corpus. After :meth:`encode`, a
+    :class:`~pipeline.mining.index.NeighbourSearch` over every shard's candidates.
+
+    Args:
+        handles: the shard actors, in range order.
+        spans: the range each holds.
+    """
+
+    def __init__(self, handles: list[Any], spans: list[ShardRange]):
+        self.handles, self.spans = handles, spans
+        self.firsts = np.array([span.first for span in spans], dtype=np.int64)
+        self.rows = sum(len(span.candidates) for span in spans)
+        self.backend = ""
+        self.build_seconds = 0.0
+
+    @classmethod
+    def start(
+        cls,
+        blocks: TokenizedBlocks,
+        model_blob: Any,
+        *,
+        pooler: str,
+        candidates: np.ndarray | None,
+        shards: int,
+        search: SearchSettings,
+        actor_options: dict[str, Any],
+    ) -> MinerShards:
+        """Start ``shards`` actors (each with ``actor_options``: CPUs, GPUs, node labels), each
+        taking its range's rows from ``blocks``.
+
+        Args:
+            blocks: the tokenized corpus in the object store.
+            model_blob: the packed model folder, or its object ref.
+            pooler: ``model.pooler``.
+            candidates: sorted corpus positions searches may return; None: every text.
+            shards: how many.
+            search: the index kind and device.
+            actor_options: Ray options of every shard actor.
+        """
+        spans = shard_ranges(blocks.num_rows, candidates, shards)
+        actor = ray.remote(MinerShard).options(**actor_options)
+        handles = [
+            actor.remote(blocks, model_blob, pooler=pooler, span=span, search=search) for span in spans
+        ]
+        return cls(handles, spans)
+
+    def encode(self, encoder_state: dict[str, torch.Tensor], seed: int) -> list[dict[str, Any]]:
+        """Every shard encodes its texts with ``encoder_state`` and indexes its candidates, all
+        at once. Returns each shard's report (rows, backend, seconds)."""
+        state = ray.put(encoder_state)  # once in the object store, not once per shard
+        reports = ray.get([h.encode.remote(state, seed) for h in self.handles])
+        self.backend = f"{reports[0]['backend']} x{len(reports)}"
+        self.build_seconds = max(r["build_seconds"] for r in reports)
+        return reports
+
+    def vectors(self, positions: np.ndarray) -> np.ndarray:
+        """``(len(positions), dim)`` vectors of any corpus positions, in their order, each
+        from the shard that holds it."""
+        positions = np.asarray(positions, dtype=np.int64)
+        owner = np.searchsorted(self.firsts, positions, side="right") - 1
+        asked = [np.flatnonzero(owner == s) for s in range(len(self.handles))]
+        parts = ray.get(
+            [self.handles[s].vectors_of.remote(positions[rows]) for s, rows in enumerate(asked) if len(rows)]
+        )
+        out: np.ndarray | None = None
+        for rows, part in zip([rows for rows in asked if len(rows)], parts, strict=True):
+            if out is None:
+                out = np.empty((len(positions), part.shape[1]), dtype=np.float32)
+            out[rows] = part
+        return out if out is not None else np.empty((0, 0), dtype=np.float32)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each query's top ``k`` among every shard's candidates (their ordinals), merged."""
+        k = min(k, self.rows)
+        chunk = ray.put(np.ascontiguousarray(queries, dtype=np.float32))
+        return merge_top_k(ray.get([h.search.remote(chunk, k) for h in self.handles]), k)
+
+    def stop(self) -> None:
+        """End the shard actors (their vectors and indexes go with them)."""
+        for handle in self.handles:
+            ray.kill(handle)

@@ -1,0 +1,66 @@
+"""The miner's shards as Ray actors (pipeline/mining/miner_shards.py): each encodes its range
+of the corpus, and the merged search over them is exactly one flat index over the same vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.mining.hard_negatives import SearchSettings
+from pipeline.mining.index import IndexSpec, knn_search
+from pipeline.mining.miner_shard import shard_ranges
+from pipeline.mining.miner_shards import MinerShards
+from pipeline.model.encode import encode_rows
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import pack_dir
+
+
+def in_tie_order(scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Each query's rows ordered by score, then by row: one order for equal scores."""
+    order = np.lexsort((rows, -scores), axis=1)
+    return np.take_along_axis(rows, order, axis=1)
+
+
+def test_shard_ranges_cover_the_corpus_and_number_the_candidates_in_order():
+    pool = np.array([0, 3, 4, 9, 10, 11, 19])
+    spans = shard_ranges(20, pool, 3)
+    assert [(s.first, s.last) for s in spans] == [(0, 7), (7, 13), (13, 20)]
+    assert [s.candidates.tolist() for s in spans] == [[0, 3, 4], [9, 10, 11], [19]]
+    assert [s.first_candidate for s in spans] == [0, 3, 6]
+    assert [len(s.candidates) for s in shard_ranges(5, None, 2)] == [2, 3]
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
+    sorted_blocks, tiny_model_dir, shards
+):
+    blocks, _, tokenizer = sorted_blocks
+    model = load_sentence_encoder(tiny_model_dir, pooler="mean")
+    state = model.encoder.state_dict()
+    whole = TokenizedCorpus(blocks.table(), tokenizer.pad_token_id)
+    import torch
+
+    expected = encode_rows(model, whole, np.arange(len(whole)), 64, torch.device("cpu"))
+    pool = np.arange(0, blocks.num_rows, 2)  # every other text is a candidate
+    search = SearchSettings(top_k=10, index=IndexSpec("flat"))
+    miner_shards = MinerShards.start(
+        blocks, pack_dir(tiny_model_dir), pooler="mean", candidates=pool, shards=shards, search=search,
+        actor_options={"num_cpus": 0.1},
+    )  # fmt: skip
+    try:
+        reports = miner_shards.encode(state, seed=0)
+        assert sum(r["rows"] for r in reports) == len(pool) == miner_shards.rows
+        vectors = miner_shards.vectors(np.arange(len(whole)))
+        np.testing.assert_allclose(vectors, expected, atol=1e-5)  # the same encoder, batched apart
+        queries = miner_shards.vectors(np.arange(0, len(whole), 3))
+        scores, ordinals = miner_shards.search(queries, 10)
+        one = knn_search(vectors[pool], 10, spec=IndexSpec("flat"), queries=queries)
+        # The same neighbours with the same scores; among exactly tied scores (texts the
+        # truncation made identical) each index orders as it will.
+        np.testing.assert_array_equal(scores, one.scores)
+        np.testing.assert_array_equal(in_tie_order(scores, ordinals), in_tie_order(one.scores, one.indices))
+        assert (ordinals == one.indices).mean() > 0.9
+        assert miner_shards.backend == f"faiss-cpu/flat x{shards}"
+    finally:
+        miner_shards.stop()
