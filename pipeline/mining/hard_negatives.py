@@ -22,7 +22,7 @@ import pyarrow as pa
 from pipeline.config.schema import Config
 from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex, choose_backend, index_memory_budget
 from pipeline.mining.negatives import NegativeFilters, select_negatives
-from pipeline.mining.text_keys import duplicate_mask, known_positive_mask
+from pipeline.mining.text_keys import KnownPositives, duplicate_mask, known_positive_mask
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,17 @@ class MinedNegatives:
         """``(anchors, num_negatives)`` float32 cosine similarities, NaN where missing."""
         return _matrix(self.table.column("scores"))
 
+    @classmethod
+    def concat(cls, parts: list[MinedNegatives]) -> MinedNegatives:
+        """The minings of consecutive chunks of anchors over one index, as one: their rows in
+        order, the index's build time once, the search and filter times summed."""
+        seconds = {
+            "index": parts[0].seconds["index"],
+            "search": sum(p.seconds["search"] for p in parts),
+            "filter": sum(p.seconds["filter"] for p in parts),
+        }
+        return cls(pa.concat_tables([p.table for p in parts]).combine_chunks(), parts[0].backend, seconds)
+
 
 def _matrix(column: pa.ChunkedArray) -> np.ndarray:
     """A fixed-size-list column as a ``(rows, list size)`` array."""
@@ -94,8 +105,9 @@ def mine_hard_negatives(
     pool_keys: np.ndarray,
     filters: NegativeFilters,
     search: SearchSettings,
-    seed: int,
+    seed: int | list[int],
     exclude_known_positives: bool = True,
+    known_positives: KnownPositives | None = None,
 ) -> MinedNegatives:
     """Mine each anchor's hard negatives among the pool.
 
@@ -110,10 +122,13 @@ def mine_hard_negatives(
             equal keys are the same sentence up to case, accents and punctuation.
         filters: which candidates are acceptable negatives and how many to keep.
         search: ``top_k``, index and device.
-        seed: the IVF training sample and ``sampling: random``.
+        seed: the IVF training sample and ``sampling: random`` (a list: numpy's seed
+            sequence, for one chunk of a mining).
         exclude_known_positives: a candidate that is the positive of *any* row with the same
             anchor text is removed (retrieval pairs: several positives per anchor, texts that
             are the positive of several anchors), not only the row's own positive.
+        known_positives: the known pairs of every row, where these anchors are one chunk of
+            them; None: the pairs of the rows given here.
 
     Returns:
         One row per anchor: its negatives as pool positions, their scores, and what each
@@ -130,7 +145,9 @@ def mine_hard_negatives(
     t0 = time.perf_counter()
     duplicate = duplicate_mask(candidates, anchor_keys, positive_keys, pool_keys)
     known = None
-    if exclude_known_positives:
+    if exclude_known_positives and known_positives is not None:
+        known = known_positives.mask(candidates, anchor_keys, pool_keys)
+    elif exclude_known_positives:
         known = known_positive_mask(candidates, anchor_keys, pool_keys, anchor_keys, positive_keys)
     positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors).astype(np.float32)
     chosen = select_negatives(

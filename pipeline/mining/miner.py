@@ -24,6 +24,7 @@ import torch
 from pipeline.core.seams import hold_once
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.triplets import Triplets
+from pipeline.mining.encoded_texts import EmbeddedTexts
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.pair_refresh import refresh_pairs
 from pipeline.mining.planning import refresh_corpus
@@ -111,8 +112,14 @@ class HardNegativeMiner:
         embeddings = self.encode(encoder_state)
         encode_seconds = time.perf_counter() - started
         if self.triplets is not None:
+            texts = EmbeddedTexts(
+                embeddings,
+                self.triplets.candidate_pool(),
+                self.settings.search,
+                seed=self.settings.seed + version,
+            )
             report = refresh_pairs(
-                embeddings, triplets=self.triplets, keys=self.text_keys, settings=self.settings,
+                texts, triplets=self.triplets, keys=self.text_keys, settings=self.settings,
                 version=version, previous=self.previous,
             )  # fmt: skip
         else:

@@ -13,14 +13,22 @@ RANDOM_PAIRS = 20_000
 """Most (anchor, random pool row) pairs in the baseline sample of :func:`random_pair_similarities`."""
 
 
+def random_pairs(
+    anchors: int, pool: int, seed: int, max_pairs: int = RANDOM_PAIRS
+) -> tuple[np.ndarray, np.ndarray]:
+    """``min(max_pairs, anchors)`` seeded random anchors (with replacement) and as many random
+    pool rows: the pairs of :func:`random_pair_similarities`, for a caller that fetches their
+    vectors itself."""
+    rng = np.random.default_rng(seed)
+    sample = rng.integers(anchors, size=min(max_pairs, anchors))
+    return sample, rng.integers(pool, size=len(sample))
+
+
 def random_pair_similarities(
     anchor_vectors: np.ndarray, pool_vectors: np.ndarray, seed: int, max_pairs: int = RANDOM_PAIRS
 ) -> np.ndarray:
-    """Cosine similarity of ``min(max_pairs, anchors)`` seeded random anchors (with
-    replacement) with as many random pool rows: the baseline mined negatives are read against."""
-    rng = np.random.default_rng(seed)
-    sample = rng.integers(len(anchor_vectors), size=min(max_pairs, len(anchor_vectors)))
-    partners = rng.integers(len(pool_vectors), size=len(sample))
+    """Cosine similarity of :func:`random_pairs`: the baseline mined negatives are read against."""
+    sample, partners = random_pairs(len(anchor_vectors), len(pool_vectors), seed, max_pairs)
     return np.einsum("ij,ij->i", anchor_vectors[sample], pool_vectors[partners])
 
 

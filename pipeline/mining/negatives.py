@@ -141,7 +141,7 @@ def select_negatives(
     positive_scores: np.ndarray,
     duplicate: np.ndarray,
     filters: NegativeFilters,
-    seed: int = 0,
+    seed: int | list[int] = 0,
     known_positive: np.ndarray | None = None,
 ) -> SelectedNegatives:
     """Apply the filters to each anchor's candidate list and pick its negatives.
@@ -155,7 +155,7 @@ def select_negatives(
         duplicate: ``(n, k)`` bool, True where the candidate is the anchor, the positive, or
             the same text as either (exactly or after :func:`~pipeline.mining.text_keys.normalize_text`).
         filters: the settings.
-        seed: for ``sampling="random"``.
+        seed: for ``sampling="random"`` (an int, or a list: numpy's seed sequence).
         known_positive: optional ``(n, k)`` bool, True where the candidate is a known positive
             of the anchor (:func:`~pipeline.mining.text_keys.known_positive_mask`); removed
             before any score filter.

@@ -1,5 +1,6 @@
-"""The pairs task's refresh, after the encode: search and filter (:func:`mine_hard_negatives`),
-attach each anchor's negatives to its row as the rows' negatives column, describe it.
+"""The pairs task's refresh, after the encode: search and filter (:func:`mine_hard_negatives`)
+chunk after chunk of rows, attach each anchor's negatives to its row as the rows' negatives
+column, describe it.
 """
 
 from __future__ import annotations
@@ -7,59 +8,81 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.data.triplets import Triplets
-from pipeline.mining.hard_negatives import mine_hard_negatives
+from pipeline.mining.encoded_texts import EncodedTexts
+from pipeline.mining.hard_negatives import MinedNegatives, mine_hard_negatives
 from pipeline.mining.miner_settings import MinerSettings
-from pipeline.mining.mining_metrics import mining_metrics, random_pair_similarities
+from pipeline.mining.mining_metrics import mining_metrics, random_pairs
 from pipeline.mining.random_negatives import random_pool_negatives
 from pipeline.mining.refresh_report import RefreshReport
+from pipeline.mining.text_keys import KnownPositives
+
+CHUNK_ROWS = 65_536
+"""Rows searched and filtered at once: their ``rows x top_k`` candidates, scores and masks
+(about 2 KB a row at top_k 64) are all a refresh holds of the search, whatever the corpus size."""
 
 
 def refresh_pairs(
-    embeddings: np.ndarray,
+    texts: EncodedTexts,
     *,
     triplets: Triplets,
     keys: np.ndarray,
     settings: MinerSettings,
     version: int,
     previous: RefreshReport | None,
+    chunk_rows: int = CHUNK_ROWS,
 ) -> RefreshReport:
     """Each anchor's negatives among the candidate pool (``data.pool``, else the distinct
     positives), as one column beside the training rows.
 
     Args:
-        embeddings: ``(texts, dim)`` the corpus's texts under the newest weights.
+        texts: the texts under the newest weights, searched over the pool
+            (:meth:`~pipeline.data.triplets.Triplets.candidate_pool`).
         triplets: the training rows as positions into those texts.
         keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.text_keys` of the texts.
         settings: filters, search, seed and ``random_negatives``.
         version: this refresh's version (it seeds the search and the draws).
         previous: the last refresh's report, for the churn.
+        chunk_rows: rows mined at once; the column does not depend on it (but for
+            ``mining.sampling: random``, whose draws are seeded per chunk).
 
     Returns:
         The report with ``negatives``: ``(rows, m)`` text positions, -1 where none.
     """
     pool = triplets.candidate_pool()
-    # Gathered once: the search and the random baseline read the same rows.
-    anchor_vectors, pool_vectors = embeddings[triplets.anchor], embeddings[pool]
-    mined = mine_hard_negatives(
-        anchor_vectors=anchor_vectors,
-        positive_vectors=embeddings[triplets.positive],
-        pool_vectors=pool_vectors,
-        anchor_keys=keys[triplets.anchor],
-        positive_keys=keys[triplets.positive],
-        pool_keys=keys[pool],
-        filters=settings.filters,
-        search=settings.search,
-        seed=settings.seed + version,
-    )
+    seed = settings.seed + version
+    # Every row's pairs, looked up by every chunk: a row's anchor text may have its other
+    # positives in rows of another chunk.
+    known = KnownPositives.of(keys[triplets.anchor], keys[triplets.positive], int(keys.max(initial=0)) + 1)
+    chunks = []
+    for lo in range(0, len(triplets), chunk_rows):
+        anchor, positive = triplets.anchor[lo : lo + chunk_rows], triplets.positive[lo : lo + chunk_rows]
+        chunks.append(
+            mine_hard_negatives(
+                anchor_vectors=texts.vectors(anchor),
+                positive_vectors=texts.vectors(positive),
+                pool_vectors=texts,
+                anchor_keys=keys[anchor],
+                positive_keys=keys[positive],
+                pool_keys=keys[pool],
+                filters=settings.filters,
+                search=settings.search,
+                seed=seed if lo == 0 else [seed, lo],
+                known_positives=known,
+            )  # fmt: skip
+        )
+    mined = MinedNegatives.concat(chunks)
     negatives = np.where(mined.negatives >= 0, pool[np.maximum(mined.negatives, 0)], -1)  # text positions
     if settings.random_negatives:
         drawn = random_pool_negatives(
-            keys, triplets.anchor, triplets.positive, pool, settings.random_negatives, settings.seed + version
+            keys, triplets.anchor, triplets.positive, pool, settings.random_negatives, seed
         )
         negatives = np.concatenate([negatives, drawn], axis=1)
-    random_pairs = random_pair_similarities(anchor_vectors, pool_vectors, settings.seed)
+    sample, partners = random_pairs(len(triplets), len(pool), settings.seed)
+    random_similarities = np.einsum(
+        "ij,ij->i", texts.vectors(triplets.anchor[sample]), texts.vectors(pool[partners])
+    )
     metrics = {
-        **mining_metrics(mined, random_pairs=random_pairs, pool_size=len(pool)),
+        **mining_metrics(mined, random_pairs=random_similarities, pool_size=len(pool)),
         "mining/random_negatives": float(settings.random_negatives * len(triplets)),
     }
     if previous is not None and previous.negatives is not None:
@@ -67,5 +90,7 @@ def refresh_pairs(
         # barely moved and the refresh bought nothing.
         metrics["mining/churn"] = float((previous.negatives != negatives).mean())
     found = mined.scores[mined.negatives >= 0]
-    similarities = {"random pairs": random_pairs, f"mined negatives v{version}": found} if len(found) else {}
+    similarities = (
+        {"random pairs": random_similarities, f"mined negatives v{version}": found} if len(found) else {}
+    )
     return RefreshReport(version, metrics, negatives=negatives, similarities=similarities)

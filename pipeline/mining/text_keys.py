@@ -5,11 +5,14 @@ whitespace), and the masks the negative filters are given, built from those keys
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from pipeline.core.distinct import sorted_distinct
 from pipeline.data.normalize import normalize_text
 
-__all__ = ["duplicate_mask", "known_positive_mask", "normalize_text", "text_keys"]
+__all__ = ["KnownPositives", "duplicate_mask", "known_positive_mask", "normalize_text", "text_keys"]
 
 
 def text_keys(*text_lists: list[str]) -> list[np.ndarray]:
@@ -66,10 +69,40 @@ def known_positive_mask(
     if not len(known_anchor_keys) or not valid.any():
         return np.zeros(candidates.shape, dtype=bool)
     keys = candidate_keys[np.where(valid, candidates, 0)]
-    # One int64 code per (anchor key, text key): keys are < base, so codes never collide.
-    base = int(max(keys.max(), anchor_keys.max(), known_anchor_keys.max(), known_positive_keys.max())) + 1
-    known = np.unique(known_anchor_keys.astype(np.int64) * base + known_positive_keys)
-    return valid & np.isin(anchor_keys.astype(np.int64)[:, None] * base + keys, known)
+    largest = max(keys.max(), anchor_keys.max(), known_anchor_keys.max(), known_positive_keys.max())
+    known = KnownPositives.of(known_anchor_keys, known_positive_keys, int(largest) + 1)
+    return known.mask(candidates, anchor_keys, candidate_keys)
+
+
+@dataclass(frozen=True)
+class KnownPositives:
+    """Every known (anchor text, positive text) pair as one sorted int64 code each: built once
+    for all the rows, then looked up chunk after chunk of a mining (a chunk's own rows would
+    miss the positives other rows give the same anchor text)."""
+
+    codes: np.ndarray
+    """Sorted, distinct ``anchor key x base + positive key``."""
+    base: int
+    """More than any key: codes never collide."""
+
+    @classmethod
+    def of(cls, anchor_keys: np.ndarray, positive_keys: np.ndarray, base: int) -> KnownPositives:
+        """The pairs of ``(anchor_keys[i], positive_keys[i])``; ``base``: more than any key
+        that will be looked up (the number of distinct keys, for dense ones)."""
+        codes = anchor_keys.astype(np.int64) * base + positive_keys
+        return cls(sorted_distinct(codes), base)
+
+    def mask(self, candidates: np.ndarray, anchor_keys: np.ndarray, candidate_keys: np.ndarray) -> np.ndarray:
+        """``(n, k)`` True where ``candidates`` (positions in ``candidate_keys``, -1: none) are a
+        known positive of their row's anchor (``anchor_keys``)."""
+        valid = candidates >= 0
+        if not len(self.codes):
+            return np.zeros(candidates.shape, dtype=bool)
+        codes = (
+            anchor_keys.astype(np.int64)[:, None] * self.base + candidate_keys[np.where(valid, candidates, 0)]
+        )
+        at = np.searchsorted(self.codes, codes).clip(max=len(self.codes) - 1)
+        return valid & (self.codes[at] == codes)
 
 
 def dense_keys(hashed: np.ndarray) -> np.ndarray:

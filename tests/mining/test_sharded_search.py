@@ -82,3 +82,61 @@ def test_mining_over_shards_gives_the_one_index_negatives_column() -> None:
         whole.table.drop_columns(["negatives", "scores"])
     )
     assert sharded.backend == "faiss-cpu/flat x3"
+
+
+class ShardedTexts:
+    """Every text's vector, with the pool searched as three in-process shards."""
+
+    def __init__(self, embeddings: np.ndarray, pool: np.ndarray):
+        self.embeddings = embeddings
+        self.index = shards_of(embeddings[pool], [len(pool) // 5, len(pool) // 2])
+        self.rows, self.backend, self.build_seconds = self.index.rows, self.index.backend, 0.0
+
+    def vectors(self, positions: np.ndarray) -> np.ndarray:
+        return self.embeddings[positions]
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.index.search(queries, k)
+
+
+def test_a_pairs_refresh_in_chunks_and_over_shards_gives_the_one_index_column() -> None:
+    """The negatives column does not depend on how many rows are mined at once nor on how the
+    pool is sharded, and a known positive in another chunk's row is still no negative."""
+    from pipeline.data.triplets import Triplets
+    from pipeline.mining.encoded_texts import EmbeddedTexts
+    from pipeline.mining.hard_negatives import SearchSettings
+    from pipeline.mining.miner_settings import MinerSettings
+    from pipeline.mining.negatives import NegativeFilters
+    from pipeline.mining.pair_refresh import refresh_pairs
+
+    rng = np.random.default_rng(7)
+    texts = unit_vectors(500, 16, 8)
+    anchor = rng.integers(0, 100, size=300)  # anchor texts repeat: each has several positives
+    positive = rng.integers(100, 500, size=300)
+    texts[positive] = texts[anchor] + 0.3 * texts[positive]  # positives near their anchors
+    texts /= np.linalg.norm(texts, axis=1, keepdims=True)
+    triplets = Triplets(anchor, positive, np.full(300, -1))
+    keys = np.arange(500)
+    settings = MinerSettings(
+        pooler="mean", batch_size=8, seed=0, search=SearchSettings(top_k=24, index=IndexSpec("flat")),
+        filters=NegativeFilters(range_min=0, num_negatives=3, relative_margin=None),
+    )  # fmt: skip
+    pool = triplets.candidate_pool()
+
+    def column(source, chunk_rows: int) -> np.ndarray:  # noqa: ANN001
+        report = refresh_pairs(source, triplets=triplets, keys=keys, settings=settings, version=1,
+                               previous=None, chunk_rows=chunk_rows)  # fmt: skip
+        return report.negatives
+
+    whole = column(EmbeddedTexts(texts, pool, settings.search, seed=1), 10**6)
+    assert (whole >= 0).mean() > 0.9
+    for got in (
+        column(EmbeddedTexts(texts, pool, settings.search, seed=1), 37),
+        column(ShardedTexts(texts, pool), 37),
+    ):
+        np.testing.assert_array_equal(got, whole)
+    # No row's negative is a positive of any row with the same anchor text.
+    known = {(a, p) for a, p in zip(anchor.tolist(), positive.tolist(), strict=True)}
+    assert not any(
+        (a, n) in known for a, row in zip(anchor.tolist(), whole.tolist(), strict=True) for n in row
+    )
