@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.mining.text_keys import duplicate_mask, known_positive_mask
+from pipeline.mining.text_keys import KnownPositives, duplicate_mask
 
 
 def random_pool_negatives(
@@ -32,9 +32,13 @@ def random_pool_negatives(
     n = len(anchor)
     drawn = pool[rng.integers(0, len(pool), size=(n, count))]
 
+    known = KnownPositives.of(
+        keys[anchor], keys[positive], int(keys.max(initial=0)) + 1
+    )  # once, not per round
+
     def clashes() -> np.ndarray:
         same = duplicate_mask(drawn, keys[anchor], keys[positive], keys)
-        return same | known_positive_mask(drawn, keys[anchor], keys, keys[anchor], keys[positive])
+        return same | known.mask(drawn, keys[anchor], keys)
 
     for _ in range(8):
         clash = clashes()
