@@ -26,6 +26,7 @@ from pipeline.data.synthetic import generate_paraphrase_corpus
 from pipeline.data.tokenize import tokenize_table
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.utf8 import stable_row_id
+from pipeline.mining.encoded_texts import EmbeddedTexts
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner_settings import MinerSettings
@@ -84,7 +85,10 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
     # The refresh after its encode, as the miner runs it: search, filter, plan, measure.
     report = stage(
         "search+plan", results,
-        lambda: refresh_corpus(embeddings, keys=keys, settings=settings, version=1, previous=None),
+        lambda: refresh_corpus(
+            EmbeddedTexts(embeddings, None, settings.search, seed=settings.seed + 1),
+            keys=keys, settings=settings, version=1, previous=None,
+        ),
     )  # fmt: skip
     results["index_s"], results["search_s"] = (
         report.metrics["mining/index_s"],

@@ -39,18 +39,20 @@ class MiningSection:
     """``auto``: exact flat search up to 50,000 vectors on a CPU (2,000,000 where the search
     runs on a GPU), IVF above; the IVF settings follow the corpus size
     (``pipeline.mining.index``, from docs/benchmarks.md: Mining refresh at scale)."""
-    encode_actors: int = 0
-    """0: the miner actor encodes the corpus itself. N: the re-encode fans out over a Ray
-    Data pool of up to N actors, each reserving what the miner reserves (``num_cpus``,
-    ``num_gpus``); they need resources beyond those the train workers and the miner hold.
-    Sentences per encode batch follow the device (64 on a CPU, 1024 on a GPU)."""
+    shards: int = 1
+    """Miner shards: 1 keeps every text's vector and the index in the miner actor. N splits them
+    over N shard actors, each with ``num_cpus`` and ``num_gpus`` on a node ``label_selector``
+    matches, beside the miner (which then holds only each text's key and the rows): each shard
+    encodes its range of the corpus with the newest weights and indexes its candidates, and
+    every search runs on all of them, their top lists merged (exactly one index's result with
+    flat indexes). Shards need resources beyond those the train workers and the miner hold."""
     num_cpus: float = 1.0
-    """CPUs for the miner actor (and for each encode actor)."""
+    """CPUs for the miner actor (and for each shard actor)."""
     num_gpus: float = 0.0
-    """GPUs for the miner actor (and for each encode actor); with a GPU it encodes there and
+    """GPUs for the miner actor (and for each shard actor); with a GPU it encodes there and
     searches with a GPU index."""
     label_selector: dict[str, str] = field(default_factory=dict)
-    """Ray node labels the miner (and each encode actor) must run on, as
+    """Ray node labels the miner (and each shard actor) must run on, as
     ``train.label_selector`` for the workers: e.g. a node group of inference GPUs beside the
     training ones, or on-demand nodes for the one actor a refresh depends on. Empty: any
     node with the resources."""
@@ -101,7 +103,7 @@ class MiningSection:
                 "must be in [0, 1)",
             ),
             ("mining.num_negatives", self.num_negatives >= 1, "must be >= 1"),
-            ("mining.encode_actors", self.encode_actors >= 0, "must be >= 0"),
+            ("mining.shards", self.shards >= 1, "must be >= 1"),
             ("mining.num_cpus", self.num_cpus >= 0, "must be >= 0"),
             ("mining.num_gpus", self.num_gpus >= 0, "must be >= 0"),
             ("mining.timeout_s", self.timeout_s > 0, "must be > 0"),

@@ -21,7 +21,7 @@ INFRASTRUCTURE = (
     "run.name", "run.output_dir", "run.storage_path", "ray.", "tracking.",
     "train.cpus_per_worker", "train.gpus_per_worker", "train.max_failures", "train.placement_timeout_s",
     "train.log_every", "train.compile", "train.label_selector.", "mining.num_cpus", "mining.num_gpus",
-    "mining.encode_actors", "mining.label_selector.",
+    "mining.shards", "mining.label_selector.",
     "mining.timeout_s", "data.tokenize_num_cpus", "data.format", "data.pool_format", "checkpoint.",
 )  # fmt: skip
 """Where and how the job runs, not what it trains: resources, timeouts, storage, logging,

@@ -42,6 +42,8 @@ REMOVED_KEYS = {
     "mining.clusters_per_batch": _REMOVED_SAMPLERS,
     "mining.mixed_share": _REMOVED_SAMPLERS,
     "mining.mixed_group_size": _REMOVED_SAMPLERS,
+    "mining.encode_actors": "the re-encode fans out over mining.shards, each shard encoding its "
+    "range of the corpus and indexing it; delete the key",
     "train.use_gpu": "workers train on GPUs when train.gpus_per_worker > 0 (default 0: CPUs); delete the key",
     "train.peak_tflops": "train/mfu uses the datasheet peak of an H100/H200, none elsewhere; delete the key",
     "train.compile_mode": "write the mode as train.compile (off, default, reduce-overhead, max-autotune, "
@@ -58,8 +60,8 @@ REMOVED_KEYS = {
     "mining.pq_m": _REMOVED_INDEX,
     "mining.encode_batch_size": _REMOVED_ENCODE_BATCH,
     "eval.batch_size": _REMOVED_ENCODE_BATCH,
-    "mining.encode_num_cpus": "each encode actor reserves mining.num_cpus, as the miner; delete the key",
-    "mining.encode_num_gpus": "each encode actor reserves mining.num_gpus, as the miner; delete the key",
+    "mining.encode_num_cpus": "each miner shard reserves mining.num_cpus, as the miner; delete the key",
+    "mining.encode_num_gpus": "each miner shard reserves mining.num_gpus, as the miner; delete the key",
     "mining.start_timeout_s": "the miner's start waits train.placement_timeout_s; delete the key",
     "mining.max_restarts": "the miner is restarted up to train.max_failures times; delete the key",
     "ray.progress_bars": "Ray Data's progress bars are on with the job's --debug flag, off without; delete the key",

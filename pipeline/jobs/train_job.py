@@ -355,9 +355,11 @@ def miner_actor(
             selector = (
                 f", mining.label_selector={cfg.mining.label_selector}" if cfg.mining.label_selector else ""
             )
+            shards = f" and its {cfg.mining.shards} shards, each" if cfg.mining.shards > 1 else ""
             raise TimeoutError(
-                f"the miner actor (mining.num_cpus={cfg.mining.num_cpus:g}, mining.num_gpus={cfg.mining.num_gpus:g}"
-                f"{selector}) was not placed within train.placement_timeout_s={timeout_s:g}s"
+                f"the miner actor{shards} (mining.num_cpus={cfg.mining.num_cpus:g}, "
+                f"mining.num_gpus={cfg.mining.num_gpus:g}{selector}) was not placed within "
+                f"train.placement_timeout_s={timeout_s:g}s"
             ) from None
         yield miner, miner_pid
         # The last refresh's table row and histogram go up in the miner's background; let them

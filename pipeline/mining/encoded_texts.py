@@ -20,6 +20,11 @@ from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex
 class EncodedTexts(NeighbourSearch, Protocol):
     """Vectors of any corpus positions, and a search whose rows are candidate ordinals."""
 
+    kind: str
+    """The index kind searched (``flat``, ``ivf``, ``ivfpq``)."""
+    dim: int
+    """The vectors' dimension."""
+
     def vectors(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` float32, L2-normalised, in the order of ``positions``."""
         ...
@@ -31,14 +36,16 @@ class EmbeddedTexts:
     Args:
         embeddings: ``(texts, dim)`` the corpus under the newest weights.
         candidates: sorted positions searches may return (the pool); their ordinals are
-            what a search returns.
+            what a search returns. None: every text (the corpus task), with no copy.
         search: index kind, device and ``top_k``.
         seed: the IVF training sample.
     """
 
-    def __init__(self, embeddings: np.ndarray, candidates: np.ndarray, search: SearchSettings, seed: int):
+    def __init__(
+        self, embeddings: np.ndarray, candidates: np.ndarray | None, search: SearchSettings, seed: int
+    ):
         self.embeddings = embeddings
-        pool = embeddings[candidates]
+        pool = embeddings if candidates is None else embeddings[candidates]
         kind = search.index_kind(len(pool), pool.shape[1])
         self.index = VectorIndex(
             pool, use_gpu=search.use_gpu, spec=IndexSpec(kind), seed=seed, k=search.top_k
@@ -48,6 +55,7 @@ class EmbeddedTexts:
             self.index.backend,
             self.index.build_seconds,
         )
+        self.kind, self.dim = kind, pool.shape[1]
 
     def vectors(self, positions: np.ndarray) -> np.ndarray:
         return self.embeddings[positions]

@@ -5,9 +5,8 @@ Mining is four steps, each visible in the function body: search each anchor's ``
 nearest pool vectors (FAISS, :class:`~pipeline.mining.index.VectorIndex`, or a miner's shards
 searched as one), mark the candidates that are the anchor's own text or one of its known
 positives, filter them (:mod:`pipeline.mining.negatives`), and keep ``num_negatives`` per
-anchor. The result is data,
-not a control object: a :class:`MinedNegatives` table with one row per anchor. What a run logs
-of a mining is computed from that table afterwards, in one place
+anchor. The result is data, not a control object: a :class:`MinedNegatives` table with one row
+per anchor. What a run logs of a mining is computed from that table afterwards, in one place
 (:func:`pipeline.mining.mining_metrics.mining_metrics`).
 """
 

@@ -92,12 +92,15 @@ class IndexSpec:
         return kind
 
 
-def index_memory_budget(backend: str, share: float = 0.8) -> int:
+def index_memory_budget(backend: str, share: float = 0.8) -> int | None:
     """Bytes an index built now for ``backend`` may take: ``share`` of the GPU's free memory
     for the GPU backends (torch's view of the current device), of the machine's available
     memory for ``faiss-cpu``. The rest is left for the search's own buffers and whatever
-    else the process holds."""
+    else the process holds. None where the GPU's free memory cannot be read (faiss-gpu beside
+    a torch built without CUDA)."""
     if backend.startswith(("faiss-gpu", "torch-cuda")):
+        if not torch.cuda.is_available():
+            return None
         free, _ = torch.cuda.mem_get_info()
     else:
         import psutil  # deferred: Ray's dependency, present wherever the miner runs

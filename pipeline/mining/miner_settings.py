@@ -32,15 +32,15 @@ class MinerSettings:
     """Corpus task: the batch sampler (``mining.batch_sampler``)."""
     random_negatives: int = 0
     """Pairs task: random pool rows added per anchor beside the mined negatives."""
-    encode_actors: int = 0
-    """``mining.encode_actors``: 0 encodes in the miner itself, N on a Ray Data pool (each
-    actor with ``num_cpus`` and ``num_gpus``, as the miner)."""
+    shards: int = 1
+    """``mining.shards``: 1 encodes and searches in the miner itself; N over N shard actors
+    (:class:`~pipeline.mining.miner_shards.MinerShards`, each with ``num_cpus`` and ``num_gpus``)."""
     num_cpus: float = 1.0
-    """The miner actor's own CPUs (``mining.num_cpus``)."""
+    """The miner actor's own CPUs, and each shard's (``mining.num_cpus``)."""
     num_gpus: float = 0.0
     """The miner actor's own GPUs (``mining.num_gpus``); with one it encodes and searches there."""
     label_selector: dict[str, str] = field(default_factory=dict)
-    """Ray node labels the miner and its encode actors must run on (``mining.label_selector``)."""
+    """Ray node labels the miner and its shards must run on (``mining.label_selector``)."""
     max_restarts: int = 0
     """Times Ray restarts a dead miner actor (``train.max_failures``; -1: no limit)."""
     tracking_uri: str | None = None
@@ -73,7 +73,7 @@ class MinerSettings:
             filters=NegativeFilters.from_config(cfg),
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,
-            encode_actors=mining.encode_actors,
+            shards=mining.shards,
             num_cpus=mining.num_cpus,
             num_gpus=mining.num_gpus,
             label_selector=dict(mining.label_selector),

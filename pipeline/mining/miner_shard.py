@@ -11,6 +11,7 @@ each as a Ray actor (:class:`~pipeline.mining.miner_shards.MinerShards`).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -88,10 +89,15 @@ class MinerShard:
         self.vectors: np.ndarray | None = None
         self.index: VectorIndex | None = None
 
+    def ready(self) -> int:
+        """This shard's process id: answering proves it was placed and took its texts."""
+        return os.getpid()
+
     def encode(self, encoder_state: dict[str, torch.Tensor], seed: int) -> dict[str, Any]:
         """Encode the shard's texts with ``encoder_state`` and build its index over the
         candidates (``seed``: the IVF training sample). Returns what the merge and the log
-        need: ``rows`` indexed, ``backend``, ``build_seconds``, ``encode_seconds``."""
+        need: ``rows`` indexed, ``backend``, ``kind``, ``dim``, ``build_seconds``,
+        ``encode_seconds``."""
         started = time.perf_counter()
         self.model.encoder.load_state_dict(encoder_state)
         held = self.texts.held
@@ -99,12 +105,14 @@ class MinerShard:
         self.index = None  # the old index goes before the new vectors arrive
         self.vectors = encode_rows(self.model, held, rows, encode_batch_size(self.device), self.device)
         encoded = time.perf_counter()
-        candidates = self.vectors[self.span.candidates - self.span.first]
+        every_text = len(self.span.candidates) == self.span.last - self.span.first
+        candidates = self.vectors if every_text else self.vectors[self.span.candidates - self.span.first]
         s = self.search_settings
         kind = s.index_kind(len(candidates), candidates.shape[1])
         self.index = VectorIndex(candidates, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed, k=s.top_k)
-        return {"rows": self.index.rows, "backend": self.index.backend,
-                "build_seconds": self.index.build_seconds, "encode_seconds": encoded - started}  # fmt: skip
+        return {"rows": self.index.rows, "backend": self.index.backend, "kind": self.index.kind,
+                "dim": candidates.shape[1], "build_seconds": self.index.build_seconds,
+                "encode_seconds": encoded - started}  # fmt: skip
 
     def vectors_of(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` vectors of corpus positions this shard holds."""

@@ -11,8 +11,10 @@ import numpy as np
 import ray
 import torch
 
+from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
+from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shard import MinerShard, ShardRange, shard_ranges
 from pipeline.mining.sharded_search import merge_top_k
 
@@ -31,7 +33,7 @@ class MinerShards:
         self.handles, self.spans = handles, spans
         self.firsts = np.array([span.first for span in spans], dtype=np.int64)
         self.rows = sum(len(span.candidates) for span in spans)
-        self.backend = ""
+        self.backend, self.kind, self.dim = "", "", 0
         self.build_seconds = 0.0
 
     @classmethod
@@ -71,6 +73,7 @@ class MinerShards:
         state = ray.put(encoder_state)  # once in the object store, not once per shard
         reports = ray.get([h.encode.remote(state, seed) for h in self.handles])
         self.backend = f"{reports[0]['backend']} x{len(reports)}"
+        self.kind, self.dim = reports[0]["kind"], reports[0]["dim"]
         self.build_seconds = max(r["build_seconds"] for r in reports)
         return reports
 
@@ -96,7 +99,26 @@ class MinerShards:
         chunk = ray.put(np.ascontiguousarray(queries, dtype=np.float32))
         return merge_top_k(ray.get([h.search.remote(chunk, k) for h in self.handles]), k)
 
+    def encode_texts(self, encoder_state: dict[str, torch.Tensor], seed: int) -> tuple[MinerShards, float]:
+        """:meth:`encode`, as the miner asks its encoder: the shards themselves (they answer
+        for the texts), and the slowest shard's encode seconds."""
+        reports = self.encode(encoder_state, seed)
+        return self, max(r["encode_seconds"] for r in reports)
+
     def stop(self) -> None:
         """End the shard actors (their vectors and indexes go with them)."""
         for handle in self.handles:
             ray.kill(handle)
+
+
+def shard_actor_options(settings: MinerSettings) -> dict[str, Any]:
+    """A shard actor's Ray options: what the miner reserves (``mining.num_cpus``,
+    ``mining.num_gpus``, a node ``mining.label_selector`` matches). No restarts: a shard lost
+    mid-refresh fails that refresh, and the miner's own restart starts new shards."""
+    return {
+        "num_cpus": settings.num_cpus,
+        "num_gpus": settings.num_gpus,
+        "label_selector": settings.label_selector or None,
+        "max_restarts": 0,
+        "runtime_env": actor_runtime_env() or None,
+    }

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan
+from pipeline.mining.encoded_texts import EncodedTexts
 from pipeline.mining.index import KnnResult
-from pipeline.mining.mining_metrics import random_pair_similarities, similarity_percentiles
+from pipeline.mining.mining_metrics import random_pairs, similarity_percentiles
 from pipeline.mining.negatives import FilteredCandidates
 
 
 def plan_metrics(
-    embeddings: np.ndarray,
+    texts: EncodedTexts,
     plan: BatchPlan,
     *,
     knn: KnnResult,
@@ -23,7 +24,8 @@ def plan_metrics(
     """What a corpus refresh logs of its plan, and the similarities its histogram draws.
 
     Args:
-        embeddings: ``(n, dim)`` the corpus the plan orders, L2-normalised.
+        texts: the corpus the plan orders, under the weights it was planned with (the
+            vectors of the rows the samples of pairs name are fetched from it).
         plan: the next epoch's batches.
         knn: the search the plan was made from (``(n, k)``, each row first in its own list).
         filtered: each candidate's fate under the negative filters.
@@ -45,16 +47,17 @@ def plan_metrics(
     }
     if previous is not None:
         metrics["mining/churn"] = plan_churn(previous, plan)
-    in_batch = in_batch_pair_similarities(embeddings, plan, seed)
+    in_batch = in_batch_pair_similarities(texts, plan, seed)
     # Random pairs of rows are what random batches hold: the baseline the plan is read against.
-    random_pairs = random_pair_similarities(embeddings, embeddings, seed)
+    sample, partners = random_pairs(len(plan.rows), len(plan.rows), seed)
+    random_similarities = np.einsum("ij,ij->i", texts.vectors(sample), texts.vectors(partners))
     metrics |= {f"mining/batch_similarity_{k}": v for k, v in similarity_percentiles(in_batch).items()}
-    metrics["mining/random_batch_similarity_mean"] = float(random_pairs.mean())
-    return metrics, {"random pairs": random_pairs, "mined plan": in_batch}
+    metrics["mining/random_batch_similarity_mean"] = float(random_similarities.mean())
+    return metrics, {"random pairs": random_similarities, "mined plan": in_batch}
 
 
 def in_batch_pair_similarities(
-    embeddings: np.ndarray, plan: BatchPlan, seed: int, max_batches: int = 2000
+    texts: EncodedTexts, plan: BatchPlan, seed: int, max_batches: int = 2000
 ) -> np.ndarray:
     """Cosine similarity of every distinct pair inside the plan's batches (a seeded sample
     of at most ``max_batches`` batches): the similarity of the negatives the loss sees."""
@@ -62,10 +65,13 @@ def in_batch_pair_similarities(
     if len(batches) > max_batches:
         picked = np.random.default_rng(seed).choice(len(batches), size=max_batches, replace=False)
         batches = [batches[i] for i in picked]
+    if not batches:
+        return np.empty(0, dtype=np.float32)
+    # One fetch for every sampled row: the rows may sit in the miner's shards.
+    vectors = np.split(texts.vectors(np.concatenate(batches)), np.cumsum([len(b) for b in batches])[:-1])
     parts = []
-    for rows in batches:
-        e = embeddings[rows]
-        upper = np.triu_indices(len(rows), k=1)
+    for e in vectors:
+        upper = np.triu_indices(len(e), k=1)
         parts.append((e @ e.T)[upper])
     return np.concatenate(parts)
 

@@ -16,11 +16,15 @@ import numpy as np
 
 from pipeline.batching.registry import build_plan
 from pipeline.batching.sampler_inputs import SamplerInputs
-from pipeline.mining.index import IndexSpec, estimate_index_bytes, index_summary, knn_search
+from pipeline.mining.encoded_texts import EncodedTexts
+from pipeline.mining.index import KnnResult, estimate_index_bytes, index_summary
 from pipeline.mining.negatives import filter_candidates
 from pipeline.mining.plan_quality import plan_metrics
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import duplicate_mask
+
+SEARCH_CHUNK_ROWS = 65_536
+"""Queries searched at once (the shards answer a chunk at a time)."""
 
 if TYPE_CHECKING:
     from pipeline.config.mining_section import MiningSection
@@ -39,7 +43,7 @@ class PlanSettings:
 
 
 def refresh_corpus(
-    embeddings: np.ndarray,
+    texts: EncodedTexts,
     *,
     keys: np.ndarray,
     settings: MinerSettings,
@@ -50,7 +54,9 @@ def refresh_corpus(
     each row's neighbours, plan the next epoch's batches, describe the plan.
 
     Args:
-        embeddings: ``(rows, dim)`` the corpus under the newest weights.
+        texts: the corpus under the newest weights, every text a candidate
+            (:class:`~pipeline.mining.encoded_texts.EmbeddedTexts` with no pool, or the
+            miner's shards).
         keys: ``(rows,)`` :func:`~pipeline.mining.text_keys.text_keys` of the rows.
         settings: search, filters, sampler, batch size and seed.
         version: this refresh's version (it seeds the search and the plan).
@@ -60,12 +66,20 @@ def refresh_corpus(
         The report with ``plan``: the next order of rows.
     """
     s = settings
-    n, seed = len(embeddings), s.seed + version
-    # Search: every row against the corpus; each finds itself first, which the filter drops.
-    k, kind = min(s.search.top_k + 1, n), s.search.index_kind(n, embeddings.shape[1])
-    estimate = estimate_index_bytes(n, embeddings.shape[1], k, kind)
-    print(f"[mining] v{version}: {index_summary(kind, n, embeddings.shape[1], k, estimate)}", flush=True)
-    knn = knn_search(embeddings, k, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed)
+    n, seed = texts.rows, s.seed + version
+    # Search: every row against the corpus, chunk after chunk of queries; each row finds
+    # itself first, which the filter drops.
+    k = min(s.search.top_k + 1, n)
+    estimate = estimate_index_bytes(n, texts.dim, k, texts.kind)
+    print(f"[mining] v{version}: {index_summary(texts.kind, n, texts.dim, k, estimate)}", flush=True)
+    started = time.perf_counter()
+    found = [texts.search(texts.vectors(np.arange(lo, min(lo + SEARCH_CHUNK_ROWS, n))), k)
+             for lo in range(0, n, SEARCH_CHUNK_ROWS)]  # fmt: skip
+    knn = KnnResult(
+        np.concatenate([scores for scores, _ in found]), np.concatenate([rows for _, rows in found]),
+        texts.backend, texts.build_seconds, time.perf_counter() - started,
+    )  # fmt: skip
+    del found
     # Filter: duplicates of a row's text, and likely false negatives, out of its candidates. Each
     # row is its own positive (unsupervised), so the relative margin is against 1.0.
     started = time.perf_counter()
@@ -80,7 +94,7 @@ def refresh_corpus(
     plan_seconds = time.perf_counter() - started
     # Measure: how hard and how safe the plan is, against random pairs of rows.
     metrics, similarities = plan_metrics(
-        embeddings, plan, knn=knn, filtered=filtered, false_negatives=false_negatives,
+        texts, plan, knn=knn, filtered=filtered, false_negatives=false_negatives,
         previous=previous.plan if previous is not None else None, seed=s.seed,
     )  # fmt: skip
     metrics = {

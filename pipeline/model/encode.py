@@ -7,8 +7,9 @@ on CUDA, fp32 on a CPU). The other entry points only decide where it runs:
 * :func:`encode_texts`: raw texts, tokenized here first (offline mining, export checks).
 * :func:`sharded_encode`: every DDP rank encodes one slice, rank 0 gathers (in-training
   evaluation).
-* :func:`encode_with_actor_pool`: a Ray Data pool of encoder actors (the miner's re-encode
-  with ``mining.encode_actors``).
+
+The miner's shards (:mod:`pipeline.mining.miner_shard`) each encode their range of the corpus
+with :func:`encode_rows`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import torch.distributed as dist
 
 from pipeline.data.tokenize import tokenize_table
 from pipeline.data.tokenized import TokenizedCorpus
-from pipeline.model.accel import autocast, compute_device, to_device
-from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
-from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.model.accel import autocast, to_device
+from pipeline.model.encoder import SentenceEncoder
 
 # Sentences per encode batch. CPU: 64 was the fastest batch there (docs/benchmarks.md, Corpus
 # encoding). GPU: BERT-base on an H100 encoded 6,874 sentences/s at 128, 20,727 at 512 and
@@ -142,91 +142,3 @@ def sharded_encode(
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, local)
     return np.concatenate(gathered) if rank == 0 else None
-
-
-class _EncodeBatches:
-    """Ray Data actor for :func:`encode_with_actor_pool`: loads the model and the weights
-    once, then encodes batch after batch."""
-
-    def __init__(self, model_blob: Any, weights: Any, pooler: str, use_gpu: bool):
-        import ray  # deferred, as in encode_with_actor_pool
-
-        quiet_libraries()
-        model_dir = unpack_dir(ray.get(model_blob) if isinstance(model_blob, ray.ObjectRef) else model_blob)
-        self.pad = load_tokenizer(model_dir).pad_token_id
-        self.device = compute_device(use_gpu=use_gpu)
-        self.model = load_sentence_encoder(model_dir, pooler=pooler)
-        self.model.encoder.load_state_dict(
-            ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights
-        )
-        self.model.to(self.device)
-
-    def __call__(self, batch: Any) -> dict[str, np.ndarray]:
-        embeddings = _encode_table(self.model, batch, self.pad, encode_batch_size(self.device), self.device)
-        return {"position": batch.column("position").to_numpy(), "embedding": embeddings}
-
-
-def encode_with_actor_pool(
-    corpus_table: Any,
-    lengths: np.ndarray,
-    *,
-    model_blob: bytes,
-    pooler: str,
-    encoder_state: dict[str, torch.Tensor],
-    actors: int,
-    num_cpus: float,
-    num_gpus: float,
-    label_selector: dict[str, str] | None = None,
-) -> np.ndarray:
-    """Normalised :func:`encode_rows` of the whole corpus
-    on a Ray Data pool of up to ``actors`` encoder actors (each with ``num_cpus`` /
-    ``num_gpus``, on nodes ``label_selector`` matches), in batches of :func:`encode_batch_size`
-    for the actors' device.
-
-    Rows are fed in order of token length, so each batch pads little; results are placed
-    back by position.
-
-    Args:
-        corpus_table: the tokenized corpus (an ``input_ids`` column).
-        lengths: ``(n,)`` tokens per row.
-        model_blob: the packed model folder (:func:`pipeline.model.folders.pack_dir`).
-        pooler: ``model.pooler``.
-        encoder_state: the encoder weights to encode with.
-
-    Returns:
-        ``(n, hidden_size)`` float32 embeddings in the corpus's row order.
-    """
-    # Deferred: the evaluate job and bench/gpu_step.py import this module without Ray.
-    import ray
-    import ray.data
-
-    batch_size = encode_batch_size(torch.device("cuda" if num_gpus > 0 else "cpu"))
-    order = length_order(lengths)
-    table = corpus_table.select(["input_ids"]).append_column("position", pa.array(np.arange(len(lengths))))
-    rows_per_block = batch_size * 8
-    blocks = [
-        ray.put(table.take(order[i : i + rows_per_block])) for i in range(0, len(order), rows_per_block)
-    ]
-    ds = ray.data.from_arrow_refs(blocks).map_batches(
-        _EncodeBatches,
-        batch_format="pyarrow",
-        batch_size=batch_size,
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
-        # Passed only when set: an actor with a selector of its own is placed differently.
-        **({"label_selector": label_selector} if label_selector else {}),
-        fn_constructor_kwargs={
-            "model_blob": ray.put(model_blob),
-            "weights": ray.put(encoder_state),
-            "pooler": pooler,
-            "use_gpu": num_gpus > 0,
-        },
-    )
-    out: np.ndarray | None = None
-    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-        if out is None:
-            out = np.empty((len(lengths), batch["embedding"].shape[1]), dtype=np.float32)
-        out[batch["position"]] = batch["embedding"]
-    assert out is not None
-    return out

@@ -1,0 +1,61 @@
+"""The miner over shard actors (``mining.shards: 2``) refreshes as the miner that holds
+everything. The shards encode their ranges in batches of their own, so their vectors equal the
+miner's to float rounding (tested exactly on the same vectors in test_miner_shards.py); here
+the pairs column and the corpus plan's quality are compared."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipeline.mining.hard_negatives import SearchSettings
+from pipeline.mining.index import IndexSpec
+from pipeline.mining.miner import HardNegativeMiner
+from pipeline.mining.miner_settings import MinerSettings
+from pipeline.mining.negatives import NegativeFilters
+from pipeline.mining.planning import PlanSettings
+from pipeline.model.encoder import load_sentence_encoder
+from pipeline.model.folders import pack_dir
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("task", ["corpus", "pairs"])
+def test_two_shards_refresh_as_one_miner(sorted_blocks, trained_tiny_model_dir, task):
+    from pipeline.data.triplets import Triplets
+
+    blocks, _, _ = sorted_blocks
+    n = blocks.num_rows
+    weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
+    blob = pack_dir(trained_tiny_model_dir)
+    settings = MinerSettings(
+        pooler="mean", batch_size=16, seed=0, search=SearchSettings(top_k=16, index=IndexSpec("flat")),
+        filters=NegativeFilters(range_min=1, num_negatives=2, relative_margin=None),
+        plan=PlanSettings(batch_sampler="knn"),
+        num_cpus=0.1,
+    )  # fmt: skip
+    triplets = None
+    if task == "pairs":  # every text's neighbour in position order as its positive; half the texts as pool
+        rows = np.arange(0, n - 1, 2)
+        triplets = Triplets(rows, rows + 1, np.full(len(rows), -1), pool=np.arange(1, n, 2))
+    one = HardNegativeMiner(blocks.table(), blob, settings, triplets).refresh(weights, version=1, step=0)
+    sharded = HardNegativeMiner.over_shards(blocks, blob, replace(settings, shards=2), triplets)
+    try:
+        two = sharded.refresh(weights, version=1, step=0)
+    finally:
+        sharded.encoder.stop()
+    if task == "pairs":
+        assert (one.negatives >= 0).mean() > 0.9
+        assert (two.negatives == one.negatives).mean() > 0.95
+    else:
+        assert np.array_equal(np.sort(two.plan.rows), np.arange(n))  # every row once
+        np.testing.assert_array_equal(np.sort(two.plan.sizes), np.sort(one.plan.sizes))
+        for key in ("mining/batch_similarity_mean", "mining/top1_similarity_mean"):
+            assert abs(two.metrics[key] - one.metrics[key]) < 0.01, key
+        assert (
+            two.metrics["mining/batch_similarity_mean"] > two.metrics["mining/random_batch_similarity_mean"]
+        )
+    for key in ("mining/corpus_size", "mining/candidates"):
+        assert two.metrics[key] == one.metrics[key], key
