@@ -21,7 +21,8 @@ import torch
 
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, VectorIndex
+from pipeline.mining.index import IndexSpec
+from pipeline.mining.sharded_search import IndexShard
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
@@ -87,7 +88,7 @@ class MinerShard:
         self.device = compute_device(use_gpu=search.use_gpu)
         self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=pooler).to(self.device)
         self.vectors: np.ndarray | None = None
-        self.index: VectorIndex | None = None
+        self.index: IndexShard | None = None
 
     def ready(self) -> int:
         """This shard's process id: answering proves it was placed and took its texts."""
@@ -109,8 +110,16 @@ class MinerShard:
         candidates = self.vectors if every_text else self.vectors[self.span.candidates - self.span.first]
         s = self.search_settings
         kind = s.index_kind(len(candidates), candidates.shape[1])
-        self.index = VectorIndex(candidates, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed, k=s.top_k)
-        return {"rows": self.index.rows, "backend": self.index.backend, "kind": self.index.kind,
+        # Its candidates are numbered after the shards' before it: ordinals among all of them.
+        self.index = IndexShard(
+            candidates,
+            self.span.first_candidate,
+            use_gpu=s.use_gpu,
+            spec=IndexSpec(kind),
+            seed=seed,
+            k=s.top_k,
+        )
+        return {"rows": self.index.rows, "backend": self.index.backend, "kind": kind,
                 "dim": candidates.shape[1], "build_seconds": self.index.build_seconds,
                 "encode_seconds": encoded - started}  # fmt: skip
 
@@ -123,5 +132,4 @@ class MinerShard:
         """Each query's top ``k`` among this shard's candidates: scores, and the candidates'
         ordinals among all the shards' (-1: none)."""
         assert self.index is not None, "MinerShard.search before encode"
-        scores, rows = self.index.search(queries, k)
-        return scores, np.where(rows >= 0, rows + self.span.first_candidate, -1)
+        return self.index.search(queries, k)

@@ -25,7 +25,7 @@ class IndexShard:
     Args:
         vectors: ``(rows, d)`` float32, L2-normalised: this shard's slice.
         first: the position of ``vectors[0]`` among all the shards' rows.
-        spec, use_gpu, seed: as :class:`~pipeline.mining.index.VectorIndex`.
+        spec, use_gpu, seed, k: as :class:`~pipeline.mining.index.VectorIndex`.
     """
 
     def __init__(
@@ -36,9 +36,10 @@ class IndexShard:
         spec: IndexSpec | None = None,
         use_gpu: bool = False,
         seed: int = 0,
+        k: int = 0,
     ):
         self.first = first
-        self.index = VectorIndex(vectors, spec=spec, use_gpu=use_gpu, seed=seed)
+        self.index = VectorIndex(vectors, spec=spec, use_gpu=use_gpu, seed=seed, k=k)
         self.rows, self.backend, self.build_seconds = (
             self.index.rows,
             self.index.backend,
