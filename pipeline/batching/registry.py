@@ -29,7 +29,10 @@ SAMPLERS: dict[str, Sampler] = {
     for s in (
         Sampler(
             "random", "random batches, each row's flagged false negatives kept apart",
-            lambda i: random_plan(len(i.neighbours), i.batch_size, i.seed, i.version, false_negatives=i.false_negatives),
+            lambda i: random_plan(
+                len(i.neighbours), i.batch_size, i.seed, i.version,
+                false_negatives=i.false_negatives, sizes=i.batch_sizes(),
+            ),
         ),
         Sampler(
             "knn", "each batch grown from a random seed row through its nearest neighbours (Prim's order)",

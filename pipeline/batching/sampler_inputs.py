@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.batching.plan import balanced_batch_sizes
+
 
 @dataclass(frozen=True)
 class SamplerInputs:
@@ -23,3 +25,16 @@ class SamplerInputs:
     batch_size: int
     seed: int
     version: int
+    sizes: np.ndarray | None = None
+    """The batch sizes to cut the rows into (summing to ``n``): a partition's share of the
+    epoch's batches (:mod:`pipeline.mining.corpus_partitions`); None: the balanced sizes of ``n``
+    rows at ``batch_size``."""
+
+    def batch_sizes(self) -> np.ndarray:
+        """:attr:`sizes`, or :func:`~pipeline.batching.plan.balanced_batch_sizes` of the rows."""
+        num_rows = len(self.neighbours)
+        if self.sizes is None:
+            return balanced_batch_sizes(num_rows, self.batch_size)
+        if int(np.sum(self.sizes)) != num_rows:
+            raise ValueError(f"batch sizes sum to {int(np.sum(self.sizes))}, not the {num_rows} rows to plan")
+        return np.asarray(self.sizes, dtype=np.int64)

@@ -21,6 +21,7 @@ def random_plan(
     lengths: np.ndarray | None = None,
     group_batches: int = 0,
     false_negatives: np.ndarray | FalseNegativeGraph | None = None,
+    sizes: np.ndarray | None = None,
 ) -> BatchPlan:
     """Every row once, in random batches; with ``lengths`` and ``group_batches >= 2``, length-grouped.
 
@@ -43,13 +44,14 @@ def random_plan(
             row, -1 elsewhere (or their :class:`FalseNegativeGraph`): pairs the random cut puts together are swapped apart
             (:func:`separate_false_negatives`; grouped, preferably with a row of the same
             length, so padding is unchanged). None: the plan is exactly the one without it.
+        sizes: the batch sizes, summing to ``num_rows``; None: :func:`balanced_batch_sizes`.
 
     Returns:
         The plan; its batch sizes are the same with and without grouping.
     """
     rng = np.random.default_rng(seed)
     rows = rng.permutation(num_rows).astype(np.int64, copy=False)  # int64 already: no second copy
-    sizes = balanced_batch_sizes(num_rows, batch_size)
+    sizes = balanced_batch_sizes(num_rows, batch_size) if sizes is None else sizes
     if lengths is None or group_batches < 2:
         if false_negatives is None:
             return BatchPlan(version, rows, sizes)
@@ -86,7 +88,7 @@ def neighbourhood_plan(inputs: SamplerInputs) -> BatchPlan:
     Args:
         inputs: ``neighbours`` (``(n, k)`` acceptable negatives per row, nearest first, -1
             elsewhere; the row itself and rows with the same text already removed), their
-            ``scores``, ``batch_size`` (the target global batch), ``seed`` (makes the plan
+            ``scores``, ``batch_size`` (the target global batch) or ``sizes``, ``seed`` (makes the plan
             deterministic), ``version`` (recorded), and optional ``false_negatives``:
             ``(n, k)`` rows that must not share a batch with the row
             (likely paraphrases), -1 elsewhere. Checked both ways: a row joins a batch only
@@ -96,12 +98,12 @@ def neighbourhood_plan(inputs: SamplerInputs) -> BatchPlan:
 
     Returns:
         The plan, ``version`` and sampler ``knn`` recorded; its batch sizes are
-        :func:`balanced_batch_sizes`'s.
+        :meth:`SamplerInputs.batch_sizes`.
     """
     neighbours, scores, false_negatives = inputs.neighbours, inputs.scores, inputs.false_negatives
-    batch_size, seed, version = inputs.batch_size, inputs.seed, inputs.version
+    seed, version = inputs.seed, inputs.version
     num_rows = neighbours.shape[0]
-    sizes = balanced_batch_sizes(num_rows, batch_size)
+    sizes = inputs.batch_sizes()
     rng = np.random.default_rng(seed)
     builder = _NeighbourhoodBatches(neighbours, scores, false_negatives, rng.permutation(num_rows))
     batches = [builder.grow(size) for size in sizes.tolist()]

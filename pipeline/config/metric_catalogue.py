@@ -94,7 +94,7 @@ _MINING_CHARTS = [
 ]
 _MINING_TABLE = [
     MetricSpec("mining/plan_version", "table", "The plan version this refresh produced."),
-    MetricSpec("mining/{stage}_s", "table", "Seconds per stage: encode, index, search, then filter (pairs) or plan (corpus)."),
+    MetricSpec("mining/{stage}_s", "table", "Seconds per stage: encode, index, (corpus: partition,) search, then filter or plan."),
     MetricSpec("mining/corpus_size", "table", "Texts encoded and indexed (the pool in the pairs task)."),
     MetricSpec("mining/index_estimated_mib", "table", "Estimated FAISS index memory."),
     MetricSpec("mining/candidates", "table", "Neighbours looked at before the filters."),
@@ -111,6 +111,8 @@ _MINING_TABLE = [
     MetricSpec("mining/random_batch_similarity_mean", "table", "Corpus task: the same for random pairs of rows (what random batches hold)."),
     MetricSpec("mining/false_negatives_flagged", "table", "Rows with a likely false negative flagged."),
     MetricSpec("mining/false_negative_pairs_in_batches", "table", "Flagged pairs that still share a batch."),
+    MetricSpec("mining/partitions", "table", "Corpus task: partitions of near texts planned one at a time."),
+    MetricSpec("mining/kept_outside_partition", "table", "Corpus task: kept neighbours in another partition (unused by the plan)."),
 ]
 _PARAMS = [
     MetricSpec("data/rows", "param", "Training rows (sentences, or pairs in the pairs task)."),

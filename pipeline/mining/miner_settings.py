@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pipeline.mining.corpus_partitions import PARTITION_ROWS
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.planning import PlanSettings
@@ -30,6 +31,8 @@ class MinerSettings:
     filters: NegativeFilters = field(default_factory=NegativeFilters)
     plan: PlanSettings = field(default_factory=PlanSettings)
     """Corpus task: the batch sampler (``mining.batch_sampler``)."""
+    partition_rows: int = PARTITION_ROWS
+    """Corpus task: most rows planned at once (:mod:`~pipeline.mining.corpus_partitions`)."""
     random_negatives: int = 0
     """Pairs task: random pool rows added per anchor beside the mined negatives."""
     shards: int = 1

@@ -6,45 +6,88 @@ import numpy as np
 
 from pipeline.batching.plan import BatchPlan
 from pipeline.mining.encoded_texts import EncodedTexts
-from pipeline.mining.index import KnnResult
 from pipeline.mining.mining_metrics import random_pairs, similarity_percentiles
 from pipeline.mining.negatives import FilteredCandidates
 
 
+class CandidateTotals:
+    """What a corpus refresh logs of its rows' neighbours and their fates, added up partition
+    after partition (:mod:`~pipeline.mining.corpus_partitions`), so that no step holds every
+    row's neighbours at once."""
+
+    def __init__(self) -> None:
+        self.top1_sum, self.top1_count = 0.0, 0
+        self.candidates = self.kept = self.flagged = self.pairs_in_batches = self.outside = 0
+        self.removed: dict[str, int] = {}
+        self.partitions = 0
+
+    def add(
+        self,
+        *,
+        rows: np.ndarray,
+        scores: np.ndarray,
+        indices: np.ndarray,
+        filtered: FilteredCandidates,
+        inside: np.ndarray,
+        false_negatives: np.ndarray,
+        plan: BatchPlan,
+    ) -> None:
+        """One partition's share.
+
+        Args:
+            rows: ``(m,)`` the partition's corpus positions.
+            scores, indices: ``(m, k)`` its rows' search over the corpus (each row among its own
+                neighbours).
+            filtered: each candidate's fate under the negative filters.
+            inside: ``(m, k)`` the candidate is a row of the partition.
+            false_negatives: ``(m, k)`` each row's flagged false negatives in the partition, as
+                positions of ``plan``'s rows, -1 elsewhere.
+            plan: the partition's batches, in its own positions.
+        """
+        top1 = _first_valid_scores(scores, np.where(filtered.duplicate, -1, indices))
+        self.top1_sum += float(top1.sum())
+        self.top1_count += len(top1)
+        self.candidates += int(filtered.candidates)
+        self.kept += int(filtered.allowed.sum())
+        for name, count in filtered.removed.items():
+            self.removed[name] = self.removed.get(name, 0) + int(count)
+        self.flagged += int((filtered.false_negative & (indices != rows[:, None])).sum())
+        self.pairs_in_batches += false_negative_pairs(plan, false_negatives)
+        # What the partitions cost: neighbours the plan could have used in one partition.
+        self.outside += int((filtered.allowed & ~inside).sum())
+        self.partitions += 1
+
+    def metrics(self) -> dict[str, float]:
+        """The ``mining/`` metrics of every partition added."""
+        top1_mean = self.top1_sum / self.top1_count if self.top1_count else float("nan")
+        return {
+            "mining/top1_similarity_mean": top1_mean,
+            "mining/candidates": float(self.candidates),
+            "mining/kept": float(self.kept),
+            **{f"mining/removed_{name}": float(count) for name, count in self.removed.items()},
+            "mining/false_negatives_flagged": float(self.flagged),
+            "mining/false_negative_pairs_in_batches": float(self.pairs_in_batches),
+            "mining/partitions": float(self.partitions),
+            "mining/kept_outside_partition": float(self.outside),
+        }
+
+
 def plan_metrics(
-    texts: EncodedTexts,
-    plan: BatchPlan,
-    *,
-    knn: KnnResult,
-    filtered: FilteredCandidates,
-    false_negatives: np.ndarray,
-    previous: BatchPlan | None,
-    seed: int,
+    texts: EncodedTexts, plan: BatchPlan, *, previous: BatchPlan | None, seed: int
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """What a corpus refresh logs of its plan, and the similarities its histogram draws.
+    """What a corpus refresh logs of its whole plan, and the similarities its histogram draws.
 
     Args:
         texts: the corpus the plan orders, under the weights it was planned with (the
             vectors of the rows the samples of pairs name are fetched from it).
         plan: the next epoch's batches.
-        knn: the search the plan was made from (``(n, k)``, each row first in its own list).
-        filtered: each candidate's fate under the negative filters.
-        false_negatives: ``(n, k)`` each row's flagged false negatives, -1 elsewhere.
         previous: the last refresh's plan, for the churn (``None``: the first refresh).
         seed: seeds the samples of pairs.
 
     Returns:
         ``mining/`` metrics, and ``{"random pairs": ..., "mined plan": ...}`` cosine similarities.
     """
-    top1 = _first_valid_scores(knn.scores, np.where(filtered.duplicate, -1, knn.indices))
-    metrics = {
-        "mining/top1_similarity_mean": float(top1.mean()) if len(top1) else float("nan"),
-        "mining/candidates": float(filtered.candidates),
-        "mining/kept": float(filtered.allowed.sum()),
-        **{f"mining/removed_{name}": float(count) for name, count in filtered.removed.items()},
-        "mining/false_negatives_flagged": float((false_negatives >= 0).sum()),
-        "mining/false_negative_pairs_in_batches": float(false_negative_pairs(plan, false_negatives)),
-    }
+    metrics = {}
     if previous is not None:
         metrics["mining/churn"] = plan_churn(previous, plan)
     in_batch = in_batch_pair_similarities(texts, plan, seed)

@@ -1,25 +1,28 @@
 """Neighbourhood mode's refresh: from the k-NN lists to the next epoch's plan.
 
 The miner filters every row's neighbours (duplicates and likely false negatives out) and groups
-the rows into batches with the sampler ``mining.batch_sampler`` names, each row's flagged false
-negatives kept out of its batch. One place decides it, so a new sampler is one entry in
+the rows into batches, one partition of near texts at a time
+(:mod:`~pipeline.mining.corpus_partitions`), with the sampler ``mining.batch_sampler`` names,
+each row's flagged false negatives kept out of its batch. One place decides it, so a new sampler is one entry in
 :mod:`pipeline.batching.registry` plus its function in ``pipeline/batching``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
 from pipeline.batching.registry import build_plan
 from pipeline.batching.sampler_inputs import SamplerInputs
+from pipeline.mining.corpus_partitions import CorpusPartition, partition_corpus
 from pipeline.mining.encoded_texts import EncodedTexts
-from pipeline.mining.index import KnnResult, estimate_index_bytes, index_summary
+from pipeline.mining.index import estimate_index_bytes, index_summary
 from pipeline.mining.negatives import filter_candidates
-from pipeline.mining.plan_quality import plan_metrics
+from pipeline.mining.plan_quality import CandidateTotals, plan_metrics
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import duplicate_mask
 
@@ -50,15 +53,16 @@ def refresh_corpus(
     version: int,
     previous: RefreshReport | None,
 ) -> RefreshReport:
-    """The corpus task's refresh, after the encode: search the corpus against itself, filter
-    each row's neighbours, plan the next epoch's batches, describe the plan.
+    """The corpus task's refresh, after the encode: cut the corpus into partitions of near
+    texts, then for each search its rows against the corpus, filter their neighbours and plan
+    its batches; the batches of every partition, shuffled, are the next epoch's plan.
 
     Args:
         texts: the corpus under the newest weights, every text a candidate
             (:class:`~pipeline.mining.encoded_texts.EmbeddedTexts` with no pool, or the
             miner's shards).
         keys: ``(rows,)`` :func:`~pipeline.mining.text_keys.text_keys` of the rows.
-        settings: search, filters, sampler, batch size and seed.
+        settings: search, filters, sampler, batch size, partition size and seed.
         version: this refresh's version (it seeds the search and the plan).
         previous: the last refresh's report, for the churn.
 
@@ -67,42 +71,108 @@ def refresh_corpus(
     """
     s = settings
     n, seed = texts.rows, s.seed + version
-    # Search: every row against the corpus, chunk after chunk of queries; each row finds
-    # itself first, which the filter drops.
+    # Each row finds itself first, which the filter drops.
     k = min(s.search.top_k + 1, n)
     estimate = estimate_index_bytes(n, texts.dim, k, texts.kind)
     print(f"[mining] v{version}: {index_summary(texts.kind, n, texts.dim, k, estimate)}", flush=True)
     started = time.perf_counter()
-    found = [texts.search(texts.vectors(np.arange(lo, min(lo + SEARCH_CHUNK_ROWS, n))), k)
-             for lo in range(0, n, SEARCH_CHUNK_ROWS)]  # fmt: skip
-    knn = KnnResult(
-        np.concatenate([scores for scores, _ in found]), np.concatenate([rows for _, rows in found]),
-        texts.backend, texts.build_seconds, time.perf_counter() - started,
-    )  # fmt: skip
-    del found
-    # Filter: duplicates of a row's text, and likely false negatives, out of its candidates. Each
-    # row is its own positive (unsupervised), so the relative margin is against 1.0.
-    started = time.perf_counter()
-    duplicate = duplicate_mask(knn.indices, keys, keys, keys)
-    filtered = filter_candidates(knn.indices, knn.scores, np.ones(n, dtype=np.float32), duplicate, s.filters)
-    itself = knn.indices == np.arange(n)[:, None]
-    false_negatives = np.where(filtered.false_negative & ~itself, knn.indices, -1)
-    # Order: the next epoch's batches, each row's flagged false negatives kept out of its batch.
-    neighbours = np.where(filtered.allowed, knn.indices, -1)
-    inputs = SamplerInputs(neighbours, knn.scores, false_negatives, s.batch_size, seed, version)
-    plan = build_plan(s.plan.batch_sampler, inputs)
-    plan_seconds = time.perf_counter() - started
+    partitions = partition_corpus(
+        texts, sizes=balanced_batch_sizes(n, s.batch_size), partition_rows=s.partition_rows, seed=seed
+    )
+    seconds = {"partition": time.perf_counter() - started, "search": 0.0, "plan": 0.0}
+    totals, plans = CandidateTotals(), []
+    for number, partition in enumerate(partitions):
+        started = time.perf_counter()
+        scores, indices = search_rows(texts, partition.rows, k)
+        seconds["search"] += time.perf_counter() - started
+        started = time.perf_counter()
+        plans.append(plan_partition(
+            partition, scores=scores, indices=indices, keys=keys, settings=s,
+            seed=partition_seed(seed, number), version=version, totals=totals,
+        ))  # fmt: skip
+        seconds["plan"] += time.perf_counter() - started
+        del scores, indices
+    plan = plans[0] if len(plans) == 1 else BatchPlan(
+        version, np.concatenate([p.rows for p in plans]), np.concatenate([p.sizes for p in plans]),
+        sampler=s.plan.batch_sampler,
+    ).reordered(seed)  # fmt: skip
     # Measure: how hard and how safe the plan is, against random pairs of rows.
     metrics, similarities = plan_metrics(
-        texts, plan, knn=knn, filtered=filtered, false_negatives=false_negatives,
-        previous=previous.plan if previous is not None else None, seed=s.seed,
-    )  # fmt: skip
+        texts, plan, previous=previous.plan if previous is not None else None, seed=s.seed
+    )
     metrics = {
-        "mining/index_s": knn.index_seconds,
-        "mining/search_s": knn.search_seconds,
-        "mining/plan_s": plan_seconds,
+        "mining/index_s": texts.build_seconds,
+        "mining/partition_s": seconds["partition"],
+        "mining/search_s": seconds["search"],
+        "mining/plan_s": seconds["plan"],
         "mining/corpus_size": float(n),
         "mining/index_estimated_mib": estimate / 2**20,
+        **totals.metrics(),
         **metrics,
     }
     return RefreshReport(version, metrics, plan=plan, similarities=similarities)
+
+
+def search_rows(texts: EncodedTexts, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(len(rows), k)`` scores and corpus positions of the rows' nearest texts, searched a
+    chunk of queries at a time (the shards answer a chunk at a time)."""
+    found = [texts.search(texts.vectors(rows[lo : lo + SEARCH_CHUNK_ROWS]), k)
+             for lo in range(0, len(rows), SEARCH_CHUNK_ROWS)]  # fmt: skip
+    scores, positions = zip(*found, strict=True)
+    return np.concatenate(scores), np.concatenate(positions)
+
+
+def plan_partition(
+    partition: CorpusPartition,
+    *,
+    scores: np.ndarray,
+    indices: np.ndarray,
+    keys: np.ndarray,
+    settings: MinerSettings,
+    seed: int,
+    version: int,
+    totals: CandidateTotals,
+) -> BatchPlan:
+    """One partition's batches, from its rows' neighbours over the whole corpus.
+
+    Duplicates of a row's text and likely false negatives leave its candidates (each row is
+    its own positive, unsupervised: the relative margin is against 1.0); the neighbours in the
+    partition are what the sampler groups, each row's flagged false negatives kept out of its
+    batch. The partition's counts are added to ``totals``.
+
+    Args:
+        partition: the rows and the batch sizes to cut them into.
+        scores, indices: ``(m, k)`` the rows' search over the corpus (:func:`search_rows`).
+        keys: ``(rows,)`` the corpus' text keys.
+        settings: filters and sampler.
+        seed: seeds the sampler.
+        version: recorded in the plan.
+        totals: where the partition's counts go.
+
+    Returns:
+        The partition's batches, in corpus positions.
+    """
+    rows, m = partition.rows, len(partition.rows)
+    duplicate = duplicate_mask(indices, keys[rows], keys[rows], keys)
+    filtered = filter_candidates(indices, scores, np.ones(m, dtype=np.float32), duplicate, settings.filters)
+    # The sampler numbers the partition's rows 0..m-1; a neighbour in another partition is dropped.
+    local = np.minimum(np.searchsorted(rows, indices), m - 1)
+    inside = (indices >= 0) & (rows[local] == indices)
+    itself = indices == rows[:, None]
+    false_negatives = np.where(filtered.false_negative & ~itself & inside, local, -1)
+    neighbours = np.where(filtered.allowed & inside, local, -1)
+    inputs = SamplerInputs(
+        neighbours, scores, false_negatives, settings.batch_size, seed, version, sizes=partition.sizes
+    )
+    plan = build_plan(settings.plan.batch_sampler, inputs)
+    totals.add(
+        rows=rows, scores=scores, indices=indices, filtered=filtered, inside=inside,
+        false_negatives=false_negatives, plan=plan,
+    )  # fmt: skip
+    return replace(plan, rows=rows[plan.rows])
+
+
+def partition_seed(seed: int, number: int) -> int:
+    """The sampler's seed for partition ``number``: the refresh's own for the first (so that one
+    partition plans as an unpartitioned corpus), one drawn from both for the others."""
+    return seed if number == 0 else int(np.random.SeedSequence([seed, number]).generate_state(1)[0])

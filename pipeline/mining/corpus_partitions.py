@@ -1,0 +1,113 @@
+"""The corpus cut into partitions of near texts, so that a refresh plans one partition at a time.
+
+Planning a corpus needs every row's filtered neighbours at once (the ``knn`` sampler walks the
+k-NN graph): about 500 B a row at ``top_k`` 10, 5 GB at 10M rows. Cut into partitions of at most
+:data:`PARTITION_ROWS` rows, each row in the partition of its nearest centroid (spherical
+k-means over a sample of the vectors, as an IVF index cuts its lists), a partition's
+neighbourhoods stay within it, and the miner holds one partition's neighbours at a time. Each
+partition is planned into whole batches, so its edges are moved to the nearest batch bound: at
+most half a batch of rows of each partition is planned beside another partition's rows.
+
+A corpus of at most :data:`PARTITION_ROWS` rows is one partition: the plan is exactly the
+unpartitioned one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+from pipeline.mining.encoded_texts import EncodedTexts
+
+PARTITION_ROWS = 1_000_000
+"""Most rows a refresh plans at once (``MinerSettings.partition_rows``)."""
+
+ASSIGN_CHUNK_ROWS = 65_536
+"""Rows whose vectors are fetched at once to find their nearest centroid."""
+
+TRAINING_ROWS_PER_CENTROID = 256
+"""faiss' k-means samples at most this many points per centroid; more would only cost time."""
+
+
+@dataclass(frozen=True)
+class CorpusPartition:
+    """The rows one plan covers, and the batch sizes it cuts them into."""
+
+    rows: np.ndarray
+    """``(m,)`` sorted corpus positions."""
+    sizes: np.ndarray
+    """The global batches this partition fills: they sum to ``m``."""
+
+
+def partition_corpus(
+    texts: EncodedTexts, *, sizes: np.ndarray, partition_rows: int, seed: int
+) -> list[CorpusPartition]:
+    """The corpus in ``ceil(rows / partition_rows)`` partitions of near texts, with the epoch's
+    batch sizes dealt out to them.
+
+    Args:
+        texts: the corpus under the newest weights.
+        sizes: ``(num_batches,)`` the epoch's global batch sizes, summing to ``texts.rows``.
+        partition_rows: most rows in a partition on average (k-means cells are uneven).
+        seed: seeds the centroids' sample and training.
+
+    Returns:
+        The partitions with rows, in the order of their centroids; one partition of every row
+        (and every batch size) when the corpus is no larger than ``partition_rows``.
+    """
+    n = texts.rows
+    count = -(-n // partition_rows)
+    if count <= 1:
+        return [CorpusPartition(np.arange(n, dtype=np.int64), np.asarray(sizes, dtype=np.int64))]
+    return cut_at_batch_bounds(nearest_centroids(texts, count=count, seed=seed), sizes)
+
+
+def nearest_centroids(texts: EncodedTexts, *, count: int, seed: int) -> np.ndarray:
+    """``(rows,)`` int32: each row's nearest of ``count`` spherical k-means centroids, trained
+    on a seeded sample of the vectors; the vectors are read a chunk at a time."""
+    n = texts.rows
+    size = min(n, count * TRAINING_ROWS_PER_CENTROID)
+    sample = np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
+    kmeans = faiss.Kmeans(
+        texts.dim, count, niter=20, seed=seed, spherical=True,
+        max_points_per_centroid=TRAINING_ROWS_PER_CENTROID, verbose=False,
+    )  # fmt: skip
+    kmeans.train(np.ascontiguousarray(texts.vectors(sample), dtype=np.float32))
+    centroids = kmeans.centroids.T
+    return np.concatenate([
+        np.argmax(texts.vectors(np.arange(lo, min(lo + ASSIGN_CHUNK_ROWS, n))) @ centroids, axis=1).astype(np.int32)
+        for lo in range(0, n, ASSIGN_CHUNK_ROWS)
+    ])  # fmt: skip
+
+
+def cut_at_batch_bounds(assignment: np.ndarray, sizes: np.ndarray) -> list[CorpusPartition]:
+    """Partitions of the rows by ``assignment``, each edge moved to the nearest bound of the
+    batches ``sizes`` cut, so that every partition is whole batches.
+
+    Rows are taken partition after partition, each partition's in position order; a partition
+    whose edge moves forward takes the next partition's first rows, one whose edge moves back
+    gives its last rows to the next. A partition left with no batch is dropped.
+
+    Args:
+        assignment: ``(n,)`` each row's partition.
+        sizes: ``(num_batches,)`` batch sizes summing to ``n``.
+
+    Returns:
+        The non-empty partitions, with their rows and their batches' sizes.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    order = np.argsort(assignment, kind="stable")
+    edges = np.cumsum(np.bincount(assignment))[:-1]
+    ends = np.concatenate([[0], np.cumsum(sizes)])  # rows before each batch, and n
+    # The nearest batch bound to each edge: the one at or after it, or the one before when nearer.
+    after = np.searchsorted(ends, edges)
+    before = np.maximum(after - 1, 0)
+    nearest = np.where(edges - ends[before] < ends[after] - edges, before, after)
+    batch_bounds = np.unique(np.concatenate([[0], nearest, [len(sizes)]]))
+    row_bounds = ends[batch_bounds]
+    return [
+        CorpusPartition(np.sort(order[row_bounds[i] : row_bounds[i + 1]]), sizes[batch_bounds[i] : batch_bounds[i + 1]])
+        for i in range(len(batch_bounds) - 1)
+    ]  # fmt: skip

@@ -1,0 +1,138 @@
+"""A corpus refresh planned one partition of near texts at a time: every row once, the epoch's
+batch sizes, the batches' neighbourhoods kept, the candidates' counts those of one search over
+every row; and the partitions cut at batch bounds, checked against the assignment they cut."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipeline.batching.plan import balanced_batch_sizes
+from pipeline.mining.corpus_partitions import cut_at_batch_bounds, partition_corpus
+from pipeline.mining.encoded_texts import EmbeddedTexts
+from pipeline.mining.hard_negatives import SearchSettings
+from pipeline.mining.index import IndexSpec
+from pipeline.mining.miner_settings import MinerSettings
+from pipeline.mining.negatives import NegativeFilters
+from pipeline.mining.planning import PlanSettings, refresh_corpus
+
+CLUSTERS, PER_CLUSTER, BATCH = 4, 300, 16
+
+
+@pytest.fixture(scope="module")
+def clustered():
+    """Unit vectors around 4 far-apart centres (each row's cluster beside), every 10th row a
+    near copy of the one before it (a likely false negative)."""
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((CLUSTERS, 16))
+    clusters = np.repeat(np.arange(CLUSTERS), PER_CLUSTER)
+    rng.shuffle(clusters)  # the clusters interleaved in position order, as a real corpus is
+    vectors = centres[clusters] / np.linalg.norm(centres, axis=1)[clusters, None]
+    vectors += 0.25 * rng.standard_normal(vectors.shape)
+    copies = np.arange(10, len(vectors), 10)
+    copies = copies[clusters[copies] == clusters[copies - 1]]
+    vectors[copies] = vectors[copies - 1] + 0.01 * rng.standard_normal((len(copies), 16))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors.astype(np.float32), clusters
+
+
+def refresh(vectors: np.ndarray, partition_rows: int, sampler: str = "knn", seed: int = 0):
+    search = SearchSettings(top_k=8, index=IndexSpec("flat"))
+    settings = MinerSettings(
+        pooler="mean", batch_size=BATCH, seed=seed, search=search,
+        filters=NegativeFilters(range_min=0), plan=PlanSettings(sampler), partition_rows=partition_rows,
+    )  # fmt: skip
+    texts = EmbeddedTexts(vectors, None, search, seed)
+    keys = np.arange(len(vectors))  # every text distinct
+    return refresh_corpus(texts, keys=keys, settings=settings, version=1, previous=None)
+
+
+def one_cluster_share(plan, clusters: np.ndarray) -> float:
+    return float(np.mean([len(set(clusters[b].tolist())) == 1 for b in plan.batches()]))
+
+
+@pytest.mark.parametrize("sampler", ["knn", "random"])
+def test_partitions_plan_every_row_once_in_the_epochs_batches(clustered, sampler):
+    vectors, clusters = clustered
+    n = len(vectors)
+    whole = refresh(vectors, partition_rows=n, sampler=sampler)
+    parted = refresh(vectors, partition_rows=PER_CLUSTER, sampler=sampler)
+    assert whole.metrics["mining/partitions"] == 1 and parted.metrics["mining/partitions"] == CLUSTERS
+    for report in (whole, parted):
+        assert np.array_equal(np.sort(report.plan.rows), np.arange(n))
+        assert np.array_equal(np.sort(report.plan.sizes), np.sort(balanced_batch_sizes(n, BATCH)))
+        assert report.plan.sampler == sampler
+    # Every row searched the whole corpus: the candidates' fates are those of one search.
+    for key in ("candidates", "kept", "false_negatives_flagged", "top1_similarity_mean"):
+        assert parted.metrics[f"mining/{key}"] == pytest.approx(whole.metrics[f"mining/{key}"], rel=1e-6), key
+    removed = {k: v for k, v in whole.metrics.items() if k.startswith("mining/removed_")}
+    assert removed and {k: parted.metrics[k] for k in removed} == removed
+    assert whole.metrics["mining/false_negatives_flagged"] > 0
+    assert (
+        parted.metrics["mining/false_negative_pairs_in_batches"]
+        <= 0.02 * whole.metrics["mining/false_negatives_flagged"]
+    )
+    # The same refresh plans the same epoch; another seed another.
+    again = refresh(vectors, partition_rows=PER_CLUSTER, sampler=sampler)
+    assert np.array_equal(again.plan.rows, parted.plan.rows)
+    assert not np.array_equal(
+        refresh(vectors, partition_rows=PER_CLUSTER, sampler=sampler, seed=1).plan.rows, parted.plan.rows
+    )
+
+
+def test_partitions_keep_the_neighbourhoods_of_one_plan(clustered):
+    """On clusters a partition can hold whole, the knn batches stay in one cluster as often as
+    the unpartitioned plan's; random batches almost never do (the independent baseline)."""
+    vectors, clusters = clustered
+    whole = refresh(vectors, partition_rows=len(vectors))
+    parted = refresh(vectors, partition_rows=PER_CLUSTER)
+    random = refresh(vectors, partition_rows=len(vectors), sampler="random")
+    assert one_cluster_share(random.plan, clusters) < 0.05
+    assert one_cluster_share(whole.plan, clusters) > 0.5
+    assert one_cluster_share(parted.plan, clusters) >= one_cluster_share(whole.plan, clusters) - 0.05
+    # k-means found the clusters: the kept neighbours in another partition are those of the
+    # rows moved to a batch bound (random partitions would leave 3 in 4 outside).
+    assert parted.metrics["mining/kept_outside_partition"] <= 0.05 * parted.metrics["mining/kept"]
+    assert (
+        parted.metrics["mining/batch_similarity_mean"] >= whole.metrics["mining/batch_similarity_mean"] - 0.02
+    )
+
+
+def test_partition_edges_move_to_the_nearest_batch_bound():
+    rng = np.random.default_rng(3)
+    assignment = rng.integers(0, 7, size=2_000).astype(np.int32)
+    assignment[assignment == 5] = 4  # an empty cell
+    assignment[:3] = 6  # and one of 3 rows: less than half a batch, it goes to its neighbour
+    assignment[3:][assignment[3:] == 6] = 2
+    sizes = balanced_batch_sizes(len(assignment), 50)
+    partitions = cut_at_batch_bounds(assignment, sizes)
+    assert np.array_equal(np.sort(np.concatenate([p.rows for p in partitions])), np.arange(len(assignment)))
+    assert np.array_equal(np.concatenate([p.sizes for p in partitions]), sizes)
+    for p in partitions:
+        assert len(p.rows) == p.sizes.sum() and np.all(np.diff(p.rows) > 0)
+    # Each partition is its cell, but for at most half a batch at each of its two edges.
+    assert len(partitions) == 5
+    cells = [c for c in range(7) if (assignment == c).sum() >= 25]
+    for p, cell in zip(partitions, cells, strict=True):
+        strangers = int((assignment[p.rows] != cell).sum())
+        missing = int((assignment == cell).sum()) - (len(p.rows) - strangers)
+        assert strangers <= sizes.max() and missing <= sizes.max(), cell
+
+
+def test_a_corpus_of_one_partition_is_not_cut(clustered):
+    vectors, _ = clustered
+    sizes = balanced_batch_sizes(len(vectors), BATCH)
+    texts = EmbeddedTexts(vectors, None, SearchSettings(top_k=8, index=IndexSpec("flat")), 0)
+    (only,) = partition_corpus(texts, sizes=sizes, partition_rows=len(vectors), seed=0)
+    assert np.array_equal(only.rows, np.arange(len(vectors))) and np.array_equal(only.sizes, sizes)
+
+
+def test_sizes_that_do_not_cover_the_rows_are_refused():
+    from pipeline.batching.sampler_inputs import SamplerInputs
+
+    inputs = SamplerInputs(np.full((10, 2), -1), np.zeros((10, 2)), None, 4, 0, 1, sizes=np.array([4, 4]))
+    with pytest.raises(ValueError, match="sum to 8, not the 10 rows"):
+        inputs.batch_sizes()
+    assert replace(inputs, sizes=None).batch_sizes().tolist() == [4, 3, 3]
