@@ -39,13 +39,16 @@ class MiningSection:
     """``auto``: exact flat search up to 50,000 vectors on a CPU (2,000,000 where the search
     runs on a GPU), IVF above; the IVF settings follow the corpus size
     (``pipeline.mining.index``, from docs/benchmarks.md: Mining refresh at scale)."""
-    shards: int = 1
+    shards: int | None = None
     """Miner shards: 1 keeps every text's vector and the index in the miner actor. N splits them
     over N shard actors, each with ``num_cpus`` and ``num_gpus`` on a node ``label_selector``
-    matches, beside the miner (which then holds only each text's key and the rows): each shard
-    encodes its range of the corpus with the newest weights and indexes its candidates, and
-    every search runs on all of them, their top lists merged (exactly one index's result with
-    flat indexes). Shards need resources beyond those the train workers and the miner hold."""
+    matches, beside the miner (which then holds only each text's key and the rows, and no GPU):
+    each shard encodes its range of the corpus with the newest weights and indexes its
+    candidates, and every search runs on all of them, their top lists merged (exactly one
+    index's result with flat indexes). ``None``: chosen when the job starts, from the cluster:
+    with ``num_gpus`` > 0, one shard per ``num_gpus`` of the GPUs beyond the train workers'
+    (ANCE's inference GPUs beside the training ones); on CPUs, 1 (set N when the vectors and
+    the index outgrow one node: the refresh's index line gives their size)."""
     num_cpus: float = 1.0
     """CPUs for the miner actor (and for each shard actor)."""
     num_gpus: float = 0.0
@@ -103,7 +106,11 @@ class MiningSection:
                 "must be in [0, 1)",
             ),
             ("mining.num_negatives", self.num_negatives >= 1, "must be >= 1"),
-            ("mining.shards", self.shards >= 1, "must be >= 1"),
+            (
+                "mining.shards",
+                self.shards is None or self.shards >= 1,
+                "must be >= 1 (or null: from the cluster)",
+            ),
             ("mining.num_cpus", self.num_cpus >= 0, "must be >= 0"),
             ("mining.num_gpus", self.num_gpus >= 0, "must be >= 0"),
             ("mining.timeout_s", self.timeout_s > 0, "must be > 0"),

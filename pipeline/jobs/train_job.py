@@ -58,7 +58,7 @@ from pipeline.jobs.train_inputs import (
 from pipeline.mining.miner_actor import start_miner_actor
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
-from pipeline.runtime.cluster import check_cluster_fits, ray_session
+from pipeline.runtime.cluster import check_cluster_fits, ray_session, with_miner_shards
 from pipeline.runtime.nodes import check_storage_on_every_node, keep_on_the_drivers_node, plan_reads
 from pipeline.runtime.preflight import preflight_train
 from pipeline.tracking.context import log_datasets
@@ -211,6 +211,7 @@ def _run_resolved(
         tracked.log_artifact(resolved_file)
         log_datasets(tracked, eval_datasets(sts_files, retrieval_sets or []))
         with driver_system_metrics(cfg, tracked), ray_session(cfg, debug) as started_ray:
+            cfg = with_miner_shards(cfg, ray.cluster_resources())
             check_cluster_fits(cfg, started_ray)
             storage_key = (
                 "run.storage_path" if cfg.run.storage_path else "run.storage_path (unset: run.output_dir)"
@@ -355,7 +356,7 @@ def miner_actor(
             selector = (
                 f", mining.label_selector={cfg.mining.label_selector}" if cfg.mining.label_selector else ""
             )
-            shards = f" and its {cfg.mining.shards} shards, each" if cfg.mining.shards > 1 else ""
+            shards = f" and its {settings.shards} shards, each" if settings.shards > 1 else ""
             raise TimeoutError(
                 f"the miner actor{shards} (mining.num_cpus={cfg.mining.num_cpus:g}, "
                 f"mining.num_gpus={cfg.mining.num_gpus:g}{selector}) was not placed within "

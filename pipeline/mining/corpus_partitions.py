@@ -1,15 +1,15 @@
 """The corpus cut into partitions of near texts, so that a refresh plans one partition at a time.
 
 Planning a corpus needs every row's filtered neighbours at once (the ``knn`` sampler walks the
-k-NN graph): about 500 B a row at ``top_k`` 10, 5 GB at 10M rows. Cut into partitions of at most
-:data:`PARTITION_ROWS` rows, each row in the partition of its nearest centroid (spherical
-k-means over a sample of the vectors, as an IVF index cuts its lists), a partition's
-neighbourhoods stay within it, and the miner holds one partition's neighbours at a time. Each
-partition is planned into whole batches, so its edges are moved to the nearest batch bound: at
-most half a batch of rows of each partition is planned beside another partition's rows.
+k-NN graph): about :data:`NEIGHBOUR_BYTES` a neighbour, 3 KB a row at the default ``top_k`` of
+64, 30 GB at 10M rows. Cut into partitions of :func:`rows_per_partition` rows (each row in the
+partition of its nearest centroid: spherical k-means over a sample of the vectors, as an IVF
+index cuts its lists), a partition's neighbourhoods stay within it, and the miner holds one
+partition's neighbours at a time, about :data:`PLAN_BYTES`. Each partition is planned into
+whole batches, so its edges are moved to the nearest batch bound: at most half a batch of rows
+of each partition is planned beside another partition's rows.
 
-A corpus of at most :data:`PARTITION_ROWS` rows is one partition: the plan is exactly the
-unpartitioned one.
+A corpus of at most that many rows is one partition: the plan is exactly the unpartitioned one.
 """
 
 from __future__ import annotations
@@ -21,8 +21,19 @@ import numpy as np
 
 from pipeline.mining.encoded_texts import EncodedTexts
 
-PARTITION_ROWS = 1_000_000
-"""Most rows a refresh plans at once (``MinerSettings.partition_rows``)."""
+PLAN_BYTES = 512 * 2**20
+"""About the most memory a partition's neighbour lists take while it is planned."""
+
+NEIGHBOUR_BYTES = 48
+"""Bytes a (row, neighbour) pair takes while its partition is planned: its score, its
+position, the filters' masks and the sampler's lists (measured: docs/benchmarks.md, "Mining
+refresh at scale")."""
+
+
+def rows_per_partition(k: int) -> int:
+    """Most rows planned at once with ``k`` neighbours a row: :data:`PLAN_BYTES` of them."""
+    return max(1, PLAN_BYTES // (NEIGHBOUR_BYTES * k))
+
 
 ASSIGN_CHUNK_ROWS = 65_536
 """Rows whose vectors are fetched at once to find their nearest centroid."""

@@ -69,11 +69,11 @@ def start_miner_actor(settings: MinerSettings) -> Any:
 
 def miner_actor_options(settings: MinerSettings) -> dict[str, Any]:
     """The miner actor's Ray options: its own CPUs and GPUs (Ray sets its
-    ``CUDA_VISIBLE_DEVICES`` to those GPUs alone), a node that ``mining.label_selector``
-    matches, and restarts up to ``train.max_failures``."""
+    ``CUDA_VISIBLE_DEVICES`` to those GPUs alone; none when shards encode), a node that
+    ``mining.label_selector`` matches, and restarts up to ``train.max_failures``."""
     return {
         "num_cpus": settings.num_cpus,
-        "num_gpus": settings.num_gpus,
+        "num_gpus": settings.miner_num_gpus,
         "label_selector": settings.label_selector or None,
         "max_restarts": settings.max_restarts,
         "max_task_retries": 0,

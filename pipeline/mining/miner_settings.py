@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipeline.mining.corpus_partitions import PARTITION_ROWS
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.planning import PlanSettings
@@ -31,13 +30,15 @@ class MinerSettings:
     filters: NegativeFilters = field(default_factory=NegativeFilters)
     plan: PlanSettings = field(default_factory=PlanSettings)
     """Corpus task: the batch sampler (``mining.batch_sampler``)."""
-    partition_rows: int = PARTITION_ROWS
-    """Corpus task: most rows planned at once (:mod:`~pipeline.mining.corpus_partitions`)."""
+    partition_rows: int | None = None
+    """Corpus task: most rows planned at once (:mod:`~pipeline.mining.corpus_partitions`);
+    None: :func:`~pipeline.mining.corpus_partitions.rows_per_partition` of ``top_k``."""
     random_negatives: int = 0
     """Pairs task: random pool rows added per anchor beside the mined negatives."""
     shards: int = 1
-    """``mining.shards``: 1 encodes and searches in the miner itself; N over N shard actors
-    (:class:`~pipeline.mining.miner_shards.MinerShards`, each with ``num_cpus`` and ``num_gpus``)."""
+    """``mining.shards`` as the job resolved it: 1 encodes and searches in the miner itself; N
+    over N shard actors (:class:`~pipeline.mining.miner_shards.MinerShards`, each with
+    ``num_cpus`` and ``num_gpus``)."""
     num_cpus: float = 1.0
     """The miner actor's own CPUs, and each shard's (``mining.num_cpus``)."""
     num_gpus: float = 0.0
@@ -56,6 +57,16 @@ class MinerSettings:
     @property
     def use_gpu(self) -> bool:
         return self.num_gpus > 0
+
+    @property
+    def miner_num_gpus(self) -> float:
+        """The miner actor's own GPUs: none when shards encode and search (it plans only)."""
+        return 0.0 if self.shards > 1 else self.num_gpus
+
+    def reserved(self) -> tuple[float, float]:
+        """CPUs and GPUs the miner and its shards reserve in all."""
+        shards = self.shards if self.shards > 1 else 0
+        return self.num_cpus * (1 + shards), self.miner_num_gpus + self.num_gpus * shards
 
     @classmethod
     def from_config(
@@ -76,7 +87,7 @@ class MinerSettings:
             filters=NegativeFilters.from_config(cfg),
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,
-            shards=mining.shards,
+            shards=mining.shards or 1,  # unresolved (outside a job, which resolves it): the miner alone
             num_cpus=mining.num_cpus,
             num_gpus=mining.num_gpus,
             label_selector=dict(mining.label_selector),

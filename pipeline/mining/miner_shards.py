@@ -5,12 +5,14 @@ with the top lists merged (:func:`~pipeline.mining.sharded_search.merge_top_k`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import ray
 import torch
 
+from pipeline.core.errors import first_line
 from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
@@ -27,10 +29,11 @@ class MinerShards:
     Args:
         handles: the shard actors, in range order.
         spans: the range each holds.
+        launch: starts a shard actor for a range (a lost shard's replacement).
     """
 
-    def __init__(self, handles: list[Any], spans: list[ShardRange]):
-        self.handles, self.spans = handles, spans
+    def __init__(self, handles: list[Any], spans: list[ShardRange], launch: Callable[[ShardRange], Any]):
+        self.handles, self.spans, self.launch = handles, spans, launch
         self.firsts = np.array([span.first for span in spans], dtype=np.int64)
         self.rows = sum(len(span.candidates) for span in spans)
         self.backend, self.kind, self.dim = "", "", 0
@@ -62,16 +65,33 @@ class MinerShards:
         """
         spans = shard_ranges(blocks.num_rows, candidates, shards)
         actor = ray.remote(MinerShard).options(**actor_options)
-        handles = [
-            actor.remote(blocks, model_blob, pooler=pooler, span=span, search=search) for span in spans
-        ]
-        return cls(handles, spans)
+
+        def launch(span: ShardRange) -> Any:
+            return actor.remote(blocks, model_blob, pooler=pooler, span=span, search=search)
+
+        return cls([launch(span) for span in spans], spans, launch)
 
     def encode(self, encoder_state: dict[str, torch.Tensor], seed: int) -> list[dict[str, Any]]:
         """Every shard encodes its texts with ``encoder_state`` and indexes its candidates, all
-        at once. Returns each shard's report (rows, backend, seconds)."""
+        at once. A shard found dead (lost with its node or process, since the last refresh or
+        in the one that failed) is replaced by a new actor over its range, which encodes in
+        its place: the miner goes on without a restart of its own. Returns each shard's report
+        (rows, backend, seconds)."""
         state = ray.put(encoder_state)  # once in the object store, not once per shard
-        reports = ray.get([h.encode.remote(state, seed) for h in self.handles])
+        pending = [h.encode.remote(state, seed) for h in self.handles]
+        reports = []
+        for number, ref in enumerate(pending):
+            try:
+                reports.append(ray.get(ref))
+            except ray.exceptions.RayActorError as lost:
+                span = self.spans[number]
+                print(
+                    f"[mining] shard {number} (rows {span.first}-{span.last - 1}) was lost "
+                    f"({first_line(lost)}); a new shard takes its rows",
+                    flush=True,
+                )
+                self.handles[number] = self.launch(span)
+                reports.append(ray.get(self.handles[number].encode.remote(state, seed)))
         self.backend = f"{reports[0]['backend']} x{len(reports)}"
         self.kind, self.dim = reports[0]["kind"], reports[0]["dim"]
         self.build_seconds = max(r["build_seconds"] for r in reports)
@@ -113,8 +133,9 @@ class MinerShards:
 
 def shard_actor_options(settings: MinerSettings) -> dict[str, Any]:
     """A shard actor's Ray options: what the miner reserves (``mining.num_cpus``,
-    ``mining.num_gpus``, a node ``mining.label_selector`` matches). No restarts: a shard lost
-    mid-refresh fails that refresh, and the miner's own restart starts new shards."""
+    ``mining.num_gpus``, a node ``mining.label_selector`` matches). No restarts by Ray: a shard
+    lost mid-refresh fails that refresh, and the refresh submitted again replaces it
+    (:meth:`MinerShards.encode`)."""
     return {
         "num_cpus": settings.num_cpus,
         "num_gpus": settings.num_gpus,

@@ -18,7 +18,7 @@ import numpy as np
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
 from pipeline.batching.registry import build_plan
 from pipeline.batching.sampler_inputs import SamplerInputs
-from pipeline.mining.corpus_partitions import CorpusPartition, partition_corpus
+from pipeline.mining.corpus_partitions import CorpusPartition, partition_corpus, rows_per_partition
 from pipeline.mining.encoded_texts import EncodedTexts
 from pipeline.mining.index import estimate_index_bytes, index_summary
 from pipeline.mining.negatives import filter_candidates
@@ -77,8 +77,9 @@ def refresh_corpus(
     print(f"[mining] v{version}: {index_summary(texts.kind, n, texts.dim, k, estimate)}", flush=True)
     started = time.perf_counter()
     partitions = partition_corpus(
-        texts, sizes=balanced_batch_sizes(n, s.batch_size), partition_rows=s.partition_rows, seed=seed
-    )
+        texts, sizes=balanced_batch_sizes(n, s.batch_size),
+        partition_rows=s.partition_rows or rows_per_partition(k), seed=seed,
+    )  # fmt: skip
     seconds = {"partition": time.perf_counter() - started, "search": 0.0, "plan": 0.0}
     totals, plans = CandidateTotals(), []
     for number, partition in enumerate(partitions):

@@ -18,6 +18,7 @@ wrong one. So a job never lets Ray guess:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -32,8 +33,10 @@ from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError, UnrecoverableError
 from pipeline.core.retry import call_with_retries
 from pipeline.core.seams import connect_timeout_s
+from pipeline.mining.miner_settings import MinerSettings
 
 log = logging.getLogger("pipeline")
+
 
 LOOPBACK = "127.0.0.1"
 RAY_CONNECT_TIMEOUT_S = 30.0
@@ -176,18 +179,33 @@ def wait_for_cluster(address: str, timeout_s: float, source: str = "ray.address"
         ) from None
 
 
+def with_miner_shards(cfg: Config, resources: dict[str, float]) -> Config:
+    """``cfg`` with ``mining.shards`` chosen from the cluster's ``resources`` where it is null:
+    with ``mining.num_gpus`` > 0, one shard per ``num_gpus`` of the GPUs beyond the train
+    workers' (at least 1); on CPUs, 1. A set value is kept."""
+    mining = cfg.mining
+    if mining.shards is not None:
+        return cfg
+    shards = 1
+    if cfg.runs_miner and mining.num_gpus > 0:
+        spare = resources.get("GPU", 0.0) - cfg.train.num_workers * cfg.train.gpus_per_worker
+        shards = max(1, int(spare / mining.num_gpus + 1e-9))
+    return dataclasses.replace(cfg, mining=dataclasses.replace(mining, shards=shards))
+
+
 def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
     """Fail with a clear error instead of waiting forever for resources that cannot exist.
 
     Only for a Ray started here: an autoscaling cluster may still grow to fit.
     """
     total = ray.cluster_resources()
-    cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + (
-        cfg.mining.num_cpus if cfg.runs_miner else 0
-    )
-    gpu_need = cfg.train.num_workers * cfg.train.gpus_per_worker + (
-        cfg.mining.num_gpus if cfg.runs_miner else 0
-    )
+    miner_cpus, miner_gpus = MinerSettings.from_config(cfg).reserved() if cfg.runs_miner else (0.0, 0.0)
+    cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + miner_cpus
+    gpu_need = cfg.train.num_workers * cfg.train.gpus_per_worker + miner_gpus
+    shards = cfg.mining.shards or 1
+    # The miner's own terms: with shards, each of them holds the miner's resources too.
+    cpus_term = "mining.num_cpus" if shards == 1 else f"mining.num_cpus x (1 + {shards} mining.shards)"
+    gpus_term = "mining.num_gpus" if shards == 1 else f"mining.num_gpus x {shards} mining.shards"
     problems = []
     if cfg.data.tokenize_num_cpus > total.get("CPU", 0):
         problems.append(
@@ -195,12 +213,12 @@ def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
         )
     if cpu_need > total.get("CPU", 0):
         problems.append(
-            f"train.num_workers x train.cpus_per_worker + mining.num_cpus = {cpu_need:g} CPUs, "
+            f"train.num_workers x train.cpus_per_worker + {cpus_term} = {cpu_need:g} CPUs, "
             f"but the cluster has {total.get('CPU', 0):g}"
         )
     if gpu_need > total.get("GPU", 0):
         problems.append(
-            f"{gpu_need:g} GPUs needed (train.num_workers x train.gpus_per_worker + mining.num_gpus), the cluster has {total.get('GPU', 0):g}"
+            f"{gpu_need:g} GPUs needed (train.num_workers x train.gpus_per_worker + {gpus_term}), the cluster has {total.get('GPU', 0):g}"
         )
     if problems and started_locally:
         raise ConfigError("; ".join(problems))

@@ -64,3 +64,28 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
         assert miner_shards.backend == f"faiss-cpu/flat x{shards}"
     finally:
         miner_shards.stop()
+
+
+def test_a_lost_shard_is_replaced_at_the_next_encode(sorted_blocks, tiny_model_dir, capsys):
+    """A shard actor killed between refreshes (as its node would lose it): the next encode
+    starts a new one over the same range, and the vectors are those of the shards before."""
+    import ray
+
+    blocks, _, _ = sorted_blocks
+    state = load_sentence_encoder(tiny_model_dir, pooler="mean").encoder.state_dict()
+    miner_shards = MinerShards.start(
+        blocks, pack_dir(tiny_model_dir), pooler="mean", candidates=None, shards=2,
+        search=SearchSettings(top_k=5, index=IndexSpec("flat")), actor_options={"num_cpus": 0.1},
+    )  # fmt: skip
+    try:
+        miner_shards.encode(state, seed=0)
+        before = miner_shards.vectors(np.arange(blocks.num_rows))
+        lost = miner_shards.handles[1]
+        ray.kill(lost, no_restart=True)
+        miner_shards.encode(state, seed=0)
+        assert miner_shards.handles[1] is not lost and miner_shards.handles[0] is not None
+        np.testing.assert_allclose(miner_shards.vectors(np.arange(blocks.num_rows)), before, atol=1e-6)
+        span = miner_shards.spans[1]
+        assert f"[mining] shard 1 (rows {span.first}-{span.last - 1}) was lost" in capsys.readouterr().out
+    finally:
+        miner_shards.stop()

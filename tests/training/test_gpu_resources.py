@@ -8,7 +8,10 @@ from conftest import REPO
 
 from pipeline.config.loading import load_config
 from pipeline.core.errors import ConfigError
-from pipeline.runtime.cluster import check_cluster_fits
+from pipeline.mining.miner_actor import miner_actor_options
+from pipeline.mining.miner_settings import MinerSettings
+from pipeline.mining.miner_shards import shard_actor_options
+from pipeline.runtime.cluster import check_cluster_fits, with_miner_shards
 from pipeline.training.trainer import build_trainer
 
 DEMO = REPO / "jobs/configs/demo.yaml"  # 2 workers
@@ -65,4 +68,37 @@ def test_resource_check_counts_fractional_gpus(ray_local, tmp_path):
     )
     # 2 x 0.25 + 0.5 = 1 GPU, and this local Ray has none.
     with pytest.raises(ConfigError, match=r"1 GPUs needed \(train\.num_workers x train\.gpus_per_worker"):
+        check_cluster_fits(cfg, started_locally=True)
+
+
+MINER = ["mining.batch_sampler=knn", "mining.refresh=every_epoch", "train.num_workers=4"]
+
+
+@pytest.mark.parametrize(
+    "overrides,cluster_gpus,shards",
+    [
+        (["train.gpus_per_worker=1", "mining.num_gpus=1"], 8, 4),  # ANCE's 4 + 4
+        (["train.gpus_per_worker=1", "mining.num_gpus=1"], 4, 1),  # no spare GPU: the miner alone
+        (["train.gpus_per_worker=1", "mining.num_gpus=0.5"], 5, 2),  # two halves of the spare GPU
+        (["train.gpus_per_worker=0.5", "mining.num_gpus=1"], 4, 2),
+        ([], 8, 1),  # a CPU miner: one, whatever the GPUs
+        (["train.gpus_per_worker=1", "mining.num_gpus=1", "mining.shards=3"], 8, 3),  # set: kept
+        (["train.gpus_per_worker=1", "mining.num_gpus=1", "mining.refresh=never"], 8, 1),  # no miner
+    ],
+)
+def test_miner_shards_default_to_the_gpus_beyond_the_trainers(overrides, cluster_gpus, shards):
+    cfg = load_config(DEMO, [*MINER, *overrides])
+    resolved = with_miner_shards(cfg, {"CPU": 64.0, "GPU": float(cluster_gpus)})
+    assert resolved.mining.shards == shards
+    assert cfg.mining.shards == (3 if "mining.shards=3" in overrides else None)  # the caller's is unchanged
+
+
+def test_sharded_miner_reserves_its_shards_gpus_not_its_own(ray_local, tmp_path):
+    cfg = load_config(DEMO, [*MINER, f"run.output_dir={tmp_path}", "mining.num_gpus=0.5", "mining.shards=3"])
+    settings = MinerSettings.from_config(cfg)
+    # CPUs: the miner and 3 shards; GPUs: the shards only.
+    assert settings.reserved() == (4 * cfg.mining.num_cpus, 1.5)
+    assert miner_actor_options(settings)["num_gpus"] == 0.0
+    assert shard_actor_options(settings)["num_gpus"] == 0.5
+    with pytest.raises(ConfigError, match=r"1\.5 GPUs needed .*mining\.num_gpus x 3 mining\.shards\)"):
         check_cluster_fits(cfg, started_locally=True)

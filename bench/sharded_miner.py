@@ -1,0 +1,245 @@
+"""One corpus refresh over S miner shards (issue 59): every process's peak memory, the
+refresh's seconds by stage, and the index's recall@10 against exact search.
+
+    python -m bench.sharded_miner --rows 1000000,3000000,10000000 --shards 1,2,4
+
+For each corpus size and S, on a local multi-node cluster (:mod:`bench.local_cluster`): a driver
+process on the head tokenizes the generated corpus into the object store as the job does
+(:func:`~pipeline.data.tokenize.tokenize_texts`, with the tiny model's tokenizer, trained once on
+the corpus' first lines) and runs the miner over S shard actors
+(:meth:`~pipeline.mining.miner.HardNegativeMiner.over_shards`, ``mining.shards`` = S), the shards
+on a second node labelled ``role=miner``. The miner runs in the driver's process here (in a job
+it is an actor of its own, holding the same keys, rows and plan), so the driver's peak is the
+driver's and the miner's together. One refresh of the corpus task runs (``knn`` batches, the
+index ``--index`` names, ``top_k`` 64, batch 64), with the tiny model's weights; then the
+driver holds while the bench reads the peak RSS (``VmHWM``) of the driver and of each shard.
+The object store's peak is the largest total of Ray's ``object_store_bytes_used``, polled
+every second; ``RssAnon`` (the process's own heap, without object-store pages) is sampled every
+0.2 s beside it.
+
+Recall@10: for 1,000 random rows, the index's top 10 against the exact top 10 over every
+vector (fetched from the shards a chunk at a time), with each row itself among both.
+
+On this 2-core machine the shards' encodes and searches share the same two cores, so seconds
+at S > 1 say what the sharding costs (processes, merges), not what it gains: more machines
+is what divides the work. Goals (issue 59): at 10M rows and S = 4 no process above 2 GiB peak
+RSS; recall@10 at least 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from bench.common import Benchmark, machine_report
+from bench.local_cluster import PYTHON, RayHead, RayWorkerNode
+from bench.running_job import titled
+from bench.scale import AnonPeaks, ObjectStorePeak, prepare, vm_hwm
+
+BENCH = Benchmark("bench.sharded_miner", "Mining refresh over shards")
+MIB = 2**20
+READY = "[drive] refreshed "
+RECALL_QUERIES = 1_000
+RECALL_CHUNK_ROWS = 262_144
+TOP_K = 64
+BATCH_SIZE = 64
+DRIVE_TIMEOUT_S = 6 * 3600.0
+
+
+def drive(args: argparse.Namespace) -> None:
+    """The driver: tokenize, start the shards, refresh once, print the report, hold."""
+    import ray
+
+    from pipeline.config.data_section import DataSection
+    from pipeline.data.corpus import load_clean_corpus
+    from pipeline.data.tokenize import tokenize_texts
+    from pipeline.mining.hard_negatives import SearchSettings
+    from pipeline.mining.index import IndexSpec
+    from pipeline.mining.miner import HardNegativeMiner
+    from pipeline.mining.miner_settings import MinerSettings
+    from pipeline.mining.planning import PlanSettings
+    from pipeline.model.encoder import load_sentence_encoder
+    from pipeline.model.folders import load_tokenizer, pack_dir
+
+    ray.init(address=args.address, logging_level="ERROR", log_to_driver=False)
+    started = time.perf_counter()
+    section = DataSection(path=str(args.corpus), max_seq_len=32)
+    distinct, _ = load_clean_corpus(section)
+    blocks, _ = tokenize_texts(distinct, load_tokenizer(args.model), section)
+    del distinct
+    tokenize_seconds = time.perf_counter() - started
+    settings = MinerSettings(
+        pooler="mean", batch_size=BATCH_SIZE, seed=0,
+        search=SearchSettings(top_k=TOP_K, index=IndexSpec(args.index)), plan=PlanSettings("knn"),
+        shards=args.shards, num_cpus=1.0, label_selector={"role": "miner"},
+    )  # fmt: skip
+    miner = HardNegativeMiner.over_shards(blocks, ray.put(pack_dir(args.model)), settings)
+    weights = load_sentence_encoder(args.model, pooler="mean").encoder.state_dict()
+    report = miner.refresh(weights, version=1, step=0)
+    recall = index_recall(miner.encoder, seed=1)
+    shard_pids = ray.get([h.ready.remote() for h in miner.encoder.handles])
+    result = {
+        "tokenize_s": tokenize_seconds,
+        "recall_at_10": recall,
+        "shard_pids": shard_pids,
+        **report.metrics,
+    }
+    print(READY + json.dumps(result), flush=True)
+    sys.stdin.readline()  # the bench reads every peak meanwhile
+    miner.encoder.stop()
+
+
+def index_recall(texts: Any, *, seed: int, k: int = 10) -> float:
+    """Mean share of each sampled row's exact top ``k`` (every vector, a chunk at a time) that
+    the index's top ``k`` holds."""
+    rng = np.random.default_rng(seed)
+    queries = np.sort(rng.choice(texts.rows, size=min(RECALL_QUERIES, texts.rows), replace=False))
+    query_vectors = texts.vectors(queries)
+    _, found = texts.search(query_vectors, k)
+    best_scores = np.full((len(queries), 0), -np.inf, dtype=np.float32)
+    best_rows = np.empty((len(queries), 0), dtype=np.int64)
+    for lo in range(0, texts.rows, RECALL_CHUNK_ROWS):
+        rows = np.arange(lo, min(lo + RECALL_CHUNK_ROWS, texts.rows))
+        scores = np.concatenate([best_scores, query_vectors @ texts.vectors(rows).T], axis=1)
+        positions = np.concatenate([best_rows, np.broadcast_to(rows, (len(queries), len(rows)))], axis=1)
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        best_scores = np.take_along_axis(scores, top, axis=1)
+        best_rows = np.take_along_axis(positions, top, axis=1)
+    hits = [len(set(a.tolist()) & set(b.tolist())) for a, b in zip(found, best_rows, strict=True)]
+    return float(np.mean(hits)) / k
+
+
+def run_once(
+    head: RayHead, miners: RayWorkerNode, *, corpus: Path, model: Path, shards: int, index: str
+) -> dict:
+    """One driver process: its report, and the peaks of the driver and of each shard."""
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "bench.sharded_miner", "--drive", "--address", head.address, "--corpus", str(corpus),
+         "--model", str(model), "--shards", str(shards), "--index", index],
+        env=dict(head.env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    driver = psutil.Process(proc.pid)
+    node = psutil.Process(miners.proc.pid)
+
+    def processes() -> list[int]:
+        return [driver.pid, *(p.pid for p in titled(node, "MinerShard"))]
+
+    try:
+        with ObjectStorePeak(head.address) as store, AnonPeaks(processes) as anon:
+            deadline = time.monotonic() + DRIVE_TIMEOUT_S
+            assert proc.stdout is not None and proc.stdin is not None
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                if line.startswith(READY) or time.monotonic() > deadline:
+                    break
+            else:
+                sys.exit(f"error: the driver ended with {proc.wait()} before its refresh was done")
+            result = json.loads(line[len(READY) :])
+            peaks = {"driver": vm_hwm(driver)}
+            for number, pid in enumerate(result["shard_pids"]):
+                peaks[f"shard {number}"] = vm_hwm(psutil.Process(pid))
+            time.sleep(0.5)  # one more sample of each
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+    anon_peaks = {"driver": anon.peaks.get(driver.pid, 0)}
+    for number, pid in enumerate(result["shard_pids"]):
+        anon_peaks[f"shard {number}"] = anon.peaks.get(pid, 0)
+    return {**result, "peaks": peaks, "anon": anon_peaks, "store": store.peak}
+
+
+STAGES = ("tokenize", "encode", "index", "partition", "search", "plan", "total")
+
+
+def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
+    """One line a run: seconds by stage, the largest peak of each kind of process, recall."""
+    lines = [
+        "| rows | S | " + " | ".join(f"{s} s" for s in STAGES)
+        + " | partitions | driver+miner peak MiB (RSS / anon) | largest shard peak MiB (RSS / anon) | object store peak MiB | recall@10 |",
+        "|---|---|" + "---|" * (len(STAGES) + 5),
+    ]  # fmt: skip
+    for (rows, shards), got in sorted(results.items()):
+        shard_keys = [key for key in got["peaks"] if key.startswith("shard")]
+        cells = [
+            f"{rows:,}",
+            str(shards),
+            *(f"{got.get(f'mining/{s}_s', got.get(f'{s}_s', 0.0)):.1f}" for s in STAGES),
+        ]
+        cells += [
+            f"{got['mining/partitions']:.0f}",
+            f"{got['peaks']['driver'] / MIB:,.0f} / {got['anon']['driver'] / MIB:,.0f}",
+            f"{max(got['peaks'][k] for k in shard_keys) / MIB:,.0f} / {max(got['anon'][k] for k in shard_keys) / MIB:,.0f}",
+            f"{got['store'] / MIB:,.0f}",
+            f"{got['recall_at_10']:.3f}",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = BENCH.parser(__doc__)
+    parser.add_argument("--rows", default="1000000", help="corpus sizes, comma-separated")
+    parser.add_argument("--shards", default="1,2,4", help="shard counts, comma-separated")
+    parser.add_argument("--index", default="ivf", choices=["flat", "ivf", "ivfpq", "auto"])
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the generated corpora here")
+    parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.drive:
+        args.shards = int(args.shards)
+        drive(args)
+        return 0
+    sizes = [int(r) for r in args.rows.split(",")]
+    shard_counts = [int(s) for s in args.shards.split(",")]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sharded-miner-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[int, int], dict[str, Any]] = {}
+    head = RayHead(workdir / "cluster", num_cpus=2)
+    try:
+        miners = RayWorkerNode(head, "miners", num_cpus=max(shard_counts), labels={"role": "miner"})
+        try:
+            for size in sizes:
+                corpus, model = prepare(workdir, size)
+                for shards in shard_counts:
+                    started = time.perf_counter()
+                    results[(size, shards)] = run_once(
+                        head, miners, corpus=corpus, model=model, shards=shards, index=args.index
+                    )
+                    print(
+                        f"[sharded_miner] {size:,} rows, S={shards}: {time.perf_counter() - started:.0f}s",
+                        flush=True,
+                    )
+        finally:
+            miners.stop()
+    finally:
+        head.stop()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    body = table(results)
+    print(body)
+    if args.append:
+        BENCH.append(
+            "one refresh over shards", machine_report("ray", "torch", "faiss"), body, args.append, argv
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
