@@ -22,6 +22,10 @@
 #             0.95, so both sides mine with relative margin 0; the bundle brings `datasets`)
 #   mine      jobs/mine.py on the generated sentences with mining.num_gpus=1: it must say it
 #             encoded on cuda (in bf16) and write its triplets; its summary goes to the log
+#   shards    bench.sharded_miner (issue 59): one corpus refresh of $SHARD_ROWS (1,000,000)
+#             generated rows with the random BERT-base, over 1 and then 2 shards on the one GPU
+#             (0.5 each): the torch path, IVF cells trained on the GPU; faiss-gpu where the
+#             bundle carries it. Every process's peak, seconds by stage, recall@10
 #
 # Results go to $OUT (tables appended to $OUT/benchmarks.md, MLflow stores, logs); without
 # $OUT, to runs/gpu-session. Every part appends; nothing here stops other processes.
@@ -101,6 +105,10 @@ for part in "$@"; do
         --append "$OUT/benchmarks.md"
       "$PY" -m bench.mining_vs_st --data "$INPUTS" --model "$INPUTS/initial_model" --workloads wiki \
         --rows "$ROWS" --relative-margin 0 --repeats 2 --append "$OUT/benchmarks.md"
+      ;;
+    shards)
+      "$PY" -m bench.sharded_miner --rows "${SHARD_ROWS:-1000000}" --shards 1,2 --shard-gpus 0.5 \
+        --index auto --model "$INPUTS/initial_model" --workdir /tmp/sharded-miner --append "$OUT/benchmarks.md"
       ;;
     mine)
       log="$OUT/mine.log"

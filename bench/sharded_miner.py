@@ -17,6 +17,9 @@ The object store's peak is the largest total of Ray's ``object_store_bytes_used`
 every second; ``RssAnon`` (the process's own heap, without object-store pages) is sampled every
 0.2 s beside it.
 
+``--model`` and ``--shard-gpus`` run it on a GPU machine (``bench/gpu_session.sh shards``: two
+shards on the one GPU, BERT-base).
+
 Recall@10: for 1,000 random rows, the index's top 10 against the exact top 10 over every
 vector (fetched from the shards a chunk at a time), with each row itself among both.
 
@@ -42,7 +45,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench.common import Benchmark, machine_report
+from bench.common import Benchmark, machine_report, model_label
 from bench.local_cluster import PYTHON, RayHead, RayWorkerNode
 from bench.running_job import titled
 from bench.scale import AnonPeaks, ObjectStorePeak, prepare, vm_hwm
@@ -82,7 +85,7 @@ def drive(args: argparse.Namespace) -> None:
     settings = MinerSettings(
         pooler="mean", batch_size=BATCH_SIZE, seed=0,
         search=SearchSettings(top_k=TOP_K, index=IndexSpec(args.index)), plan=PlanSettings("knn"),
-        shards=args.shards, num_cpus=1.0, label_selector={"role": "miner"},
+        shards=args.shards, num_cpus=1.0, num_gpus=args.shard_gpus, label_selector={"role": "miner"},
     )  # fmt: skip
     miner = HardNegativeMiner.over_shards(blocks, ray.put(pack_dir(args.model)), settings)
     weights = load_sentence_encoder(args.model, pooler="mean").encoder.state_dict()
@@ -197,10 +200,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", default="1,2,4", help="shard counts, comma-separated")
     parser.add_argument("--index", default="ivf", choices=["flat", "ivf", "ivfpq", "auto"])
     parser.add_argument("--workdir", type=Path, default=None, help="keep the generated corpora here")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="model folder (default: the tiny BERT, its tokenizer trained here)",
+    )
+    parser.add_argument(
+        "--shard-gpus",
+        type=float,
+        default=0.0,
+        help="GPUs of each shard (the miners' node gets the machine's one)",
+    )
     parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drive:
         args.shards = int(args.shards)
@@ -213,15 +227,22 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[int, int], dict[str, Any]] = {}
     head = RayHead(workdir / "cluster", num_cpus=2)
     try:
-        miners = RayWorkerNode(head, "miners", num_cpus=max(shard_counts), labels={"role": "miner"})
+        miners = RayWorkerNode(
+            head,
+            "miners",
+            num_cpus=max(shard_counts),
+            num_gpus=int(args.shard_gpus > 0),
+            labels={"role": "miner"},
+        )
         try:
             for size in sizes:
-                corpus, model = prepare(workdir, size)
+                corpus, tiny = prepare(workdir, size)
                 for shards in shard_counts:
                     started = time.perf_counter()
                     results[(size, shards)] = run_once(
-                        head, miners, corpus=corpus, model=model, shards=shards, index=args.index
-                    )
+                        head, miners, corpus=corpus, model=args.model or tiny, shards=shards, index=args.index,
+                        shard_gpus=args.shard_gpus,
+                    )  # fmt: skip
                     print(
                         f"[sharded_miner] {size:,} rows, S={shards}: {time.perf_counter() - started:.0f}s",
                         flush=True,
@@ -235,9 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     body = table(results)
     print(body)
     if args.append:
-        BENCH.append(
-            "one refresh over shards", machine_report("ray", "torch", "faiss"), body, args.append, argv
-        )
+        model = model_label(args.model) if args.model else "tiny BERT"
+        title = f"one refresh over shards, {model}, {args.index} index, top_k {TOP_K}, batch {BATCH_SIZE}"
+        BENCH.append(title, machine_report("ray", "torch", "faiss"), body, args.append, argv)
     return 0
 
 

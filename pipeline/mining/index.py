@@ -10,10 +10,12 @@ in docs/benchmarks.md (Mining refresh at scale; Per-worker compute).
 
 Backends, chosen by :func:`choose_backend`:
 
-* ``faiss-gpu``: FAISS on the GPUs, when faiss was built with GPU support.
+* ``faiss-gpu``: FAISS on the GPUs, when faiss was built with GPU support: the index split
+  over the GPUs the process was given, IVF's cells trained there.
 * ``torch-cuda``: exact search as chunked matrix products and ``topk`` on a CUDA device,
   for GPU machines whose faiss build has no GPU support (faiss-gpu wheels need CUDA 12
-  while current torch wheels are CUDA 13). Flat only; IVF kinds fall back to faiss-cpu.
+  while current torch wheels are CUDA 13). Flat only; IVF kinds train their cells on the
+  device in torch, then list and search the vectors with faiss on the CPU.
 * ``faiss-cpu``: FAISS on the CPU.
 
 Vectors must be L2-normalised, so inner product is cosine similarity.
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import ConfigError
+from pipeline.mining.ivf_training import ivf_centroids
 
 INDEX_KINDS = ("auto", "flat", "ivf", "ivfpq")
 # Largest corpus ``auto`` searches exactly on a CPU. 384-d vectors, 2 threads: flat 12.5 s
@@ -231,8 +234,8 @@ class VectorIndex:
             if self.query_chunk is None:
                 self.query_chunk = query_chunk_for(torch.cuda.mem_get_info()[0], self.rows, k or 1024)
         else:
-            backend = "faiss-cpu" if backend == "torch-cuda" else backend
-            self._index = _faiss_index(self.vectors, self.kind, on_gpu=backend == "faiss-gpu", seed=seed)
+            self._index = _faiss_index(self.vectors, self.kind, backend=backend, seed=seed)
+            backend = "faiss-cpu" if backend == "torch-cuda" else backend  # where it searches
         self.backend = f"{backend}/{self.kind}"
         self.build_seconds = time.perf_counter() - start
 
@@ -252,7 +255,10 @@ class VectorIndex:
         return scores, indices.astype(np.int64, copy=False)
 
 
-def _faiss_index(vectors: np.ndarray, kind: str, *, on_gpu: bool, seed: int) -> Any:
+def _faiss_index(vectors: np.ndarray, kind: str, *, backend: str, seed: int) -> Any:
+    """A faiss index of ``kind`` over ``vectors``: IVF's cells trained where ``backend`` searches
+    (:func:`~pipeline.mining.ivf_training.ivf_centroids`); for ``faiss-gpu``, split over the
+    GPUs this process was given (``shard``: each holds a part of the vectors, not a copy)."""
     import faiss  # deferred, as in choose_backend
 
     n, dim = vectors.shape
@@ -260,18 +266,23 @@ def _faiss_index(vectors: np.ndarray, kind: str, *, on_gpu: bool, seed: int) -> 
         index = faiss.IndexFlatIP(dim)
     else:
         cells = ivf_cells(n)
+        sample = np.sort(
+            np.random.default_rng(seed).choice(n, size=min(n, cells * TRAIN_POINTS_PER_CELL), replace=False)
+        )
         quantizer = faiss.IndexFlatIP(dim)
+        quantizer.add(ivf_centroids(vectors[sample], cells, backend=backend, seed=seed))
+        # With its quantizer holding every cell, an IVF index is trained (IVF-PQ still trains
+        # its codebooks, on the same sample).
         if kind == "ivf":
             index = faiss.IndexIVFFlat(quantizer, dim, cells, faiss.METRIC_INNER_PRODUCT)
         else:
             index = faiss.IndexIVFPQ(quantizer, dim, cells, pq_bytes(dim), 8, faiss.METRIC_INNER_PRODUCT)
-        sample = np.random.default_rng(seed).choice(
-            n, size=min(n, cells * TRAIN_POINTS_PER_CELL), replace=False
-        )
-        index.train(vectors[np.sort(sample)])
+            index.train(vectors[sample])
         index.nprobe = min(NPROBE, cells)
-    if on_gpu:
-        index = faiss.index_cpu_to_all_gpus(index)
+    if backend == "faiss-gpu":
+        options = faiss.GpuMultipleClonerOptions()
+        options.shard = True
+        index = faiss.index_cpu_to_all_gpus(index, co=options)
     index.add(vectors)
     return index
 
