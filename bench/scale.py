@@ -43,7 +43,7 @@ from bench.common import Benchmark, Sampler, machine_report
 from bench.local_cluster import RayHead, RayWorkerNode
 from bench.running_job import JobWaitError, RunningJob, titled
 
-BENCH = Benchmark("bench.scale", "Memory against corpus size and train workers")
+BENCHMARK = Benchmark("bench.scale", "Memory against corpus size and train workers")
 BASELINE_ROWS = 10_000
 GENERATED_ROWS = 1_000_000
 """The largest corpus the generator makes here; larger ones are its copies (:func:`prepare`)."""
@@ -228,7 +228,7 @@ def table(rows: list[int], workers: list[int], results: dict[tuple[int, int], di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = BENCH.parser(__doc__)
+    parser = BENCHMARK.parser(__doc__)
     parser.add_argument("--rows", default="1000000,4000000", help="corpus sizes, comma-separated")
     parser.add_argument(
         "--workers",
@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="keep the generated corpora here (default: a temporary folder)",
     )
-    args = parser.parse_args(argv)  # not BENCH.parse: its integer checks read --rows and --workers as counts
+    # Not BENCHMARK.parse: its integer checks would read --rows and --workers as counts.
+    args = parser.parse_args(argv)
     sizes = [int(r) for r in args.rows.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scale-"))
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     body = table(sizes, workers, results)
     print(body)
     if args.append:
-        BENCH.append(
+        BENCHMARK.append(
             "memory against rows and workers", machine_report("ray", "torch"), body, args.append, argv
         )
     return 0

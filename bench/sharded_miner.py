@@ -50,7 +50,7 @@ from bench.local_cluster import PYTHON, RayHead, RayWorkerNode
 from bench.running_job import titled
 from bench.scale import AnonPeaks, ObjectStorePeak, prepare, vm_hwm
 
-BENCH = Benchmark("bench.sharded_miner", "Mining refresh over shards")
+BENCHMARK = Benchmark("bench.sharded_miner", "Mining refresh over shards")
 MIB = 2**20
 READY = "[drive] refreshed "
 RECALL_QUERIES = 1_000
@@ -195,7 +195,7 @@ def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = BENCH.parser(__doc__)
+    parser = BENCHMARK.parser(__doc__)
     parser.add_argument("--rows", default="1000000", help="corpus sizes, comma-separated")
     parser.add_argument("--shards", default="1,2,4", help="shard counts, comma-separated")
     parser.add_argument("--index", default="ivf", choices=["flat", "ivf", "ivfpq", "auto"])
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.append:
         model = model_label(args.model) if args.model else "tiny BERT"
         title = f"one refresh over shards, {model}, {args.index} index, top_k {TOP_K}, batch {BATCH_SIZE}"
-        BENCH.append(title, machine_report("ray", "torch", "faiss"), body, args.append, argv)
+        BENCHMARK.append(title, machine_report("ray", "torch", "faiss"), body, args.append, argv)
     return 0
 
 
