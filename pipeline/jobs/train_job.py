@@ -58,7 +58,7 @@ from pipeline.jobs.train_inputs import (
 from pipeline.mining.miner_actor import start_miner_actor
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
-from pipeline.runtime.cluster import check_cluster_fits, ray_session, with_miner_shards
+from pipeline.runtime.cluster import check_cluster_fits, miner_shards, ray_session
 from pipeline.runtime.nodes import check_storage_on_every_node, keep_on_the_drivers_node, plan_reads
 from pipeline.runtime.preflight import preflight_train
 from pipeline.tracking.context import log_datasets
@@ -211,7 +211,6 @@ def _run_resolved(
         tracked.log_artifact(resolved_file)
         log_datasets(tracked, eval_datasets(sts_files, retrieval_sets or []))
         with driver_system_metrics(cfg, tracked), ray_session(cfg, debug) as started_ray:
-            cfg = with_miner_shards(cfg, ray.cluster_resources())
             check_cluster_fits(cfg, started_ray)
             storage_key = (
                 "run.storage_path" if cfg.run.storage_path else "run.storage_path (unset: run.output_dir)"
@@ -336,7 +335,15 @@ def miner_actor(
         yield None, None
         return
 
-    settings = MinerSettings.from_config(cfg, tracked.tracking_uri, tracked.run_id, tracking_relay=relay)
+    shards = miner_shards(cfg, ray.cluster_resources())
+    settings = MinerSettings.from_config(
+        cfg, tracked.tracking_uri, tracked.run_id, tracking_relay=relay, shards=shards
+    )
+    if shards > 1:
+        unset = " (mining.shards unset: one per GPU share beyond the train workers')"
+        print(
+            f"[mining] the miner over {shards} shards{unset if cfg.mining.shards is None else ''}", flush=True
+        )
     miner = start_miner_actor(settings)
     try:
         try:

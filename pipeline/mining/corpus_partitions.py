@@ -1,8 +1,8 @@
 """The corpus cut into partitions of near texts, so that a refresh plans one partition at a time.
 
 Planning a corpus needs every row's filtered neighbours at once (the ``knn`` sampler walks the
-k-NN graph): about :data:`NEIGHBOUR_BYTES` a neighbour, 3 KB a row at the default ``top_k`` of
-64, 30 GB at 10M rows. Cut into partitions of :func:`rows_per_partition` rows (each row in the
+k-NN graph): about :data:`NEIGHBOUR_BYTES` a neighbour, 4 KB a row at the default ``top_k`` of
+64, 40 GB at 10M rows. Cut into partitions of :func:`rows_per_partition` rows (each row in the
 partition of its nearest centroid: spherical k-means over a sample of the vectors, as an IVF
 index cuts its lists), a partition's neighbourhoods stay within it, and the miner holds one
 partition's neighbours at a time, about :data:`PLAN_BYTES`. Each partition is planned into
@@ -24,10 +24,11 @@ from pipeline.mining.encoded_texts import EncodedTexts
 PLAN_BYTES = 512 * 2**20
 """About the most memory a partition's neighbour lists take while it is planned."""
 
-NEIGHBOUR_BYTES = 48
+NEIGHBOUR_BYTES = 64
 """Bytes a (row, neighbour) pair takes while its partition is planned: its score, its
-position, the filters' masks and the sampler's lists (measured: docs/benchmarks.md, "Mining
-refresh at scale")."""
+position, the filters' masks and the sampler's arrays. Measured: the traced peak of a
+60,000-row refresh at ``top_k`` 64 was 65 B a pair with the ``knn`` sampler, 59 with
+``random`` (docs/benchmarks.md, "Mining refresh over shards")."""
 
 
 def rows_per_partition(k: int) -> int:

@@ -75,9 +75,13 @@ class MinerSettings:
         tracking_uri: str | None = None,
         run_id: str | None = None,
         tracking_relay: str | None = None,
+        *,
+        shards: int | None = None,
     ) -> MinerSettings:
         """The settings of the run config ``cfg``, logging to MLflow run ``run_id`` at
-        ``tracking_uri`` (through ``tracking_relay`` when the driver started one)."""
+        ``tracking_uri`` (through ``tracking_relay`` when the driver started one), over
+        ``shards`` (:func:`pipeline.runtime.cluster.miner_shards`: ``mining.shards`` resolved on
+        the cluster; None: ``mining.shards``, 1 where it is null)."""
         mining = cfg.mining
         return cls(
             pooler=cfg.model.pooler,
@@ -87,7 +91,7 @@ class MinerSettings:
             filters=NegativeFilters.from_config(cfg),
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,
-            shards=mining.shards or 1,  # unresolved (outside a job, which resolves it): the miner alone
+            shards=shards or mining.shards or 1,
             num_cpus=mining.num_cpus,
             num_gpus=mining.num_gpus,
             label_selector=dict(mining.label_selector),

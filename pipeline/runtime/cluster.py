@@ -18,7 +18,6 @@ wrong one. So a job never lets Ray guess:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -179,18 +178,18 @@ def wait_for_cluster(address: str, timeout_s: float, source: str = "ray.address"
         ) from None
 
 
-def with_miner_shards(cfg: Config, resources: dict[str, float]) -> Config:
-    """``cfg`` with ``mining.shards`` chosen from the cluster's ``resources`` where it is null:
-    with ``mining.num_gpus`` > 0, one shard per ``num_gpus`` of the GPUs beyond the train
-    workers' (at least 1); on CPUs, 1. A set value is kept."""
+def miner_shards(cfg: Config, resources: dict[str, float]) -> int:
+    """``mining.shards``, or where it is null the count the cluster's ``resources`` give: with
+    ``mining.num_gpus`` > 0, one shard per ``num_gpus`` of the GPUs beyond the train workers'
+    (at least 1); on CPUs, 1. The config keeps null (it is resolved where the job runs, as the
+    cluster is), so every reader of the run's config asks here."""
     mining = cfg.mining
     if mining.shards is not None:
-        return cfg
-    shards = 1
-    if cfg.runs_miner and mining.num_gpus > 0:
-        spare = resources.get("GPU", 0.0) - cfg.train.num_workers * cfg.train.gpus_per_worker
-        shards = max(1, int(spare / mining.num_gpus + 1e-9))
-    return dataclasses.replace(cfg, mining=dataclasses.replace(mining, shards=shards))
+        return mining.shards
+    if not (cfg.runs_miner and mining.num_gpus > 0):
+        return 1
+    spare = resources.get("GPU", 0.0) - cfg.train.num_workers * cfg.train.gpus_per_worker
+    return max(1, int(spare / mining.num_gpus + 1e-9))
 
 
 def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
@@ -199,10 +198,11 @@ def check_cluster_fits(cfg: Config, started_locally: bool) -> None:
     Only for a Ray started here: an autoscaling cluster may still grow to fit.
     """
     total = ray.cluster_resources()
-    miner_cpus, miner_gpus = MinerSettings.from_config(cfg).reserved() if cfg.runs_miner else (0.0, 0.0)
+    shards = miner_shards(cfg, total)
+    miner = MinerSettings.from_config(cfg, shards=shards)
+    miner_cpus, miner_gpus = miner.reserved() if cfg.runs_miner else (0.0, 0.0)
     cpu_need = cfg.train.num_workers * cfg.train.cpus_per_worker + miner_cpus
     gpu_need = cfg.train.num_workers * cfg.train.gpus_per_worker + miner_gpus
-    shards = cfg.mining.shards or 1
     # The miner's own terms: with shards, each of them holds the miner's resources too.
     cpus_term = "mining.num_cpus" if shards == 1 else f"mining.num_cpus x (1 + {shards} mining.shards)"
     gpus_term = "mining.num_gpus" if shards == 1 else f"mining.num_gpus x {shards} mining.shards"

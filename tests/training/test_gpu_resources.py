@@ -11,7 +11,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.mining.miner_actor import miner_actor_options
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shards import shard_actor_options
-from pipeline.runtime.cluster import check_cluster_fits, with_miner_shards
+from pipeline.runtime.cluster import check_cluster_fits, miner_shards
 from pipeline.training.trainer import build_trainer
 
 DEMO = REPO / "jobs/configs/demo.yaml"  # 2 workers
@@ -88,9 +88,7 @@ MINER = ["mining.batch_sampler=knn", "mining.refresh=every_epoch", "train.num_wo
 )
 def test_miner_shards_default_to_the_gpus_beyond_the_trainers(overrides, cluster_gpus, shards):
     cfg = load_config(DEMO, [*MINER, *overrides])
-    resolved = with_miner_shards(cfg, {"CPU": 64.0, "GPU": float(cluster_gpus)})
-    assert resolved.mining.shards == shards
-    assert cfg.mining.shards == (3 if "mining.shards=3" in overrides else None)  # the caller's is unchanged
+    assert miner_shards(cfg, {"CPU": 64.0, "GPU": float(cluster_gpus)}) == shards
 
 
 def test_sharded_miner_reserves_its_shards_gpus_not_its_own(ray_local, tmp_path):
