@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
 
 from pipeline.mining.encoded_texts import EncodedTexts
+from pipeline.mining.ivf_training import ivf_centroids
 
 PLAN_BYTES = 512 * 2**20
 """About the most memory a partition's neighbour lists take while it is planned."""
@@ -40,7 +40,7 @@ ASSIGN_CHUNK_ROWS = 65_536
 """Rows whose vectors are fetched at once to find their nearest centroid."""
 
 TRAINING_ROWS_PER_CENTROID = 256
-"""faiss' k-means samples at most this many points per centroid; more would only cost time."""
+"""Sample rows per centroid the k-means trains on (faiss' own cap: more would only cost time)."""
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,8 @@ def nearest_centroids(texts: EncodedTexts, *, count: int, seed: int) -> np.ndarr
     n = texts.rows
     size = min(n, count * TRAINING_ROWS_PER_CENTROID)
     sample = np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
-    kmeans = faiss.Kmeans(
-        texts.dim, count, niter=20, seed=seed, spherical=True,
-        max_points_per_centroid=TRAINING_ROWS_PER_CENTROID, verbose=False,
-    )  # fmt: skip
-    kmeans.train(np.ascontiguousarray(texts.vectors(sample), dtype=np.float32))
-    centroids = kmeans.centroids.T
+    # The same k-means as an IVF index's cells (on the CPU: the miner plans there).
+    centroids = ivf_centroids(texts.vectors(sample), count, backend="faiss-cpu", seed=seed).T
     return np.concatenate([
         np.argmax(texts.vectors(np.arange(lo, min(lo + ASSIGN_CHUNK_ROWS, n))) @ centroids, axis=1).astype(np.int32)
         for lo in range(0, n, ASSIGN_CHUNK_ROWS)

@@ -3,8 +3,9 @@
 The miner filters every row's neighbours (duplicates and likely false negatives out) and groups
 the rows into batches, one partition of near texts at a time
 (:mod:`~pipeline.mining.corpus_partitions`), with the sampler ``mining.batch_sampler`` names,
-each row's flagged false negatives kept out of its batch. One place decides it, so a new sampler is one entry in
-:mod:`pipeline.batching.registry` plus its function in ``pipeline/batching``.
+each row's flagged false negatives kept out of its batch. One place decides it, so a new
+sampler is one entry in :mod:`pipeline.batching.registry` plus its function in
+``pipeline/batching``.
 """
 
 from __future__ import annotations
@@ -73,13 +74,13 @@ def refresh_corpus(
     n, seed = texts.rows, s.seed + version
     # Each row finds itself first, which the filter drops.
     k = min(s.search.top_k + 1, n)
-    estimate = estimate_index_bytes(n, texts.dim, k, texts.kind)
+    partition_rows = s.partition_rows or rows_per_partition(k)
+    estimate = estimate_index_bytes(n, texts.dim, k, texts.kind, queries=min(n, partition_rows))
     print(f"[mining] v{version}: {index_summary(texts.kind, n, texts.dim, k, estimate)}", flush=True)
     started = time.perf_counter()
     partitions = partition_corpus(
-        texts, sizes=balanced_batch_sizes(n, s.batch_size),
-        partition_rows=s.partition_rows or rows_per_partition(k), seed=seed,
-    )  # fmt: skip
+        texts, sizes=balanced_batch_sizes(n, s.batch_size), partition_rows=partition_rows, seed=seed
+    )
     seconds = {"partition": time.perf_counter() - started, "search": 0.0, "plan": 0.0}
     totals, plans = CandidateTotals(), []
     for number, partition in enumerate(partitions):
