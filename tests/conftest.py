@@ -236,8 +236,9 @@ def unexpected_alarming_lines(text: str, killed_pids: tuple[int, ...] = ()) -> l
     ]  # fmt: skip
 
 
-_FATAL_SIGNAL_LINE = re.compile(r"\([^()]*\bpid=(\d+)[^()]*\).* logging\.cc:\d+: ")
-"""A line of Ray's fatal-signal handler (``logging.cc``) forwarded from a worker: ``(name pid=N) ...``."""
+_FATAL_SIGNAL_LINE = re.compile(r"\bpid=(\d+)\)\S*\s.* logging\.cc:\d+: ")
+"""A line of Ray's fatal-signal handler (``logging.cc``) forwarded from a worker: ``(name pid=N) ...``,
+where the name may hold parentheses of its own (``SortShuffleMap(partitions=1)``)."""
 
 
 def fatal_signal_pid(line: str) -> int | None:

@@ -28,3 +28,6 @@ def test_an_aborted_worker_counts_as_ray_s_idle_exit_crash_only_where_its_log_sh
     _worker_log(tmp_path, 17908, "logging.cc:474: *** SIGABRT received at time=1795942113 on cpu 1 ***\n")
     lines = [ABORT.format(pid=pid) for pid in (17907, 17908, 17909)] + ["(raylet) [x E y] another error"]
     assert idle_exit_aborts(lines, roots=(tmp_path,)) == {17907}  # 17909: no log found
+    # A task name with parentheses of its own (Ray Data's shuffle): the same worker found.
+    named = ABORT.replace("get_table_block_metadata_schema", "SortShuffleMap(partitions=1)").format(pid=17907)
+    assert idle_exit_aborts([named], roots=(tmp_path,)) == {17907}
