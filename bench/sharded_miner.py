@@ -51,6 +51,7 @@ from bench.common import Benchmark, machine_report, model_label
 from bench.local_cluster import PYTHON, RayHead, RayWorkerNode
 from bench.running_job import titled
 from bench.scale import AnonPeaks, ObjectStorePeak, prepare, vm_hwm
+from pipeline.mining.index import exact_top_k
 
 BENCHMARK = Benchmark("bench.sharded_miner", "Mining refresh over shards")
 MIB = 2**20
@@ -110,15 +111,7 @@ def index_recall(texts: Any, *, seed: int, k: int = 10) -> float:
     queries = np.sort(rng.choice(texts.rows, size=min(RECALL_QUERIES, texts.rows), replace=False))
     query_vectors = texts.vectors(queries)
     _, found = texts.search(query_vectors, k)
-    best_scores = np.full((len(queries), 0), -np.inf, dtype=np.float32)
-    best_rows = np.empty((len(queries), 0), dtype=np.int64)
-    for lo in range(0, texts.rows, RECALL_CHUNK_ROWS):
-        rows = np.arange(lo, min(lo + RECALL_CHUNK_ROWS, texts.rows))
-        scores = np.concatenate([best_scores, query_vectors @ texts.vectors(rows).T], axis=1)
-        positions = np.concatenate([best_rows, np.broadcast_to(rows, (len(queries), len(rows)))], axis=1)
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        best_scores = np.take_along_axis(scores, top, axis=1)
-        best_rows = np.take_along_axis(positions, top, axis=1)
+    best_rows = exact_top_k(query_vectors, texts.vectors, texts.rows, k, chunk_rows=RECALL_CHUNK_ROWS)
     hits = [len(set(a.tolist()) & set(b.tolist())) for a, b in zip(found, best_rows, strict=True)]
     return float(np.mean(hits)) / k
 

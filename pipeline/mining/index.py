@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -312,7 +313,7 @@ def calibrate_nprobe(
         np.sort(rng.choice(len(vectors), size=min(CALIBRATION_QUERIES, len(vectors)), replace=False))
     ]
     k = min(10, len(vectors))
-    exact = exact_top_k(sample, vectors, k)
+    exact = exact_top_k(sample, vectors.__getitem__, len(vectors), k)
     nprobe = min(NPROBE, cells)
     while True:
         space.set_index_parameter(index, "nprobe", nprobe)
@@ -323,21 +324,27 @@ def calibrate_nprobe(
         nprobe = min(cells, nprobe * 2)
 
 
-def exact_top_k(queries: np.ndarray, vectors: np.ndarray, k: int, chunk_rows: int = 65_536) -> np.ndarray:
-    """``(len(queries), k)`` rows of ``vectors`` with the largest inner products with each query
-    (in no order), over ``chunk_rows`` rows at a time."""
+def exact_top_k(
+    queries: np.ndarray,
+    vectors_of: Callable[[np.ndarray], np.ndarray],
+    rows: int,
+    k: int,
+    chunk_rows: int = 65_536,
+) -> np.ndarray:
+    """``(len(queries), k)`` positions among ``rows`` vectors with the largest inner products
+    with each query (in no order), the vectors fetched ``chunk_rows`` positions at a time by
+    ``vectors_of`` (an array's rows, or the miner's shards: :meth:`EncodedTexts.vectors`)."""
     best_scores = np.empty((len(queries), 0), dtype=np.float32)
     best_rows = np.empty((len(queries), 0), dtype=np.int64)
-    for lo in range(0, len(vectors), chunk_rows):
-        chunk = queries @ vectors[lo : lo + chunk_rows].T
+    for lo in range(0, rows, chunk_rows):
+        positions = np.arange(lo, min(lo + chunk_rows, rows))
+        chunk = queries @ vectors_of(positions).T
         scores = np.concatenate([best_scores, chunk], axis=1)
-        rows = np.concatenate(
-            [best_rows, np.broadcast_to(np.arange(lo, lo + chunk.shape[1]), chunk.shape)], axis=1
-        )
+        candidates = np.concatenate([best_rows, np.broadcast_to(positions, chunk.shape)], axis=1)
         top = np.argpartition(-scores, min(k, scores.shape[1]) - 1, axis=1)[:, :k]
         best_scores, best_rows = (
             np.take_along_axis(scores, top, axis=1),
-            np.take_along_axis(rows, top, axis=1),
+            np.take_along_axis(candidates, top, axis=1),
         )
     return best_rows
 
