@@ -2,6 +2,7 @@
 refresh's seconds by stage, and the index's recall@10 against exact search.
 
     python -m bench.sharded_miner --rows 1000000,3000000,10000000 --shards 1,2,4
+    python -m bench.sharded_miner --task pairs --queries 100000 --rows 10000000 --shards 4
 
 For each corpus size and S, on a local multi-node cluster (:mod:`bench.local_cluster`): a driver
 process on the head tokenizes the generated corpus into the object store as the job does
@@ -16,6 +17,12 @@ driver holds while the bench reads the peak RSS (``VmHWM``) of the driver and of
 The object store's peak is the largest total of Ray's ``object_store_bytes_used``, polled
 every second; ``RssAnon`` (the process's own heap, without object-store pages) is sampled every
 0.2 s beside it.
+
+``--task pairs`` runs the pairs task's refresh instead: ``--queries`` random rows of the corpus
+are anchors (each with the next line as its positive) whose negatives are mined from the whole
+corpus as the pool (``data.pool``), as a retrieval corpus of passages is mined for its queries
+(ANCE: about 0.5M MS MARCO queries against 8.8M passages). Every text is still encoded and
+indexed; only the anchors are searched.
 
 ``--model`` and ``--shard-gpus`` run it on a GPU machine (``bench/gpu_session.sh shards``: two
 shards on the one GPU, BERT-base).
@@ -70,6 +77,7 @@ def drive(args: argparse.Namespace) -> None:
     from pipeline.config.data_section import DataSection
     from pipeline.data.corpus import load_clean_corpus
     from pipeline.data.tokenize import tokenize_texts
+    from pipeline.data.triplets import Triplets
     from pipeline.mining.hard_negatives import SearchSettings
     from pipeline.mining.index import IndexSpec
     from pipeline.mining.miner import HardNegativeMiner
@@ -90,7 +98,14 @@ def drive(args: argparse.Namespace) -> None:
         search=SearchSettings(top_k=TOP_K, index=IndexSpec(args.index)), plan=PlanSettings("knn"),
         shards=args.shards, num_cpus=1.0, num_gpus=args.shard_gpus, label_selector={"role": "miner"},
     )  # fmt: skip
-    miner = HardNegativeMiner.over_shards(blocks, ray.put(pack_dir(args.model)), settings)
+    triplets = None
+    if args.task == "pairs":
+        n = blocks.num_rows
+        anchor = np.sort(np.random.default_rng(0).choice(n, size=min(args.queries, n), replace=False))
+        triplets = Triplets(
+            anchor=anchor, positive=(anchor + 1) % n, negative=np.full(len(anchor), -1), pool=np.arange(n)
+        )
+    miner = HardNegativeMiner.over_shards(blocks, ray.put(pack_dir(args.model)), settings, triplets)
     weights = load_sentence_encoder(args.model, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=0)
     shard_pids = ray.get([h.ready.remote() for h in miner.encoder.handles])
@@ -125,11 +140,14 @@ def run_once(
     shards: int,
     index: str,
     shard_gpus: float,
+    task: str,
+    queries: int,
 ) -> dict:
     """One driver process: its report, and the peaks of the driver and of each shard."""
     proc = subprocess.Popen(
         [PYTHON, "-m", "bench.sharded_miner", "--drive", "--address", head.address, "--corpus", str(corpus),
-         "--model", str(model), "--shards", str(shards), "--index", index, "--shard-gpus", str(shard_gpus)],
+         "--model", str(model), "--shards", str(shards), "--index", index, "--shard-gpus", str(shard_gpus),
+         "--task", task, "--queries", str(queries)],
         env=dict(head.env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     driver = psutil.Process(proc.pid)
@@ -177,7 +195,7 @@ def answer(proc: subprocess.Popen) -> None:
     proc.stdin.flush()
 
 
-STAGES = ("tokenize", "encode", "index", "partition", "search", "plan", "total")
+STAGES = ("tokenize", "encode", "index", "partition", "search", "filter", "plan", "total")
 
 
 def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
@@ -195,7 +213,7 @@ def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
             *(f"{got.get(f'mining/{s}_s', got.get(f'{s}_s', 0.0)):.1f}" for s in STAGES),
         ]
         cells += [
-            f"{got['mining/partitions']:.0f}",
+            f"{got.get('mining/partitions', 0):.0f}",
             f"{got['peaks']['driver'] / MIB:,.0f} / {got['anon']['driver'] / MIB:,.0f}",
             f"{max(got['peaks'][k] for k in shard_keys) / MIB:,.0f} / {max(got['anon'][k] for k in shard_keys) / MIB:,.0f}",
             f"{got['store'] / MIB:,.0f}",
@@ -210,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1000000", help="corpus sizes, comma-separated")
     parser.add_argument("--shards", default="1,2,4", help="shard counts, comma-separated")
     parser.add_argument("--index", default="ivf", choices=["flat", "ivf", "ivfpq", "auto"])
+    parser.add_argument("--task", default="corpus", choices=["corpus", "pairs"])
+    parser.add_argument("--queries", type=int, default=100_000, help="pairs task: anchors searched")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the generated corpora here")
     parser.add_argument(
         "--model",
@@ -252,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                     started = time.perf_counter()
                     results[(size, shards)] = run_once(
                         head, miners, corpus=corpus, model=args.model or tiny, shards=shards, index=args.index,
-                        shard_gpus=args.shard_gpus,
+                        shard_gpus=args.shard_gpus, task=args.task, queries=args.queries,
                     )  # fmt: skip
                     print(
                         f"[sharded_miner] {size:,} rows, S={shards}: {time.perf_counter() - started:.0f}s",
@@ -268,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if args.append:
         model = model_label(args.model) if args.model else "tiny BERT"
-        title = f"one refresh over shards, {model}, {args.index} index, top_k {TOP_K}, batch {BATCH_SIZE}"
+        task = "corpus task" if args.task == "corpus" else f"pairs task, {args.queries:,} anchors"
+        title = (
+            f"one refresh over shards, {task}, {model}, {args.index} index, top_k {TOP_K}, batch {BATCH_SIZE}"
+        )
         BENCHMARK.append(title, machine_report("ray", "torch", "faiss"), body, args.append, argv)
     return 0
 

@@ -58,6 +58,9 @@ CALIBRATION_QUERIES = 256
 # k-means training points per IVF cell. FAISS wants 39 to 256; 64 kept recall@10 at 0.992
 # (vs 0.993 with 256) on 100k clustered vectors, and trains on 4x fewer points at 1M rows.
 TRAIN_POINTS_PER_CELL = 64
+ADD_CHUNK_ROWS = 131_072
+"""Vectors added to a faiss index at once (32 MiB at 64 dimensions, 384 MiB at 768): what a
+:class:`VectorSource`'s index holds beside its own copy while it is built."""
 
 
 @dataclass
@@ -199,12 +202,40 @@ class NeighbourSearch(Protocol):
         ...
 
 
+@dataclass
+class VectorSource:
+    """Vectors computed on demand (an encoder's): :class:`VectorIndex` adds them a chunk at a
+    time, so a process that builds an index never holds them twice.
+
+    Args:
+        rows: how many.
+        dim: their dimension.
+        fetch: ``(len(positions), dim)`` float32, L2-normalised, of any sorted positions.
+    """
+
+    rows: int
+    dim: int
+    fetch: Callable[[np.ndarray], np.ndarray]
+    seconds: float = 0.0
+    """Spent in ``fetch`` so far."""
+
+    def vectors(self, positions: np.ndarray) -> np.ndarray:
+        started = time.perf_counter()
+        out = self.fetch(positions)
+        self.seconds += time.perf_counter() - started
+        return out
+
+
 class VectorIndex:
     """An index over L2-normalised vectors, built once and searched as often as asked: a miner
     shard builds one over its slice and searches it chunk after chunk of queries.
 
     Args:
-        vectors: ``(n, d)`` float32, L2-normalised: the searched rows.
+        vectors: ``(n, d)`` float32, L2-normalised: the searched rows; or a
+            :class:`VectorSource`, whose vectors a ``faiss-cpu`` flat or IVF index then holds
+            as the only copy (:meth:`vectors_of` reads them back), fetched
+            :data:`ADD_CHUNK_ROWS` at a time after the IVF training sample (fetched once: its
+            vectors are added from the sample).
         use_gpu: search on a GPU when one is usable (see module docstring).
         spec: the index kind (default ``auto``).
         seed: for the IVF training sample.
@@ -217,7 +248,7 @@ class VectorIndex:
 
     def __init__(
         self,
-        vectors: np.ndarray,
+        vectors: np.ndarray | VectorSource,
         *,
         use_gpu: bool = False,
         spec: IndexSpec | None = None,
@@ -227,23 +258,35 @@ class VectorIndex:
         budget: int | None = None,
     ):
         start = time.perf_counter()
-        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        self.rows, dim = self.vectors.shape
+        source = vectors if isinstance(vectors, VectorSource) else None
+        self.rows, dim = (source.rows, source.dim) if source is not None else vectors.shape
         backend = choose_backend(use_gpu)
         self.kind = (spec or IndexSpec()).resolve(self.rows, backend, dim=dim, k=k, budget=budget)
         self.query_chunk = query_chunk
         self._base: torch.Tensor | None = None
         self._index: Any = None
-        if backend == "torch-cuda" and self.kind == "flat":
-            self._base = torch.from_numpy(self.vectors).to("cuda")
-            torch.cuda.synchronize()
-            if self.query_chunk is None:
-                self.query_chunk = query_chunk_for(torch.cuda.mem_get_info()[0], self.rows, k or 1024)
+        self.vectors: np.ndarray | None = None
+        """The vectors as one array, unless the index holds the only copy."""
+        if source is not None and backend == "faiss-cpu" and self.kind in ("flat", "ivf"):
+            self._index = _faiss_index(source.vectors, self.rows, dim, self.kind, backend=backend, seed=seed)
         else:
-            self._index = _faiss_index(self.vectors, self.kind, backend=backend, seed=seed)
-            backend = "faiss-cpu" if backend == "torch-cuda" else backend  # where it searches
+            if source is not None:  # IVF-PQ's codes are not the vectors; GPU indexes are not read back
+                vectors = source.vectors(np.arange(source.rows))
+            self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+            if backend == "torch-cuda" and self.kind == "flat":
+                self._base = torch.from_numpy(self.vectors).to("cuda")
+                torch.cuda.synchronize()
+                if self.query_chunk is None:
+                    self.query_chunk = query_chunk_for(torch.cuda.mem_get_info()[0], self.rows, k or 1024)
+            else:
+                self._index = _faiss_index(
+                    self.vectors.__getitem__, self.rows, dim, self.kind, backend=backend, seed=seed
+                )
+                backend = "faiss-cpu" if backend == "torch-cuda" else backend  # where it searches
         self.backend = f"{backend}/{self.kind}"
-        self.build_seconds = time.perf_counter() - start
+        self.encode_seconds = source.seconds if source is not None else 0.0
+        """Of the build, the seconds spent fetching a :class:`VectorSource`'s vectors."""
+        self.build_seconds = time.perf_counter() - start - self.encode_seconds
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(m, k)`` float32 scores (best first) and int64 row positions of each query's top
@@ -260,42 +303,81 @@ class VectorIndex:
         scores, indices = self._index.search(queries, k)
         return scores, indices.astype(np.int64, copy=False)
 
+    def vectors_of(self, positions: np.ndarray) -> np.ndarray:
+        """``(len(positions), d)`` float32 vectors of the indexed rows at ``positions``."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.vectors is not None:
+            return self.vectors[positions]
+        return self._index.reconstruct_batch(positions)
 
-def _faiss_index(vectors: np.ndarray, kind: str, *, backend: str, seed: int) -> Any:
-    """A faiss index of ``kind`` over ``vectors``: IVF's cells trained where ``backend`` searches
-    (:func:`~pipeline.mining.ivf_training.ivf_centroids`); for ``faiss-gpu``, split over the
-    GPUs this process was given (``shard``: each holds a part of the vectors, not a copy)."""
+
+def training_rows(n: int, kind: str, seed: int) -> np.ndarray:
+    """Sorted positions of the sample an index of ``kind`` over ``n`` vectors trains its IVF
+    cells (and IVF-PQ its codebooks) on; none for flat."""
+    if kind == "flat":
+        return np.empty(0, dtype=np.int64)
+    size = min(n, ivf_cells(n) * TRAIN_POINTS_PER_CELL)
+    return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
+
+
+def _faiss_index(
+    vectors_of: Callable[[np.ndarray], np.ndarray], n: int, dim: int, kind: str, *, backend: str, seed: int
+) -> Any:
+    """A faiss index of ``kind`` over the ``n`` vectors ``vectors_of`` gives: IVF's cells trained
+    where ``backend`` searches (:func:`~pipeline.mining.ivf_training.ivf_centroids`) on
+    :func:`training_rows`, the vectors added :data:`ADD_CHUNK_ROWS` at a time; for
+    ``faiss-gpu``, split over the GPUs this process was given (``shard``: each holds a part of
+    the vectors, not a copy)."""
     import faiss  # deferred, as in choose_backend
 
-    n, dim = vectors.shape
+    sample = training_rows(n, kind, seed)
+    sampled = vectors_of(sample) if len(sample) else np.empty((0, dim), dtype=np.float32)
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     else:
         cells = ivf_cells(n)
-        sample = np.sort(
-            np.random.default_rng(seed).choice(n, size=min(n, cells * TRAIN_POINTS_PER_CELL), replace=False)
-        )
         quantizer = faiss.IndexFlatIP(dim)
-        quantizer.add(ivf_centroids(vectors[sample], cells, backend=backend, seed=seed))
+        quantizer.add(ivf_centroids(sampled, cells, backend=backend, seed=seed))
         # With its quantizer holding every cell, an IVF index is trained (IVF-PQ still trains
         # its codebooks, on the same sample).
         if kind == "ivf":
             index = faiss.IndexIVFFlat(quantizer, dim, cells, faiss.METRIC_INNER_PRODUCT)
         else:
             index = faiss.IndexIVFPQ(quantizer, dim, cells, pq_bytes(dim), 8, faiss.METRIC_INNER_PRODUCT)
-            index.train(vectors[sample])
+            index.train(sampled)
     if backend == "faiss-gpu":
         options = faiss.GpuMultipleClonerOptions()
         options.shard = True
         index = faiss.index_cpu_to_all_gpus(index, co=options)
-    index.add(vectors)
+    for lo in range(0, n, ADD_CHUNK_ROWS):
+        positions = np.arange(lo, min(lo + ADD_CHUNK_ROWS, n), dtype=np.int64)
+        chunk = np.empty((len(positions), dim), dtype=np.float32)
+        # The sample's vectors are added from the sample: a source computes none twice.
+        at = np.minimum(np.searchsorted(sample, positions), max(len(sample) - 1, 0))
+        sampled_here = sample[at] == positions if len(sample) else np.zeros(len(positions), dtype=bool)
+        chunk[sampled_here] = sampled[at[sampled_here]]
+        if not sampled_here.all():
+            chunk[~sampled_here] = vectors_of(positions[~sampled_here])
+        index.add(chunk)
+    del sampled
     if kind != "flat":
-        calibrate_nprobe(index, vectors, cells=cells, seed=seed, on_gpu=backend == "faiss-gpu")
+        if kind == "ivf" and backend == "faiss-cpu":
+            index.make_direct_map()  # rows read back by position (VectorIndex.vectors_of)
+        calibrate_nprobe(
+            index, index.reconstruct_batch if kind == "ivf" and backend == "faiss-cpu" else vectors_of, n,
+            cells=cells, seed=seed, on_gpu=backend == "faiss-gpu",
+        )  # fmt: skip
     return index
 
 
 def calibrate_nprobe(
-    index: Any, vectors: np.ndarray, *, cells: int, seed: int, on_gpu: bool
+    index: Any,
+    vectors_of: Callable[[np.ndarray], np.ndarray],
+    rows: int,
+    *,
+    cells: int,
+    seed: int,
+    on_gpu: bool,
 ) -> tuple[int, float]:
     """Set an IVF index's ``nprobe``: :data:`NPROBE`, doubled until a seeded sample of
     :data:`CALIBRATION_QUERIES` of its rows finds :data:`RECALL_TARGET` of their exact top 10
@@ -309,11 +391,9 @@ def calibrate_nprobe(
 
     space = faiss.GpuParameterSpace() if on_gpu else faiss.ParameterSpace()
     rng = np.random.default_rng(seed)
-    sample = vectors[
-        np.sort(rng.choice(len(vectors), size=min(CALIBRATION_QUERIES, len(vectors)), replace=False))
-    ]
-    k = min(10, len(vectors))
-    exact = exact_top_k(sample, vectors.__getitem__, len(vectors), k)
+    sample = vectors_of(np.sort(rng.choice(rows, size=min(CALIBRATION_QUERIES, rows), replace=False)))
+    k = min(10, rows)
+    exact = exact_top_k(sample, vectors_of, rows, k)
     nprobe = min(NPROBE, cells)
     while True:
         space.set_index_parameter(index, "nprobe", nprobe)

@@ -21,7 +21,7 @@ import torch
 
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec
+from pipeline.mining.index import IndexSpec, VectorSource
 from pipeline.mining.sharded_search import IndexShard
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
@@ -102,14 +102,22 @@ class MinerShard:
         started = time.perf_counter()
         self.model.encoder.load_state_dict(encoder_state)
         held = self.texts.held
-        rows = np.arange(len(held))
-        self.index = None  # the old index goes before the new vectors arrive
-        self.vectors = encode_rows(self.model, held, rows, encode_batch_size(self.device), self.device)
-        encoded = time.perf_counter()
-        every_text = len(self.span.candidates) == self.span.last - self.span.first
-        candidates = self.vectors if every_text else self.vectors[self.span.candidates - self.span.first]
+        self.index, self.vectors = None, None  # the old ones go before the new vectors arrive
+        batch_size = encode_batch_size(self.device)
+
+        def encode(rows: np.ndarray) -> np.ndarray:
+            return encode_rows(self.model, held, rows, batch_size, self.device)
+
+        dim = self.model.encoder.config.hidden_size
+        if len(self.span.candidates) == len(held):
+            # Every text is a candidate: the index holds the only copy of the vectors, encoded
+            # a chunk at a time as it is built.
+            candidates: np.ndarray | VectorSource = VectorSource(len(held), dim, encode)
+        else:
+            self.vectors = encode(np.arange(len(held)))
+            candidates = self.vectors[self.span.candidates - self.span.first]
         s = self.search_settings
-        kind = s.index_kind(len(candidates), candidates.shape[1])
+        kind = s.index_kind(len(self.span.candidates), dim)
         # Its candidates are numbered after the shards' before it: ordinals among all of them.
         self.index = IndexShard(
             candidates,
@@ -119,14 +127,15 @@ class MinerShard:
             seed=seed,
             k=s.top_k,
         )
-        return {"rows": self.index.rows, "backend": self.index.backend, "kind": kind,
-                "dim": candidates.shape[1], "build_seconds": self.index.build_seconds,
-                "encode_seconds": encoded - started}  # fmt: skip
+        return {"rows": self.index.rows, "backend": self.index.backend, "kind": kind, "dim": dim,
+                "build_seconds": self.index.build_seconds,
+                "encode_seconds": time.perf_counter() - started - self.index.build_seconds}  # fmt: skip
 
     def vectors_of(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` vectors of corpus positions this shard holds."""
-        assert self.vectors is not None, "MinerShard.vectors_of before encode"
-        return self.vectors[np.asarray(positions) - self.span.first]
+        assert self.index is not None, "MinerShard.vectors_of before encode"
+        rows = np.asarray(positions) - self.span.first
+        return self.vectors[rows] if self.vectors is not None else self.index.vectors_of(rows)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each query's top ``k`` among this shard's candidates: scores, and the candidates'

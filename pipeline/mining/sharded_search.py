@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex
+from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex, VectorSource
 
 
 class IndexShard:
@@ -23,14 +23,16 @@ class IndexShard:
     their own :class:`~pipeline.mining.index.VectorIndex`.
 
     Args:
-        vectors: ``(rows, d)`` float32, L2-normalised: this shard's slice.
+        vectors: ``(rows, d)`` float32, L2-normalised: this shard's slice; or a
+            :class:`~pipeline.mining.index.VectorSource` of them (the index then holds the only
+            copy where it can).
         first: the position of ``vectors[0]`` among all the shards' rows.
         spec, use_gpu, seed, k: as :class:`~pipeline.mining.index.VectorIndex`.
     """
 
     def __init__(
         self,
-        vectors: np.ndarray,
+        vectors: np.ndarray | VectorSource,
         first: int,
         *,
         spec: IndexSpec | None = None,
@@ -45,6 +47,10 @@ class IndexShard:
             self.index.backend,
             self.index.build_seconds,
         )
+
+    def vectors_of(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors of this shard's ``rows`` (positions within its slice)."""
+        return self.index.vectors_of(rows)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(m, min(k, rows))`` scores and positions among all the shards' rows (-1: none)."""

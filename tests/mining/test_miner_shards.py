@@ -31,10 +31,12 @@ def test_shard_ranges_cover_the_corpus_and_number_the_candidates_in_order():
     assert [len(s.candidates) for s in shard_ranges(5, None, 2)] == [2, 3]
 
 
-@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize(("shards", "every"), [(1, 2), (3, 2), (3, 1)])
 def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
-    sorted_blocks, tiny_model_dir, shards
+    sorted_blocks, tiny_model_dir, shards, every
 ):
+    """``every``: 2, every other text is a candidate (the shard keeps its texts' vectors); 1,
+    every text is (the shard's index holds the only copy, and gives them back)."""
     blocks, _, tokenizer = sorted_blocks
     model = load_sentence_encoder(tiny_model_dir, pooler="mean")
     state = model.encoder.state_dict()
@@ -42,7 +44,7 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
     import torch
 
     expected = encode_rows(model, whole, np.arange(len(whole)), 64, torch.device("cpu"))
-    pool = np.arange(0, blocks.num_rows, 2)  # every other text is a candidate
+    pool = np.arange(0, blocks.num_rows, every)
     search = SearchSettings(top_k=10, index=IndexSpec("flat"))
     miner_shards = MinerShards.start(
         blocks, pack_dir(tiny_model_dir), pooler="mean", candidates=pool, shards=shards, search=search,
@@ -57,9 +59,17 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
         scores, ordinals = miner_shards.search(queries, 10)
         one = knn_search(vectors[pool], 10, spec=IndexSpec("flat"), queries=queries)
         # The same neighbours with the same scores; among exactly tied scores (texts the
-        # truncation made identical) each index orders as it will.
+        # truncation made identical) each index orders as it will, and where the tie spans the
+        # k-th place each keeps its own of the tied rows.
         np.testing.assert_array_equal(scores, one.scores)
-        np.testing.assert_array_equal(in_tie_order(scores, ordinals), in_tie_order(one.scores, one.indices))
+        above_cut = scores > scores[:, -1:]
+        np.testing.assert_array_equal(
+            np.where(above_cut, in_tie_order(scores, ordinals), -1),
+            np.where(above_cut, in_tie_order(one.scores, one.indices), -1),
+        )
+        np.testing.assert_allclose(
+            np.einsum("qkd,qd->qk", vectors[pool][ordinals], queries), scores, atol=1e-5
+        )
         assert (ordinals == one.indices).mean() > 0.9
         assert miner_shards.backend == f"faiss-cpu/flat x{shards}"
     finally:
