@@ -54,10 +54,10 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench.common import Benchmark, machine_report, model_label
+from bench.common import Benchmark, Sampler, machine_report, model_label
 from bench.local_cluster import PYTHON, RayHead, RayWorkerNode
 from bench.running_job import titled
-from bench.scale import AnonPeaks, ObjectStorePeak, prepare, vm_hwm
+from bench.scale import AnonPeaks, ObjectStorePeak, prepare, status_bytes, vm_hwm
 from pipeline.mining.index import exact_top_k
 
 BENCHMARK = Benchmark("bench.sharded_miner", "Mining refresh over shards")
@@ -131,6 +131,37 @@ def index_recall(texts: Any, *, seed: int, k: int = 10) -> float:
     return float(np.mean(hits)) / k
 
 
+class WorkerPeaks(Sampler):
+    """The largest peak RSS (``VmHWM``) and ``RssAnon`` of every other Ray worker process on
+    the cluster's nodes (Ray Data's readers and tokenizers, pooled idle workers), sampled every
+    0.5 s, each with the title it had then: short-lived workers are gone before the end."""
+
+    def __init__(self, nodes: list[psutil.Process], skip: Any):
+        super().__init__(0.5)
+        self.nodes, self.skip = nodes, skip
+        self.rss: dict[int, tuple[int, str]] = {}
+        self.anon: dict[int, int] = {}
+
+    def sample(self) -> None:
+        skipped = set(self.skip())
+        for node in self.nodes:
+            for worker in titled(node, "ray::"):
+                if worker.pid in skipped:
+                    continue
+                rss = status_bytes(worker.pid, "VmHWM")
+                with contextlib.suppress(psutil.Error):
+                    if rss > self.rss.get(worker.pid, (0, ""))[0]:
+                        self.rss[worker.pid] = (rss, " ".join(worker.cmdline()).split(" ")[0])
+                self.anon[worker.pid] = max(self.anon.get(worker.pid, 0), status_bytes(worker.pid, "RssAnon"))
+
+    def largest(self) -> tuple[int, int, str]:
+        """The largest peak RSS, the largest own heap, and the title at the largest RSS."""
+        if not self.rss:
+            return 0, 0, ""
+        rss, title = max(self.rss.values())
+        return rss, max(self.anon.values(), default=0), title
+
+
 def run_once(
     head: RayHead,
     miners: RayWorkerNode,
@@ -157,7 +188,11 @@ def run_once(
         return [driver.pid, *(p.pid for p in titled(node, "MinerShard"))]
 
     try:
-        with ObjectStorePeak(head.address) as store, AnonPeaks(processes) as anon:
+        with (
+            ObjectStorePeak(head.address) as store,
+            AnonPeaks(processes) as anon,
+            WorkerPeaks([psutil.Process(head.proc.pid), node], processes) as workers,
+        ):
             result = json.loads(read_until(proc, READY))
             peaks = {"driver": vm_hwm(driver)}
             for number, pid in enumerate(result["shard_pids"]):
@@ -174,7 +209,7 @@ def run_once(
     anon_peaks = {"driver": anon.peaks.get(driver.pid, 0)}
     for number, pid in enumerate(result["shard_pids"]):
         anon_peaks[f"shard {number}"] = anon.peaks.get(pid, 0)
-    return {**result, "peaks": peaks, "anon": anon_peaks, "store": store.peak}
+    return {**result, "peaks": peaks, "anon": anon_peaks, "store": store.peak, "workers": workers.largest()}
 
 
 def read_until(proc: subprocess.Popen, marker: str) -> str:
@@ -202,8 +237,8 @@ def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
     """One line a run: seconds by stage, the largest peak of each kind of process, recall."""
     lines = [
         "| rows | S | " + " | ".join(f"{s} s" for s in STAGES)
-        + " | partitions | driver+miner peak MiB (RSS / anon) | largest shard peak MiB (RSS / anon) | object store peak MiB | recall@10 |",
-        "|---|---|" + "---|" * (len(STAGES) + 5),
+        + " | partitions | driver+miner peak MiB (RSS / anon) | largest shard peak MiB (RSS / anon) | largest other Ray worker peak MiB (RSS / anon, whose) | object store peak MiB | recall@10 |",
+        "|---|---|" + "---|" * (len(STAGES) + 6),
     ]  # fmt: skip
     for (rows, shards), got in sorted(results.items()):
         shard_keys = [key for key in got["peaks"] if key.startswith("shard")]
@@ -216,6 +251,7 @@ def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
             f"{got.get('mining/partitions', 0):.0f}",
             f"{got['peaks']['driver'] / MIB:,.0f} / {got['anon']['driver'] / MIB:,.0f}",
             f"{max(got['peaks'][k] for k in shard_keys) / MIB:,.0f} / {max(got['anon'][k] for k in shard_keys) / MIB:,.0f}",
+            "{:,.0f} / {:,.0f} ({})".format(got["workers"][0] / MIB, got["workers"][1] / MIB, got["workers"][2].removeprefix("ray::")),
             f"{got['store'] / MIB:,.0f}",
             f"{got['recall_at_10']:.3f}",
         ]  # fmt: skip

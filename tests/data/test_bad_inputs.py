@@ -265,6 +265,33 @@ def test_undecodable_lines_are_split_out_exactly():
     assert invalid == [False, True, False, False, True]
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        "naïve café\r\nsecond line\n\nthird\rfourth\u2028fifth\x0csixth\nlast".encode(),
+        b"ok one\nbad \xff\xfe here\n\nok \xc3\xa9\r\ntruncated \xc3\n\n",
+        b"",
+    ],
+)
+def test_a_file_read_a_chunk_at_a_time_gives_the_lines_of_the_whole(data):
+    """Every chunk size, so that a cut falls on every byte: inside a character, between
+    ``\\r`` and ``\\n``, at an empty line, before the last line without a newline."""
+    import io
+
+    from pipeline.data.utf8 import INVALID_UTF8, split_utf8_lines, utf8_line_tables
+
+    lines, invalid = split_utf8_lines(data)
+    whole = (lines, invalid or [False] * len(lines))
+    for chunk_bytes in range(1, len(data) + 2):
+        tables = list(utf8_line_tables(io.BytesIO(data), chunk_bytes))
+        got = (
+            [t for table in tables for t in table.column("text").to_pylist()],
+            [f for table in tables for f in table.column(INVALID_UTF8).to_pylist()],
+        )
+        assert got == whole, chunk_bytes
+        assert len(tables) >= 1
+
+
 # --- The cluster cannot hold the train workers: an error, not a hang ----------------------------
 
 
