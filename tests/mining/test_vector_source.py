@@ -55,3 +55,15 @@ def test_the_training_sample_is_seeded_and_sized_by_the_cells():
     assert len(sample) == index_module.ivf_cells(100_000) * index_module.TRAIN_POINTS_PER_CELL
     assert np.all(np.diff(sample) > 0)
     np.testing.assert_array_equal(sample, training_rows(100_000, "ivf", seed=1))
+
+
+def test_ivf_searched_in_blocks_of_queries_answers_as_in_one(monkeypatch):
+    """A search holds each query's probed cells (nprobe x 12 B): queries go in blocks of
+    IVF_PROBE_BYTES, and the answers do not depend on the blocks."""
+    x = unit_rows()
+    index = VectorIndex(x, spec=IndexSpec("ivf"), seed=0)
+    whole = index.search(x[:500], 10)
+    monkeypatch.setattr(index_module, "IVF_PROBE_BYTES", 12 * index._index.nprobe * 7)  # 7 queries a block
+    blocked = index.search(x[:500], 10)
+    np.testing.assert_array_equal(blocked[1], whole[1])
+    np.testing.assert_array_equal(blocked[0], whole[0])
