@@ -151,11 +151,15 @@ class CorpusShare:
     Args:
         blocks: the corpus' blocks in the object store.
         pad_token_id: the tokenizer's padding id.
+        vocab_size: the tokenizer's ids (``len(tokenizer)``): up to 65,536 the tokens are held
+            in 2 bytes, not 4 (BERT's 30,522 ids: 130 MB less at 2.5M rows of 26 tokens); None:
+            4 bytes.
     """
 
-    def __init__(self, blocks: TokenizedBlocks, pad_token_id: int):
+    def __init__(self, blocks: TokenizedBlocks, pad_token_id: int, vocab_size: int | None = None):
         self.blocks = blocks
         self.pad_token_id = pad_token_id
+        self.token_dtype = np.uint16 if vocab_size is not None and vocab_size <= 2**16 else np.int32
         self.num_texts = blocks.num_rows
         """Texts in the whole corpus (positions run from 0 to this)."""
         self.positions = np.empty(0, dtype=np.int64)
@@ -181,7 +185,7 @@ class CorpusShare:
         self._rows = None  # the old share goes before the new one arrives
         offsets = np.zeros(len(wanted) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        values = np.empty(int(offsets[-1]), dtype=np.int32)
+        values = np.empty(int(offsets[-1]), dtype=self.token_dtype)
         filled = 0
         for ref in self.blocks.take_refs(wanted):
             part = ray.get(ref).column("input_ids")

@@ -82,7 +82,8 @@ class MinerShard:
         quiet_libraries()
         model_dir = unpack_dir(model_blob)
         self.span, self.search_settings = span, search
-        self.texts = CorpusShare(blocks, load_tokenizer(model_dir).pad_token_id)
+        tokenizer = load_tokenizer(model_dir)
+        self.texts = CorpusShare(blocks, tokenizer.pad_token_id, len(tokenizer))
         lengths = ray.get(blocks.lengths_ref)[span.first : span.last]
         self.texts.hold(np.arange(span.first, span.last, dtype=np.int64), lengths)
         self.device = compute_device(use_gpu=search.use_gpu)

@@ -63,7 +63,7 @@ def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
     model_dir = unpack_dir(ray.get(loop_config.model_ref))
     tokenizer = load_tokenizer(model_dir)
     triplets = ray.get(loop_config.triplets_ref) if loop_config.triplets_ref is not None else None
-    corpus = CorpusShare(loop_config.corpus, tokenizer.pad_token_id)
+    corpus = CorpusShare(loop_config.corpus, tokenizer.pad_token_id, len(tokenizer))
     return WorkerInputs(
         model_dir=model_dir,
         tokenizer=tokenizer,

@@ -43,7 +43,11 @@ def test_take_gives_the_rows_of_any_positions_across_blocks(sorted_blocks):
     assert blocks.take_refs(np.empty(0, dtype=np.int64)) == []
 
 
-def test_a_share_pads_batches_as_the_whole_corpus_does_and_holds_only_its_rows(sorted_blocks, tiny_model_dir):
+@pytest.mark.parametrize("vocab_size", [None, "tokenizer"])
+def test_a_share_pads_batches_as_the_whole_corpus_does_and_holds_only_its_rows(
+    sorted_blocks, tiny_model_dir, vocab_size
+):
+    """``vocab_size``: the tokenizer's (its ids held in 2 bytes) or none given (4 bytes)."""
     import ray
 
     blocks, _, tokenizer = sorted_blocks
@@ -51,9 +55,10 @@ def test_a_share_pads_batches_as_the_whole_corpus_does_and_holds_only_its_rows(s
     plan = random_plan(blocks.num_rows, 16, seed=4)
     held = []
     for rank in range(3):
-        share = CorpusShare(blocks, tokenizer.pad_token_id)
+        share = CorpusShare(blocks, tokenizer.pad_token_id, len(tokenizer) if vocab_size else None)
         part = plan.share(world=3, rank=rank)
         share.hold(np.unique(part.rows), ray.get(blocks.lengths_ref)[np.unique(part.rows)])
+        assert share.held.values.dtype == (np.uint16 if vocab_size else np.int32)
         held.append(share.positions)
         batch = GlobalBatch.of_plan(plan, 5, world=3, rank=rank)
         for got, want in zip(share.batch(batch.local_rows), whole.batch(batch.local_rows), strict=True):
