@@ -152,7 +152,7 @@ class CorpusShare:
         blocks: the corpus' blocks in the object store.
         pad_token_id: the tokenizer's padding id.
         vocab_size: the tokenizer's ids (``len(tokenizer)``): up to 65,536 the tokens are held
-            in 2 bytes, not 4 (BERT's 30,522 ids: 130 MB less at 2.5M rows of 26 tokens); None:
+            in 2 bytes, not 4 (BERT's 30,522 ids: 150 MB less at 2.5M rows of 30 tokens); None:
             4 bytes.
     """
 
