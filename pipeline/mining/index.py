@@ -289,9 +289,8 @@ class VectorIndex:
                 )
                 backend = "faiss-cpu" if backend == "torch-cuda" else backend  # where it searches
         self.backend = f"{backend}/{self.kind}"
-        self.encode_seconds = source.seconds if source is not None else 0.0
-        """Of the build, the seconds spent fetching a :class:`VectorSource`'s vectors."""
-        self.build_seconds = time.perf_counter() - start - self.encode_seconds
+        # A source's fetches are its encoding, not the build: the caller counts them.
+        self.build_seconds = time.perf_counter() - start - (source.seconds if source is not None else 0.0)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(m, k)`` float32 scores (best first) and int64 row positions of each query's top
@@ -363,21 +362,23 @@ def _faiss_index(
         options.shard = True
         index = faiss.index_cpu_to_all_gpus(index, co=options)
     for lo in range(0, n, ADD_CHUNK_ROWS):
-        positions = np.arange(lo, min(lo + ADD_CHUNK_ROWS, n), dtype=np.int64)
-        chunk = np.empty((len(positions), dim), dtype=np.float32)
+        hi = min(lo + ADD_CHUNK_ROWS, n)
+        chunk = np.empty((hi - lo, dim), dtype=np.float32)
         # The sample's vectors are added from the sample: a source computes none twice.
-        at = np.minimum(np.searchsorted(sample, positions), max(len(sample) - 1, 0))
-        sampled_here = sample[at] == positions if len(sample) else np.zeros(len(positions), dtype=bool)
-        chunk[sampled_here] = sampled[at[sampled_here]]
-        if not sampled_here.all():
-            chunk[~sampled_here] = vectors_of(positions[~sampled_here])
+        first, last = np.searchsorted(sample, [lo, hi])
+        chunk[sample[first:last] - lo] = sampled[first:last]
+        fetched = np.ones(hi - lo, dtype=bool)
+        fetched[sample[first:last] - lo] = False
+        if fetched.any():
+            chunk[fetched] = vectors_of(np.flatnonzero(fetched) + lo)
         index.add(chunk)
     del sampled
     if kind != "flat":
-        if kind == "ivf" and backend == "faiss-cpu":
+        reads_back = kind == "ivf" and backend == "faiss-cpu"
+        if reads_back:
             index.make_direct_map()  # rows read back by position (VectorIndex.vectors_of)
         calibrate_nprobe(
-            index, index.reconstruct_batch if kind == "ivf" and backend == "faiss-cpu" else vectors_of, n,
+            index, index.reconstruct_batch if reads_back else vectors_of, n,
             cells=cells, seed=seed, on_gpu=backend == "faiss-gpu",
         )  # fmt: skip
     return index
