@@ -231,6 +231,21 @@ class VectorSource:
         return out
 
 
+@dataclass
+class PretrainedIndex:
+    """An empty index whose IVF cells (and IVF-PQ codebooks) were trained elsewhere, on a
+    sample drawn over every shard (:func:`train_index`), and this index's rows of that sample,
+    already encoded: the index adds its vectors to it, fetching none of the sample's again.
+    Shards that list their vectors under the same cells search, merged, as one index does."""
+
+    index: np.ndarray
+    """The trained empty index, as ``faiss.serialize_index`` writes it."""
+    sample_rows: np.ndarray
+    """Sorted positions, among this index's vectors, of its part of the sample."""
+    sample_vectors: np.ndarray
+    """``(len(sample_rows), d)`` float32: their vectors."""
+
+
 class VectorIndex:
     """An index over L2-normalised vectors, built once and searched as often as asked: a miner
     shard builds one over its slice and searches it chunk after chunk of queries.
@@ -249,6 +264,9 @@ class VectorIndex:
             (:func:`query_chunk_for`).
         k: the neighbours searched, and ``budget``: the bytes the index may take, for the
             memory check before anything is built (:meth:`IndexSpec.resolve`); None: no check.
+        pretrained: an IVF or IVF-PQ index trained over every shard, for this index to fill
+            (its ``nprobe`` is then the caller's to set: :meth:`set_nprobe`); None: the index
+            trains its own cells on a sample of ``vectors`` and calibrates its ``nprobe``.
     """
 
     def __init__(
@@ -261,6 +279,7 @@ class VectorIndex:
         query_chunk: int | None = None,
         k: int = 0,
         budget: int | None = None,
+        pretrained: PretrainedIndex | None = None,
     ):
         start = time.perf_counter()
         source = vectors if isinstance(vectors, VectorSource) else None
@@ -273,7 +292,9 @@ class VectorIndex:
         self.vectors: np.ndarray | None = None
         """The vectors as one array, unless the index holds the only copy."""
         if source is not None and backend == "faiss-cpu" and self.kind in ("flat", "ivf"):
-            self._index = _faiss_index(source.vectors, self.rows, dim, self.kind, backend=backend, seed=seed)
+            self._index = _faiss_index(
+                source.vectors, self.rows, dim, self.kind, backend=backend, seed=seed, pretrained=pretrained
+            )
         else:
             if source is not None:  # IVF-PQ's codes are not the vectors; GPU indexes are not read back
                 vectors = source.vectors(np.arange(source.rows))
@@ -285,8 +306,9 @@ class VectorIndex:
                     self.query_chunk = query_chunk_for(torch.cuda.mem_get_info()[0], self.rows, k or 1024)
             else:
                 self._index = _faiss_index(
-                    self.vectors.__getitem__, self.rows, dim, self.kind, backend=backend, seed=seed
-                )
+                    self.vectors.__getitem__, self.rows, dim, self.kind,
+                    backend=backend, seed=seed, pretrained=pretrained,
+                )  # fmt: skip
                 backend = "faiss-cpu" if backend == "torch-cuda" else backend  # where it searches
         self.backend = f"{backend}/{self.kind}"
         # A source's fetches are its encoding, not the build: the caller counts them.
@@ -322,6 +344,16 @@ class VectorIndex:
             return self.vectors[positions]
         return self._index.reconstruct_batch(positions)
 
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search`'s answer from every row, whatever the kind (:func:`exact_top_k`):
+        what an approximate index's recall is measured against."""
+        return exact_top_k(np.ascontiguousarray(queries, dtype=np.float32), self.vectors_of, self.rows, k)
+
+    def set_nprobe(self, nprobe: int) -> None:
+        """Probe ``nprobe`` cells a query from now on (IVF kinds; a flat index has none)."""
+        if self.kind in ("ivf", "ivfpq"):
+            _set_nprobe(self._index, nprobe, on_gpu=self.backend.startswith("faiss-gpu"))
+
 
 def training_rows(n: int, kind: str, seed: int) -> np.ndarray:
     """Sorted positions of the sample an index of ``kind`` over ``n`` vectors trains its IVF
@@ -332,31 +364,62 @@ def training_rows(n: int, kind: str, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
 
 
-def _faiss_index(
-    vectors_of: Callable[[np.ndarray], np.ndarray], n: int, dim: int, kind: str, *, backend: str, seed: int
-) -> Any:
-    """A faiss index of ``kind`` over the ``n`` vectors ``vectors_of`` gives: IVF's cells trained
-    where ``backend`` searches (:func:`~pipeline.mining.ivf_training.ivf_centroids`) on
-    :func:`training_rows`, the vectors added :data:`ADD_CHUNK_ROWS` at a time; for
-    ``faiss-gpu``, split over the GPUs this process was given (``shard``: each holds a part of
-    the vectors, not a copy)."""
+def train_index(sample: np.ndarray, rows: int, kind: str, *, backend: str, seed: int) -> np.ndarray:
+    """An empty ``ivf`` or ``ivfpq`` index for ``rows`` vectors in all, its cells (and codebooks)
+    trained on ``sample`` (``(m, d)`` float32, L2-normalised) where ``backend`` searches, as
+    ``faiss.serialize_index`` writes it: every shard fills a copy with its own vectors
+    (:class:`PretrainedIndex`), so a vector is listed under the same cell whichever shard holds
+    it, the shards' merged search is one index's, and a query probes ``nprobe`` cells of the
+    whole corpus, not ``nprobe`` of each shard's."""
     import faiss  # deferred, as in choose_backend
 
-    sample = training_rows(n, kind, seed)
-    sampled = vectors_of(sample) if len(sample) else np.empty((0, dim), dtype=np.float32)
+    return faiss.serialize_index(_trained_index(sample, rows, kind, backend=backend, seed=seed))
+
+
+def _trained_index(sample: np.ndarray, rows: int, kind: str, *, backend: str, seed: int) -> Any:
+    """An empty faiss index of ``kind`` on the CPU: IVF's cells trained where ``backend``
+    searches (:func:`~pipeline.mining.ivf_training.ivf_centroids`), IVF-PQ's codebooks too."""
+    import faiss  # deferred, as in choose_backend
+
+    dim = sample.shape[1]
     if kind == "flat":
-        index = faiss.IndexFlatIP(dim)
+        return faiss.IndexFlatIP(dim)
+    cells = ivf_cells(rows)
+    quantizer = faiss.IndexFlatIP(dim)
+    quantizer.add(ivf_centroids(sample, cells, backend=backend, seed=seed))
+    # With its quantizer holding every cell, an IVF index is trained (IVF-PQ still trains its
+    # codebooks, on the same sample).
+    if kind == "ivf":
+        return faiss.IndexIVFFlat(quantizer, dim, cells, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.IndexIVFPQ(quantizer, dim, cells, pq_bytes(dim), 8, faiss.METRIC_INNER_PRODUCT)
+    index.train(sample)
+    return index
+
+
+def _faiss_index(
+    vectors_of: Callable[[np.ndarray], np.ndarray],
+    n: int,
+    dim: int,
+    kind: str,
+    *,
+    backend: str,
+    seed: int,
+    pretrained: PretrainedIndex | None,
+) -> Any:
+    """A faiss index of ``kind`` over the ``n`` vectors ``vectors_of`` gives, trained on
+    :func:`training_rows` (or ``pretrained``: then its ``nprobe`` is left to the caller), the
+    vectors added :data:`ADD_CHUNK_ROWS` at a time; for ``faiss-gpu``, split over the GPUs this
+    process was given (``shard``: each holds a part of the vectors, not a copy)."""
+    import faiss  # deferred, as in choose_backend
+
+    if pretrained is None:
+        sample = training_rows(n, kind, seed)
+        sampled = vectors_of(sample) if len(sample) else np.empty((0, dim), dtype=np.float32)
+        index = _trained_index(sampled, n, kind, backend=backend, seed=seed)
     else:
-        cells = ivf_cells(n)
-        quantizer = faiss.IndexFlatIP(dim)
-        quantizer.add(ivf_centroids(sampled, cells, backend=backend, seed=seed))
-        # With its quantizer holding every cell, an IVF index is trained (IVF-PQ still trains
-        # its codebooks, on the same sample).
-        if kind == "ivf":
-            index = faiss.IndexIVFFlat(quantizer, dim, cells, faiss.METRIC_INNER_PRODUCT)
-        else:
-            index = faiss.IndexIVFPQ(quantizer, dim, cells, pq_bytes(dim), 8, faiss.METRIC_INNER_PRODUCT)
-            index.train(sampled)
+        sample, sampled = pretrained.sample_rows, pretrained.sample_vectors
+        index = faiss.deserialize_index(pretrained.index)
+    cells = getattr(index, "nlist", 0)
     if backend == "faiss-gpu":
         options = faiss.GpuMultipleClonerOptions()
         options.shard = True
@@ -377,11 +440,19 @@ def _faiss_index(
         reads_back = kind == "ivf" and backend == "faiss-cpu"
         if reads_back:
             index.make_direct_map()  # rows read back by position (VectorIndex.vectors_of)
-        calibrate_nprobe(
-            index, index.reconstruct_batch if reads_back else vectors_of, n,
-            cells=cells, seed=seed, on_gpu=backend == "faiss-gpu",
-        )  # fmt: skip
+        if pretrained is None:
+            calibrate_nprobe(
+                index, index.reconstruct_batch if reads_back else vectors_of, n,
+                cells=cells, seed=seed, on_gpu=backend == "faiss-gpu",
+            )  # fmt: skip
     return index
+
+
+def _set_nprobe(index: Any, nprobe: int, *, on_gpu: bool) -> None:
+    import faiss  # deferred, as in choose_backend
+
+    space = faiss.GpuParameterSpace() if on_gpu else faiss.ParameterSpace()
+    space.set_index_parameter(index, "nprobe", nprobe)
 
 
 def calibrate_nprobe(
@@ -393,25 +464,52 @@ def calibrate_nprobe(
     seed: int,
     on_gpu: bool,
 ) -> tuple[int, float]:
-    """Set an IVF index's ``nprobe``: :data:`NPROBE`, doubled until a seeded sample of
-    :data:`CALIBRATION_QUERIES` of its rows finds :data:`RECALL_TARGET` of their exact top 10
-    (:func:`exact_top_k`), or every cell is probed. How clustered the vectors are decides it, not
-    their number: real embeddings stay at :data:`NPROBE`.
+    """Set a faiss IVF index's ``nprobe`` (:func:`probe_until_recall`) on a seeded sample of
+    :data:`CALIBRATION_QUERIES` of its own ``rows`` (``vectors_of`` gives them), against their
+    exact top 10 (:func:`exact_top_k`).
 
     Returns:
         The ``nprobe`` set and the sample's recall@10 with it.
     """
-    import faiss  # deferred, as in choose_backend
-
-    space = faiss.GpuParameterSpace() if on_gpu else faiss.ParameterSpace()
-    rng = np.random.default_rng(seed)
-    sample = vectors_of(np.sort(rng.choice(rows, size=min(CALIBRATION_QUERIES, rows), replace=False)))
+    sample = vectors_of(calibration_rows(rows, seed))
     k = min(10, rows)
-    exact = exact_top_k(sample, vectors_of, rows, k)
+    _, exact = exact_top_k(sample, vectors_of, rows, k)
+    return probe_until_recall(
+        lambda queries: index.search(queries, k)[1],
+        lambda nprobe: _set_nprobe(index, nprobe, on_gpu=on_gpu),
+        sample, exact, cells=cells,
+    )  # fmt: skip
+
+
+def calibration_rows(rows: int, seed: int) -> np.ndarray:
+    """Sorted positions of the seeded :data:`CALIBRATION_QUERIES` rows that calibrate
+    ``nprobe`` over ``rows`` vectors."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(rows, size=min(CALIBRATION_QUERIES, rows), replace=False))
+
+
+def probe_until_recall(
+    search: Callable[[np.ndarray], np.ndarray],
+    set_nprobe: Callable[[int], None],
+    queries: np.ndarray,
+    exact: np.ndarray,
+    *,
+    cells: int,
+) -> tuple[int, float]:
+    """Set ``nprobe`` to :data:`NPROBE`, doubled until ``search`` (queries to their
+    ``(m, k)`` found rows) finds :data:`RECALL_TARGET` of ``exact`` (``(m, k)`` their exact top
+    ``k``), or every one of the ``cells`` is probed. How clustered the vectors are decides it,
+    not their number: real embeddings stay at :data:`NPROBE`; a random-weights model's (every
+    pair above 0.97) needed 128 of 894 cells at 50k rows.
+
+    Returns:
+        The ``nprobe`` set and the recall with it.
+    """
+    k = exact.shape[1]
     nprobe = min(NPROBE, cells)
     while True:
-        space.set_index_parameter(index, "nprobe", nprobe)
-        _, found = index.search(sample, k)
+        set_nprobe(nprobe)
+        found = search(queries)
         recall = float(np.mean([len(np.intersect1d(a, b)) for a, b in zip(found, exact, strict=True)])) / k
         if recall >= RECALL_TARGET or nprobe >= cells:
             return nprobe, recall
@@ -424,9 +522,9 @@ def exact_top_k(
     rows: int,
     k: int,
     chunk_rows: int | None = None,
-) -> np.ndarray:
-    """``(len(queries), k)`` positions among ``rows`` vectors with the largest inner products
-    with each query (in no order), the vectors fetched ``chunk_rows`` positions at a time by
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(len(queries), k)`` scores and positions among ``rows`` vectors with the largest inner
+    products with each query (in no order), the vectors fetched ``chunk_rows`` positions at a time by
     ``vectors_of`` (an array's rows, or the miner's shards: :meth:`EncodedTexts.vectors`);
     None: as many as keep a chunk's scores and candidates (20 B a query and row) within
     :data:`EXACT_CHUNK_BYTES`."""
@@ -444,7 +542,7 @@ def exact_top_k(
             np.take_along_axis(scores, top, axis=1),
             np.take_along_axis(candidates, top, axis=1),
         )
-    return best_rows
+    return best_scores, best_rows
 
 
 def knn_search(

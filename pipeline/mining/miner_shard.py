@@ -21,7 +21,7 @@ import torch
 
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, VectorSource
+from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource
 from pipeline.mining.sharded_search import IndexShard
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
@@ -88,49 +88,90 @@ class MinerShard:
         self.texts.hold(np.arange(span.first, span.last, dtype=np.int64), lengths)
         self.device = compute_device(use_gpu=search.use_gpu)
         self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=pooler).to(self.device)
+        self.dim: int = self.model.encoder.config.hidden_size
         self.vectors: np.ndarray | None = None
         self.index: IndexShard | None = None
+        self.sample: tuple[int, np.ndarray, np.ndarray] | None = None
+        """The refresh's seed, and this shard's rows of the shared IVF sample and their vectors,
+        from :meth:`encode_sample` until :meth:`encode` adds them to its index."""
 
     def ready(self) -> int:
         """This shard's process id: answering proves it was placed and took its texts."""
         return os.getpid()
 
-    def encode(self, encoder_state: dict[str, torch.Tensor], seed: int) -> dict[str, Any]:
+    def index_kind(self) -> str:
+        """The index this shard builds over its candidates, checked against the memory free
+        where it runs (:meth:`~pipeline.mining.hard_negatives.SearchSettings.index_kind`)."""
+        return self.search_settings.index_kind(len(self.span.candidates), self.dim)
+
+    def encode_sample(
+        self, encoder_state: dict[str, torch.Tensor], seed: int, rows: np.ndarray
+    ) -> dict[str, Any]:
+        """The first half of a refresh whose IVF cells every shard shares: encode this shard's
+        part of the sample they are trained on (``rows``: numbers among its candidates) with
+        ``encoder_state``, and keep the vectors for :meth:`encode`. Returns ``kind`` (the index
+        this shard would build: none is sampled for ``flat``), ``vectors`` and ``seconds``."""
+        started = time.perf_counter()
+        self.model.encoder.load_state_dict(encoder_state)
+        kind = self.index_kind()
+        if kind == "flat":  # trains no cells
+            vectors = np.empty((0, self.dim), dtype=np.float32)
+        else:
+            vectors = self._encode(self.span.candidates[rows] - self.span.first)
+            self.sample = (seed, rows, vectors)
+        return {"kind": kind, "vectors": vectors, "seconds": time.perf_counter() - started}
+
+    def encode(
+        self,
+        encoder_state: dict[str, torch.Tensor],
+        seed: int,
+        trained: np.ndarray | None = None,
+        sample_rows: np.ndarray | None = None,
+    ) -> dict[str, Any]:
         """Encode the shard's texts with ``encoder_state`` and build its index over the
-        candidates (``seed``: the IVF training sample). Returns what the merge and the log
-        need: ``rows`` indexed, ``backend``, ``kind``, ``dim``, ``build_seconds``,
-        ``encode_seconds``."""
+        candidates: its own, trained on a sample of them (``seed``), or ``trained`` (an empty
+        index every shard fills, :func:`~pipeline.mining.index.train_index`) with its part of
+        the sample at ``sample_rows`` (vectors from :meth:`encode_sample`, or encoded here by a
+        shard started since). Returns what the merge and the log need: ``rows`` indexed,
+        ``backend``, ``kind``, ``dim``, ``build_seconds``, ``encode_seconds``."""
         started = time.perf_counter()
         self.model.encoder.load_state_dict(encoder_state)
         held = self.texts.held
         self.index, self.vectors = None, None  # the old ones go before the new vectors arrive
-        batch_size = encode_batch_size(self.device)
-
-        def encode(rows: np.ndarray) -> np.ndarray:
-            return encode_rows(self.model, held, rows, batch_size, self.device)
-
-        dim = self.model.encoder.config.hidden_size
-        if len(self.span.candidates) == len(held):
+        span, dim = self.span, self.dim
+        every_text = len(span.candidates) == len(held)
+        if every_text:
             # Every text is a candidate: the index holds the only copy of the vectors, encoded
             # a chunk at a time as it is built.
-            candidates: np.ndarray | VectorSource = VectorSource(len(held), dim, encode)
+            candidates: np.ndarray | VectorSource = VectorSource(len(held), dim, self._encode)
         else:
-            self.vectors = encode(np.arange(len(held)))
-            candidates = self.vectors[self.span.candidates - self.span.first]
+            self.vectors = self._encode(np.arange(len(held)))
+            candidates = self.vectors[span.candidates - span.first]
+        pretrained = None
+        if trained is not None and sample_rows is not None:
+            sampled = self.sample
+            if not every_text:
+                vectors = candidates[sample_rows]
+            elif sampled is not None and sampled[0] == seed and np.array_equal(sampled[1], sample_rows):
+                vectors = sampled[2]
+            else:
+                vectors = self._encode(span.candidates[sample_rows] - span.first)
+            pretrained = PretrainedIndex(trained, sample_rows, vectors)
+        self.sample = None
+        kind = self.index_kind()
         s = self.search_settings
-        kind = s.index_kind(len(self.span.candidates), dim)
         # Its candidates are numbered after the shards' before it: ordinals among all of them.
         self.index = IndexShard(
-            candidates,
-            self.span.first_candidate,
-            use_gpu=s.use_gpu,
-            spec=IndexSpec(kind),
-            seed=seed,
-            k=s.top_k,
-        )
+            candidates, span.first_candidate, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed,
+            k=s.top_k, pretrained=pretrained,
+        )  # fmt: skip
         return {"rows": self.index.rows, "backend": self.index.backend, "kind": kind, "dim": dim,
                 "build_seconds": self.index.build_seconds,
                 "encode_seconds": time.perf_counter() - started - self.index.build_seconds}  # fmt: skip
+
+    def _encode(self, rows: np.ndarray) -> np.ndarray:
+        """``(len(rows), dim)`` vectors of the held texts at ``rows`` under the loaded weights."""
+        return encode_rows(self.model, self.texts.held, rows, encode_batch_size(self.device), self.device)
 
     def vectors_of(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` vectors of corpus positions this shard holds."""
@@ -143,3 +184,13 @@ class MinerShard:
         ordinals among all the shards' (-1: none)."""
         assert self.index is not None, "MinerShard.search before encode"
         return self.index.search(queries, k)
+
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` from every candidate, whatever the index."""
+        assert self.index is not None, "MinerShard.exact_search before encode"
+        return self.index.exact_search(queries, k)
+
+    def set_nprobe(self, nprobe: int) -> None:
+        """Probe ``nprobe`` of the shared IVF cells a query from now on."""
+        assert self.index is not None, "MinerShard.set_nprobe before encode"
+        self.index.set_nprobe(nprobe)

@@ -5,6 +5,7 @@ with the top lists merged (:func:`~pipeline.mining.sharded_search.merge_top_k`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +17,10 @@ from pipeline.core.errors import first_line
 from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
+from pipeline.mining.index import calibration_rows, choose_backend, ivf_cells, train_index
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shard import MinerShard, ShardRange, shard_ranges
-from pipeline.mining.sharded_search import merge_top_k
+from pipeline.mining.sharded_search import calibrate_shared_nprobe, merge_top_k, shared_sample
 
 
 class MinerShards:
@@ -30,14 +32,24 @@ class MinerShards:
         handles: the shard actors, in range order.
         spans: the range each holds.
         launch: starts a shard actor for a range (a lost shard's replacement).
+        search: the index kind and device (where IVF's shared cells are trained).
     """
 
-    def __init__(self, handles: list[Any], spans: list[ShardRange], launch: Callable[[ShardRange], Any]):
-        self.handles, self.spans, self.launch = handles, spans, launch
+    def __init__(
+        self,
+        handles: list[Any],
+        spans: list[ShardRange],
+        launch: Callable[[ShardRange], Any],
+        search: SearchSettings,
+    ):
+        self.handles, self.spans, self.launch, self.search_settings = handles, spans, launch, search
         self.firsts = np.array([span.first for span in spans], dtype=np.int64)
+        self.first_candidates = np.array([span.first_candidate for span in spans], dtype=np.int64)
         self.rows = sum(len(span.candidates) for span in spans)
         self.backend, self.kind, self.dim = "", "", 0
         self.build_seconds = 0.0
+        self.nprobe = 0
+        """IVF cells every shard probes a query (0: the shards' own, or none)."""
 
     @classmethod
     def start(
@@ -69,20 +81,55 @@ class MinerShards:
         def launch(span: ShardRange) -> Any:
             return actor.remote(blocks, model_blob, pooler=pooler, span=span, search=search)
 
-        return cls([launch(span) for span in spans], spans, launch)
+        return cls([launch(span) for span in spans], spans, launch, search)
 
     def encode(self, encoder_state: dict[str, torch.Tensor], seed: int) -> list[dict[str, Any]]:
         """Every shard encodes its texts with ``encoder_state`` and indexes its candidates, all
-        at once. A shard found dead (lost with its node or process, since the last refresh or
-        in the one that failed) is replaced by a new actor over its range, which encodes in
-        its place: the miner goes on without a restart of its own. Returns each shard's report
-        (rows, backend, seconds)."""
+        at once. IVF shards share their cells: each first encodes its part of one sample
+        (``seed``), the cells are trained on it here, every shard lists its vectors under them,
+        and one ``nprobe`` is calibrated for all (:mod:`pipeline.mining.sharded_search`).
+        Returns each shard's report (rows, backend, seconds)."""
+        started = time.perf_counter()
         state = ray.put(encoder_state)  # once in the object store, not once per shard
-        pending = [h.encode.remote(state, seed) for h in self.handles]
-        reports = []
+        parts = shared_sample(self.first_candidates.tolist(), self.rows, seed=seed)
+        sampled = self._ask_every("encode_sample", lambda n: (state, seed, parts[n]))
+        kinds = {answer["kind"] for answer in sampled}
+        parts_vectors = [answer.pop("vectors") for answer in sampled]
+        trained = None
+        if kinds in ({"ivf"}, {"ivfpq"}):  # shards of mixed kinds (or flat) train their own
+            backend = choose_backend(self.search_settings.use_gpu)
+            trained = ray.put(
+                train_index(np.concatenate(parts_vectors), self.rows, kinds.pop(), backend=backend, seed=seed)
+            )
+        del parts_vectors
+        reports = self._ask_every("encode", lambda n: (state, seed, trained, parts[n] if trained else None))
+        for report, answer in zip(reports, sampled, strict=True):
+            report["encode_seconds"] += answer["seconds"]
+        self.backend = f"{reports[0]['backend']} x{len(reports)}"
+        self.kind, self.dim = reports[0]["kind"], reports[0]["dim"]
+        if trained is not None:
+            queries = self.vectors(self.positions_of(calibration_rows(self.rows, seed)))
+            cells = ivf_cells(self.rows)
+            self.nprobe, recall = calibrate_shared_nprobe(self, queries, cells=cells)
+            print(
+                f"[mining] {self.kind} over {len(self.handles)} shards, {cells:,} cells in common: "
+                f"nprobe {self.nprobe:,} (recall@10 {recall:.3f} on {len(queries)} rows)",
+                flush=True,
+            )
+        # Everything but the shards' encoding: the shared training, their builds, calibration.
+        self.build_seconds = time.perf_counter() - started - max(r["encode_seconds"] for r in reports)
+        return reports
+
+    def _ask_every(self, method: str, args_of: Callable[[int], tuple]) -> list[Any]:
+        """Call ``method`` on every shard at once (``args_of(shard number)``) and gather the
+        answers. A shard found dead (lost with its node or process, since the last refresh or
+        in the one that failed) is replaced by a new actor over its range, which answers in its
+        place: the miner goes on without a restart of its own."""
+        pending = [getattr(handle, method).remote(*args_of(n)) for n, handle in enumerate(self.handles)]
+        answers = []
         for number, ref in enumerate(pending):
             try:
-                reports.append(ray.get(ref))
+                answers.append(ray.get(ref))
             except ray.exceptions.RayActorError as lost:
                 span = self.spans[number]
                 print(
@@ -91,11 +138,18 @@ class MinerShards:
                     flush=True,
                 )
                 self.handles[number] = self.launch(span)
-                reports.append(ray.get(self.handles[number].encode.remote(state, seed)))
-        self.backend = f"{reports[0]['backend']} x{len(reports)}"
-        self.kind, self.dim = reports[0]["kind"], reports[0]["dim"]
-        self.build_seconds = max(r["build_seconds"] for r in reports)
-        return reports
+                answers.append(ray.get(getattr(self.handles[number], method).remote(*args_of(number))))
+        return answers
+
+    def positions_of(self, ordinals: np.ndarray) -> np.ndarray:
+        """The corpus positions of candidates numbered ``ordinals`` among every shard's."""
+        ordinals = np.asarray(ordinals, dtype=np.int64)
+        owner = np.searchsorted(self.first_candidates, ordinals, side="right") - 1
+        positions = np.empty_like(ordinals)
+        for s, span in enumerate(self.spans):
+            mine = owner == s
+            positions[mine] = span.candidates[ordinals[mine] - span.first_candidate]
+        return positions
 
     def vectors(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` vectors of any corpus positions, in their order, each
@@ -115,9 +169,20 @@ class MinerShards:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each query's top ``k`` among every shard's candidates (their ordinals), merged."""
+        return self._merged("search", queries, k)
+
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` from every candidate of every shard, whatever their indexes."""
+        return self._merged("exact_search", queries, k)
+
+    def set_nprobe(self, nprobe: int) -> None:
+        """Probe ``nprobe`` of the shared IVF cells on every shard."""
+        ray.get([h.set_nprobe.remote(nprobe) for h in self.handles])
+
+    def _merged(self, method: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.rows)
         chunk = ray.put(np.ascontiguousarray(queries, dtype=np.float32))
-        return merge_top_k(ray.get([h.search.remote(chunk, k) for h in self.handles]), k)
+        return merge_top_k(ray.get([getattr(h, method).remote(chunk, k) for h in self.handles]), k)
 
     def encode_texts(self, encoder_state: dict[str, torch.Tensor], seed: int) -> tuple[MinerShards, float]:
         """:meth:`encode`, as the miner asks its encoder: the shards themselves (they answer

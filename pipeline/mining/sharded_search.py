@@ -7,15 +7,32 @@ index's own copy). Each shard holds a contiguous slice of the rows and its own
 among the union of each shard's ``k`` best, so merging them gives exactly what one index over
 all the rows gives (with flat indexes; IVF and IVF-PQ are approximate per shard as they are
 whole). Queries go in chunks, so no process holds the ``n x k`` result of every query at once.
+
+IVF shards share their cells: one index is trained on a sample drawn over every shard
+(:func:`shared_sample`, :func:`~pipeline.mining.index.train_index`), each shard lists its vectors
+under those cells, and one ``nprobe`` is calibrated for them all (:func:`calibrate_shared_nprobe`).
+Their merged search is then exactly one IVF index's over all the rows, and a query scans the
+same lists in all as it would in one index, however many shards hold them; with cells of their
+own, each shard would probe ``nprobe`` of its cells, and S shards scan about sqrt(S) times the
+lists one index scans.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex, VectorSource
+from pipeline.mining.index import (
+    IndexSpec,
+    NeighbourSearch,
+    PretrainedIndex,
+    VectorIndex,
+    VectorSource,
+    probe_until_recall,
+    training_rows,
+)
 
 
 class IndexShard:
@@ -27,7 +44,8 @@ class IndexShard:
             :class:`~pipeline.mining.index.VectorSource` of them (the index then holds the only
             copy where it can).
         first: the position of ``vectors[0]`` among all the shards' rows.
-        spec, use_gpu, seed, k: as :class:`~pipeline.mining.index.VectorIndex`.
+        spec, use_gpu, seed, k, pretrained: as :class:`~pipeline.mining.index.VectorIndex`
+            (``pretrained``: the cells every shard shares).
     """
 
     def __init__(
@@ -39,9 +57,10 @@ class IndexShard:
         use_gpu: bool = False,
         seed: int = 0,
         k: int = 0,
+        pretrained: PretrainedIndex | None = None,
     ):
         self.first = first
-        self.index = VectorIndex(vectors, spec=spec, use_gpu=use_gpu, seed=seed, k=k)
+        self.index = VectorIndex(vectors, spec=spec, use_gpu=use_gpu, seed=seed, k=k, pretrained=pretrained)
         self.rows, self.backend, self.build_seconds = (
             self.index.rows,
             self.index.backend,
@@ -56,6 +75,14 @@ class IndexShard:
         """``(m, min(k, rows))`` scores and positions among all the shards' rows (-1: none)."""
         scores, rows = self.index.search(queries, k)
         return scores, np.where(rows >= 0, rows + self.first, -1)
+
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` from every row of the shard, whatever its index."""
+        scores, rows = self.index.exact_search(queries, min(k, self.rows))
+        return scores, rows + self.first
+
+    def set_nprobe(self, nprobe: int) -> None:
+        self.index.set_nprobe(nprobe)
 
 
 class ShardedIndex:
@@ -76,6 +103,51 @@ class ShardedIndex:
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.rows)
         return merge_top_k([shard.search(queries, k) for shard in self.shards], k)
+
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, self.rows)
+        return merge_top_k([shard.exact_search(queries, k) for shard in self.shards], k)
+
+    def set_nprobe(self, nprobe: int) -> None:
+        for shard in self.shards:
+            shard.set_nprobe(nprobe)
+
+
+class ProbedShards(NeighbourSearch, Protocol):
+    """Shards of IVF lists under shared cells, searched as one: a :class:`ShardedIndex`, or the
+    miner's shard actors (:class:`~pipeline.mining.miner_shards.MinerShards`)."""
+
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The top ``k`` from every row of every shard, merged."""
+        ...
+
+    def set_nprobe(self, nprobe: int) -> None:
+        """Probe ``nprobe`` of the shared cells on every shard."""
+        ...
+
+
+def shared_sample(firsts: Sequence[int], rows: int, *, seed: int) -> list[np.ndarray]:
+    """The sample an index over ``rows`` vectors in all trains its cells on
+    (:func:`~pipeline.mining.index.training_rows`), split over the shards that start at
+    ``firsts`` (ascending, the first 0): each shard's part as positions within the shard."""
+    sample = training_rows(rows, "ivf", seed)
+    bounds = [*firsts, rows]
+    at = np.searchsorted(sample, bounds)
+    return [sample[at[s] : at[s + 1]] - bounds[s] for s in range(len(firsts))]
+
+
+def calibrate_shared_nprobe(shards: ProbedShards, queries: np.ndarray, *, cells: int) -> tuple[int, float]:
+    """Set one ``nprobe`` on every shard (:func:`~pipeline.mining.index.probe_until_recall`):
+    ``queries`` (a sample of the rows' vectors) against their exact top 10 over every shard.
+
+    Returns:
+        The ``nprobe`` set and the sample's recall@10 with it.
+    """
+    k = min(10, shards.rows)
+    _, exact = shards.exact_search(queries, k)
+    return probe_until_recall(
+        lambda chunk: shards.search(chunk, k)[1], shards.set_nprobe, queries, exact, cells=cells
+    )
 
 
 def merge_top_k(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -76,6 +76,6 @@ def test_exact_top_k_over_chunks_is_the_top_k_of_one_product():
         rng.normal(size=(7, 8)).astype(np.float32),
     )
     expected = np.argsort(-(queries @ vectors.T), axis=1)[:, :5]
-    np.testing.assert_array_equal(
-        np.sort(exact_top_k(queries, vectors.__getitem__, len(vectors), 5, chunk_rows=64)), np.sort(expected)
-    )
+    scores, rows = exact_top_k(queries, vectors.__getitem__, len(vectors), 5, chunk_rows=64)
+    np.testing.assert_array_equal(np.sort(rows), np.sort(expected))
+    np.testing.assert_allclose(scores, np.einsum("qkd,qd->qk", vectors[rows], queries), rtol=1e-5)

@@ -8,7 +8,15 @@ import pytest
 
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, knn_search
+from pipeline.mining.index import (
+    IndexSpec,
+    PretrainedIndex,
+    VectorIndex,
+    ivf_cells,
+    knn_search,
+    train_index,
+    training_rows,
+)
 from pipeline.mining.miner_shard import shard_ranges
 from pipeline.mining.miner_shards import MinerShards
 from pipeline.model.encode import encode_rows
@@ -20,6 +28,21 @@ def in_tie_order(scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Each query's rows ordered by score, then by row: one order for equal scores."""
     order = np.lexsort((rows, -scores), axis=1)
     return np.take_along_axis(rows, order, axis=1)
+
+
+def assert_same_neighbours(found: tuple[np.ndarray, np.ndarray], one: tuple[np.ndarray, np.ndarray]) -> None:
+    """The same neighbours with the same scores; among exactly tied scores (texts the
+    truncation made identical) each index orders as it will, and where the tie spans the k-th
+    place each keeps its own of the tied rows. Rows of -1 (fewer found) score -inf."""
+    (scores, rows), (one_scores, one_rows) = found, one
+    one_scores = np.where(one_rows >= 0, one_scores, -np.inf).astype(np.float32)
+    np.testing.assert_array_equal(scores, one_scores)
+    above_cut = scores > scores[:, -1:]
+    np.testing.assert_array_equal(
+        np.where(above_cut, in_tie_order(scores, rows), -1),
+        np.where(above_cut, in_tie_order(one_scores, one_rows), -1),
+    )
+    assert (rows == one_rows).mean() > 0.9
 
 
 def test_shard_ranges_cover_the_corpus_and_number_the_candidates_in_order():
@@ -58,20 +81,46 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
         queries = miner_shards.vectors(np.arange(0, len(whole), 3))
         scores, ordinals = miner_shards.search(queries, 10)
         one = knn_search(vectors[pool], 10, spec=IndexSpec("flat"), queries=queries)
-        # The same neighbours with the same scores; among exactly tied scores (texts the
-        # truncation made identical) each index orders as it will, and where the tie spans the
-        # k-th place each keeps its own of the tied rows.
-        np.testing.assert_array_equal(scores, one.scores)
-        above_cut = scores > scores[:, -1:]
-        np.testing.assert_array_equal(
-            np.where(above_cut, in_tie_order(scores, ordinals), -1),
-            np.where(above_cut, in_tie_order(one.scores, one.indices), -1),
-        )
+        assert_same_neighbours((scores, ordinals), (one.scores, one.indices))
         np.testing.assert_allclose(
             np.einsum("qkd,qd->qk", vectors[pool][ordinals], queries), scores, atol=1e-5
         )
-        assert (ordinals == one.indices).mean() > 0.9
         assert miner_shards.backend == f"faiss-cpu/flat x{shards}"
+    finally:
+        miner_shards.stop()
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_ivf_shards_list_under_cells_trained_over_all_and_search_as_one_ivf_index(
+    sorted_blocks, tiny_model_dir, shards, capsys
+):
+    """The cells are trained once on a sample drawn over every shard, each shard lists its
+    vectors under them, and one nprobe is calibrated for all: at any nprobe the merged search is
+    one IVF index's over the same vectors, filled from cells trained on the same sample."""
+    blocks, _, _ = sorted_blocks
+    state = load_sentence_encoder(tiny_model_dir, pooler="mean").encoder.state_dict()
+    miner_shards = MinerShards.start(
+        blocks, pack_dir(tiny_model_dir), pooler="mean", candidates=None, shards=shards,
+        search=SearchSettings(top_k=10, index=IndexSpec("ivf")), actor_options={"num_cpus": 0.1},
+    )  # fmt: skip
+    try:
+        miner_shards.encode(state, seed=3)
+        rows = miner_shards.rows
+        vectors = miner_shards.vectors(np.arange(rows))  # read back from the shards' lists
+        sample = training_rows(rows, "ivf", seed=3)
+        trained = train_index(vectors[sample], rows, "ivf", backend="faiss-cpu", seed=3)
+        one = VectorIndex(
+            vectors, spec=IndexSpec("ivf"), pretrained=PretrainedIndex(trained, sample, vectors[sample])
+        )
+        cells = ivf_cells(rows)
+        assert 1 <= miner_shards.nprobe <= cells
+        assert f"{cells:,} cells in common: nprobe {miner_shards.nprobe:,}" in capsys.readouterr().out
+        queries = vectors[::2]
+        for nprobe in (1, 2, miner_shards.nprobe):
+            miner_shards.set_nprobe(nprobe)
+            one.set_nprobe(nprobe)
+            assert_same_neighbours(miner_shards.search(queries, 10), one.search(queries, 10))
+        assert miner_shards.backend == f"faiss-cpu/ivf x{shards}"
     finally:
         miner_shards.stop()
 

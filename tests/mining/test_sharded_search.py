@@ -4,8 +4,15 @@ the same vectors."""
 import numpy as np
 import pytest
 
-from pipeline.mining.index import IndexSpec, knn_search
-from pipeline.mining.sharded_search import IndexShard, ShardedIndex, merge_top_k, sharded_search
+from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorIndex, knn_search, train_index
+from pipeline.mining.sharded_search import (
+    IndexShard,
+    ShardedIndex,
+    calibrate_shared_nprobe,
+    merge_top_k,
+    sharded_search,
+    shared_sample,
+)
 
 
 def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
@@ -140,3 +147,85 @@ def test_a_pairs_refresh_in_chunks_and_over_shards_gives_the_one_index_column() 
     assert not any(
         (a, n) in known for a, row in zip(anchor.tolist(), whole.tolist(), strict=True) for n in row
     )
+
+
+def clustered_vectors(n: int, dim: int, clusters: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, dim)).astype(np.float32)
+    x = centres[rng.integers(clusters, size=n)] + 0.3 * rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def shared_cell_shards(
+    vectors: np.ndarray, bounds: list[int], kind: str, seed: int
+) -> tuple[ShardedIndex, VectorIndex]:
+    """IVF shards over slices of ``vectors`` with cells trained on a sample drawn over them all,
+    and one index over every row filled from the same trained index."""
+    edges = [0, *bounds, len(vectors)]
+    parts = shared_sample(edges[:-1], len(vectors), seed=seed)
+    sample = np.concatenate([part + lo for part, lo in zip(parts, edges, strict=False)])
+    trained = train_index(vectors[sample], len(vectors), kind, backend="faiss-cpu", seed=seed)
+    shards = ShardedIndex(
+        [
+            IndexShard(
+                vectors[lo:hi],
+                lo,
+                spec=IndexSpec(kind),
+                pretrained=PretrainedIndex(trained, part, vectors[lo:hi][part]),
+            )  # fmt: skip
+            for lo, hi, part in zip(edges[:-1], edges[1:], parts, strict=True)
+        ]
+    )
+    one = VectorIndex(
+        vectors, spec=IndexSpec(kind), pretrained=PretrainedIndex(trained, sample, vectors[sample])
+    )
+    return shards, one
+
+
+@pytest.mark.parametrize("kind", ["ivf", "ivfpq"])
+@pytest.mark.parametrize("bounds", [[1_200], [300, 1_500, 2_900]])  # 2 and 4 shards
+def test_ivf_shards_over_shared_cells_search_as_one_ivf_index(kind: str, bounds: list[int]) -> None:
+    """The same cells listing the same vectors: at any nprobe, the sharded search finds what one
+    index over all the rows finds, with the same scores (IVF-PQ: the same codes)."""
+    vectors, queries = clustered_vectors(3_000, 16, 40, 4), clustered_vectors(200, 16, 40, 5)
+    shards, one = shared_cell_shards(vectors, bounds, kind, seed=7)
+    assert one.rows == shards.rows == 3_000
+    for nprobe in (1, 3, 8):
+        shards.set_nprobe(nprobe)
+        one.set_nprobe(nprobe)
+        scores, rows = shards.search(queries, 10)
+        one_scores, one_rows = one.search(queries, 10)
+        # Where a query's probed cells hold fewer than 10 rows, faiss pads with -1 (and a
+        # score of -FLT_MAX, the merge -inf).
+        np.testing.assert_array_equal(scores, np.where(one_rows >= 0, one_scores, -np.inf))
+        np.testing.assert_array_equal(rows, one_rows)
+    # Fewer probes find fewer of the exact neighbours: the nprobe set is the one searched.
+    _, exact = shards.exact_search(queries, 10)
+    recall = {}
+    for nprobe in (1, 8):
+        shards.set_nprobe(nprobe)
+        found = shards.search(queries, 10)[1]
+        recall[nprobe] = np.mean([len(np.intersect1d(a, b)) for a, b in zip(found, exact, strict=True)])
+    assert recall[1] < recall[8]
+
+
+def test_the_shared_nprobe_is_calibrated_over_every_shard() -> None:
+    """One nprobe for all shards, the smallest doubling from NPROBE whose merged search finds
+    RECALL_TARGET of the sample's exact top 10 (computed here from every row)."""
+    from pipeline.mining.index import NPROBE, RECALL_TARGET, calibration_rows, ivf_cells
+
+    vectors = unit_vectors(20_000, 32, 6)  # unclustered: IVF needs more than NPROBE of 512 cells
+    shards, _ = shared_cell_shards(vectors, [5_000, 12_500], "ivf", seed=1)
+    queries = vectors[calibration_rows(len(vectors), seed=1)]
+    cells = ivf_cells(len(vectors))
+    nprobe, recall = calibrate_shared_nprobe(shards, queries, cells=cells)
+    exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
+
+    def recall_at(probes: int) -> float:
+        shards.set_nprobe(probes)
+        found = shards.search(queries, 10)[1]
+        return float(np.mean([len(np.intersect1d(a, b)) for a, b in zip(found, exact, strict=True)])) / 10
+
+    assert NPROBE < nprobe <= cells
+    assert recall == pytest.approx(recall_at(nprobe)) and recall >= RECALL_TARGET
+    assert recall_at(nprobe // 2) < RECALL_TARGET
