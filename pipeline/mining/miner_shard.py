@@ -21,7 +21,7 @@ import torch
 
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource
+from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource, choose_backend, train_index
 from pipeline.mining.sharded_search import IndexShard
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
@@ -109,9 +109,17 @@ class MinerShard:
     ) -> dict[str, Any]:
         """The first half of a refresh whose IVF cells every shard shares: encode this shard's
         part of the sample they are trained on (``rows``: numbers among its candidates) with
-        ``encoder_state``, and keep the vectors for :meth:`encode`. Returns ``kind`` (the index
-        this shard would build: none is sampled for ``flat``), ``vectors`` and ``seconds``."""
+        ``encoder_state``, and keep the vectors for :meth:`encode`.
+
+        Returns:
+            ``kind``, the index this shard would build (none is sampled for ``flat``);
+            ``vectors``, an object ref to the sample's vectors (the shard that trains the cells
+            reads them from here, not through the miner); ``seconds``.
+        """
+        import ray  # deferred, as in the constructor
+
         started = time.perf_counter()
+        self.index, self.vectors = None, None  # the old ones go before the sample is trained on
         self.model.encoder.load_state_dict(encoder_state)
         kind = self.index_kind()
         if kind == "flat":  # trains no cells
@@ -119,7 +127,14 @@ class MinerShard:
         else:
             vectors = self._encode(self.span.candidates[rows] - self.span.first)
             self.sample = (seed, rows, vectors)
-        return {"kind": kind, "vectors": vectors, "seconds": time.perf_counter() - started}
+        return {"kind": kind, "vectors": ray.put(vectors), "seconds": time.perf_counter() - started}
+
+    def train_index(self, rows: int, kind: str, seed: int, *parts: np.ndarray) -> np.ndarray:
+        """:func:`~pipeline.mining.index.train_index` on the concatenated ``parts`` (every
+        shard's part of the sample, in range order) for ``rows`` candidates in all, where this
+        shard searches (on its GPU where it has one)."""
+        backend = choose_backend(self.search_settings.use_gpu)
+        return train_index(np.concatenate(parts), rows, kind, backend=backend, seed=seed)
 
     def encode(
         self,

@@ -17,7 +17,7 @@ from pipeline.core.errors import first_line
 from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import calibration_rows, choose_backend, ivf_cells, train_index
+from pipeline.mining.index import calibration_rows, ivf_cells
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shard import MinerShard, ShardRange, shard_ranges
 from pipeline.mining.sharded_search import calibrate_shared_nprobe, merge_top_k, shared_sample
@@ -86,22 +86,25 @@ class MinerShards:
     def encode(self, encoder_state: dict[str, torch.Tensor], seed: int) -> list[dict[str, Any]]:
         """Every shard encodes its texts with ``encoder_state`` and indexes its candidates, all
         at once. IVF shards share their cells: each first encodes its part of one sample
-        (``seed``), the cells are trained on it here, every shard lists its vectors under them,
-        and one ``nprobe`` is calibrated for all (:mod:`pipeline.mining.sharded_search`).
+        (``seed``), the first shard trains the cells on it, every shard lists its vectors under
+        them, and one ``nprobe`` is calibrated for all (:mod:`pipeline.mining.sharded_search`).
         Returns each shard's report (rows, backend, seconds)."""
         started = time.perf_counter()
         state = ray.put(encoder_state)  # once in the object store, not once per shard
         parts = shared_sample(self.first_candidates.tolist(), self.rows, seed=seed)
         sampled = self._ask_every("encode_sample", lambda n: (state, seed, parts[n]))
         kinds = {answer["kind"] for answer in sampled}
-        parts_vectors = [answer.pop("vectors") for answer in sampled]
         trained = None
-        if kinds in ({"ivf"}, {"ivfpq"}):  # shards of mixed kinds (or flat) train their own
-            backend = choose_backend(self.search_settings.use_gpu)
+        if kinds in ({"ivf"}, {"ivfpq"}):  # a flat index trains nothing; mixed kinds their own
+            # The first shard trains, where the shards search (its GPU, where there is one),
+            # reading every shard's part from that shard; the trained index is fetched here
+            # once (a shard lost meanwhile fails this refresh, and the next replaces it).
+            sample_parts = [answer.pop("vectors") for answer in sampled]
+            kind = kinds.pop()
             trained = ray.put(
-                train_index(np.concatenate(parts_vectors), self.rows, kinds.pop(), backend=backend, seed=seed)
+                ray.get(self.handles[0].train_index.remote(self.rows, kind, seed, *sample_parts))
             )
-        del parts_vectors
+            del sample_parts
         reports = self._ask_every("encode", lambda n: (state, seed, trained, parts[n] if trained else None))
         for report, answer in zip(reports, sampled, strict=True):
             report["encode_seconds"] += answer["seconds"]
