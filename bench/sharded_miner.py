@@ -30,8 +30,9 @@ shards on the one GPU, BERT-base).
 
 Recall@10, after the peaks are read: for 1,000 random rows, the index's top 10 against the exact
 top 10 over every vector (fetched from the shards a chunk at a time), each row itself among both.
-IVF's ``nprobe`` is calibrated at every build to reach 0.95 on a sample of the shard's own rows
-(:func:`pipeline.mining.index.calibrate_nprobe`), so this checks that on rows it never saw.
+IVF's shards share their cells, and one ``nprobe`` is calibrated at every build to reach 0.95 on
+a sample of 256 rows (:func:`pipeline.mining.sharded_search.calibrate_shared_nprobe`; the table
+shows it), so this checks that on rows it never saw.
 
 On this 2-core machine the shards' encodes and searches share the same two cores, so seconds
 at S > 1 say what the sharding costs (processes, merges), not what it gains: more machines
@@ -111,7 +112,15 @@ def drive(args: argparse.Namespace) -> None:
     report = miner.refresh(weights, version=1, step=0)
     shard_pids = ray.get([h.ready.remote() for h in miner.encoder.handles])
     print(
-        READY + json.dumps({"tokenize_s": tokenize_seconds, "shard_pids": shard_pids, **report.metrics}),
+        READY
+        + json.dumps(
+            {
+                "tokenize_s": tokenize_seconds,
+                "shard_pids": shard_pids,
+                "nprobe": miner.encoder.nprobe,
+                **report.metrics,
+            }
+        ),  # fmt: skip
         flush=True,
     )
     sys.stdin.readline()  # the bench reads every peak meanwhile, before the recall's own arrays
@@ -276,8 +285,8 @@ def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
     """One line a run: seconds by stage, the largest peak of each kind of process, recall."""
     lines = [
         "| rows | S | " + " | ".join(f"{s} s" for s in STAGES)
-        + " | partitions | driver+miner peak MiB (RSS / anon) | largest shard peak MiB (RSS / anon) | largest other Ray worker peak MiB (RSS / anon, whose) | object store peak MiB | recall@10 |",
-        "|---|---|" + "---|" * (len(STAGES) + 6),
+        + " | partitions | driver+miner peak MiB (RSS / anon) | largest shard peak MiB (RSS / anon) | largest other Ray worker peak MiB (RSS / anon, whose) | object store peak MiB | nprobe | recall@10 |",
+        "|---|---|" + "---|" * (len(STAGES) + 7),
     ]  # fmt: skip
     for (rows, shards), got in sorted(results.items()):
         shard_keys = [key for key in got["peaks"] if key.startswith("shard")]
@@ -292,6 +301,7 @@ def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
             f"{max(got['peaks'][k] for k in shard_keys) / MIB:,.0f} / {max(got['anon'][k] for k in shard_keys) / MIB:,.0f}",
             "{:,.0f} / {:,.0f} ({})".format(got["workers"][0] / MIB, got["workers"][1] / MIB, got["workers"][2].removeprefix("ray::")),
             f"{got['store'] / MIB:,.0f}",
+            f"{got['nprobe']:,}" if got.get("nprobe") else "-",
             f"{got['recall_at_10']:.3f}",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
