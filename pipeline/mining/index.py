@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.heap import release_free_heap
 from pipeline.mining.ivf_training import ivf_centroids
 
 INDEX_KINDS = ("auto", "flat", "ivf", "ivfpq")
@@ -435,6 +436,8 @@ def _faiss_index(
         if fetched.any():
             chunk[fetched] = vectors_of(np.flatnonzero(fetched) + lo)
         index.add(chunk)
+        del chunk, fetched
+        release_free_heap()  # the chunk and its encoding's temporaries, between the growing lists
     del sampled
     if kind != "flat":
         reads_back = kind == "ivf" and backend == "faiss-cpu"

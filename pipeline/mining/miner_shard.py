@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.core.heap import release_free_heap
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource, choose_backend, train_index
@@ -120,6 +121,7 @@ class MinerShard:
 
         started = time.perf_counter()
         self.index, self.vectors = None, None  # the old ones go before the sample is trained on
+        release_free_heap()
         self.model.encoder.load_state_dict(encoder_state)
         kind = self.index_kind()
         if kind == "flat":  # trains no cells
@@ -153,6 +155,7 @@ class MinerShard:
         self.model.encoder.load_state_dict(encoder_state)
         held = self.texts.held
         self.index, self.vectors = None, None  # the old ones go before the new vectors arrive
+        release_free_heap()
         span, dim = self.span, self.dim
         every_text = len(span.candidates) == len(held)
         if every_text:
