@@ -102,7 +102,7 @@ class MinerShards:
             sample_parts = [answer.pop("vectors") for answer in sampled]
             kind = kinds.pop()
             trained = ray.put(
-                ray.get(self.handles[0].train_index.remote(self.rows, kind, seed, *sample_parts))
+                self._gather({0: self.handles[0].train_index.remote(self.rows, kind, seed, *sample_parts)})[0]
             )
             del sample_parts
         reports = self._ask_every("encode", lambda n: (state, seed, trained, parts[n] if trained else None))
@@ -160,8 +160,12 @@ class MinerShards:
         positions = np.asarray(positions, dtype=np.int64)
         owner = np.searchsorted(self.firsts, positions, side="right") - 1
         asked = [np.flatnonzero(owner == s) for s in range(len(self.handles))]
-        parts = ray.get(
-            [self.handles[s].vectors_of.remote(positions[rows]) for s, rows in enumerate(asked) if len(rows)]
+        parts = self._gather(
+            {
+                s: self.handles[s].vectors_of.remote(positions[rows])
+                for s, rows in enumerate(asked)
+                if len(rows)
+            }
         )
         out: np.ndarray | None = None
         for rows, part in zip([rows for rows in asked if len(rows)], parts, strict=True):
@@ -180,12 +184,36 @@ class MinerShards:
 
     def set_nprobe(self, nprobe: int) -> None:
         """Probe ``nprobe`` of the shared IVF cells on every shard."""
-        ray.get([h.set_nprobe.remote(nprobe) for h in self.handles])
+        self._gather({s: h.set_nprobe.remote(nprobe) for s, h in enumerate(self.handles)})
 
     def _merged(self, method: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.rows)
         chunk = ray.put(np.ascontiguousarray(queries, dtype=np.float32))
-        return merge_top_k(ray.get([getattr(h, method).remote(chunk, k) for h in self.handles]), k)
+        return merge_top_k(
+            self._gather({s: getattr(h, method).remote(chunk, k) for s, h in enumerate(self.handles)}), k
+        )
+
+    def _gather(self, calls: dict[int, Any]) -> list[Any]:
+        """The answers of calls to shards (shard number: object ref), in order. A shard lost
+        since it was asked fails the call with a line that names it; the refresh submitted
+        again replaces it (:meth:`encode`).
+
+        Raises:
+            ray.exceptions.RayActorError: a shard was lost (the trainer's recovery knows it).
+        """
+        try:
+            return ray.get(list(calls.values()))
+        except ray.exceptions.RayActorError:
+            for number, ref in calls.items():
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as lost:
+                    span = self.spans[number]
+                    raise ray.exceptions.RayActorError(
+                        error_msg=f"miner shard {number} (rows {span.first}-{span.last - 1}) was lost "
+                        f"({first_line(lost)}); the refresh submitted again replaces it"
+                    ) from lost
+            raise
 
     def encode_texts(self, encoder_state: dict[str, torch.Tensor], seed: int) -> tuple[MinerShards, float]:
         """:meth:`encode`, as the miner asks its encoder: the shards themselves (they answer

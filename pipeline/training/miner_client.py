@@ -126,7 +126,9 @@ class MinerClient:
         starved of CPU on a loaded machine) as actor errors; the miner's process id tells
         them apart. Only a new process, Ray's restart of a dead miner, counts against
         ``train.max_failures`` and gets a fresh ``mining.timeout_s``; an unresponsive one
-        keeps ``deadline``, the one the refresh already had.
+        keeps ``deadline``, the one the refresh already had. So does a miner that answered
+        with an actor error of what it asked (a shard of it that was lost: the refresh
+        submitted again replaces the shard).
 
         Raises:
             UnrecoverableError: the deadline passed, or the miner is dead for good.
@@ -152,10 +154,15 @@ class MinerClient:
                 f"{self.settings.max_restarts} restarts are used up: {reason}"
             ) from dead
         if pid == self.miner_pid:
-            print(
-                f"[mining] the miner did not answer during refresh v{version} ({reason}); asking again",
-                flush=True,
-            )
+            if isinstance(exc, ray.exceptions.RayTaskError):
+                # It answered, with what failed under it (a shard of it that was lost).
+                cause = first_line(exc.cause) if exc.cause is not None else reason
+                print(f"[mining] refresh v{version} failed in the miner ({cause}); asking again", flush=True)
+            else:
+                print(
+                    f"[mining] the miner did not answer during refresh v{version} ({reason}); asking again",
+                    flush=True,
+                )
             return deadline
         self._restarted(
             pid, step, f"[mining] the miner actor died during refresh v{version} ({reason})",

@@ -141,10 +141,17 @@ def test_a_lost_shard_is_replaced_at_the_next_encode(sorted_blocks, tiny_model_d
         before = miner_shards.vectors(np.arange(blocks.num_rows))
         lost = miner_shards.handles[1]
         ray.kill(lost, no_restart=True)
+        span = miner_shards.spans[1]
+        # A refresh that searches after the loss fails with a line naming the shard...
+        with pytest.raises(
+            ray.exceptions.RayActorError,
+            match=rf"miner shard 1 \(rows {span.first}-{span.last - 1}\) was lost",
+        ):
+            miner_shards.search(before[:4], 5)
+        # ... and the one submitted again replaces it.
         miner_shards.encode(state, seed=0)
         assert miner_shards.handles[1] is not lost and miner_shards.handles[0] is not None
         np.testing.assert_allclose(miner_shards.vectors(np.arange(blocks.num_rows)), before, atol=1e-6)
-        span = miner_shards.spans[1]
         assert f"[mining] shard 1 (rows {span.first}-{span.last - 1}) was lost" in capsys.readouterr().out
     finally:
         miner_shards.stop()

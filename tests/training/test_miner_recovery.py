@@ -49,6 +49,22 @@ def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ra
     assert client.restarts == 0
     assert "[mining] the miner did not answer during refresh v1" in capsys.readouterr().out
 
+    # The miner answered, with an actor error of what it asked (a shard of it that was lost):
+    # the same process, asked again; the line names what failed under it.
+    class Asker:
+        def ask(self, other) -> int:
+            return ray.get(other.ready.remote([]))
+
+    gone = ray.remote(max_restarts=0)(PidActor).remote()
+    ray.kill(gone, no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError) as failed:
+        ray.get(ray.remote(Asker).remote().ask.remote(gone))
+    assert isinstance(failed.value, ray.exceptions.RayTaskError)
+    assert client.recover(failed.value, version=1, step=5, deadline=deadline) == deadline
+    assert client.restarts == 0
+    out = capsys.readouterr().out
+    assert "[mining] refresh v1 failed in the miner (" in out and "ray::" not in out
+
     # Killed and restarted by Ray: a new process id, counted, and a fresh mining.timeout_s.
     os.kill(pid, signal.SIGKILL)
     while not _gone(pid):
