@@ -4,9 +4,24 @@ from __future__ import annotations
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, or its type name when it has none."""
+    """The first line of an exception's message, or its type name when it has none. A Ray task
+    error's first line names only the task (``ray::Actor.method() (pid=...)``): its cause's
+    line is given instead."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and type(exc).__name__.startswith("RayTaskError"):
+        return first_line(cause)
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def actor_lost_errors() -> tuple[type[BaseException], ...]:
+    """What ``ray.get`` raises when the actor that was to answer is gone: an actor error (its
+    process or node died, or Ray killed it), or Ray's ``OutOfMemoryError`` when its memory
+    monitor killed the worker to save the node, which is not an actor error. Catch both: a
+    lost miner or shard is recovered the same way whatever killed it."""
+    import ray  # deferred: this module is imported where Ray is not
+
+    return (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError)
 
 
 class ConfigError(ValueError):

@@ -13,7 +13,7 @@ import numpy as np
 import ray
 import torch
 
-from pipeline.core.errors import first_line
+from pipeline.core.errors import actor_lost_errors, first_line
 from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
@@ -133,13 +133,14 @@ class MinerShards:
         for number, ref in enumerate(pending):
             try:
                 answers.append(ray.get(ref))
-            except ray.exceptions.RayActorError as lost:
+            except actor_lost_errors() as lost:
                 span = self.spans[number]
                 print(
                     f"[mining] shard {number} (rows {span.first}-{span.last - 1}) was lost "
                     f"({first_line(lost)}); a new shard takes its rows",
                     flush=True,
                 )
+                ray.kill(self.handles[number])  # already gone, unless it only failed to answer
                 self.handles[number] = self.launch(span)
                 answers.append(ray.get(getattr(self.handles[number], method).remote(*args_of(number))))
         return answers
@@ -203,11 +204,11 @@ class MinerShards:
         """
         try:
             return ray.get(list(calls.values()))
-        except ray.exceptions.RayActorError:
+        except actor_lost_errors():
             for number, ref in calls.items():
                 try:
                     ray.get(ref)
-                except ray.exceptions.RayActorError as lost:
+                except actor_lost_errors() as lost:
                     span = self.spans[number]
                     raise ray.exceptions.RayActorError(
                         error_msg=f"miner shard {number} (rows {span.first}-{span.last - 1}) was lost "

@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from pipeline.core.errors import UnrecoverableError, first_line
+from pipeline.core.errors import UnrecoverableError, actor_lost_errors, first_line
 from pipeline.core.retry import call_with_retries
 from pipeline.model.encoder import SentenceEncoder, cpu_state_dict
 from pipeline.training.refresh_policy import RefreshSettings
@@ -70,7 +70,8 @@ class MinerClient:
 
         Raises:
             UnrecoverableError: the deadline passed.
-            ray.exceptions.RayActorError: the miner failed during the refresh (see :meth:`recover`).
+            ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError: the miner failed during
+                the refresh (see :meth:`recover`; :func:`~pipeline.core.errors.actor_lost_errors`).
         """
         try:
             return ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
@@ -98,7 +99,7 @@ class MinerClient:
         while True:
             try:
                 return self._answered(self.get(ref, version, deadline), version, step)
-            except ray.exceptions.RayActorError as exc:
+            except actor_lost_errors() as exc:
                 deadline = self.recover(exc, version, step, deadline)
                 ref = self.submit(model, version, step)
 
@@ -107,7 +108,7 @@ class MinerClient:
         refresh, once it answers again (the caller submits the refresh again)."""
         try:
             return self._answered(self.get(ref, version, self.deadline()), version, step)
-        except ray.exceptions.RayActorError as exc:
+        except actor_lost_errors() as exc:
             self.recover(exc, version, step, self.deadline())
             return None
 
@@ -156,8 +157,7 @@ class MinerClient:
         if pid == self.miner_pid:
             if isinstance(exc, ray.exceptions.RayTaskError):
                 # It answered, with what failed under it (a shard of it that was lost).
-                cause = first_line(exc.cause) if exc.cause is not None else reason
-                print(f"[mining] refresh v{version} failed in the miner ({cause}); asking again", flush=True)
+                print(f"[mining] refresh v{version} failed in the miner ({reason}); asking again", flush=True)
             else:
                 print(
                     f"[mining] the miner did not answer during refresh v{version} ({reason}); asking again",

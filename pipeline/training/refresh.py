@@ -16,11 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import ray
 
 from pipeline.batching.plan import BatchPlan, PlanShare
 from pipeline.config.schema import Config
-from pipeline.core.errors import UnrecoverableError, first_line
+from pipeline.core.errors import UnrecoverableError, actor_lost_errors, first_line
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.training.miner_client import MinerClient
@@ -168,7 +167,7 @@ class PlanRefresher:
             return
         try:
             self.client.get(pending.ticket, version, self.client.deadline())
-        except (ray.exceptions.RayActorError, UnrecoverableError) as exc:
+        except (*actor_lost_errors(), UnrecoverableError) as exc:
             print(f"[mining] the dropped refresh did not finish: {first_line(exc)}", flush=True)
         self.policy.pending = None
 

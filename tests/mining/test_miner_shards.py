@@ -155,3 +155,32 @@ def test_a_lost_shard_is_replaced_at_the_next_encode(sorted_blocks, tiny_model_d
         assert f"[mining] shard 1 (rows {span.first}-{span.last - 1}) was lost" in capsys.readouterr().out
     finally:
         miner_shards.stop()
+
+
+def test_a_shard_that_ray_killed_for_memory_is_replaced_as_a_lost_one(ray_local, capsys):
+    """Ray's memory monitor ends a worker with OutOfMemoryError, which is not an actor error:
+    the shard's range still gets a new shard, as for one lost with its node."""
+    ray = ray_local
+
+    class Answering:  # local: pickled by value, since workers cannot import test modules
+        """Answers as a shard does, or fails as a shard the memory monitor killed."""
+
+        def __init__(self, killed: bool):
+            self.killed = killed
+
+        def ready(self) -> int:
+            if self.killed:
+                raise ray.exceptions.OutOfMemoryError(
+                    "1 worker(s) were killed due to the node running low on memory"
+                )
+            return 7
+
+    spans = shard_ranges(10, None, 2)
+    actor = ray.remote(Answering)
+    shards = MinerShards(
+        [actor.remote(False), actor.remote(True)], spans, lambda span: actor.remote(False),
+        SearchSettings(index=IndexSpec("flat")),
+    )  # fmt: skip
+    assert shards._ask_every("ready", lambda number: ()) == [7, 7]
+    out = capsys.readouterr().out
+    assert "[mining] shard 1 (rows 5-9) was lost (" in out and "running low on memory" in out
