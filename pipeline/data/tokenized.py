@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.core.heap import release_shared_pages
 from pipeline.data.triplets import Triplets
 
 
@@ -175,8 +176,8 @@ class CorpusShare:
         each, fetching them unless they are the ones held already.
 
         The rows go straight into one array, a block's part at a time, so the worker's heap
-        holds its share once (its peak RSS also counts the object-store pages of the parts it
-        read: Ray maps the store into the process)."""
+        holds its share once; the object-store pages of each part it read (Ray maps the store
+        into the process, and they would count in its RSS) are dropped once copied."""
         import ray
 
         wanted = np.asarray(positions, dtype=np.int64)
@@ -193,6 +194,10 @@ class CorpusShare:
                 flat = pc.list_flatten(chunk).to_numpy()
                 values[filled : filled + len(flat)] = flat
                 filled += len(flat)
+                del flat
+                for buffer in chunk.buffers():
+                    if buffer is not None:
+                        release_shared_pages(buffer.address, buffer.size)
             del part  # the part's object can leave the store once copied
         if filled != len(values):
             raise RuntimeError(

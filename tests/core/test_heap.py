@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import pytest
 
-from pipeline.core.heap import _glibc, release_free_heap
+from pipeline.core.heap import _glibc, release_free_heap, release_shared_pages
 
 CHUNK = 64 * 1024  # below glibc's mmap threshold: these come from the heap
 CHUNKS = 3_000  # 192 MiB
@@ -43,3 +44,29 @@ def test_freed_holes_between_used_chunks_leave_the_resident_set():
     finally:
         for block in kept:
             libc.free(block)
+
+
+def resident_shared_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1])
+    raise AssertionError("no RssShmem")
+
+
+def test_pages_of_an_object_read_from_the_store_leave_the_resident_set_and_stay_readable(ray_local):
+    ray = ray_local
+    data = np.arange(64 * 2**20 // 8, dtype=np.int64)  # 64 MiB: in the store, not inlined
+    got = ray.get(ray.put(data))  # a view of the store's pages
+    assert int(got.sum()) == int(data.sum())  # every page read: resident
+    before = resident_shared_kib()
+    dropped = release_shared_pages(got.ctypes.data, got.nbytes)
+    assert dropped > got.nbytes - 2 * 4096  # the whole pages inside it
+    assert before - resident_shared_kib() > 0.9 * got.nbytes // 1024
+    np.testing.assert_array_equal(got, data)  # read back from the store
+
+
+def test_private_memory_is_never_dropped():
+    data = np.ones(4 * 2**20, dtype=np.int64)  # 32 MiB of this process' own heap
+    assert release_shared_pages(data.ctypes.data, data.nbytes) == 0
+    assert int(data.sum()) == len(data)
