@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.heap import release_free_heap
+from pipeline.core.heap import release_free_heap, release_shared_pages
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource, choose_backend, train_index
@@ -136,7 +136,10 @@ class MinerShard:
         shard's part of the sample, in range order) for ``rows`` candidates in all, where this
         shard searches (on its GPU where it has one)."""
         backend = choose_backend(self.search_settings.use_gpu)
-        return train_index(np.concatenate(parts), rows, kind, backend=backend, seed=seed)
+        sample = np.concatenate(parts)
+        for part in parts:  # read from the object store: its pages need not stay in this shard's RSS
+            release_shared_pages(part.ctypes.data, part.nbytes)
+        return train_index(sample, rows, kind, backend=backend, seed=seed)
 
     def encode(
         self,
