@@ -3,9 +3,10 @@ pages, and the object store's pages of objects it has finished reading.
 
 A process that builds a large index in chunks (a miner shard adding 2.5M vectors 131,072 at a
 time) frees each chunk and the encoder's temporaries between the index's growing lists, and
-glibc keeps those holes resident: at 1M x 64 vectors an IVF build left 87 MB more resident
-heap than one that released them, and the search's peak was 70 MB higher (docs/benchmarks.md,
-"Mining refresh over shards"). Against a per-process memory budget that is the difference.
+glibc keeps those holes resident: a 2.5M x 64 IVF build kept 102 MiB more of its own heap, and
+its search's peak RSS was 104 MiB higher, than one that handed them back (``python -m
+bench.index_heap --rows 2500000``, docs/benchmarks.md). Against a per-process memory budget
+that is the difference.
 """
 
 from __future__ import annotations
