@@ -14,12 +14,13 @@ CHUNK = 64 * 1024  # below glibc's mmap threshold: these come from the heap
 CHUNKS = 3_000  # 192 MiB
 
 
-def resident_anon_kib() -> int:
+def resident_kib(field: str) -> int:
+    """This process' ``field`` of /proc/self/status (``RssAnon``, ``RssShmem``), in KiB."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("RssAnon:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
-    raise AssertionError("no RssAnon")
+    raise AssertionError(f"no {field}")
 
 
 @pytest.mark.skipif(_glibc() is None, reason="glibc's malloc_trim only")
@@ -36,9 +37,9 @@ def test_freed_holes_between_used_chunks_leave_the_resident_set():
         if number % 10 != 9:
             libc.free(block)
     freed_kib = (CHUNKS - len(kept)) * CHUNK // 1024
-    before = resident_anon_kib()
+    before = resident_kib("RssAnon")
     assert release_free_heap()
-    after = resident_anon_kib()
+    after = resident_kib("RssAnon")
     try:
         assert before - after > 0.8 * freed_kib
     finally:
@@ -46,23 +47,15 @@ def test_freed_holes_between_used_chunks_leave_the_resident_set():
             libc.free(block)
 
 
-def resident_shared_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("RssShmem:"):
-                return int(line.split()[1])
-    raise AssertionError("no RssShmem")
-
-
 def test_pages_of_an_object_read_from_the_store_leave_the_resident_set_and_stay_readable(ray_local):
     ray = ray_local
     data = np.arange(64 * 2**20 // 8, dtype=np.int64)  # 64 MiB: in the store, not inlined
     got = ray.get(ray.put(data))  # a view of the store's pages
     assert int(got.sum()) == int(data.sum())  # every page read: resident
-    before = resident_shared_kib()
+    before = resident_kib("RssShmem")
     dropped = release_shared_pages(got.ctypes.data, got.nbytes)
     assert dropped > got.nbytes - 2 * 4096  # the whole pages inside it
-    assert before - resident_shared_kib() > 0.9 * got.nbytes // 1024
+    assert before - resident_kib("RssShmem") > 0.9 * got.nbytes // 1024
     np.testing.assert_array_equal(got, data)  # read back from the store
 
 
