@@ -60,7 +60,10 @@ def test_unresponsive_miner_keeps_its_deadline_and_a_restarted_one_is_counted(ra
     with pytest.raises(ray.exceptions.RayActorError) as failed:
         ray.get(ray.remote(Asker).remote().ask.remote(gone))
     assert isinstance(failed.value, ray.exceptions.RayTaskError)
-    assert client.recover(failed.value, version=1, step=5, deadline=deadline) == deadline
+    # A deadline of its own, set after the actors above started (however slowly), and far off:
+    # what is asserted is that it is kept, not how soon the miner answers.
+    answered_deadline = time.monotonic() + 600
+    assert client.recover(failed.value, version=1, step=5, deadline=answered_deadline) == answered_deadline
     assert client.restarts == 0
     out = capsys.readouterr().out
     assert "[mining] refresh v1 failed in the miner (" in out and "ray::" not in out
