@@ -22,7 +22,7 @@
 #             0.95, so both sides mine with relative margin 0; the bundle brings `datasets`)
 #   mine      jobs/mine.py on the generated sentences with mining.num_gpus=1: it must say it
 #             encoded on cuda (in bf16) and write its triplets; its summary goes to the log
-#   shards    bench.sharded_miner (issue 59): one corpus refresh of $SHARD_ROWS (1,000,000)
+#   shards    bench.sharded_miner (issue 59): one corpus refresh of $SHARD_ROWS (500,000)
 #             generated rows with the random BERT-base, over 1 and then 2 shards on the one GPU
 #             (0.5 each): the torch path, IVF cells trained on the GPU; faiss-gpu where the
 #             bundle carries it. Every process's peak, seconds by stage, recall@10
@@ -107,8 +107,20 @@ for part in "$@"; do
         --rows "$ROWS" --relative-margin 0 --repeats 2 --append "$OUT/benchmarks.md"
       ;;
     shards)
-      "$PY" -m bench.sharded_miner --rows "${SHARD_ROWS:-1000000}" --shards 1,2 --shard-gpus 0.5 \
-        --index auto --model "$INPUTS/initial_model" --workdir /tmp/sharded-miner --append "$OUT/benchmarks.md"
+      # Its own log under $OUT, written as it goes, and its own limit inside the command's: the
+      # first try (2026-11-30) was killed by the command's limit inside a `| grep | tee` whose
+      # buffer died with it, and nothing said where the 560 s went. On a failure the Ray nodes'
+      # logs come back too.
+      log="$OUT/shards.log"
+      if ! timeout "${SHARDS_TIMEOUT_S:-420}" "$PY" -m bench.sharded_miner --rows "${SHARD_ROWS:-500000}" \
+        --shards 1,2 --shard-gpus 0.5 --head-cpus 8 --index auto --model "$INPUTS/initial_model" \
+        --workdir /tmp/sharded-miner --append "$OUT/benchmarks.md" >"$log" 2>&1; then
+        tar -czf "$OUT/shards-ray-logs.tgz" -C /tmp/sharded-miner cluster 2>/dev/null || true
+        tail -40 "$log" >&2
+        echo "shards: the bench failed or ran past ${SHARDS_TIMEOUT_S:-420} s; its log is $log" >&2
+        exit 1
+      fi
+      grep -v "INFO" "$log" | tail -20
       ;;
     mine)
       log="$OUT/mine.log"
@@ -118,7 +130,7 @@ for part in "$@"; do
       grep -q 'encoded on cuda in bf16' "$log" || { echo "mine: did not encode on the GPU" >&2; exit 1; }
       ;;
     *)
-      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers, mine)" >&2
+      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers, mine, shards)" >&2
       exit 2
       ;;
   esac

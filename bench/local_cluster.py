@@ -21,6 +21,8 @@ from bench.common import job_env
 from pipeline.runtime.cluster import free_port
 
 PYTHON = sys.executable
+# Ray's command line through the interpreter: the GPU bundle carries no console scripts.
+RAY_CLI = [PYTHON, "-m", "ray.scripts.scripts"]
 
 
 class RayHead:
@@ -52,7 +54,7 @@ class RayHead:
         self.log = tmp / "ray-head.log"
         self.proc = subprocess.Popen(
             [
-                str(bin_dir / "ray"), "start", "--head", "--block", f"--port={self.gcs_port}",
+                *RAY_CLI, "start", "--head", "--block", f"--port={self.gcs_port}",
                 f"--num-cpus={num_cpus}", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                 f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
                 "--disable-usage-stats",
@@ -196,7 +198,7 @@ class RayWorkerNode:
         self.head, self.name = head, name
         self.temp = Path("/tmp") / f"rn{free_port()}"  # short: Ray's socket paths have a length limit
         start = [
-            str(Path(PYTHON).parent / "ray"), "start", "--block", f"--address={head.address}", f"--temp-dir={self.temp}",
+            *RAY_CLI, "start", "--block", f"--address={head.address}", f"--temp-dir={self.temp}",
             f"--num-cpus={num_cpus:g}", f"--num-gpus={num_gpus}", f"--resources={json.dumps({NODE_TAG + name: 1})}",
             f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats",
         ]  # fmt: skip

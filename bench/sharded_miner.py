@@ -333,6 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the tiny model with its random weights (default: after a few SimCSE steps)",
     )
+    parser.add_argument(
+        "--head-cpus",
+        type=int,
+        default=2,
+        help="CPUs of the head node, where the corpus is tokenized (2: this machine's cores)",
+    )
     parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
@@ -346,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sharded-miner-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[int, int], dict[str, Any]] = {}
-    head = RayHead(workdir / "cluster", num_cpus=2)
+    head = RayHead(workdir / "cluster", num_cpus=args.head_cpus)
     try:
         miners = RayWorkerNode(
             head,
@@ -358,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for size in sizes:
                 corpus, tiny = prepare(workdir, size)
-                tiny = tiny if args.random_model else warmed_model(workdir, tiny, corpus)
+                if not (args.model or args.random_model):
+                    tiny = warmed_model(workdir, tiny, corpus)
                 for shards in shard_counts:
                     started = time.perf_counter()
                     results[(size, shards)] = run_once(
