@@ -64,6 +64,10 @@ IVF_PROBE_BYTES = 64 * 2**20
 this over ``nprobe x 12`` bytes."""
 EXACT_CHUNK_BYTES = 64 * 2**20
 """What :func:`exact_top_k` holds of one chunk's scores and candidates."""
+PQ_TRAIN_ROWS = 65_536
+"""Sample rows IVF-PQ's codebooks train on where the cells were trained apart
+(:func:`index_over_cells`): faiss' own cap, 256 rows for each of a code's 256 values."""
+
 ADD_CHUNK_ROWS = 131_072
 """Vectors added to a faiss index at once (32 MiB at 64 dimensions, 384 MiB at 768): what a
 :class:`VectorSource`'s index holds beside its own copy while it is built."""
@@ -235,7 +239,7 @@ class VectorSource:
 @dataclass
 class PretrainedIndex:
     """An empty index whose IVF cells (and IVF-PQ codebooks) were trained elsewhere, on a
-    sample drawn over every shard (:func:`train_index`), and this index's rows of that sample,
+    sample drawn over every shard (:func:`index_over_cells`), and this index's rows of that sample,
     already encoded: the index adds its vectors to it, fetching none of the sample's again.
     Shards that list their vectors under the same cells search, merged, as one index does."""
 
@@ -382,18 +386,33 @@ def _trained_index(sample: np.ndarray, rows: int, kind: str, *, backend: str, se
     searches (:func:`~pipeline.mining.ivf_training.ivf_centroids`), IVF-PQ's codebooks too."""
     import faiss  # deferred, as in choose_backend
 
-    dim = sample.shape[1]
     if kind == "flat":
-        return faiss.IndexFlatIP(dim)
-    cells = ivf_cells(rows)
+        return faiss.IndexFlatIP(sample.shape[1])
+    return _index_over_cells(ivf_centroids(sample, ivf_cells(rows), backend=backend, seed=seed), kind, sample)
+
+
+def index_over_cells(centroids: np.ndarray, kind: str, pq_sample: np.ndarray | None = None) -> np.ndarray:
+    """:func:`train_index` from cells trained elsewhere (``(cells, d)`` float32 unit
+    ``centroids``, :func:`~pipeline.mining.ivf_training.spherical_kmeans_over`); ``ivfpq``
+    trains its codebooks on ``pq_sample`` (at least 256 rows of the vectors)."""
+    import faiss  # deferred, as in choose_backend
+
+    return faiss.serialize_index(_index_over_cells(centroids, kind, pq_sample))
+
+
+def _index_over_cells(centroids: np.ndarray, kind: str, pq_sample: np.ndarray | None) -> Any:
+    import faiss  # deferred, as in choose_backend
+
+    cells, dim = centroids.shape
     quantizer = faiss.IndexFlatIP(dim)
-    quantizer.add(ivf_centroids(sample, cells, backend=backend, seed=seed))
+    quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))
     # With its quantizer holding every cell, an IVF index is trained (IVF-PQ still trains its
-    # codebooks, on the same sample).
+    # codebooks, on the residuals of its sample to their cells).
     if kind == "ivf":
         return faiss.IndexIVFFlat(quantizer, dim, cells, faiss.METRIC_INNER_PRODUCT)
+    assert pq_sample is not None, "an IVF-PQ index trains its codebooks on a sample"
     index = faiss.IndexIVFPQ(quantizer, dim, cells, pq_bytes(dim), 8, faiss.METRIC_INNER_PRODUCT)
-    index.train(sample)
+    index.train(np.ascontiguousarray(pq_sample, dtype=np.float32))
     return index
 
 

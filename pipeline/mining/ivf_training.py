@@ -2,11 +2,15 @@
 the search runs. On the GPUs of a faiss-gpu build, faiss' own k-means runs there; on a CUDA
 device whose faiss has no GPU support (the ``torch-cuda`` backend: faiss-gpu wheels need CUDA 12
 while torch's are CUDA 13), the same k-means runs in torch, and faiss on the CPU then lists the
-vectors under those centroids and searches them. Training at 1M rows took 68 s of a 440 s
-refresh on 2 CPU cores (docs/benchmarks.md, "Mining refresh at scale").
+vectors under those centroids and searches them. A miner's shards train their shared cells with
+the same torch k-means, each assigning its own part of the sample on its own device
+(:func:`spherical_kmeans_over`). Training at 1M rows took 68 s of a 440 s refresh on 2 CPU
+cores (docs/benchmarks.md, "Mining refresh at scale").
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,23 +38,73 @@ def ivf_centroids(sample: np.ndarray, cells: int, *, backend: str, seed: int) ->
     return np.ascontiguousarray(kmeans.centroids, dtype=np.float32)
 
 
+class SampleParts(Protocol):
+    """A k-means sample held in parts: one array in this process (:class:`SampleInMemory`), or
+    a part in each of a miner's shards, which assign their own rows in parallel
+    (:class:`~pipeline.mining.miner_shards.MinerShards`)."""
+
+    size: int
+    """Rows in all the parts."""
+
+    def rows(self, picks: np.ndarray) -> np.ndarray:
+        """``(len(picks), d)`` float32 rows of the sample at ``picks`` (numbers among all the
+        parts' rows, in part order), in the order given."""
+        ...
+
+    def cell_sums(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every part's :func:`nearest_cell_sums` against ``centroids``, added up."""
+        ...
+
+
+class SampleInMemory:
+    """A sample in one array, assigned on ``device``."""
+
+    def __init__(self, sample: np.ndarray, device: str):
+        self.vectors = torch.from_numpy(np.ascontiguousarray(sample, dtype=np.float32)).to(device)
+        self.size = len(sample)
+
+    def rows(self, picks: np.ndarray) -> np.ndarray:
+        return self.vectors[torch.from_numpy(np.asarray(picks)).to(self.vectors.device)].cpu().numpy()
+
+    def cell_sums(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return nearest_cell_sums(self.vectors, centroids)
+
+
 def spherical_kmeans(sample: np.ndarray, cells: int, *, seed: int, device: str) -> np.ndarray:
-    """``(cells, d)`` spherical k-means centroids of ``sample`` in torch on ``device``: start
-    from ``cells`` seeded sample rows, then :data:`KMEANS_ITERATIONS` rounds of assigning each
-    row to its most similar centroid and normalising each cell's sum; an empty cell restarts
-    from a random row (as faiss splits its largest)."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = torch.from_numpy(np.ascontiguousarray(sample, dtype=np.float32)).to(device)
-    centroids = rows[torch.randperm(len(rows), generator=generator)[:cells].to(device)].clone()
+    """:func:`spherical_kmeans_over` one array (``(m, d)`` float32, L2-normalised) in torch on
+    ``device``."""
+    return spherical_kmeans_over(SampleInMemory(sample, device), cells, seed=seed)
+
+
+def spherical_kmeans_over(sample: SampleParts, cells: int, *, seed: int) -> np.ndarray:
+    """``(cells, d)`` float32 unit centroids of ``sample`` (``size >= cells`` L2-normalised
+    rows): start from ``cells`` seeded rows, then :data:`KMEANS_ITERATIONS` rounds of assigning
+    each row to its most similar centroid and normalising each cell's sum; an empty cell
+    restarts from a random row (as faiss splits its largest). Only the centroids and the sums
+    travel between the parts and here, so the parts may sit in other processes."""
+    rng = np.random.default_rng(seed)
+    centroids = sample.rows(rng.choice(sample.size, size=cells, replace=False))
     for _ in range(KMEANS_ITERATIONS):
-        assigned = torch.cat([
-            (rows[lo : lo + ASSIGN_CHUNK_ROWS] @ centroids.T).argmax(dim=1)
-            for lo in range(0, len(rows), ASSIGN_CHUNK_ROWS)
-        ])  # fmt: skip
-        sums = torch.zeros_like(centroids).index_add_(0, assigned, rows)
-        empty = torch.bincount(assigned, minlength=cells) == 0
-        if bool(empty.any()):
-            restart = torch.randint(len(rows), (int(empty.sum()),), generator=generator).to(device)
-            sums[empty] = rows[restart]
-        centroids = torch.nn.functional.normalize(sums, dim=1)
-    return centroids.cpu().numpy()
+        sums, counts = sample.cell_sums(centroids)
+        empty = np.flatnonzero(counts == 0)
+        if len(empty):
+            sums[empty] = sample.rows(rng.integers(sample.size, size=len(empty)))
+        centroids = (sums / np.linalg.norm(sums, axis=1, keepdims=True)).astype(np.float32)
+    return centroids
+
+
+def nearest_cell_sums(rows: torch.Tensor, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sum (``(cells, d)`` float64) and count (``(cells,)`` int64) of the ``rows`` (a
+    ``(m, d)`` float32 tensor) whose most similar centroid is each of ``centroids``, computed
+    :data:`ASSIGN_CHUNK_ROWS` rows at a time on the rows' device. Float64, so that parts summed
+    in any order give the same centroids to float32's precision."""
+    cells = len(centroids)
+    on_device = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32)).to(rows.device)
+    sums = torch.zeros((cells, rows.shape[1]), dtype=torch.float64, device=rows.device)
+    counts = torch.zeros(cells, dtype=torch.int64, device=rows.device)
+    for lo in range(0, len(rows), ASSIGN_CHUNK_ROWS):
+        chunk = rows[lo : lo + ASSIGN_CHUNK_ROWS]
+        nearest = (chunk @ on_device.T).argmax(dim=1)
+        sums.index_add_(0, nearest, chunk.double())
+        counts += torch.bincount(nearest, minlength=cells)
+    return sums.cpu().numpy(), counts.cpu().numpy()

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.heap import release_free_heap, release_shared_pages
+from pipeline.core.heap import release_free_heap
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource, choose_backend, train_index
+from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource
+from pipeline.mining.ivf_training import nearest_cell_sums
 from pipeline.mining.sharded_search import IndexShard
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
@@ -110,36 +111,28 @@ class MinerShard:
     ) -> dict[str, Any]:
         """The first half of a refresh whose IVF cells every shard shares: encode this shard's
         part of the sample they are trained on (``rows``: numbers among its candidates) with
-        ``encoder_state``, and keep the vectors for :meth:`encode`.
-
-        Returns:
-            ``kind``, the index this shard would build (none is sampled for ``flat``);
-            ``vectors``, an object ref to the sample's vectors (the shard that trains the cells
-            reads them from here, not through the miner); ``seconds``.
-        """
-        import ray  # deferred, as in the constructor
-
+        ``encoder_state``, and keep the vectors for the k-means (:meth:`sample_cell_sums`) and
+        for :meth:`encode`. Returns ``kind``, the index this shard would build (none is sampled
+        for ``flat``), and ``seconds``."""
         started = time.perf_counter()
         self.index, self.vectors = None, None  # the old ones go before the sample is trained on
         release_free_heap()
         self.model.encoder.load_state_dict(encoder_state)
         kind = self.index_kind()
-        if kind == "flat":  # trains no cells
-            vectors = np.empty((0, self.dim), dtype=np.float32)
-        else:
-            vectors = self._encode(self.span.candidates[rows] - self.span.first)
-            self.sample = (seed, rows, vectors)
-        return {"kind": kind, "vectors": ray.put(vectors), "seconds": time.perf_counter() - started}
+        if kind != "flat":  # trains no cells
+            self.sample = (seed, rows, self._encode(self.span.candidates[rows] - self.span.first))
+        return {"kind": kind, "seconds": time.perf_counter() - started}
 
-    def train_index(self, rows: int, kind: str, seed: int, *parts: np.ndarray) -> np.ndarray:
-        """:func:`~pipeline.mining.index.train_index` on the concatenated ``parts`` (every
-        shard's part of the sample, in range order) for ``rows`` candidates in all, where this
-        shard searches (on its GPU where it has one)."""
-        backend = choose_backend(self.search_settings.use_gpu)
-        sample = np.concatenate(parts)
-        for part in parts:  # read from the object store: its pages need not stay in this shard's RSS
-            release_shared_pages(part.ctypes.data, part.nbytes)
-        return train_index(sample, rows, kind, backend=backend, seed=seed)
+    def sample_cell_sums(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One k-means round over this shard's part of the sample, on its device
+        (:func:`~pipeline.mining.ivf_training.nearest_cell_sums`)."""
+        assert self.sample is not None, "MinerShard.sample_cell_sums before encode_sample"
+        return nearest_cell_sums(torch.from_numpy(self.sample[2]).to(self.device), centroids)
+
+    def sample_vectors(self, picks: np.ndarray) -> np.ndarray:
+        """Vectors of this shard's part of the sample at ``picks`` (numbers within the part)."""
+        assert self.sample is not None, "MinerShard.sample_vectors before encode_sample"
+        return self.sample[2][picks]
 
     def encode(
         self,
@@ -150,7 +143,7 @@ class MinerShard:
     ) -> dict[str, Any]:
         """Encode the shard's texts with ``encoder_state`` and build its index over the
         candidates: its own, trained on a sample of them (``seed``), or ``trained`` (an empty
-        index every shard fills, :func:`~pipeline.mining.index.train_index`) with its part of
+        index every shard fills, :func:`~pipeline.mining.index.index_over_cells`) with its part of
         the sample at ``sample_rows`` (vectors from :meth:`encode_sample`, or encoded here by a
         shard started since). Returns what the merge and the log need: ``rows`` indexed,
         ``backend``, ``kind``, ``dim``, ``build_seconds``, ``encode_seconds``."""

@@ -17,7 +17,8 @@ from pipeline.core.errors import actor_lost_errors, first_line
 from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import calibration_rows, ivf_cells
+from pipeline.mining.index import PQ_TRAIN_ROWS, calibration_rows, index_over_cells, ivf_cells
+from pipeline.mining.ivf_training import spherical_kmeans_over
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shard import MinerShard, ShardRange, shard_ranges
 from pipeline.mining.sharded_search import calibrate_shared_nprobe, merge_top_k, shared_sample
@@ -50,6 +51,8 @@ class MinerShards:
         self.build_seconds = 0.0
         self.nprobe = 0
         """IVF cells every shard probes a query (0: the shards' own, or none)."""
+        self.centroids: np.ndarray | None = None
+        """The shared IVF cells of the last refresh that trained them: ``(cells, d)``."""
 
     @classmethod
     def start(
@@ -86,8 +89,9 @@ class MinerShards:
     def encode(self, encoder_state: dict[str, torch.Tensor], seed: int) -> list[dict[str, Any]]:
         """Every shard encodes its texts with ``encoder_state`` and indexes its candidates, all
         at once. IVF shards share their cells: each first encodes its part of one sample
-        (``seed``), the first shard trains the cells on it, every shard lists its vectors under
-        them, and one ``nprobe`` is calibrated for all (:mod:`pipeline.mining.sharded_search`).
+        (``seed``), the cells are trained on it by a k-means whose rounds every shard assigns
+        its own part of, every shard lists its vectors under them, and one ``nprobe`` is
+        calibrated for all (:mod:`pipeline.mining.sharded_search`).
         Returns each shard's report (rows, backend, seconds)."""
         started = time.perf_counter()
         state = ray.put(encoder_state)  # once in the object store, not once per shard
@@ -96,15 +100,7 @@ class MinerShards:
         kinds = {answer["kind"] for answer in sampled}
         trained = None
         if kinds in ({"ivf"}, {"ivfpq"}):  # a flat index trains nothing; mixed kinds their own
-            # The first shard trains, where the shards search (its GPU, where there is one),
-            # reading every shard's part from that shard; the trained index is fetched here
-            # once (a shard lost meanwhile fails this refresh, and the next replaces it).
-            sample_parts = [answer.pop("vectors") for answer in sampled]
-            kind = kinds.pop()
-            trained = ray.put(
-                self._gather({0: self.handles[0].train_index.remote(self.rows, kind, seed, *sample_parts)})[0]
-            )
-            del sample_parts
+            trained = ray.put(self._shared_cells(kinds.pop(), [len(part) for part in parts], seed))
         reports = self._ask_every("encode", lambda n: (state, seed, trained, parts[n] if trained else None))
         for report, answer in zip(reports, sampled, strict=True):
             report["encode_seconds"] += answer["seconds"]
@@ -122,6 +118,24 @@ class MinerShards:
         # Everything but the shards' encoding: the shared training, their builds, calibration.
         self.build_seconds = time.perf_counter() - started - max(r["encode_seconds"] for r in reports)
         return reports
+
+    def _shared_cells(self, kind: str, sizes: list[int], seed: int) -> np.ndarray:
+        """The empty index of ``kind`` every shard fills (:func:`~pipeline.mining.index.
+        index_over_cells`), its cells kept in :attr:`centroids`. They are trained by a k-means
+        whose every round each shard takes part in at once, assigning its own part of the
+        sample (``sizes`` rows each) where it searches, on its GPU where it has one: only the
+        centroids and the cells' sums travel. A shard lost meanwhile fails this refresh, and
+        the next replaces it. IVF-PQ's codebooks train here, on rows drawn from every shard's
+        part (the first rows would be the corpus' first)."""
+        sample = SampleOverShards(self, sizes)
+        self.centroids = spherical_kmeans_over(sample, ivf_cells(self.rows), seed=seed)
+        pq_sample = None
+        if kind == "ivfpq":
+            picks = np.random.default_rng(seed).choice(
+                sample.size, min(sample.size, PQ_TRAIN_ROWS), replace=False
+            )
+            pq_sample = sample.rows(np.sort(picks))
+        return index_over_cells(self.centroids, kind, pq_sample)
 
     def _ask_every(self, method: str, args_of: Callable[[int], tuple]) -> list[Any]:
         """Call ``method`` on every shard at once (``args_of(shard number)``) and gather the
@@ -159,21 +173,22 @@ class MinerShards:
         """``(len(positions), dim)`` vectors of any corpus positions, in their order, each
         from the shard that holds it."""
         positions = np.asarray(positions, dtype=np.int64)
-        owner = np.searchsorted(self.firsts, positions, side="right") - 1
-        asked = [np.flatnonzero(owner == s) for s in range(len(self.handles))]
+        owners = np.searchsorted(self.firsts, positions, side="right") - 1
+        return self.rows_from_owners("vectors_of", owners, positions)
+
+    def rows_from_owners(self, method: str, owners: np.ndarray, args: np.ndarray) -> np.ndarray:
+        """``(len(args), d)`` rows, in their order: shard ``owners[i]``'s ``method`` gives the
+        row of ``args[i]`` (each shard asked once, for all of its own, all shards at once)."""
+        asked = {s: at for s in range(len(self.handles)) if len(at := np.flatnonzero(owners == s))}
         parts = self._gather(
-            {
-                s: self.handles[s].vectors_of.remote(positions[rows])
-                for s, rows in enumerate(asked)
-                if len(rows)
-            }
+            {s: getattr(self.handles[s], method).remote(args[at]) for s, at in asked.items()}
         )
-        out: np.ndarray | None = None
-        for rows, part in zip([rows for rows in asked if len(rows)], parts, strict=True):
-            if out is None:
-                out = np.empty((len(positions), part.shape[1]), dtype=np.float32)
-            out[rows] = part
-        return out if out is not None else np.empty((0, 0), dtype=np.float32)
+        if not parts:
+            return np.empty((0, 0), dtype=np.float32)
+        out = np.empty((len(args), parts[0].shape[1]), dtype=np.float32)
+        for at, part in zip(asked.values(), parts, strict=True):
+            out[at] = part
+        return out
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each query's top ``k`` among every shard's candidates (their ordinals), merged."""
@@ -185,14 +200,18 @@ class MinerShards:
 
     def set_nprobe(self, nprobe: int) -> None:
         """Probe ``nprobe`` of the shared IVF cells on every shard."""
-        self._gather({s: h.set_nprobe.remote(nprobe) for s, h in enumerate(self.handles)})
+        self.ask_all("set_nprobe", nprobe)
 
     def _merged(self, method: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.rows)
-        chunk = ray.put(np.ascontiguousarray(queries, dtype=np.float32))
         return merge_top_k(
-            self._gather({s: getattr(h, method).remote(chunk, k) for s, h in enumerate(self.handles)}), k
+            self.ask_all(method, ray.put(np.ascontiguousarray(queries, dtype=np.float32)), k), k
         )
+
+    def ask_all(self, method: str, *args: Any) -> list[Any]:
+        """Every shard's answer to ``method(*args)``, in shard order, all asked at once (a lost
+        shard fails the call as :meth:`_gather` says)."""
+        return self._gather({s: getattr(h, method).remote(*args) for s, h in enumerate(self.handles)})
 
     def _gather(self, calls: dict[int, Any]) -> list[Any]:
         """The answers of calls to shards (shard number: object ref), in order. A shard lost
@@ -226,6 +245,33 @@ class MinerShards:
         """End the shard actors (their vectors and indexes go with them)."""
         for handle in self.handles:
             ray.kill(handle)
+
+
+class SampleOverShards:
+    """The shared IVF sample as k-means sees it (:class:`~pipeline.mining.ivf_training.
+    SampleParts`): each shard's part stays in that shard (:meth:`MinerShard.encode_sample`),
+    which assigns it to the centroids at every round, all shards at once.
+
+    Args:
+        shards: the shards, after their ``encode_sample``.
+        sizes: each shard's rows of the sample, in shard order.
+    """
+
+    def __init__(self, shards: MinerShards, sizes: list[int]):
+        self.shards = shards
+        self.starts = np.cumsum([0, *sizes])
+        self.size = int(self.starts[-1])
+
+    def rows(self, picks: np.ndarray) -> np.ndarray:
+        picks = np.asarray(picks, dtype=np.int64)
+        owners = np.searchsorted(self.starts, picks, side="right") - 1
+        return self.shards.rows_from_owners("sample_vectors", owners, picks - self.starts[owners])
+
+    def cell_sums(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        answers = self.shards.ask_all(
+            "sample_cell_sums", ray.put(np.ascontiguousarray(centroids, dtype=np.float32))
+        )
+        return sum(a[0] for a in answers), sum(a[1] for a in answers)
 
 
 def shard_actor_options(settings: MinerSettings) -> dict[str, Any]:

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import faiss
 import numpy as np
+import torch
 
 from pipeline.mining.index import NPROBE, IndexSpec, VectorIndex, exact_top_k, ivf_cells, knn_search
-from pipeline.mining.ivf_training import ivf_centroids, spherical_kmeans
+from pipeline.mining.ivf_training import (
+    SampleInMemory,
+    ivf_centroids,
+    nearest_cell_sums,
+    spherical_kmeans,
+    spherical_kmeans_over,
+)
 
 
 def clustered(n: int = 20_000, dim: int = 48, seed: int = 0) -> np.ndarray:
@@ -34,6 +41,56 @@ def test_torch_kmeans_reaches_faiss_objective_with_unit_centroids():
     assert objective(x, ours) >= objective(x, theirs) - 0.01
     assert objective(x, ours) > objective(x, x[:cells]) + 0.02  # better than its starting rows
     np.testing.assert_array_equal(spherical_kmeans(x, cells, seed=0, device="cpu"), ours)  # seeded
+
+
+class SplitSample:
+    """A sample in parts, as a miner's shards hold it: each part assigns its own rows, the sums
+    are added up, and rows are read from the part that holds them."""
+
+    def __init__(self, x: np.ndarray, cuts: list[int]):
+        self.parts = [SampleInMemory(part, "cpu") for part in np.split(x, cuts)]
+        self.starts = np.cumsum([0, *(part.size for part in self.parts)])
+        self.size = len(x)
+        self.rounds = 0
+
+    def rows(self, picks: np.ndarray) -> np.ndarray:
+        owners = np.searchsorted(self.starts, picks, side="right") - 1
+        return np.stack(
+            [
+                self.parts[o].rows(np.array([p - self.starts[o]]))[0]
+                for o, p in zip(owners, picks, strict=True)
+            ]
+        )
+
+    def cell_sums(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.rounds += 1
+        answers = [part.cell_sums(centroids) for part in reversed(self.parts)]  # any order
+        return sum(a[0] for a in answers), sum(a[1] for a in answers)
+
+
+def test_kmeans_over_parts_gives_the_centroids_of_kmeans_over_the_whole_sample():
+    """The shards' k-means (each part assigns its own rows, sums added up in any order) is the
+    one-array k-means to float32's precision, with uneven parts and one empty."""
+    x = clustered(6_000, dim=32)
+    cells = ivf_cells(len(x))
+    whole = spherical_kmeans(x, cells, seed=4, device="cpu")
+    split = SplitSample(x, [1_000, 1_000, 4_500])
+    parted = spherical_kmeans_over(split, cells, seed=4)
+    assert split.rounds == 10
+    np.testing.assert_allclose(parted, whole, atol=1e-6)
+    assert not np.array_equal(whole, spherical_kmeans(x, cells, seed=5, device="cpu"))  # the seed counts
+
+
+def test_nearest_cell_sums_against_numpy():
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(5_000, 8)).astype(np.float32)
+    centroids = rng.normal(size=(7, 8)).astype(np.float32)
+    sums, counts = nearest_cell_sums(torch.from_numpy(rows), centroids)
+    nearest = (rows @ centroids.T).argmax(axis=1)
+    np.testing.assert_array_equal(counts, np.bincount(nearest, minlength=7))
+    expected = np.stack([rows[nearest == c].astype(np.float64).sum(axis=0) for c in range(7)])
+    np.testing.assert_allclose(sums, expected, rtol=1e-9, atol=1e-9)
+    assert sums.dtype == np.float64 and counts.sum() == len(rows)
 
 
 def test_an_ivf_index_over_torch_trained_cells_finds_the_exact_neighbours():

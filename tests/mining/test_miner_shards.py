@@ -12,11 +12,12 @@ from pipeline.mining.index import (
     IndexSpec,
     PretrainedIndex,
     VectorIndex,
+    index_over_cells,
     ivf_cells,
     knn_search,
-    train_index,
     training_rows,
 )
+from pipeline.mining.ivf_training import spherical_kmeans
 from pipeline.mining.miner_shard import shard_ranges
 from pipeline.mining.miner_shards import MinerShards
 from pipeline.model.encode import encode_rows
@@ -43,6 +44,11 @@ def assert_same_neighbours(found: tuple[np.ndarray, np.ndarray], one: tuple[np.n
         np.where(above_cut, in_tie_order(one_scores, one_rows), -1),
     )
     assert (rows == one_rows).mean() > 0.9
+
+
+def cosine_to_nearest(vectors: np.ndarray, centroids: np.ndarray) -> float:
+    """Mean cosine of each vector to its nearest centroid: what spherical k-means maximises."""
+    return float((vectors @ centroids.T).max(axis=1).mean())
 
 
 def test_shard_ranges_cover_the_corpus_and_number_the_candidates_in_order():
@@ -94,9 +100,11 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
 def test_ivf_shards_list_under_cells_trained_over_all_and_search_as_one_ivf_index(
     sorted_blocks, tiny_model_dir, shards, capsys
 ):
-    """The cells are trained once on a sample drawn over every shard, each shard lists its
-    vectors under them, and one nprobe is calibrated for all: at any nprobe the merged search is
-    one IVF index's over the same vectors, filled from cells trained on the same sample."""
+    """The cells are trained once on a sample drawn over every shard (a k-means whose rounds
+    each shard assigns its own part of), each shard lists its vectors under them, and one nprobe
+    is calibrated for all: at any nprobe the merged search is one IVF index's over the same
+    vectors under the same cells, and the cells are as good as one process' k-means of the
+    sample."""
     blocks, _, _ = sorted_blocks
     state = load_sentence_encoder(tiny_model_dir, pooler="mean").encoder.state_dict()
     miner_shards = MinerShards.start(
@@ -108,11 +116,15 @@ def test_ivf_shards_list_under_cells_trained_over_all_and_search_as_one_ivf_inde
         rows = miner_shards.rows
         vectors = miner_shards.vectors(np.arange(rows))  # read back from the shards' lists
         sample = training_rows(rows, "ivf", seed=3)
-        trained = train_index(vectors[sample], rows, "ivf", backend="faiss-cpu", seed=3)
+        cells = ivf_cells(rows)
+        centroids = miner_shards.centroids
+        assert centroids.shape == (cells, vectors.shape[1])
+        alone = spherical_kmeans(vectors[sample], cells, seed=3, device="cpu")
+        assert cosine_to_nearest(vectors, centroids) >= cosine_to_nearest(vectors, alone) - 0.01
+        trained = index_over_cells(centroids, "ivf")
         one = VectorIndex(
             vectors, spec=IndexSpec("ivf"), pretrained=PretrainedIndex(trained, sample, vectors[sample])
         )
-        cells = ivf_cells(rows)
         assert 1 <= miner_shards.nprobe <= cells
         assert f"{cells:,} cells in common: nprobe {miner_shards.nprobe:,}" in capsys.readouterr().out
         queries = vectors[::2]
