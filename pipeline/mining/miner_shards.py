@@ -127,8 +127,14 @@ class MinerShards:
         centroids and the cells' sums travel. A shard lost meanwhile fails this refresh, and
         the next replaces it. IVF-PQ's codebooks train here, on rows drawn from every shard's
         part (the first rows would be the corpus' first)."""
+        started = time.perf_counter()
         sample = SampleOverShards(self, sizes)
         self.centroids = spherical_kmeans_over(sample, ivf_cells(self.rows), seed=seed)
+        print(
+            f"[mining] {len(self.centroids):,} {kind} cells trained on {sample.size:,} rows, each shard "
+            f"assigning its own: {time.perf_counter() - started:.1f}s",
+            flush=True,
+        )
         pq_sample = None
         if kind == "ivfpq":
             picks = np.random.default_rng(seed).choice(

@@ -126,7 +126,9 @@ def test_ivf_shards_list_under_cells_trained_over_all_and_search_as_one_ivf_inde
             vectors, spec=IndexSpec("ivf"), pretrained=PretrainedIndex(trained, sample, vectors[sample])
         )
         assert 1 <= miner_shards.nprobe <= cells
-        assert f"{cells:,} cells in common: nprobe {miner_shards.nprobe:,}" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert f"{cells:,} ivf cells trained on {len(sample):,} rows, each shard assigning its own" in out
+        assert f"{cells:,} cells in common: nprobe {miner_shards.nprobe:,}" in out
         queries = vectors[::2]
         for nprobe in (1, 2, miner_shards.nprobe):
             miner_shards.set_nprobe(nprobe)
