@@ -18,8 +18,9 @@ import torch
 KMEANS_ITERATIONS = 10
 """Rounds of assign-and-average: faiss' own default for an IVF quantizer."""
 
-ASSIGN_CHUNK_ROWS = 65_536
-"""Sample rows scored against every centroid at once (bounds the torch path's memory)."""
+ASSIGN_SCORES_BYTES = 64 * 2**20
+"""The scores of one chunk of sample rows against every centroid: 1,352 rows at the 12,404
+cells of 10M rows (at a fixed 65,536 rows they were 3.25 GB, more than a shard's whole share)."""
 
 
 def ivf_centroids(sample: np.ndarray, cells: int, *, backend: str, seed: int) -> np.ndarray:
@@ -96,14 +97,15 @@ def spherical_kmeans_over(sample: SampleParts, cells: int, *, seed: int) -> np.n
 def nearest_cell_sums(rows: torch.Tensor, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sum (``(cells, d)`` float64) and count (``(cells,)`` int64) of the ``rows`` (a
     ``(m, d)`` float32 tensor) whose most similar centroid is each of ``centroids``, computed
-    :data:`ASSIGN_CHUNK_ROWS` rows at a time on the rows' device. Float64, so that parts summed
+    a chunk of rows at a time (:data:`ASSIGN_SCORES_BYTES` of scores) on the rows' device. Float64, so that parts summed
     in any order give the same centroids to float32's precision."""
     cells = len(centroids)
     on_device = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32)).to(rows.device)
     sums = torch.zeros((cells, rows.shape[1]), dtype=torch.float64, device=rows.device)
     counts = torch.zeros(cells, dtype=torch.int64, device=rows.device)
-    for lo in range(0, len(rows), ASSIGN_CHUNK_ROWS):
-        chunk = rows[lo : lo + ASSIGN_CHUNK_ROWS]
+    chunk_rows = max(1, ASSIGN_SCORES_BYTES // (4 * cells))
+    for lo in range(0, len(rows), chunk_rows):
+        chunk = rows[lo : lo + chunk_rows]
         nearest = (chunk @ on_device.T).argmax(dim=1)
         sums.index_add_(0, nearest, chunk.double())
         counts += torch.bincount(nearest, minlength=cells)
