@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import faiss
 import numpy as np
+import pytest
 import torch
 
 from pipeline.mining.index import NPROBE, IndexSpec, VectorIndex, exact_top_k, ivf_cells, knn_search
@@ -81,7 +82,10 @@ def test_kmeans_over_parts_gives_the_centroids_of_kmeans_over_the_whole_sample()
     assert not np.array_equal(whole, spherical_kmeans(x, cells, seed=5, device="cpu"))  # the seed counts
 
 
-def test_nearest_cell_sums_against_numpy():
+@pytest.mark.parametrize("score_bytes", [None, 4 * 7 * 300])  # one chunk; chunks of 300 rows
+def test_nearest_cell_sums_against_numpy(score_bytes, monkeypatch):
+    if score_bytes:
+        monkeypatch.setattr("pipeline.mining.ivf_training.ASSIGN_SCORES_BYTES", score_bytes)
     rng = np.random.default_rng(3)
     rows = rng.normal(size=(5_000, 8)).astype(np.float32)
     centroids = rng.normal(size=(7, 8)).astype(np.float32)
