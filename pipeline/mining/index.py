@@ -51,9 +51,10 @@ FLAT_MAX_ROWS_GPU = 2_000_000
 NPROBE = 32
 # Bytes per vector for ``ivfpq`` (the largest of its divisors that divides the dimension).
 PQ_BYTES = 16
-# IVF's nprobe is raised from NPROBE, doubling, until a sample of the indexed rows finds this
-# share of its exact top 10: embeddings that all point one way (a random-weights model's: every
-# pair above 0.97) found 0.70 of them at 32 cells of 894, 0.91 at 128 (50k rows).
+# IVF's nprobe is raised from NPROBE (doubled, then the last step bisected) until a sample of
+# the indexed rows finds this share of its exact top 10: embeddings that all point one way (a
+# random-weights model's: every pair above 0.97) found 0.70 of them at 32 cells of 894, 0.91 at
+# 128 (50k rows).
 RECALL_TARGET = 0.95
 CALIBRATION_QUERIES = 256
 # k-means training points per IVF cell. FAISS wants 39 to 256; 64 kept recall@10 at 0.992
