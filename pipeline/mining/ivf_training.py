@@ -97,8 +97,8 @@ def spherical_kmeans_over(sample: SampleParts, cells: int, *, seed: int) -> np.n
 def nearest_cell_sums(rows: torch.Tensor, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sum (``(cells, d)`` float64) and count (``(cells,)`` int64) of the ``rows`` (a
     ``(m, d)`` float32 tensor) whose most similar centroid is each of ``centroids``, computed
-    a chunk of rows at a time (:data:`ASSIGN_SCORES_BYTES` of scores) on the rows' device. Float64, so that parts summed
-    in any order give the same centroids to float32's precision."""
+    a chunk of rows at a time (:data:`ASSIGN_SCORES_BYTES` of scores) on the rows' device.
+    Float64, so that parts summed in any order give the same centroids to float32's precision."""
     cells = len(centroids)
     on_device = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32)).to(rows.device)
     sums = torch.zeros((cells, rows.shape[1]), dtype=torch.float64, device=rows.device)
