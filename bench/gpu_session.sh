@@ -24,8 +24,8 @@
 #             encoded on cuda (in bf16) and write its triplets; its summary goes to the log
 #   shards    bench.sharded_miner (issue 59): one corpus refresh of $SHARD_ROWS (500,000)
 #             generated rows with the random BERT-base, over 1 and then 2 shards on the one GPU
-#             (0.5 each): the torch path, IVF cells trained on the GPU; faiss-gpu where the
-#             bundle carries it. Every process's peak, seconds by stage, recall@10
+#             (0.5 each): the torch path (`auto` picks flat up to 2M rows on a GPU; faiss-gpu
+#             does not fit the bundle). Every process's peak, seconds by stage, recall@10
 #
 # Results go to $OUT (tables appended to $OUT/benchmarks.md, MLflow stores, logs); without
 # $OUT, to runs/gpu-session. Every part appends; nothing here stops other processes.

@@ -370,18 +370,6 @@ def training_rows(n: int, kind: str, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
 
 
-def train_index(sample: np.ndarray, rows: int, kind: str, *, backend: str, seed: int) -> np.ndarray:
-    """An empty ``ivf`` or ``ivfpq`` index for ``rows`` vectors in all, its cells (and codebooks)
-    trained on ``sample`` (``(m, d)`` float32, L2-normalised) where ``backend`` searches, as
-    ``faiss.serialize_index`` writes it: every shard fills a copy with its own vectors
-    (:class:`PretrainedIndex`), so a vector is listed under the same cell whichever shard holds
-    it, the shards' merged search is one index's, and a query probes ``nprobe`` cells of the
-    whole corpus, not ``nprobe`` of each shard's."""
-    import faiss  # deferred, as in choose_backend
-
-    return faiss.serialize_index(_trained_index(sample, rows, kind, backend=backend, seed=seed))
-
-
 def _trained_index(sample: np.ndarray, rows: int, kind: str, *, backend: str, seed: int) -> Any:
     """An empty faiss index of ``kind`` on the CPU: IVF's cells trained where ``backend``
     searches (:func:`~pipeline.mining.ivf_training.ivf_centroids`), IVF-PQ's codebooks too."""
@@ -393,9 +381,14 @@ def _trained_index(sample: np.ndarray, rows: int, kind: str, *, backend: str, se
 
 
 def index_over_cells(centroids: np.ndarray, kind: str, pq_sample: np.ndarray | None = None) -> np.ndarray:
-    """:func:`train_index` from cells trained elsewhere (``(cells, d)`` float32 unit
-    ``centroids``, :func:`~pipeline.mining.ivf_training.spherical_kmeans_over`); ``ivfpq``
-    trains its codebooks on ``pq_sample`` (at least 256 rows of the vectors)."""
+    """An empty ``ivf`` or ``ivfpq`` index over ``centroids`` (``(cells, d)`` float32 unit
+    cells trained on a sample of every shard's vectors,
+    :func:`~pipeline.mining.ivf_training.spherical_kmeans_over`), as ``faiss.serialize_index``
+    writes it; ``ivfpq`` trains its codebooks on ``pq_sample`` (at least 256 rows of the
+    vectors). Every shard fills a copy with its own vectors (:class:`PretrainedIndex`), so a
+    vector is listed under the same cell whichever shard holds it, the shards' merged search is
+    one index's, and a query probes ``nprobe`` cells of the whole corpus, not ``nprobe`` of
+    each shard's."""
     import faiss  # deferred, as in choose_backend
 
     return faiss.serialize_index(_index_over_cells(centroids, kind, pq_sample))

@@ -108,7 +108,7 @@ class MinerShards:
         self.kind, self.dim = reports[0]["kind"], reports[0]["dim"]
         if trained is not None:
             queries = self.vectors(self.positions_of(calibration_rows(self.rows, seed)))
-            cells = ivf_cells(self.rows)
+            cells = len(self.centroids)
             self.nprobe, recall = calibrate_shared_nprobe(self, queries, cells=cells)
             print(
                 f"[mining] {self.kind} over {len(self.handles)} shards, {cells:,} cells in common: "

@@ -10,7 +10,8 @@ whole). Queries go in chunks, so no process holds the ``n x k`` result of every 
 
 IVF shards share their cells: one index is trained on a sample drawn over every shard
 (:func:`shared_sample`, :func:`~pipeline.mining.ivf_training.spherical_kmeans_over`,
-:func:`~pipeline.mining.index.index_over_cells`), each shard lists its vectors under those cells, and one ``nprobe`` is calibrated for them all (:func:`calibrate_shared_nprobe`).
+:func:`~pipeline.mining.index.index_over_cells`), each shard lists its vectors under those
+cells, and one ``nprobe`` is calibrated for them all (:func:`calibrate_shared_nprobe`).
 Their merged search is then exactly one IVF index's over all the rows, and a query scans the
 same lists in all as it would in one index, however many shards hold them; with cells of their
 own, each shard would probe ``nprobe`` of its cells, and S shards scan about sqrt(S) times the

@@ -4,7 +4,15 @@ the same vectors."""
 import numpy as np
 import pytest
 
-from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorIndex, knn_search, train_index
+from pipeline.mining.index import (
+    IndexSpec,
+    PretrainedIndex,
+    VectorIndex,
+    index_over_cells,
+    ivf_cells,
+    knn_search,
+)
+from pipeline.mining.ivf_training import spherical_kmeans
 from pipeline.mining.sharded_search import (
     IndexShard,
     ShardedIndex,
@@ -164,7 +172,8 @@ def shared_cell_shards(
     edges = [0, *bounds, len(vectors)]
     parts = shared_sample(edges[:-1], len(vectors), seed=seed)
     sample = np.concatenate([part + lo for part, lo in zip(parts, edges, strict=False)])
-    trained = train_index(vectors[sample], len(vectors), kind, backend="faiss-cpu", seed=seed)
+    cells = spherical_kmeans(vectors[sample], ivf_cells(len(vectors)), seed=seed, device="cpu")
+    trained = index_over_cells(cells, kind, vectors[sample])
     shards = ShardedIndex(
         [
             IndexShard(
@@ -213,7 +222,7 @@ def test_the_shared_nprobe_is_calibrated_over_every_shard() -> None:
     """One nprobe for all shards, the fewest probes (to an eighth of the doubling from NPROBE
     that first reached it) whose merged search finds RECALL_TARGET of the sample's exact top 10
     (computed here from every row)."""
-    from pipeline.mining.index import NPROBE, RECALL_TARGET, calibration_rows, ivf_cells
+    from pipeline.mining.index import NPROBE, RECALL_TARGET, calibration_rows
 
     vectors = unit_vectors(20_000, 32, 6)  # unclustered: IVF needs more than NPROBE of 512 cells
     shards, _ = shared_cell_shards(vectors, [5_000, 12_500], "ivf", seed=1)
