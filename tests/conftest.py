@@ -186,11 +186,11 @@ def sorted_blocks(ray_local, tmp_path_factory, tiny_model_dir, paraphrase_corpus
     path = tmp_path_factory.mktemp("share") / "c.txt"
     path.write_text("\n".join(texts))
     section = DataSection(path=str(path), max_seq_len=16)
-    distinct, _ = load_clean_corpus(section)
     tokenizer = load_tokenizer(tiny_model_dir)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("pipeline.data.tokenize.ROWS_PER_BATCH", 50)
-        patch.setattr("pipeline.data.tokenize.SORTED_BLOCK_ROWS", 97)  # several uneven blocks
+        patch.setattr("pipeline.data.text_blocks.RANGE_ROWS", 97)  # several blocks, the last shorter
+        distinct, _ = load_clean_corpus(section)
         blocks, _ = tokenize_texts(distinct, tokenizer, section)
     return blocks, distinct.gather(), tokenizer
 

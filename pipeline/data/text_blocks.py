@@ -34,8 +34,12 @@ def _select(block: pa.Table, columns: list[str]) -> pa.Table:
 
 
 @ray.remote
-def _take_texts(block: pa.Table, picks: list[tuple[str, str, np.ndarray]]) -> pa.Table:
-    """``(id, text)`` of the rows ``picks`` names: ``(text column, id column, rows)`` each."""
+def _take_texts(
+    block: pa.Table, picks: list[tuple[str, str, np.ndarray]], bounds: np.ndarray
+) -> pa.Table | list[pa.Table]:
+    """``(id, text)`` of the rows ``picks`` names (``(text column, id column, rows)`` each),
+    sorted by id and cut at ``bounds`` (the first id of each range after the first): one table
+    per range that holds any of them, in range order."""
     parts = [
         pa.table(
             {
@@ -45,7 +49,17 @@ def _take_texts(block: pa.Table, picks: list[tuple[str, str, np.ndarray]]) -> pa
         )
         for text, ids, rows in picks
     ]
-    return pa.concat_tables(parts).combine_chunks()
+    table = sorted_by_id(parts)
+    ranges = np.searchsorted(table.column("id").to_numpy(), bounds)
+    cuts = np.unique(np.concatenate([[0], ranges, [table.num_rows]]))
+    pieces = [table.slice(lo, hi - lo) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+    return pieces[0] if len(pieces) == 1 else pieces
+
+
+@ray.remote
+def _merge_range(*pieces: pa.Table) -> pa.Table:
+    """One range's pieces (each sorted by id) as one table sorted by id."""
+    return sorted_by_id(list(pieces))
 
 
 def materialized_blocks(ds: Any) -> list[Any]:
@@ -104,12 +118,15 @@ class TextColumns:
 @dataclass(frozen=True)
 class DistinctTexts:
     """Each distinct text once, as ``(id, text)`` blocks in the object store; position ``i``
-    of the corpus is the text with the ``i``-th smallest id."""
+    of the corpus is the text with the ``i``-th smallest id, and the blocks are consecutive
+    ranges of positions, each sorted by id: what is done to them block by block in order (the
+    tokenizers) comes out in position order."""
 
     ids: np.ndarray
     """Sorted, distinct ids: the corpus' positions."""
     blocks: list[Any]
-    """Object refs of ``(id, text)`` tables, together holding each id of :attr:`ids` once."""
+    """Object refs of ``(id, text)`` tables, block ``k`` holding the ``k``-th range of
+    :attr:`ids`, sorted by id."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -120,13 +137,41 @@ class DistinctTexts:
         return sorted_by_id(ray.get(self.blocks))
 
 
+RANGE_ROWS = 131_072
+"""Most rows in a range of positions (a block of :class:`DistinctTexts`, and of the tokenized
+corpus after it): a train worker takes its rows with one task per block, so blocks are few (30
+at 4M rows), yet small beside a worker's memory."""
+MAX_RANGES = 256
+"""At most this many ranges (larger ones beyond 33M rows): each block of the cleaned corpus is
+cut into a piece per range it touches."""
+
+MIN_RANGE_ROWS = 1024
+"""Fewest rows a range is cut to so that every CPU tokenizes (a tokenization batch)."""
+
+
+def range_count(rows: int, num_cpus: float) -> int:
+    """Ranges for ``rows`` texts: at most :data:`RANGE_ROWS` rows each, and at least as many as
+    the cluster runs tokenizers at once (``num_cpus`` each) while a range keeps
+    :data:`MIN_RANGE_ROWS`, so a small corpus is still tokenized on every CPU."""
+    slots = int(ray.cluster_resources().get("CPU", 0) / num_cpus)
+    wanted = max(-(-rows // RANGE_ROWS), min(slots, rows // MIN_RANGE_ROWS))
+    return max(1, min(MAX_RANGES, wanted))
+
+
 def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: float) -> DistinctTexts:
-    """The texts of the ``wanted`` ids, each taken once from the first block slot that holds it.
+    """The texts of the ``wanted`` ids, each taken once from the first block slot that holds it,
+    into consecutive ranges of positions sorted by id.
+
+    A range partition done by hand rather than Ray Data's ``sort``: the driver knows every id,
+    so the ranges' bounds are exact (no sampling), each block's task sorts its picks and cuts
+    them into one piece per range they touch, and one task per range merges its pieces. Ray
+    Data's sort of the tokenized corpus held up to 3 GB in one worker at 10M rows; these tasks
+    hold a block or a range of texts.
 
     Args:
         sources: where the texts are; earlier sources and columns are taken first.
         wanted: the ids to gather (each must occur in ``sources``).
-        num_cpus: CPUs each taking task reserves (``data.tokenize_num_cpus``).
+        num_cpus: CPUs each task reserves (``data.tokenize_num_cpus``).
     """
     if len(wanted) > 1 and not (wanted[1:] > wanted[:-1]).all():
         wanted = sorted_distinct(wanted)
@@ -138,25 +183,38 @@ def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: flo
     missing = int((found[at] != wanted).sum()) if len(found) else len(wanted)
     if missing:
         raise RuntimeError(f"{missing} of the wanted texts are in no block")
-    picked = first[at]
+    picked = first[at]  # the slot of each position
     del found, first, at
-    picked.sort()
-    blocks: list[Any] = []
+    ranges = range_count(len(wanted), num_cpus)
+    per_range = -(-len(wanted) // ranges) if len(wanted) else 1
+    bounds = wanted[per_range::per_range]
+    order = np.argsort(picked)
+    picked = picked[order]
+    range_of = (order // per_range).astype(np.int32)  # the range of each picked slot
+    del order
+    pieces: list[list[Any]] = [[] for _ in range(len(bounds) + 1)]
     start = 0
     for source in sources:
         rows = int(source.block_rows.sum())
         block_starts = np.concatenate([[0], np.cumsum(source.block_rows)])
         picks: dict[int, list[tuple[str, str, np.ndarray]]] = {}
+        touched: dict[int, set[int]] = {}
         for text, ids in source.columns:
             lo, hi = np.searchsorted(picked, [start, start + rows])
             at = picked[lo:hi] - start  # sorted: each block's rows are one slice of it
-            bounds = np.searchsorted(at, block_starts)
-            for b in np.flatnonzero(np.diff(bounds)):
-                picks.setdefault(int(b), []).append(
-                    (text, ids, at[bounds[b] : bounds[b + 1]] - block_starts[b])
+            bounds_at = np.searchsorted(at, block_starts)
+            for b in np.flatnonzero(np.diff(bounds_at)):
+                first_pick, end_pick = bounds_at[b], bounds_at[b + 1]
+                picks.setdefault(int(b), []).append((text, ids, at[first_pick:end_pick] - block_starts[b]))
+                touched.setdefault(int(b), set()).update(
+                    np.unique(range_of[lo + first_pick : lo + end_pick]).tolist()
                 )
             start += rows
-        blocks += [
-            _take_texts.options(num_cpus=num_cpus).remote(source.blocks[b], picks[b]) for b in sorted(picks)
-        ]
-    return DistinctTexts(wanted, blocks)
+        for b in sorted(picks):
+            in_ranges = sorted(touched[b])
+            take = _take_texts.options(num_cpus=num_cpus, num_returns=len(in_ranges))
+            refs = take.remote(source.blocks[b], picks[b], bounds)
+            for k, ref in zip(in_ranges, refs if len(in_ranges) > 1 else [refs], strict=True):
+                pieces[k].append(ref)
+    merge = _merge_range.options(num_cpus=num_cpus)
+    return DistinctTexts(wanted, [merge.remote(*range_pieces) for range_pieces in pieces if range_pieces])

@@ -19,16 +19,9 @@ if TYPE_CHECKING:
     from pipeline.data.text_blocks import DistinctTexts
 
 ROWS_PER_BATCH = 1024
-"""Rows per tokenization batch. Fixed: large enough that Ray Data's
-per-batch cost is small beside the tokenization, small enough that a corpus of 100k sentences
-still gives about a hundred blocks to spread over the actors."""
-
-SORTED_BLOCK_ROWS = 131_072
-"""Rows per block of the tokenized corpus once sorted by id: a train worker takes its rows with
-one task per block, so blocks are few (30 at 4M rows), yet small beside a worker's memory."""
-MAX_SORTED_BLOCKS = 256
-"""At most this many sorted blocks (larger blocks beyond 33M rows): the sort's shuffle moves
-blocks x blocks pieces."""
+"""Rows per tokenization batch. Fixed: large enough that Ray Data's per-batch cost is small
+beside the tokenization, small enough that a batch's Python lists of tokens stay small. The work
+spreads over the actors by the texts' ranges (:func:`~pipeline.data.text_blocks.range_count`)."""
 
 
 @dataclass
@@ -174,9 +167,11 @@ def tokenize_texts(
     """Tokenize the distinct texts with Ray Data ``map_batches`` over a pool of tokenizer
     actors; the tokens stay in the object store.
 
-    The blocks come out sorted by id (Ray Data's ``sort``) into ranges of positions, so a
-    worker finds any row from the blocks' sizes (:meth:`TokenizedBlocks.take_refs`), and the
-    tokens per position are put beside them (``lengths_ref``).
+    The texts' blocks are ranges of positions sorted by id
+    (:func:`~pipeline.data.text_blocks.distinct_texts`) and Ray Data keeps their order, so the
+    tokenized blocks are too: a worker finds any row from the blocks' sizes
+    (:meth:`TokenizedBlocks.take_refs`). The tokens per position are put beside them
+    (``lengths_ref``).
 
     Returns:
         The ``(id, input_ids, text_key)`` blocks (:class:`~pipeline.data.tokenized.TokenizedBlocks`;
@@ -216,8 +211,7 @@ def tokenize_texts(
             # max_restarts > 0).
             max_restarts=0,
         )
-    sorted_blocks = max(1, min(MAX_SORTED_BLOCKS, -(-len(texts) // SORTED_BLOCK_ROWS)))
-    blocks = materialized_blocks(ds.repartition(sorted_blocks).sort("id"))
+    blocks = materialized_blocks(ds)
     lengths, rows = block_columns(blocks, ["length"], section.tokenize_num_cpus)
     totals = column_totals(blocks, ["truncated", "unk_tokens", "word_tokens"], section.tokenize_num_cpus)
     stats = TokenizeStats(
