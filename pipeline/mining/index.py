@@ -57,6 +57,11 @@ PQ_BYTES = 16
 # 128 (50k rows).
 RECALL_TARGET = 0.95
 CALIBRATION_QUERIES = 256
+RECALL_CONFIDENCE_Z = 1.645
+"""The sample's recall must reach :data:`RECALL_TARGET` less this many standard errors of its
+mean (a one-sided 95% bound): the rows the index serves are not the sample's, and at 1M rows a
+sample mean that just reached 0.95 found 0.950-0.953 on 1,000 other rows, half a standard
+error from falling short."""
 # k-means training points per IVF cell. FAISS wants 39 to 256; 64 kept recall@10 at 0.992
 # (vs 0.993 with 256) on 100k clustered vectors, and trains on 4x fewer points at 1M rows.
 TRAIN_POINTS_PER_CELL = 64
@@ -514,38 +519,48 @@ def probe_until_recall(
 ) -> tuple[int, float]:
     """Set ``nprobe`` to :data:`NPROBE`, doubled until ``search`` (queries to their
     ``(m, k)`` found rows) finds :data:`RECALL_TARGET` of ``exact`` (``(m, k)`` their exact top
-    ``k``), or every one of the ``cells`` is probed; then the last doubling is bisected to an
+    ``k``) with 95% confidence (:func:`recall_lower_bound`), or every one of the ``cells`` is
+    probed; then the last doubling is bisected to an
     eighth of its width for the fewest probes that still reach the target (a search's time
     grows with ``nprobe``, and a doubling overshoots by up to 2x). How clustered the vectors
     are decides it, not their number: real embeddings stay at :data:`NPROBE`; a random-weights
     model's (every pair above 0.97) needed 128 of 894 cells at 50k rows.
 
     Returns:
-        The ``nprobe`` set and the recall with it.
+        The ``nprobe`` set and the sample's mean recall with it.
     """
     k = exact.shape[1]
 
-    def recall_at(nprobe: int) -> float:
+    def recall_at(nprobe: int) -> np.ndarray:
         set_nprobe(nprobe)
         found = search(queries)
-        return float(np.mean([len(np.intersect1d(a, b)) for a, b in zip(found, exact, strict=True)])) / k
+        return np.array([len(np.intersect1d(a, b)) for a, b in zip(found, exact, strict=True)]) / k
 
     failed, nprobe = 0, min(NPROBE, cells)
     recall = recall_at(nprobe)
-    while recall < RECALL_TARGET and nprobe < cells:
+    while recall_lower_bound(recall) < RECALL_TARGET and nprobe < cells:
         failed, nprobe = nprobe, min(cells, nprobe * 2)
         recall = recall_at(nprobe)
-    if failed and recall >= RECALL_TARGET:
+    if failed and recall_lower_bound(recall) >= RECALL_TARGET:
         # More probes never find less, so the fewest that reach the target lie in (failed, nprobe].
         width = max(1, (nprobe - failed) // 8)
         while nprobe - failed > width:
             middle = (failed + nprobe) // 2
-            if (middle_recall := recall_at(middle)) >= RECALL_TARGET:
+            if recall_lower_bound(middle_recall := recall_at(middle)) >= RECALL_TARGET:
                 nprobe, recall = middle, middle_recall
             else:
                 failed = middle
     set_nprobe(nprobe)
-    return nprobe, recall
+    return nprobe, float(recall.mean())
+
+
+def recall_lower_bound(per_query: np.ndarray) -> float:
+    """The one-sided 95% lower bound of the mean of ``per_query`` recalls: their mean less
+    :data:`RECALL_CONFIDENCE_Z` standard errors (the mean itself for a single query)."""
+    if len(per_query) < 2:
+        return float(per_query.mean()) if len(per_query) else 1.0
+    spread = per_query.std(ddof=1) / np.sqrt(len(per_query))
+    return float(per_query.mean() - RECALL_CONFIDENCE_Z * spread)
 
 
 def exact_top_k(
