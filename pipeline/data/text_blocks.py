@@ -190,7 +190,7 @@ def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: flo
     bounds = wanted[per_range::per_range]
     order = np.argsort(picked)
     picked = picked[order]
-    range_of = (order // per_range).astype(np.int32)  # the range of each picked slot
+    range_of = np.floor_divide(order, per_range, out=order).astype(np.int32)  # each slot's range
     del order
     pieces: list[list[Any]] = [[] for _ in range(len(bounds) + 1)]
     start = 0
