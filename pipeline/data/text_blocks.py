@@ -35,11 +35,11 @@ def _select(block: pa.Table, columns: list[str]) -> pa.Table:
 
 @ray.remote
 def _take_texts(
-    block: pa.Table, picks: list[tuple[str, str, np.ndarray]], bounds: np.ndarray
+    picks: list[list[tuple[str, str, np.ndarray]]], bounds: np.ndarray, *blocks: pa.Table
 ) -> pa.Table | list[pa.Table]:
-    """``(id, text)`` of the rows ``picks`` names (``(text column, id column, rows)`` each),
-    sorted by id and cut at ``bounds`` (the first id of each range after the first): one table
-    per range that holds any of them, in range order."""
+    """``(id, text)`` of the rows ``picks`` names in each of ``blocks`` (``(text column, id
+    column, rows)`` each), sorted by id and cut at ``bounds`` (the first id of each range after
+    the first): one table per range that holds any of them, in range order."""
     parts = [
         pa.table(
             {
@@ -47,7 +47,8 @@ def _take_texts(
                 "text": block.column(text).take(pa.array(rows)).cast(pa.string()),
             }
         )
-        for text, ids, rows in picks
+        for block, block_picks in zip(blocks, picks, strict=True)
+        for text, ids, rows in block_picks
     ]
     table = sorted_by_id(parts)
     ranges = np.searchsorted(table.column("id").to_numpy(), bounds)
@@ -145,6 +146,12 @@ MAX_RANGES = 256
 """At most this many ranges (larger ones beyond 33M rows): each block of the cleaned corpus is
 cut into a piece per range it touches."""
 
+PIECE_ROWS = 4096
+"""Fewest texts a block's piece of one range holds on average: blocks are taken in groups of
+``ranges x PIECE_ROWS`` rows. Ray keeps a task's result under 100 KB in its owner's (the
+driver's) own heap and copies it into the task that takes it; at 10M rows one block's piece of
+a range is about 200 texts, and every text went through the driver's heap (450 MB more of it
+at 3M rows). 4,096 texts of 60-100 bytes are kept in the object store."""
 MIN_RANGE_ROWS = 1024
 """Fewest rows a range is cut to so that every CPU tokenizes (a tokenization batch)."""
 
@@ -163,8 +170,9 @@ def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: flo
     into consecutive ranges of positions sorted by id.
 
     A range partition done by hand rather than Ray Data's ``sort``: the driver knows every id,
-    so the ranges' bounds are exact (no sampling), each block's task sorts its picks and cuts
-    them into one piece per range they touch, and one task per range merges its pieces. Ray
+    so the ranges' bounds are exact (no sampling), a task for each group of consecutive blocks
+    (:data:`PIECE_ROWS`) sorts their picks and cuts them into one piece per range they touch,
+    and one task per range merges its pieces. Ray
     Data's sort of the tokenized corpus held up to 3 GB in one worker at 10M rows; these tasks
     hold a block or a range of texts.
 
@@ -210,11 +218,27 @@ def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: flo
                     np.unique(range_of[lo + first_pick : lo + end_pick]).tolist()
                 )
             start += rows
-        for b in sorted(picks):
-            in_ranges = sorted(touched[b])
+        for group in _block_groups(picks, rows_per_group=ranges * PIECE_ROWS):
+            in_ranges = sorted(set().union(*(touched[b] for b in group)))
             take = _take_texts.options(num_cpus=num_cpus, num_returns=len(in_ranges))
-            refs = take.remote(source.blocks[b], picks[b], bounds)
+            refs = take.remote([picks[b] for b in group], bounds, *(source.blocks[b] for b in group))
             for k, ref in zip(in_ranges, refs if len(in_ranges) > 1 else [refs], strict=True):
                 pieces[k].append(ref)
     merge = _merge_range.options(num_cpus=num_cpus)
     return DistinctTexts(wanted, [merge.remote(*range_pieces) for range_pieces in pieces if range_pieces])
+
+
+def _block_groups(
+    picks: dict[int, list[tuple[str, str, np.ndarray]]], *, rows_per_group: int
+) -> list[list[int]]:
+    """Consecutive blocks (of those ``picks`` names) in groups of at least ``rows_per_group``
+    picked rows (the last group may hold fewer): one taking task a group."""
+    groups: list[list[int]] = [[]]
+    rows = 0
+    for b in sorted(picks):
+        if rows >= rows_per_group:
+            groups.append([])
+            rows = 0
+        groups[-1].append(b)
+        rows += sum(len(block_rows) for _, _, block_rows in picks[b])
+    return groups if groups[0] else []

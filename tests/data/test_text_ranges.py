@@ -38,8 +38,9 @@ def _blocks(texts: list[list[str | None]], rng: np.random.Generator) -> TextColu
     )
 
 
-@pytest.mark.parametrize("range_rows", [7, 40, 10_000])
-def test_distinct_texts_are_ranges_of_positions_sorted_by_id(ray_local, monkeypatch, range_rows):
+@pytest.mark.parametrize(("range_rows", "piece_rows"), [(7, 1), (7, 5), (40, 1), (40, 100), (10_000, 1)])
+def test_distinct_texts_are_ranges_of_positions_sorted_by_id(ray_local, monkeypatch, range_rows, piece_rows):
+    """``piece_rows``: 1 takes each block alone; more takes several blocks in one task."""
     rng = np.random.default_rng(5)
     words = [f"text {i}" for i in range(300)]
     # Six blocks of uneven sizes; texts repeat across blocks and columns, and some cells are empty.
@@ -53,6 +54,7 @@ def test_distinct_texts_are_ranges_of_positions_sorted_by_id(ray_local, monkeypa
     wanted = rng.permutation(present)[: len(present) - 20]  # unsorted, and not every id
     monkeypatch.setattr("pipeline.data.text_blocks.RANGE_ROWS", range_rows)
     monkeypatch.setattr("pipeline.data.text_blocks.MIN_RANGE_ROWS", range_rows)
+    monkeypatch.setattr("pipeline.data.text_blocks.PIECE_ROWS", piece_rows)
 
     corpus = distinct_texts([source], wanted, num_cpus=1)
 
@@ -84,3 +86,15 @@ def test_a_small_corpus_is_cut_so_every_cpu_tokenizes(ray_local, monkeypatch):
     assert range_count(25, num_cpus=1) == 2
     assert range_count(5, num_cpus=1) == 1
     assert range_count(0, num_cpus=1) == 1
+
+
+def test_blocks_are_taken_in_groups_of_enough_picked_rows() -> None:
+    from pipeline.data.text_blocks import _block_groups
+
+    def picks(*rows: int) -> dict[int, list]:
+        return {b: [("t", "i", np.arange(n))] for b, n in enumerate(rows) if n}
+
+    assert _block_groups(picks(3, 3, 3, 3, 3), rows_per_group=5) == [[0, 1], [2, 3], [4]]
+    assert _block_groups(picks(6, 0, 1, 9), rows_per_group=5) == [[0], [2, 3]]
+    assert _block_groups(picks(1, 1), rows_per_group=100) == [[0, 1]]
+    assert _block_groups({}, rows_per_group=5) == []
