@@ -143,8 +143,8 @@ RANGE_ROWS = 131_072
 corpus after it): a train worker takes its rows with one task per block, so blocks are few (30
 at 4M rows), yet small beside a worker's memory."""
 MAX_RANGES = 256
-"""At most this many ranges (larger ones beyond 33M rows): each block of the cleaned corpus is
-cut into a piece per range it touches."""
+"""At most this many ranges (larger ones beyond 33M rows): each group of the cleaned corpus'
+blocks is cut into a piece per range it touches."""
 
 PIECE_ROWS = 4096
 """Fewest texts a block's piece of one range holds on average: blocks are taken in groups of
@@ -172,9 +172,8 @@ def distinct_texts(sources: list[TextColumns], wanted: np.ndarray, num_cpus: flo
     A range partition done by hand rather than Ray Data's ``sort``: the driver knows every id,
     so the ranges' bounds are exact (no sampling), a task for each group of consecutive blocks
     (:data:`PIECE_ROWS`) sorts their picks and cuts them into one piece per range they touch,
-    and one task per range merges its pieces. Ray
-    Data's sort of the tokenized corpus held up to 3 GB in one worker at 10M rows; these tasks
-    hold a block or a range of texts.
+    and one task per range merges its pieces. Ray Data's sort of the tokenized corpus held up
+    to 3 GB in one worker at 10M rows; these tasks hold a group of blocks or a range of texts.
 
     Args:
         sources: where the texts are; earlier sources and columns are taken first.
