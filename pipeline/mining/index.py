@@ -522,9 +522,9 @@ def probe_until_recall(
     ``k``) with 95% confidence (:func:`recall_lower_bound`), or every one of the ``cells`` is
     probed; then the last doubling is bisected to an eighth of its width for the fewest probes
     that still reach the target (a search's time grows with ``nprobe``, and a doubling
-    overshoots by up to 2x). How clustered the vectors
-    are decides it, not their number: real embeddings stay at :data:`NPROBE`; a random-weights
-    model's (every pair above 0.97) needed 128 of 894 cells at 50k rows.
+    overshoots by up to 2x). How clustered the vectors are decides it, not their number: real
+    embeddings stay at :data:`NPROBE`; a random-weights model's (every pair above 0.97) needed
+    128 of 894 cells at 50k rows.
 
     Returns:
         The ``nprobe`` set and the sample's mean recall with it.
