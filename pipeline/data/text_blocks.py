@@ -156,12 +156,16 @@ MIN_RANGE_ROWS = 1024
 """Fewest rows a range is cut to so that every CPU tokenizes (a tokenization batch)."""
 
 
+def tokenizer_slots(num_cpus: float) -> int:
+    """How many tokenizers of ``num_cpus`` each the cluster's CPUs run at once."""
+    return int(ray.cluster_resources().get("CPU", 0) / num_cpus)
+
+
 def range_count(rows: int, num_cpus: float) -> int:
     """Ranges for ``rows`` texts: at most :data:`RANGE_ROWS` rows each, and at least as many as
-    the cluster runs tokenizers at once (``num_cpus`` each) while a range keeps
+    the cluster runs tokenizers at once (:func:`tokenizer_slots`) while a range keeps
     :data:`MIN_RANGE_ROWS`, so a small corpus is still tokenized on every CPU."""
-    slots = int(ray.cluster_resources().get("CPU", 0) / num_cpus)
-    wanted = max(-(-rows // RANGE_ROWS), min(slots, rows // MIN_RANGE_ROWS))
+    wanted = max(-(-rows // RANGE_ROWS), min(tokenizer_slots(num_cpus), rows // MIN_RANGE_ROWS))
     return max(1, min(MAX_RANGES, wanted))
 
 

@@ -184,13 +184,12 @@ def tokenize_texts(
     import ray
     import ray.data
 
-    from pipeline.data.text_blocks import block_columns, column_totals, materialized_blocks
+    from pipeline.data.text_blocks import block_columns, column_totals, materialized_blocks, tokenizer_slots
 
     batches = -(-len(texts) // ROWS_PER_BATCH)
     # The pool grows from one actor to what the cluster's CPUs hold at data.tokenize_num_cpus
     # each, and never past one actor per batch (each actor loads the tokenizer once).
-    cluster_actors = int(ray.cluster_resources().get("CPU", 0) / section.tokenize_num_cpus)
-    max_actors = max(1, min(cluster_actors, batches))
+    max_actors = max(1, min(tokenizer_slots(section.tokenize_num_cpus), batches))
     with warnings.catch_warnings():
         # Ray (2.60) takes max_restarts only through map_batches' **ray_remote_args, which it
         # marks deprecated (removal planned for 2.64) without a named replacement yet.
