@@ -16,7 +16,7 @@ from bench.common import set_flags
 from pipeline.config.loading import load_config
 from pipeline.tracking.refresh_table import read_refresh_table
 from pipeline.training.checkpoint import load_checkpoint
-from pipeline.training.plan_source import read_negatives, whole_plan
+from pipeline.training.plan_source import epoch_negatives, read_negatives, whole_plan
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,8 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
         "run.name=sup", f"model.name_or_path={tiny_model_dir}", f"data.path={data}",
         "data.anchor_column=premise", "data.positive_column=hypothesis", "data.negative_column=contra",
         "task=pairs", "mining.batch_sampler=random",  # the demo config's knn is a corpus key
-        "mining.num_negatives=2", "mining.random_negatives=1", "mining.refresh=every_epoch",
+        "mining.num_negatives=2", "mining.sampling=random", "mining.range_max=3", "mining.random_negatives=1",
+        "mining.refresh=every_epoch",
         "train.hard_negative_weight=0.5",
         "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
         "train.num_workers=1",  # two ranks: the demo's run; a worker costs ~9 s of CPU to start
@@ -231,8 +232,15 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
     newest = max(folders, key=lambda p: p.stat().st_mtime)
     state, _ = load_checkpoint(newest)
     negatives = read_negatives(state.source)
-    assert state.source.version == 2 and negatives.shape == (len(rows), 3)  # 2 mined, 1 random
-    assert (negatives[:, :2] >= 0).mean() > 0.5 and (negatives[:, 2] >= 0).all()
+    assert state.source.version == 2 and negatives.shape == (len(rows), 4)  # 3 mined, 1 random
+    assert (negatives[:, :3] >= 0).mean() > 0.5 and (negatives[:, 3] >= 0).all()
+    # Each epoch trains with 2 of a row's 3 mined, drawn with its seed, and the random one.
+    resolved = load_config(tmp_path / "runs/sup/resolved_config.yaml")
+    drawn = epoch_negatives(state.source, resolved)
+    assert drawn.shape == (len(rows), 3) and np.array_equal(drawn[:, 2], negatives[:, 3])
+    assert all(
+        set(d[:2]) - {-1} <= set(n[:3]) for d, n in zip(drawn.tolist(), negatives.tolist(), strict=True)
+    )
     table = read_refresh_table(client, run_id)
     assert table[0]["random_negatives"] == len(rows)
     assert [(row["step"], row["plan_version"]) for row in table] == [(0, 1.0), (steps_per_epoch, 2.0)]

@@ -35,6 +35,12 @@ class MiningSection:
     num_negatives: int = 1
     """Negatives per anchor (offline mining and the pairs task)."""
     sampling: Literal["top", "random"] = "top"
+    """``top``: each anchor's nearest ``num_negatives`` candidates that pass the filters.
+    ``random``: a seeded uniform draw of ``num_negatives`` among every candidate that passes in
+    the rank window (``range_min`` .. ``range_max``, else ``top_k``), as sentence-transformers
+    draws; in the pairs task a refresh keeps the window's survivors and every epoch draws anew
+    (FlagEmbedding's ``train_group_size`` over ``hn_mine``'s ``range_for_sampling``), so a run
+    that mines once still trains on varied negatives."""
     index: Literal["auto", "flat", "ivf", "ivfpq"] = "auto"
     """``auto``: exact flat search up to 50,000 vectors on a CPU (2,000,000 where the search
     runs on a GPU), IVF above; the IVF settings follow the corpus size

@@ -176,6 +176,17 @@ class Config:
             return self.mining.range_min
         return 0 if self.pairs else 10
 
+    @property
+    def negatives_mined(self) -> int:
+        """Negatives a pairs refresh keeps per anchor, of which each epoch trains with
+        ``mining.num_negatives``: with ``mining.sampling: random`` every survivor of the rank
+        window (``range_max`` or ``top_k``, less ``range_min``), drawn from anew each epoch;
+        with ``top``, ``num_negatives`` (the same ones every epoch)."""
+        mining = self.mining
+        if not self.pairs or mining.sampling != "random":
+            return mining.num_negatives
+        return max(mining.num_negatives, (mining.range_max or mining.top_k) - self.range_min)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -4,6 +4,7 @@ from the run config once by the driver and handed to the miner actor.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -88,7 +89,13 @@ class MinerSettings:
             batch_size=cfg.train.batch_size,
             seed=cfg.run.seed,
             search=SearchSettings.from_config(cfg),
-            filters=NegativeFilters.from_config(cfg),
+            # sampling: random keeps the window's every survivor, nearest first; each epoch draws
+            # from them (training.plan_source.epoch_negatives).
+            filters=dataclasses.replace(
+                NegativeFilters.from_config(cfg),
+                num_negatives=cfg.negatives_mined,
+                sampling="top" if cfg.negatives_mined > mining.num_negatives else mining.sampling,
+            ),
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,
             shards=shards or mining.shards or 1,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.batching.false_negative_graph import FalseNegativeGraph
+from pipeline.batching.negative_draw import draw_negatives
 from pipeline.batching.plan import BatchPlan, PlanShare
 from pipeline.batching.same_text import rows_sharing_a_text
 from pipeline.batching.samplers import random_plan
@@ -96,7 +97,8 @@ def random_batches(
 def whole_plan(
     source: PlanSource, cfg: Config, text_lengths: np.ndarray | None, triplets: Triplets | None
 ) -> tuple[BatchPlan, np.ndarray | None]:
-    """The plan ``source`` names and its negatives column (None: none), with every row
+    """The plan ``source`` names and the negatives column its epoch trains on
+    (:func:`epoch_negatives`; None: none), with every row
     (``text_lengths``: tokens per corpus position, which a random plan's length grouping and
     size read; a mined plan needs neither it nor the ``triplets``)."""
     if source.mined_plan is None:
@@ -111,7 +113,20 @@ def whole_plan(
         plan = BatchPlan(source.version, saved["rows"], saved["sizes"], str(saved["sampler"]))
         for seed in source.reorders:
             plan = plan.reordered(seed)
-    return dataclasses.replace(plan, version=source.version), read_negatives(source)
+    return dataclasses.replace(plan, version=source.version), epoch_negatives(source, cfg)
+
+
+def epoch_negatives(source: PlanSource, cfg: Config) -> np.ndarray | None:
+    """The negatives column the epoch ``source`` names trains on: the mined column, or, where a
+    refresh keeps more per anchor than an epoch uses (``mining.sampling: random``:
+    :attr:`~pipeline.config.schema.Config.negatives_mined`), each row's
+    ``mining.num_negatives`` drawn among them with the epoch's seed
+    (:func:`~pipeline.batching.negative_draw.draw_negatives`). None: none mined."""
+    column = read_negatives(source)
+    if column is None or cfg.negatives_mined == cfg.mining.num_negatives:
+        return column
+    assert source.seed is not None  # a pairs plan is random: every epoch has its seed
+    return draw_negatives(column, mined=cfg.negatives_mined, keep=cfg.mining.num_negatives, seed=source.seed)
 
 
 def read_negatives(source: PlanSource) -> np.ndarray | None:

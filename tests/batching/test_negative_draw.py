@@ -1,0 +1,100 @@
+"""Each epoch's negatives drawn from a deeper mined list (``mining.sampling: random``), and the
+share a rank trains with: checked against a plain per-row draw and against the mined column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.batching.negative_draw import draw_negatives
+from pipeline.config.loading import load_config
+from pipeline.data.triplets import Triplets
+from pipeline.training.plan_source import PlanSource, _make_share, write_mined
+
+
+def _mined_column(rows: int, mined: int, rng: np.random.Generator) -> np.ndarray:
+    """Distinct text positions a row, nearest first, some rows short (trailing -1)."""
+    column = np.stack([rng.choice(1000, size=mined, replace=False) for _ in range(rows)])
+    present = rng.integers(0, mined + 1, size=rows)
+    column[np.arange(mined)[None, :] >= present[:, None]] = -1
+    return column
+
+
+def test_a_draw_keeps_a_subset_of_each_rows_mined_negatives_in_their_mined_order():
+    rng = np.random.default_rng(0)
+    column = _mined_column(500, 7, rng)
+    drawn = draw_negatives(column, mined=7, keep=3, seed=11)
+    assert drawn.shape == (500, 3)
+    for row, picks in zip(column, drawn, strict=True):
+        present = row[row >= 0].tolist()
+        kept = picks[picks >= 0].tolist()
+        # As many as the row has, up to 3, absent slots last.
+        assert len(kept) == min(3, len(present)) and (picks[len(kept) :] == -1).all()
+        assert set(kept) <= set(present) and len(set(kept)) == len(kept)
+        assert kept == [t for t in present if t in kept]  # nearest first, as mined
+
+
+def test_the_same_seed_draws_the_same_and_epochs_cover_the_mined_list_uniformly():
+    rng = np.random.default_rng(1)
+    column = np.tile(np.arange(7), (2000, 1))  # every row: positions 0..6, all present
+    assert np.array_equal(
+        draw_negatives(column, mined=7, keep=3, seed=5), draw_negatives(column, mined=7, keep=3, seed=5)
+    )
+    assert not np.array_equal(
+        draw_negatives(column, mined=7, keep=3, seed=5), draw_negatives(column, mined=7, keep=3, seed=6)
+    )
+    # Uniform: each of the 7 is drawn for 3/7 of the rows (2000 rows: sd 1.1 points).
+    counts = np.bincount(
+        draw_negatives(column, mined=7, keep=3, seed=int(rng.integers(1 << 30))).ravel(), minlength=7
+    )
+    assert np.allclose(counts / 2000, 3 / 7, atol=0.05)
+
+
+def test_extra_columns_ride_along_and_keeping_all_changes_nothing():
+    column = np.array([[5, 6, 7, 90], [8, -1, -1, 91]])  # 3 mined, then a random negative
+    drawn = draw_negatives(column, mined=3, keep=2, seed=0)
+    assert drawn[:, 2].tolist() == [90, 91] and drawn[1].tolist() == [8, -1, 91]
+    assert draw_negatives(column, mined=3, keep=3, seed=0) is column
+    with pytest.raises(ValueError, match="cannot draw 4 of 3"):
+        draw_negatives(column, mined=3, keep=4, seed=0)
+
+
+def test_a_ranks_share_trains_on_the_epochs_draw_and_the_next_epoch_draws_again(tmp_path):
+    cfg = load_config(
+        None,
+        ["task=pairs", "data.path=rows.jsonl", "train.batch_size=4", "mining.num_negatives=2",
+         "mining.sampling=random", "mining.range_max=4"],
+    )  # fmt: skip
+    rows = 16
+    triplets = Triplets(np.arange(rows), np.arange(rows) + 100, np.full(rows, -1))
+    mined = 200 + np.arange(rows * 4).reshape(rows, 4)
+    uri = write_mined(str(tmp_path), "v1-negatives.npy", negatives=mined)
+    lengths = np.full(300, 5, dtype=np.int32)
+    epochs = []
+    for seed in (3, 4):
+        source = PlanSource(1, seed=seed, negatives=uri)
+        taken = {}
+        for rank in range(2):
+            share = _make_share(source, cfg, lengths, triplets, world=2, rank=rank)
+            assert share.negatives.shape == (len(share.rows), 2)
+            for row, negatives in zip(share.rows.tolist(), share.negatives.tolist(), strict=True):
+                assert set(negatives) <= set(mined[row].tolist())
+                taken[row] = negatives
+            # A rank encodes the texts of its drawn negatives only, not the whole mined list.
+            drawn = set(share.negatives.ravel().tolist())
+            assert drawn <= set(share.texts.tolist())
+            assert not set(mined[share.rows].ravel().tolist()) - drawn & set(share.texts.tolist())
+        assert sorted(taken) == list(range(rows))
+        epochs.append(taken)
+    assert epochs[0] != epochs[1]  # a pool mined once still varies from epoch to epoch
+
+
+def test_random_sampling_keeps_the_rank_window_and_top_sampling_the_negatives_an_epoch_uses():
+    base = ["task=pairs", "data.path=rows.jsonl", "mining.num_negatives=3"]
+    assert load_config(None, base).negatives_mined == 3
+    assert load_config(None, [*base, "mining.sampling=random"]).negatives_mined == 64  # top_k
+    assert load_config(None, [*base, "mining.sampling=random", "mining.range_max=8"]).negatives_mined == 8
+    window = ["mining.sampling=random", "mining.range_min=2", "mining.range_max=8"]
+    assert load_config(None, [*base, *window]).negatives_mined == 6
+    # The corpus task plans batches; its mined negatives are only the offline job's columns.
+    assert load_config(None, ["mining.num_negatives=3", "mining.sampling=random"]).negatives_mined == 3
