@@ -28,7 +28,8 @@ run's scores are read from its MLflow metric history at the last evaluation step
 Tasks ``cnsd`` and ``wiki`` (unsupervised SimCSE, the corpus task; baseline ``random``):
 ``random`` (refresh on, random batches: ``mining.batch_sampler=random``,
 ``mining.refresh=every_epoch``), ``random-norefresh`` (``mining.refresh=never``, the corpus
-default for random batches), ``knn`` (``mining.batch_sampler=knn``, refreshed) and ``peer``. The ``rwr``,
+default for random batches), ``random-mlm`` (``random-norefresh`` with SimCSE's auxiliary MLM
+objective, ``train.mlm_weight=0.1``), ``knn`` (``mining.batch_sampler=knn``, refreshed) and ``peer``. The ``rwr``,
 ``clusters`` and ``mixed`` samplers and the ``+debias`` forms that docs/results.md records
 were removed from the pipeline (none beat ``random`` by more than the seed spread).
 
@@ -238,16 +239,18 @@ def variant_overrides(task: str, variant: str) -> list[str] | None:
         if variant in PEERS:
             return None
         known = ", ".join([*TRIPLET_VARIANTS, *PEERS])
-        other_mode = variant == "random-norefresh" or variant in SAMPLERS
+        other_mode = variant in ("random-norefresh", "random-mlm") or variant in SAMPLERS
         why = f"Batch samplers are for the corpus task (tasks {tasks(False)}); {task} trains triplets"
     else:
         if variant == "peer":
             return None
         if variant == "random-norefresh":
             return ["mining.refresh=never"]
+        if variant == "random-mlm":  # SimCSE's auxiliary MLM objective at the reference's weight
+            return ["mining.refresh=never", "train.mlm_weight=0.1"]
         if variant in SAMPLERS:  # a refresh each epoch, which random batches no longer start by default
             return [f"mining.batch_sampler={variant}", "mining.refresh=every_epoch"]
-        known = f"peer, random-norefresh, {', '.join(SAMPLERS)}"
+        known = f"peer, random-norefresh, random-mlm, {', '.join(SAMPLERS)}"
         other_mode = variant in TRIPLET_VARIANTS or variant in PEERS
         why = f"The triplet variants and peer-mined are for the pairs task (tasks {tasks(True)}); {task} is unsupervised"
     raise ValueError(
@@ -892,7 +895,7 @@ def variant_order(variant: str, baseline: str = BASELINE) -> tuple[int, str]:
     :data:`SAMPLERS`, the triplet variants, anything else, the peers last."""
     if variant == baseline:
         return (0, variant)
-    known = ["random-norefresh", *SAMPLERS, *TRIPLET_VARIANTS]
+    known = ["random-norefresh", "random-mlm", *SAMPLERS, *TRIPLET_VARIANTS]
     if variant in PEERS:
         return (100 + list(PEERS).index(variant), variant)
     return (1 + known.index(variant) if variant in known else 50, variant)

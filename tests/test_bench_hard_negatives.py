@@ -24,6 +24,7 @@ def hn():
 def test_sampler_variants_of_the_unsupervised_tasks(hn):
     assert hn.variant_overrides("cnsd", "peer") is None
     assert hn.variant_overrides("cnsd", "random-norefresh") == ["mining.refresh=never"]
+    assert hn.variant_overrides("wiki", "random-mlm") == ["mining.refresh=never", "train.mlm_weight=0.1"]
     assert hn.variant_overrides("wiki", "knn") == ["mining.batch_sampler=knn", "mining.refresh=every_epoch"]
     assert hn.variant_overrides("wiki", "random") == [
         "mining.batch_sampler=random",
@@ -50,6 +51,7 @@ def test_triplet_variants_of_snli(hn):
         ("snli", "knn", "the corpus task"),
         ("snli", "random", "the corpus task"),
         ("snli", "random-norefresh", "the corpus task"),
+        ("snli", "random-mlm", "the corpus task"),
         ("cnsd", "given", "the pairs task"),
         ("wiki", "peer-mined", "the pairs task"),
         ("cnsd", "mined+random", "the pairs task"),

@@ -64,6 +64,7 @@ def test_model_folder_and_jsonl_corpus(
         "train.epochs=2",
         "train.batch_size=32",
         "train.dup_rate=0.32",  # ESimCSE word repetition on the second view
+        "train.mlm_weight=0.1",  # SimCSE's auxiliary MLM objective, the reference's weight
         "train.group_by_length=true",
         "mining.batch_sampler=knn",  # a refreshed epoch from the other sampler
         "tracking.experiment=folder",
@@ -105,8 +106,16 @@ def test_model_folder_and_jsonl_corpus(
     # Epoch 2 trained on the knn sampler's plan, which the checkpoint carries; the miner logged
     # how many of the rows' flagged false negatives share a batch.
     assert [run.data.tags[f"plan.sampler.epoch_{e}"] for e in (1, 2)] == ["random", "knn"]
-    state, _ = load_checkpoint(max((p for p in (tmp_path / "runs/folder").glob("checkpoint_*") if p.is_dir()),
+    state, extras = load_checkpoint(max((p for p in (tmp_path / "runs/folder").glob("checkpoint_*") if p.is_dir()),
                                    key=lambda p: p.stat().st_mtime))  # fmt: skip
+    # The MLM head trained beside the encoder: the checkpoint keeps it (not the shared
+    # embeddings), the exported folder leaves it out and loads as a plain encoder.
+    assert {"dense.weight", "layer_norm.weight", "bias"} <= set(extras["mlm_head"])
+    assert not any(key.startswith("word_embeddings") for key in extras["mlm_head"])
+    from transformers import AutoModel
+
+    exported = AutoModel.from_pretrained(tmp_path / "runs/folder/model")
+    assert not [name for name, _ in exported.named_parameters() if "mlm" in name or "predictions" in name]
     # The checkpoint keeps where the plan comes from: the knn plan the miner returned, in the run's storage.
     plan, _ = whole_plan(state.source, load_config(None), None, None)
     assert plan.sampler == "knn" and sorted(plan.rows.tolist()) == list(range(len(texts)))

@@ -95,7 +95,7 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
         "data.anchor_column", "data.positive_column", "data.negative_column", "data.label_column",
         "data.given_negatives", "mining.random_negatives", "train.hard_negative_weight",
     ),
-    "corpus": ("mining.batch_sampler",),
+    "corpus": ("mining.batch_sampler", "train.mlm_weight"),
 }  # fmt: skip
 """The keys only one task reads. Every other key means something in both tasks; one of these
 set in the other task's config is an error, and the run's params leave them out there."""

@@ -54,6 +54,11 @@ class TrainSection:
     """Pairs task: added to the logit of a row's own hard negatives (SimCSE's weight)."""
     dup_rate: float = 0.0
     """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
+    mlm_weight: float = 0.0
+    """Corpus task: SimCSE's auxiliary masked-language-model objective (the reference's
+    ``do_mlm``; it uses 0.1): each view is BERT-masked (15% of its tokens) and a training-only
+    MLM head predicts them; the loss is InfoNCE + ``mlm_weight`` x their cross-entropy. The
+    paper found it lowers STS slightly and helps transfer tasks. 0 turns it off."""
     max_failures: int = 3
     """Worker-group failures (a dead worker, a lost node) Ray Train recovers from, each time
     restarting every worker from the latest checkpoint; also the times a dead miner actor is
@@ -113,6 +118,7 @@ class TrainSection:
             ),
             ("train.log_every", self.log_every >= 1, "must be >= 1"),
             ("train.dup_rate", 0 <= self.dup_rate <= 1, "must be in [0, 1]"),
+            ("train.mlm_weight", self.mlm_weight >= 0, "must be >= 0"),
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
             (

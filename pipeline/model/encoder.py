@@ -1,4 +1,5 @@
-"""The sentence encoder: a Hugging Face encoder, a pooler and SimCSE's optional MLP head."""
+"""The sentence encoder: a Hugging Face encoder, a pooler, SimCSE's optional MLP head and its
+optional MLM head (both used in training only)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
+
+from pipeline.model.mlm_head import MaskedLanguageHead
 
 POOLING_FILE = "simcse_pooling.json"
 POOLERS = ("cls", "cls_before_pooler", "mean")
@@ -19,10 +22,13 @@ class SentenceEncoder(nn.Module):
     ``cls`` and ``cls_before_pooler`` take the first token's last hidden state; ``mean``
     averages the non-padding tokens. With ``use_mlp`` a dense+tanh head (SimCSE's MLP) is
     applied on top during training only: :meth:`forward` with ``train_head=False`` (used
-    for evaluation, mining and export) never applies it.
+    for evaluation, mining and export) never applies it. With ``use_mlm`` a
+    :class:`~pipeline.model.mlm_head.MaskedLanguageHead` predicts masked tokens for SimCSE's
+    auxiliary objective (``train.mlm_weight``), through the same :meth:`forward` so that DDP
+    sees one forward pass.
     """
 
-    def __init__(self, encoder: nn.Module, pooler: str, use_mlp: bool):
+    def __init__(self, encoder: nn.Module, pooler: str, use_mlp: bool, use_mlm: bool = False):
         super().__init__()
         if pooler not in POOLERS:
             raise ValueError(f"model.pooler must be one of {', '.join(POOLERS)} (got {pooler!r})")
@@ -30,11 +36,41 @@ class SentenceEncoder(nn.Module):
         self.pooler = pooler
         hidden = encoder.config.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if use_mlp else None
+        self.mlm_head = (
+            MaskedLanguageHead(
+                encoder.get_input_embeddings(), getattr(encoder.config, "layer_norm_eps", 1e-12)
+            )
+            if use_mlm
+            else None
+        )
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, train_head: bool = True
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        train_head: bool = True,
+        masked: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings of shape ``(batch, hidden)``.
+
+        With ``masked`` = ``(masked_ids, positions)`` (the masked copy of ``input_ids`` and, as
+        bool of the same shape, where it was masked), also the MLM head's
+        ``(positions.sum(), vocab)`` scores there, from a second encoder pass over the masked
+        copy (as the SimCSE reference computes them): ``(embeddings, scores)``.
+        """
+        embeddings = self._pooled(input_ids, attention_mask, train_head)
+        if masked is None:
+            return embeddings
+        if self.mlm_head is None:
+            raise ValueError("masked tokens given to an encoder built without an MLM head")
+        masked_ids, positions = masked
+        states = self.encoder(input_ids=masked_ids, attention_mask=attention_mask).last_hidden_state
+        # Scores at the masked positions only: (b, width, vocab) would be ~0.5 GB a batch of 128.
+        return embeddings, self.mlm_head(states[positions])
+
+    def _pooled(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, train_head: bool
     ) -> torch.Tensor:
-        """Embeddings of shape ``(batch, hidden)``."""
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         if self.pooler == "mean":
             weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
@@ -66,10 +102,16 @@ def load_encoder(model_dir: str | Path, dropout: float | None = None) -> nn.Modu
 
 
 def load_sentence_encoder(
-    model_dir: str | Path, pooler: str | None = None, use_mlp: bool = False, dropout: float | None = None
+    model_dir: str | Path,
+    pooler: str | None = None,
+    use_mlp: bool = False,
+    dropout: float | None = None,
+    use_mlm: bool = False,
 ) -> SentenceEncoder:
     """A :class:`SentenceEncoder` from a model folder; the pooler defaults to the folder's own."""
-    return SentenceEncoder(load_encoder(model_dir, dropout), pooler or folder_pooler(model_dir), use_mlp)
+    return SentenceEncoder(
+        load_encoder(model_dir, dropout), pooler or folder_pooler(model_dir), use_mlp, use_mlm=use_mlm
+    )
 
 
 def declared_pooler(model_dir: str | Path) -> str | None:

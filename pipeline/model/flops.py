@@ -82,9 +82,13 @@ class CountingEncoder:
     flops: EncoderFlops
     _calls: list[tuple[torch.Tensor, int]] = field(default_factory=list)
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        self._calls.append((attention_mask.sum(), int(attention_mask.shape[1])))
-        return self.model(input_ids, attention_mask)
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> Any:
+        """The model's output; ``masked`` (the MLM objective's copy) is a second encoder pass
+        over as many tokens (its small prediction head is not counted)."""
+        passes = 2 if kwargs.get("masked") is not None else 1
+        for _ in range(passes):
+            self._calls.append((attention_mask.sum(), int(attention_mask.shape[1])))
+        return self.model(input_ids, attention_mask, **kwargs)
 
     def take(self) -> tuple[int, float]:
         """``(tokens, flops)`` of the calls since the last take."""

@@ -56,6 +56,7 @@ def save_checkpoint(
         {
             "state": state.to_dict(),
             "mlp": model.mlp.state_dict() if model.mlp is not None else None,
+            "mlm_head": model.mlm_head.own_state_dict() if model.mlm_head is not None else None,
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
         },
@@ -88,10 +89,11 @@ def checkpoint_problem(directory: Path) -> str | None:
 
 
 def load_checkpoint(directory: Path) -> tuple[TrainState, dict[str, Any]]:
-    """``(state, {"mlp", "optimizer", "scheduler"})`` from a verified checkpoint folder."""
+    """``(state, {"mlp", "mlm_head", "optimizer", "scheduler"})`` from a verified checkpoint
+    folder (``mlm_head`` None in one written before the MLM objective existed)."""
     saved = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
     state = TrainState.from_dict(saved["state"])
-    return state, {k: saved[k] for k in ("mlp", "optimizer", "scheduler")}
+    return state, {k: saved.get(k) for k in ("mlp", "mlm_head", "optimizer", "scheduler")}
 
 
 def best_model_folder(directory: Path) -> tuple[Path, BestModel | None]:

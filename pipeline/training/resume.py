@@ -20,7 +20,7 @@ class ResumePoint:
 
     state: TrainState
     extras: dict[str, Any]
-    """``mlp``, ``optimizer`` and ``scheduler`` state dicts."""
+    """``mlp``, ``mlm_head``, ``optimizer`` and ``scheduler`` state dicts."""
     model_dir: Path
     best_dir: Path | None
     """Local copy of the best evaluated model, when the checkpoint names one."""

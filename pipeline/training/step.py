@@ -22,6 +22,7 @@ from pipeline.config.schema import Config
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.triplets import Triplets
 from pipeline.training.global_batch import GlobalBatch
+from pipeline.training.masking import MaskingSpec
 from pipeline.training.triplet_step import TripletStep
 from pipeline.training.unsupervised_step import UnsupervisedStep
 
@@ -55,11 +56,14 @@ def make_train_step(
     device: torch.device,
     *,
     bf16: bool | None = None,
+    masking: MaskingSpec | None = None,
 ) -> TrainStep:
     """The run's step: :class:`TripletStep` for ``task: pairs``,
     else :class:`UnsupervisedStep`; the other settings come from ``cfg.train``. ``bf16``: the
     forward passes under bf16 autocast; None (the job's choice): where ``device`` computes
     bf16 natively. Not a config key: the hardware decides, as it does for a GPU.
+    ``masking``: the tokenizer's :class:`~pipeline.training.masking.MaskingSpec`, which
+    ``train.mlm_weight`` > 0 needs.
 
     Raises:
         ValueError: the pairs task without triplets, or triplets for the corpus task.
@@ -72,7 +76,12 @@ def make_train_step(
         )
     if triplets is not None:
         raise ValueError(f"triplet rows given, but task: {cfg.task}")
-    return UnsupervisedStep(corpus, cfg.train.temperature, cfg.train.dup_rate, device, bf16=bf16)
+    if cfg.train.mlm_weight > 0 and masking is None:
+        raise ValueError("train.mlm_weight needs the tokenizer's masking spec")
+    return UnsupervisedStep(
+        corpus, cfg.train.temperature, cfg.train.dup_rate, device, bf16=bf16,
+        mlm_weight=cfg.train.mlm_weight, masking=masking,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

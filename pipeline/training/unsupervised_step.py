@@ -16,6 +16,8 @@ from pipeline.model.accel import to_device, train_autocast
 from pipeline.training.augment import repeat_words
 from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.losses import global_batch_simcse_loss
+from pipeline.training.masking import IGNORED, MaskingSpec, mask_tokens
+from pipeline.training.mlm_loss import masked_lm_loss
 
 
 @dataclass
@@ -29,6 +31,10 @@ class ViewBatch:
     global_ids: np.ndarray
     """``(sum(sizes),)`` corpus positions of the whole global batch, rank order (a position is
     one distinct text, so it stands for the id): rows sharing one are not each other's negatives."""
+    masked_ids: np.ndarray | None = None
+    """``(2n, width)`` both views BERT-masked (``train.mlm_weight`` > 0), else None."""
+    mlm_labels: np.ndarray | None = None
+    """``(2n, width)`` the original ids at the masked positions, -100 elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,11 @@ class UnsupervisedStep:
     bf16: bool | None = None
     """The forward pass under bf16 autocast (weights, gradients and loss stay fp32); None: where
     the device computes bf16 natively (:func:`~pipeline.model.accel.native_bf16`)."""
+    mlm_weight: float = 0.0
+    """SimCSE's auxiliary MLM objective: the loss is InfoNCE + ``mlm_weight`` x the masked
+    tokens' cross-entropy (the reference's ``do_mlm`` with ``mlm_weight``; 0: off)."""
+    masking: MaskingSpec | None = None
+    """How the MLM copies are masked; needed when ``mlm_weight`` > 0 (the model then has an MLM head)."""
 
     def __call__(
         self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator
@@ -61,15 +72,31 @@ class UnsupervisedStep:
     def collate(self, batch: GlobalBatch, augment_rng: np.random.Generator) -> ViewBatch:
         """This worker's rows as both views (:func:`two_views`), and the global batch's positions."""
         input_ids, mask = two_views(self.corpus, batch.local_rows, self.dup_rate, augment_rng)
-        return ViewBatch(input_ids, mask, batch.rows)
+        if self.mlm_weight <= 0:
+            return ViewBatch(input_ids, mask, batch.rows)
+        assert self.masking is not None
+        # Each view masked on its own, as the reference masks each of its sentence copies.
+        masked_ids, labels = mask_tokens(input_ids, mask, self.masking, augment_rng)
+        return ViewBatch(input_ids, mask, batch.rows, masked_ids, labels)
 
     def on_device(
         self, model: Any, batch: ViewBatch, sizes: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`upload`, :meth:`forward` and :meth:`loss` of a collated batch."""
+        """:meth:`upload`, :meth:`forward` and :meth:`loss` of a collated batch, plus the MLM
+        term where the batch carries masked copies."""
         input_ids, mask, global_ids = self.upload(batch)
-        view1, view2 = self.forward(model, input_ids, mask)
-        return self.loss(view1, view2, global_ids, sizes)
+        if batch.masked_ids is None:
+            view1, view2 = self.forward(model, input_ids, mask)
+            return self.loss(view1, view2, global_ids, sizes)
+        masked_ids = to_device(batch.masked_ids, self.device)
+        labels = to_device(batch.mlm_labels, self.device)
+        positions = labels != IGNORED
+        with train_autocast(self.device, self.bf16):
+            embeddings, scores = model(input_ids, mask, masked=(masked_ids, positions))
+        view1, view2 = embeddings.float().split(input_ids.shape[0] // 2)
+        loss, backward = self.loss(view1, view2, global_ids, sizes)
+        mlm, mlm_backward = masked_lm_loss(scores, labels[positions])
+        return loss + self.mlm_weight * mlm, backward + self.mlm_weight * mlm_backward
 
     def upload(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(input_ids, attention_mask, global_ids)`` on the device (asynchronous on CUDA)."""

@@ -31,6 +31,7 @@ from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 from pipeline.tracking.metric_logger import MetricLogger
 from pipeline.tracking.system import system_metrics
 from pipeline.training.contract import LoopConfig, miner_inputs
+from pipeline.training.masking import MaskingSpec
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.plan_source import PlanInputs, PlanSource, share_of
 from pipeline.training.refresh import PlanRefresher
@@ -85,7 +86,9 @@ def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceE
     torch.manual_seed(cfg.run.seed)
     pooler = cfg.model.pooler or folder_pooler(model_dir)
     use_mlp = pooler == "cls" if cfg.model.mlp is None else cfg.model.mlp  # SimCSE: a head with cls
-    model = load_sentence_encoder(model_dir, pooler=pooler, use_mlp=use_mlp, dropout=cfg.model.dropout)
+    model = load_sentence_encoder(
+        model_dir, pooler=pooler, use_mlp=use_mlp, dropout=cfg.model.dropout, use_mlm=cfg.train.mlm_weight > 0
+    )
     model.to(device)
     enable_tf32(device)
     if cfg.train.compile != "off":
@@ -132,6 +135,8 @@ def initial_state(
     state.plan = share_of(state.source, plans, world=world, rank=rank)
     if model.mlp is not None and resume.extras["mlp"] is not None:
         model.mlp.load_state_dict(resume.extras["mlp"])
+    if model.mlm_head is not None and resume.extras.get("mlm_head") is not None:
+        model.mlm_head.load_own_state_dict(resume.extras["mlm_head"])
     optimizer.load_state_dict(resume.extras["optimizer"])
     scheduler.load_state_dict(resume.extras["scheduler"])
     if resume.best_dir is not None:
@@ -269,7 +274,14 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
         world=world,
         model=model,
         ddp_model=ddp_model,
-        train_step=make_train_step(cfg, inputs.corpus, inputs.triplets, device, bf16=bf16),
+        train_step=make_train_step(
+            cfg,
+            inputs.corpus,
+            inputs.triplets,
+            device,
+            bf16=bf16,
+            masking=MaskingSpec.of_tokenizer(inputs.tokenizer) if cfg.train.mlm_weight > 0 else None,
+        ),  # fmt: skip
         optimizer=optimizer,
         scheduler=scheduler,
         state=state,

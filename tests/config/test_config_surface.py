@@ -6,11 +6,13 @@ from pipeline.config.loading import load_config
 from pipeline.config.schema import REMOVED_KEYS, Config
 from pipeline.core.errors import ConfigError
 
-MOST_KEYS = 70
-"""Issue 37's bound on the whole config: knobs a measurement or the hardware decides are not keys."""
+MOST_KEYS = 71
+"""Issue 37's bound on the whole config (70), and issue 71's ``train.mlm_weight`` (SimCSE's
+auxiliary objective, a loss option by request): knobs a measurement or the hardware decides
+are not keys."""
 
 
-def test_the_whole_config_has_at_most_70_keys():
+def test_the_whole_config_has_at_most_71_keys():
     keys = Config().flat()
     assert len(keys) <= MOST_KEYS, f"{len(keys)} config keys: {sorted(keys)}"
 
