@@ -151,26 +151,42 @@ RETRIEVAL_ARMS["AL"] = [*RETRIEVAL_ARMS["A"], "train.group_by_length=true"]
 RETRIEVAL_ARMS["SL"] = [*RETRIEVAL_ARMS["S"], "train.group_by_length=true"]
 RETRIEVAL_ARMS["CL"] = [*RETRIEVAL_ARMS["C"], "train.group_by_length=true"]
 RETRIEVAL_ARMS["SE"] = [*RETRIEVAL_ARMS["S"], "eval.patience=1"]
+NEGATIVE_WINDOW = 24
+"""``mining.range_max`` of the ``R`` arms: the rank window each epoch draws its k negatives from."""
+for k in (3, 7):
+    RETRIEVAL_ARMS[f"S{k}"] = [*RETRIEVAL_ARMS["S"], f"mining.num_negatives={k}"]
+    RETRIEVAL_ARMS[f"S{k}R"] = [
+        *RETRIEVAL_ARMS[f"S{k}"], "mining.sampling=random", f"mining.range_max={NEGATIVE_WINDOW}",
+    ]  # fmt: skip
 """A retrieval task's pipeline arms (the pairs task): ``A`` in-batch negatives only, ``G`` the given
 (label-0) negatives, ``S`` mined once before epoch 1 with the starting model, filtered (static),
 ``C`` mined before epoch 1 and again every epoch, filtered (refreshed), ``U`` as ``C`` without
 the filters, ``GS`` the given negatives with one mined as in ``S`` beside each, ``AL``, ``SL`` and ``CL`` as
 ``A``, ``S`` and ``C`` on length-grouped batches (``train.group_by_length``: which rows meet as
 in-batch negatives changes; ``AL`` is what in-batch pairs train on by default), ``SE`` as ``S`` with early stopping (``eval.patience=1``: it
-evaluates the recipe's dev set while it trains, and exports its best epoch)."""
+evaluates the recipe's dev set while it trains, and exports its best epoch), ``S3`` and ``S7`` as ``S``
+with 3 and 7 mined negatives a row, ``S3R`` and ``S7R`` the same drawn anew every epoch from
+each anchor's survivors among its :data:`NEGATIVE_WINDOW` nearest (``mining.sampling=random``):
+issue 71's k ablation, resampling apart from refreshing."""
 EVALUATING_ARMS = ("SE",)
 """Arms that keep the recipe's evaluation while they train (early stopping needs it); every
 other arm evaluates nothing while it trains (:data:`NO_TRAINING_EVAL`)."""
-RETRIEVAL_PEERS = {"st": False, "st-mined": True}
-"""A retrieval task's sentence-transformers arms: whether they run ``mine_hard_negatives`` first."""
-ST_MINED = (
-    "--mine-hard-negatives", "--mining-corpus", "all-rows", "--num-negatives", "1",
-    "--relative-margin", "0.05", "--sampling", "top", "--range-min", "0", "--range-max", "-1",
-)  # fmt: skip
-"""``st-mined``'s mining: ``mine_hard_negatives(dataset, model, corpus=<every distinct train
-tweet>, num_negatives=1, relative_margin=0.05, sampling_strategy="top")``, sentence-transformers'
-own defaults otherwise (``range_min`` 0, ``range_max`` derived: 10 x num_negatives + the most
-positives of an anchor), as the field notes measured it."""
+RETRIEVAL_PEERS = {"st": 0, "st-mined": 1, "st-mined3": 3, "st-mined7": 7}
+"""A retrieval task's sentence-transformers arms: the negatives ``mine_hard_negatives`` gives
+each row first (0: it does not run), MNRL on the n-tuples after."""
+
+
+def st_mined(num_negatives: int) -> list[str]:
+    """The peer's mining: ``mine_hard_negatives(dataset, model, corpus=<every distinct train
+    tweet>, num_negatives=k, relative_margin=0.05, sampling_strategy="top")``,
+    sentence-transformers' own defaults otherwise (``range_min`` 0, ``range_max`` derived: 10 x
+    num_negatives + the most positives of an anchor), as the field notes measured it at k = 1."""
+    return [
+        "--mine-hard-negatives", "--mining-corpus", "all-rows", "--num-negatives", str(num_negatives),
+        "--relative-margin", "0.05", "--sampling", "top", "--range-min", "0", "--range-max", "-1",
+    ]  # fmt: skip
+
+
 REFERENCE_ARMS = ("start", "bm25")
 """A retrieval task's arms without training, the same at every seed (one run, ``seed`` null):
 ``start`` scores the starting model, ``bm25`` ranks the dev corpus by BM25 (the lexical floor)."""
@@ -673,7 +689,7 @@ def run_retrieval_arm(task: Task, variant: str, seed: int | None, keep_dir: bool
         record.update(score_retrieval(task, logged_model(task, run, run_dir / "model"), name))
     else:
         extra = ["--warmup-ratio", str(task.warmup_ratio), "--no-duplicates"]
-        extra += list(ST_MINED) if RETRIEVAL_PEERS[variant] else []
+        extra += st_mined(RETRIEVAL_PEERS[variant]) if RETRIEVAL_PEERS[variant] else []
         result, wall, run_dir = train_peer(task, name, seed, extra)
         record = {**peer_record(name, wall, result), **score_retrieval(task, result["model_dir"], name)}
     if not keep_dir:

@@ -224,8 +224,10 @@ def test_each_retrieval_arm_trains_the_recipe_with_its_overrides_and_no_in_train
     for arm in ("st", "st-mined", "start", "bm25"):
         assert hn.variant_overrides("twitter-url", arm) is None
     assert hn.parse_list(hn.TASKS["twitter-url"].variants) == [
-        "start", "bm25", "A", "G", "S", "C", "U", "GS", "AL", "SL", "CL", "SE", "st", "st-mined"
+        "start", "bm25", "A", "G", "S", "C", "U", "GS", "AL", "SL", "CL", "SE", "S3", "S3R", "S7", "S7R",
+        "st", "st-mined", "st-mined3", "st-mined7",
     ]  # fmt: skip
+    assert hn.st_mined(3)[hn.st_mined(3).index("--num-negatives") + 1] == "3"
     with pytest.raises(ValueError, match="not one of task twitter-url's: start,bm25,A"):
         hn.variant_overrides("twitter-url", "knn")
     with pytest.raises(ValueError, match="not one of task snli's"):
@@ -246,6 +248,11 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
     assert {arm: c.mining.refresh for arm, c in configs.items()} == {
         "A": "never", "G": "never", "S": "once", "C": "every_epoch", "U": "every_epoch", "GS": "once",
         "AL": "never", "SL": "once", "CL": "every_epoch", "SE": "once",
+        "S3": "once", "S3R": "once", "S7": "once", "S7R": "once",
+    }  # fmt: skip
+    # The k ablation: k negatives an epoch; the R arms draw them anew from the window's survivors.
+    assert {arm: (c.mining.num_negatives, c.negatives_mined) for arm, c in configs.items() if arm[1:2].isdigit()} == {
+        "S3": (3, 3), "S3R": (3, hn.NEGATIVE_WINDOW), "S7": (7, 7), "S7R": (7, hn.NEGATIVE_WINDOW),
     }  # fmt: skip
     assert [arm for arm, c in configs.items() if c.train.group_by_length] == ["AL", "SL", "CL"]
     # A is the ungrouped in-batch arm of the earlier records; unset, such rows are grouped (AL).
