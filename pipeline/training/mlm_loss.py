@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from pipeline.training.masking import IGNORED
+
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of the masked tokens' predictions, averaged over the global batch.
@@ -17,15 +19,15 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     tokens like another's many).
 
     Args:
-        logits: ``(m, vocab)`` scores at this worker's ``m`` masked positions.
-        labels: ``(m,)`` the original token ids there.
+        logits: ``(m, vocab)`` scores at this worker's masked positions (and padding rows).
+        labels: ``(m,)`` the original token ids there, -100 (ignored) at padding rows.
 
     Returns:
         ``(loss, loss_to_backward)``: the mean over every rank's masked tokens, and this
         rank's sum divided by the global count times the world size (DDP divides by it).
     """
-    local_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
-    totals = torch.stack([local_sum.detach(), torch.tensor(float(len(labels)), device=logits.device)])
+    local_sum = F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=IGNORED)
+    totals = torch.stack([local_sum.detach(), (labels != IGNORED).sum().float()])
     world = 1
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         world = dist.get_world_size()

@@ -95,7 +95,9 @@ class UnsupervisedStep:
             embeddings, scores = model(input_ids, mask, masked=(masked_ids, positions))
         view1, view2 = embeddings.float().split(input_ids.shape[0] // 2)
         loss, backward = self.loss(view1, view2, global_ids, sizes)
-        mlm, mlm_backward = masked_lm_loss(scores, labels[positions])
+        targets = labels[positions]
+        targets = torch.nn.functional.pad(targets, (0, len(scores) - len(targets)), value=IGNORED)
+        mlm, mlm_backward = masked_lm_loss(scores, targets)
         return loss + self.mlm_weight * mlm, backward + self.mlm_weight * mlm_backward
 
     def upload(self, batch: ViewBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
