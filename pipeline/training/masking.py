@@ -9,6 +9,7 @@ the original at every chosen position: the scheme of BERT, of transformers'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ class MaskingSpec:
     probability: float = MLM_PROBABILITY
 
     @classmethod
-    def of_tokenizer(cls, tokenizer) -> MaskingSpec:
+    def of_tokenizer(cls, tokenizer: Any) -> MaskingSpec:
         """The spec of a Hugging Face tokenizer; one without a mask token cannot do MLM."""
         if tokenizer.mask_token_id is None:
             raise ValueError("train.mlm_weight needs a tokenizer with a mask token; this one has none")
