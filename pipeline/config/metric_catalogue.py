@@ -83,7 +83,7 @@ _BEST = [
 ]
 _MINING_CHARTS = [
     MetricSpec("mining/total_s", "chart", "Seconds one refresh took: encode, index, search and planning."),
-    MetricSpec("mining/selected", "chart", "Pairs task: mined negatives found in this refresh (at most rows x num_negatives; with sampling random, every survivor of the rank window, of which each epoch trains with num_negatives)."),
+    MetricSpec("mining/selected", "chart", "Pairs task: mined negatives kept in this refresh (sampling random: the rank window's)."),
     MetricSpec("mining/negative_similarity_mean", "chart", "Pairs task: mean cosine of the mined negatives to their anchors."),
     MetricSpec("mining/batch_similarity_mean", "chart", "Corpus task: mean in-batch pair cosine of the new plan."),
     MetricSpec("mining/churn", "chart", "Share of the plan that changed since the previous refresh (pairs: of the rows' mined negatives)."),
