@@ -135,7 +135,7 @@ def initial_state(
     state.plan = share_of(state.source, plans, world=world, rank=rank)
     if model.mlp is not None and resume.extras["mlp"] is not None:
         model.mlp.load_state_dict(resume.extras["mlp"])
-    if model.mlm_head is not None and resume.extras.get("mlm_head") is not None:
+    if model.mlm_head is not None and resume.extras["mlm_head"] is not None:
         model.mlm_head.load_own_state_dict(resume.extras["mlm_head"])
     optimizer.load_state_dict(resume.extras["optimizer"])
     scheduler.load_state_dict(resume.extras["scheduler"])

@@ -153,3 +153,31 @@ def test_a_checkpoint_of_the_earlier_plan_format_is_refused_in_one_line():
     saved = {"epoch": 1, "batches_done": 0, "step": 7, "plan": {"version": 1}, "negatives": None}
     with pytest.raises(ValueError, match="earlier version .* start the run under a new run.name"):
         TrainState.from_dict(saved)
+
+
+def test_the_mlm_head_is_checkpointed_without_the_shared_embeddings_and_restores(tmp_path, tiny_model_dir):
+    from pipeline.training.checkpoint import STATE_FILE
+
+    model = load_sentence_encoder(tiny_model_dir, pooler="mean", use_mlm=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    ids = torch.tensor([[2, 7, 8, 3]])
+    _, scores = model(ids, torch.ones_like(ids), masked=(ids, torch.tensor([[False, True, True, False]])))
+    scores.sum().backward()
+    optimizer.step()  # the head moves away from its initial weights
+    state = TrainState(source=PlanSource(0, seed=1), plan=random_plan(8, 4, seed=1).share(world=1, rank=0))
+    save_checkpoint(tmp_path, model, load_tokenizer(tiny_model_dir), optimizer, scheduler, state, 32)
+    _, extras = load_checkpoint(tmp_path)
+    assert not any(key.startswith("word_embeddings") for key in extras["mlm_head"])
+    fresh = load_sentence_encoder(tiny_model_dir, pooler="mean", use_mlm=True)
+    assert not torch.equal(fresh.mlm_head.dense.weight, model.mlm_head.dense.weight)
+    fresh.mlm_head.load_own_state_dict(extras["mlm_head"])
+    for key, value in model.mlm_head.own_state_dict().items():
+        assert torch.equal(fresh.mlm_head.state_dict()[key], value), key
+    # The head still reads the encoder's own word embeddings, not a copy.
+    assert fresh.mlm_head.word_embeddings is fresh.encoder.get_input_embeddings()
+    # A checkpoint written before the MLM objective existed restores with no head state.
+    saved = torch.load(tmp_path / STATE_FILE, weights_only=True)
+    del saved["mlm_head"]
+    torch.save(saved, tmp_path / STATE_FILE)
+    assert load_checkpoint(tmp_path)[1]["mlm_head"] is None
