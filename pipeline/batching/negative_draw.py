@@ -38,15 +38,26 @@ def draw_negatives(column: np.ndarray, *, mined: int, keep: int, seed: int) -> n
     if keep == mined:
         return column
     head = column[:, :mined]
-    rng = np.random.default_rng([seed, DRAW_STREAM])
-    # The `keep` smallest random keys among the present ones are a uniform draw; sorting the
-    # chosen column indices puts them back in mined order.
-    keys = np.where(head >= 0, rng.random(head.shape), np.inf)
-    chosen = np.sort(np.argpartition(keys, keep - 1, axis=1)[:, :keep], axis=1)
-    drawn = np.take_along_axis(head, chosen, axis=1)
-    # A row with fewer than `keep` present keeps them all: argpartition may have picked absent
-    # slots (+inf keys), which sort after the present ones only by key, not by index.
-    present = np.take_along_axis(keys, chosen, axis=1) < np.inf
-    drawn = np.where(present, drawn, -1)
-    drawn = np.take_along_axis(drawn, np.argsort(~present, axis=1, kind="stable"), axis=1)
+    order, taken = uniform_draw(head >= 0, keep, np.random.default_rng([seed, DRAW_STREAM]))
+    # Back in mined order (nearest first); a slot drawn from the absent ones sorts last, as -1.
+    order = np.sort(np.where(taken, order, mined), axis=1)
+    drawn = np.where(order < mined, np.take_along_axis(head, np.minimum(order, mined - 1), axis=1), -1)
     return np.concatenate([drawn, column[:, mined:]], axis=1)
+
+
+def uniform_draw(alive: np.ndarray, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``m`` of each row's ``alive`` slots, uniformly without replacement.
+
+    Args:
+        alive: ``(n, k)`` bool, the slots that may be drawn.
+        m: slots drawn a row (a row with fewer alive gives them all).
+        rng: the random source; one ``(n, k)`` draw of it.
+
+    Returns:
+        ``(order, taken)``, both ``(n, m)`` (fewer columns when ``k < m``): the drawn slots'
+        column indices, and whether each is alive (False where a row ran out).
+    """
+    # Random keys for alive slots, +inf for the rest: the m smallest are a uniform draw.
+    keys = np.where(alive, rng.random(alive.shape), np.inf)
+    order = np.argsort(keys, axis=1, kind="stable")[:, :m]
+    return order, np.take_along_axis(alive, order, axis=1)

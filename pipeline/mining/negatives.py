@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.batching.negative_draw import uniform_draw
 from pipeline.config.schema import Config
 
 FILTERS = ("duplicate", "known_positive", "max_score", "relative_margin", "rank_window")
@@ -173,12 +174,11 @@ def select_negatives(
     kept = int(alive.sum())
     m = filters.num_negatives
     if filters.sampling == "random":
-        # Random keys for kept candidates, +inf for the rest; the m smallest are a uniform draw.
-        keys = np.where(alive, np.random.default_rng(seed).random((n, k)), np.inf)
+        order, taken = uniform_draw(alive, m, np.random.default_rng(seed))
     else:
         keys = np.where(alive, np.arange(k)[None, :], np.inf)  # list order = similarity order
-    order = np.argsort(keys, axis=1, kind="stable")[:, :m]
-    taken = np.take_along_axis(alive, order, axis=1)
+        order = np.argsort(keys, axis=1, kind="stable")[:, :m]
+        taken = np.take_along_axis(alive, order, axis=1)
     indices = np.where(taken, np.take_along_axis(candidates, order, axis=1), -1)
     scores = np.where(taken, np.take_along_axis(candidate_scores, order, axis=1), np.nan)
     if filters.sampling == "random":

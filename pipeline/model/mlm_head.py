@@ -28,7 +28,7 @@ class MaskedLanguageHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``(..., hidden)`` last hidden states to ``(..., vocab)`` token scores."""
         transformed = self.layer_norm(self.act(self.dense(hidden)))
-        return transformed @ self.word_embeddings.weight.T + self.bias
+        return nn.functional.linear(transformed, self.word_embeddings.weight, self.bias)
 
     def own_state_dict(self) -> dict[str, torch.Tensor]:
         """The head's own weights, without the shared embeddings (the encoder saves those)."""
