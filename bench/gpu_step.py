@@ -26,9 +26,10 @@ runs on any machine with torch, numpy, transformers and pyarrow (faiss optional)
 - encode: ``pipeline.model.encode.encode_rows`` (eval mode, bf16 autocast on CUDA, length-sorted
   batches padded to their own longest row) over random sentences of 8 to ``--seq-len``
   tokens, inside ``torch.inference_mode``.
-- k-NN: ``pipeline.mining.index.knn_search`` over random unit vectors, the first ``--knn-queries``
-  of them as queries. Where faiss is not installed it uses the index module's torch
-  matmul + top-k search (``pipeline.mining.index.torch_search``), on CUDA or on the CPU.
+- k-NN: ``pipeline.mining.index.VectorIndex`` over random unit vectors, built once and searched
+  with the first ``--knn-queries`` of them. Where faiss is not installed it uses the index
+  module's torch matmul + top-k search (``pipeline.mining.index.torch_top_k``), on CUDA or on
+  the CPU.
 
 With ``--phases N``, N more steps are timed phase by phase (host collation, host-to-device
 copy, forward, loss, backward, gradient clipping, optimizer, loss read: the step's own
@@ -50,6 +51,7 @@ import json
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel, get_linear_schedule_with_warmup
 
-# None of these imports Ray or MLflow at module level (faiss is imported inside knn_search;
+# None of these imports Ray or MLflow at module level (faiss is imported inside the index;
 # pipeline.data.tokenized needs pyarrow).
 from bench.common import (
     GIB,
@@ -72,7 +74,7 @@ from bench.common import machine_info as report_machine_info
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.data.tokenized import TokenizedCorpus
-from pipeline.mining.index import IndexSpec, KnnResult, knn_search, torch_search
+from pipeline.mining.index import IndexSpec, VectorIndex, torch_top_k
 from pipeline.model.accel import enable_tf32, fused_adamw
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import SentenceEncoder
@@ -318,25 +320,37 @@ def random_unit_vectors(rows: int, dim: int, device: torch.device) -> np.ndarray
     return out
 
 
+@dataclass
+class KnnTiming:
+    scores: np.ndarray
+    indices: np.ndarray
+    backend: str
+    index_seconds: float
+    search_seconds: float
+
+
 def search(
     vectors: np.ndarray, queries: np.ndarray, args: argparse.Namespace, device: torch.device
-) -> KnnResult:
-    cuda = device.type == "cuda"
+) -> KnnTiming:
+    k = min(args.k, len(vectors))
     try:
-        return knn_search(
-            vectors,
-            args.k,
-            use_gpu=cuda,
-            spec=IndexSpec(kind=args.knn_index),
-            query_chunk=args.knn_query_chunk,
-            queries=queries,
-        )
+        index = VectorIndex(
+            vectors, use_gpu=device.type == "cuda", spec=IndexSpec(kind=args.knn_index),
+            query_chunk=args.knn_query_chunk, k=k,
+        )  # fmt: skip
+        started = time.perf_counter()
+        scores, indices = index.search(queries, k)
+        return KnnTiming(scores, indices, index.backend, index.build_seconds, time.perf_counter() - started)
     except ImportError:
         pass
     # No faiss here: the exact search the index module runs when its faiss lacks GPU support.
-    result = torch_search(vectors, queries, min(args.k, len(vectors)), args.knn_query_chunk, device.type)
-    result.backend += " (no faiss)"
-    return result
+    started = time.perf_counter()
+    base = torch.from_numpy(vectors).to(device)
+    sync(device)
+    built = time.perf_counter()
+    scores, indices = torch_top_k(base, queries, k, args.knn_query_chunk)
+    done = time.perf_counter()
+    return KnnTiming(scores, indices, f"torch-{device.type}/flat (no faiss)", built - started, done - built)
 
 
 def bench_knn(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

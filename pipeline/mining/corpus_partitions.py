@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from pipeline.mining.encoded_texts import EncodedTexts
-from pipeline.mining.ivf_training import ivf_centroids
+from pipeline.mining.ivf_training import SampleOnDevice, nearest_cells, spherical_kmeans
 
 PLAN_BYTES = 512 * 2**20
 """About the most memory a partition's neighbour lists take while it is planned."""
@@ -82,12 +83,13 @@ def nearest_centroids(texts: EncodedTexts, *, count: int, seed: int) -> np.ndarr
     n = texts.rows
     size = min(n, count * TRAINING_ROWS_PER_CENTROID)
     sample = np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
-    # The same k-means as an IVF index's cells (on the CPU: the miner plans there).
-    centroids = ivf_centroids(texts.vectors(sample), count, backend="faiss-cpu", seed=seed).T
-    return np.concatenate([
-        np.argmax(texts.vectors(np.arange(lo, min(lo + ASSIGN_CHUNK_ROWS, n))) @ centroids, axis=1).astype(np.int32)
-        for lo in range(0, n, ASSIGN_CHUNK_ROWS)
-    ])  # fmt: skip
+    # The same k-means and assignment as an IVF index's cells (on the CPU: the miner plans there).
+    centroids = spherical_kmeans(SampleOnDevice(texts.vectors(sample), "cpu"), count, seed=seed)
+    nearest = np.empty(n, dtype=np.int32)
+    for lo in range(0, n, ASSIGN_CHUNK_ROWS):
+        chunk = texts.vectors(np.arange(lo, min(lo + ASSIGN_CHUNK_ROWS, n)))
+        nearest[lo : lo + len(chunk)] = nearest_cells(torch.from_numpy(chunk), centroids)[0].numpy()
+    return nearest
 
 
 def cut_at_batch_bounds(assignment: np.ndarray, sizes: np.ndarray) -> list[CorpusPartition]:

@@ -181,17 +181,6 @@ def index_summary(kind: str, n: int, dim: int, k: int, estimate: int) -> str:
     return f"{kind} index over {n} x {dim} vectors, k={k}: about {estimate / 2**20:.1f} MiB"
 
 
-@dataclass
-class KnnResult:
-    scores: np.ndarray
-    """``(n, k)`` float32 similarities, best first."""
-    indices: np.ndarray
-    """``(n, k)`` int64 row positions; -1 where fewer than k exist."""
-    backend: str
-    index_seconds: float
-    search_seconds: float
-
-
 def choose_backend(use_gpu: bool) -> str:
     if use_gpu:
         import faiss  # deferred: an optional extra ([cpu] or [gpu]); preflight names what is missing
@@ -206,7 +195,7 @@ def choose_backend(use_gpu: bool) -> str:
 
 class NeighbourSearch(Protocol):
     """A built index over ``rows`` vectors: one :class:`VectorIndex`, or shards of one merged
-    (:class:`~pipeline.mining.sharded_search.ShardedIndex`)."""
+    (:class:`~pipeline.mining.miner_shards.MinerShards`)."""
 
     rows: int
     backend: str
@@ -336,7 +325,7 @@ class VectorIndex:
         k = min(k, self.rows)
         if self._base is not None:
             assert self.query_chunk is not None
-            return _torch_top_k(self._base, queries, k, self.query_chunk)
+            return torch_top_k(self._base, queries, k, self.query_chunk)
         # faiss' IVF search holds every query's probed cells at once (nprobe x 12 B a query):
         # at a calibrated nprobe of 1,024, 800 MB for a chunk of 65,536 queries.
         block = max(1, IVF_PROBE_BYTES // (12 * getattr(self._index, "nprobe", 1)))
@@ -388,7 +377,7 @@ def _trained_index(sample: np.ndarray, rows: int, kind: str, *, backend: str, se
 def index_over_cells(centroids: np.ndarray, kind: str, pq_sample: np.ndarray | None = None) -> np.ndarray:
     """An empty ``ivf`` or ``ivfpq`` index over ``centroids`` (``(cells, d)`` float32 unit
     cells trained on a sample of every shard's vectors,
-    :func:`~pipeline.mining.ivf_training.spherical_kmeans_over`), as ``faiss.serialize_index``
+    :func:`~pipeline.mining.ivf_training.spherical_kmeans`), as ``faiss.serialize_index``
     writes it; ``ivfpq`` trains its codebooks on ``pq_sample`` (at least 256 rows of the
     vectors). Every shard fills a copy with its own vectors (:class:`PretrainedIndex`), so a
     vector is listed under the same cell whichever shard holds it, the shards' merged search is
@@ -570,84 +559,31 @@ def exact_top_k(
     k: int,
     chunk_rows: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(len(queries), k)`` scores and positions among ``rows`` vectors with the largest inner
-    products with each query (in no order), the vectors fetched ``chunk_rows`` positions at a time by
-    ``vectors_of`` (an array's rows, or the miner's shards: :meth:`EncodedTexts.vectors`);
-    None: as many as keep a chunk's scores and candidates (20 B a query and row) within
-    :data:`EXACT_CHUNK_BYTES`."""
+    """``(len(queries), k)`` scores, best first, and positions among ``rows`` vectors with the
+    largest inner products with each query: faiss' ``ResultHeap`` over blocks of the vectors,
+    fetched ``chunk_rows`` positions at a time by ``vectors_of`` (an array's rows, or the
+    miner's shards: :meth:`EncodedTexts.vectors`); None: as many as keep a block's scores
+    within :data:`EXACT_CHUNK_BYTES`."""
+    import faiss  # deferred, as in choose_backend
+
     if chunk_rows is None:
-        chunk_rows = max(k + 1, EXACT_CHUNK_BYTES // (20 * max(1, len(queries))))
-    best_scores = np.empty((len(queries), 0), dtype=np.float32)
-    best_rows = np.empty((len(queries), 0), dtype=np.int64)
+        chunk_rows = max(k, EXACT_CHUNK_BYTES // (4 * max(1, len(queries))))
+    heap = faiss.ResultHeap(len(queries), k, keep_max=True)
+    every_query = np.arange(len(queries))
     for lo in range(0, rows, chunk_rows):
         positions = np.arange(lo, min(lo + chunk_rows, rows))
-        chunk = queries @ vectors_of(positions).T
-        scores = np.concatenate([best_scores, chunk], axis=1)
-        candidates = np.concatenate([best_rows, np.broadcast_to(positions, chunk.shape)], axis=1)
-        top = np.argpartition(-scores, min(k, scores.shape[1]) - 1, axis=1)[:, :k]
-        best_scores, best_rows = (
-            np.take_along_axis(scores, top, axis=1),
-            np.take_along_axis(candidates, top, axis=1),
-        )
-    return best_scores, best_rows
+        # One row of ids for every query: the block's positions are each query's candidates.
+        heap.add_result_subset(every_query, queries @ vectors_of(positions).T, positions)
+    heap.finalize()
+    return heap.D, heap.I
 
 
-def knn_search(
-    vectors: np.ndarray,
-    k: int,
-    use_gpu: bool = False,
-    spec: IndexSpec | None = None,
-    query_chunk: int | None = None,
-    seed: int = 0,
-    queries: np.ndarray | None = None,
-) -> KnnResult:
-    """Top-``k`` neighbours among the rows of ``vectors`` for each query: one
-    :class:`VectorIndex` built and searched once.
-
-    Args:
-        vectors: ``(n, d)`` float32, L2-normalised: the searched corpus.
-        k: neighbours per query; capped at ``n``.
-        use_gpu: search on a GPU when one is usable (see module docstring).
-        spec: the index kind (default ``auto``).
-        query_chunk: queries per GPU matrix product (bounds GPU memory to ``chunk x n``);
-            None: sized from the GPU's free memory.
-        seed: for the IVF training sample.
-        queries: ``(m, d)`` float32, L2-normalised; ``None`` searches every row of
-            ``vectors`` (each finds itself first).
-    """
-    index = VectorIndex(vectors, use_gpu=use_gpu, spec=spec, seed=seed, query_chunk=query_chunk, k=k)
-    started = time.perf_counter()
-    scores, indices = index.search(index.vectors if queries is None else queries, k)
-    return KnnResult(scores, indices, index.backend, index.build_seconds, time.perf_counter() - started)
-
-
-def torch_search(
-    vectors: np.ndarray, queries: np.ndarray, k: int, query_chunk: int, device: str = "cuda"
-) -> KnnResult:
-    """Exact top-``k`` by inner product, as chunked matrix products and ``topk`` in torch on
-    ``device``: the ``torch-cuda`` backend, and on ``"cpu"`` the same search for a machine
-    with neither faiss nor CUDA (``bench.gpu_step`` times it there).
-
-    Args:
-        vectors: ``(n, d)`` float32, L2-normalised, C-contiguous: the searched corpus.
-        queries: ``(m, d)`` float32, L2-normalised, C-contiguous.
-        k: neighbours per query, at most ``n``.
-        query_chunk: queries per matrix product (bounds memory to ``chunk x n`` scores).
-        device: ``"cuda"`` or ``"cpu"``; the backend is named ``torch-<device>/flat``.
-    """
-    start = time.perf_counter()
-    base = torch.from_numpy(vectors).to(device)
-    if base.is_cuda:
-        torch.cuda.synchronize()
-    built = time.perf_counter()
-    scores, indices = _torch_top_k(base, queries, k, query_chunk)
-    done = time.perf_counter()
-    return KnnResult(scores, indices, f"torch-{device}/flat", built - start, done - built)
-
-
-def _torch_top_k(
+def torch_top_k(
     base: torch.Tensor, queries: np.ndarray, k: int, query_chunk: int
 ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` of ``queries`` (``(m, d)`` float32) by inner product with the rows of
+    ``base`` (``(n, d)`` on its device): chunked matrix products and ``topk``, the
+    ``torch-cuda`` backend's search (faiss-gpu wheels need CUDA 12, torch's are CUDA 13)."""
     scores = np.empty((len(queries), k), dtype=np.float32)
     indices = np.empty((len(queries), k), dtype=np.int64)
     for lo in range(0, len(queries), query_chunk):

@@ -23,7 +23,7 @@ from pipeline.core.heap import release_free_heap
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource
-from pipeline.mining.ivf_training import nearest_cell_sums
+from pipeline.mining.ivf_training import SampleOnDevice
 from pipeline.mining.sharded_search import IndexShard
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
@@ -111,9 +111,9 @@ class MinerShard:
     ) -> dict[str, Any]:
         """The first half of a refresh whose IVF cells every shard shares: encode this shard's
         part of the sample they are trained on (``rows``: numbers among its candidates) with
-        ``encoder_state``, and keep the vectors for the k-means (:meth:`sample_cell_sums`) and
+        ``encoder_state``, and keep the vectors for the k-means (:meth:`sample_assign`) and
         for :meth:`encode`. Returns ``kind``, the index this shard would build (none is sampled
-        for ``flat``), and ``seconds``."""
+        for ``flat``), ``dim`` and ``seconds``."""
         started = time.perf_counter()
         self.index, self.vectors = None, None  # the old ones go before the sample is trained on
         release_free_heap()
@@ -121,13 +121,13 @@ class MinerShard:
         kind = self.index_kind()
         if kind != "flat":  # trains no cells
             self.sample = (seed, rows, self._encode(self.span.candidates[rows] - self.span.first))
-        return {"kind": kind, "seconds": time.perf_counter() - started}
+        return {"kind": kind, "dim": self.dim, "seconds": time.perf_counter() - started}
 
-    def sample_cell_sums(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def sample_assign(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One k-means round over this shard's part of the sample, on its device
-        (:func:`~pipeline.mining.ivf_training.nearest_cell_sums`)."""
-        assert self.sample is not None, "MinerShard.sample_cell_sums before encode_sample"
-        return nearest_cell_sums(torch.from_numpy(self.sample[2]).to(self.device), centroids)
+        (:meth:`~pipeline.mining.ivf_training.SampleOnDevice.assign_to`)."""
+        assert self.sample is not None, "MinerShard.sample_assign before encode_sample"
+        return SampleOnDevice(self.sample[2], self.device).assign_to(centroids)
 
     def sample_vectors(self, picks: np.ndarray) -> np.ndarray:
         """Vectors of this shard's part of the sample at ``picks`` (numbers within the part)."""

@@ -18,7 +18,7 @@ from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import PQ_TRAIN_ROWS, calibration_rows, index_over_cells, ivf_cells
-from pipeline.mining.ivf_training import spherical_kmeans_over
+from pipeline.mining.ivf_training import spherical_kmeans
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shard import MinerShard, ShardRange, shard_ranges
 from pipeline.mining.sharded_search import calibrate_shared_nprobe, merge_top_k, shared_sample
@@ -98,6 +98,7 @@ class MinerShards:
         parts = shared_sample(self.first_candidates.tolist(), self.rows, seed=seed)
         sampled = self._ask_every("encode_sample", lambda n: (state, seed, parts[n]))
         kinds = {answer["kind"] for answer in sampled}
+        self.dim = sampled[0]["dim"]
         trained = None
         if kinds in ({"ivf"}, {"ivfpq"}):  # a flat index trains nothing; mixed kinds their own
             trained = ray.put(self._shared_cells(kinds.pop(), [len(part) for part in parts], seed))
@@ -129,18 +130,18 @@ class MinerShards:
         part (the first rows would be the corpus' first)."""
         started = time.perf_counter()
         sample = SampleOverShards(self, sizes)
-        self.centroids = spherical_kmeans_over(sample, ivf_cells(self.rows), seed=seed)
+        self.centroids = spherical_kmeans(sample, ivf_cells(self.rows), seed=seed)
         print(
-            f"[mining] {len(self.centroids):,} {kind} cells trained on {sample.size:,} rows, each shard "
+            f"[mining] {len(self.centroids):,} {kind} cells trained on {sample.count():,} rows, each shard "
             f"assigning its own: {time.perf_counter() - started:.1f}s",
             flush=True,
         )
         pq_sample = None
         if kind == "ivfpq":
             picks = np.random.default_rng(seed).choice(
-                sample.size, min(sample.size, PQ_TRAIN_ROWS), replace=False
+                sample.count(), min(sample.count(), PQ_TRAIN_ROWS), replace=False
             )
-            pq_sample = sample.rows(np.sort(picks))
+            pq_sample = sample.get_subset(np.sort(picks))
         return index_over_cells(self.centroids, kind, pq_sample)
 
     def _ask_every(self, method: str, args_of: Callable[[int], tuple]) -> list[Any]:
@@ -254,9 +255,10 @@ class MinerShards:
 
 
 class SampleOverShards:
-    """The shared IVF sample as k-means sees it (:class:`~pipeline.mining.ivf_training.
-    SampleParts`): each shard's part stays in that shard (:meth:`MinerShard.encode_sample`),
-    which assigns it to the centroids at every round, all shards at once.
+    """The shared IVF sample as k-means sees it (an :class:`~pipeline.mining.ivf_training.
+    AssignableSample`): each shard's part stays in that shard (:meth:`MinerShard.encode_sample`),
+    which assigns it to the centroids at every round, all shards at once; their assignments
+    are joined in shard order and their cells' sums added up.
 
     Args:
         shards: the shards, after their ``encode_sample``.
@@ -266,18 +268,22 @@ class SampleOverShards:
     def __init__(self, shards: MinerShards, sizes: list[int]):
         self.shards = shards
         self.starts = np.cumsum([0, *sizes])
-        self.size = int(self.starts[-1])
 
-    def rows(self, picks: np.ndarray) -> np.ndarray:
-        picks = np.asarray(picks, dtype=np.int64)
+    def count(self) -> int:
+        return int(self.starts[-1])
+
+    def dim(self) -> int:
+        return self.shards.dim
+
+    def get_subset(self, indices: np.ndarray) -> np.ndarray:
+        picks = np.asarray(indices, dtype=np.int64)
         owners = np.searchsorted(self.starts, picks, side="right") - 1
         return self.shards.rows_from_owners("sample_vectors", owners, picks - self.starts[owners])
 
-    def cell_sums(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        answers = self.shards.ask_all(
-            "sample_cell_sums", ray.put(np.ascontiguousarray(centroids, dtype=np.float32))
-        )
-        return sum(a[0] for a in answers), sum(a[1] for a in answers)
+    def assign_to(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        answers = self.shards.ask_all("sample_assign", ray.put(np.ascontiguousarray(centroids, np.float32)))
+        nearest, similarity, sums = zip(*answers, strict=True)
+        return np.concatenate(nearest), np.concatenate(similarity), sum(sums)
 
 
 def shard_actor_options(settings: MinerSettings) -> dict[str, Any]:

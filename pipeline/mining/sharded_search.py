@@ -9,7 +9,7 @@ all the rows gives (with flat indexes; IVF and IVF-PQ are approximate per shard 
 whole). Queries go in chunks, so no process holds the ``n x k`` result of every query at once.
 
 IVF shards share their cells: one index is trained on a sample drawn over every shard
-(:func:`shared_sample`, :func:`~pipeline.mining.ivf_training.spherical_kmeans_over`,
+(:func:`shared_sample`, :func:`~pipeline.mining.ivf_training.spherical_kmeans`,
 :func:`~pipeline.mining.index.index_over_cells`), each shard lists its vectors under those
 cells, and one ``nprobe`` is calibrated for them all (:func:`calibrate_shared_nprobe`).
 Their merged search is then exactly one IVF index's over all the rows, and a query scans the
@@ -20,7 +20,7 @@ lists one index scans.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -86,37 +86,9 @@ class IndexShard:
         self.index.set_nprobe(nprobe)
 
 
-class ShardedIndex:
-    """Shards of one index searched as one: each query on every shard, the top lists merged
-    (:func:`merge_top_k`). A :class:`~pipeline.mining.index.NeighbourSearch`.
-
-    Args:
-        shards: anything with ``search``, ``rows``, ``backend`` and ``build_seconds`` (an
-            :class:`IndexShard`, or a handle that answers for one), holding consecutive slices.
-    """
-
-    def __init__(self, shards: Sequence[NeighbourSearch]):
-        self.shards = list(shards)
-        self.rows = sum(shard.rows for shard in self.shards)
-        self.backend = f"{self.shards[0].backend} x{len(self.shards)}"
-        self.build_seconds = max(shard.build_seconds for shard in self.shards)
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        k = min(k, self.rows)
-        return merge_top_k([shard.search(queries, k) for shard in self.shards], k)
-
-    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        k = min(k, self.rows)
-        return merge_top_k([shard.exact_search(queries, k) for shard in self.shards], k)
-
-    def set_nprobe(self, nprobe: int) -> None:
-        for shard in self.shards:
-            shard.set_nprobe(nprobe)
-
-
 class ProbedShards(NeighbourSearch, Protocol):
-    """Shards of IVF lists under shared cells, searched as one: a :class:`ShardedIndex`, or the
-    miner's shard actors (:class:`~pipeline.mining.miner_shards.MinerShards`)."""
+    """Shards of IVF lists under shared cells, searched as one: the miner's shard actors
+    (:class:`~pipeline.mining.miner_shards.MinerShards`)."""
 
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The top ``k`` from every row of every shard, merged."""
@@ -152,36 +124,23 @@ def calibrate_shared_nprobe(shards: ProbedShards, queries: np.ndarray, *, cells:
 
 
 def merge_top_k(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` best of each query over every shard's top list.
+    """The ``k`` best of each query over every shard's top list (``faiss.merge_knn_results``).
 
     Args:
-        parts: per shard, ``(m, k_s)`` float32 scores (best first) and int64 corpus positions
-            (-1: no row) of the same ``m`` queries.
+        parts: per shard, ``(m, k_s)`` float32 scores (best first) and int64 positions (-1: no
+            row) of the same ``m`` queries, ``k_s <= k``.
         k: neighbours to keep per query.
 
     Returns:
-        ``(m, k)`` scores, best first, and positions: a tie keeps the earlier shard's row
-        first, and -1 (score ``-inf``) pads where the shards hold fewer than ``k`` rows in all.
+        ``(m, k)`` scores, best first, and positions; -1 (score ``-inf``) pads where the
+        shards hold fewer than ``k`` rows in all.
     """
-    scores = np.concatenate([s for s, _ in parts], axis=1)
-    rows = np.concatenate([r for _, r in parts], axis=1)
-    scores = np.where(rows >= 0, scores, -np.inf).astype(np.float32)
-    if scores.shape[1] < k:
-        pad = k - scores.shape[1]
-        scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
-        rows = np.pad(rows, ((0, 0), (0, pad)), constant_values=-1)
-    best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(scores, best, axis=1), np.take_along_axis(rows, best, axis=1)
+    import faiss  # deferred, as in pipeline.mining.index
 
+    def widened(values: np.ndarray, fill: float) -> np.ndarray:
+        return np.pad(values, ((0, 0), (0, k - values.shape[1])), constant_values=fill)
 
-def sharded_search(
-    index: NeighbourSearch, queries: np.ndarray, k: int, query_chunk: int = 65_536
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Each chunk of ``queries`` searched on ``index`` (sharded or whole).
-
-    Yields:
-        ``(first query of the chunk, scores, positions)``, chunk after chunk, so a caller
-        filters and keeps what it needs of a chunk before the next one is searched.
-    """
-    for lo in range(0, len(queries), query_chunk):
-        yield (lo, *index.search(queries[lo : lo + query_chunk], k))
+    scores = np.stack([widened(np.where(r >= 0, s, -np.inf), -np.inf) for s, r in parts])
+    rows = np.stack([widened(r, -1) for _, r in parts])
+    scores, rows = faiss.merge_knn_results(scores.astype(np.float32), rows.astype(np.int64), keep_max=True)
+    return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows  # faiss pads with -FLT_MAX

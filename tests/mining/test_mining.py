@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from pipeline.batching.plan import balanced_batch_sizes, worker_slices
 from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, knn_search, torch_search
+from pipeline.mining.index import IndexSpec, VectorIndex, torch_top_k
 from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import NegativeFilters
@@ -44,6 +45,13 @@ def test_random_plan_covers_every_row_once_and_is_seeded():
     assert not np.array_equal(plan.rows, random_plan(1000, 64, seed=6).rows)
 
 
+def knn_search(x: np.ndarray, k: int, spec: IndexSpec | None = None) -> SimpleNamespace:
+    """Every row's top ``k`` among the rows of ``x``: one index built and searched."""
+    index = VectorIndex(x, spec=spec)
+    scores, indices = index.search(x, k)
+    return SimpleNamespace(scores=scores, indices=indices, backend=index.backend)
+
+
 def test_knn_matches_brute_force():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 16)).astype(np.float32)
@@ -56,19 +64,20 @@ def test_knn_matches_brute_force():
     np.testing.assert_allclose(result.scores, np.take_along_axis(x @ x.T, brute, 1), atol=1e-5)
 
 
-def test_torch_search_finds_what_faiss_finds():
-    """The torch path (the ``torch-cuda`` backend; here on the CPU) against faiss's flat index,
+def test_torch_top_k_finds_what_faiss_finds():
+    """The torch path (the ``torch-cuda`` backend; here on the CPU) against faiss' exact k-NN,
     in query chunks that do not divide the queries."""
+    import faiss
+
     rng = np.random.default_rng(1)
     x = rng.normal(size=(300, 16)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     queries = x[:70].copy()
-    result = torch_search(x, queries, 10, query_chunk=32, device="cpu")
-    reference = knn_search(x, 10, queries=queries)
-    assert result.backend == "torch-cpu/flat"
-    assert np.array_equal(result.indices[:, 0], np.arange(70))  # itself first
-    assert (result.indices == reference.indices).mean() > 0.99  # ties aside, identical
-    np.testing.assert_allclose(result.scores, reference.scores, atol=1e-5)
+    scores, indices = torch_top_k(torch.from_numpy(x), queries, 10, query_chunk=32)
+    reference_scores, reference = faiss.knn(queries, x, 10, faiss.METRIC_INNER_PRODUCT)
+    assert np.array_equal(indices[:, 0], np.arange(70))  # itself first
+    assert (indices == reference).mean() > 0.99  # ties aside, identical
+    np.testing.assert_allclose(scores, reference_scores, atol=1e-5)
 
 
 def _clustered(n_groups=40, size=8, dim=24, seed=0):

@@ -1,26 +1,38 @@
-"""Sharded exact search (pipeline/mining/sharded_search.py) against one flat FAISS index over
-the same vectors."""
+"""Sharded search (pipeline/mining/sharded_search.py: shards' top lists merged by faiss, IVF
+shards under shared cells) against one FAISS index over the same vectors."""
 
+from collections.abc import Sequence
+
+import faiss
 import numpy as np
 import pytest
 
-from pipeline.mining.index import (
-    IndexSpec,
-    PretrainedIndex,
-    VectorIndex,
-    index_over_cells,
-    ivf_cells,
-    knn_search,
-)
-from pipeline.mining.ivf_training import spherical_kmeans
-from pipeline.mining.sharded_search import (
-    IndexShard,
-    ShardedIndex,
-    calibrate_shared_nprobe,
-    merge_top_k,
-    sharded_search,
-    shared_sample,
-)
+from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorIndex, index_over_cells, ivf_cells
+from pipeline.mining.ivf_training import SampleOnDevice, spherical_kmeans
+from pipeline.mining.sharded_search import IndexShard, calibrate_shared_nprobe, merge_top_k, shared_sample
+
+
+class ShardsInProcess:
+    """Index shards in this process searched as one, as the miner's shard actors are
+    (``MinerShards``): every query on every shard, the top lists merged."""
+
+    def __init__(self, shards: Sequence[IndexShard]):
+        self.shards = list(shards)
+        self.rows = sum(shard.rows for shard in self.shards)
+        self.backend = f"{self.shards[0].backend} x{len(self.shards)}"
+        self.build_seconds = 0.0
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, self.rows)
+        return merge_top_k([shard.search(queries, k) for shard in self.shards], k)
+
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, self.rows)
+        return merge_top_k([shard.exact_search(queries, k) for shard in self.shards], k)
+
+    def set_nprobe(self, nprobe: int) -> None:
+        for shard in self.shards:
+            shard.set_nprobe(nprobe)
 
 
 def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
@@ -28,9 +40,9 @@ def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def shards_of(vectors: np.ndarray, bounds: list[int]) -> ShardedIndex:
+def shards_of(vectors: np.ndarray, bounds: list[int]) -> ShardsInProcess:
     edges = [0, *bounds, len(vectors)]
-    return ShardedIndex(
+    return ShardsInProcess(
         [
             IndexShard(vectors[lo:hi], lo, spec=IndexSpec("flat"))
             for lo, hi in zip(edges[:-1], edges[1:], strict=True)
@@ -41,18 +53,15 @@ def shards_of(vectors: np.ndarray, bounds: list[int]) -> ShardedIndex:
 @pytest.mark.parametrize("bounds", [[], [500], [7, 400, 401]])  # 1, 2 and 4 shards, one of a single row
 def test_sharded_flat_search_equals_one_flat_index(bounds: list[int]) -> None:
     vectors, queries = unit_vectors(1000, 24, 0), unit_vectors(300, 24, 1)
-    whole = knn_search(vectors, 16, spec=IndexSpec("flat"), queries=queries)
-    chunks = list(sharded_search(shards_of(vectors, bounds), queries, 16, query_chunk=128))
-    assert [lo for lo, _, _ in chunks] == [0, 128, 256]
-    scores = np.concatenate([s for _, s, _ in chunks])
-    rows = np.concatenate([r for _, _, r in chunks])
-    np.testing.assert_array_equal(rows, whole.indices)
-    np.testing.assert_array_equal(scores, whole.scores)  # the same dot products, bit for bit
+    whole_scores, whole_rows = faiss.knn(queries, vectors, 16, faiss.METRIC_INNER_PRODUCT)
+    scores, rows = shards_of(vectors, bounds).search(queries, 16)
+    np.testing.assert_array_equal(rows, whole_rows)
+    np.testing.assert_array_equal(scores, whole_scores)  # the same dot products, bit for bit
 
 
 def test_every_row_against_the_corpus_finds_itself_first_across_shards() -> None:
     vectors = unit_vectors(600, 16, 2)
-    ((_, scores, rows),) = sharded_search(shards_of(vectors, [250]), vectors, 5)
+    scores, rows = shards_of(vectors, [250]).search(vectors, 5)
     np.testing.assert_array_equal(rows[:, 0], np.arange(600))
     np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
 
@@ -166,15 +175,15 @@ def clustered_vectors(n: int, dim: int, clusters: int, seed: int) -> np.ndarray:
 
 def shared_cell_shards(
     vectors: np.ndarray, bounds: list[int], kind: str, seed: int
-) -> tuple[ShardedIndex, VectorIndex]:
+) -> tuple[ShardsInProcess, VectorIndex]:
     """IVF shards over slices of ``vectors`` with cells trained on a sample drawn over them all,
     and one index over every row filled from the same trained index."""
     edges = [0, *bounds, len(vectors)]
     parts = shared_sample(edges[:-1], len(vectors), seed=seed)
     sample = np.concatenate([part + lo for part, lo in zip(parts, edges, strict=False)])
-    cells = spherical_kmeans(vectors[sample], ivf_cells(len(vectors)), seed=seed, device="cpu")
+    cells = spherical_kmeans(SampleOnDevice(vectors[sample], "cpu"), ivf_cells(len(vectors)), seed=seed)
     trained = index_over_cells(cells, kind, vectors[sample])
-    shards = ShardedIndex(
+    shards = ShardsInProcess(
         [
             IndexShard(
                 vectors[lo:hi],
