@@ -44,7 +44,7 @@ def _take_texts(
         pa.table(
             {
                 "id": block.column(ids).take(pa.array(rows)),
-                "text": block.column(text).take(pa.array(rows)).cast(pa.string()),
+                "text": block.column(text).take(pa.array(rows)).cast(pa.large_string()),
             }
         )
         for block, block_picks in zip(blocks, picks, strict=True)

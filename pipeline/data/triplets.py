@@ -117,4 +117,4 @@ def index_triplets(
     _, first = np.unique(every_ids, return_index=True)
     found = every_ids[first]
     texts = every.take(pa.array(first[np.isin(found, distinct)]))
-    return pa.table({"id": distinct, "text": texts.cast(pa.string())}), triplets
+    return pa.table({"id": distinct, "text": texts.cast(pa.large_string())}), triplets

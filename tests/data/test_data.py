@@ -65,6 +65,8 @@ def test_readers_clean_and_dedup(ray_local, tmp_path, fmt):
     texts, stats = load_clean_corpus(section)
     corpus = texts.gather()
     assert set(corpus.column("text").to_pylist()) == CLEAN
+    # 64-bit offsets: the gathered texts of a corpus past 2 GiB of text stay one array.
+    assert corpus.schema.field("text").type == pa.large_string()
     assert stats.sentences == 3 and stats.duplicates_dropped == 1
     assert stats.rows_read - stats.empty_dropped - stats.duplicates_dropped == 3
     assert stats.rows_read == 6 and stats.empty_dropped == 2
