@@ -294,9 +294,10 @@ def train_in_ray(
     corpus_line = describe_corpus(data, inputs)
     # Training reads the tokens only: dropping the data lets the texts' blocks leave the object store.
     del data
+    mined_dir = f"{storage_root}/{cfg.run.name}/mined"  # every node reads the run's storage
     with (
         tracking_relay(tracked, joined_cluster) as relay,
-        miner_actor(cfg, tracked, refs, relay) as (miner, miner_pid),
+        miner_actor(cfg, tracked, refs, relay, mined_dir=mined_dir) as (miner, miner_pid),
     ):
         result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo, debug, relay=relay)
         summary = export_and_summarise(cfg, tracked, result, corpus_line, run_dir)
@@ -322,11 +323,12 @@ def tracking_relay(tracked: TrackedRun, joined_cluster: bool) -> Iterator[str | 
 
 @contextmanager
 def miner_actor(
-    cfg: Config, tracked: TrackedRun, refs: InputRefs, relay: str | None = None
+    cfg: Config, tracked: TrackedRun, refs: InputRefs, relay: str | None = None, *, mined_dir: str
 ) -> Iterator[tuple[Any, int | None]]:
     """The miner actor and its process id once it is placed and loaded, killed on exit;
     ``(None, None)`` when no refresh runs (mining off, or a single epoch). ``relay``: the
-    name of the tracking relay the miner logs through, if any.
+    name of the tracking relay the miner logs through, if any; ``mined_dir``: where it writes
+    what each refresh mined (the run's storage: every rank reads it).
 
     Raises:
         TimeoutError: the actor was not placed within ``train.placement_timeout_s``.
@@ -337,7 +339,7 @@ def miner_actor(
 
     shards = miner_shards(cfg, ray.cluster_resources())
     settings = MinerSettings.from_config(
-        cfg, tracked.tracking_uri, tracked.run_id, tracking_relay=relay, shards=shards
+        cfg, tracked.tracking_uri, tracked.run_id, tracking_relay=relay, shards=shards, mined_dir=mined_dir
     )
     if shards > 1:
         unset = " (mining.shards unset: one per GPU share beyond the train workers')"
@@ -415,7 +417,6 @@ def fit(
         tracking_uri=tracked.tracking_uri,
         run_id=tracked.run_id,
         tracking_relay=relay,
-        mined_dir=f"{storage_root}/{cfg.run.name}/mined",
         driver_node_id=ray.get_runtime_context().get_node_id(),
     )
     echo(

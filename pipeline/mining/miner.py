@@ -14,6 +14,7 @@ logs of each refresh goes through :class:`~pipeline.mining.refresh_log.RefreshLo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 from pipeline.tracking.metric_logger import MetricLogger
+from pipeline.training.plan_source import write_mined
 
 __all__ = ["HardNegativeMiner", "RefreshReport"]
 
@@ -156,7 +158,18 @@ class HardNegativeMiner:
         self.previous = report
         if self.log is not None:
             self.log.refresh(report, step, pairs=self.triplets is not None)
-        return report
+        return self._handed_back(report)
+
+    def _handed_back(self, report: RefreshReport) -> RefreshReport:
+        """What goes back to training: with run storage (``settings.mined_dir``), the report with
+        its plan or negatives column written there and named by URI, so that the rank that
+        asked never receives every row; the histogram stays here too."""
+        folder = self.settings.mined_dir
+        if folder is None:
+            return report
+        kind = "plan.npz" if report.plan is not None else "negatives.npy"
+        uri = write_mined(folder, f"v{report.version}-{kind}", plan=report.plan, negatives=report.negatives)
+        return dataclasses.replace(report, plan=None, negatives=None, mined=uri, similarities={})
 
 
 class TextEncoder(Protocol):

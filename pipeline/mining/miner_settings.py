@@ -54,6 +54,9 @@ class MinerSettings:
     tracking_relay: str | None = None
     """The name of the driver's :class:`~pipeline.tracking.relay.TrackingRelay` when the store
     is on its disk (the miner logs through it); None: it opens ``tracking_uri`` itself."""
+    mined_dir: str | None = None
+    """Where each refresh's plan or negatives column is written (``storage/run name/mined``:
+    every node reads it), so that it reaches training as a URI; None: in the report."""
 
     @property
     def use_gpu(self) -> bool:
@@ -78,11 +81,13 @@ class MinerSettings:
         tracking_relay: str | None = None,
         *,
         shards: int | None = None,
+        mined_dir: str | None = None,
     ) -> MinerSettings:
         """The settings of the run config ``cfg``, logging to MLflow run ``run_id`` at
         ``tracking_uri`` (through ``tracking_relay`` when the driver started one), over
         ``shards`` (:func:`pipeline.runtime.cluster.miner_shards`: ``mining.shards`` resolved on
-        the cluster; None: ``mining.shards``, 1 where it is null)."""
+        the cluster; None: ``mining.shards``, 1 where it is null), writing what it mines to
+        ``mined_dir``."""
         mining = cfg.mining
         return cls(
             pooler=cfg.model.pooler,
@@ -106,4 +111,5 @@ class MinerSettings:
             tracking_uri=tracking_uri,
             run_id=run_id,
             tracking_relay=tracking_relay,
+            mined_dir=mined_dir,
         )

@@ -13,13 +13,17 @@ from pipeline.batching.plan import BatchPlan
 class RefreshReport:
     """What one mining hands back to training: the corpus task's next order of rows (``plan``)
     or the pairs task's new negatives column (``negatives``, one row per training row), and
-    what the mining measured (``metrics``, already logged by the miner)."""
+    what the mining measured (``metrics``, already logged by the miner). A miner given run
+    storage (``MinerSettings.mined_dir``) writes the plan or column there and hands back its
+    URI (``mined``) instead: no train worker receives every row."""
 
     version: int
     metrics: dict[str, float]
     plan: BatchPlan | None = None
     negatives: np.ndarray | None = None
     """``(rows, m)`` text positions of each training row's negatives, -1 where none."""
+    mined: str | None = None
+    """URI of the plan or negatives column written to run storage; None: they are above."""
     miner_pid: int | None = None
     """The process id of the miner that mined it: a new one tells rank 0 that Ray restarted the
     miner since the last refresh (it died between refreshes, e.g. with its node)."""

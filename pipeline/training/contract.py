@@ -45,9 +45,6 @@ class LoopConfig:
     tracking_relay: str | None = None
     """The name of the driver's :class:`~pipeline.tracking.relay.TrackingRelay` when the store
     is on its disk (rank 0 logs through it); None: rank 0 opens ``tracking_uri`` itself."""
-    mined_dir: str | None = None
-    """Where rank 0 writes what each refresh mined (``storage/run name/mined``: every node reads
-    it), so that a plan travels as its URI (:class:`~pipeline.training.plan_source.PlanSource`)."""
     driver_node_id: str | None = None
     """The Ray node the driver runs on: it samples that machine's system metrics for the whole
     job, so workers sample only the other nodes."""

@@ -15,16 +15,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from pipeline.batching.plan import BatchPlan, PlanShare
+from pipeline.batching.plan import PlanShare
 from pipeline.config.schema import Config
 from pipeline.core.errors import UnrecoverableError, actor_lost_errors, first_line
 from pipeline.core.seams import ASYNC_BOUNDARIES_ENV, scripted_boundaries
 from pipeline.model.encoder import SentenceEncoder
 from pipeline.training.miner_client import MinerClient
 from pipeline.training.plan_broadcast import broadcast_plan
-from pipeline.training.plan_source import PlanInputs, PlanSource, share_of, write_mined
+from pipeline.training.plan_source import PlanInputs, PlanSource, share_of
 from pipeline.training.refresh_policy import Boundary, BoundaryAction, RefreshPolicy, RefreshSettings
 from pipeline.training.state import TrainState
 
@@ -56,9 +54,10 @@ class PlanRefresher:
         inputs: what every plan is made from (each rank's share is made by a Ray task:
             :func:`~pipeline.training.plan_source.share_of`).
         client: the connection to the miner actor (built on every rank, used by rank 0), or
-            None when no miner runs: then every boundary reshuffles.
-        mined_dir: where rank 0 writes what each refresh mined (the run's storage, which
-            every node reads); None only without a miner.
+            None when no miner runs: then every boundary reshuffles. The miner writes what
+            each refresh mined to the run's storage and hands back its URI
+            (:attr:`~pipeline.mining.refresh_report.RefreshReport.mined`), which is all rank 0
+            receives and broadcasts of it.
     """
 
     def __init__(
@@ -68,12 +67,10 @@ class PlanRefresher:
         world: int,
         inputs: PlanInputs,
         client: MinerClient | None,
-        mined_dir: str | None = None,
     ):
         self.cfg = cfg
         self.rank, self.world = rank, world
         self.inputs = inputs
-        self.mined_dir = mined_dir
         settings = RefreshSettings.from_config(cfg)
         if client is None:
             settings = dataclasses.replace(settings, enabled=False)  # no actor: nothing to ask
@@ -121,8 +118,10 @@ class PlanRefresher:
             ref = self.client.submit(model, version, state.step)
             report = self.client.wait(ref, model, version, state.step)
             boundary = Boundary(refresh_seconds=float(report.metrics["mining/total_s"]))
-            negatives = self._written(version, negatives=report.negatives)
-            chosen = (dataclasses.replace(state.source, version=version, negatives=negatives), boundary)
+            chosen = (
+                dataclasses.replace(state.source, version=version, negatives=mined_uri(report)),
+                boundary,
+            )
         source, boundary = broadcast_plan(chosen, start)
         return source, self.share(source), boundary
 
@@ -201,24 +200,11 @@ class PlanRefresher:
             staleness_steps=self.policy.adopted(step),
             churn=float(churn) if churn is not None else None,
         )
-        if report.negatives is not None:
+        if self.inputs.triplets_ref is not None:
             # Pairs: the new negatives travel beside the rows, which go into fresh random batches.
             reshuffled = self._reshuffled(current, epoch)
-            return dataclasses.replace(
-                reshuffled, version=version, negatives=self._written(version, negatives=report.negatives)
-            ), boundary
-        assert report.plan is not None
-        return PlanSource(version, mined_plan=self._written(version, plan=report.plan)), boundary
-
-    def _written(
-        self, version: int, *, plan: BatchPlan | None = None, negatives: np.ndarray | None = None
-    ) -> str | None:
-        """Rank 0: the URI of what refresh ``version`` mined, written to :attr:`mined_dir` (None: nothing)."""
-        if plan is None and negatives is None:
-            return None
-        assert self.mined_dir is not None
-        name = f"v{version}-plan.npz" if plan is not None else f"v{version}-negatives.npy"
-        return write_mined(self.mined_dir, name, plan=plan, negatives=negatives)
+            return dataclasses.replace(reshuffled, version=version, negatives=mined_uri(report)), boundary
+        return PlanSource(version, mined_plan=mined_uri(report)), boundary
 
     def _finished_predicate(self) -> Callable[[Any], bool]:
         """Whether a pending refresh counts as finished at this boundary: by the clock, or as
@@ -245,6 +231,13 @@ class PlanRefresher:
         if source.mined_plan is None:
             return dataclasses.replace(source, seed=seed)
         return dataclasses.replace(source, reorders=(*source.reorders, seed))
+
+
+def mined_uri(report: Any) -> str:
+    """Where the miner wrote what refresh ``report`` mined (a :class:`~pipeline.mining.refresh_report.
+    RefreshReport`: the job gives the miner run storage)."""
+    assert report.mined is not None, "the miner writes what it mines to run storage (MinerSettings.mined_dir)"
+    return report.mined
 
 
 def adopt_plan(state: TrainState, adopted: Adopted, logger: Any, *, refresh_waits: bool) -> Boundary:

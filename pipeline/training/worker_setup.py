@@ -265,7 +265,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             miner_pid=last_miner_pid(state.history.miner_seen, loop_config.miner_pid),
             inputs=miner_inputs(loop_config.corpus, loop_config.model_ref, loop_config.triplets_ref),
         )
-    refresher = PlanRefresher(cfg, rank, world, plans, client, loop_config.mined_dir)
+    refresher = PlanRefresher(cfg, rank, world, plans, client)
     sts = build_evaluator(loop_config, rank, world, device)
     max_seq_len = cfg.data.max_seq_len
     return WorkerParts(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from types import SimpleNamespace
 
@@ -295,7 +296,9 @@ def test_torch_query_chunk_keeps_its_scores_within_half_the_free_memory():
     assert query_chunk_for(100, 10**9, 64) == 1  # always at least one query
 
 
-def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs):
+def test_triplet_refresh_mines_clean_negatives(
+    trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs, tmp_path
+):
 
     from pipeline.data.normalize import with_text_keys
     from pipeline.data.tokenize import tokenize_table
@@ -338,3 +341,20 @@ def test_triplet_refresh_mines_clean_negatives(trained_tiny_model_dir, paraphras
     assert metrics["mining/negative_similarity_mean"] > metrics["mining/random_pair_similarity_mean"]
     again = miner.refresh(weights, version=2, step=9)
     assert 0.0 <= again.metrics["mining/churn"] <= 1.0
+    # Given run storage, the miner writes the column there and hands back only its URI: the
+    # rank that asked never receives every row; a corpus plan goes the same way.
+    stored_miner = HardNegativeMiner(
+        tokenized,
+        pack_dir(trained_tiny_model_dir),
+        dataclasses.replace(settings, mined_dir=str(tmp_path)),
+        triplets,
+    )
+    stored = stored_miner.refresh(weights, version=1, step=7)
+    assert stored.negatives is None and stored.plan is None and stored.similarities == {}
+    assert stored.mined == f"{tmp_path}/v1-negatives.npy"
+    np.testing.assert_array_equal(np.load(stored.mined), negatives)
+    # It keeps the rows itself: the next refresh's churn is measured as without storage.
+    assert (
+        stored_miner.refresh(weights, version=2, step=9).metrics["mining/churn"]
+        == again.metrics["mining/churn"]
+    )
