@@ -98,7 +98,7 @@ class MinerShards:
         parts = shared_sample(self.first_candidates.tolist(), self.rows, seed=seed)
         sampled = self._ask_every("encode_sample", lambda n: (state, seed, parts[n]))
         kinds = {answer["kind"] for answer in sampled}
-        self.dim = sampled[0]["dim"]
+        self.dim = sampled[0]["dim"]  # before the k-means, which asks the sample its dimension
         trained = None
         if kinds in ({"ivf"}, {"ivfpq"}):  # a flat index trains nothing; mixed kinds their own
             trained = ray.put(self._shared_cells(kinds.pop(), [len(part) for part in parts], seed))
@@ -106,7 +106,7 @@ class MinerShards:
         for report, answer in zip(reports, sampled, strict=True):
             report["encode_seconds"] += answer["seconds"]
         self.backend = f"{reports[0]['backend']} x{len(reports)}"
-        self.kind, self.dim = reports[0]["kind"], reports[0]["dim"]
+        self.kind = reports[0]["kind"]
         if trained is not None:
             queries = self.vectors(self.positions_of(calibration_rows(self.rows, seed)))
             cells = len(self.centroids)
