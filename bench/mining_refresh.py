@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import GIB, Benchmark, PeakRss, machine_report
+from bench.embedded_texts import EmbeddedTexts
 from pipeline.config.data_section import GENERATED_GROUP_SIZE
 from pipeline.data.synthetic import generate_paraphrase_corpus
 from pipeline.data.tokenize import tokenize_table
 from pipeline.data.tokenized import TokenizedCorpus
 from pipeline.data.utf8 import stable_row_id
-from pipeline.mining.encoded_texts import EmbeddedTexts
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner_settings import MinerSettings

@@ -28,6 +28,12 @@ from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
 DEMO_CONFIG = REPO / "jobs" / "configs" / "demo.yaml"
 
 
+JOB_PATIENCE_S = 1500.0
+"""How long a wait on a running job's progress lasts at most. Such a wait ends as soon as the
+job gets there, or ends; this bound only stops a job that hangs. It is not a measure of speed:
+on a loaded machine a job reaches a point many minutes after it would on a quiet one."""
+
+
 class JobWaitError(RuntimeError):
     """A condition on a running job did not come true in time, or the job ended first."""
 
@@ -106,7 +112,7 @@ class RunningJob:
         except psutil.NoSuchProcess:
             return []
 
-    def wait_held(self, point: str, what: str, timeout: float = 400) -> int:
+    def wait_held(self, point: str, what: str, timeout: float = JOB_PATIENCE_S) -> int:
         """The pid of the job's process blocked at the seam ``point`` (one of ``holds``), once
         it is.
 
@@ -115,7 +121,7 @@ class RunningJob:
         """
         return wait_for(lambda: held_pid(self.hold_dir, point), timeout, what, self)
 
-    def kill_held(self, point: str, title: str, what: str, timeout: float = 400) -> psutil.Process:
+    def kill_held(self, point: str, title: str, what: str, timeout: float = JOB_PATIENCE_S) -> psutil.Process:
         """Wait until the job is held at ``point``, then SIGKILL the process held there, whose
         title must contain ``title`` (e.g. ``HardNegativeMiner``); returns that process."""
         victim = psutil.Process(self.wait_held(point, what, timeout))

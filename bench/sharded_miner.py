@@ -8,8 +8,8 @@ For each corpus size and S, on a local multi-node cluster (:mod:`bench.local_clu
 process on the head tokenizes the generated corpus into the object store as the job does
 (:func:`~pipeline.data.tokenize.tokenize_texts`, with the tiny model's tokenizer, trained once on
 the corpus' first lines) and runs the miner over S shard actors
-(:meth:`~pipeline.mining.miner.HardNegativeMiner.over_shards`, ``mining.shards`` = S), the shards
-on a second node labelled ``role=miner``. The miner runs in the driver's process here (in a job
+(:class:`~pipeline.mining.miner.HardNegativeMiner`, ``mining.shards`` = S), the shards on a
+second node labelled ``role=miner`` (at S = 1 the one shard runs in the miner's process). The miner runs in the driver's process here (in a job
 it is an actor of its own, holding the same keys, rows and plan), so the driver's peak is the
 driver's and the miner's together. One refresh of the corpus task runs (``knn`` batches, the
 index ``--index`` names, ``top_k`` 64, batch 64), with the tiny model after a few SimCSE steps
@@ -107,26 +107,26 @@ def drive(args: argparse.Namespace) -> None:
         triplets = Triplets(
             anchor=anchor, positive=(anchor + 1) % n, negative=np.full(len(anchor), -1), pool=np.arange(n)
         )
-    miner = HardNegativeMiner.over_shards(blocks, ray.put(pack_dir(args.model)), settings, triplets)
+    miner = HardNegativeMiner(blocks, ray.put(pack_dir(args.model)), settings, triplets)
     weights = load_sentence_encoder(args.model, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=0)
-    shard_pids = ray.get([h.ready.remote() for h in miner.encoder.handles])
+    shard_pids = miner.shards.ask_all("ready")
     print(
         READY
         + json.dumps(
             {
                 "tokenize_s": tokenize_seconds,
                 "shard_pids": shard_pids,
-                "nprobe": miner.encoder.nprobe,
+                "nprobe": miner.shards.nprobe,
                 **report.metrics,
             }
         ),  # fmt: skip
         flush=True,
     )
     sys.stdin.readline()  # the bench reads every peak meanwhile, before the recall's own arrays
-    print(RECALL + json.dumps(index_recall(miner.encoder, seed=1)), flush=True)
+    print(RECALL + json.dumps(index_recall(miner.shards, seed=1)), flush=True)
     sys.stdin.readline()
-    miner.encoder.stop()
+    miner.shards.stop()
 
 
 def index_recall(texts: Any, *, seed: int, k: int = 10) -> float:

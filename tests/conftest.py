@@ -8,7 +8,8 @@ import re
 import signal
 import subprocess
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -49,7 +50,7 @@ def run_script_in_process(
     variable and the environment as it was afterwards: on the test process's Ray when the
     test holds ``ray_local`` (no Ray start and no imports of its own: about 20 s of CPU less
     than a process of its own). For jobs that run the same either way: the seams a test sets
-    here reach the job's actors in their runtime_env, and :func:`hold_and_kill` kills one of
+    here reach the job's actors in their runtime_env, and :class:`KillWhenHeld` kills one of
     them; a job whose driver a test kills, or that needs a Ray of its own, runs as a process
     of its own.
 
@@ -82,27 +83,44 @@ def run_script_in_process(
 RAY_LOG_MARKER = re.compile(r":(job_id|actor_name|task_name):")
 
 
-def hold_and_kill(monkeypatch, hold_dir: Path, point: str, timeout: float = 400) -> Future:
-    """Set the hold seam (:func:`pipeline.core.seams.hold_once`) at ``point`` for a job run in
-    this process (:func:`run_script_in_process`), and SIGKILL the process that holds there, from
-    a thread, once it does. The future gives the pid killed (nothing held there
-    within ``timeout`` s: ``JobWaitError``)."""
-    from bench.running_job import held_pid, wait_for
-    from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
+class KillWhenHeld:
+    """Sets the hold seam (:func:`pipeline.core.seams.hold_once`) at ``point`` for a job run in
+    this process (:func:`run_script_in_process`), and SIGKILLs the process that holds there,
+    from a thread, once it does. The thread waits for the hold or for :meth:`killed_pid`, the
+    test's word that the job has ended, never for a clock: on a loaded machine the hold can
+    come many minutes after the job started, and a killer that gave up earlier left the job
+    held until its own timeout."""
 
-    hold_dir.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv(HOLD_ENV, point)
-    monkeypatch.setenv(HOLD_DIR_ENV, str(hold_dir))
+    def __init__(self, monkeypatch, hold_dir: Path, point: str):
+        from pipeline.core.seams import HOLD_DIR_ENV, HOLD_ENV
 
-    def kill_when_held() -> int:
-        pid = wait_for(lambda: held_pid(hold_dir, point), timeout, f"a process held at {point}")
-        os.kill(pid, signal.SIGKILL)
-        return pid
+        hold_dir.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(HOLD_ENV, point)
+        monkeypatch.setenv(HOLD_DIR_ENV, str(hold_dir))
+        self.point = point
+        self._job_ended = threading.Event()
+        self._killed: int | None = None
+        # A daemon: a test that fails before its job ends leaves nothing for pytest's exit to join.
+        self._thread = threading.Thread(target=self._kill_when_held, args=(hold_dir, point), daemon=True)
+        self._thread.start()
 
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(kill_when_held)
-    pool.shutdown(wait=False)  # the thread runs on until the kill (or the timeout)
-    return future
+    def _kill_when_held(self, hold_dir: Path, point: str) -> None:
+        from bench.running_job import held_pid
+
+        while not self._job_ended.is_set():
+            pid = held_pid(hold_dir, point)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                self._killed = pid
+                return
+            time.sleep(0.05)
+
+    def killed_pid(self) -> int:
+        """Once the job has ended: the pid killed. Fails the test if nothing held there."""
+        self._job_ended.set()
+        self._thread.join(timeout=30)
+        assert self._killed is not None, f"no process of the job held at {self.point}"
+        return self._killed
 
 
 def _actor_logs() -> dict[Path, str]:
@@ -193,6 +211,19 @@ def sorted_blocks(ray_local, tmp_path_factory, tiny_model_dir, paraphrase_corpus
         distinct, _ = load_clean_corpus(section)
         blocks, _ = tokenize_texts(distinct, tokenizer, section)
     return blocks, distinct.gather(), tokenizer
+
+
+def blocks_of(table: pa.Table):
+    """A tokenized table (``id``, ``input_ids``, ``text_key``, sorted by id) as the job hands
+    the corpus to the miner: one block in the object store of the Ray this process is on
+    (a test that calls it holds ``ray_local``)."""
+    import pyarrow.compute as pc
+    import ray
+
+    from pipeline.data.tokenized import TokenizedBlocks
+
+    lengths = pc.list_value_length(table.column("input_ids")).to_numpy(zero_copy_only=False).astype("int32")
+    return TokenizedBlocks([ray.put(table)], (table.num_rows,), ray.put(lengths))
 
 
 @pytest.fixture(scope="session")

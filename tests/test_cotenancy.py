@@ -51,7 +51,7 @@ from test_kuberay_manifest import rayjob_entrypoint
 
 from bench.common import job_env, set_flags
 from bench.local_cluster import RayHead, RayWorkerNode
-from bench.running_job import held_pid, snapshot_checkpoints, wait_for
+from bench.running_job import JOB_PATIENCE_S, held_pid, snapshot_checkpoints, wait_for
 from pipeline.core.seams import CONNECT_TIMEOUT_ENV, HOLD_DIR_ENV, HOLD_ENV
 from pipeline.runtime.cluster import free_port
 from pipeline.tracking.refresh_table import read_refresh_table
@@ -310,19 +310,21 @@ def _lose_and_replace_nodes(
 
     ids = head.node_ids()
     lost: dict[str, set[str]] = {}
-    wait_for(lambda: held("miner_refresh=1"), 600, "the miner held in refresh v1")
+    wait_for(lambda: held("miner_refresh=1"), JOB_PATIENCE_S, "the miner held in refresh v1")
     lost["miner"] = head.alive_on("HardNegativeMinerActor")
     assert lost["miner"] == {ids["b"]}, (lost, ids)  # mining.label_selector: the role=miner node
     nodes["b"].lose()
     add_nodes(c="miner")
 
     wait_for(
-        lambda: held(f"train_step={LOST_BEFORE_STEP}"), 600, f"rank 0 held before step {LOST_BEFORE_STEP}"
+        lambda: held(f"train_step={LOST_BEFORE_STEP}"),
+        JOB_PATIENCE_S,
+        f"rank 0 held before step {LOST_BEFORE_STEP}",
     )
     # Ray Train registers a reported checkpoint a moment later; nothing newer can land while held.
     wait_for(
         lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == MID_EPOCH_CHECKPOINT,
-        120, f"the checkpoint at step {MID_EPOCH_CHECKPOINT} registered",
+        JOB_PATIENCE_S, f"the checkpoint at step {MID_EPOCH_CHECKPOINT} registered",
     )  # fmt: skip
     lost["workers"] = head.alive_on("RayTrainWorker")
     assert lost["workers"] == {ids["a"]}, (lost, ids)  # train.label_selector: the role=trainer node

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, assert_no_alarming_lines, hold_and_kill, run_script_in_process
+from conftest import REPO, KillWhenHeld, assert_no_alarming_lines, run_script_in_process
 from mlflow.tracking import MlflowClient
 
 from bench.common import set_flags
@@ -208,14 +208,14 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
         "train.epochs=2", "train.batch_size=32", "train.lr=1e-3", "tracking.experiment=sup", f"eval.sts={sts}",
         "train.num_workers=1",  # two ranks: the demo's run; a worker costs ~9 s of CPU to start
     ]  # fmt: skip
-    killed = hold_and_kill(monkeypatch, tmp_path / "holds", "miner_refresh=2")
+    killed = KillWhenHeld(monkeypatch, tmp_path / "holds", "miner_refresh=2")
     proc = run_script_in_process(
         "jobs/train.py", ["--config", DEMO, *set_flags(overrides)], cwd=tmp_path, capfd=capfd,
         monkeypatch=monkeypatch, actor_output=True,
     )  # fmt: skip
     out = proc.stdout
     assert proc.returncode == 0, (out + proc.stderr)[-4000:]
-    miner_pid = killed.result(timeout=30)  # killed before the job could end; the thread returns after
+    miner_pid = killed.killed_pid()
     assert f"{len(rows)} (anchor, positive) rows" in out and f"{len(rows) // 2} with a given negative" in out
     assert (
         "[mining] the miner actor died during refresh v2" in out and "the miner actor was restarted 1x" in out

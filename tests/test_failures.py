@@ -18,7 +18,7 @@ from conftest import PYTHON, REPO, run_script_in_process
 from mlflow.tracking import MlflowClient
 
 from bench.common import job_env, set_flags
-from bench.running_job import RunningJob, snapshot_checkpoints, steps_redone, wait_for
+from bench.running_job import JOB_PATIENCE_S, RunningJob, snapshot_checkpoints, steps_redone, wait_for
 from pipeline.core.seams import CONNECT_TIMEOUT_ENV
 from pipeline.runtime.cluster import free_port
 from pipeline.tracking.refresh_table import read_refresh_table
@@ -60,7 +60,7 @@ def faulted_run(tmp_path_factory):
         # Ray Train registers a reported checkpoint a moment later; nothing newer can land while held.
         checkpoint = wait_for(
             lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == MID_EPOCH_CHECKPOINT and c[-1],
-            120, "the checkpoint at step 30 registered", job,
+            JOB_PATIENCE_S, "the checkpoint at step 30 registered", job,
         )  # fmt: skip
         assert 1 < checkpoint["epoch"] < 2
 
@@ -68,13 +68,18 @@ def faulted_run(tmp_path_factory):
             (run,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
             return {m.step for m in train_loss_history(client, run.info.run_id)}
 
-        wait_for(lambda: KILLED_BEFORE_STEP - 1 in steps_sent(), 120, "the steps before the hold sent", job)
+        wait_for(
+            lambda: KILLED_BEFORE_STEP - 1 in steps_sent(),
+            JOB_PATIENCE_S,
+            "the steps before the hold sent",
+            job,
+        )
         rank0 = re.findall(r"RayTrainWorker pid=(\d+)\)", job.output)
         victims = [p for p in job.processes("RayTrainWorker") if str(p.pid) in set(rank0)]
         assert victims, "rank 0 of the train workers not found"
         victims[0].kill()
         facts["checkpoint_step"] = MID_EPOCH_CHECKPOINT
-        facts["returncode"] = job.wait(timeout=600)
+        facts["returncode"] = job.wait(timeout=JOB_PATIENCE_S)
     finally:
         job.kill_all()
     facts["output"] = job.output
@@ -196,13 +201,13 @@ def test_a_killed_job_then_a_hung_miner_resume_where_they_must_and_a_tracking_ou
         first.wait_held("train_step=23", "step 23")
         wait_for(
             lambda: (c := snapshot_checkpoints(run_dir)) and c[-1]["step"] == 20 and c,
-            120, "the checkpoint at step 20 registered", first,
+            JOB_PATIENCE_S, "the checkpoint at step 20 registered", first,
         )  # fmt: skip
         (interrupted,) = client.search_runs([client.get_experiment_by_name("simcse-demo").experiment_id])
         run_id = interrupted.info.run_id
         # Steps 16-20 are sent at step 20 (train.log_every=5): the next start trains them again.
         wait_for(
-            lambda: 20 in {m.step for m in train_loss_history(client, run_id)}, 120, "step 20 sent", first
+            lambda: 20 in {m.step for m in train_loss_history(client, run_id)}, JOB_PATIENCE_S, "step 20 sent", first
         )  # fmt: skip
         first.proc.kill()  # SIGKILL: no handler runs, nothing is cleaned up or marked
         first.wait(timeout=30)
@@ -216,10 +221,10 @@ def test_a_killed_job_then_a_hung_miner_resume_where_they_must_and_a_tracking_ou
         second = RunningJob(tmp_path, [*overrides, "mining.timeout_s=5"])
         jobs.append(second)
         # The trainer is announced only after the miner answered ready(): it exists and is idle.
-        wait_for(lambda: "[train] 4 epochs" in second.output, 300, "the trainer start", second)
+        wait_for(lambda: "[train] 4 epochs" in second.output, JOB_PATIENCE_S, "the trainer start", second)
         (miner,) = second.processes("HardNegativeMiner")
         miner.suspend()
-        code = second.wait(timeout=300)
+        code = second.wait(timeout=JOB_PATIENCE_S)
         steps_per_epoch = _resumed_then_failed_on_the_hung_miner(
             second.output, code, client, run_id, run_dir, previous
         )
@@ -228,13 +233,15 @@ def test_a_killed_job_then_a_hung_miner_resume_where_they_must_and_a_tracking_ou
         jobs.append(third)
         wait_for(
             lambda: any(m.step > steps_per_epoch for m in train_loss_history(client, run_id)),
-            400, "a step of the third start logged", third, 0.5,
+            JOB_PATIENCE_S, "a step of the third start logged", third, 0.5,
         )  # fmt: skip
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=30)
-        wait_for(lambda: "[mlflow] could not send" in third.output, 300, "a failed send", third, 0.2)
+        wait_for(
+            lambda: "[mlflow] could not send" in third.output, JOB_PATIENCE_S, "a failed send", third, 0.2
+        )
         server = _start_mlflow_server(tmp_path, port)
-        code = third.wait(timeout=600)
+        code = third.wait(timeout=JOB_PATIENCE_S)
         out = third.output
         assert code == 0, out[-4000:]
         assert f"[train] resumed at step {steps_per_epoch}, after epoch 1" in out

@@ -46,7 +46,8 @@ class MiningSection:
     runs on a GPU), IVF above; the IVF settings follow the corpus size
     (``pipeline.mining.index``, from docs/benchmarks.md: Mining refresh at scale)."""
     shards: int | None = None
-    """Miner shards: 1 keeps every text's vector and the index in the miner actor. N splits them
+    """Miner shards: 1 keeps every text's vector and the index in the miner actor (its one
+    shard runs there, the same code as N's). N splits them
     over N shard actors, each with ``num_cpus`` and ``num_gpus`` on a node ``label_selector``
     matches, beside the miner (which then holds only each text's key and the rows, and no GPU):
     each shard encodes its range of the corpus with the newest weights and indexes its

@@ -2,9 +2,10 @@
 positions, and a search over the candidates' (a
 :class:`~pipeline.mining.index.NeighbourSearch`).
 
-Two kinds answer: :class:`EmbeddedTexts`, every vector in one array of this process, and the
-miner's shards (:class:`~pipeline.mining.miner_shards.MinerShards`), each holding a range. A
-refresh asks for a chunk of rows' vectors at a time, so it reads the same either way.
+The miner's shards answer (:class:`~pipeline.mining.miner_shards.MinerShards`), each holding a
+range; a refresh asks for a chunk of rows' vectors at a time, however many hold them. Tests
+and benches that mine precomputed vectors give every vector in one array
+(``bench/embedded_texts.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex
+from pipeline.mining.index import NeighbourSearch
 
 
 class EncodedTexts(NeighbourSearch, Protocol):
@@ -28,37 +28,3 @@ class EncodedTexts(NeighbourSearch, Protocol):
     def vectors(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` float32, L2-normalised, in the order of ``positions``."""
         ...
-
-
-class EmbeddedTexts:
-    """Every text's vector in one array, and an index over the candidates' (one process).
-
-    Args:
-        embeddings: ``(texts, dim)`` the corpus under the newest weights.
-        candidates: sorted positions searches may return (the pool); their ordinals are
-            what a search returns. None: every text (the corpus task), with no copy.
-        search: index kind, device and ``top_k``.
-        seed: the IVF training sample.
-    """
-
-    def __init__(
-        self, embeddings: np.ndarray, candidates: np.ndarray | None, search: SearchSettings, seed: int
-    ):
-        self.embeddings = embeddings
-        pool = embeddings if candidates is None else embeddings[candidates]
-        kind = search.index_kind(len(pool), pool.shape[1])
-        self.index = VectorIndex(
-            pool, use_gpu=search.use_gpu, spec=IndexSpec(kind), seed=seed, k=search.top_k
-        )
-        self.rows, self.backend, self.build_seconds = (
-            self.index.rows,
-            self.index.backend,
-            self.index.build_seconds,
-        )
-        self.kind, self.dim = kind, pool.shape[1]
-
-    def vectors(self, positions: np.ndarray) -> np.ndarray:
-        return self.embeddings[positions]
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.index.search(queries, k)

@@ -6,8 +6,8 @@ One refresh reads top to bottom in :meth:`HardNegativeMiner.refresh`: encode
 :func:`pipeline.mining.planning.refresh_corpus`, the next order of rows), then the log
 (:mod:`pipeline.mining.refresh_log`).
 
-:class:`HardNegativeMiner` is plain Python so it can be tested without Ray; the driver runs
-it as a Ray actor (:mod:`pipeline.mining.miner_actor`) with its own resources. Everything it
+:class:`HardNegativeMiner` is plain Python over a local Ray, so a test runs it as it is; the
+driver runs it as a Ray actor (:mod:`pipeline.mining.miner_actor`) with its own resources. Everything it
 is configured with is one :class:`~pipeline.mining.miner_settings.MinerSettings`; what it
 logs of each refresh goes through :class:`~pipeline.mining.refresh_log.RefreshLog`.
 """
@@ -17,16 +17,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import torch
 
 from pipeline.core.seams import hold_once
 from pipeline.data.text_blocks import block_columns
-from pipeline.data.tokenized import TokenizedBlocks, TokenizedCorpus
+from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.data.triplets import Triplets
-from pipeline.mining.encoded_texts import EmbeddedTexts, EncodedTexts
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shards import MinerShards, shard_actor_options
 from pipeline.mining.pair_refresh import refresh_pairs
@@ -35,9 +33,7 @@ from pipeline.mining.refresh_log import RefreshLog
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import dense_keys
 from pipeline.model.accel import compute_device, mining_dtype
-from pipeline.model.encode import encode_batch_size, encode_rows
-from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
-from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.model.folders import quiet_libraries
 from pipeline.tracking.metric_logger import MetricLogger
 from pipeline.training.plan_source import write_mined
 
@@ -50,62 +46,35 @@ PREVIOUS_UPLOADS_WAIT_S = 60.0
 class HardNegativeMiner:
     """Encodes the corpus, finds each row's nearest neighbours and builds a batch plan.
 
-    Its texts are encoded in this process (:class:`LocalEncoder`), or over ``mining.shards``
-    shard actors (:meth:`over_shards`); a refresh reads the same either way.
+    Its texts are encoded, indexed and searched by ``mining.shards`` shards
+    (:class:`~pipeline.mining.miner_shards.MinerShards`: one runs in this process, more are
+    actors of their own); this process holds each text's key and the rows, and mines.
+
+    Args:
+        blocks: the tokenized corpus in the object store.
+        model_blob: the packed initial model folder (:func:`pipeline.model.folders.pack_dir`),
+            or its object ref (the shards fetch it).
+        settings: everything else it is configured with.
+        triplets: the pairs task's rows over the corpus' texts; None: the corpus task.
     """
 
     def __init__(
-        self, corpus_table: Any, model_blob: bytes, settings: MinerSettings, triplets: Triplets | None = None
-    ):
-        """
-        Args:
-            corpus_table: the tokenized corpus (``id``, ``input_ids``, ``text_key``), sorted by id
-                (:meth:`~pipeline.data.tokenized.TokenizedBlocks.table`).
-            model_blob: the packed initial model folder (:func:`pipeline.model.folders.pack_dir`).
-            settings: everything else it is configured with.
-            triplets: the pairs task's rows over the corpus' texts; None: the corpus task.
-        """
-        quiet_libraries()
-        pool = triplets.candidate_pool() if triplets is not None else None
-        encoder = LocalEncoder(corpus_table, model_blob, settings, pool)
-        keys = dense_keys(corpus_table.column("text_key").to_numpy())
-        self._start(settings, triplets, encoder, keys)
-
-    @classmethod
-    def over_shards(
-        cls,
+        self,
         blocks: TokenizedBlocks,
         model_blob: Any,
         settings: MinerSettings,
         triplets: Triplets | None = None,
-    ) -> HardNegativeMiner:
-        """The miner over ``settings.shards`` :class:`~pipeline.mining.miner_shard.MinerShard`
-        actors, each taking its range of ``blocks``; this process holds each text's key and the
-        rows, neither the tokens nor the model.
-
-        Args:
-            blocks: the tokenized corpus in the object store.
-            model_blob: the packed model folder, or its object ref (the shards fetch it).
-            settings, triplets: as for the constructor.
-        """
+    ):
         quiet_libraries()
         keys, _ = block_columns(blocks.refs, ["text_key"], num_cpus=0)
         pool = triplets.candidate_pool() if triplets is not None else None
-        shards = MinerShards.start(
+        self.shards = MinerShards.start(
             blocks, model_blob, pooler=settings.pooler, candidates=pool, shards=settings.shards,
             search=settings.search, actor_options=shard_actor_options(settings),
         )  # fmt: skip
-        miner = cls.__new__(cls)
-        miner._start(settings, triplets, shards, dense_keys(keys.column("text_key").to_numpy()))
-        return miner
-
-    def _start(
-        self, settings: MinerSettings, triplets: Triplets | None, encoder: TextEncoder, keys: np.ndarray
-    ) -> None:
         self.settings = settings
         self.triplets = triplets
-        self.encoder = encoder
-        self.text_keys = keys
+        self.text_keys = dense_keys(keys.column("text_key").to_numpy())
         self.previous: RefreshReport | None = None
         """The last refresh's result: the next refresh's churn is measured against it."""
         self.log: RefreshLog | None = None
@@ -133,7 +102,9 @@ class HardNegativeMiner:
         self.wait_logged(PREVIOUS_UPLOADS_WAIT_S)
         hold_once("miner_refresh", version)
         started = time.perf_counter()
-        texts, encode_seconds = self.encoder.encode_texts(encoder_state, seed=self.settings.seed + version)
+        texts = self.shards
+        encoded = texts.encode(encoder_state, seed=self.settings.seed + version)
+        encode_seconds = max(shard["encode_seconds"] for shard in encoded)  # the slowest shard's
         if self.triplets is not None:
             report = refresh_pairs(
                 texts, triplets=self.triplets, keys=self.text_keys, settings=self.settings,
@@ -170,39 +141,3 @@ class HardNegativeMiner:
         kind = "plan.npz" if report.plan is not None else "negatives.npy"
         uri = write_mined(folder, f"v{report.version}-{kind}", plan=report.plan, negatives=report.negatives)
         return dataclasses.replace(report, plan=None, negatives=None, mined=uri, similarities={})
-
-
-class TextEncoder(Protocol):
-    """What encodes the texts at a refresh: :class:`LocalEncoder`, or the miner's shards."""
-
-    def encode_texts(self, encoder_state: dict[str, torch.Tensor], seed: int) -> tuple[EncodedTexts, float]:
-        """The texts under ``encoder_state`` with their index built (``seed``: its IVF sample),
-        and the seconds the encode took."""
-        ...
-
-
-class LocalEncoder:
-    """The whole corpus and the model in this process (``mining.shards: 1``)."""
-
-    def __init__(
-        self, corpus_table: Any, model_blob: bytes, settings: MinerSettings, pool: np.ndarray | None
-    ):
-        model_dir = unpack_dir(model_blob)
-        self.settings = settings
-        self.corpus = TokenizedCorpus(corpus_table, load_tokenizer(model_dir).pad_token_id)
-        self.device = compute_device(use_gpu=settings.use_gpu)
-        self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=settings.pooler).to(self.device)
-        self.pool = pool
-        """Positions searches may return; None: every text."""
-
-    def encode(self, encoder_state: dict[str, torch.Tensor]) -> np.ndarray:
-        """Normalised embeddings of the whole corpus under the given encoder weights."""
-        self.model.encoder.load_state_dict(encoder_state)
-        rows = np.arange(len(self.corpus))
-        return encode_rows(self.model, self.corpus, rows, encode_batch_size(self.device), self.device)
-
-    def encode_texts(self, encoder_state: dict[str, torch.Tensor], seed: int) -> tuple[EncodedTexts, float]:
-        started = time.perf_counter()
-        embeddings = self.encode(encoder_state)
-        seconds = time.perf_counter() - started
-        return EmbeddedTexts(embeddings, self.pool, self.settings.search, seed=seed), seconds

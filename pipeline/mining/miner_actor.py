@@ -33,10 +33,7 @@ class HardNegativeMinerActor:
         if self.miner is None:
             corpus, model_ref, triplets_ref = inputs
             triplets = ray.get(triplets_ref) if triplets_ref is not None else None
-            if self.settings.shards > 1:
-                self.miner = HardNegativeMiner.over_shards(corpus, model_ref, self.settings, triplets)
-            else:
-                self.miner = HardNegativeMiner(corpus.table(), ray.get(model_ref), self.settings, triplets)
+            self.miner = HardNegativeMiner(corpus, model_ref, self.settings, triplets)
         return self.miner
 
     def ready(self, inputs: list[Any]) -> int:

@@ -1,12 +1,18 @@
-"""The miner's S shards as Ray actors, asked as one: every shard encodes its texts, the
-vectors of any positions come from the shards that hold them, and a search runs on every shard
-with the top lists merged (:func:`~pipeline.mining.sharded_search.merge_top_k`).
+"""The miner's S shards, asked as one: every shard encodes its texts, the vectors of any
+positions come from the shards that hold them, and a search runs on every shard with the top
+lists merged (:func:`~pipeline.mining.sharded_search.merge_top_k`).
+
+With ``mining.shards: 1`` the one shard is the same :class:`~pipeline.mining.miner_shard.MinerShard`
+run in the miner's own process (:class:`InProcessShard`): a laptop's run keeps one mining
+process, and a refresh reads the same at any S.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -30,7 +36,7 @@ class MinerShards:
     :class:`~pipeline.mining.index.NeighbourSearch` over every shard's candidates.
 
     Args:
-        handles: the shard actors, in range order.
+        handles: the shard actors (or the one :class:`InProcessShard`), in range order.
         spans: the range each holds.
         launch: starts a shard actor for a range (a lost shard's replacement).
         search: the index kind and device (where IVF's shared cells are trained).
@@ -44,6 +50,7 @@ class MinerShards:
         search: SearchSettings,
     ):
         self.handles, self.spans, self.launch, self.search_settings = handles, spans, launch, search
+        self.in_process = isinstance(handles[0], InProcessShard)
         self.firsts = np.array([span.first for span in spans], dtype=np.int64)
         self.first_candidates = np.array([span.first_candidate for span in spans], dtype=np.int64)
         self.rows = sum(len(span.candidates) for span in spans)
@@ -67,7 +74,8 @@ class MinerShards:
         actor_options: dict[str, Any],
     ) -> MinerShards:
         """Start ``shards`` actors (each with ``actor_options``: CPUs, GPUs, node labels), each
-        taking its range's rows from ``blocks``.
+        taking its range's rows from ``blocks``; one shard runs in this process, on what the
+        miner reserved.
 
         Args:
             blocks: the tokenized corpus in the object store.
@@ -79,6 +87,10 @@ class MinerShards:
             actor_options: Ray options of every shard actor.
         """
         spans = shard_ranges(blocks.num_rows, candidates, shards)
+        if shards == 1:
+            blob = ray.get(model_blob) if isinstance(model_blob, ray.ObjectRef) else model_blob
+            shard = MinerShard(blocks, blob, pooler=pooler, span=spans[0], search=search)
+            return cls([InProcessShard(shard)], spans, lambda span: None, search)
         actor = ray.remote(MinerShard).options(**actor_options)
 
         def launch(span: ShardRange) -> Any:
@@ -94,25 +106,33 @@ class MinerShards:
         calibrated for all (:mod:`pipeline.mining.sharded_search`).
         Returns each shard's report (rows, backend, seconds)."""
         started = time.perf_counter()
-        state = ray.put(encoder_state)  # once in the object store, not once per shard
+        state = self.to_every_shard(encoder_state)  # once in the object store, not once per shard
         parts = shared_sample(self.first_candidates.tolist(), self.rows, seed=seed)
         sampled = self._ask_every("encode_sample", lambda n: (state, seed, parts[n]))
         kinds = {answer["kind"] for answer in sampled}
         self.dim = sampled[0]["dim"]  # before the k-means, which asks the sample its dimension
         trained = None
         if kinds in ({"ivf"}, {"ivfpq"}):  # a flat index trains nothing; mixed kinds their own
-            trained = ray.put(self._shared_cells(kinds.pop(), [len(part) for part in parts], seed))
-        reports = self._ask_every("encode", lambda n: (state, seed, trained, parts[n] if trained else None))
+            trained = self.to_every_shard(
+                self._shared_cells(kinds.pop(), [len(part) for part in parts], seed)
+            )
+        reports = self._ask_every(
+            "encode", lambda n: (state, seed, trained, parts[n] if trained is not None else None)
+        )
         for report, answer in zip(reports, sampled, strict=True):
             report["encode_seconds"] += answer["seconds"]
-        self.backend = f"{reports[0]['backend']} x{len(reports)}"
+        self.backend = reports[0]["backend"] + (f" x{len(reports)}" if len(reports) > 1 else "")
         self.kind = reports[0]["kind"]
         if trained is not None:
             queries = self.vectors(self.positions_of(calibration_rows(self.rows, seed)))
             cells = len(self.centroids)
             self.nprobe, recall = calibrate_shared_nprobe(self, queries, cells=cells)
+            shards = len(self.handles)
+            where = (
+                f"over {shards} shards, {cells:,} cells in common" if shards > 1 else f"over {cells:,} cells"
+            )
             print(
-                f"[mining] {self.kind} over {len(self.handles)} shards, {cells:,} cells in common: "
+                f"[mining] {self.kind} {where}: "
                 f"nprobe {self.nprobe:,} (recall@10 {recall:.3f} on {len(queries)} rows)",
                 flush=True,
             )
@@ -131,9 +151,10 @@ class MinerShards:
         started = time.perf_counter()
         sample = SampleOverShards(self, sizes)
         self.centroids = spherical_kmeans(sample, ivf_cells(self.rows), seed=seed)
+        each = ", each shard assigning its own" if len(self.handles) > 1 else ""
         print(
-            f"[mining] {len(self.centroids):,} {kind} cells trained on {sample.count():,} rows, each shard "
-            f"assigning its own: {time.perf_counter() - started:.1f}s",
+            f"[mining] {len(self.centroids):,} {kind} cells trained on {sample.count():,} rows{each}: "
+            f"{time.perf_counter() - started:.1f}s",
             flush=True,
         )
         pq_sample = None
@@ -153,7 +174,7 @@ class MinerShards:
         answers = []
         for number, ref in enumerate(pending):
             try:
-                answers.append(ray.get(ref))
+                answers.append(self._fetch([ref])[0])
             except actor_lost_errors() as lost:
                 span = self.spans[number]
                 print(
@@ -211,9 +232,8 @@ class MinerShards:
 
     def _merged(self, method: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.rows)
-        return merge_top_k(
-            self.ask_all(method, ray.put(np.ascontiguousarray(queries, dtype=np.float32)), k), k
-        )
+        parts = self.ask_all(method, self.to_every_shard(np.ascontiguousarray(queries, dtype=np.float32)), k)
+        return merge_top_k(parts, k)
 
     def ask_all(self, method: str, *args: Any) -> list[Any]:
         """Every shard's answer to ``method(*args)``, in shard order, all asked at once (a lost
@@ -229,7 +249,7 @@ class MinerShards:
             ray.exceptions.RayActorError: a shard was lost (the trainer's recovery knows it).
         """
         try:
-            return ray.get(list(calls.values()))
+            return self._fetch(list(calls.values()))
         except actor_lost_errors():
             for number, ref in calls.items():
                 try:
@@ -242,16 +262,40 @@ class MinerShards:
                     ) from lost
             raise
 
-    def encode_texts(self, encoder_state: dict[str, torch.Tensor], seed: int) -> tuple[MinerShards, float]:
-        """:meth:`encode`, as the miner asks its encoder: the shards themselves (they answer
-        for the texts), and the slowest shard's encode seconds."""
-        reports = self.encode(encoder_state, seed)
-        return self, max(r["encode_seconds"] for r in reports)
+    def to_every_shard(self, value: Any) -> Any:
+        """``value`` as every shard's call takes it: put in the object store once (not once
+        per shard), or as it is for the shard in this process."""
+        return value if self.in_process else ray.put(value)
+
+    def _fetch(self, answers: list[Any]) -> list[Any]:
+        """The values of shard calls' answers (object refs, or an :class:`InProcessShard`'s)."""
+        return [a.value for a in answers] if self.in_process else ray.get(answers)
 
     def stop(self) -> None:
         """End the shard actors (their vectors and indexes go with them)."""
-        for handle in self.handles:
-            ray.kill(handle)
+        if not self.in_process:
+            for handle in self.handles:
+                ray.kill(handle)
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What a call to an :class:`InProcessShard` returned, in place of an object ref."""
+
+    value: Any
+
+
+class InProcessShard:
+    """A :class:`~pipeline.mining.miner_shard.MinerShard` in the miner's process, called as its
+    actor handle is (``shard.search.remote(queries, k)``), each call run at once: ``mining.shards:
+    1`` runs the code every S runs, without a second process or the object store between them."""
+
+    def __init__(self, shard: MinerShard):
+        self.shard = shard
+
+    def __getattr__(self, method: str) -> Any:
+        call = getattr(self.shard, method)
+        return SimpleNamespace(remote=lambda *args, **kwargs: Answered(call(*args, **kwargs)))
 
 
 class SampleOverShards:
@@ -281,7 +325,9 @@ class SampleOverShards:
         return self.shards.rows_from_owners("sample_vectors", owners, picks - self.starts[owners])
 
     def assign_to(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        answers = self.shards.ask_all("sample_assign", ray.put(np.ascontiguousarray(centroids, np.float32)))
+        answers = self.shards.ask_all(
+            "sample_assign", self.shards.to_every_shard(np.ascontiguousarray(centroids, np.float32))
+        )
         nearest, similarity, sums = zip(*answers, strict=True)
         return np.concatenate(nearest), np.concatenate(similarity), sum(sums)
 

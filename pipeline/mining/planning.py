@@ -59,9 +59,8 @@ def refresh_corpus(
     its batches; the batches of every partition, shuffled, are the next epoch's plan.
 
     Args:
-        texts: the corpus under the newest weights, every text a candidate
-            (:class:`~pipeline.mining.encoded_texts.EmbeddedTexts` with no pool, or the
-            miner's shards).
+        texts: the corpus under the newest weights, every text a candidate (the miner's
+            shards).
         keys: ``(rows,)`` :func:`~pipeline.mining.text_keys.text_keys` of the rows.
         settings: search, filters, sampler, batch size, partition size and seed.
         version: this refresh's version (it seeds the search and the plan).

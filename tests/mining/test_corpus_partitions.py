@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from bench.embedded_texts import EmbeddedTexts
 from pipeline.batching.plan import balanced_batch_sizes
 from pipeline.mining.corpus_partitions import cut_at_batch_bounds, partition_corpus
-from pipeline.mining.encoded_texts import EmbeddedTexts
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner_settings import MinerSettings

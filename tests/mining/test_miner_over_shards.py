@@ -1,5 +1,5 @@
-"""The miner over shard actors (``mining.shards: 2``) refreshes as the miner that holds
-everything. The shards encode their ranges in batches of their own, so their vectors equal the
+"""The miner over shard actors (``mining.shards: 2``) refreshes as the miner whose one shard
+runs in its own process (``mining.shards: 1``). The shards encode their ranges in batches of their own, so their vectors equal the
 miner's to float rounding (tested exactly on the same vectors in test_miner_shards.py); here
 the pairs column and the corpus plan's quality are compared."""
 
@@ -40,12 +40,12 @@ def test_two_shards_refresh_as_one_miner(sorted_blocks, trained_tiny_model_dir, 
     if task == "pairs":  # every text's neighbour in position order as its positive; half the texts as pool
         rows = np.arange(0, n - 1, 2)
         triplets = Triplets(rows, rows + 1, np.full(len(rows), -1), pool=np.arange(1, n, 2))
-    one = HardNegativeMiner(blocks.table(), blob, settings, triplets).refresh(weights, version=1, step=0)
-    sharded = HardNegativeMiner.over_shards(blocks, blob, replace(settings, shards=2), triplets)
+    one = HardNegativeMiner(blocks, blob, settings, triplets).refresh(weights, version=1, step=0)
+    sharded = HardNegativeMiner(blocks, blob, replace(settings, shards=2), triplets)
     try:
         two = sharded.refresh(weights, version=1, step=0)
     finally:
-        sharded.encoder.stop()
+        sharded.shards.stop()
     if task == "pairs":
         assert (one.negatives >= 0).mean() > 0.9
         assert (two.negatives == one.negatives).mean() > 0.95

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import blocks_of
 
 from pipeline.batching.plan import balanced_batch_sizes, worker_slices
 from pipeline.batching.sampler_inputs import SamplerInputs
@@ -143,7 +144,7 @@ def test_miner_settings_come_from_the_config():
     assert (settings.tracking_uri, settings.run_id) == ("sqlite:///x.db", "run-1")
 
 
-def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenized_corpus):
+def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenized_corpus, ray_local):
     from pipeline.mining.negatives import NegativeFilters
 
     table, groups = tokenized_corpus
@@ -155,7 +156,7 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
             pooler="mean", batch_size=16, search=SearchSettings(top_k=64), seed=11, filters=filters,
             plan=PlanSettings(batch_sampler="knn"),  # batches of near neighbours, paraphrases apart
         )  # fmt: skip
-        miner = HardNegativeMiner(table, pack_dir(trained_tiny_model_dir), settings)
+        miner = HardNegativeMiner(blocks_of(table), pack_dir(trained_tiny_model_dir), settings)
         assert miner.ready() == os.getpid()  # its process: a restarted miner answers another
         return miner, miner.refresh(weights, version=version, step=0)
 
@@ -297,7 +298,7 @@ def test_torch_query_chunk_keeps_its_scores_within_half_the_free_memory():
 
 
 def test_triplet_refresh_mines_clean_negatives(
-    trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs, tmp_path
+    trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs, tmp_path, ray_local
 ):
 
     from pipeline.data.normalize import with_text_keys
@@ -319,7 +320,8 @@ def test_triplet_refresh_mines_clean_negatives(
         seed=0,
         filters=filters,
     )
-    miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)
+    blocks = blocks_of(tokenized)
+    miner = HardNegativeMiner(blocks, pack_dir(trained_tiny_model_dir), settings, triplets)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=7)
     negatives, metrics = report.negatives, report.metrics
@@ -344,7 +346,7 @@ def test_triplet_refresh_mines_clean_negatives(
     # Given run storage, the miner writes the column there and hands back only its URI: the
     # rank that asked never receives every row; a corpus plan goes the same way.
     stored_miner = HardNegativeMiner(
-        tokenized,
+        blocks,
         pack_dir(trained_tiny_model_dir),
         dataclasses.replace(settings, mined_dir=str(tmp_path)),
         triplets,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import blocks_of
 
 from pipeline.batching.registry import SAMPLERS
 from pipeline.config.loading import load_config
@@ -19,11 +20,12 @@ from pipeline.model.folders import pack_dir
 
 
 @pytest.fixture(scope="module")
-def refresh(trained_tiny_model_dir, tokenized_corpus):
+def refresh(trained_tiny_model_dir, tokenized_corpus, ray_local):
     """``refresh(plan_settings) -> RefreshReport`` of the real miner on the paraphrase corpus."""
     table, _ = tokenized_corpus
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     blob = pack_dir(trained_tiny_model_dir)
+    blocks = blocks_of(table)
 
     def run(plan: PlanSettings, seed: int = 11):
         settings = MinerSettings(
@@ -33,7 +35,7 @@ def refresh(trained_tiny_model_dir, tokenized_corpus):
             seed=seed,
             plan=plan,
         )
-        return HardNegativeMiner(table, blob, settings).refresh(weights, version=1, step=0)
+        return HardNegativeMiner(blocks, blob, settings).refresh(weights, version=1, step=0)
 
     return run
 
@@ -80,7 +82,7 @@ def test_plan_settings_come_from_the_config():
 
 
 def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
-    trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs
+    trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs, ray_local
 ):
     from pipeline.data.normalize import with_text_keys
     from pipeline.data.tokenize import tokenize_table
@@ -95,7 +97,7 @@ def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
         pooler="mean", batch_size=32, search=SearchSettings(top_k=32), seed=0,
         filters=NegativeFilters(num_negatives=2), random_negatives=1,
     )  # fmt: skip
-    miner = HardNegativeMiner(tokenized, pack_dir(trained_tiny_model_dir), settings, triplets)
+    miner = HardNegativeMiner(blocks_of(tokenized), pack_dir(trained_tiny_model_dir), settings, triplets)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=0)
     negatives, metrics = report.negatives, report.metrics

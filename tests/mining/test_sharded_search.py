@@ -126,8 +126,8 @@ class ShardedTexts:
 def test_a_pairs_refresh_in_chunks_and_over_shards_gives_the_one_index_column() -> None:
     """The negatives column does not depend on how many rows are mined at once nor on how the
     pool is sharded, and a known positive in another chunk's row is still no negative."""
+    from bench.embedded_texts import EmbeddedTexts
     from pipeline.data.triplets import Triplets
-    from pipeline.mining.encoded_texts import EmbeddedTexts
     from pipeline.mining.hard_negatives import SearchSettings
     from pipeline.mining.miner_settings import MinerSettings
     from pipeline.mining.negatives import NegativeFilters

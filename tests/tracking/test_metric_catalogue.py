@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, blocks_of
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
@@ -93,7 +93,7 @@ def _refresh_twice(tmp_path, model_dir, tokenized, triplets=None):
         pooler="mean", batch_size=32, search=SearchSettings(top_k=16), seed=0,
         filters=NegativeFilters(num_negatives=1), tracking_uri=client.tracking_uri, run_id=run_id,
     )  # fmt: skip
-    miner = HardNegativeMiner(tokenized, pack_dir(model_dir), settings, triplets)
+    miner = HardNegativeMiner(blocks_of(tokenized), pack_dir(model_dir), settings, triplets)
     weights = load_sentence_encoder(model_dir, pooler="mean").encoder.state_dict()
     reports = [miner.refresh(weights, version=v, step=step) for v, step in ((1, 0), (2, 12))]
     miner.wait_logged(timeout=120)
@@ -140,14 +140,16 @@ def _assert_one_column_per_refresh(client, run_id, table):
 
 
 def test_neighbourhood_refresh_charts_a_few_keys_and_tables_the_rest(
-    tmp_path, tiny_model_dir, tokenized_corpus
+    tmp_path, tiny_model_dir, tokenized_corpus, ray_local
 ):
     client, run_id, reports = _refresh_twice(tmp_path, tiny_model_dir, tokenized_corpus[0])
     _assert_charts_and_table(client, run_id, reports)
     assert "mining/batch_similarity_mean" in client.get_run(run_id).data.metrics
 
 
-def test_pair_refresh_charts_a_few_keys_and_tables_the_rest(tmp_path, tiny_model_dir, paraphrase_pairs):
+def test_pair_refresh_charts_a_few_keys_and_tables_the_rest(
+    tmp_path, tiny_model_dir, paraphrase_pairs, ray_local
+):
     from pipeline.data.normalize import with_text_keys
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.triplets import index_triplets
