@@ -75,6 +75,27 @@ class BatchPlan:
         """Rank ``rank`` of ``world``'s part of this plan (:class:`PlanShare`): its slice of each
         batch (:func:`worker_slices`), with the rows' ``negatives`` beside them, the whole plan's
         fingerprint and (given ``lengths``, as :func:`padding_share` takes them) its padding share."""
+        (share,) = self.shares(world=world, ranks=[rank], negatives=negatives, lengths=lengths)
+        return share
+
+    def shares(
+        self,
+        *,
+        world: int,
+        ranks: list[int] | None = None,
+        negatives: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+    ) -> list[PlanShare]:
+        """:meth:`share` of each of ``ranks`` (None: every rank), the whole plan's fingerprint
+        and padding share computed once for all."""
+        fingerprint = self.hex_fingerprint(negatives)
+        padding = padding_share(self, lengths, world) if lengths is not None else 0.0
+        return [
+            replace(self._cut(world, rank, negatives), fingerprint=fingerprint, padding=padding)
+            for rank in (range(world) if ranks is None else ranks)
+        ]
+
+    def _cut(self, world: int, rank: int, negatives: np.ndarray | None) -> PlanShare:
         sizes = np.asarray(self.sizes, dtype=np.int64)
         count = rank_counts(sizes, world, rank)
         base, extra = np.divmod(sizes, world)
@@ -90,8 +111,6 @@ class BatchPlan:
             rows=rows,
             negatives=np.asarray(negatives)[rows] if negatives is not None else None,
             sampler=self.sampler,
-            fingerprint=self.hex_fingerprint(negatives),
-            padding=padding_share(self, lengths, world) if lengths is not None else 0.0,
         )
 
 

@@ -3,10 +3,11 @@
 A plan travels as :class:`PlanSource`: a seed, or the storage URI of what the miner returned,
 plus the seeds its batches were reordered with. That is small, holds no object refs, and is
 the same on every rank, so it is what rank 0 broadcasts and what a checkpoint keeps. Each rank
-then asks a Ray task for its share (:func:`share_of`): the task makes the whole plan, cuts the
-rank's slice of every batch out of it with the rows' negatives beside them
-(:meth:`~pipeline.batching.plan.BatchPlan.share`), and hands back only that. The whole plan
-and the whole negatives column never sit in a train worker.
+then gets its share (:func:`share_of`) from one Ray task a boundary: the task makes the whole
+plan once, cuts every rank's slice of every batch out of it with the rows' negatives beside them
+(:meth:`~pipeline.batching.plan.BatchPlan.shares`), and returns each share as an object of its
+own; a rank fetches only its own. The whole plan and the whole negatives column never sit in a
+train worker.
 """
 
 from __future__ import annotations
@@ -134,19 +135,17 @@ def read_negatives(source: PlanSource) -> np.ndarray | None:
     return np.load(io.BytesIO(read_bytes(source.negatives))) if source.negatives is not None else None
 
 
-def _make_share(
-    source: PlanSource,
-    cfg: Config,
-    text_lengths: np.ndarray,
-    triplets: Triplets | None,
-    *,
-    world: int,
-    rank: int,
-) -> PlanShare:
+def make_shares(
+    source: PlanSource, cfg: Config, text_lengths: np.ndarray, triplets: Triplets | None, *, world: int
+) -> list[PlanShare]:
+    """Every rank's share of the plan ``source`` names, from one making of the whole plan, each
+    with the texts its rows encode."""
     plan, negatives = whole_plan(source, cfg, text_lengths, triplets)
-    share = plan.share(
-        world=world, rank=rank, negatives=negatives, lengths=padded_lengths(text_lengths, triplets)
-    )
+    shares = plan.shares(world=world, negatives=negatives, lengths=padded_lengths(text_lengths, triplets))
+    return [_with_texts(share, text_lengths, triplets) for share in shares]
+
+
+def _with_texts(share: PlanShare, text_lengths: np.ndarray, triplets: Triplets | None) -> PlanShare:
     texts = share.rows
     if triplets is not None:
         parts = [triplets.anchor[share.rows], triplets.positive[share.rows], triplets.negative[share.rows]]
@@ -159,17 +158,33 @@ def _make_share(
 
 
 def share_of(source: PlanSource, inputs: PlanInputs, *, world: int, rank: int) -> PlanShare:
-    """Rank ``rank`` of ``world``'s share of the plan ``source`` names, made by a Ray task.
+    """Rank ``rank`` of ``world``'s share of the plan ``source`` names: its slice of every
+    batch, the rows' negatives and the texts it will encode. Every rank calls it at once.
 
-    The task holds the whole plan for a moment, in its own process; the rank gets its slice
-    of every batch, the rows' negatives and the texts it will encode. It reserves no CPU:
-    the ranks that ask are waiting for it with theirs."""
+    Rank 0 starts one Ray task (:func:`make_shares`, ``num_returns=world``): it holds the
+    whole plan for a moment, in its own process, and returns each rank's share as an object
+    of its own. Their refs reach the other ranks through Ray Train's broadcast, whose Ray
+    serialization tracks the ranks that borrow them (``torch.distributed``'s pickle would not),
+    and each rank fetches only its own. The task reserves no CPU: the ranks that ask are
+    waiting for it with theirs."""
     import ray
 
-    task = ray.remote(num_cpus=0)(_make_share)
-    return ray.get(
-        task.remote(source, inputs.config, inputs.lengths_ref, inputs.triplets_ref, world=world, rank=rank)
-    )
+    refs = None
+    if rank == 0:
+        task = ray.remote(num_cpus=0, num_returns=world)(_returned_apart)
+        made = task.remote(source, inputs.config, inputs.lengths_ref, inputs.triplets_ref, world=world)
+        refs = [made] if world == 1 else made
+    if world > 1:
+        from ray.train.collective import broadcast_from_rank_zero  # a train worker's collective
+
+        refs = broadcast_from_rank_zero(refs)
+    return ray.get(refs[rank])
+
+
+def _returned_apart(*args: Any, world: int) -> PlanShare | tuple[PlanShare, ...]:
+    """:func:`make_shares` as a task of ``num_returns=world`` returns them (one: the share)."""
+    shares = make_shares(*args, world=world)
+    return shares[0] if world == 1 else tuple(shares)
 
 
 def read_bytes(uri: str) -> bytes:

@@ -9,7 +9,7 @@ import pytest
 from pipeline.batching.negative_draw import draw_negatives
 from pipeline.config.loading import load_config
 from pipeline.data.triplets import Triplets
-from pipeline.training.plan_source import PlanSource, _make_share, write_mined
+from pipeline.training.plan_source import PlanSource, make_shares, write_mined
 
 
 def _mined_column(rows: int, mined: int, rng: np.random.Generator) -> np.ndarray:
@@ -74,8 +74,7 @@ def test_a_ranks_share_trains_on_the_epochs_draw_and_the_next_epoch_draws_again(
     for seed in (3, 4):
         source = PlanSource(1, seed=seed, negatives=uri)
         taken = {}
-        for rank in range(2):
-            share = _make_share(source, cfg, lengths, triplets, world=2, rank=rank)
+        for share in make_shares(source, cfg, lengths, triplets, world=2):
             assert share.negatives.shape == (len(share.rows), 2)
             for row, negatives in zip(share.rows.tolist(), share.negatives.tolist(), strict=True):
                 assert set(negatives) <= set(mined[row].tolist())

@@ -12,7 +12,7 @@ from pipeline.batching.samplers import random_plan
 from pipeline.data.tokenized import CorpusShare, TokenizedCorpus, large_tokens
 from pipeline.data.triplets import Triplets
 from pipeline.training.global_batch import GlobalBatch
-from pipeline.training.plan_source import PlanSource, _make_share
+from pipeline.training.plan_source import PlanSource, make_shares
 
 
 def test_blocks_are_ranges_of_positions_in_id_order(sorted_blocks):
@@ -75,8 +75,9 @@ def test_a_share_pads_batches_as_the_whole_corpus_does_and_holds_only_its_rows(
 def test_a_plan_share_is_the_ranks_slice_of_every_batch(world):
     plan = random_plan(203, 16, seed=1)  # balanced sizes 15 and 16: uneven slices
     negatives = np.arange(203 * 2).reshape(203, 2)
-    for rank in range(world):
-        share = plan.share(world=world, rank=rank, negatives=negatives)
+    # Every rank's share cut from one making of the plan (the boundary's one task) is each one's own.
+    for rank, share in enumerate(plan.shares(world=world, negatives=negatives)):
+        assert np.array_equal(share.rows, plan.share(world=world, rank=rank, negatives=negatives).rows)
         for b in range(plan.num_batches):
             expected = GlobalBatch.of_plan(plan, b, world=world, rank=rank, negatives=negatives)
             rows, mined = share.local(b)
@@ -99,8 +100,8 @@ def test_a_triplet_share_names_its_rows_texts_and_negatives(tmp_path):
         named = (triplets.anchor[row], triplets.positive[row], triplets.negative[row], *mined[row])
         return {int(t) for t in named if t >= 0}
 
-    for rank in range(2):
-        share = _make_share(source, cfg, lengths, triplets, world=2, rank=rank)
+    for rank, share in enumerate(make_shares(source, cfg, lengths, triplets, world=2)):
+        assert share.rank == rank and share.world == 2
         assert set(share.texts.tolist()) == set().union(*(texts_of(row) for row in share.rows.tolist()))
         assert np.array_equal(share.text_lengths, lengths[share.texts])
         assert np.array_equal(share.negatives, mined[share.rows])
