@@ -59,7 +59,12 @@ from pipeline.mining.miner_actor import start_miner_actor
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
 from pipeline.runtime.cluster import check_cluster_fits, miner_shards, ray_session
-from pipeline.runtime.nodes import check_storage_on_every_node, keep_on_the_drivers_node, plan_reads
+from pipeline.runtime.nodes import (
+    check_storage_on_every_node,
+    live_nodes,
+    plan_reads,
+    rebuildable_from_storage,
+)
 from pipeline.runtime.preflight import preflight_train
 from pipeline.tracking.context import log_datasets
 from pipeline.tracking.relay import relay_needed, start_tracking_relay
@@ -287,9 +292,9 @@ def train_in_ray(
     reads = plan_reads({"data.path": cfg.data.path, "data.pool": cfg.data.pool}, echo)
     data = load_training_data(cfg, tracked, echo, reads=reads)
     inputs = tokenize_inputs(cfg, data, run_dir, tracked, echo)
-    inputs = dataclasses.replace(
-        inputs, corpus=dataclasses.replace(inputs.corpus, refs=keep_on_the_drivers_node(inputs.corpus.refs))
-    )
+    if len(live_nodes()) > 1:  # one node is never lost without the job: nothing to rebuild
+        stored = rebuildable_from_storage(inputs.corpus.refs, f"{storage_root}/{cfg.run.name}/tokenized")
+        inputs = dataclasses.replace(inputs, corpus=dataclasses.replace(inputs.corpus, refs=stored))
     refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
     corpus_line = describe_corpus(data, inputs)
     # Training reads the tokens only: dropping the data lets the texts' blocks leave the object store.

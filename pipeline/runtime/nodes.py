@@ -14,9 +14,9 @@ head offers none):
 
 On a one-node Ray both are skipped: there is one disk.
 
-One thing the driver keeps on its own node for the same reason: the tokenized corpus
-(:func:`keep_on_the_drivers_node`). A node can be lost while the job runs; the driver's node
-cannot without ending the job.
+One thing a multi-node job keeps in run storage for the same reason: the tokenized corpus
+(:func:`rebuildable_from_storage`). A node can be lost while the job runs, with the only copy
+of a block the tokenizer made there.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -133,24 +135,40 @@ def plan_reads(inputs: Mapping[str, str | None], echo: Echo) -> ReadNodes:
     return ReadNodes(pinned) if pinned else ANYWHERE
 
 
-def _same_block(block: Any) -> Any:
-    return block
+BLOCK_READ_RETRIES = 5
+"""How often Ray may run a block's read again: each time every copy of it was lost."""
 
 
-def keep_on_the_drivers_node(refs: list[Any]) -> list[Any]:
-    """Copies of the object ``refs`` stored on the driver's node, when the cluster has more
-    than one node (else ``refs`` as they are). The copies are made by 0-CPU tasks pinned there
-    and waited for; the originals are released when the caller drops them.
+def _write_block(block: pa.Table, uri: str) -> str:
+    filesystem, path = filesystem_of(uri)
+    filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    pq.write_table(block, path, filesystem=filesystem)
+    return uri
+
+
+def _read_block(uri: str) -> pa.Table:
+    filesystem, path = filesystem_of(uri)
+    return pq.read_table(path, filesystem=filesystem)
+
+
+def rebuildable_from_storage(refs: list[Any], folder: str) -> list[Any]:
+    """The blocks behind the object ``refs`` as objects Ray rebuilds when every copy of one is
+    lost: each is written to ``folder`` (run storage, which every node reads) by a 0-CPU task
+    beside it, then replaced by the output of a task that reads it back, which Ray runs again
+    from its lineage where the object was lost (up to :data:`BLOCK_READ_RETRIES` times). The
+    originals are released when the caller drops them.
 
     Why: the tokenized corpus is made by Ray Data's tokenizer actors on the worker nodes, and an
     actor's output is not rebuilt from lineage. A worker or miner that restarts after its node
     is lost fetches every block again; if each copy of a block was on nodes lost by then (one
-    GPU node that tokenized and trained, two nodes lost at once), the restart fails with
-    ``ObjectLostError``. The driver's node outlives every other node of the job."""
-    if len(live_nodes()) < 2 or not refs:
-        return refs
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    copy = ray.remote(num_cpus=0, max_retries=0)(_same_block).options(scheduling_strategy=here)
-    copies = [copy.remote(ref) for ref in refs]
-    ray.wait(copies, num_returns=len(copies), fetch_local=False)
-    return copies
+    GPU node that tokenized and trained, two nodes lost at once), the restart would fail with
+    ``ObjectLostError``. Storage holds the one spare copy, not the head's object store (16 GB
+    of tokens at 100M rows)."""
+    write = ray.remote(num_cpus=0)(_write_block)
+    uris = ray.get(
+        [write.remote(ref, f"{folder.rstrip('/')}/block-{k:05d}.parquet") for k, ref in enumerate(refs)]
+    )
+    read = ray.remote(num_cpus=0, max_retries=BLOCK_READ_RETRIES)(_read_block)
+    loaded = [read.remote(uri) for uri in uris]
+    ray.wait(loaded, num_returns=len(loaded), fetch_local=False)
+    return loaded
