@@ -57,6 +57,19 @@ class CandidateTotals:
         self.outside += int((filtered.allowed & ~inside).sum())
         self.partitions += 1
 
+    def add_totals(self, other: CandidateTotals) -> None:
+        """Another partition's totals, counted apart (where it was planned), added to these."""
+        self.top1_sum += other.top1_sum
+        self.top1_count += other.top1_count
+        self.candidates += other.candidates
+        self.kept += other.kept
+        for name, count in other.removed.items():
+            self.removed[name] = self.removed.get(name, 0) + count
+        self.flagged += other.flagged
+        self.pairs_in_batches += other.pairs_in_batches
+        self.outside += other.outside
+        self.partitions += other.partitions
+
     def metrics(self) -> dict[str, float]:
         """The ``mining/`` metrics of every partition added."""
         top1_mean = self.top1_sum / self.top1_count if self.top1_count else float("nan")

@@ -3,7 +3,8 @@
 The miner filters every row's neighbours (duplicates and likely false negatives out) and groups
 the rows into batches, one partition of near texts at a time
 (:mod:`~pipeline.mining.corpus_partitions`), with the sampler ``mining.batch_sampler`` names,
-each row's flagged false negatives kept out of its batch. One place decides it, so a new
+each row's flagged false negatives kept out of its batch; with shards, the partitions are
+planned in parallel where the shards are (:class:`PartitionPlanner`). One place decides it, so a new
 sampler is one entry in :mod:`pipeline.batching.registry` plus its function in
 ``pipeline/batching``.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,18 +82,22 @@ def refresh_corpus(
         texts, sizes=balanced_batch_sizes(n, s.batch_size), partition_rows=partition_rows, seed=seed
     )
     seconds = {"partition": time.perf_counter() - started, "search": 0.0, "plan": 0.0}
-    totals, plans = CandidateTotals(), []
+    planner = PartitionPlanner(ways=s.shards, label_selector=s.label_selector)
     for number, partition in enumerate(partitions):
         started = time.perf_counter()
         scores, indices = search_rows(texts, partition.rows, k)
+        duplicate = duplicate_mask(indices, keys[partition.rows], keys[partition.rows], keys)
         seconds["search"] += time.perf_counter() - started
         started = time.perf_counter()
-        plans.append(plan_partition(
-            partition, scores=scores, indices=indices, keys=keys, settings=s,
-            seed=partition_seed(seed, number), version=version, totals=totals,
-        ))  # fmt: skip
+        planner.submit(
+            partition, scores=scores, indices=indices, duplicate=duplicate, settings=s,
+            seed=partition_seed(seed, number), version=version,
+        )  # fmt: skip
         seconds["plan"] += time.perf_counter() - started
-        del scores, indices
+        del scores, indices, duplicate
+    started = time.perf_counter()
+    plans, totals = planner.planned()
+    seconds["plan"] += time.perf_counter() - started
     plan = plans[0] if len(plans) == 1 else BatchPlan(
         version, np.concatenate([p.rows for p in plans]), np.concatenate([p.sizes for p in plans]),
         sampler=s.plan.batch_sampler,
@@ -123,38 +128,76 @@ def search_rows(texts: EncodedTexts, rows: np.ndarray, k: int) -> tuple[np.ndarr
     return np.concatenate(scores), np.concatenate(positions)
 
 
+class PartitionPlanner:
+    """Plans each partition as soon as its search is done: in this process (``ways`` 1), or
+    as Ray tasks, up to ``ways`` at once, on nodes ``label_selector`` matches (where the shards
+    are), while the next partitions are searched. A task reserves no CPU of its own: it runs
+    on what the miner and its shards reserved, which wait for it. Each partition is seeded by
+    its number, so the plan and its totals are the same at any ``ways``."""
+
+    def __init__(self, ways: int, label_selector: dict[str, str]):
+        self.ways = ways
+        self.results: list[Any] = []
+        """Each partition's plan and totals, or the object ref of the task making them."""
+        if ways > 1:
+            import ray  # deferred: one way plans in this process
+
+            self._task = ray.remote(num_cpus=0, label_selector=label_selector or None)(plan_partition)
+
+    def submit(self, partition: CorpusPartition, **kwargs: Any) -> None:
+        """Plan ``partition`` (:func:`plan_partition`'s other arguments by keyword), once fewer
+        than ``ways`` partitions are being planned."""
+        if self.ways == 1:
+            self.results.append(plan_partition(partition, **kwargs))
+            return
+        import ray
+
+        running = [ref for ref in self.results[-self.ways :] if isinstance(ref, ray.ObjectRef)]
+        if len(running) >= self.ways:
+            ray.wait(running, num_returns=len(running) - self.ways + 1)
+        self.results.append(self._task.remote(partition, **kwargs))
+
+    def planned(self) -> tuple[list[BatchPlan], CandidateTotals]:
+        """Every partition's plan, in partition order, and their totals added up in that order."""
+        if self.ways > 1:
+            import ray
+
+            self.results = ray.get(self.results)
+        totals = CandidateTotals()
+        for _, part in self.results:
+            totals.add_totals(part)
+        return [plan for plan, _ in self.results], totals
+
+
 def plan_partition(
     partition: CorpusPartition,
     *,
     scores: np.ndarray,
     indices: np.ndarray,
-    keys: np.ndarray,
+    duplicate: np.ndarray,
     settings: MinerSettings,
     seed: int,
     version: int,
-    totals: CandidateTotals,
-) -> BatchPlan:
+) -> tuple[BatchPlan, CandidateTotals]:
     """One partition's batches, from its rows' neighbours over the whole corpus.
 
     Duplicates of a row's text and likely false negatives leave its candidates (each row is
     its own positive, unsupervised: the relative margin is against 1.0); the neighbours in the
     partition are what the sampler groups, each row's flagged false negatives kept out of its
-    batch. The partition's counts are added to ``totals``.
+    batch.
 
     Args:
         partition: the rows and the batch sizes to cut them into.
         scores, indices: ``(m, k)`` the rows' search over the corpus (:func:`search_rows`).
-        keys: ``(rows,)`` the corpus' text keys.
+        duplicate: ``(m, k)`` the candidate is the row's own text (by key).
         settings: filters and sampler.
         seed: seeds the sampler.
         version: recorded in the plan.
-        totals: where the partition's counts go.
 
     Returns:
-        The partition's batches, in corpus positions.
+        The partition's batches, in corpus positions, and its counts.
     """
     rows, m = partition.rows, len(partition.rows)
-    duplicate = duplicate_mask(indices, keys[rows], keys[rows], keys)
     filtered = filter_candidates(indices, scores, np.ones(m, dtype=np.float32), duplicate, settings.filters)
     # The sampler numbers the partition's rows 0..m-1; a neighbour in another partition is dropped.
     local = np.minimum(np.searchsorted(rows, indices), m - 1)
@@ -166,11 +209,12 @@ def plan_partition(
         neighbours, scores, false_negatives, settings.batch_size, seed, version, sizes=partition.sizes
     )
     plan = build_plan(settings.plan.batch_sampler, inputs)
+    totals = CandidateTotals()
     totals.add(
         rows=rows, scores=scores, indices=indices, filtered=filtered, inside=inside,
         false_negatives=false_negatives, plan=plan,
     )  # fmt: skip
-    return replace(plan, rows=rows[plan.rows])
+    return replace(plan, rows=rows[plan.rows]), totals
 
 
 def partition_seed(seed: int, number: int) -> int:

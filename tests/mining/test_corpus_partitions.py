@@ -38,10 +38,10 @@ def clustered():
     return vectors.astype(np.float32), clusters
 
 
-def refresh(vectors: np.ndarray, partition_rows: int, sampler: str = "knn", seed: int = 0):
+def refresh(vectors: np.ndarray, partition_rows: int, sampler: str = "knn", seed: int = 0, shards: int = 1):
     search = SearchSettings(top_k=8, index=IndexSpec("flat"))
     settings = MinerSettings(
-        pooler="mean", batch_size=BATCH, seed=seed, search=search,
+        pooler="mean", batch_size=BATCH, seed=seed, search=search, shards=shards,
         filters=NegativeFilters(range_min=0), plan=PlanSettings(sampler), partition_rows=partition_rows,
     )  # fmt: skip
     texts = EmbeddedTexts(vectors, None, search, seed)
@@ -80,6 +80,21 @@ def test_partitions_plan_every_row_once_in_the_epochs_batches(clustered, sampler
     assert not np.array_equal(
         refresh(vectors, partition_rows=PER_CLUSTER, sampler=sampler, seed=1).plan.rows, parted.plan.rows
     )
+
+
+def test_partitions_planned_as_tasks_where_the_shards_are_plan_the_same_epoch(clustered, ray_local):
+    """With shards, the partitions are planned by Ray tasks (up to one a shard at once) while
+    the next are searched: the same batches and the same totals as planned one after another."""
+    vectors, _ = clustered
+    one_way = refresh(vectors, partition_rows=PER_CLUSTER // 2)
+    two_ways = refresh(vectors, partition_rows=PER_CLUSTER // 2, shards=2)
+    assert one_way.metrics["mining/partitions"] == 2 * CLUSTERS
+    assert np.array_equal(two_ways.plan.rows, one_way.plan.rows)
+    assert np.array_equal(two_ways.plan.sizes, one_way.plan.sizes)
+    timings = ("mining/index_s", "mining/partition_s", "mining/search_s", "mining/plan_s")
+    assert {k: v for k, v in two_ways.metrics.items() if k not in timings} == {
+        k: v for k, v in one_way.metrics.items() if k not in timings
+    }
 
 
 def test_partitions_keep_the_neighbourhoods_of_one_plan(clustered):
