@@ -6,9 +6,11 @@ this process, and one index over the candidates'. The miner's own are its shards
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec, VectorIndex
+from pipeline.mining.ivf_training import nearest_cells
 
 
 class EmbeddedTexts:
@@ -43,3 +45,9 @@ class EmbeddedTexts:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search(queries, k)
+
+    def search_positions(self, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.search(self.vectors(positions), k)
+
+    def nearest(self, centroids: np.ndarray) -> np.ndarray:
+        return nearest_cells(torch.from_numpy(self.embeddings), centroids)[0].numpy()

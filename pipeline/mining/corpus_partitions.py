@@ -17,10 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from pipeline.mining.encoded_texts import EncodedTexts
-from pipeline.mining.ivf_training import SampleOnDevice, nearest_cells, spherical_kmeans
+from pipeline.mining.ivf_training import SampleOnDevice, spherical_kmeans
 
 PLAN_BYTES = 512 * 2**20
 """About the most memory a partition's neighbour lists take while it is planned."""
@@ -36,9 +35,6 @@ def rows_per_partition(k: int) -> int:
     """Most rows planned at once with ``k`` neighbours a row: :data:`PLAN_BYTES` of them."""
     return max(1, PLAN_BYTES // (NEIGHBOUR_BYTES * k))
 
-
-ASSIGN_CHUNK_ROWS = 65_536
-"""Rows whose vectors are fetched at once to find their nearest centroid."""
 
 TRAINING_ROWS_PER_CENTROID = 256
 """Sample rows per centroid the k-means trains on (faiss' own cap: more would only cost time)."""
@@ -78,18 +74,14 @@ def partition_corpus(
 
 
 def nearest_centroids(texts: EncodedTexts, *, count: int, seed: int) -> np.ndarray:
-    """``(rows,)`` int32: each row's nearest of ``count`` spherical k-means centroids, trained
-    on a seeded sample of the vectors; the vectors are read a chunk at a time."""
+    """``(rows,)``: each row's nearest of ``count`` spherical k-means centroids, trained on a
+    seeded sample of the vectors; every row is assigned where its vector is (the shards)."""
     n = texts.rows
     size = min(n, count * TRAINING_ROWS_PER_CENTROID)
     sample = np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
     # The same k-means and assignment as an IVF index's cells (on the CPU: the miner plans there).
     centroids = spherical_kmeans(SampleOnDevice(texts.vectors(sample), "cpu"), count, seed=seed)
-    nearest = np.empty(n, dtype=np.int32)
-    for lo in range(0, n, ASSIGN_CHUNK_ROWS):
-        chunk = texts.vectors(np.arange(lo, min(lo + ASSIGN_CHUNK_ROWS, n)))
-        nearest[lo : lo + len(chunk)] = nearest_cells(torch.from_numpy(chunk), centroids)[0].numpy()
-    return nearest
+    return texts.nearest(centroids)
 
 
 def cut_at_batch_bounds(assignment: np.ndarray, sizes: np.ndarray) -> list[CorpusPartition]:

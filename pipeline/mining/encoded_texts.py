@@ -28,3 +28,13 @@ class EncodedTexts(NeighbourSearch, Protocol):
     def vectors(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` float32, L2-normalised, in the order of ``positions``."""
         ...
+
+    def search_positions(self, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` of the texts at ``positions`` as queries: where the texts are held,
+        without their vectors coming to the caller."""
+        ...
+
+    def nearest(self, centroids: np.ndarray) -> np.ndarray:
+        """``(texts,)`` int: each text's most similar of the unit ``(cells, dim)`` ``centroids``
+        (:func:`~pipeline.mining.ivf_training.nearest_cells`), found where its vector is."""
+        ...

@@ -23,12 +23,15 @@ from pipeline.core.heap import release_free_heap
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource
-from pipeline.mining.ivf_training import SampleOnDevice
+from pipeline.mining.ivf_training import SampleOnDevice, nearest_cells
 from pipeline.mining.sharded_search import IndexShard
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+
+ASSIGN_CHUNK_ROWS = 65_536
+"""Vectors assigned to their nearest centroid at once (:meth:`MinerShard.nearest_cells`)."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,18 @@ class MinerShard:
         assert self.index is not None, "MinerShard.vectors_of before encode"
         rows = np.asarray(positions) - self.span.first
         return self.vectors[rows] if self.vectors is not None else self.index.vectors_of(rows)
+
+    def nearest_cells(self, centroids: np.ndarray) -> np.ndarray:
+        """``(texts held,)`` int32: each held text's most similar of the unit ``centroids``, on
+        this shard's device, :data:`ASSIGN_CHUNK_ROWS` vectors at a time."""
+        assert self.index is not None, "MinerShard.nearest_cells before encode"
+        held = self.span.last - self.span.first
+        nearest = np.empty(held, dtype=np.int32)
+        for lo in range(0, held, ASSIGN_CHUNK_ROWS):
+            rows = self.vectors_of(np.arange(lo, min(lo + ASSIGN_CHUNK_ROWS, held)) + self.span.first)
+            cells, _ = nearest_cells(torch.from_numpy(np.ascontiguousarray(rows)).to(self.device), centroids)
+            nearest[lo : lo + len(rows)] = cells.cpu().numpy()
+        return nearest
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each query's top ``k`` among this shard's candidates: scores, and the candidates'

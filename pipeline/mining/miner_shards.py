@@ -222,6 +222,28 @@ class MinerShards:
         """Each query's top ``k`` among every shard's candidates (their ordinals), merged."""
         return self._merged("search", queries, k)
 
+    def search_positions(self, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` of the texts at ``positions``: each holder's part of the queries goes
+        from it to every shard as an object ref (Ray moves it node to node), so their vectors
+        never come to the miner; only the merged top lists do."""
+        positions = np.asarray(positions, dtype=np.int64)
+        owners = np.searchsorted(self.firsts, positions, side="right") - 1
+        k = min(k, self.rows)
+        scores = np.empty((len(positions), k), dtype=np.float32)
+        found = np.empty((len(positions), k), dtype=np.int64)
+        for owner in np.unique(owners):
+            at = np.flatnonzero(owners == owner)
+            queries = self.handles[owner].vectors_of.remote(positions[at])
+            if self.in_process:
+                queries = queries.value
+            scores[at], found[at] = merge_top_k(self.ask_all("search", queries, k), k)
+        return scores, found
+
+    def nearest(self, centroids: np.ndarray) -> np.ndarray:
+        """Each text's nearest of the unit ``centroids``, every shard assigning its own texts
+        on its device; only the cells' numbers come back."""
+        return np.concatenate(self.ask_all("nearest_cells", self.to_every_shard(centroids)))
+
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search` from every candidate of every shard, whatever their indexes."""
         return self._merged("exact_search", queries, k)

@@ -122,7 +122,7 @@ def refresh_corpus(
 def search_rows(texts: EncodedTexts, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """``(len(rows), k)`` scores and corpus positions of the rows' nearest texts, searched a
     chunk of queries at a time (the shards answer a chunk at a time)."""
-    found = [texts.search(texts.vectors(rows[lo : lo + SEARCH_CHUNK_ROWS]), k)
+    found = [texts.search_positions(rows[lo : lo + SEARCH_CHUNK_ROWS], k)
              for lo in range(0, len(rows), SEARCH_CHUNK_ROWS)]  # fmt: skip
     scores, positions = zip(*found, strict=True)
     return np.concatenate(scores), np.concatenate(positions)

@@ -92,6 +92,16 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
         np.testing.assert_allclose(
             np.einsum("qkd,qd->qk", vectors[pool][ordinals], queries), scores, atol=1e-5
         )
+        # The same search with the queries left where they are held (never through this process).
+        by_position = miner_shards.search_positions(np.arange(0, len(whole), 3), 10)
+        np.testing.assert_array_equal(by_position[0], scores)
+        np.testing.assert_array_equal(by_position[1], ordinals)
+        # Every text assigned to its nearest centroid where its vector is.
+        centroids = vectors[pool][:7] * 2.0  # any 7 directions; they are normalised there
+        units = centroids / np.linalg.norm(centroids, axis=1, keepdims=True)
+        nearest = miner_shards.nearest(centroids)
+        chosen = (vectors * units[nearest]).sum(axis=1)
+        np.testing.assert_allclose(chosen, (vectors @ units.T).max(axis=1), atol=1e-6)
         assert miner_shards.backend == "faiss-cpu/flat" + (f" x{shards}" if shards > 1 else "")
         # One shard is the same code in this process (the miner's), more are actors of their own.
         pids = miner_shards.ask_all("ready")
