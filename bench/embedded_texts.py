@@ -49,5 +49,8 @@ class EmbeddedTexts:
     def search_positions(self, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.search(self.vectors(positions), k)
 
+    def pair_scores(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        return np.einsum("ij,ij->i", self.vectors(left), self.vectors(right)).astype(np.float32)
+
     def nearest(self, centroids: np.ndarray) -> np.ndarray:
         return nearest_cells(torch.from_numpy(self.embeddings), centroids)[0].numpy()

@@ -34,6 +34,11 @@ class EncodedTexts(NeighbourSearch, Protocol):
         without their vectors coming to the caller."""
         ...
 
+    def pair_scores(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """``(m,)`` float32 cosine of the texts at ``left[i]`` and ``right[i]``, computed where
+        the left texts are held."""
+        ...
+
     def nearest(self, centroids: np.ndarray) -> np.ndarray:
         """``(texts,)`` int: each text's most similar of the unit ``(cells, dim)`` ``centroids``
         (:func:`~pipeline.mining.ivf_training.nearest_cells`), found where its vector is."""

@@ -140,7 +140,55 @@ def mine_hard_negatives(
             pool_vectors, use_gpu=search.use_gpu, spec=IndexSpec(kind), seed=seed, k=search.top_k
         )
     started = time.perf_counter()
-    candidate_scores, candidates = index.search(anchor_vectors, search.top_k)
+    found = index.search(anchor_vectors, search.top_k)
+    searched = Searched(*found, seconds=time.perf_counter() - started, backend=index.backend,
+                        index_seconds=index.build_seconds)  # fmt: skip
+    positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors).astype(np.float32)
+    return negatives_among(
+        searched, positive_scores=positive_scores, anchor_keys=anchor_keys, positive_keys=positive_keys,
+        pool_keys=pool_keys, filters=filters, seed=seed, exclude_known_positives=exclude_known_positives,
+        known_positives=known_positives,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Searched:
+    """Each anchor's nearest pool candidates, as a search returned them."""
+
+    scores: np.ndarray
+    """``(n, top_k)`` cosine similarities, best first."""
+    candidates: np.ndarray
+    """``(n, top_k)`` pool positions (-1: none)."""
+    seconds: float
+    backend: str
+    """The search backend that ran."""
+    index_seconds: float
+    """What building the index took."""
+
+
+def negatives_among(
+    searched: Searched,
+    *,
+    positive_scores: np.ndarray,
+    anchor_keys: np.ndarray,
+    positive_keys: np.ndarray,
+    pool_keys: np.ndarray,
+    filters: NegativeFilters,
+    seed: int | list[int],
+    exclude_known_positives: bool = True,
+    known_positives: KnownPositives | None = None,
+) -> MinedNegatives:
+    """:func:`mine_hard_negatives` once the search is done, wherever it ran (the miner's shards
+    search their own anchors): mark the candidates that are the anchor's own text or a known
+    positive, filter them, keep ``filters.num_negatives`` an anchor.
+
+    Args:
+        searched: the anchors' nearest candidates.
+        positive_scores: ``(n,)`` each anchor's cosine with its positive.
+        anchor_keys, positive_keys, pool_keys, filters, seed, exclude_known_positives,
+            known_positives: as :func:`mine_hard_negatives`.
+    """
+    candidate_scores, candidates = searched.scores, searched.candidates
     t0 = time.perf_counter()
     duplicate = duplicate_mask(candidates, anchor_keys, positive_keys, pool_keys)
     known = None
@@ -148,7 +196,7 @@ def mine_hard_negatives(
         known = known_positives.mask(candidates, anchor_keys, pool_keys)
     elif exclude_known_positives:
         known = known_positive_mask(candidates, anchor_keys, pool_keys, anchor_keys, positive_keys)
-    positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors).astype(np.float32)
+    positive_scores = np.asarray(positive_scores, dtype=np.float32)
     chosen = select_negatives(
         candidates, candidate_scores, positive_scores, duplicate, filters, seed=seed, known_positive=known
     )
@@ -163,5 +211,9 @@ def mine_hard_negatives(
             **chosen.per_row,
         }
     )
-    seconds = {"index": index.build_seconds, "search": t0 - started, "filter": time.perf_counter() - t0}
-    return MinedNegatives(table, index.backend, seconds)
+    seconds = {
+        "index": searched.index_seconds,
+        "search": searched.seconds,
+        "filter": time.perf_counter() - t0,
+    }
+    return MinedNegatives(table, searched.backend, seconds)

@@ -196,6 +196,11 @@ class MinerShard:
         rows = np.asarray(positions) - self.span.first
         return self.vectors[rows] if self.vectors is not None else self.index.vectors_of(rows)
 
+    def pair_scores(self, positions: np.ndarray, others: np.ndarray) -> np.ndarray:
+        """``(m,)`` float32 cosine of each held text at ``positions`` with the vector beside it
+        in ``others`` (``(m, dim)``)."""
+        return np.einsum("ij,ij->i", self.vectors_of(positions), others).astype(np.float32)
+
     def nearest_cells(self, centroids: np.ndarray) -> np.ndarray:
         """``(texts held,)`` int32: each held text's most similar of the unit ``centroids``, on
         this shard's device, :data:`ASSIGN_CHUNK_ROWS` vectors at a time."""

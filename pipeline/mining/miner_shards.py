@@ -239,6 +239,25 @@ class MinerShards:
             scores[at], found[at] = merge_top_k(self.ask_all("search", queries, k), k)
         return scores, found
 
+    def pair_scores(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """``(m,)`` float32 cosine of the texts at ``left[i]`` and ``right[i]``: each pair scored
+        by the holder of its left text, the right texts' vectors sent there from their holders
+        as object refs; only the scores come back."""
+        left, right = np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)
+        left_owner = np.searchsorted(self.firsts, left, side="right") - 1
+        right_owner = np.searchsorted(self.firsts, right, side="right") - 1
+        calls = {}
+        for pair in {(int(a), int(b)) for a, b in zip(left_owner, right_owner, strict=True)}:
+            at = np.flatnonzero((left_owner == pair[0]) & (right_owner == pair[1]))
+            vectors = self.handles[pair[1]].vectors_of.remote(right[at])
+            if self.in_process:
+                vectors = vectors.value
+            calls[pair] = (at, self.handles[pair[0]].pair_scores.remote(left[at], vectors))
+        scores = np.empty(len(left), dtype=np.float32)
+        for (owner, _), (at, answer) in calls.items():
+            (scores[at],) = self._gather({owner: answer})
+        return scores
+
     def nearest(self, centroids: np.ndarray) -> np.ndarray:
         """Each text's nearest of the unit ``centroids``, every shard assigning its own texts
         on its device; only the cells' numbers come back."""

@@ -1,15 +1,17 @@
-"""The pairs task's refresh, after the encode: search and filter (:func:`mine_hard_negatives`)
-chunk after chunk of rows, attach each anchor's negatives to its row as the rows' negatives
+"""The pairs task's refresh, after the encode: search (where the texts are) and filter
+(:func:`~pipeline.mining.hard_negatives.negatives_among`) chunk after chunk of rows, attach each anchor's negatives to its row as the rows' negatives
 column, describe it.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pipeline.data.triplets import Triplets
 from pipeline.mining.encoded_texts import EncodedTexts
-from pipeline.mining.hard_negatives import MinedNegatives, mine_hard_negatives
+from pipeline.mining.hard_negatives import MinedNegatives, Searched, negatives_among
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.mining_metrics import mining_metrics, random_pairs
 from pipeline.mining.random_negatives import random_pool_negatives
@@ -56,16 +58,19 @@ def refresh_pairs(
     chunks = []
     for lo in range(0, len(triplets), chunk_rows):
         anchor, positive = triplets.anchor[lo : lo + chunk_rows], triplets.positive[lo : lo + chunk_rows]
+        # Searched and scored where the texts are: only top lists and scores come here.
+        started = time.perf_counter()
+        found = texts.search_positions(anchor, settings.search.top_k)
+        searched = Searched(*found, seconds=time.perf_counter() - started, backend=texts.backend,
+                            index_seconds=texts.build_seconds)  # fmt: skip
         chunks.append(
-            mine_hard_negatives(
-                anchor_vectors=texts.vectors(anchor),
-                positive_vectors=texts.vectors(positive),
-                pool_vectors=texts,
+            negatives_among(
+                searched,
+                positive_scores=texts.pair_scores(anchor, positive),
                 anchor_keys=keys[anchor],
                 positive_keys=keys[positive],
                 pool_keys=keys[pool],
                 filters=settings.filters,
-                search=settings.search,
                 seed=seed if lo == 0 else [seed, lo],
                 known_positives=known,
             )  # fmt: skip
@@ -78,9 +83,7 @@ def refresh_pairs(
         )
         negatives = np.concatenate([negatives, drawn], axis=1)
     sample, partners = random_pairs(len(triplets), len(pool), settings.seed)
-    random_similarities = np.einsum(
-        "ij,ij->i", texts.vectors(triplets.anchor[sample]), texts.vectors(pool[partners])
-    )
+    random_similarities = texts.pair_scores(triplets.anchor[sample], pool[partners])
     metrics = {
         **mining_metrics(mined, random_pairs=random_similarities, pool_size=len(pool)),
         "mining/random_negatives": float(settings.random_negatives * len(triplets)),

@@ -96,6 +96,11 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
         by_position = miner_shards.search_positions(np.arange(0, len(whole), 3), 10)
         np.testing.assert_array_equal(by_position[0], scores)
         np.testing.assert_array_equal(by_position[1], ordinals)
+        # Pairs scored where their left texts are, the right ones' vectors sent there.
+        left, right = np.arange(len(whole)), np.arange(len(whole))[::-1].copy()
+        np.testing.assert_allclose(
+            miner_shards.pair_scores(left, right), (vectors[left] * vectors[right]).sum(axis=1), atol=1e-6
+        )
         # Every text assigned to its nearest centroid where its vector is.
         centroids = vectors[pool][:7] * 2.0  # any 7 directions; they are normalised there
         units = centroids / np.linalg.norm(centroids, axis=1, keepdims=True)

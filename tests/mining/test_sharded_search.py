@@ -7,6 +7,7 @@ import faiss
 import numpy as np
 import pytest
 
+from bench.embedded_texts import EmbeddedTexts
 from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorIndex, index_over_cells, ivf_cells
 from pipeline.mining.ivf_training import SampleOnDevice, spherical_kmeans
 from pipeline.mining.sharded_search import IndexShard, calibrate_shared_nprobe, merge_top_k, shared_sample
@@ -108,7 +109,7 @@ def test_mining_over_shards_gives_the_one_index_negatives_column() -> None:
     assert sharded.backend == "faiss-cpu/flat x3"
 
 
-class ShardedTexts:
+class ShardedTexts(EmbeddedTexts):
     """Every text's vector, with the pool searched as three in-process shards."""
 
     def __init__(self, embeddings: np.ndarray, pool: np.ndarray):
@@ -116,17 +117,10 @@ class ShardedTexts:
         self.index = shards_of(embeddings[pool], [len(pool) // 5, len(pool) // 2])
         self.rows, self.backend, self.build_seconds = self.index.rows, self.index.backend, 0.0
 
-    def vectors(self, positions: np.ndarray) -> np.ndarray:
-        return self.embeddings[positions]
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.index.search(queries, k)
-
 
 def test_a_pairs_refresh_in_chunks_and_over_shards_gives_the_one_index_column() -> None:
     """The negatives column does not depend on how many rows are mined at once nor on how the
     pool is sharded, and a known positive in another chunk's row is still no negative."""
-    from bench.embedded_texts import EmbeddedTexts
     from pipeline.data.triplets import Triplets
     from pipeline.mining.hard_negatives import SearchSettings
     from pipeline.mining.miner_settings import MinerSettings
