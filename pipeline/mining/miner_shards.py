@@ -233,9 +233,7 @@ class MinerShards:
         found = np.empty((len(positions), k), dtype=np.int64)
         for owner in np.unique(owners):
             at = np.flatnonzero(owners == owner)
-            queries = self.handles[owner].vectors_of.remote(positions[at])
-            if self.in_process:
-                queries = queries.value
+            queries = self._passed_on(self.handles[owner].vectors_of.remote(positions[at]))
             scores[at], found[at] = merge_top_k(self.ask_all("search", queries, k), k)
         return scores, found
 
@@ -249,9 +247,7 @@ class MinerShards:
         calls = {}
         for pair in {(int(a), int(b)) for a, b in zip(left_owner, right_owner, strict=True)}:
             at = np.flatnonzero((left_owner == pair[0]) & (right_owner == pair[1]))
-            vectors = self.handles[pair[1]].vectors_of.remote(right[at])
-            if self.in_process:
-                vectors = vectors.value
+            vectors = self._passed_on(self.handles[pair[1]].vectors_of.remote(right[at]))
             calls[pair] = (at, self.handles[pair[0]].pair_scores.remote(left[at], vectors))
         scores = np.empty(len(left), dtype=np.float32)
         for (owner, _), (at, answer) in calls.items():
@@ -307,6 +303,11 @@ class MinerShards:
         """``value`` as every shard's call takes it: put in the object store once (not once
         per shard), or as it is for the shard in this process."""
         return value if self.in_process else ray.put(value)
+
+    def _passed_on(self, answer: Any) -> Any:
+        """A shard's answer as another shard's call takes it: the object ref itself, which Ray
+        resolves where that call runs (the data goes shard to shard), or an in-process value."""
+        return answer.value if self.in_process else answer
 
     def _fetch(self, answers: list[Any]) -> list[Any]:
         """The values of shard calls' answers (object refs, or an :class:`InProcessShard`'s)."""
