@@ -1,9 +1,9 @@
-"""``mine_hard_negatives``: the one mining function. The offline job (``jobs/mine.py``) and
-training's miner both call it: vectors in, a table of negatives out.
+"""``mine_hard_negatives``: the one mining function, vectors in, a table of negatives out. The
+offline job (``jobs/mine.py``) calls it; training's miner, whose shards search where the texts
+are held, calls its second half (:func:`negatives_among`) on their top lists.
 
 Mining is four steps, each visible in the function body: search each anchor's ``top_k``
-nearest pool vectors (FAISS, :class:`~pipeline.mining.index.VectorIndex`, or a miner's shards
-searched as one), mark the candidates that are the anchor's own text or one of its known
+nearest pool vectors (FAISS, :class:`~pipeline.mining.index.VectorIndex`), mark the candidates that are the anchor's own text or one of its known
 positives, filter them (:mod:`pipeline.mining.negatives`), and keep ``num_negatives`` per
 anchor. The result is data, not a control object: a :class:`MinedNegatives` table with one row
 per anchor. What a run logs of a mining is computed from that table afterwards, in one place
@@ -114,8 +114,7 @@ def mine_hard_negatives(
         anchor_vectors, positive_vectors: ``(n, dim)`` L2-normalised embeddings of each row's
             anchor and positive.
         pool_vectors: ``(p, dim)`` L2-normalised embeddings of the candidate texts, or an index
-            already built over them (:class:`~pipeline.mining.index.NeighbourSearch`: a miner's
-            shards, searched as one).
+            already built over them (:class:`~pipeline.mining.index.NeighbourSearch`).
         anchor_keys, positive_keys, pool_keys: ``(n,)``, ``(n,)``, ``(p,)``
             :func:`~pipeline.mining.text_keys.text_keys` of the same texts, in one key space:
             equal keys are the same sentence up to case, accents and punctuation.
