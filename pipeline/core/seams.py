@@ -18,6 +18,10 @@ without them behaves as if this module did not exist.
     and blocks there until a
     ``<point>=<key>.release`` file appears (or it is killed: what a fault test does). It holds
     once per run: a restarted process finds the ``.held`` file and goes on.
+``SIMCSE_TEST_RAY_START_TIMEOUTS``
+    How many of the job's first starts of its own local Ray end as Ray's own "node timed out
+    during startup" does (after Ray really started, so that the retry's cleanup runs): what a
+    loaded machine makes happen by chance (:func:`pipeline.runtime.cluster.start_local_ray`).
 ``SIMCSE_TEST_CONNECT_TIMEOUT_S``
     Seconds the job's start waits for an HTTP tracking server and for a Ray cluster to
     answer, in place of the fixed :data:`pipeline.tracking.run.CONNECT_TIMEOUT_S` and
@@ -35,6 +39,7 @@ ASYNC_BOUNDARIES_ENV = "SIMCSE_TEST_ASYNC_BOUNDARIES"
 HOLD_ENV = "SIMCSE_TEST_HOLD"
 HOLD_DIR_ENV = "SIMCSE_TEST_HOLD_DIR"
 CONNECT_TIMEOUT_ENV = "SIMCSE_TEST_CONNECT_TIMEOUT_S"
+RAY_START_TIMEOUTS_ENV = "SIMCSE_TEST_RAY_START_TIMEOUTS"
 ACTOR_SEAMS = (ASYNC_BOUNDARIES_ENV, HOLD_ENV, HOLD_DIR_ENV)
 """The seams read inside the job's actors, not by the driver."""
 
@@ -59,7 +64,11 @@ def scripted_boundaries(value: str | None) -> list[str]:
 
 
 def connect_timeout_s(fixed_s: float) -> float:
-    """``SIMCSE_TEST_CONNECT_TIMEOUT_S`` seconds when a test set it, else ``fixed_s``."""
+    """``SIMCSE_TEST_RAY_START_TIMEOUTS``
+        How many of the job's first starts of its own local Ray end as Ray's own "node timed out
+        during startup" does (after Ray really started, so that the retry's cleanup runs): what a
+        loaded machine makes happen by chance (:func:`pipeline.runtime.cluster.start_local_ray`).
+    ``SIMCSE_TEST_CONNECT_TIMEOUT_S`` seconds when a test set it, else ``fixed_s``."""
     return float(os.environ.get(CONNECT_TIMEOUT_ENV) or fixed_s)
 
 

@@ -18,6 +18,7 @@ wrong one. So a job never lets Ray guess:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -31,7 +32,7 @@ from ray.data import DataContext
 from pipeline.config.schema import Config
 from pipeline.core.errors import ConfigError, UnrecoverableError
 from pipeline.core.retry import call_with_retries
-from pipeline.core.seams import connect_timeout_s
+from pipeline.core.seams import RAY_START_TIMEOUTS_ENV, connect_timeout_s
 from pipeline.mining.miner_settings import MinerSettings
 
 log = logging.getLogger("pipeline")
@@ -109,10 +110,46 @@ def init_ray(cfg: Config, debug: bool = False) -> bool:
     return started
 
 
+RAY_START_ATTEMPTS = 3
+"""Starts of the job's own local Ray before its failure is the job's."""
+NODE_START_TIMEOUT = "The current node timed out during startup"
+"""How Ray's ``ray.init`` fails when its raylet did not register within Ray's fixed 30 s."""
+
+
 def start_local_ray(cfg: Config) -> None:
     """A Ray of this job's own, beside whatever other Ray runs on the machine. Its dashboard
     listens on loopback only; a dashboard on the network is a Ray started by the user
-    (``ray start --head --dashboard-host ...``) that ``ray.address`` points at."""
+    (``ray start --head --dashboard-host ...``) that ``ray.address`` points at.
+
+    Ray gives the new node's raylet a fixed 30 s to register, which a loaded machine (a test
+    suite, another job) can miss: that failure is retried, up to :data:`RAY_START_ATTEMPTS`
+    starts, once the processes the failed start left (this process' new children) are ended."""
+    import psutil  # deferred: Ray's dependency
+
+    me = psutil.Process()
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        before = {child.pid for child in me.children(recursive=True)}
+        try:
+            _init_local_ray(cfg)
+            if attempt <= int(os.environ.get(RAY_START_TIMEOUTS_ENV) or 0):
+                raise RuntimeError(f"{NODE_START_TIMEOUT} ({RAY_START_TIMEOUTS_ENV})")
+            return
+        except Exception as exc:
+            if NODE_START_TIMEOUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                raise
+            ray.shutdown()
+            for child in me.children(recursive=True):
+                if child.pid not in before:
+                    with contextlib.suppress(psutil.Error):
+                        child.kill()
+            print(
+                f"[ray] the local Ray's node did not start within Ray's 30 s (a loaded machine?); "
+                f"starting it again ({attempt + 1}/{RAY_START_ATTEMPTS})",
+                flush=True,
+            )
+
+
+def _init_local_ray(cfg: Config) -> None:
     port = free_port()
     # Set before ray.init: Ray's processes (raylet, workers, actors) inherit the driver's
     # environment when they start, and none of them may guess another cluster.
