@@ -139,6 +139,8 @@ class PartitionPlanner:
         self.ways = ways
         self.results: list[Any] = []
         """Each partition's plan and totals, or the object ref of the task making them."""
+        self._running: list[Any] = []
+        """The refs of the tasks still planning, at most ``ways``."""
         if ways > 1:
             import ray  # deferred: one way plans in this process
 
@@ -152,10 +154,10 @@ class PartitionPlanner:
             return
         import ray
 
-        running = [ref for ref in self.results[-self.ways :] if isinstance(ref, ray.ObjectRef)]
-        if len(running) >= self.ways:
-            ray.wait(running, num_returns=len(running) - self.ways + 1)
+        while len(self._running) >= self.ways:
+            _, self._running = ray.wait(self._running, num_returns=1)
         self.results.append(self._task.remote(partition, **kwargs))
+        self._running.append(self.results[-1])
 
     def planned(self) -> tuple[list[BatchPlan], CandidateTotals]:
         """Every partition's plan, in partition order, and their totals added up in that order."""
