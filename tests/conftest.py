@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -113,7 +112,7 @@ class KillWhenHeld:
                 os.kill(pid, signal.SIGKILL)
                 self._killed = pid
                 return
-            time.sleep(0.05)
+            self._job_ended.wait(0.05)  # a poll of the hold's file, cut short by the job's end
 
     def killed_pid(self) -> int:
         """Once the job has ended: the pid killed. Fails the test if nothing held there."""
