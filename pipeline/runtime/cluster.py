@@ -19,6 +19,7 @@ wrong one. So a job never lets Ray guess:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -127,26 +128,39 @@ def start_local_ray(cfg: Config) -> None:
     import psutil  # deferred: Ray's dependency
 
     me = psutil.Process()
-    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+    attempts = itertools.count(1)
+
+    def start() -> None:
+        attempt = next(attempts)
         before = {child.pid for child in me.children(recursive=True)}
         try:
             _init_local_ray(cfg)
             if attempt <= int(os.environ.get(RAY_START_TIMEOUTS_ENV) or 0):
                 raise RuntimeError(f"{NODE_START_TIMEOUT} ({RAY_START_TIMEOUTS_ENV})")
-            return
         except Exception as exc:
-            if NODE_START_TIMEOUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
+            if NODE_START_TIMEOUT not in str(exc):
                 raise
             ray.shutdown()
             for child in me.children(recursive=True):
                 if child.pid not in before:
                     with contextlib.suppress(psutil.Error):
                         child.kill()
-            print(
-                f"[ray] the local Ray's node did not start within Ray's 30 s (a loaded machine?); "
-                f"starting it again ({attempt + 1}/{RAY_START_ATTEMPTS})",
-                flush=True,
-            )
+            if attempt < RAY_START_ATTEMPTS:
+                print(
+                    f"[ray] the local Ray's node did not start within Ray's 30 s (a loaded machine?); "
+                    f"starting it again ({attempt + 1}/{RAY_START_ATTEMPTS})",
+                    flush=True,
+                )
+            raise _NodeStartTimedOut from exc
+
+    try:
+        call_with_retries(start, retry_on=_NodeStartTimedOut, attempts=RAY_START_ATTEMPTS, wait_s=0)
+    except _NodeStartTimedOut as failed:
+        raise failed.__cause__ from None  # Ray's own error, as the job reports it
+
+
+class _NodeStartTimedOut(Exception):
+    """A start of the local Ray whose node missed Ray's 30 s (Ray's error is its cause)."""
 
 
 def _init_local_ray(cfg: Config) -> None:
