@@ -31,7 +31,7 @@ shards on the one GPU, BERT-base).
 Recall@10, after the peaks are read: for 1,000 random rows, the index's top 10 against the exact
 top 10 over every vector (fetched from the shards a chunk at a time), each row itself among both.
 IVF's shards share their cells, and one ``nprobe`` is calibrated at every build to reach 0.95 on
-a sample of 256 rows (:func:`pipeline.mining.sharded_search.calibrate_shared_nprobe`; the table
+a sample of 256 rows (:func:`pipeline.mining.index.calibrate_nprobe`; the table
 shows it), so this checks that on rows it never saw.
 
 On this 2-core machine the shards' encodes and searches share the same two cores, so seconds

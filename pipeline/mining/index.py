@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -311,6 +311,10 @@ class VectorIndex:
                 )  # fmt: skip
                 backend = "faiss-cpu" if backend == "torch-cuda" else backend  # where it searches
         self.backend = f"{backend}/{self.kind}"
+        if pretrained is None and self.kind != "flat":
+            calibrate_nprobe(
+                self, self.vectors_of(calibration_rows(self.rows, seed)), cells=ivf_cells(self.rows)
+            )
         # A source's fetches are its encoding, not the build: the caller counts them.
         self.build_seconds = time.perf_counter() - start - (source.seconds if source is not None else 0.0)
 
@@ -347,7 +351,8 @@ class VectorIndex:
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search`'s answer from every row, whatever the kind (:func:`exact_top_k`):
         what an approximate index's recall is measured against."""
-        return exact_top_k(np.ascontiguousarray(queries, dtype=np.float32), self.vectors_of, self.rows, k)
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        return exact_top_k(queries, self.vectors_of, self.rows, min(k, self.rows))
 
     def set_nprobe(self, nprobe: int) -> None:
         """Probe ``nprobe`` cells a query from now on (IVF kinds; a flat index has none)."""
@@ -427,7 +432,6 @@ def _faiss_index(
     else:
         sample, sampled = pretrained.sample_rows, pretrained.sample_vectors
         index = faiss.deserialize_index(pretrained.index)
-    cells = getattr(index, "nlist", 0)
     if backend == "faiss-gpu":
         options = faiss.GpuMultipleClonerOptions()
         options.shard = True
@@ -446,15 +450,8 @@ def _faiss_index(
         del chunk, fetched
         release_free_heap()  # the chunk and its encoding's temporaries, between the growing lists
     del sampled
-    if kind != "flat":
-        reads_back = kind == "ivf" and backend == "faiss-cpu"
-        if reads_back:
-            index.make_direct_map()  # rows read back by position (VectorIndex.vectors_of)
-        if pretrained is None:
-            calibrate_nprobe(
-                index, index.reconstruct_batch if reads_back else vectors_of, n,
-                cells=cells, seed=seed, on_gpu=backend == "faiss-gpu",
-            )  # fmt: skip
+    if kind == "ivf" and backend == "faiss-cpu":
+        index.make_direct_map()  # rows read back by position (VectorIndex.vectors_of)
     return index
 
 
@@ -465,30 +462,32 @@ def _set_nprobe(index: Any, nprobe: int, *, on_gpu: bool) -> None:
     space.set_index_parameter(index, "nprobe", nprobe)
 
 
-def calibrate_nprobe(
-    index: Any,
-    vectors_of: Callable[[np.ndarray], np.ndarray],
-    rows: int,
-    *,
-    cells: int,
-    seed: int,
-    on_gpu: bool,
-) -> tuple[int, float]:
-    """Set a faiss IVF index's ``nprobe`` (:func:`probe_until_recall`) on a seeded sample of
-    :data:`CALIBRATION_QUERIES` of its own ``rows`` (``vectors_of`` gives them), against their
-    exact top 10 (:func:`exact_top_k`).
+class ProbedIndex(NeighbourSearch, Protocol):
+    """An IVF index whose ``nprobe`` can be set and whose exact answer can be asked: one
+    :class:`VectorIndex`, or the miner's shards under shared cells
+    (:class:`~pipeline.mining.miner_shards.MinerShards`)."""
+
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The top ``k`` from every row, whatever the index."""
+        ...
+
+    def set_nprobe(self, nprobe: int) -> None:
+        """Probe ``nprobe`` cells a query from now on."""
+        ...
+
+
+def calibrate_nprobe(index: ProbedIndex, queries: np.ndarray, *, cells: int) -> tuple[int, float]:
+    """Set ``index``'s ``nprobe`` (:func:`probe_until_recall`) on ``queries`` (a seeded sample
+    of its own rows' vectors, :func:`calibration_rows`) against their exact top 10.
 
     Returns:
         The ``nprobe`` set and the sample's recall@10 with it.
     """
-    sample = vectors_of(calibration_rows(rows, seed))
-    k = min(10, rows)
-    _, exact = exact_top_k(sample, vectors_of, rows, k)
+    k = min(10, index.rows)
+    _, exact = index.exact_search(queries, k)
     return probe_until_recall(
-        lambda queries: index.search(queries, k)[1],
-        lambda nprobe: _set_nprobe(index, nprobe, on_gpu=on_gpu),
-        sample, exact, cells=cells,
-    )  # fmt: skip
+        lambda chunk: index.search(chunk, k)[1], index.set_nprobe, queries, exact, cells=cells
+    )
 
 
 def calibration_rows(rows: int, seed: int) -> np.ndarray:
@@ -576,6 +575,29 @@ def exact_top_k(
         heap.add_result_subset(every_query, queries @ vectors_of(positions).T, positions)
     heap.finalize()
     return heap.D, heap.I
+
+
+def merge_top_k(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best of each query over every shard's top list (``faiss.merge_knn_results``).
+
+    Args:
+        parts: per shard, ``(m, k_s)`` float32 scores (best first) and int64 positions (-1: no
+            row) of the same ``m`` queries, ``k_s <= k``.
+        k: neighbours to keep per query.
+
+    Returns:
+        ``(m, k)`` scores, best first, and positions; -1 (score ``-inf``) pads where the
+        shards hold fewer than ``k`` rows in all.
+    """
+    import faiss  # deferred, as in choose_backend
+
+    def widened(values: np.ndarray, fill: float) -> np.ndarray:
+        return np.pad(values, ((0, 0), (0, k - values.shape[1])), constant_values=fill)
+
+    scores = np.stack([widened(np.where(r >= 0, s, -np.inf), -np.inf) for s, r in parts])
+    rows = np.stack([widened(r, -1) for _, r in parts])
+    scores, rows = faiss.merge_knn_results(scores.astype(np.float32), rows.astype(np.int64), keep_max=True)
+    return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows  # faiss pads with -FLT_MAX
 
 
 def torch_top_k(

@@ -4,7 +4,7 @@ weights at each refresh, and an index over those of them that are candidates.
 A refresh at cluster scale does not fit one process (3 KB a row of vectors at 768 dimensions,
 and the index's own copy). With S shards, each holds about 1/S of the texts' tokens, vectors and
 index; a query is searched on every shard and the top lists are merged
-(:mod:`pipeline.mining.sharded_search`), which with flat indexes is exactly one index's result.
+(:func:`~pipeline.mining.index.merge_top_k`), which with flat indexes is exactly one index's result.
 :class:`MinerShard` is plain Python, so it runs in a test or a bench as it is; the miner runs
 each as a Ray actor (:class:`~pipeline.mining.miner_shards.MinerShards`).
 """
@@ -22,9 +22,8 @@ import torch
 from pipeline.core.heap import release_free_heap
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorSource
+from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorIndex, VectorSource
 from pipeline.mining.ivf_training import SampleOnDevice, nearest_cells
-from pipeline.mining.sharded_search import IndexShard
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
@@ -95,7 +94,8 @@ class MinerShard:
         self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=pooler).to(self.device)
         self.dim: int = self.model.encoder.config.hidden_size
         self.vectors: np.ndarray | None = None
-        self.index: IndexShard | None = None
+        self.index: VectorIndex | None = None
+        """Over this shard's candidates, numbered from 0 (searches add ``span.first_candidate``)."""
         self.sample: tuple[int, np.ndarray, np.ndarray] | None = None
         """The refresh's seed, and this shard's rows of the shared IVF sample and their vectors,
         from :meth:`encode_sample` until :meth:`encode` adds them to its index."""
@@ -177,11 +177,9 @@ class MinerShard:
         self.sample = None
         kind = self.index_kind()
         s = self.search_settings
-        # Its candidates are numbered after the shards' before it: ordinals among all of them.
-        self.index = IndexShard(
-            candidates, span.first_candidate, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed,
-            k=s.top_k, pretrained=pretrained,
-        )  # fmt: skip
+        self.index = VectorIndex(
+            candidates, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed, k=s.top_k, pretrained=pretrained
+        )
         return {"rows": self.index.rows, "backend": self.index.backend, "kind": kind, "dim": dim,
                 "build_seconds": self.index.build_seconds,
                 "encode_seconds": time.perf_counter() - started - self.index.build_seconds}  # fmt: skip
@@ -217,12 +215,17 @@ class MinerShard:
         """Each query's top ``k`` among this shard's candidates: scores, and the candidates'
         ordinals among all the shards' (-1: none)."""
         assert self.index is not None, "MinerShard.search before encode"
-        return self.index.search(queries, k)
+        return self._numbered(*self.index.search(queries, k))
 
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search` from every candidate, whatever the index."""
         assert self.index is not None, "MinerShard.exact_search before encode"
-        return self.index.exact_search(queries, k)
+        return self._numbered(*self.index.exact_search(queries, k))
+
+    def _numbered(self, scores: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A search's answer with this shard's candidates numbered after the shards' before it:
+        ordinals among all of them, as the merge needs (-1 stays none)."""
+        return scores, np.where(rows >= 0, rows + self.span.first_candidate, -1)
 
     def set_nprobe(self, nprobe: int) -> None:
         """Probe ``nprobe`` of the shared IVF cells a query from now on."""

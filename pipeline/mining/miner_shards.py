@@ -1,6 +1,6 @@
 """The miner's S shards, asked as one: every shard encodes its texts, the vectors of any
 positions come from the shards that hold them, and a search runs on every shard with the top
-lists merged (:func:`~pipeline.mining.sharded_search.merge_top_k`).
+lists merged (:func:`~pipeline.mining.index.merge_top_k`).
 
 With ``mining.shards: 1`` the one shard is the same :class:`~pipeline.mining.miner_shard.MinerShard`
 run in the miner's own process (:class:`InProcessShard`): a laptop's run keeps one mining
@@ -10,7 +10,7 @@ process, and a refresh reads the same at any S.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -23,11 +23,18 @@ from pipeline.core.errors import actor_lost_errors, first_line
 from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import PQ_TRAIN_ROWS, calibration_rows, index_over_cells, ivf_cells
+from pipeline.mining.index import (
+    PQ_TRAIN_ROWS,
+    calibrate_nprobe,
+    calibration_rows,
+    index_over_cells,
+    ivf_cells,
+    merge_top_k,
+    training_rows,
+)
 from pipeline.mining.ivf_training import spherical_kmeans
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shard import MinerShard, ShardRange, shard_ranges
-from pipeline.mining.sharded_search import calibrate_shared_nprobe, merge_top_k, shared_sample
 
 
 class MinerShards:
@@ -103,7 +110,10 @@ class MinerShards:
         at once. IVF shards share their cells: each first encodes its part of one sample
         (``seed``), the cells are trained on it by a k-means whose rounds every shard assigns
         its own part of, every shard lists its vectors under them, and one ``nprobe`` is
-        calibrated for all (:mod:`pipeline.mining.sharded_search`).
+        calibrated for all (:func:`~pipeline.mining.index.calibrate_nprobe`). A query then
+        scans the same lists in all as one index over every row would, however many shards
+        hold them: with cells of their own, each shard would probe ``nprobe`` of its cells, and
+        S shards scan about sqrt(S) times the lists one index scans.
         Returns each shard's report (rows, backend, seconds)."""
         started = time.perf_counter()
         state = self.to_every_shard(encoder_state)  # once in the object store, not once per shard
@@ -126,7 +136,7 @@ class MinerShards:
         if trained is not None:
             queries = self.vectors(self.positions_of(calibration_rows(self.rows, seed)))
             cells = len(self.centroids)
-            self.nprobe, recall = calibrate_shared_nprobe(self, queries, cells=cells)
+            self.nprobe, recall = calibrate_nprobe(self, queries, cells=cells)
             shards = len(self.handles)
             where = (
                 f"over {shards} shards, {cells:,} cells in common" if shards > 1 else f"over {cells:,} cells"
@@ -372,6 +382,16 @@ class SampleOverShards:
         )
         nearest, similarity, sums = zip(*answers, strict=True)
         return np.concatenate(nearest), np.concatenate(similarity), sum(sums)
+
+
+def shared_sample(firsts: Sequence[int], rows: int, *, seed: int) -> list[np.ndarray]:
+    """The sample an index over ``rows`` vectors in all trains its cells on
+    (:func:`~pipeline.mining.index.training_rows`), split over the shards that start at
+    ``firsts`` (ascending, the first 0): each shard's part as positions within the shard."""
+    sample = training_rows(rows, "ivf", seed)
+    bounds = [*firsts, rows]
+    at = np.searchsorted(sample, bounds)
+    return [sample[at[s] : at[s + 1]] - bounds[s] for s in range(len(firsts))]
 
 
 def shard_actor_options(settings: MinerSettings) -> dict[str, Any]:

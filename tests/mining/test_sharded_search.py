@@ -1,5 +1,6 @@
-"""Sharded search (pipeline/mining/sharded_search.py: shards' top lists merged by faiss, IVF
-shards under shared cells) against one FAISS index over the same vectors."""
+"""Sharded search (the shards' top lists merged by faiss, ``index.merge_top_k``; IVF shards under
+shared cells, ``miner_shards.shared_sample``, one ``index.calibrate_nprobe`` for them all) against
+one FAISS index over the same vectors."""
 
 from collections.abc import Sequence
 
@@ -8,32 +9,47 @@ import numpy as np
 import pytest
 
 from bench.embedded_texts import EmbeddedTexts
-from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorIndex, index_over_cells, ivf_cells
+from pipeline.mining.index import (
+    IndexSpec,
+    PretrainedIndex,
+    VectorIndex,
+    calibrate_nprobe,
+    index_over_cells,
+    ivf_cells,
+    merge_top_k,
+)
 from pipeline.mining.ivf_training import SampleOnDevice, spherical_kmeans
-from pipeline.mining.sharded_search import IndexShard, calibrate_shared_nprobe, merge_top_k, shared_sample
+from pipeline.mining.miner_shards import shared_sample
 
 
 class ShardsInProcess:
-    """Index shards in this process searched as one, as the miner's shard actors are
-    (``MinerShards``): every query on every shard, the top lists merged."""
+    """Indexes over consecutive slices of the rows, in this process, searched as one as the
+    miner's shards are (``MinerShards``, ``MinerShard._numbered``): every query on every
+    shard, each shard's rows numbered after the slices before it, the top lists merged."""
 
-    def __init__(self, shards: Sequence[IndexShard]):
+    def __init__(self, shards: Sequence[tuple[int, VectorIndex]]):
         self.shards = list(shards)
-        self.rows = sum(shard.rows for shard in self.shards)
-        self.backend = f"{self.shards[0].backend} x{len(self.shards)}"
+        self.rows = sum(index.rows for _, index in self.shards)
+        self.backend = f"{self.shards[0][1].backend} x{len(self.shards)}"
         self.build_seconds = 0.0
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _merged(self, method: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.rows)
-        return merge_top_k([shard.search(queries, k) for shard in self.shards], k)
+        parts = []
+        for first, index in self.shards:
+            scores, rows = getattr(index, method)(queries, k)
+            parts.append((scores, np.where(rows >= 0, rows + first, -1)))
+        return merge_top_k(parts, k)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._merged("search", queries, k)
 
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        k = min(k, self.rows)
-        return merge_top_k([shard.exact_search(queries, k) for shard in self.shards], k)
+        return self._merged("exact_search", queries, k)
 
     def set_nprobe(self, nprobe: int) -> None:
-        for shard in self.shards:
-            shard.set_nprobe(nprobe)
+        for _, index in self.shards:
+            index.set_nprobe(nprobe)
 
 
 def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
@@ -45,7 +61,7 @@ def shards_of(vectors: np.ndarray, bounds: list[int]) -> ShardsInProcess:
     edges = [0, *bounds, len(vectors)]
     return ShardsInProcess(
         [
-            IndexShard(vectors[lo:hi], lo, spec=IndexSpec("flat"))
+            (lo, VectorIndex(vectors[lo:hi], spec=IndexSpec("flat")))
             for lo, hi in zip(edges[:-1], edges[1:], strict=True)
         ]
     )
@@ -179,12 +195,14 @@ def shared_cell_shards(
     trained = index_over_cells(cells, kind, vectors[sample])
     shards = ShardsInProcess(
         [
-            IndexShard(
-                vectors[lo:hi],
+            (
                 lo,
-                spec=IndexSpec(kind),
-                pretrained=PretrainedIndex(trained, part, vectors[lo:hi][part]),
-            )  # fmt: skip
+                VectorIndex(
+                    vectors[lo:hi],
+                    spec=IndexSpec(kind),
+                    pretrained=PretrainedIndex(trained, part, vectors[lo:hi][part]),
+                ),
+            )
             for lo, hi, part in zip(edges[:-1], edges[1:], parts, strict=True)
         ]
     )
@@ -232,7 +250,7 @@ def test_the_shared_nprobe_is_calibrated_over_every_shard() -> None:
     shards, _ = shared_cell_shards(vectors, [5_000, 12_500], "ivf", seed=1)
     queries = vectors[calibration_rows(len(vectors), seed=1)]
     cells = ivf_cells(len(vectors))
-    nprobe, recall = calibrate_shared_nprobe(shards, queries, cells=cells)
+    nprobe, recall = calibrate_nprobe(shards, queries, cells=cells)
     exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
 
     def recall_at(probes: int) -> tuple[float, float]:
