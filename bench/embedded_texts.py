@@ -1,16 +1,21 @@
 """Precomputed vectors as a refresh reads the texts (an :class:`~pipeline.mining.encoded_texts.
-EncodedTexts`), for tests and benches that mine without a model: every vector in one array of
-this process, and one index over the candidates'. The miner's own are its shards
-(:class:`~pipeline.mining.miner_shards.MinerShards`)."""
+EncodedTexts`), and :func:`mine_hard_negatives` over them, for tests and benches that mine
+without a model: every vector in one array of this process, and one index over the candidates'.
+The miner's own are its shards (:class:`~pipeline.mining.miner_shards.MinerShards`), and both
+jobs mine through them."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
 
-from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, VectorIndex
+from pipeline.mining.hard_negatives import MinedNegatives, Searched, SearchSettings, negatives_among
+from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex
 from pipeline.mining.ivf_training import nearest_cells
+from pipeline.mining.negatives import NegativeFilters
+from pipeline.mining.text_keys import KnownPositives
 
 
 class EmbeddedTexts:
@@ -54,3 +59,61 @@ class EmbeddedTexts:
 
     def nearest(self, centroids: np.ndarray) -> np.ndarray:
         return nearest_cells(torch.from_numpy(self.embeddings), centroids)[0].numpy()
+
+
+def mine_hard_negatives(
+    *,
+    anchor_vectors: np.ndarray,
+    positive_vectors: np.ndarray,
+    pool_vectors: np.ndarray | NeighbourSearch,
+    anchor_keys: np.ndarray,
+    positive_keys: np.ndarray,
+    pool_keys: np.ndarray,
+    filters: NegativeFilters,
+    search: SearchSettings,
+    seed: int | list[int],
+    exclude_known_positives: bool = True,
+    known_positives: KnownPositives | None = None,
+) -> MinedNegatives:
+    """Mine each anchor's hard negatives among the pool of precomputed vectors: the search in
+    this process, then :func:`~pipeline.mining.hard_negatives.negatives_among` as the miner's
+    shards' top lists go through it.
+
+    Args:
+        anchor_vectors, positive_vectors: ``(n, dim)`` L2-normalised embeddings of each row's
+            anchor and positive.
+        pool_vectors: ``(p, dim)`` L2-normalised embeddings of the candidate texts, or an index
+            already built over them (:class:`~pipeline.mining.index.NeighbourSearch`).
+        anchor_keys, positive_keys, pool_keys: ``(n,)``, ``(n,)``, ``(p,)``
+            :func:`~pipeline.mining.text_keys.text_keys` of the same texts, in one key space:
+            equal keys are the same sentence up to case, accents and punctuation.
+        filters: which candidates are acceptable negatives and how many to keep.
+        search: ``top_k``, index and device.
+        seed: the IVF training sample and ``sampling: random`` (a list: numpy's seed
+            sequence, for one chunk of a mining).
+        exclude_known_positives: a candidate that is the positive of *any* row with the same
+            anchor text is removed (retrieval pairs: several positives per anchor, texts that
+            are the positive of several anchors), not only the row's own positive.
+        known_positives: the known pairs of every row, where these anchors are one chunk of
+            them; None: the pairs of the rows given here.
+
+    Returns:
+        One row per anchor: its negatives as pool positions, their scores, and what each
+        filter removed (:class:`MinedNegatives`).
+    """
+    index = pool_vectors
+    if isinstance(pool_vectors, np.ndarray):
+        kind = search.index_kind(len(pool_vectors), pool_vectors.shape[1])
+        index = VectorIndex(
+            pool_vectors, use_gpu=search.use_gpu, spec=IndexSpec(kind), seed=seed, k=search.top_k
+        )
+    started = time.perf_counter()
+    found = index.search(anchor_vectors, search.top_k)
+    searched = Searched(*found, seconds=time.perf_counter() - started, backend=index.backend,
+                        index_seconds=index.build_seconds)  # fmt: skip
+    positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors).astype(np.float32)
+    return negatives_among(
+        searched, positive_scores=positive_scores, anchor_keys=anchor_keys, positive_keys=positive_keys,
+        pool_keys=pool_keys, filters=filters, seed=seed, exclude_known_positives=exclude_known_positives,
+        known_positives=known_positives,
+    )  # fmt: skip

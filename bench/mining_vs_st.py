@@ -31,11 +31,13 @@ process, ``torch.set_num_threads(--threads)``, ``TOKENIZERS_PARALLELISM=false``;
 progress bars (drawn even with ``verbose=False``) go to /dev/null; one untimed warm-up of each side on a small slice, then
 ``--repeats`` rounds alternating which side goes first. Timed, per side, the whole call:
 
-- ours: ``pipeline.jobs.pair_mining.mine_pairs`` (the offline job's mining, and the training miner's
-  triplet-mode path: encode each distinct text once, then
-  ``pipeline.mining.hard_negatives.mine_hard_negatives``). Split from its ``MiningReport.mined`` timings:
-  encode, index + search, filter; "other" = total - those (text-key normalisation for the
-  duplicate filter and building the output table, which the report does not time).
+- ours: ``pipeline.jobs.pair_mining.mine_pairs`` (the offline job's mining: the training miner's
+  pairs refresh, once, on a local Ray: tokenize each distinct text once with Ray Data, encode
+  it once, search, filter). Split from its ``MiningReport.mined`` timings: encode, index +
+  search, filter; "other" = total - those (indexing the rows, tokenizing, the miner's start,
+  the random-pair baseline and building the output table, which the report does not time).
+  Before session 37 ours encoded in the bench's process without Ray: the tables recorded
+  before then time that.
 - ST: ``mine_hard_negatives(dataset, model, use_faiss=True, output_format="triplet",
   verbose=False, ...)``; its encode time is the ``encode_query`` + ``encode_document``
   calls, timed by wrappers on the instance that only read the clock; rest = total - encode.
@@ -111,36 +113,35 @@ class Ours:
     """``mine_pairs`` with the benchmark's settings."""
 
     def __init__(self, args: argparse.Namespace):
-        import torch
-
         import pipeline.model.accel
         from pipeline.config.loading import load_config
-        from pipeline.model.encoder import load_sentence_encoder
-        from pipeline.model.folders import load_tokenizer
 
         if args.ours_bf16:  # as in sessions 19-20: mining in bf16 on a CPU that computes it
             native = pipeline.model.accel.native_bf16
             pipeline.model.accel.encodes_bf16 = lambda device: device.type == "cuda" or native(device)
-        self.tokenizer = load_tokenizer(args.model)
-        self.device = torch.device(peer_device())
-        self.model = load_sentence_encoder(args.model, pooler="mean").to(self.device)
-        on_gpu = self.device.type == "cuda"
+        self.model_dir = Path(args.model)
+        on_gpu = peer_device() == "cuda"
         self.cfg = load_config(
             None,
             [
                 f"data.max_seq_len={args.max_seq_len}",
                 f"mining.top_k={args.top_k}", f"mining.range_min={args.range_min}",
                 f"mining.relative_margin={args.relative_margin}", "mining.num_negatives=1", "mining.sampling=top",
-                "mining.index=flat", f"mining.num_gpus={1 if on_gpu else 0}",
+                "mining.index=flat", f"mining.num_gpus={1 if on_gpu else 0}", "model.pooler=mean",
             ],
         )  # fmt: skip
 
     def run(self, anchors: list[str], positives: list[str], pool: list[str] | None) -> dict[str, Any]:
+        import ray
+
+        from pipeline.data.text_blocks import DistinctTexts
+        from pipeline.data.triplets import index_triplets
         from pipeline.jobs.pair_mining import mine_pairs
 
         started = time.perf_counter()
+        texts, triplets = index_triplets(anchors, positives, None, pool)
         table, report = mine_pairs(
-            anchors, positives, self.model, self.tokenizer, self.cfg, self.device, pool_texts=pool
+            DistinctTexts(texts.column("id").to_numpy(), [ray.put(texts)]), triplets, self.model_dir, self.cfg
         )
         total = time.perf_counter() - started
         s = {stage: report.mined[f"mining/{stage}_s"] for stage in ("encode", "index", "search", "filter")}
@@ -340,7 +341,10 @@ def main() -> None:
     print(f"model {args.model}, {args.threads} torch threads, k {args.top_k}, range_min {args.range_min}")
     ours, peer = Ours(args), Peer(args)
     print(f"ours encodes in {ours_precision()}, ST in fp32")
-    results = [benchmark(args, name, ours, peer) for name in args.workloads]
+    from pipeline.runtime.cluster import ray_session
+
+    with ray_session(ours.cfg):  # ours mines as jobs/mine.py does, on a local Ray
+        results = [benchmark(args, name, ours, peer) for name in args.workloads]
     table = render(args, results)
     for r in results:
         print(f"{r['workload']}: per-repeat ratios ours/ST {', '.join(f'{x:.2f}' for x in r['ratios'])}")

@@ -225,10 +225,10 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
         for pair, negative in zip(pairs, negatives[:, 0].tolist(), strict=True)
         if negative >= 0
     }
-    shared = set(offline) & set(trained)
-    assert len(shared) >= 0.8 * len(pairs)
-    agree = np.mean([offline[pair] == trained[pair] for pair in shared])
-    assert agree >= 0.95, agree
+    # The same miner, weights, seeds and pool: the same negative for every row, and the same
+    # rows left without one.
+    assert len(trained) >= 0.8 * len(pairs)
+    assert offline == trained
     # The pair file's every line is read, label-0 ones included (given_negatives=false ignores them).
     _assert_the_mining_run_is_reviewable(client, mined.stdout, mined_rows, len(lines), tmp_path)
     # No-duplicates batches: the two rows of each headline never share a batch (a random cut

@@ -276,7 +276,7 @@ def pair_texts(
 ) -> tuple[list[str], list[str], list[str] | None, list[str] | None]:
     """``(anchors, positives, negatives, pool)`` of :func:`load_pairs` as Python lists on the
     caller (a negative ``""`` where a row has none), from what :func:`index_pairs` made of
-    ``rows``: for the offline mining job, which encodes in its own process, and for tests."""
+    ``rows``: for tests (:func:`read_pairs`)."""
     strings = texts.gather().column("text").to_pylist()
 
     def at(positions: np.ndarray) -> list[str]:

@@ -27,11 +27,11 @@ from pipeline.config.schema import Config
 from pipeline.core.errors import DataError
 from pipeline.data.columns import input_schema
 from pipeline.data.input_checks import check_corpus_columns, check_corpus_path
-from pipeline.data.pairs import index_pairs, load_pairs, pair_texts
+from pipeline.data.pairs import index_pairs, load_pairs
 from pipeline.data.tokenized import dataset_digest
 from pipeline.jobs.pair_mining import MiningReport, mine_pairs
-from pipeline.model.encoder import load_sentence_encoder, pooler_warning
-from pipeline.model.folders import check_model_path, fetch_pretrained_dir, load_tokenizer, quiet_libraries
+from pipeline.model.encoder import pooler_warning
+from pipeline.model.folders import check_model_path, fetch_pretrained_dir, quiet_libraries
 from pipeline.runtime.cluster import ray_session
 from pipeline.runtime.nodes import plan_reads
 from pipeline.runtime.preflight import preflight_mine
@@ -93,16 +93,14 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = Fals
         # Submitted to a cluster, the input may sit on the driver's disk only.
         reads = plan_reads({"data.path": cfg.data.path, "data.pool": cfg.data.pool}, echo)
         read = load_pairs(cfg.data, reads=reads)
-        # The offline job encodes in this process, so it works on Python lists (a list per column).
         texts, pairs = index_pairs(read, cfg.data.tokenize_num_cpus)
-        anchors, positives, _, pool_texts = pair_texts(read, texts, pairs)
         rows = read.rows_read
         pool_note = f", pool {cfg.data.pool}: {len(read.pool)} texts" if read.pool is not None else ""
-        echo(f"[data] {cfg.data.path}: {len(anchors)} (anchor, positive) pairs{pool_note}")
+        echo(f"[data] {cfg.data.path}: {len(pairs)} (anchor, positive) pairs{pool_note}")
         dataset = InputDataset(
             source=cfg.data.path,
             digest=dataset_digest(texts.ids, pairs),
-            rows=len(anchors),
+            rows=len(pairs),
             kind="pairs",
             columns=input_schema(cfg.data, pairs=True),
             context="mining",
@@ -112,19 +110,9 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = Fals
             echo(f"[run] {no_commit}")
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = fetch_pretrained_dir(cfg.model.name_or_path, tmp)
-            tokenizer = load_tokenizer(model_dir)
             if pooler_line := pooler_warning(model_dir, cfg.model.pooler):
                 echo(pooler_line)
-            model = load_sentence_encoder(model_dir, pooler=cfg.model.pooler)
-        table, report = mine_pairs(
-            anchors,
-            positives,
-            model,
-            tokenizer,
-            cfg,
-            echo=echo,
-            pool_texts=pool_texts,
-        )
+            table, report = mine_pairs(texts, pairs, model_dir, cfg, echo=echo)
         tracked.set_tags({"simcse.mining_dtype": report.encode_dtype})
         report.rows_in = rows
         report.pairs_dropped_empty = read.empty_dropped

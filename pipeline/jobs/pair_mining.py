@@ -1,32 +1,38 @@
-"""The offline job's mining, without Ray or MLflow: (anchor, positive) pairs and a model in,
-the output table (anchor, positive, negative_1..n) and a :class:`MiningReport` out.
+"""The offline job's mining: (anchor, positive) rows and a model folder in, the output table
+(anchor, positive, negative_1..n) and a :class:`MiningReport` out.
 
-The candidate pool is every distinct positive and the texts of ``data.pool``: with the same
-config and model, the negatives are those the training job mines before epoch 1, because both
-call :func:`pipeline.mining.hard_negatives.mine_hard_negatives` and describe the result with
-:func:`~pipeline.mining.mining_metrics.mining_metrics`. Anchors left with fewer than
-``mining.num_negatives`` negatives are dropped from the output and counted.
+It is the training job's miner (:class:`~pipeline.mining.miner.HardNegativeMiner`), run once
+with the model folder's weights: the same shards (``mining.shards``: one in this process, more
+as actors of their own, so that no process holds every vector), the same search, filters and
+seeds. With the same config and model, its negatives are the training job's before epoch 1, row
+for row. Anchors left with fewer negatives than asked are dropped from the output and counted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from pipeline.config.schema import Config
-from pipeline.mining.hard_negatives import SearchSettings, mine_hard_negatives
-from pipeline.mining.index import estimate_index_bytes, index_summary
-from pipeline.mining.mining_metrics import mining_metrics, random_pair_similarities
+from pipeline.data.text_blocks import DistinctTexts
+from pipeline.data.tokenize import tokenize_texts
+from pipeline.data.triplets import Triplets
+from pipeline.mining.miner import HardNegativeMiner
+from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters
-from pipeline.mining.text_keys import text_keys
 from pipeline.model.accel import compute_device, mining_dtype
-from pipeline.model.encode import encode_batch_size, encode_texts
+from pipeline.model.folders import load_tokenizer, pack_dir
 from pipeline.tracking.run import ui_command
+
+FIRST_VERSION = 1
+"""The version of the training job's mining before epoch 1 (it seeds the IVF sample and the
+draws): the offline job mines as that one does."""
 
 
 @dataclass
@@ -51,8 +57,9 @@ class MiningReport:
     """``fp32`` or ``bf16``: in what (:func:`~pipeline.model.accel.mining_dtype`)."""
     mined: dict[str, float] = field(default_factory=dict)
     similarities: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    """Cosine similarities for the review histogram: ``positives`` (anchor-positive),
-    ``negatives`` (anchor-mined negative, written rows) and ``random pairs`` (anchor-random pool row)."""
+    """Cosine similarities for the review histogram, as a training refresh draws it:
+    ``random pairs`` (anchor-random pool text), ``positives`` (anchor-positive) and the mined
+    negatives (anchor-negative)."""
     run_id: str = ""
     experiment: str = ""
     tracking_uri: str = ""
@@ -99,96 +106,72 @@ class MiningReport:
 
 
 def mine_pairs(
-    anchors: list[str],
-    positives: list[str],
-    model: Any,
-    tokenizer: Any,
+    texts: DistinctTexts,
+    triplets: Triplets,
+    model_dir: Path,
     cfg: Config,
-    device: torch.device | None = None,
-    echo: Any = None,
-    pool_texts: list[str] | None = None,
+    *,
+    shards: int | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> tuple[pa.Table, MiningReport]:
-    """Mine negatives for each (anchor, positive) among the candidate pool: the distinct
-    positives and ``pool_texts`` (``data.pool``), as the training miner's pool. Every positive
-    any row gives an anchor's text is excluded from its candidates, as the training miner does.
-    Encodes on ``device``, by default where the training miner would with this config
-    (:func:`~pipeline.model.accel.compute_device` of ``mining.num_gpus > 0``, here in this
-    process), and moves ``model`` there.
+    """Mine each row's negatives among the candidate pool (``data.pool`` and the distinct
+    positives, :meth:`~pipeline.data.triplets.Triplets.candidate_pool`), as the training job's
+    miner does before epoch 1: tokenize the texts, encode them with the folder's weights where
+    ``mining.num_gpus`` and ``mining.label_selector`` say, search, filter
+    (``mining.num_negatives`` an anchor, chosen by ``mining.sampling``) and add
+    ``mining.random_negatives`` random pool texts.
 
-    Returns the output table (``anchor``, ``positive``, ``negative_1``..``negative_n``) and
-    the report of what each filter removed.
+    Args:
+        texts: the distinct texts the rows name, in the object store.
+        triplets: the rows as positions into ``texts``.
+        model_dir: the model folder.
+        cfg: the run config.
+        shards: the miner's shards (``mining.shards`` as the job resolved it); None: as
+            :meth:`~pipeline.mining.miner_settings.MinerSettings.from_config`.
+        echo: where the tokenizing line goes.
+
+    Returns:
+        The output table (``anchor``, ``positive``, ``negative_1``..) of the rows that got every
+        negative, and the report of what each filter removed.
     """
-    mining = cfg.mining
-    device = device or compute_device(use_gpu=mining.num_gpus > 0)
-    model.to(device)
-    report = MiningReport(rows_in=len(anchors), negatives_per_row=mining.num_negatives)
-    report.encode_device, report.encode_dtype = device.type, mining_dtype(device)
-    pool = sorted(set(positives).union(pool_texts or ()))
-    t0 = time.perf_counter()
-
-    def encode(texts: list[str]) -> np.ndarray:
-        return encode_texts(model, tokenizer, texts, cfg.data.max_seq_len, encode_batch_size(device), device)
-
-    # Each distinct text is encoded once: anchors repeat (SNLI premises) or are positives too.
-    # The pool comes first, so pool position i is text position i.
-    texts = pool + sorted(set(anchors).union(positives).difference(pool))
-    vectors = encode(pool)
-    if len(texts) > len(pool):
-        vectors = np.concatenate([vectors, encode(texts[len(pool) :])])
-    position = {text: i for i, text in enumerate(texts)}
-    encode_seconds = time.perf_counter() - t0
-
-    search = SearchSettings.from_config(cfg)
+    started = time.perf_counter()
+    blocks, token_stats = tokenize_texts(texts, load_tokenizer(model_dir), cfg.data)
     if echo is not None:
-        k = min(search.top_k, len(pool))
-        kind = search.index_kind(len(pool), vectors.shape[1])
-        estimate = estimate_index_bytes(len(pool), vectors.shape[1], k, kind)
-        echo(f"[mining] {index_summary(kind, len(pool), vectors.shape[1], k, estimate)}")
-    (keys,) = text_keys(texts)
-    anchor = np.array([position[a] for a in anchors], dtype=np.int64)
-    positive = np.array([position[p] for p in positives], dtype=np.int64)
-    # The pool is the first len(pool) texts: a view, not a copy; the anchors' rows gathered once
-    # for the search and the random baseline.
-    anchor_vectors, pool_vectors = vectors[anchor], vectors[: len(pool)]
-    mined = mine_hard_negatives(
-        anchor_vectors=anchor_vectors,
-        positive_vectors=vectors[positive],
-        pool_vectors=pool_vectors,
-        anchor_keys=keys[anchor],
-        positive_keys=keys[positive],
-        pool_keys=keys[: len(pool)],
-        filters=NegativeFilters.from_config(cfg),
-        search=search,
-        seed=cfg.run.seed,
+        echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - started:.1f}s")
+    # The training miner keeps a deeper list for each epoch's draw (sampling: random); a file
+    # of negatives holds the ones drawn.
+    settings = dataclasses.replace(
+        MinerSettings.from_config(cfg, shards=shards), filters=NegativeFilters.from_config(cfg)
     )
-    random_pairs = random_pair_similarities(anchor_vectors, pool_vectors, cfg.run.seed)
-    report.backend = mined.backend
-    report.mined = {
-        "mining/encode_s": encode_seconds,
-        **mining_metrics(mined, random_pairs=random_pairs, pool_size=len(pool)),
-    }
-
-    table, kept_scores = _complete_rows(anchors, positives, pool, mined.negatives, mined.scores)
+    miner = HardNegativeMiner(blocks, pack_dir(model_dir), settings, triplets)
+    try:
+        mined = miner.refresh(None, version=FIRST_VERSION, step=0)
+    finally:
+        miner.shards.stop()
+    assert mined.negatives is not None  # a miner without run storage hands the column back
+    device = compute_device(use_gpu=settings.use_gpu)
+    report = MiningReport(
+        rows_in=len(triplets),
+        negatives_per_row=mined.negatives.shape[1],
+        backend=miner.shards.backend,
+        encode_device=device.type,
+        encode_dtype=mining_dtype(device),
+        mined={name: value for name, value in mined.metrics.items() if name != "mining/plan_version"},
+        similarities=mined.similarities,
+    )
+    table = _complete_rows(texts.gather().column("text"), triplets, mined.negatives)
     report.rows_out = table.num_rows
-    report.similarities = {
-        "random pairs": random_pairs,
-        "positives": mined.table.column("positive_score").to_numpy(),
-        "negatives": kept_scores,
-    }
     return table, report
 
 
-def _complete_rows(
-    anchors: list[str], positives: list[str], pool: list[str], negatives: np.ndarray, scores: np.ndarray
-) -> tuple[pa.Table, np.ndarray]:
-    """The output table: the rows that got every negative (``negatives`` are ``(rows, n)``
-    pool positions, -1 where missing), and those negatives' similarities to their anchors."""
-    complete = (negatives >= 0).all(axis=1)
-    columns: dict[str, Any] = {
-        "anchor": [a for a, ok in zip(anchors, complete, strict=True) if ok],
-        "positive": [p for p, ok in zip(positives, complete, strict=True) if ok],
+def _complete_rows(strings: pa.ChunkedArray, triplets: Triplets, negatives: np.ndarray) -> pa.Table:
+    """The output table: the rows that got every negative (``negatives`` are ``(rows, n)`` text
+    positions, -1 where missing), as texts."""
+    complete = np.flatnonzero((negatives >= 0).all(axis=1))
+    columns = {
+        "anchor": strings.take(triplets.anchor[complete]),
+        "positive": strings.take(triplets.positive[complete]),
     }
-    pool_array = np.array(pool, dtype=object)
     for j in range(negatives.shape[1]):
-        columns[f"negative_{j + 1}"] = pool_array[negatives[complete, j]].tolist()
-    return pa.table(columns), scores[complete].ravel()
+        columns[f"negative_{j + 1}"] = strings.take(negatives[complete, j])
+    return pa.table(columns)

@@ -1,12 +1,12 @@
-"""``mine_hard_negatives``: the one mining function, vectors in, a table of negatives out. The
-offline job (``jobs/mine.py``) calls it; training's miner, whose shards search where the texts
-are held, calls its second half (:func:`negatives_among`) on their top lists.
+"""Each anchor's negatives among its searched candidates (:func:`negatives_among`), wherever
+the search ran: the miner's shards search where the texts are held and hand back top lists
+(:class:`Searched`).
 
-Mining is four steps, each visible in the function body: search each anchor's ``top_k``
-nearest pool vectors (FAISS, :class:`~pipeline.mining.index.VectorIndex`), mark the candidates that are the anchor's own text or one of its known
-positives, filter them (:mod:`pipeline.mining.negatives`), and keep ``num_negatives`` per
-anchor. The result is data, not a control object: a :class:`MinedNegatives` table with one row
-per anchor. What a run logs of a mining is computed from that table afterwards, in one place
+After the search, mining is three steps, each visible in the function body: mark the
+candidates that are the anchor's own text or one of its known positives, filter them
+(:mod:`pipeline.mining.negatives`), and keep ``num_negatives`` per anchor. The result is data,
+not a control object: a :class:`MinedNegatives` table with one row per anchor. What a run logs
+of a mining is computed from that table afterwards, in one place
 (:func:`pipeline.mining.mining_metrics.mining_metrics`).
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config.schema import Config
-from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex, choose_backend, index_memory_budget
+from pipeline.mining.index import IndexSpec, choose_backend, index_memory_budget
 from pipeline.mining.negatives import NegativeFilters, select_negatives
 from pipeline.mining.text_keys import KnownPositives, duplicate_mask, known_positive_mask
 
@@ -94,62 +94,6 @@ def _matrix(column: pa.ChunkedArray) -> np.ndarray:
     return lists.flatten().to_numpy().reshape(len(lists), lists.type.list_size)
 
 
-def mine_hard_negatives(
-    *,
-    anchor_vectors: np.ndarray,
-    positive_vectors: np.ndarray,
-    pool_vectors: np.ndarray | NeighbourSearch,
-    anchor_keys: np.ndarray,
-    positive_keys: np.ndarray,
-    pool_keys: np.ndarray,
-    filters: NegativeFilters,
-    search: SearchSettings,
-    seed: int | list[int],
-    exclude_known_positives: bool = True,
-    known_positives: KnownPositives | None = None,
-) -> MinedNegatives:
-    """Mine each anchor's hard negatives among the pool.
-
-    Args:
-        anchor_vectors, positive_vectors: ``(n, dim)`` L2-normalised embeddings of each row's
-            anchor and positive.
-        pool_vectors: ``(p, dim)`` L2-normalised embeddings of the candidate texts, or an index
-            already built over them (:class:`~pipeline.mining.index.NeighbourSearch`).
-        anchor_keys, positive_keys, pool_keys: ``(n,)``, ``(n,)``, ``(p,)``
-            :func:`~pipeline.mining.text_keys.text_keys` of the same texts, in one key space:
-            equal keys are the same sentence up to case, accents and punctuation.
-        filters: which candidates are acceptable negatives and how many to keep.
-        search: ``top_k``, index and device.
-        seed: the IVF training sample and ``sampling: random`` (a list: numpy's seed
-            sequence, for one chunk of a mining).
-        exclude_known_positives: a candidate that is the positive of *any* row with the same
-            anchor text is removed (retrieval pairs: several positives per anchor, texts that
-            are the positive of several anchors), not only the row's own positive.
-        known_positives: the known pairs of every row, where these anchors are one chunk of
-            them; None: the pairs of the rows given here.
-
-    Returns:
-        One row per anchor: its negatives as pool positions, their scores, and what each
-        filter removed (:class:`MinedNegatives`).
-    """
-    index = pool_vectors
-    if isinstance(pool_vectors, np.ndarray):
-        kind = search.index_kind(len(pool_vectors), pool_vectors.shape[1])
-        index = VectorIndex(
-            pool_vectors, use_gpu=search.use_gpu, spec=IndexSpec(kind), seed=seed, k=search.top_k
-        )
-    started = time.perf_counter()
-    found = index.search(anchor_vectors, search.top_k)
-    searched = Searched(*found, seconds=time.perf_counter() - started, backend=index.backend,
-                        index_seconds=index.build_seconds)  # fmt: skip
-    positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors).astype(np.float32)
-    return negatives_among(
-        searched, positive_scores=positive_scores, anchor_keys=anchor_keys, positive_keys=positive_keys,
-        pool_keys=pool_keys, filters=filters, seed=seed, exclude_known_positives=exclude_known_positives,
-        known_positives=known_positives,
-    )  # fmt: skip
-
-
 @dataclass(frozen=True)
 class Searched:
     """Each anchor's nearest pool candidates, as a search returned them."""
@@ -177,15 +121,26 @@ def negatives_among(
     exclude_known_positives: bool = True,
     known_positives: KnownPositives | None = None,
 ) -> MinedNegatives:
-    """:func:`mine_hard_negatives` once the search is done, wherever it ran (the miner's shards
-    search their own anchors): mark the candidates that are the anchor's own text or a known
-    positive, filter them, keep ``filters.num_negatives`` an anchor.
+    """Mark the candidates that are the anchor's own text or a known positive, filter them,
+    keep ``filters.num_negatives`` an anchor.
 
     Args:
-        searched: the anchors' nearest candidates.
+        searched: the anchors' nearest candidates among the pool.
         positive_scores: ``(n,)`` each anchor's cosine with its positive.
-        anchor_keys, positive_keys, pool_keys, filters, seed, exclude_known_positives,
-            known_positives: as :func:`mine_hard_negatives`.
+        anchor_keys, positive_keys, pool_keys: ``(n,)``, ``(n,)``, ``(p,)``
+            :func:`~pipeline.mining.text_keys.text_keys` of the anchors, positives and pool, in
+            one key space: equal keys are the same sentence up to case, accents and punctuation.
+        filters: which candidates are acceptable negatives and how many to keep.
+        seed: ``sampling: random`` (a list: numpy's seed sequence, for one chunk of a mining).
+        exclude_known_positives: a candidate that is the positive of *any* row with the same
+            anchor text is removed (retrieval pairs: several positives per anchor, texts that
+            are the positive of several anchors), not only the row's own positive.
+        known_positives: the known pairs of every row, where these anchors are one chunk of
+            them; None: the pairs of the rows given here.
+
+    Returns:
+        One row per anchor: its negatives as pool positions, their scores, and what each
+        filter removed (:class:`MinedNegatives`).
     """
     candidate_scores, candidates = searched.scores, searched.candidates
     t0 = time.perf_counter()

@@ -93,8 +93,11 @@ class HardNegativeMiner:
         different id than before proves Ray restarted it."""
         return os.getpid()
 
-    def refresh(self, encoder_state: dict[str, torch.Tensor], version: int, step: int) -> RefreshReport:
-        """One refresh, top to bottom: encode the texts with the newest weights, mine (pairs:
+    def refresh(
+        self, encoder_state: dict[str, torch.Tensor] | None, version: int, step: int
+    ) -> RefreshReport:
+        """One refresh, top to bottom: encode the texts with the newest weights (``encoder_state``;
+        None: the model folder's, as the offline job mines), mine (pairs:
         each anchor's negatives as a column of the rows; corpus: the next order of rows), log.
         The report is tagged ``version``."""
         # The previous refresh's table row and histogram land first (they had an epoch to go

@@ -105,26 +105,25 @@ class MinerShard:
         return os.getpid()
 
     def index_kind(self) -> str:
-        """The index this shard builds over its candidates, checked against the memory free
-        where it runs (:meth:`~pipeline.mining.hard_negatives.SearchSettings.index_kind`)."""
+        """The index kind this shard's candidates need, checked against the memory free where it
+        runs (:meth:`~pipeline.mining.hard_negatives.SearchSettings.index_kind`); every shard
+        builds the most compact kind any of them needs (:meth:`MinerShards.encode`)."""
         return self.search_settings.index_kind(len(self.span.candidates), self.dim)
 
     def encode_sample(
-        self, encoder_state: dict[str, torch.Tensor], seed: int, rows: np.ndarray
+        self, encoder_state: dict[str, torch.Tensor] | None, seed: int, rows: np.ndarray | None
     ) -> dict[str, Any]:
         """The first half of a refresh whose IVF cells every shard shares: encode this shard's
-        part of the sample they are trained on (``rows``: numbers among its candidates) with
-        ``encoder_state``, and keep the vectors for the k-means (:meth:`sample_assign`) and
-        for :meth:`encode`. Returns ``kind``, the index this shard would build (none is sampled
-        for ``flat``), ``dim`` and ``seconds``."""
+        part of the sample they are trained on (``rows``: numbers among its candidates; None: a
+        flat index, which trains nothing) with ``encoder_state``, and keep the vectors for the
+        k-means (:meth:`sample_assign`) and for :meth:`encode`. Returns ``dim`` and ``seconds``."""
         started = time.perf_counter()
         self.index, self.vectors = None, None  # the old ones go before the sample is trained on
         release_free_heap()
-        self.model.encoder.load_state_dict(encoder_state)
-        kind = self.index_kind()
-        if kind != "flat":  # trains no cells
+        self._load(encoder_state)
+        if rows is not None:
             self.sample = (seed, rows, self._encode(self.span.candidates[rows] - self.span.first))
-        return {"kind": kind, "dim": self.dim, "seconds": time.perf_counter() - started}
+        return {"dim": self.dim, "seconds": time.perf_counter() - started}
 
     def sample_assign(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One k-means round over this shard's part of the sample, on its device
@@ -139,19 +138,20 @@ class MinerShard:
 
     def encode(
         self,
-        encoder_state: dict[str, torch.Tensor],
+        encoder_state: dict[str, torch.Tensor] | None,
         seed: int,
+        kind: str,
         trained: np.ndarray | None = None,
         sample_rows: np.ndarray | None = None,
     ) -> dict[str, Any]:
-        """Encode the shard's texts with ``encoder_state`` and build its index over the
-        candidates: its own, trained on a sample of them (``seed``), or ``trained`` (an empty
-        index every shard fills, :func:`~pipeline.mining.index.index_over_cells`) with its part of
-        the sample at ``sample_rows`` (vectors from :meth:`encode_sample`, or encoded here by a
-        shard started since). Returns what the merge and the log need: ``rows`` indexed,
-        ``backend``, ``kind``, ``dim``, ``build_seconds``, ``encode_seconds``."""
+        """Encode the shard's texts with ``encoder_state`` and build its index of ``kind`` over
+        the candidates: flat, or ``trained`` (an empty IVF index every shard fills,
+        :func:`~pipeline.mining.index.index_over_cells`) with its part of the sample at
+        ``sample_rows`` (vectors from :meth:`encode_sample`, or encoded here by a shard started
+        since). Returns what the merge and the log need: ``rows`` indexed, ``backend``,
+        ``kind``, ``dim``, ``build_seconds``, ``encode_seconds``."""
         started = time.perf_counter()
-        self.model.encoder.load_state_dict(encoder_state)
+        self._load(encoder_state)
         held = self.texts.held
         self.index, self.vectors = None, None  # the old ones go before the new vectors arrive
         release_free_heap()
@@ -175,7 +175,6 @@ class MinerShard:
                 vectors = self._encode(span.candidates[sample_rows] - span.first)
             pretrained = PretrainedIndex(trained, sample_rows, vectors)
         self.sample = None
-        kind = self.index_kind()
         s = self.search_settings
         self.index = VectorIndex(
             candidates, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed, k=s.top_k, pretrained=pretrained
@@ -183,6 +182,11 @@ class MinerShard:
         return {"rows": self.index.rows, "backend": self.index.backend, "kind": kind, "dim": dim,
                 "build_seconds": self.index.build_seconds,
                 "encode_seconds": time.perf_counter() - started - self.index.build_seconds}  # fmt: skip
+
+    def _load(self, encoder_state: dict[str, torch.Tensor] | None) -> None:
+        """Take the newest weights (None: keep those loaded, the model folder's at the start)."""
+        if encoder_state is not None:
+            self.model.encoder.load_state_dict(encoder_state)
 
     def _encode(self, rows: np.ndarray) -> np.ndarray:
         """``(len(rows), dim)`` vectors of the held texts at ``rows`` under the loaded weights."""

@@ -24,6 +24,7 @@ from pipeline.core.seams import actor_runtime_env
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import (
+    INDEX_KINDS,
     PQ_TRAIN_ROWS,
     calibrate_nprobe,
     calibration_rows,
@@ -105,8 +106,9 @@ class MinerShards:
 
         return cls([launch(span) for span in spans], spans, launch, search)
 
-    def encode(self, encoder_state: dict[str, torch.Tensor], seed: int) -> list[dict[str, Any]]:
-        """Every shard encodes its texts with ``encoder_state`` and indexes its candidates, all
+    def encode(self, encoder_state: dict[str, torch.Tensor] | None, seed: int) -> list[dict[str, Any]]:
+        """Every shard encodes its texts with ``encoder_state`` (None: the model folder's weights
+        they started with) and indexes its candidates, all
         at once. IVF shards share their cells: each first encodes its part of one sample
         (``seed``), the cells are trained on it by a k-means whose rounds every shard assigns
         its own part of, every shard lists its vectors under them, and one ``nprobe`` is
@@ -117,18 +119,18 @@ class MinerShards:
         Returns each shard's report (rows, backend, seconds)."""
         started = time.perf_counter()
         state = self.to_every_shard(encoder_state)  # once in the object store, not once per shard
+        # One kind for every shard, the most compact any of them needs (its rows or the memory
+        # free where it runs may ask more than another's), so that IVF shards share their cells.
+        kind = max(self._ask_every("index_kind", lambda n: ()), key=INDEX_KINDS.index)
         parts = shared_sample(self.first_candidates.tolist(), self.rows, seed=seed)
+        if kind == "flat":  # trains nothing
+            parts = [None] * len(parts)
         sampled = self._ask_every("encode_sample", lambda n: (state, seed, parts[n]))
-        kinds = {answer["kind"] for answer in sampled}
         self.dim = sampled[0]["dim"]  # before the k-means, which asks the sample its dimension
         trained = None
-        if kinds in ({"ivf"}, {"ivfpq"}):  # a flat index trains nothing; mixed kinds their own
-            trained = self.to_every_shard(
-                self._shared_cells(kinds.pop(), [len(part) for part in parts], seed)
-            )
-        reports = self._ask_every(
-            "encode", lambda n: (state, seed, trained, parts[n] if trained is not None else None)
-        )
+        if kind != "flat":
+            trained = self.to_every_shard(self._shared_cells(kind, [len(part) for part in parts], seed))
+        reports = self._ask_every("encode", lambda n: (state, seed, kind, trained, parts[n]))
         for report, answer in zip(reports, sampled, strict=True):
             report["encode_seconds"] += answer["seconds"]
         self.backend = reports[0]["backend"] + (f" x{len(reports)}" if len(reports) > 1 else "")

@@ -93,7 +93,12 @@ def refresh_pairs(
         # barely moved and the refresh bought nothing.
         metrics["mining/churn"] = float((previous.negatives != negatives).mean())
     found = mined.scores[mined.negatives >= 0]
+    # The mined negatives between the random baseline and the positives: near the positives,
+    # false negatives are likely.
+    positives = mined.table.column("positive_score").to_numpy()
     similarities = (
-        {"random pairs": random_similarities, f"mined negatives v{version}": found} if len(found) else {}
+        {"random pairs": random_similarities, "positives": positives, f"mined negatives v{version}": found}
+        if len(found)
+        else {}
     )
     return RefreshReport(version, metrics, negatives=negatives, similarities=similarities)

@@ -1,7 +1,8 @@
-"""mine_pairs against its contract. jobs/mine.py end to end: on a text file, the mining job of
-tests/test_cotenancy.py (beside other Ray work); on a pair file, with the training job's
-negatives to compare with, tests/test_retrieval_pairs.py (each whole job a test starts costs
-about 50 s of CPU: docs/operations.md, "Tests")."""
+"""mine_pairs (the training job's miner, run once with the folder's weights) against its
+contract. jobs/mine.py end to end: on a text file, the mining job of tests/test_cotenancy.py
+(beside other Ray work); on a pair file, with the training job's negatives to compare with,
+tests/test_retrieval_pairs.py (each whole job a test starts costs about 50 s of CPU:
+docs/operations.md, "Tests")."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 from conftest import assert_clean_negatives
 
 from pipeline.config.loading import load_config
+from pipeline.data.text_blocks import DistinctTexts
+from pipeline.data.triplets import index_triplets
 from pipeline.jobs.pair_mining import mine_pairs
 from pipeline.mining.negatives import FILTERS
 from pipeline.mining.text_keys import normalize_text
@@ -30,7 +33,17 @@ def _pairs(texts, groups):
     return anchors, positives
 
 
-def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus):
+def _mined(anchors, positives, model_dir, cfg):
+    """``mine_pairs`` of rows held here: their distinct texts put in the object store, as the job
+    puts what it read."""
+    import ray
+
+    table, triplets = index_triplets(anchors, positives, None)
+    texts = DistinctTexts(table.column("id").to_numpy(), [ray.put(table)])
+    return mine_pairs(texts, triplets, model_dir, cfg)
+
+
+def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus, ray_local):
     texts, groups = paraphrase_corpus
     anchors, positives = _pairs(texts, groups)
     # A case/punctuation variant of a positive in the pool must never be mined for its anchor.
@@ -38,7 +51,7 @@ def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus
     positives.append(positives[0].upper().rstrip("."))
     model, tokenizer = load_sentence_encoder(trained_tiny_model_dir), load_tokenizer(trained_tiny_model_dir)
     cfg = load_config(None, ["mining.num_negatives=3", "mining.top_k=20"])
-    table, report = mine_pairs(anchors, positives, model, tokenizer, cfg)
+    table, report = _mined(anchors, positives, trained_tiny_model_dir, cfg)
     assert table.column_names == ["anchor", "positive", "negative_1", "negative_2", "negative_3"]
     assert_clean_negatives(table.to_pylist(), 3)
     assert report.rows_out == table.num_rows == len(anchors) - report.count("anchors_short")
@@ -69,24 +82,22 @@ def _random_pair_similarity(model, tokenizer, texts):
     return float(np.einsum("ij,ij->i", vectors[a], vectors[b]).mean())
 
 
-def test_mine_pairs_encodes_where_the_training_miner_would(trained_tiny_model_dir, paraphrase_corpus):
+def test_mine_pairs_encodes_where_the_training_miner_would(
+    trained_tiny_model_dir, paraphrase_corpus, ray_local
+):
     """``mining.num_gpus`` > 0 asks the offline job, as the training miner, to encode (and
     search) on this process's GPU; on a machine without one it runs on the CPU and mines the same
     negatives. The report says where and in what precision it encoded (fp32 on any CPU)."""
     texts, groups = paraphrase_corpus
     anchors, positives = _pairs(texts, groups)
-    tokenizer = load_tokenizer(trained_tiny_model_dir)
     on_cpu = load_config(None, ["mining.top_k=20"])
     on_gpu = load_config(None, ["mining.top_k=20", "mining.num_gpus=1"])
-    cpu_table, cpu_report = mine_pairs(
-        anchors, positives, load_sentence_encoder(trained_tiny_model_dir), tokenizer, on_cpu
-    )
-    model = load_sentence_encoder(trained_tiny_model_dir)
-    gpu_table, gpu_report = mine_pairs(anchors, positives, model, tokenizer, on_gpu)
+    cpu_table, cpu_report = _mined(anchors, positives, trained_tiny_model_dir, on_cpu)
+    gpu_table, gpu_report = _mined(anchors, positives, trained_tiny_model_dir, on_gpu)
     has_gpu = torch.cuda.is_available()
     assert cpu_report.encode_device == "cpu"
     assert cpu_report.encode_dtype == "fp32"
-    assert gpu_report.encode_device == next(model.parameters()).device.type == ("cuda" if has_gpu else "cpu")
+    assert gpu_report.encode_device == ("cuda" if has_gpu else "cpu")
     assert f"(encoded on {gpu_report.encode_device} in {gpu_report.encode_dtype})" in gpu_report.render("out")
     if not has_gpu:
         assert gpu_report.backend == cpu_report.backend == "faiss-cpu/flat"

@@ -8,7 +8,7 @@ import faiss
 import numpy as np
 import pytest
 
-from bench.embedded_texts import EmbeddedTexts
+from bench.embedded_texts import EmbeddedTexts, mine_hard_negatives
 from pipeline.mining.index import (
     IndexSpec,
     PretrainedIndex,
@@ -95,7 +95,7 @@ def test_merge_pads_when_the_shards_hold_fewer_rows_than_k() -> None:
 def test_mining_over_shards_gives_the_one_index_negatives_column() -> None:
     """The pairs task's column of negatives, the filters and their counts: the same whether the
     pool is one flat index or three shards of it."""
-    from pipeline.mining.hard_negatives import SearchSettings, mine_hard_negatives
+    from pipeline.mining.hard_negatives import SearchSettings
     from pipeline.mining.negatives import NegativeFilters
 
     rng = np.random.default_rng(3)
