@@ -108,8 +108,8 @@ class MinerShards:
 
     def encode(self, encoder_state: dict[str, torch.Tensor] | None, seed: int) -> list[dict[str, Any]]:
         """Every shard encodes its texts with ``encoder_state`` (None: the model folder's weights
-        they started with) and indexes its candidates, all
-        at once. IVF shards share their cells: each first encodes its part of one sample
+        they started with) and indexes its candidates, all at once, every one the same index
+        kind. IVF shards share their cells: each first encodes its part of one sample
         (``seed``), the cells are trained on it by a k-means whose rounds every shard assigns
         its own part of, every shard lists its vectors under them, and one ``nprobe`` is
         calibrated for all (:func:`~pipeline.mining.index.calibrate_nprobe`). A query then

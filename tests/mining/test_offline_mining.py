@@ -102,3 +102,23 @@ def test_mine_pairs_encodes_where_the_training_miner_would(
     if not has_gpu:
         assert gpu_report.backend == cpu_report.backend == "faiss-cpu/flat"
         assert gpu_table.equals(cpu_table)
+
+
+def test_mine_pairs_over_two_shards_writes_what_one_process_writes(
+    trained_tiny_model_dir, paraphrase_corpus, ray_local
+):
+    """``mining.shards: 2`` spreads the offline job over two shard actors (each a range of the
+    texts, their vectors and index) as it spreads a training refresh: the same output table and
+    the same counts as mining in this process."""
+    texts, groups = paraphrase_corpus
+    anchors, positives = _pairs(texts, groups)
+    overrides = ["mining.num_negatives=2", "mining.top_k=20", "mining.num_cpus=0.5"]
+    one_table, one = _mined(anchors, positives, trained_tiny_model_dir, load_config(None, overrides))
+    two_table, two = _mined(
+        anchors, positives, trained_tiny_model_dir, load_config(None, [*overrides, "mining.shards=2"])
+    )
+    assert two.backend == "faiss-cpu/flat x2" and one.backend == "faiss-cpu/flat"
+    assert two_table.num_rows > 0.8 * len(anchors)  # most anchors found both
+    assert two_table.equals(one_table)
+    for name in ("candidates", "kept", "anchors_short", *(f"removed_{f}" for f in FILTERS)):
+        assert two.count(name) == one.count(name), name
