@@ -157,7 +157,10 @@ def mine_pairs(
         encode_device=device.type,
         encode_dtype=mining_dtype(device),
         mined={name: value for name, value in mined.metrics.items() if name != "mining/plan_version"},
-        similarities=mined.similarities,
+        # One mining, not a refresh of many: its negatives need no version in the histogram.
+        similarities={
+            name.removesuffix(f" v{FIRST_VERSION}"): values for name, values in mined.similarities.items()
+        },
     )
     table = _complete_rows(texts.gather().column("text"), triplets, mined.negatives)
     report.rows_out = table.num_rows
