@@ -451,7 +451,7 @@ def _assert_the_text_file_mined(folder: Path, out: str, texts: list[str]) -> Non
 
     assert "mined out/triplets.parquet" in out
     assert "too few" in out and "removed: duplicate" in out
-    assert "[mining] flat index over" in out  # memory estimate, printed before building
+    assert "[mining] v1: flat index over" in out  # the index's memory, as a training refresh says it
     table = pq.read_table(folder / "out/triplets.parquet")
     assert table.column_names == ["anchor", "positive", "negative_1", "negative_2"]
     rows = table.to_pylist()

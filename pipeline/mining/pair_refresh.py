@@ -12,6 +12,7 @@ import numpy as np
 from pipeline.data.triplets import Triplets
 from pipeline.mining.encoded_texts import EncodedTexts
 from pipeline.mining.hard_negatives import MinedNegatives, Searched, negatives_among
+from pipeline.mining.index import estimate_index_bytes, index_summary
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.mining_metrics import mining_metrics, random_pairs
 from pipeline.mining.random_negatives import random_pool_negatives
@@ -52,6 +53,11 @@ def refresh_pairs(
     """
     pool = triplets.candidate_pool()
     seed = settings.seed + version
+    k = min(settings.search.top_k, len(pool))
+    estimate = estimate_index_bytes(
+        len(pool), texts.dim, k, texts.kind, queries=min(len(triplets), chunk_rows)
+    )
+    print(f"[mining] v{version}: {index_summary(texts.kind, len(pool), texts.dim, k, estimate)}", flush=True)
     # Every row's pairs, looked up by every chunk: a row's anchor text may have its other
     # positives in rows of another chunk.
     known = KnownPositives.of(keys[triplets.anchor], keys[triplets.positive], int(keys.max(initial=0)) + 1)

@@ -132,6 +132,7 @@ class ShardedTexts(EmbeddedTexts):
         self.embeddings = embeddings
         self.index = shards_of(embeddings[pool], [len(pool) // 5, len(pool) // 2])
         self.rows, self.backend, self.build_seconds = self.index.rows, self.index.backend, 0.0
+        self.kind, self.dim = "flat", embeddings.shape[1]
 
 
 def test_a_pairs_refresh_in_chunks_and_over_shards_gives_the_one_index_column() -> None:
