@@ -10,26 +10,18 @@ from pipeline.mining.hard_negatives import MinedNegatives
 from pipeline.mining.negatives import FILTERS
 
 RANDOM_PAIRS = 20_000
-"""Most (anchor, random pool row) pairs in the baseline sample of :func:`random_pair_similarities`."""
+"""Most (anchor, random pool row) pairs in the baseline sample of :func:`random_pairs`."""
 
 
 def random_pairs(
     anchors: int, pool: int, seed: int, max_pairs: int = RANDOM_PAIRS
 ) -> tuple[np.ndarray, np.ndarray]:
     """``min(max_pairs, anchors)`` seeded random anchors (with replacement) and as many random
-    pool rows: the pairs of :func:`random_pair_similarities`, for a caller that fetches their
-    vectors itself."""
+    pool rows: the baseline mined negatives are read against, scored where the vectors are
+    (:meth:`~pipeline.mining.encoded_texts.EncodedTexts.pair_scores`)."""
     rng = np.random.default_rng(seed)
     sample = rng.integers(anchors, size=min(max_pairs, anchors))
     return sample, rng.integers(pool, size=len(sample))
-
-
-def random_pair_similarities(
-    anchor_vectors: np.ndarray, pool_vectors: np.ndarray, seed: int, max_pairs: int = RANDOM_PAIRS
-) -> np.ndarray:
-    """Cosine similarity of :func:`random_pairs`: the baseline mined negatives are read against."""
-    sample, partners = random_pairs(len(anchor_vectors), len(pool_vectors), seed, max_pairs)
-    return np.einsum("ij,ij->i", anchor_vectors[sample], pool_vectors[partners])
 
 
 def similarity_percentiles(scores: np.ndarray) -> dict[str, float]:
