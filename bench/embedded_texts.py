@@ -84,22 +84,14 @@ def mine_hard_negatives(
             anchor and positive.
         pool_vectors: ``(p, dim)`` L2-normalised embeddings of the candidate texts, or an index
             already built over them (:class:`~pipeline.mining.index.NeighbourSearch`).
-        anchor_keys, positive_keys, pool_keys: ``(n,)``, ``(n,)``, ``(p,)``
-            :func:`~pipeline.mining.text_keys.text_keys` of the same texts, in one key space:
-            equal keys are the same sentence up to case, accents and punctuation.
-        filters: which candidates are acceptable negatives and how many to keep.
         search: ``top_k``, index and device.
-        seed: the IVF training sample and ``sampling: random`` (a list: numpy's seed
-            sequence, for one chunk of a mining).
-        exclude_known_positives: a candidate that is the positive of *any* row with the same
-            anchor text is removed (retrieval pairs: several positives per anchor, texts that
-            are the positive of several anchors), not only the row's own positive.
-        known_positives: the known pairs of every row, where these anchors are one chunk of
-            them; None: the pairs of the rows given here.
+        seed: the IVF training sample, and as
+            :func:`~pipeline.mining.hard_negatives.negatives_among`'s.
+        anchor_keys, positive_keys, pool_keys, filters, exclude_known_positives,
+            known_positives: as :func:`~pipeline.mining.hard_negatives.negatives_among`'s.
 
     Returns:
-        One row per anchor: its negatives as pool positions, their scores, and what each
-        filter removed (:class:`MinedNegatives`).
+        What :func:`~pipeline.mining.hard_negatives.negatives_among` returns.
     """
     index = pool_vectors
     if isinstance(pool_vectors, np.ndarray):
