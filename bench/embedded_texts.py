@@ -12,8 +12,20 @@ import numpy as np
 import torch
 
 from pipeline.mining.hard_negatives import MinedNegatives, Searched, SearchSettings, negatives_among
-from pipeline.mining.index import IndexSpec, NeighbourSearch, VectorIndex
-from pipeline.mining.ivf_training import nearest_cells
+from pipeline.mining.index import (
+    IndexSpec,
+    NeighbourSearch,
+    PretrainedIndex,
+    VectorIndex,
+    VectorSource,
+    calibrate_nprobe,
+    calibration_rows,
+    choose_backend,
+    index_over_cells,
+    ivf_cells,
+    training_rows,
+)
+from pipeline.mining.ivf_training import SampleOnDevice, nearest_cells, spherical_kmeans
 from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.text_keys import KnownPositives
 
@@ -35,9 +47,7 @@ class EmbeddedTexts:
         self.embeddings = embeddings
         pool = embeddings if candidates is None else embeddings[candidates]
         kind = search.index_kind(len(pool), pool.shape[1])
-        self.index = VectorIndex(
-            pool, use_gpu=search.use_gpu, spec=IndexSpec(kind), seed=seed, k=search.top_k
-        )
+        self.index = vector_index(pool, kind=kind, seed=seed, use_gpu=search.use_gpu, k=search.top_k)
         self.rows, self.backend, self.build_seconds = (
             self.index.rows,
             self.index.backend,
@@ -96,9 +106,7 @@ def mine_hard_negatives(
     index = pool_vectors
     if isinstance(pool_vectors, np.ndarray):
         kind = search.index_kind(len(pool_vectors), pool_vectors.shape[1])
-        index = VectorIndex(
-            pool_vectors, use_gpu=search.use_gpu, spec=IndexSpec(kind), seed=seed, k=search.top_k
-        )
+        index = vector_index(pool_vectors, kind=kind, seed=seed, use_gpu=search.use_gpu, k=search.top_k)
     started = time.perf_counter()
     found = index.search(anchor_vectors, search.top_k)
     searched = Searched(*found, seconds=time.perf_counter() - started, backend=index.backend,
@@ -109,3 +117,34 @@ def mine_hard_negatives(
         pool_keys=pool_keys, filters=filters, seed=seed, exclude_known_positives=exclude_known_positives,
         known_positives=known_positives,
     )  # fmt: skip
+
+
+def vector_index(
+    vectors: np.ndarray | VectorSource,
+    *,
+    kind: str = "auto",
+    seed: int | list[int] = 0,
+    use_gpu: bool = False,
+    k: int = 0,
+    query_chunk: int | None = None,
+) -> VectorIndex:
+    """One :class:`~pipeline.mining.index.VectorIndex` over one array (or source) of
+    L2-normalised vectors, as the miner's one shard builds it: IVF kinds train their cells on
+    the seeded sample (:func:`~pipeline.mining.index.training_rows`) by the same k-means, on
+    the GPU where the search runs there, and calibrate ``nprobe`` on the seeded rows."""
+    source = vectors if isinstance(vectors, VectorSource) else None
+    rows, dim = (source.rows, source.dim) if source is not None else vectors.shape
+    kind = IndexSpec(kind).resolve(rows, choose_backend(use_gpu), dim=dim, k=k)
+    pretrained = None
+    if kind != "flat":
+        sample = training_rows(rows, kind, seed)
+        sampled = source.vectors(sample) if source is not None else vectors[sample]
+        device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
+        centroids = spherical_kmeans(SampleOnDevice(sampled, device), ivf_cells(rows), seed=seed)
+        pretrained = PretrainedIndex(index_over_cells(centroids, kind, sampled), sample, sampled)
+    index = VectorIndex(
+        vectors, use_gpu=use_gpu, spec=IndexSpec(kind), query_chunk=query_chunk, k=k, pretrained=pretrained
+    )
+    if kind != "flat":
+        calibrate_nprobe(index, index.vectors_of(calibration_rows(rows, seed)), cells=ivf_cells(rows))
+    return index

@@ -26,7 +26,7 @@ runs on any machine with torch, numpy, transformers and pyarrow (faiss optional)
 - encode: ``pipeline.model.encode.encode_rows`` (eval mode, bf16 autocast on CUDA, length-sorted
   batches padded to their own longest row) over random sentences of 8 to ``--seq-len``
   tokens, inside ``torch.inference_mode``.
-- k-NN: ``pipeline.mining.index.VectorIndex`` over random unit vectors, built once and searched
+- k-NN: ``pipeline.mining.index.VectorIndex`` (``bench.embedded_texts.vector_index``) over random unit vectors, built once and searched
   with the first ``--knn-queries`` of them. Where faiss is not installed it uses the index
   module's torch matmul + top-k search (``pipeline.mining.index.torch_top_k``), on CUDA or on
   the CPU.
@@ -71,10 +71,11 @@ from bench.common import (
     machine_line,
 )
 from bench.common import machine_info as report_machine_info
+from bench.embedded_texts import vector_index
 from pipeline.batching.plan import BatchPlan
 from pipeline.batching.samplers import random_plan
 from pipeline.data.tokenized import TokenizedCorpus
-from pipeline.mining.index import IndexSpec, VectorIndex, torch_top_k
+from pipeline.mining.index import torch_top_k
 from pipeline.model.accel import enable_tf32, fused_adamw
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import SentenceEncoder
@@ -334,10 +335,9 @@ def search(
 ) -> KnnTiming:
     k = min(args.k, len(vectors))
     try:
-        index = VectorIndex(
-            vectors, use_gpu=device.type == "cuda", spec=IndexSpec(kind=args.knn_index),
-            query_chunk=args.knn_query_chunk, k=k,
-        )  # fmt: skip
+        index = vector_index(
+            vectors, kind=args.knn_index, use_gpu=device.type == "cuda", query_chunk=args.knn_query_chunk, k=k
+        )
         started = time.perf_counter()
         scores, indices = index.search(queries, k)
         return KnnTiming(scores, indices, index.backend, index.build_seconds, time.perf_counter() - started)

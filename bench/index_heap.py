@@ -36,17 +36,18 @@ def status() -> dict[str, int]:
 
 def measure(arm: str, rows: int, dim: int) -> dict[str, dict[str, int]]:
     """One arm in this process: build, then search; what it held after each."""
+    import bench.embedded_texts as embedded_texts
     import pipeline.mining.index as index
 
     if arm == "kept":
         index.release_free_heap = lambda: False
-    index.calibrate_nprobe = lambda *args, **kwargs: (index.NPROBE, 1.0)
+    embedded_texts.calibrate_nprobe = lambda *args, **kwargs: (index.NPROBE, 1.0)
 
     def vectors(positions: np.ndarray) -> np.ndarray:
         x = np.random.default_rng(int(positions[0])).standard_normal((len(positions), dim)).astype(np.float32)
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
-    built = index.VectorIndex(index.VectorSource(rows, dim, vectors), spec=index.IndexSpec("ivf"))
+    built = embedded_texts.vector_index(index.VectorSource(rows, dim, vectors), kind="ivf")
     after_build = status()
     built.search(vectors(np.arange(QUERIES)), TOP_K)
     return {"build": after_build, "search": status()}

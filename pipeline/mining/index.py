@@ -34,7 +34,6 @@ import torch
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.heap import release_free_heap
-from pipeline.mining.ivf_training import ivf_centroids
 
 INDEX_KINDS = ("auto", "flat", "ivf", "ivfpq")
 # Largest corpus ``auto`` searches exactly on a CPU. 384-d vectors, 2 threads: flat 12.5 s
@@ -258,15 +257,14 @@ class VectorIndex:
             vectors are added from the sample).
         use_gpu: search on a GPU when one is usable (see module docstring).
         spec: the index kind (default ``auto``).
-        seed: for the IVF training sample.
         query_chunk: queries per matrix product on the ``torch-cuda`` path (bounds its
             memory to ``chunk x n`` scores); None: sized from the GPU's free memory
             (:func:`query_chunk_for`).
         k: the neighbours searched, and ``budget``: the bytes the index may take, for the
             memory check before anything is built (:meth:`IndexSpec.resolve`); None: no check.
-        pretrained: an IVF or IVF-PQ index trained over every shard, for this index to fill
-            (its ``nprobe`` is then the caller's to set: :meth:`set_nprobe`); None: the index
-            trains its own cells on a sample of ``vectors`` and calibrates its ``nprobe``.
+        pretrained: for ``ivf`` and ``ivfpq``, the empty index whose cells were trained over
+            every shard (:meth:`~pipeline.mining.miner_shards.MinerShards.encode`), for this
+            index to fill; its ``nprobe`` is the caller's to set (:func:`calibrate_nprobe`).
     """
 
     def __init__(
@@ -275,7 +273,6 @@ class VectorIndex:
         *,
         use_gpu: bool = False,
         spec: IndexSpec | None = None,
-        seed: int = 0,
         query_chunk: int | None = None,
         k: int = 0,
         budget: int | None = None,
@@ -293,11 +290,11 @@ class VectorIndex:
         """The vectors as one array, unless the index holds the only copy."""
         if source is not None and backend == "faiss-cpu" and self.kind in ("flat", "ivf"):
             self._index = _faiss_index(
-                source.vectors, self.rows, dim, self.kind, backend=backend, seed=seed, pretrained=pretrained
+                source.vectors, self.rows, dim, self.kind, backend=backend, pretrained=pretrained
             )
         else:
             if source is not None:  # IVF-PQ's codes are not the vectors; GPU indexes are not read back
-                vectors = source.vectors(np.arange(source.rows))
+                vectors = _every_vector(source, pretrained)
             self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
             if backend == "torch-cuda" and self.kind == "flat":
                 self._base = torch.from_numpy(self.vectors).to("cuda")
@@ -307,14 +304,10 @@ class VectorIndex:
             else:
                 self._index = _faiss_index(
                     self.vectors.__getitem__, self.rows, dim, self.kind,
-                    backend=backend, seed=seed, pretrained=pretrained,
+                    backend=backend, pretrained=pretrained,
                 )  # fmt: skip
                 backend = "faiss-cpu" if backend == "torch-cuda" else backend  # where it searches
         self.backend = f"{backend}/{self.kind}"
-        if pretrained is None and self.kind != "flat":
-            calibrate_nprobe(
-                self, self.vectors_of(calibration_rows(self.rows, seed)), cells=ivf_cells(self.rows)
-            )
         # A source's fetches are its encoding, not the build: the caller counts them.
         self.build_seconds = time.perf_counter() - start - (source.seconds if source is not None else 0.0)
 
@@ -369,16 +362,6 @@ def training_rows(n: int, kind: str, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
 
 
-def _trained_index(sample: np.ndarray, rows: int, kind: str, *, backend: str, seed: int) -> Any:
-    """An empty faiss index of ``kind`` on the CPU: IVF's cells trained where ``backend``
-    searches (:func:`~pipeline.mining.ivf_training.ivf_centroids`), IVF-PQ's codebooks too."""
-    import faiss  # deferred, as in choose_backend
-
-    if kind == "flat":
-        return faiss.IndexFlatIP(sample.shape[1])
-    return _index_over_cells(ivf_centroids(sample, ivf_cells(rows), backend=backend, seed=seed), kind, sample)
-
-
 def index_over_cells(centroids: np.ndarray, kind: str, pq_sample: np.ndarray | None = None) -> np.ndarray:
     """An empty ``ivf`` or ``ivfpq`` index over ``centroids`` (``(cells, d)`` float32 unit
     cells trained on a sample of every shard's vectors,
@@ -416,20 +399,19 @@ def _faiss_index(
     kind: str,
     *,
     backend: str,
-    seed: int,
     pretrained: PretrainedIndex | None,
 ) -> Any:
-    """A faiss index of ``kind`` over the ``n`` vectors ``vectors_of`` gives, trained on
-    :func:`training_rows` (or ``pretrained``: then its ``nprobe`` is left to the caller), the
-    vectors added :data:`ADD_CHUNK_ROWS` at a time; for ``faiss-gpu``, split over the GPUs this
-    process was given (``shard``: each holds a part of the vectors, not a copy)."""
+    """A faiss index of ``kind`` over the ``n`` vectors ``vectors_of`` gives: flat, or
+    ``pretrained``'s (IVF kinds), the vectors added :data:`ADD_CHUNK_ROWS` at a time; for
+    ``faiss-gpu``, split over the GPUs this process was given (``shard``: each holds a part of
+    the vectors, not a copy)."""
     import faiss  # deferred, as in choose_backend
 
-    if pretrained is None:
-        sample = training_rows(n, kind, seed)
-        sampled = vectors_of(sample) if len(sample) else np.empty((0, dim), dtype=np.float32)
-        index = _trained_index(sampled, n, kind, backend=backend, seed=seed)
+    if kind == "flat":
+        sample, sampled = np.empty(0, dtype=np.int64), np.empty((0, dim), dtype=np.float32)
+        index = faiss.IndexFlatIP(dim)
     else:
+        assert pretrained is not None, "an IVF index fills cells trained over every shard"
         sample, sampled = pretrained.sample_rows, pretrained.sample_vectors
         index = faiss.deserialize_index(pretrained.index)
     if backend == "faiss-gpu":
@@ -453,6 +435,18 @@ def _faiss_index(
     if kind == "ivf" and backend == "faiss-cpu":
         index.make_direct_map()  # rows read back by position (VectorIndex.vectors_of)
     return index
+
+
+def _every_vector(source: VectorSource, pretrained: PretrainedIndex | None) -> np.ndarray:
+    """All of ``source``'s vectors in one array, the sample's taken from ``pretrained``: none
+    fetched twice."""
+    vectors = np.empty((source.rows, source.dim), dtype=np.float32)
+    sample = np.empty(0, dtype=np.int64) if pretrained is None else pretrained.sample_rows
+    if len(sample):
+        vectors[sample] = pretrained.sample_vectors
+    if len(rest := np.setdiff1d(np.arange(source.rows), sample, assume_unique=True)):
+        vectors[rest] = source.vectors(rest)
+    return vectors
 
 
 def _set_nprobe(index: Any, nprobe: int, *, on_gpu: bool) -> None:

@@ -95,11 +95,3 @@ def spherical_kmeans(sample: AssignableSample, cells: int, *, seed: int) -> np.n
     with contextlib.redirect_stdout(io.StringIO()):
         centroids = kmeans(cells, sample, niter=KMEANS_ITERATIONS, seed=seed, verbose=False)
     return (centroids / np.linalg.norm(centroids, axis=1, keepdims=True)).astype(np.float32)
-
-
-def ivf_centroids(sample: np.ndarray, cells: int, *, backend: str, seed: int) -> np.ndarray:
-    """:func:`spherical_kmeans` of one array (``(m, d)`` float32, L2-normalised, ``m >= cells``)
-    for an inner-product IVF index searched by ``backend``: on the CUDA device for the GPU
-    backends, on the CPU for ``faiss-cpu``."""
-    on_gpu = backend != "faiss-cpu" and torch.cuda.is_available()
-    return spherical_kmeans(SampleOnDevice(sample, "cuda" if on_gpu else "cpu"), cells, seed=seed)

@@ -177,7 +177,7 @@ class MinerShard:
         self.sample = None
         s = self.search_settings
         self.index = VectorIndex(
-            candidates, use_gpu=s.use_gpu, spec=IndexSpec(kind), seed=seed, k=s.top_k, pretrained=pretrained
+            candidates, use_gpu=s.use_gpu, spec=IndexSpec(kind), k=s.top_k, pretrained=pretrained
         )
         return {"rows": self.index.rows, "backend": self.index.backend, "kind": kind, "dim": dim,
                 "build_seconds": self.index.build_seconds,

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.mining.index import NPROBE, IndexSpec, VectorIndex, exact_top_k, ivf_cells
-from pipeline.mining.ivf_training import SampleOnDevice, ivf_centroids, nearest_cells, spherical_kmeans
+from bench.embedded_texts import vector_index
+from pipeline.mining.index import NPROBE, exact_top_k, ivf_cells
+from pipeline.mining.ivf_training import SampleOnDevice, nearest_cells, spherical_kmeans
 
 
 def clustered(n: int = 20_000, dim: int = 48, seed: int = 0) -> np.ndarray:
@@ -34,7 +35,7 @@ def exact_neighbours(x: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 def test_our_kmeans_reaches_faiss_objective_with_unit_centroids():
     x = clustered()
     cells = ivf_cells(len(x))
-    ours = ivf_centroids(x, cells, backend="faiss-cpu", seed=0)
+    ours = spherical_kmeans(SampleOnDevice(x, "cpu"), cells, seed=0)
     reference = faiss.Kmeans(
         x.shape[1], cells, niter=10, seed=0, spherical=True, max_points_per_centroid=len(x)
     )
@@ -43,7 +44,7 @@ def test_our_kmeans_reaches_faiss_objective_with_unit_centroids():
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
     assert objective(x, ours) >= objective(x, reference.centroids) - 0.01
     assert objective(x, ours) > objective(x, x[:cells]) + 0.02  # better than its starting rows
-    np.testing.assert_array_equal(ivf_centroids(x, cells, backend="faiss-cpu", seed=0), ours)  # seeded
+    np.testing.assert_array_equal(spherical_kmeans(SampleOnDevice(x, "cpu"), cells, seed=0), ours)  # seeded
 
 
 class SplitSample:
@@ -114,7 +115,7 @@ def test_an_ivf_index_over_our_cells_finds_the_exact_neighbours():
     x = clustered()
     cells = ivf_cells(len(x))
     quantizer = faiss.IndexFlatIP(x.shape[1])
-    quantizer.add(ivf_centroids(x, cells, backend="faiss-cpu", seed=0))
+    quantizer.add(spherical_kmeans(SampleOnDevice(x, "cpu"), cells, seed=0))
     index = faiss.IndexIVFFlat(quantizer, x.shape[1], cells, faiss.METRIC_INNER_PRODUCT)
     assert index.is_trained  # its quantizer holds every cell
     index.nprobe = NPROBE
@@ -133,14 +134,14 @@ def test_ivf_probes_more_cells_where_the_vectors_all_point_one_way():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(20_000, 48)) * 0.15 + rng.normal(size=48)
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-    index = VectorIndex(x, spec=IndexSpec("ivf"), seed=0)
+    index = vector_index(x, kind="ivf", seed=0)
     queries = x[-500:]  # the calibration's sample is drawn with the seed, mostly elsewhere
     _, found = index.search(queries, 10)
     exact = exact_neighbours(x, queries, 10)
     assert index._index.nprobe > NPROBE
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact, strict=True)])
     assert recall >= 0.93
-    assert VectorIndex(clustered(), spec=IndexSpec("ivf"), seed=0)._index.nprobe == NPROBE
+    assert vector_index(clustered(), kind="ivf", seed=0)._index.nprobe == NPROBE
 
 
 def test_exact_top_k_over_blocks_is_the_top_k_of_one_product_best_first():

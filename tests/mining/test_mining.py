@@ -11,11 +11,12 @@ import pytest
 import torch
 from conftest import blocks_of
 
+from bench.embedded_texts import vector_index
 from pipeline.batching.plan import balanced_batch_sizes, worker_slices
 from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.samplers import neighbourhood_plan, random_plan
 from pipeline.mining.hard_negatives import SearchSettings
-from pipeline.mining.index import IndexSpec, VectorIndex, torch_top_k
+from pipeline.mining.index import IndexSpec, torch_top_k
 from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import NegativeFilters
@@ -49,7 +50,7 @@ def test_random_plan_covers_every_row_once_and_is_seeded():
 
 def knn_search(x: np.ndarray, k: int, spec: IndexSpec | None = None) -> SimpleNamespace:
     """Every row's top ``k`` among the rows of ``x``: one index built and searched."""
-    index = VectorIndex(x, spec=spec)
+    index = vector_index(x, kind=(spec or IndexSpec()).kind)
     scores, indices = index.search(x, k)
     return SimpleNamespace(scores=scores, indices=indices, backend=index.backend)
 

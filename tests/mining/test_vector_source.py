@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.embedded_texts import vector_index
 from pipeline.mining import index as index_module
-from pipeline.mining.index import IndexSpec, VectorIndex, VectorSource, training_rows
+from pipeline.mining.index import VectorSource, training_rows
 
 
 def unit_rows(n: int = 6_000, dim: int = 24, seed: int = 0) -> np.ndarray:
@@ -35,8 +36,8 @@ def test_an_index_from_a_source_searches_as_one_from_the_array_and_encodes_each_
     monkeypatch.setattr(index_module, "ADD_CHUNK_ROWS", 1_000)  # several chunks, the sample among them
     x = unit_rows()
     encoder = CountingEncoder(x)
-    streamed = VectorIndex(VectorSource(len(x), x.shape[1], encoder), spec=IndexSpec(kind), seed=3)
-    whole = VectorIndex(x, spec=IndexSpec(kind), seed=3)
+    streamed = vector_index(VectorSource(len(x), x.shape[1], encoder), kind=kind, seed=3)
+    whole = vector_index(x, kind=kind, seed=3)
     assert encoder.asked.min() == encoder.asked.max() == 1
     # The same sample, cells, additions and calibrated nprobe: the same answers.
     queries = x[::7]
@@ -61,7 +62,7 @@ def test_ivf_searched_in_blocks_of_queries_answers_as_in_one(monkeypatch):
     """A search holds each query's probed cells (nprobe x 12 B): queries go in blocks of
     IVF_PROBE_BYTES, and the answers do not depend on the blocks."""
     x = unit_rows()
-    index = VectorIndex(x, spec=IndexSpec("ivf"), seed=0)
+    index = vector_index(x, kind="ivf", seed=0)
     whole = index.search(x[:500], 10)
     monkeypatch.setattr(index_module, "IVF_PROBE_BYTES", 12 * index._index.nprobe * 7)  # 7 queries a block
     blocked = index.search(x[:500], 10)
