@@ -9,9 +9,10 @@ process on the head tokenizes the generated corpus into the object store as the 
 (:func:`~pipeline.data.tokenize.tokenize_texts`, with the tiny model's tokenizer, trained once on
 the corpus' first lines) and runs the miner over S shard actors
 (:class:`~pipeline.mining.miner.HardNegativeMiner`, ``mining.shards`` = S), the shards on a
-second node labelled ``role=miner`` (at S = 1 the one shard runs in the miner's process). The miner runs in the driver's process here (in a job
-it is an actor of its own, holding the same keys, rows and plan), so the driver's peak is the
-driver's and the miner's together. One refresh of the corpus task runs (``knn`` batches, the
+second node labelled ``role=miner`` (at S = 1 the one shard runs in the miner's process). The
+miner is an actor of its own on that node, as in a job (:class:`BenchMiner`: the job's
+:class:`~pipeline.mining.miner_actor.HardNegativeMinerActor` with the bench's questions added),
+so the driver, the miner and each shard have peaks of their own. One refresh of the corpus task runs (``knn`` batches, the
 index ``--index`` names, ``top_k`` 64, batch 64), with the tiny model after a few SimCSE steps
 (:func:`warmed_model`; ``--random-model``: its random weights); then the
 driver holds while the bench reads the peak RSS (``VmHWM``) of the driver and of each shard.
@@ -61,6 +62,7 @@ from bench.local_cluster import PYTHON, RayHead, RayWorkerNode
 from bench.running_job import titled
 from bench.scale import AnonPeaks, ObjectStorePeak, prepare, status_bytes, vm_hwm
 from pipeline.mining.index import exact_top_k
+from pipeline.mining.miner_actor import HardNegativeMinerActor
 
 BENCHMARK = Benchmark("bench.sharded_miner", "Mining refresh over shards")
 MIB = 2**20
@@ -82,11 +84,12 @@ def drive(args: argparse.Namespace) -> None:
     from pipeline.data.triplets import Triplets
     from pipeline.mining.hard_negatives import SearchSettings
     from pipeline.mining.index import IndexSpec
-    from pipeline.mining.miner import HardNegativeMiner
+    from pipeline.mining.miner_actor import miner_actor_options
     from pipeline.mining.miner_settings import MinerSettings
     from pipeline.mining.planning import PlanSettings
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer, pack_dir
+    from pipeline.training.contract import miner_inputs
 
     ray.init(address=args.address, logging_level="ERROR", log_to_driver=False)
     started = time.perf_counter()
@@ -107,26 +110,49 @@ def drive(args: argparse.Namespace) -> None:
         triplets = Triplets(
             anchor=anchor, positive=(anchor + 1) % n, negative=np.full(len(anchor), -1), pool=np.arange(n)
         )
-    miner = HardNegativeMiner(blocks, ray.put(pack_dir(args.model)), settings, triplets)
+    inputs = miner_inputs(
+        blocks, ray.put(pack_dir(args.model)), None if triplets is None else ray.put(triplets)
+    )
+    miner = ray.remote(BenchMiner).options(**miner_actor_options(settings)).remote(settings)
+    miner_pid = ray.get(miner.ready.remote(inputs))
     weights = load_sentence_encoder(args.model, pooler="mean").encoder.state_dict()
-    report = miner.refresh(weights, version=1, step=0)
-    shard_pids = miner.shards.ask_all("ready")
+    report = ray.get(miner.refresh.remote(inputs, weights, 1, 0))
+    shard_pids, nprobe = ray.get(miner.shards_ready.remote())
     print(
         READY
         + json.dumps(
             {
                 "tokenize_s": tokenize_seconds,
+                "miner_pid": miner_pid,
                 "shard_pids": shard_pids,
-                "nprobe": miner.shards.nprobe,
+                "nprobe": nprobe,
                 **report.metrics,
             }
         ),  # fmt: skip
         flush=True,
     )
     sys.stdin.readline()  # the bench reads every peak meanwhile, before the recall's own arrays
-    print(RECALL + json.dumps(index_recall(miner.shards, seed=1)), flush=True)
+    print(RECALL + json.dumps(ray.get(miner.index_recall.remote(1))), flush=True)
     sys.stdin.readline()
-    miner.shards.stop()
+    ray.get(miner.stop_shards.remote())
+
+
+class BenchMiner(HardNegativeMinerActor):
+    """The job's miner actor with the bench's questions, asked where the miner runs."""
+
+    def shards_ready(self) -> tuple[list[int], int]:
+        """Each shard's process id, and the ``nprobe`` they were calibrated to."""
+        assert self.miner is not None
+        return self.miner.shards.ask_all("ready"), self.miner.shards.nprobe
+
+    def index_recall(self, seed: int) -> float:
+        """:func:`index_recall` of the shards."""
+        assert self.miner is not None
+        return index_recall(self.miner.shards, seed=seed)
+
+    def stop_shards(self) -> None:
+        assert self.miner is not None
+        self.miner.shards.stop()
 
 
 def index_recall(texts: Any, *, seed: int, k: int = 10) -> float:
@@ -233,7 +259,11 @@ def run_once(
     node = psutil.Process(miners.proc.pid)
 
     def processes() -> list[int]:
-        return [driver.pid, *(p.pid for p in titled(node, "MinerShard"))]
+        return [
+            driver.pid,
+            *(p.pid for p in titled(node, "BenchMiner")),
+            *(p.pid for p in titled(node, "MinerShard")),
+        ]
 
     try:
         with (
@@ -242,7 +272,7 @@ def run_once(
             WorkerPeaks([psutil.Process(head.proc.pid), node], processes) as workers,
         ):
             result = json.loads(read_until(proc, READY))
-            peaks = {"driver": vm_hwm(driver)}
+            peaks = {"driver": vm_hwm(driver), "miner": vm_hwm(psutil.Process(result["miner_pid"]))}
             for number, pid in enumerate(result["shard_pids"]):
                 peaks[f"shard {number}"] = vm_hwm(psutil.Process(pid))
             time.sleep(0.5)  # one more sample of each
@@ -254,7 +284,7 @@ def run_once(
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-    anon_peaks = {"driver": anon.peaks.get(driver.pid, 0)}
+    anon_peaks = {"driver": anon.peaks.get(driver.pid, 0), "miner": anon.peaks.get(result["miner_pid"], 0)}
     for number, pid in enumerate(result["shard_pids"]):
         anon_peaks[f"shard {number}"] = anon.peaks.get(pid, 0)
     return {**result, "peaks": peaks, "anon": anon_peaks, "store": store.peak, "workers": workers.largest()}
@@ -285,8 +315,8 @@ def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
     """One line a run: seconds by stage, the largest peak of each kind of process, recall."""
     lines = [
         "| rows | S | " + " | ".join(f"{s} s" for s in STAGES)
-        + " | partitions | driver+miner peak MiB (RSS / anon) | largest shard peak MiB (RSS / anon) | largest other Ray worker peak MiB (RSS / anon, whose) | object store peak MiB | nprobe | recall@10 |",
-        "|---|---|" + "---|" * (len(STAGES) + 7),
+        + " | partitions | driver peak MiB (RSS / anon) | miner peak MiB (RSS / anon) | largest shard peak MiB (RSS / anon) | largest other Ray worker peak MiB (RSS / anon, whose) | object store peak MiB | nprobe | recall@10 |",
+        "|---|---|" + "---|" * (len(STAGES) + 8),
     ]  # fmt: skip
     for (rows, shards), got in sorted(results.items()):
         shard_keys = [key for key in got["peaks"] if key.startswith("shard")]
@@ -298,6 +328,7 @@ def table(results: dict[tuple[int, int], dict[str, Any]]) -> str:
         cells += [
             f"{got.get('mining/partitions', 0):.0f}",
             f"{got['peaks']['driver'] / MIB:,.0f} / {got['anon']['driver'] / MIB:,.0f}",
+            f"{got['peaks']['miner'] / MIB:,.0f} / {got['anon']['miner'] / MIB:,.0f}",
             f"{max(got['peaks'][k] for k in shard_keys) / MIB:,.0f} / {max(got['anon'][k] for k in shard_keys) / MIB:,.0f}",
             "{:,.0f} / {:,.0f} ({})".format(got["workers"][0] / MIB, got["workers"][1] / MIB, got["workers"][2].removeprefix("ray::")),
             f"{got['store'] / MIB:,.0f}",
@@ -357,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         miners = RayWorkerNode(
             head,
             "miners",
-            num_cpus=max(shard_counts),
+            num_cpus=max(shard_counts) + 1,  # the shards, and the miner's own
             num_gpus=int(args.shard_gpus > 0),
             labels={"role": "miner"},
         )
