@@ -1,0 +1,71 @@
+"""Distillation from a teacher's scores of each row's candidates, beside InfoNCE: the student's
+similarities of an anchor with its positive and its hard negatives are pulled towards the
+teacher's scores of the same pairs, as a distribution (KL, sentence-transformers'
+``DistillKLDivLoss``) or as margins (MSE, its ``MarginMSELoss``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+DISTILLATION_LOSSES = ("kl", "margin_mse")
+
+
+def distillation_loss(
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    present: torch.Tensor,
+    *,
+    kind: str,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The student's scores of each row's candidates against the teacher's, averaged over the
+    global batch.
+
+    Args:
+        student: ``(n, 1 + k)`` the student's similarity of each of this worker's rows' anchor
+            with its positive (column 0) and its ``k`` hard-negative slots.
+        teacher: ``(n, 1 + k)`` the teacher's scores of the same pairs (no gradient).
+        present: ``(n, 1 + k)`` bool, False where a row has no negative in that slot (column
+            0, the positive, is always True).
+        kind: ``kl``: KL(softmax(teacher / T) || softmax(student / T)) x T² a row, the
+            candidates a row lacks left out of both softmaxes, averaged over the rows with at
+            least one negative; ``margin_mse``: the squared error of the student's margins
+            (positive less negative) against the teacher's, averaged over the present
+            negatives.
+        temperature: ``T`` of ``kl`` (unused by ``margin_mse``).
+
+    Returns:
+        ``(loss, loss_to_backward)``: the mean over every rank's terms (rows for ``kl``,
+        negatives for ``margin_mse``; 0 where there are none), the same on every rank, and
+        this rank's sum divided by the global count times the world size, whose DDP-averaged
+        gradient is the mean's whatever each rank's count.
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    if kind not in DISTILLATION_LOSSES:
+        raise ValueError(f"distillation loss must be one of {', '.join(DISTILLATION_LOSSES)} (got {kind!r})")
+    student, teacher = student.float(), teacher.detach().float()
+    negatives = present[:, 1:]
+    if kind == "kl":
+        # Absent slots: -inf gives the teacher's softmax an exact 0 there; the student's
+        # log-probability is only ever multiplied by that 0, so a finite stand-in keeps it from nan.
+        teacher_probs = torch.softmax((teacher / temperature).masked_fill(~present, float("-inf")), dim=1)
+        student_logs = torch.log_softmax((student / temperature).masked_fill(~present, -1e4), dim=1)
+        per_row = F.kl_div(student_logs, teacher_probs, reduction="none").sum(dim=1) * temperature**2
+        counted = negatives.any(dim=1)
+        local_sum, count = (per_row * counted).sum(), counted.sum()
+    else:
+        student_margins = student[:, :1] - student[:, 1:]
+        teacher_margins = teacher[:, :1] - teacher[:, 1:]
+        local_sum = ((student_margins - teacher_margins) ** 2 * negatives).sum()
+        count = negatives.sum()
+    totals = torch.stack([local_sum.detach(), count.float()])
+    world = 1
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        world = dist.get_world_size()
+        dist.all_reduce(totals)
+    total_count = totals[1].clamp(min=1.0)
+    return totals[0] / total_count, local_sum / total_count * world
