@@ -1,0 +1,113 @@
+"""A teacher that scores (anchor, candidate) text pairs, for denoising mined negatives and
+distilling into the student (issue 71): a bi-encoder's cosine of its own embeddings (a folder
+our jobs export, or any sentence-transformers bi-encoder folder), or a cross-encoder's relevance
+logit (a sentence-transformers ``CrossEncoder`` or Hugging Face sequence-classification folder
+with one label). The teacher reads the texts with its own tokenizer, not the student's.
+
+:class:`Teacher` is a Ray Data callable class too (``map_batches(Teacher, fn_constructor_kwargs=
+...)``): an actor pool loads it once per actor and scores batches of pair rows where the pool's
+resources put it, on a GPU where it is given one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+TEACHER_KINDS = ("bi_encoder", "cross_encoder")
+
+
+@dataclass(frozen=True)
+class TeacherSettings:
+    """Which teacher, and how it reads."""
+
+    model: str
+    """A local model folder (a hub name or cloud URI is fetched to one first, as
+    ``model.name_or_path`` is)."""
+    kind: str = "bi_encoder"
+    """``bi_encoder``: the cosine of its mean- or CLS-pooled embeddings (the folder's own
+    pooling); ``cross_encoder``: the raw logit of a one-label sequence classifier (before any
+    sigmoid: margins and softmaxes of logits are what MarginMSE and KL distil)."""
+    pooler: str | None = None
+    """A bi-encoder's pooling, ``mean`` or ``cls``; None: the folder's own (as ``model.pooler``
+    unset reads it: CLS for a plain Hugging Face folder)."""
+    max_seq_len: int = 128
+    """Tokens a text (bi-encoder) or a pair (cross-encoder) is cut to."""
+    batch_size: int = 64
+    """Pairs (cross-encoder) or texts (bi-encoder) a forward pass."""
+
+
+class Teacher:
+    """A loaded teacher: :meth:`score` of pairs, or called on a Ray Data batch of
+    ``anchor`` and ``candidate`` text columns, adding ``teacher_score``.
+
+    Args:
+        settings: the teacher.
+        device: where it runs; None: the first CUDA device if there is one, else the CPU.
+    """
+
+    def __init__(self, settings: TeacherSettings, device: str | None = None):
+        from transformers import AutoModelForSequenceClassification
+
+        from pipeline.model.encoder import load_sentence_encoder
+        from pipeline.model.folders import load_tokenizer
+
+        if settings.kind not in TEACHER_KINDS:
+            raise ValueError(
+                f"teacher kind must be one of {', '.join(TEACHER_KINDS)} (got {settings.kind!r})"
+            )
+        self.settings = settings
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        folder = Path(settings.model)
+        self.tokenizer = load_tokenizer(folder)
+        if settings.kind == "bi_encoder":
+            self.model: Any = load_sentence_encoder(folder, pooler=settings.pooler)
+        else:
+            self.model = AutoModelForSequenceClassification.from_pretrained(folder)
+            if self.model.config.num_labels != 1:
+                raise ValueError(
+                    f"teacher {folder}: a cross-encoder teacher has one label (got {self.model.config.num_labels})"
+                )
+        self.model.to(self.device).eval()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch["teacher_score"] = self.score(list(batch["anchor"]), list(batch["candidate"]))
+        return batch
+
+    def score(self, anchors: list[str], candidates: list[str]) -> np.ndarray:
+        """``(n,)`` float32: the teacher's score of each ``(anchors[i], candidates[i])``."""
+        if self.settings.kind == "bi_encoder":
+            return self._cosines(anchors, candidates)
+        return self._logits(anchors, candidates)
+
+    def _cosines(self, anchors: list[str], candidates: list[str]) -> np.ndarray:
+        from pipeline.model.encode import encode_texts
+
+        # An anchor stands beside each of its candidates: every distinct text is encoded once.
+        texts, at = np.unique(np.array(anchors + candidates, dtype=object), return_inverse=True)
+        vectors = encode_texts(
+            self.model,
+            self.tokenizer,
+            list(texts),
+            self.settings.max_seq_len,
+            self.settings.batch_size,
+            self.device,
+        )
+        left, right = vectors[at[: len(anchors)]], vectors[at[len(anchors) :]]
+        return np.einsum("ij,ij->i", left, right).astype(np.float32)
+
+    @torch.inference_mode()
+    def _logits(self, anchors: list[str], candidates: list[str]) -> np.ndarray:
+        out = np.empty(len(anchors), dtype=np.float32)
+        step = self.settings.batch_size
+        for lo in range(0, len(anchors), step):
+            encoded = self.tokenizer(
+                anchors[lo : lo + step], candidates[lo : lo + step], padding=True, truncation=True,
+                max_length=self.settings.max_seq_len, return_tensors="pt",
+            ).to(self.device)  # fmt: skip
+            out[lo : lo + step] = self.model(**encoded).logits[:, 0].float().cpu().numpy()
+        return out

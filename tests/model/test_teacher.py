@@ -1,0 +1,64 @@
+"""The teacher's scores against sentence-transformers reading the same folders: a bi-encoder's
+cosines (``SentenceTransformer``), a cross-encoder's logits (``CrossEncoder``), and the Ray Data
+batch form adding its column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.model.teacher import Teacher, TeacherSettings
+
+ANCHORS = ["a cat sat on the mat", "the stock market fell", "a cat sat on the mat", "rain again today"]
+CANDIDATES = ["a cat on a mat", "markets dropped sharply", "the weather is sunny", "it is raining"]
+
+
+def test_a_bi_encoder_teacher_scores_the_cosine_sentence_transformers_gives(tiny_model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    # A plain Hugging Face folder: sentence-transformers reads it with mean pooling.
+    settings = TeacherSettings(str(tiny_model_dir), pooler="mean", max_seq_len=32, batch_size=3)
+    teacher = Teacher(settings, device="cpu")
+    scores = teacher.score(ANCHORS, CANDIDATES)
+    peer = SentenceTransformer(str(tiny_model_dir), device="cpu")
+    left = peer.encode(ANCHORS, normalize_embeddings=True, convert_to_numpy=True)
+    right = peer.encode(CANDIDATES, normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(scores, (left * right).sum(axis=1), atol=1e-5)
+    assert scores.dtype == np.float32
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny BERT as a one-label sequence classifier, its head seeded."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    out = tmp_path_factory.mktemp("tiny_cross_encoder")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    return out
+
+
+def test_a_cross_encoder_teacher_scores_the_logits_cross_encoder_predicts(tiny_cross_encoder_dir):
+    from sentence_transformers import CrossEncoder
+
+    settings = TeacherSettings(
+        str(tiny_cross_encoder_dir), kind="cross_encoder", max_seq_len=32, batch_size=3
+    )
+    scores = Teacher(settings, device="cpu").score(ANCHORS, CANDIDATES)
+    peer = CrossEncoder(str(tiny_cross_encoder_dir), device="cpu", max_length=32)
+    expected = peer.predict(list(zip(ANCHORS, CANDIDATES, strict=True)), activation_fn=torch.nn.Identity())
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
+    assert len(set(np.round(scores, 6))) > 1  # the pairs score apart
+
+
+def test_a_ray_data_batch_gets_a_teacher_score_column_and_a_bad_kind_is_named(tiny_model_dir):
+    teacher = Teacher(TeacherSettings(str(tiny_model_dir), max_seq_len=32), device="cpu")
+    batch = {"anchor": np.array(ANCHORS, dtype=object), "candidate": np.array(CANDIDATES, dtype=object)}
+    out = teacher(dict(batch))
+    np.testing.assert_array_equal(out["teacher_score"], teacher.score(ANCHORS, CANDIDATES))
+    assert list(out["anchor"]) == ANCHORS
+    with pytest.raises(ValueError, match="teacher kind must be one of bi_encoder, cross_encoder .got 'ce'"):
+        Teacher(TeacherSettings(str(tiny_model_dir), kind="ce"), device="cpu")
