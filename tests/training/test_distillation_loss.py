@@ -32,7 +32,7 @@ class EmbeddedAs(torch.nn.Module):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.05])
 def test_kl_is_sentence_transformers_distill_kl_div_loss(temperature):
-    from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss
+    from sentence_transformers.losses import DistillKLDivLoss
 
     columns = embeddings(6, 3)
     teacher = torch.rand(6, 4) * 2 - 1
@@ -47,7 +47,7 @@ def test_kl_is_sentence_transformers_distill_kl_div_loss(temperature):
 
 
 def test_margin_mse_is_sentence_transformers_margin_mse_loss():
-    from sentence_transformers.sentence_transformer.losses import MarginMSELoss
+    from sentence_transformers.losses import MarginMSELoss
 
     columns = embeddings(5, 3, seed=1)
     teacher = torch.rand(5, 4)
