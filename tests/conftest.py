@@ -212,6 +212,38 @@ def sorted_blocks(ray_local, tmp_path_factory, tiny_model_dir, paraphrase_corpus
     return blocks, distinct.gather(), tokenizer
 
 
+def _on_rank(rank: int, port: int, work, args: tuple, out) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    result = work(rank, *args)
+    if rank == 0:
+        out.put(result)
+    dist.destroy_process_group()
+
+
+def run_on_two_ranks(work, *args, timeout: float = 120):
+    """``work(rank, *args)`` in two spawned processes joined as gloo ranks (a process group of
+    2, as two DDP workers): rank 0's return value. ``work`` must be a module-level function."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    procs = [context.Process(target=_on_rank, args=(rank, port, work, args, out)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    result = out.get(timeout=timeout)
+    for p in procs:
+        p.join(timeout=60)
+    return result
+
+
 def blocks_of(table: pa.Table):
     """A tokenized table (``id``, ``input_ids``, ``text_key``, sorted by id) as the job hands
     the corpus to the miner: one block in the object store of the Ray this process is on

@@ -419,17 +419,9 @@ def _faiss_index(
         options.shard = True
         index = faiss.index_cpu_to_all_gpus(index, co=options)
     for lo in range(0, n, ADD_CHUNK_ROWS):
-        hi = min(lo + ADD_CHUNK_ROWS, n)
-        chunk = np.empty((hi - lo, dim), dtype=np.float32)
-        # The sample's vectors are added from the sample: a source computes none twice.
-        first, last = np.searchsorted(sample, [lo, hi])
-        chunk[sample[first:last] - lo] = sampled[first:last]
-        fetched = np.ones(hi - lo, dtype=bool)
-        fetched[sample[first:last] - lo] = False
-        if fetched.any():
-            chunk[fetched] = vectors_of(np.flatnonzero(fetched) + lo)
+        chunk = _vectors_between(lo, min(lo + ADD_CHUNK_ROWS, n), dim, sample, sampled, vectors_of)
         index.add(chunk)
-        del chunk, fetched
+        del chunk
         release_free_heap()  # the chunk and its encoding's temporaries, between the growing lists
     del sampled
     if kind == "ivf" and backend == "faiss-cpu":
@@ -438,15 +430,33 @@ def _faiss_index(
 
 
 def _every_vector(source: VectorSource, pretrained: PretrainedIndex | None) -> np.ndarray:
-    """All of ``source``'s vectors in one array, the sample's taken from ``pretrained``: none
-    fetched twice."""
-    vectors = np.empty((source.rows, source.dim), dtype=np.float32)
-    sample = np.empty(0, dtype=np.int64) if pretrained is None else pretrained.sample_rows
-    if len(sample):
-        vectors[sample] = pretrained.sample_vectors
-    if len(rest := np.setdiff1d(np.arange(source.rows), sample, assume_unique=True)):
-        vectors[rest] = source.vectors(rest)
-    return vectors
+    """All of ``source``'s vectors in one array, the sample's taken from ``pretrained``."""
+    if pretrained is None:
+        return source.vectors(np.arange(source.rows))
+    return _vectors_between(
+        0, source.rows, source.dim, pretrained.sample_rows, pretrained.sample_vectors, source.vectors
+    )
+
+
+def _vectors_between(
+    lo: int,
+    hi: int,
+    dim: int,
+    sample: np.ndarray,
+    sampled: np.ndarray,
+    vectors_of: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """``(hi - lo, dim)`` vectors of positions ``lo`` to ``hi``: those of the sample (sorted
+    positions ``sample``, their vectors ``sampled``) from the sample, the rest fetched by
+    ``vectors_of``, so a source computes none twice."""
+    out = np.empty((hi - lo, dim), dtype=np.float32)
+    first, last = np.searchsorted(sample, [lo, hi])
+    out[sample[first:last] - lo] = sampled[first:last]
+    fetched = np.ones(hi - lo, dtype=bool)
+    fetched[sample[first:last] - lo] = False
+    if fetched.any():
+        out[fetched] = vectors_of(np.flatnonzero(fetched) + lo)
+    return out
 
 
 def _set_nprobe(index: Any, nprobe: int, *, on_gpu: bool) -> None:

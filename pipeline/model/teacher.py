@@ -26,8 +26,8 @@ class TeacherSettings:
     """Which teacher, and how it reads."""
 
     model: str
-    """A local model folder (a hub name or cloud URI is fetched to one first, as
-    ``model.name_or_path`` is)."""
+    """A local model folder (the teacher fetches nothing: a hub name or cloud URI is the
+    caller's to fetch first, as the jobs fetch ``model.name_or_path``)."""
     kind: str = "bi_encoder"
     """``bi_encoder``: the cosine of its mean- or CLS-pooled embeddings (the folder's own
     pooling); ``cross_encoder``: the raw logit of a one-label sequence classifier (before any

@@ -6,8 +6,9 @@ teacher's scores of the same pairs, as a distribution (KL, sentence-transformers
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+
+from pipeline.training.losses import mean_over_ranks
 
 DISTILLATION_LOSSES = ("kl", "margin_mse")
 
@@ -38,9 +39,8 @@ def distillation_loss(
 
     Returns:
         ``(loss, loss_to_backward)``: the mean over every rank's terms (rows for ``kl``,
-        negatives for ``margin_mse``; 0 where there are none), the same on every rank, and
-        this rank's sum divided by the global count times the world size, whose DDP-averaged
-        gradient is the mean's whatever each rank's count.
+        negatives for ``margin_mse``; 0 where there are none), as
+        :func:`~pipeline.training.losses.mean_over_ranks` returns it.
 
     Raises:
         ValueError: an unknown ``kind``.
@@ -62,10 +62,4 @@ def distillation_loss(
         teacher_margins = teacher[:, :1] - teacher[:, 1:]
         local_sum = ((student_margins - teacher_margins) ** 2 * negatives).sum()
         count = negatives.sum()
-    totals = torch.stack([local_sum.detach(), count.float()])
-    world = 1
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        world = dist.get_world_size()
-        dist.all_reduce(totals)
-    total_count = totals[1].clamp(min=1.0)
-    return totals[0] / total_count, local_sum / total_count * world
+    return mean_over_ranks(local_sum, count)

@@ -140,6 +140,26 @@ def gather_across_workers(local: torch.Tensor, sizes: list[int]) -> torch.Tensor
     return torch.cat(parts)
 
 
+def mean_over_ranks(local_sum: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of terms every rank holds a share of: ``local_sum`` this rank's sum of them,
+    ``count`` how many it holds.
+
+    Returns:
+        ``(mean, to_backward)``: the sum over every rank divided by the count over every rank
+        (the same on every rank; 0 where there are no terms), and this rank's sum divided by
+        that count times the world size, whose DDP-averaged gradient is the mean's whatever
+        each rank's count (a mean of per-rank means would weigh a rank's few terms like
+        another's many).
+    """
+    totals = torch.stack([local_sum.detach(), count.float()])
+    world = 1
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        world = dist.get_world_size()
+        dist.all_reduce(totals)
+    total_count = totals[1].clamp(min=1.0)
+    return totals[0] / total_count, local_sum / total_count * world
+
+
 def global_batch_simcse_loss(
     local_view1: torch.Tensor,
     local_view2: torch.Tensor,

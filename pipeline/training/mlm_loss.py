@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
+from pipeline.training.losses import mean_over_ranks
 from pipeline.training.masking import IGNORED
 
 
@@ -13,10 +13,8 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     """Cross-entropy of the masked tokens' predictions, averaged over the global batch.
 
     The SimCSE reference computes ``CrossEntropyLoss`` over the masked tokens of its one
-    batch. Here each worker holds a share of them: it returns their global mean (the same
-    value on every rank) and a term whose DDP-averaged gradient is that mean's gradient,
-    whatever the ranks' token counts (a mean of per-rank means would weigh a rank's few
-    tokens like another's many).
+    batch. Here each worker holds a share of them: it returns their global mean
+    (:func:`~pipeline.training.losses.mean_over_ranks`).
 
     Args:
         logits: ``(m, vocab)`` scores at this worker's masked positions (and padding rows).
@@ -27,10 +25,4 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
         rank's sum divided by the global count times the world size (DDP divides by it).
     """
     local_sum = F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=IGNORED)
-    totals = torch.stack([local_sum.detach(), (labels != IGNORED).sum().float()])
-    world = 1
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        world = dist.get_world_size()
-        dist.all_reduce(totals)
-    count = totals[1].clamp(min=1.0)
-    return totals[0] / count, local_sum / count * world
+    return mean_over_ranks(local_sum, (labels != IGNORED).sum())

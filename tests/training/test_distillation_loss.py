@@ -4,13 +4,10 @@ numpy where slots are missing, and over two gloo ranks with uneven rows equal to
 
 from __future__ import annotations
 
-import os
-import socket
-
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from conftest import run_on_two_ranks
 
 from pipeline.training.distillation_loss import distillation_loss
 
@@ -94,11 +91,9 @@ def test_no_negatives_anywhere_is_zero_and_an_unknown_kind_is_named():
         distillation_loss(torch.rand(3, 2), torch.rand(3, 2), none, kind="mse")
 
 
-def _rank(rank: int, port: int, kind: str, student, teacher, present, cuts, out) -> None:
+def _rank_gradient(rank: int, kind: str, student, teacher, present, cuts):
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     lo, hi = cuts[rank], cuts[rank + 1]
     scores = student[lo:hi].clone().requires_grad_(True)
     loss, backward = distillation_loss(scores, teacher[lo:hi], present[lo:hi], kind=kind, temperature=0.5)
@@ -106,9 +101,7 @@ def _rank(rank: int, port: int, kind: str, student, teacher, present, cuts, out)
     grad = torch.zeros_like(student)
     grad[lo:hi] = scores.grad / 2  # DDP's gradient: the mean over ranks
     dist.all_reduce(grad)
-    if rank == 0:
-        out.put((loss.item(), grad.numpy()))
-    dist.destroy_process_group()
+    return loss.item(), grad.numpy()
 
 
 @pytest.mark.slow
@@ -118,18 +111,8 @@ def test_two_ranks_with_uneven_rows_get_the_one_process_gradient(kind):
     student, teacher = torch.rand(9, 3), torch.rand(9, 3)
     present = torch.rand(9, 3) > 0.3
     present[:, 0] = True
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    out = context.Queue()
-    args = (port, kind, student, teacher, present, (0, 2, 9), out)  # 2 rows on rank 0, 7 on rank 1
-    procs = [context.Process(target=_rank, args=(r, *args)) for r in range(2)]
-    for p in procs:
-        p.start()
-    loss, grad = out.get(timeout=120)
-    for p in procs:
-        p.join(timeout=60)
+    # 2 rows on rank 0, 7 on rank 1
+    loss, grad = run_on_two_ranks(_rank_gradient, kind, student, teacher, present, (0, 2, 9))
     whole = student.clone().requires_grad_(True)
     expected, backward = distillation_loss(whole, teacher, present, kind=kind, temperature=0.5)
     backward.backward()  # one process: the mean itself

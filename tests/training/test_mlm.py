@@ -4,13 +4,10 @@ with the gradient over two gloo ranks equal to one process's on the whole batch.
 
 from __future__ import annotations
 
-import os
-import socket
-
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from conftest import run_on_two_ranks
 from transformers import BertConfig, BertForMaskedLM, BertModel
 
 from pipeline.config.loading import load_config
@@ -99,11 +96,9 @@ def test_the_steps_loss_is_infonce_plus_the_weighted_mlm_loss_of_transformers():
     assert model.mlm_head.bias.grad.abs().sum() > 0
 
 
-def _rank(rank: int, port: int, features, weight, labels, cuts, out) -> None:
+def _rank_gradient(rank: int, features, weight, labels, cuts):
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     shared = weight.clone().requires_grad_(True)  # a parameter every rank holds, as the head's
     lo, hi = cuts[rank], cuts[rank + 1]
     loss, backward = masked_lm_loss(features[lo:hi] @ shared.T, labels[lo:hi])
@@ -111,9 +106,7 @@ def _rank(rank: int, port: int, features, weight, labels, cuts, out) -> None:
     grad = shared.grad.clone()
     dist.all_reduce(grad)
     grad /= 2  # DDP's gradient: the mean over ranks
-    if rank == 0:
-        out.put((loss.item(), grad.numpy()))
-    dist.destroy_process_group()
+    return loss.item(), grad.numpy()
 
 
 @pytest.mark.slow
@@ -121,18 +114,8 @@ def test_two_ranks_with_uneven_masked_tokens_get_the_one_process_gradient():
     torch.manual_seed(0)
     features, weight = torch.randn(11, 8), torch.randn(VOCAB, 8)
     labels = torch.randint(0, VOCAB, (11,))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    out = context.Queue()
-    args = (port, features, weight, labels, (0, 2, 11), out)  # 2 masked tokens on rank 0, 9 on rank 1
-    procs = [context.Process(target=_rank, args=(r, *args)) for r in range(2)]
-    for p in procs:
-        p.start()
-    loss, grad = out.get(timeout=120)
-    for p in procs:
-        p.join(timeout=60)
+    # 2 masked tokens on rank 0, 9 on rank 1
+    loss, grad = run_on_two_ranks(_rank_gradient, features, weight, labels, (0, 2, 11))
     whole = weight.clone().requires_grad_(True)
     expected = torch.nn.functional.cross_entropy(features @ whole.T, labels)
     expected.backward()
