@@ -240,12 +240,12 @@ def test_pairs_task_trains_on_given_and_mined_negatives_and_survives_its_miner_k
     folders = [p for p in (tmp_path / "runs/sup").glob("checkpoint_*") if p.is_dir()]
     newest = max(folders, key=lambda p: p.stat().st_mtime)
     state, _ = load_checkpoint(newest)
-    negatives = read_negatives(state.source)
+    negatives = read_negatives(state.source).negatives
     assert state.source.version == 2 and negatives.shape == (len(rows), 4)  # 3 mined, 1 random
     assert (negatives[:, :3] >= 0).mean() > 0.5 and (negatives[:, 3] >= 0).all()
     # Each epoch trains with 2 of a row's 3 mined, drawn with its seed, and the random one.
     resolved = load_config(tmp_path / "runs/sup/resolved_config.yaml")
-    drawn = epoch_negatives(state.source, resolved)
+    drawn = epoch_negatives(state.source, resolved).negatives
     assert drawn.shape == (len(rows), 3) and np.array_equal(drawn[:, 2], negatives[:, 3])
     assert all(
         set(d[:2]) - {-1} <= set(n[:3]) for d, n in zip(drawn.tolist(), negatives.tolist(), strict=True)

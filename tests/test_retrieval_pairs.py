@@ -194,7 +194,9 @@ def test_static_pairs_mine_once_and_the_offline_job_mines_the_same_negatives(
     assert [row["step"] for row in read_refresh_table(client, run_id)] == [0]  # mined once
     folders = [p for p in (tmp_path / "runs/static").glob("checkpoint_*") if p.is_dir()]
     state, _ = load_checkpoint(max(folders, key=lambda p: p.stat().st_mtime))
-    negatives = read_negatives(state.source)  # the checkpoint names the mined column in the run's storage
+    negatives = read_negatives(
+        state.source
+    ).negatives  # the checkpoint names the mined column in the run's storage
     assert state.source.version == 1 and negatives.shape == (2 * TRAIN_GROUPS, 1)
 
     # jobs/mine.py with the same config, model and pool: the negatives of the training job's

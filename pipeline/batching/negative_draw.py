@@ -16,7 +16,9 @@ DRAW_STREAM = 7_331
 """Mixed into the epoch's seed so that the draw is not the plan's own random stream."""
 
 
-def draw_negatives(column: np.ndarray, *, mined: int, keep: int, seed: int) -> np.ndarray:
+def draw_negatives(
+    column: np.ndarray, *, mined: int, keep: int, seed: int, teacher_scores: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Each row's ``keep`` negatives for one epoch, drawn among its ``mined`` ones.
 
     Args:
@@ -26,23 +28,34 @@ def draw_negatives(column: np.ndarray, *, mined: int, keep: int, seed: int) -> n
         mined: how many leading columns were mined (the rank window's width).
         keep: how many of them each row trains with (``mining.num_negatives``), at most ``mined``.
         seed: the epoch's seed; the same seed draws the same negatives (a resumed epoch).
+        teacher_scores: ``(rows, 1 + mined + extra)`` the teacher's scores of each row's
+            positive and of its negatives, drawn with them; None: none.
 
     Returns:
-        ``(rows, keep + extra)``: a uniform draw without replacement among each row's present
-        mined negatives, in the order they were mined (nearest first), -1 where a row had
-        fewer than ``keep``; then the extra columns. ``keep == mined`` returns the column
-        unchanged.
+        ``(negatives, teacher_scores)``: ``(rows, keep + extra)``, a uniform draw without
+        replacement among each row's present mined negatives, in the order they were mined
+        (nearest first), -1 where a row had fewer than ``keep``, then the extra columns; and
+        the scores of the same slots, ``(rows, 1 + keep + extra)``, NaN where -1 (None
+        without them). ``keep == mined`` returns both unchanged.
     """
     if not 1 <= keep <= mined <= column.shape[1]:
         raise ValueError(f"cannot draw {keep} of {mined} mined negatives from a column of {column.shape[1]}")
     if keep == mined:
-        return column
+        return column, teacher_scores
     head = column[:, :mined]
     order, taken = uniform_draw(head >= 0, keep, np.random.default_rng([seed, DRAW_STREAM]))
     # Back in mined order (nearest first); a slot drawn from the absent ones sorts last, as -1.
     order = np.sort(np.where(taken, order, mined), axis=1)
-    drawn = np.where(order < mined, np.take_along_axis(head, np.minimum(order, mined - 1), axis=1), -1)
-    return np.concatenate([drawn, column[:, mined:]], axis=1)
+    drawn = order < mined
+    slots = np.minimum(order, mined - 1)
+    negatives = np.concatenate(
+        [np.where(drawn, np.take_along_axis(head, slots, axis=1), -1), column[:, mined:]], axis=1
+    )
+    if teacher_scores is None:
+        return negatives, None
+    scored = np.where(drawn, np.take_along_axis(teacher_scores[:, 1 : 1 + mined], slots, axis=1), np.nan)
+    scores = np.concatenate([teacher_scores[:, :1], scored, teacher_scores[:, 1 + mined :]], axis=1)
+    return negatives, scores.astype(np.float32)
 
 
 def uniform_draw(alive: np.ndarray, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -84,18 +84,24 @@ class BatchPlan:
         world: int,
         ranks: list[int] | None = None,
         negatives: np.ndarray | None = None,
+        teacher_scores: np.ndarray | None = None,
         lengths: np.ndarray | None = None,
     ) -> list[PlanShare]:
         """:meth:`share` of each of ``ranks`` (None: every rank), the whole plan's fingerprint
-        and padding share computed once for all."""
+        and padding share computed once for all; the teacher's scores of the negatives, if any,
+        go beside them."""
         fingerprint = self.hex_fingerprint(negatives)
         padding = padding_share(self, lengths, world) if lengths is not None else 0.0
         return [
-            replace(self._cut(world, rank, negatives), fingerprint=fingerprint, padding=padding)
+            replace(
+                self._cut(world, rank, negatives, teacher_scores), fingerprint=fingerprint, padding=padding
+            )
             for rank in (range(world) if ranks is None else ranks)
         ]
 
-    def _cut(self, world: int, rank: int, negatives: np.ndarray | None) -> PlanShare:
+    def _cut(
+        self, world: int, rank: int, negatives: np.ndarray | None, teacher_scores: np.ndarray | None = None
+    ) -> PlanShare:
         sizes = np.asarray(self.sizes, dtype=np.int64)
         count = rank_counts(sizes, world, rank)
         base, extra = np.divmod(sizes, world)
@@ -110,6 +116,7 @@ class BatchPlan:
             rank=rank,
             rows=rows,
             negatives=np.asarray(negatives)[rows] if negatives is not None else None,
+            teacher_scores=np.asarray(teacher_scores)[rows] if teacher_scores is not None else None,
             sampler=self.sampler,
         )
 
@@ -130,6 +137,9 @@ class PlanShare:
     """This rank's rows: its slice (:func:`worker_slices`) of batch 0, then of batch 1, ..."""
     negatives: np.ndarray | None = None
     """``(len(rows), m)`` the rows' mined negatives (-1: none), beside them; None: none mined."""
+    teacher_scores: np.ndarray | None = None
+    """``(len(rows), 1 + m)`` the teacher's scores of the rows' positives and negatives (NaN:
+    none), beside them; None: no teacher."""
     sampler: str = "random"
     fingerprint: str = ""
     """The whole plan's :meth:`BatchPlan.hex_fingerprint` with the whole negatives column."""
@@ -153,6 +163,12 @@ class PlanShare:
         """This rank's rows of batch ``index`` and their negatives (None: none mined)."""
         lo, hi = self._bounds[index], self._bounds[index + 1]
         return self.rows[lo:hi], self.negatives[lo:hi] if self.negatives is not None else None
+
+    def local_teacher_scores(self, index: int) -> np.ndarray | None:
+        """The teacher's scores of this rank's rows of batch ``index`` (None: no teacher)."""
+        if self.teacher_scores is None:
+            return None
+        return self.teacher_scores[self._bounds[index] : self._bounds[index + 1]]
 
 
 def balanced_batch_sizes(num_rows: int, batch_size: int) -> np.ndarray:

@@ -12,6 +12,36 @@ SamplerName = Literal[SAMPLER_NAMES]  # the names pipeline.batching.registry dec
 
 
 @dataclass
+class TeacherSection:
+    """Pairs task: a stronger model that scores each anchor's positive and mined negatives at
+    every refresh, for denoising (``denoise_margin``) and distillation
+    (``train.distill_weight``). Its scores ride beside the negatives as a column and are
+    logged as ``mining/teacher_*`` metrics. It reads the texts with its own tokenizer, cut at
+    ``data.max_seq_len`` tokens a text (twice that a pair), ``train.batch_size`` at a time."""
+
+    model: str | None = None
+    """A model folder every node reads, or a hub name (fetched by the miner on its node);
+    None: no teacher. A one-label sequence classifier (sentence-transformers' ``CrossEncoder``)
+    is read as a cross-encoder (its raw logit), any other folder as a bi-encoder (the cosine of
+    its embeddings, pooled as the folder says: a folder our jobs export, or a
+    sentence-transformers folder)."""
+    denoise_margin: float | None = None
+    """Drop a mined negative the teacher scores at or above its score of the row's positive
+    less this margin (RocketQA's denoising; a drop is refilled from deeper ranks of the
+    window). None: no denoising."""
+
+    def checks(self) -> list[Check]:
+        """This section's rules (see :data:`Check`)."""
+        return [
+            (
+                "mining.teacher.denoise_margin",
+                self.denoise_margin is None or self.model is not None,
+                "needs mining.teacher.model",
+            ),
+        ]
+
+
+@dataclass
 class MiningSection:
     top_k: int = 64
     """Neighbours searched per row (the candidate list every filter works on)."""
@@ -95,6 +125,7 @@ class MiningSection:
     need the newest neighbours; ``never`` for ``random`` batches, where the miner would only
     keep each row's nearest rows out of its batch, which measured no better than no miner
     (docs/results.md, the Wikipedia sentences, 3 seeds)."""
+    teacher: TeacherSection = field(default_factory=TeacherSection)
     max_staleness_steps: int = 50
     """``every_epoch_async``: steps before an epoch's end at which the weights are snapshotted for the refresh."""
     timeout_s: float = 3600.0
@@ -123,4 +154,5 @@ class MiningSection:
             ("mining.timeout_s", self.timeout_s > 0, "must be > 0"),
             ("mining.max_staleness_steps", self.max_staleness_steps >= 0, "must be >= 0"),
             ("mining.random_negatives", self.random_negatives >= 0, "must be >= 0"),
+            *self.teacher.checks(),
         ]

@@ -50,6 +50,8 @@ RULES: list[Rule] = [
     # Mining: nothing but mining.refresh when no miner runs.
     ("mining.", lambda cfg: cfg.runs_miner),
     ("mining.max_staleness_steps", lambda cfg: cfg.refresh == "every_epoch_async"),
+    ("mining.teacher.", lambda cfg: cfg.mining.teacher.model is not None),
+    ("train.distill_loss", lambda cfg: cfg.train.distill_weight > 0),
     ("eval.every_steps", lambda cfg: bool(cfg.eval.sts or cfg.eval.retrieval)),
     ("eval.patience", lambda cfg: bool(cfg.eval.sts or cfg.eval.retrieval)),
 ]

@@ -94,6 +94,7 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
     "pairs": (
         "data.anchor_column", "data.positive_column", "data.negative_column", "data.label_column",
         "data.given_negatives", "mining.random_negatives", "train.hard_negative_weight",
+        "mining.teacher.model", "mining.teacher.denoise_margin", "train.distill_weight",
     ),
     "corpus": ("mining.batch_sampler", "train.mlm_weight"),
 }  # fmt: skip
@@ -185,7 +186,22 @@ class Config:
         mining = self.mining
         if not self.pairs or mining.sampling != "random":
             return mining.num_negatives
-        return max(mining.num_negatives, (mining.range_max or mining.top_k) - self.range_min)
+        return max(mining.num_negatives, self.rank_window)
+
+    @property
+    def rank_window(self) -> int:
+        """Candidates a pairs anchor's rank window spans: ``range_max`` (else ``top_k``) less
+        ``range_min``."""
+        return (self.mining.range_max or self.mining.top_k) - self.range_min
+
+    @property
+    def negatives_filtered(self) -> int:
+        """Negatives the filters keep per anchor before the teacher's denoising: every survivor
+        of the rank window where the teacher denoises (a dropped one is refilled from deeper
+        ranks; :attr:`negatives_mined` are kept after it), else :attr:`negatives_mined`."""
+        if self.pairs and self.mining.teacher.denoise_margin is not None:
+            return max(self.negatives_mined, self.rank_window)
+        return self.negatives_mined
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -235,6 +251,11 @@ class Config:
                 "mining.range_max",
                 mining.range_max is None or self.range_min < mining.range_max <= top_k,
                 "must be in (mining.range_min, mining.top_k]",
+            ),
+            (
+                "train.distill_weight",
+                self.train.distill_weight == 0 or self.mining.teacher.model is not None,
+                "needs mining.teacher.model (the scores it distils)",
             ),
             (
                 "mining.refresh",

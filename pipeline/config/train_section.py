@@ -59,6 +59,16 @@ class TrainSection:
     ``do_mlm``; it uses 0.1): each view is BERT-masked (15% of its tokens) and a training-only
     MLM head predicts them; the loss is InfoNCE + ``mlm_weight`` x their cross-entropy. The
     paper found it lowers STS slightly and helps transfer tasks. 0 turns it off."""
+    distill_weight: float = 0.0
+    """Pairs task with ``mining.teacher.model``: the loss is InfoNCE + ``distill_weight`` x the
+    distillation of the teacher's scores of each row's positive and mined negatives
+    (``distill_loss``). 0 turns it off."""
+    distill_loss: Literal["kl", "margin_mse"] = "kl"
+    """``kl``: KL between the teacher's and the student's softmax over a row's positive and
+    negatives, both at ``train.temperature`` (sentence-transformers' ``DistillKLDivLoss``): for a
+    bi-encoder teacher, whose scores are cosines as the student's are; ``margin_mse``: the
+    squared error of the student's positive-negative margins against the teacher's (its
+    ``MarginMSELoss``), which a cross-encoder's logits suit."""
     max_failures: int = 3
     """Worker-group failures (a dead worker, a lost node) Ray Train recovers from, each time
     restarting every worker from the latest checkpoint; also the times a dead miner actor is
@@ -119,6 +129,7 @@ class TrainSection:
             ("train.log_every", self.log_every >= 1, "must be >= 1"),
             ("train.dup_rate", 0 <= self.dup_rate <= 1, "must be in [0, 1]"),
             ("train.mlm_weight", self.mlm_weight >= 0, "must be >= 0"),
+            ("train.distill_weight", self.distill_weight >= 0, "must be >= 0"),
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
             (

@@ -137,6 +137,29 @@ class DistinctTexts:
         as Python strings (a tokenizer trained on the corpus, the offline mining job, tests)."""
         return sorted_by_id(ray.get(self.blocks))
 
+    def texts_at(self, positions: np.ndarray) -> list[str]:
+        """The texts at corpus ``positions`` (any order, repeats allowed), as Python strings,
+        fetching one block at a time: the caller holds only these texts and one block."""
+        positions = np.asarray(positions, dtype=np.int64)
+        wanted = self.ids[positions]
+        out: list[str] = [""] * len(positions)
+        order = np.argsort(wanted, kind="stable")
+        ordered = wanted[order]
+        for ref in self.blocks:
+            block = ray.get(ref)
+            ids = block.column("id").to_numpy()
+            if not len(ids):
+                continue
+            lo, hi = np.searchsorted(ordered, ids[0], "left"), np.searchsorted(ordered, ids[-1], "right")
+            if lo == hi:
+                continue
+            rows = np.searchsorted(ids, ordered[lo:hi])
+            strings = block.column("text").take(pa.array(rows)).to_pylist()
+            for at, text in zip(order[lo:hi], strings, strict=True):
+                out[at] = text
+            del block
+        return out
+
 
 RANGE_ROWS = 131_072
 """Most rows in a range of positions (a block of :class:`DistinctTexts`, and of the tokenized

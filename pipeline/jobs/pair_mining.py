@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pipeline.batching.negative_draw import draw_negatives
 from pipeline.config.schema import Config
 from pipeline.data.text_blocks import DistinctTexts
 from pipeline.data.tokenize import tokenize_texts
@@ -139,16 +140,23 @@ def mine_pairs(
     if echo is not None:
         echo(f"[data] tokenized {token_stats.describe()} in {time.perf_counter() - started:.1f}s")
     # The training miner keeps a deeper list for each epoch's draw (sampling: random); a file
-    # of negatives holds the ones drawn.
-    settings = dataclasses.replace(
-        MinerSettings.from_config(cfg, shards=shards), filters=NegativeFilters.from_config(cfg)
-    )
-    miner = HardNegativeMiner(blocks, pack_dir(model_dir), settings, triplets)
+    # of negatives holds the ones drawn: by the filters, or after a denoising teacher kept the
+    # window's survivors, drawn from those as an epoch draws them.
+    settings = MinerSettings.from_config(cfg, shards=shards)
+    if settings.denoise_margin is None:
+        settings = dataclasses.replace(settings, filters=NegativeFilters.from_config(cfg))
+    miner = HardNegativeMiner(blocks, pack_dir(model_dir), settings, triplets, texts)
     try:
         mined = miner.refresh(None, version=FIRST_VERSION, step=0)
     finally:
         miner.shards.stop()
     assert mined.negatives is not None  # a miner without run storage hands the column back
+    negatives, scores = mined.negatives, mined.teacher_scores
+    if settings.denoise_margin is not None and cfg.negatives_mined > cfg.mining.num_negatives:
+        negatives, scores = draw_negatives(
+            negatives, mined=cfg.negatives_mined, keep=cfg.mining.num_negatives, seed=cfg.run.seed,
+            teacher_scores=scores,
+        )  # fmt: skip
     device = compute_device(use_gpu=settings.use_gpu)
     report = MiningReport(
         rows_in=len(triplets),
@@ -162,14 +170,19 @@ def mine_pairs(
             name.removesuffix(f" v{FIRST_VERSION}"): values for name, values in mined.similarities.items()
         },
     )
-    table = _complete_rows(texts.gather().column("text"), triplets, mined.negatives)
+    table = _complete_rows(texts.gather().column("text"), triplets, negatives, scores)
     report.rows_out = table.num_rows
     return table, report
 
 
-def _complete_rows(strings: pa.ChunkedArray, triplets: Triplets, negatives: np.ndarray) -> pa.Table:
+def _complete_rows(
+    strings: pa.ChunkedArray, triplets: Triplets, negatives: np.ndarray, teacher_scores: np.ndarray | None
+) -> pa.Table:
     """The output table: the rows that got every negative (``negatives`` are ``(rows, n)`` text
-    positions, -1 where missing), as texts."""
+    positions, -1 where missing), as texts; with the teacher's ``(rows, 1 + n)`` scores, the
+    columns its peers distil from: ``label``, the teacher's margins ``score(anchor, positive) -
+    score(anchor, negative_j)`` (sentence-transformers' ``MarginMSELoss`` labels), and
+    ``pos_scores`` / ``neg_scores`` (FlagEmbedding's distillation keys)."""
     complete = np.flatnonzero((negatives >= 0).all(axis=1))
     columns = {
         "anchor": strings.take(triplets.anchor[complete]),
@@ -177,4 +190,14 @@ def _complete_rows(strings: pa.ChunkedArray, triplets: Triplets, negatives: np.n
     }
     for j in range(negatives.shape[1]):
         columns[f"negative_{j + 1}"] = strings.take(negatives[complete, j])
+    if teacher_scores is not None:
+        scores = teacher_scores[complete].astype(np.float32)
+        n = negatives.shape[1]
+
+        def lists(values: np.ndarray) -> pa.Array:
+            return pa.FixedSizeListArray.from_arrays(pa.array(values.ravel(), pa.float32()), values.shape[1])
+
+        columns["label"] = lists(scores[:, :1] - scores[:, 1 : 1 + n])
+        columns["pos_scores"] = lists(scores[:, :1])
+        columns["neg_scores"] = lists(scores[:, 1 : 1 + n])
     return pa.table(columns)

@@ -85,6 +85,9 @@ class InputRefs:
     retrieval: Any = None
     """The :class:`~pipeline.evaluation.retrieval_scoring.RetrievalEvalSet`; None without
     retrieval evaluation."""
+    texts: DistinctTexts | None = None
+    """The distinct texts' blocks, kept for the miner's teacher (``mining.teacher.model``), which
+    reads texts with its own tokenizer; None without a teacher (training reads tokens only)."""
 
 
 def load_training_data(
@@ -228,4 +231,5 @@ def put_inputs(
         retrieval_set = RetrievalEvalSet(retrieval_sets, inputs.tokenizer, cfg.data.max_seq_len)
         retrieval_ref = ray.put(retrieval_set)
         echo(f"[eval] retrieval {retrieval_set.describe()}: {retrieval_set.num_sentences} texts, {when}")
-    return InputRefs(inputs.corpus, model_ref, triplets_ref, eval_ref, retrieval_ref)
+    texts = data.texts if cfg.mining.teacher.model is not None and cfg.mines else None
+    return InputRefs(inputs.corpus, model_ref, triplets_ref, eval_ref, retrieval_ref, texts)

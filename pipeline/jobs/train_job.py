@@ -297,7 +297,8 @@ def train_in_ray(
         inputs = dataclasses.replace(inputs, corpus=dataclasses.replace(inputs.corpus, refs=stored))
     refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
     corpus_line = describe_corpus(data, inputs)
-    # Training reads the tokens only: dropping the data lets the texts' blocks leave the object store.
+    # Training reads the tokens only: dropping the data lets the texts' blocks leave the object
+    # store (a teacher keeps them: refs.texts).
     del data
     mined_dir = f"{storage_root}/{cfg.run.name}/mined"  # every node reads the run's storage
     with (
@@ -354,7 +355,7 @@ def miner_actor(
     miner = start_miner_actor(settings)
     try:
         try:
-            inputs = miner_inputs(refs.corpus, refs.model, refs.triplets)
+            inputs = miner_inputs(refs.corpus, refs.model, refs.triplets, refs.texts)
             timeout_s = cfg.train.placement_timeout_s
             deadline = time.monotonic() + timeout_s
             # A miner that dies while it loads (memory pressure on a busy node) is restarted by
@@ -415,6 +416,7 @@ def fit(
         model_ref=refs.model,
         corpus=refs.corpus,
         triplets_ref=refs.triplets,
+        texts=refs.texts,
         eval_ref=refs.eval,
         retrieval_ref=refs.retrieval,
         miner=miner,

@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.core.seams import hold_once
-from pipeline.data.text_blocks import block_columns
+from pipeline.data.text_blocks import DistinctTexts, block_columns
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.data.triplets import Triplets
 from pipeline.mining.miner_settings import MinerSettings
@@ -34,6 +35,7 @@ from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import dense_keys
 from pipeline.model.accel import compute_device, mining_dtype
 from pipeline.model.folders import quiet_libraries
+from pipeline.model.teacher import Teacher, TeacherSettings
 from pipeline.tracking.metric_logger import MetricLogger
 from pipeline.training.plan_source import write_mined
 
@@ -56,6 +58,8 @@ class HardNegativeMiner:
             or its object ref (the shards fetch it).
         settings: everything else it is configured with.
         triplets: the pairs task's rows over the corpus' texts; None: the corpus task.
+        texts: the distinct texts, which a teacher (``settings.teacher``) reads with its own
+            tokenizer; None without one.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class HardNegativeMiner:
         model_blob: Any,
         settings: MinerSettings,
         triplets: Triplets | None = None,
+        texts: DistinctTexts | None = None,
     ):
         quiet_libraries()
         keys, _ = block_columns(blocks.refs, ["text_key"], num_cpus=0)
@@ -75,6 +80,13 @@ class HardNegativeMiner:
         self.settings = settings
         self.triplets = triplets
         self.text_keys = dense_keys(keys.column("text_key").to_numpy())
+        self.texts = texts
+        self.teacher = None
+        if settings.teacher is not None and triplets is not None:
+            assert texts is not None, "a teacher reads the texts: give the miner the DistinctTexts"
+            self.teacher = Teacher(
+                local_teacher(settings.teacher), device=compute_device(use_gpu=settings.use_gpu).type
+            )
         self.previous: RefreshReport | None = None
         """The last refresh's result: the next refresh's churn is measured against it."""
         self.log: RefreshLog | None = None
@@ -111,7 +123,8 @@ class HardNegativeMiner:
         if self.triplets is not None:
             report = refresh_pairs(
                 texts, triplets=self.triplets, keys=self.text_keys, settings=self.settings,
-                version=version, previous=self.previous,
+                version=version, previous=self.previous, teacher=self.teacher,
+                texts_at=self.texts.texts_at if self.texts is not None else None,
             )  # fmt: skip
         else:
             report = refresh_corpus(
@@ -141,6 +154,28 @@ class HardNegativeMiner:
         folder = self.settings.mined_dir
         if folder is None:
             return report
-        kind = "plan.npz" if report.plan is not None else "negatives.npy"
-        uri = write_mined(folder, f"v{report.version}-{kind}", plan=report.plan, negatives=report.negatives)
-        return dataclasses.replace(report, plan=None, negatives=None, mined=uri, similarities={})
+        kind = "plan.npz" if report.plan is not None else "negatives.npz"
+        uri = write_mined(
+            folder, f"v{report.version}-{kind}", plan=report.plan, negatives=report.negatives,
+            teacher_scores=report.teacher_scores,
+        )  # fmt: skip
+        return dataclasses.replace(
+            report, plan=None, negatives=None, teacher_scores=None, mined=uri, similarities={}
+        )
+
+
+def local_teacher(settings: TeacherSettings) -> TeacherSettings:
+    """The teacher with its model as a folder on this node: a folder as it is, a hub name
+    fetched here (the miner may sit on any node)."""
+    if Path(settings.model).expanduser().is_dir():
+        return settings
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(settings.model)
+    except Exception as exc:  # noqa: BLE001 - any failure to fetch is the one line below
+        raise ValueError(
+            f"mining.teacher.model: {settings.model!r} is neither a model folder on this node nor a "
+            f"reachable hub model ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from None
+    return dataclasses.replace(settings, model=folder)

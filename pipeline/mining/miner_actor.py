@@ -31,9 +31,9 @@ class HardNegativeMinerActor:
 
     def _loaded(self, inputs: list[Any]) -> HardNegativeMiner:
         if self.miner is None:
-            corpus, model_ref, triplets_ref = inputs
+            corpus, model_ref, triplets_ref, texts = inputs
             triplets = ray.get(triplets_ref) if triplets_ref is not None else None
-            self.miner = HardNegativeMiner(corpus, model_ref, self.settings, triplets)
+            self.miner = HardNegativeMiner(corpus, model_ref, self.settings, triplets, texts)
         return self.miner
 
     def ready(self, inputs: list[Any]) -> int:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.planning import PlanSettings
+from pipeline.model.teacher import TeacherSettings
 
 if TYPE_CHECKING:
     from pipeline.config.schema import Config
@@ -36,6 +37,15 @@ class MinerSettings:
     None: :func:`~pipeline.mining.corpus_partitions.rows_per_partition` of ``top_k``."""
     random_negatives: int = 0
     """Pairs task: random pool rows added per anchor beside the mined negatives."""
+    teacher: TeacherSettings | None = None
+    """Pairs task: the teacher that scores each row's positive and negatives
+    (``mining.teacher``); None: none."""
+    denoise_margin: float | None = None
+    """``mining.teacher.denoise_margin``: the teacher drops a negative it scores at or above
+    the positive's score less this; None: it does not denoise."""
+    keep_negatives: int | None = None
+    """Mined negatives a row keeps after the teacher's denoising (``Config.negatives_mined``),
+    of the ``filters.num_negatives`` the filters kept; None: all of them."""
     shards: int = 1
     """``mining.shards`` as the job resolved it: 1 encodes and searches in the miner itself; N
     over N shard actors (:class:`~pipeline.mining.miner_shards.MinerShards`, each with
@@ -96,11 +106,16 @@ class MinerSettings:
             search=SearchSettings.from_config(cfg),
             # sampling: random keeps the window's every survivor, nearest first; each epoch draws
             # from them (training.plan_source.epoch_negatives).
+            # A denoising teacher gets the window's every survivor, and its drops are refilled
+            # from the deeper ones.
             filters=dataclasses.replace(
                 NegativeFilters.from_config(cfg),
-                num_negatives=cfg.negatives_mined,
-                sampling="top" if cfg.negatives_mined > mining.num_negatives else mining.sampling,
+                num_negatives=cfg.negatives_filtered,
+                sampling="top" if cfg.negatives_filtered > mining.num_negatives else mining.sampling,
             ),
+            teacher=teacher_settings(cfg),
+            denoise_margin=mining.teacher.denoise_margin,
+            keep_negatives=cfg.negatives_mined,
             plan=PlanSettings.from_mining(mining),
             random_negatives=mining.random_negatives,
             shards=shards or mining.shards or 1,
@@ -113,3 +128,12 @@ class MinerSettings:
             tracking_relay=tracking_relay,
             mined_dir=mined_dir,
         )
+
+
+def teacher_settings(cfg: Config) -> TeacherSettings | None:
+    """``mining.teacher`` as the teacher reads it (its kind and pooling the folder's; texts cut
+    at ``data.max_seq_len``, ``train.batch_size`` a forward pass); None: no teacher."""
+    model = cfg.mining.teacher.model
+    if model is None:
+        return None
+    return TeacherSettings(model=model, max_seq_len=cfg.data.max_seq_len, batch_size=cfg.train.batch_size)

@@ -17,7 +17,9 @@ from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.mining_metrics import mining_metrics, random_pairs
 from pipeline.mining.random_negatives import random_pool_negatives
 from pipeline.mining.refresh_report import RefreshReport
+from pipeline.mining.teacher_scores import TextsAt, denoised, teacher_scores
 from pipeline.mining.text_keys import KnownPositives
+from pipeline.model.teacher import Teacher
 
 CHUNK_ROWS = 65_536
 """Rows searched and filtered at once: their ``rows x top_k`` candidates, scores and masks
@@ -32,6 +34,8 @@ def refresh_pairs(
     settings: MinerSettings,
     version: int,
     previous: RefreshReport | None,
+    teacher: Teacher | None = None,
+    texts_at: TextsAt | None = None,
     chunk_rows: int = CHUNK_ROWS,
 ) -> RefreshReport:
     """Each anchor's negatives among the candidate pool (``data.pool``, else the distinct
@@ -45,11 +49,15 @@ def refresh_pairs(
         settings: filters, search, seed and ``random_negatives``.
         version: this refresh's version (it seeds the search and the draws).
         previous: the last refresh's report, for the churn.
+        teacher: scores each row's positive and negatives (``settings.teacher``), and drops
+            the negatives it calls positives where ``settings.denoise_margin`` is set; None: none.
+        texts_at: the texts at corpus positions, which the teacher reads (with ``teacher``).
         chunk_rows: rows mined at once; the column does not depend on it (but for
             ``mining.sampling: random``, whose draws are seeded per chunk).
 
     Returns:
-        The report with ``negatives``: ``(rows, m)`` text positions, -1 where none.
+        The report with ``negatives``: ``(rows, m)`` text positions, -1 where none, and with
+        a teacher, ``teacher_scores`` beside them (:func:`~pipeline.mining.teacher_scores.teacher_scores`).
     """
     pool = triplets.candidate_pool()
     seed = settings.seed + version
@@ -88,11 +96,27 @@ def refresh_pairs(
             keys, triplets.anchor, triplets.positive, pool, settings.random_negatives, seed
         )
         negatives = np.concatenate([negatives, drawn], axis=1)
+    scores, teacher_metrics = None, {}
+    if teacher is not None:
+        assert texts_at is not None
+        started = time.perf_counter()
+        scores = teacher_scores(
+            teacher, texts_at, anchors=triplets.anchor, positives=triplets.positive, negatives=negatives
+        )
+        dropped = 0
+        if settings.denoise_margin is not None:
+            negatives, scores, dropped = denoised(
+                negatives, scores, margin=settings.denoise_margin, mined=mined.negatives.shape[1],
+                keep=settings.keep_negatives or mined.negatives.shape[1],
+            )  # fmt: skip
+        teacher_metrics = {**teacher_summary(scores), "mining/teacher_denoised": float(dropped),
+                           "mining/teacher_s": time.perf_counter() - started}  # fmt: skip
     sample, partners = random_pairs(len(triplets), len(pool), settings.seed)
     random_similarities = texts.pair_scores(triplets.anchor[sample], pool[partners])
     metrics = {
         **mining_metrics(mined, random_pairs=random_similarities, pool_size=len(pool)),
         "mining/random_negatives": float(settings.random_negatives * len(triplets)),
+        **teacher_metrics,
     }
     if previous is not None and previous.negatives is not None:
         # The share of the rows' mined negatives this refresh replaced: near 0 says the model
@@ -107,4 +131,22 @@ def refresh_pairs(
         if len(found)
         else {}
     )
-    return RefreshReport(version, metrics, negatives=negatives, similarities=similarities)
+    return RefreshReport(
+        version, metrics, negatives=negatives, teacher_scores=scores, similarities=similarities
+    )
+
+
+def teacher_summary(scores: np.ndarray) -> dict[str, float]:
+    """What a run charts of the teacher's ``(rows, 1 + m)`` scores: its mean score of the
+    positives and of the negatives, and the median of each row's margin (positive less its
+    highest-scored negative; rows without a negative left out)."""
+    negatives = scores[:, 1:]
+    present = ~np.isnan(negatives)
+    with_negative = present.any(axis=1)
+    hardest = np.where(present, negatives, -np.inf).max(axis=1, initial=-np.inf)
+    margins = (scores[:, 0] - hardest)[with_negative]
+    return {
+        "mining/teacher_positive_score": float(scores[:, 0].mean()),
+        "mining/teacher_negative_score": float(negatives[present].mean()) if present.any() else float("nan"),
+        "mining/teacher_margin_p50": float(np.median(margins)) if len(margins) else float("nan"),
+    }

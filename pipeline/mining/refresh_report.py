@@ -22,6 +22,9 @@ class RefreshReport:
     plan: BatchPlan | None = None
     negatives: np.ndarray | None = None
     """``(rows, m)`` text positions of each training row's negatives, -1 where none."""
+    teacher_scores: np.ndarray | None = None
+    """Beside ``negatives`` where a teacher scored them: ``(rows, 1 + m)`` float32, its score of
+    each row's positive, then of each negative (NaN where none)."""
     mined: str | None = None
     """URI of the plan or negatives column written to run storage; None: they are above."""
     miner_pid: int | None = None

@@ -11,6 +11,8 @@ resources put it, on a GPU where it is given one.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +30,11 @@ class TeacherSettings:
     model: str
     """A local model folder (the teacher fetches nothing: a hub name or cloud URI is the
     caller's to fetch first, as the jobs fetch ``model.name_or_path``)."""
-    kind: str = "bi_encoder"
+    kind: str | None = None
     """``bi_encoder``: the cosine of its mean- or CLS-pooled embeddings (the folder's own
     pooling); ``cross_encoder``: the raw logit of a one-label sequence classifier (before any
-    sigmoid: margins and softmaxes of logits are what MarginMSE and KL distil)."""
+    sigmoid: margins and softmaxes of logits are what MarginMSE and KL distil). None: read
+    from the folder (:func:`folder_kind`)."""
     pooler: str | None = None
     """A bi-encoder's pooling, ``mean`` or ``cls``; None: the folder's own (as ``model.pooler``
     unset reads it: CLS for a plain Hugging Face folder)."""
@@ -56,13 +59,15 @@ class Teacher:
         from pipeline.model.encoder import load_sentence_encoder
         from pipeline.model.folders import load_tokenizer
 
+        folder = Path(settings.model)
+        if settings.kind is None:
+            settings = dataclasses.replace(settings, kind=folder_kind(folder))
         if settings.kind not in TEACHER_KINDS:
             raise ValueError(
                 f"teacher kind must be one of {', '.join(TEACHER_KINDS)} (got {settings.kind!r})"
             )
         self.settings = settings
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        folder = Path(settings.model)
         self.tokenizer = load_tokenizer(folder)
         if settings.kind == "bi_encoder":
             self.model: Any = load_sentence_encoder(folder, pooler=settings.pooler)
@@ -80,25 +85,26 @@ class Teacher:
 
     def score(self, anchors: list[str], candidates: list[str]) -> np.ndarray:
         """``(n,)`` float32: the teacher's score of each ``(anchors[i], candidates[i])``."""
-        if self.settings.kind == "bi_encoder":
-            return self._cosines(anchors, candidates)
-        return self._logits(anchors, candidates)
-
-    def _cosines(self, anchors: list[str], candidates: list[str]) -> np.ndarray:
-        from pipeline.model.encode import encode_texts
-
-        # An anchor stands beside each of its candidates: every distinct text is encoded once.
+        # An anchor stands beside each of its candidates: every distinct text is read once.
         texts, at = np.unique(np.array(anchors + candidates, dtype=object), return_inverse=True)
-        vectors = encode_texts(
-            self.model,
-            self.tokenizer,
-            list(texts),
-            self.settings.max_seq_len,
-            self.settings.batch_size,
-            self.device,
-        )
-        left, right = vectors[at[: len(anchors)]], vectors[at[len(anchors) :]]
-        return np.einsum("ij,ij->i", left, right).astype(np.float32)
+        return self.score_indexed(list(texts), at[: len(anchors)], at[len(anchors) :])
+
+    def score_indexed(self, texts: list[str], left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """``(n,)`` float32: the teacher's score of each pair ``(texts[left[i]], texts[right[i]])``
+        (a bi-encoder encodes each of ``texts`` once, however many pairs it is in)."""
+        if self.settings.kind == "bi_encoder":
+            from pipeline.model.encode import encode_texts
+
+            vectors = encode_texts(
+                self.model,
+                self.tokenizer,
+                texts,
+                self.settings.max_seq_len,
+                self.settings.batch_size,
+                self.device,
+            )
+            return np.einsum("ij,ij->i", vectors[left], vectors[right]).astype(np.float32)
+        return self._logits([texts[i] for i in left], [texts[i] for i in right])
 
     @torch.inference_mode()
     def _logits(self, anchors: list[str], candidates: list[str]) -> np.ndarray:
@@ -111,3 +117,16 @@ class Teacher:
             ).to(self.device)  # fmt: skip
             out[lo : lo + step] = self.model(**encoded).logits[:, 0].float().cpu().numpy()
         return out
+
+
+def folder_kind(folder: Path) -> str:
+    """``cross_encoder`` for a sequence classifier's folder (its ``config.json`` names a
+    ``...ForSequenceClassification`` architecture, as a sentence-transformers ``CrossEncoder``
+    saves it), else ``bi_encoder``."""
+    config = folder / "config.json"
+    architectures = json.loads(config.read_text()).get("architectures") or [] if config.is_file() else []
+    return (
+        "cross_encoder"
+        if any(a.endswith("ForSequenceClassification") for a in architectures)
+        else "bi_encoder"
+    )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config.schema import Config
+from pipeline.data.text_blocks import DistinctTexts
 from pipeline.data.tokenized import TokenizedBlocks
 from pipeline.training.state import TrainHistory, TrainState
 
@@ -35,6 +36,9 @@ class LoopConfig:
     retrieval_ref: Any = None
     """Object ref of the :class:`~pipeline.evaluation.retrieval_scoring.RetrievalEvalSet`, or
     None (no retrieval eval)."""
+    texts: DistinctTexts | None = None
+    """The distinct texts' blocks, which the miner's teacher reads (``mining.teacher.model``);
+    None without a teacher."""
     miner: Any = None
     """The miner actor's handle, or None when no refresh runs."""
     miner_pid: int | None = None
@@ -50,12 +54,14 @@ class LoopConfig:
     job, so workers sample only the other nodes."""
 
 
-def miner_inputs(corpus: TokenizedBlocks, model_ref: Any, triplets_ref: Any = None) -> list[Any]:
+def miner_inputs(
+    corpus: TokenizedBlocks, model_ref: Any, triplets_ref: Any = None, texts: DistinctTexts | None = None
+) -> list[Any]:
     """What every call to the miner actor (:class:`pipeline.mining.miner_actor.HardNegativeMinerActor`)
-    brings: the tokenized corpus' blocks, and the object refs of the packed model folder and
-    the triplets (None in the corpus task), in that order. A list, so that Ray hands them over
-    unresolved."""
-    return [corpus, model_ref, triplets_ref]
+    brings: the tokenized corpus' blocks, the object refs of the packed model folder and the
+    triplets (None in the corpus task), and the distinct texts a teacher reads (None without
+    one), in that order. A list, so that Ray hands them over unresolved."""
+    return [corpus, model_ref, triplets_ref, texts]
 
 
 def report_metrics(state: TrainState, epoch: float) -> dict[str, Any]:

@@ -27,6 +27,10 @@ class GlobalBatch:
     mined: np.ndarray | None = None
     """Pairs task: ``(sum(sizes), num_negatives)`` the mined negatives of :attr:`rows`, row by
     row (-1 where none), or None before the first mining; unused otherwise."""
+    local_teacher_scores: np.ndarray | None = None
+    """Pairs task with a teacher: ``(sizes[rank], 1 + num_negatives)`` its scores of this
+    worker's rows' positives and mined negatives (NaN where none); a rank's distillation term
+    reads its own rows only, so they are not gathered."""
 
     @classmethod
     def of_plan(
@@ -52,13 +56,19 @@ class GlobalBatch:
         no rank holds the whole plan)."""
         rows, negatives = share.local(batch_index)
         sizes = worker_slices(int(share.sizes[batch_index]), share.world)
+        teacher = share.local_teacher_scores(batch_index)
+        # Copies: the share's arrays are read-only views of the object store, which torch
+        # warns about when a step turns them into tensors.
+        teacher = teacher.copy() if teacher is not None else None
         if share.world == 1:
-            # Copies: the share's arrays are read-only views of the object store, which torch
-            # warns about when a step turns them into tensors.
-            return cls(rows.copy(), sizes, share.rank, negatives.copy() if negatives is not None else None)
+            return cls(
+                rows.copy(), sizes, share.rank, negatives.copy() if negatives is not None else None, teacher
+            )
         local = rows[:, None] if negatives is None else np.concatenate([rows[:, None], negatives], axis=1)
         every = gather_rows(local, sizes, device)
-        return cls(every[:, 0].copy(), sizes, share.rank, every[:, 1:] if negatives is not None else None)
+        return cls(
+            every[:, 0].copy(), sizes, share.rank, every[:, 1:] if negatives is not None else None, teacher
+        )
 
     @property
     def local_rows(self) -> np.ndarray:

@@ -97,9 +97,9 @@ def random_batches(
 
 def whole_plan(
     source: PlanSource, cfg: Config, text_lengths: np.ndarray | None, triplets: Triplets | None
-) -> tuple[BatchPlan, np.ndarray | None]:
-    """The plan ``source`` names and the negatives column its epoch trains on
-    (:func:`epoch_negatives`; None: none), with every row
+) -> tuple[BatchPlan, MinedColumn]:
+    """The plan ``source`` names and the negatives column its epoch trains on, with the
+    teacher's scores beside it (:func:`epoch_negatives`), with every row
     (``text_lengths``: tokens per corpus position, which a random plan's length grouping and
     size read; a mined plan needs neither it nor the ``triplets``)."""
     if source.mined_plan is None:
@@ -117,22 +117,46 @@ def whole_plan(
     return dataclasses.replace(plan, version=source.version), epoch_negatives(source, cfg)
 
 
-def epoch_negatives(source: PlanSource, cfg: Config) -> np.ndarray | None:
+@dataclass(frozen=True)
+class MinedColumn:
+    """The pairs task's mined negatives column and the teacher's scores beside it (each None
+    where there is none)."""
+
+    negatives: np.ndarray | None = None
+    """``(rows, m)`` text positions, -1 where none."""
+    teacher_scores: np.ndarray | None = None
+    """``(rows, 1 + m)`` float32: the teacher's score of each row's positive, then of each
+    negative (NaN where none)."""
+
+
+def epoch_negatives(source: PlanSource, cfg: Config) -> MinedColumn:
     """The negatives column the epoch ``source`` names trains on: the mined column, or, where a
     refresh keeps more per anchor than an epoch uses (``mining.sampling: random``:
     :attr:`~pipeline.config.schema.Config.negatives_mined`), each row's
     ``mining.num_negatives`` drawn among them with the epoch's seed
-    (:func:`~pipeline.batching.negative_draw.draw_negatives`). None: none mined."""
+    (:func:`~pipeline.batching.negative_draw.draw_negatives`), the teacher's scores drawn with
+    them."""
     column = read_negatives(source)
-    if column is None or cfg.negatives_mined == cfg.mining.num_negatives:
+    if column.negatives is None or cfg.negatives_mined == cfg.mining.num_negatives:
         return column
     assert source.seed is not None  # a pairs plan is random: every epoch has its seed
-    return draw_negatives(column, mined=cfg.negatives_mined, keep=cfg.mining.num_negatives, seed=source.seed)
+    negatives, scores = draw_negatives(
+        column.negatives, mined=cfg.negatives_mined, keep=cfg.mining.num_negatives, seed=source.seed,
+        teacher_scores=column.teacher_scores,
+    )  # fmt: skip
+    return MinedColumn(negatives, scores)
 
 
-def read_negatives(source: PlanSource) -> np.ndarray | None:
-    """The pairs task's whole mined-negatives column ``source`` names (None: none mined)."""
-    return np.load(io.BytesIO(read_bytes(source.negatives))) if source.negatives is not None else None
+def read_negatives(source: PlanSource) -> MinedColumn:
+    """The pairs task's whole mined-negatives column ``source`` names, and the teacher's scores
+    beside it (both None: none mined)."""
+    if source.negatives is None:
+        return MinedColumn()
+    saved = np.load(io.BytesIO(read_bytes(source.negatives)))
+    if isinstance(saved, np.ndarray):  # a run checkpointed before the column became an .npz
+        return MinedColumn(saved)
+    scores = saved["teacher_scores"] if "teacher_scores" in saved.files else None
+    return MinedColumn(saved["negatives"], scores)
 
 
 def make_shares(
@@ -140,8 +164,11 @@ def make_shares(
 ) -> list[PlanShare]:
     """Every rank's share of the plan ``source`` names, from one making of the whole plan, each
     with the texts its rows encode."""
-    plan, negatives = whole_plan(source, cfg, text_lengths, triplets)
-    shares = plan.shares(world=world, negatives=negatives, lengths=padded_lengths(text_lengths, triplets))
+    plan, column = whole_plan(source, cfg, text_lengths, triplets)
+    shares = plan.shares(
+        world=world, negatives=column.negatives, teacher_scores=column.teacher_scores,
+        lengths=padded_lengths(text_lengths, triplets),
+    )  # fmt: skip
     return [_with_texts(share, text_lengths, triplets) for share in shares]
 
 
@@ -194,16 +221,25 @@ def read_bytes(uri: str) -> bytes:
 
 
 def write_mined(
-    folder: str, name: str, *, plan: BatchPlan | None = None, negatives: np.ndarray | None = None
+    folder: str,
+    name: str,
+    *,
+    plan: BatchPlan | None = None,
+    negatives: np.ndarray | None = None,
+    teacher_scores: np.ndarray | None = None,
 ) -> str:
-    """Write what a refresh mined (a corpus ``plan`` or a pairs ``negatives`` column) to
-    ``folder/name`` (a local folder or a URI every node reads: the run's storage); returns its URI."""
+    """Write what a refresh mined (a corpus ``plan``, or a pairs ``negatives`` column and the
+    teacher's scores beside it, if any) to ``folder/name`` (an ``.npz`` in a local folder or at
+    a URI every node reads: the run's storage); returns its URI."""
     buffer = io.BytesIO()
     if plan is not None:
         np.savez(buffer, rows=plan.rows, sizes=plan.sizes, sampler=np.array(plan.sampler))
     else:
         assert negatives is not None
-        np.save(buffer, np.asarray(negatives, dtype=np.int64))
+        arrays = {"negatives": np.asarray(negatives, dtype=np.int64)}
+        if teacher_scores is not None:
+            arrays["teacher_scores"] = np.asarray(teacher_scores, dtype=np.float32)
+        np.savez(buffer, **arrays)
     uri = f"{folder.rstrip('/')}/{name}"
     filesystem, path = filesystem_of(uri)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)

@@ -72,8 +72,9 @@ def make_train_step(
         if triplets is None:
             raise ValueError("task: pairs needs the triplet rows")
         return TripletStep(
-            corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device, bf16=bf16
-        )
+            corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device,
+            distill_weight=cfg.train.distill_weight, distill_loss=cfg.train.distill_loss, bf16=bf16,
+        )  # fmt: skip
     if triplets is not None:
         raise ValueError(f"triplet rows given, but task: {cfg.task}")
     if cfg.train.mlm_weight > 0 and masking is None:

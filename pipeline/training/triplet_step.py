@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from pipeline.data.tokenized import CorpusShare, TokenizedCorpus
 from pipeline.data.triplets import Triplets
 from pipeline.model.accel import to_device, train_autocast
+from pipeline.training.distillation_loss import distillation_loss
 from pipeline.training.global_batch import GlobalBatch
 from pipeline.training.losses import gather_across_workers, simcse_loss
 
@@ -38,6 +40,12 @@ class TripletStep:
     hard_negative_weight: float
     """Added to the logit of each row's own hard negatives (SimCSE's supervised weight)."""
     device: torch.device
+    distill_weight: float = 0.0
+    """The loss is InfoNCE + ``distill_weight`` x :func:`~pipeline.training.distillation_loss.
+    distillation_loss` of the teacher's scores of each row's positive and mined negatives
+    (``train.distill_weight``), where the batch carries them; 0: off."""
+    distill_loss: str = "kl"
+    """``train.distill_loss``: ``kl`` or ``margin_mse``."""
     bf16: bool | None = None
     """Forward passes under bf16 autocast (weights, gradients and loss stay fp32); None: where
     the device computes bf16 natively (:func:`~pipeline.model.accel.native_bf16`)."""
@@ -98,7 +106,38 @@ class TripletStep:
             ),
         )
         # Every rank backpropagates through its own rows only; DDP averages over the ranks.
-        return loss, loss * len(sizes)
+        backward = loss * len(sizes)
+        if self.distill_weight > 0 and batch.local_teacher_scores is not None:
+            distilled, distilled_backward = self._distilled(
+                embeddings[:n], embeddings[n : 2 * n], negative_embeddings[:, 1:], present[:, 1:],
+                batch.local_teacher_scores,
+            )  # fmt: skip
+            loss = loss + self.distill_weight * distilled
+            backward = backward + self.distill_weight * distilled_backward
+        return loss, backward
+
+    def _distilled(
+        self,
+        anchors: torch.Tensor,
+        positives: torch.Tensor,
+        negatives: torch.Tensor,
+        present: np.ndarray,
+        teacher_scores: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distillation term over this worker's rows: the student's cosine of each anchor
+        with its positive and its ``(n, m, d)`` mined ``negatives`` (``present``: ``(n, m)``)
+        against the teacher's ``(n, 1 + m)`` scores of the same pairs."""
+        anchors, positives, negatives = (F.normalize(x, dim=-1) for x in (anchors, positives, negatives))
+        student = torch.cat(
+            [(anchors * positives).sum(dim=-1, keepdim=True), torch.einsum("nd,nkd->nk", anchors, negatives)],
+            dim=1,
+        )
+        slots = np.concatenate([np.ones((len(present), 1), dtype=bool), present], axis=1)
+        teacher = to_device(np.where(slots, teacher_scores, 0.0).astype(np.float32), self.device)
+        return distillation_loss(
+            student, teacher, to_device(slots, self.device), kind=self.distill_loss,
+            temperature=self.temperature,
+        )  # fmt: skip
 
 
 def known_positive_candidates(

@@ -6,13 +6,15 @@ from pipeline.config.loading import load_config
 from pipeline.config.schema import REMOVED_KEYS, Config
 from pipeline.core.errors import ConfigError
 
-MOST_KEYS = 71
+MOST_KEYS = 75
 """Issue 37's bound on the whole config (70), and issue 71's ``train.mlm_weight`` (SimCSE's
-auxiliary objective, a loss option by request): knobs a measurement or the hardware decides
-are not keys."""
+auxiliary objective, a loss option by request) and its teacher: ``mining.teacher.model``,
+``mining.teacher.denoise_margin``, ``train.distill_weight`` and ``train.distill_loss``, the
+levers its ablation turns (the teacher's kind and pooling are its folder's, its text length
+and batch the run's). Knobs a measurement or the hardware decides are not keys."""
 
 
-def test_the_whole_config_has_at_most_71_keys():
+def test_the_whole_config_has_at_most_75_keys():
     keys = Config().flat()
     assert len(keys) <= MOST_KEYS, f"{len(keys)} config keys: {sorted(keys)}"
 

@@ -92,7 +92,7 @@ def test_a_triplet_share_names_its_rows_texts_and_negatives(tmp_path):
     cfg = load_config(None, ["task=pairs", "data.path=rows.jsonl", "train.batch_size=4"])
     triplets = Triplets(np.array([10, 11, 12, 13]), np.array([20, 21, 22, 23]), np.array([-1, 30, -1, -1]))
     mined = np.array([[40, -1], [41, 42], [-1, -1], [43, 44]])
-    source = PlanSource(1, seed=3, negatives=write_mined(str(tmp_path), "v1-negatives.npy", negatives=mined))
+    source = PlanSource(1, seed=3, negatives=write_mined(str(tmp_path), "v1-negatives.npz", negatives=mined))
     lengths = np.arange(50, dtype=np.int32) + 2
     texts = []
 

@@ -354,8 +354,8 @@ def test_triplet_refresh_mines_clean_negatives(
     )
     stored = stored_miner.refresh(weights, version=1, step=7)
     assert stored.negatives is None and stored.plan is None and stored.similarities == {}
-    assert stored.mined == f"{tmp_path}/v1-negatives.npy"
-    np.testing.assert_array_equal(np.load(stored.mined), negatives)
+    assert stored.mined == f"{tmp_path}/v1-negatives.npz"
+    np.testing.assert_array_equal(np.load(stored.mined)["negatives"], negatives)
     # It keeps the rows itself: the next refresh's churn is measured as without storage.
     assert (
         stored_miner.refresh(weights, version=2, step=9).metrics["mining/churn"]

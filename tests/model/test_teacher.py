@@ -44,10 +44,12 @@ def tiny_cross_encoder_dir(tiny_model_dir, tmp_path_factory):
 def test_a_cross_encoder_teacher_scores_the_logits_cross_encoder_predicts(tiny_cross_encoder_dir):
     from sentence_transformers import CrossEncoder
 
-    settings = TeacherSettings(
-        str(tiny_cross_encoder_dir), kind="cross_encoder", max_seq_len=32, batch_size=3
+    # The kind is read from the folder: a one-label sequence classifier is a cross-encoder.
+    teacher = Teacher(
+        TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32, batch_size=3), device="cpu"
     )
-    scores = Teacher(settings, device="cpu").score(ANCHORS, CANDIDATES)
+    assert teacher.settings.kind == "cross_encoder"
+    scores = teacher.score(ANCHORS, CANDIDATES)
     peer = CrossEncoder(str(tiny_cross_encoder_dir), device="cpu", max_length=32)
     expected = peer.predict(list(zip(ANCHORS, CANDIDATES, strict=True)), activation_fn=torch.nn.Identity())
     np.testing.assert_allclose(scores, expected, atol=1e-5)

@@ -337,3 +337,49 @@ def test_epoch_line_says_what_the_refresh_changed_and_when_the_model_barely_move
     )
     # The first mining has nothing to compare with: no note.
     assert "refresh changed" not in pairs.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary())
+
+
+@pytest.mark.parametrize("kind", ["kl", "margin_mse"])
+def test_triplet_step_adds_the_weighted_distillation_of_the_teachers_scores(model, corpus, kind):
+    """InfoNCE + ``train.distill_weight`` x the distillation term, computed here in numpy from
+    each text's own embedding: the student's cosines of each anchor with its positive and its
+    present mined negatives against the teacher's scores of the same pairs."""
+    base = [*TRIPLET, "train.temperature=0.05", "mining.teacher.model=teacher"]
+    triplets = Triplets(
+        anchor=np.array([0, 1, 2]), positive=np.array([4, 5, 6]), negative=np.array([7, -1, -1])
+    )
+    mined = np.array([[9, -1], [10, 11], [-1, -1]])
+    teacher = np.array([[0.9, 0.4, np.nan], [0.8, 0.7, 0.1], [0.6, np.nan, np.nan]], dtype=np.float32)
+    weighted = make_train_step(
+        load_config(None, [*base, "train.distill_weight=2.0", f"train.distill_loss={kind}"]), corpus, triplets, CPU,
+        bf16=False,
+    )  # fmt: skip
+    plain = make_train_step(load_config(None, base), corpus, triplets, CPU, bf16=False)
+    model.eval()
+    rows = np.arange(3)
+    batch = GlobalBatch(rows, [3], 0, mined, teacher)
+    loss, to_backward = weighted(model, batch, None)
+    infonce, _ = plain(model, batch, None)  # no weight: the teacher's scores are not read
+    assert to_backward.item() == pytest.approx(loss.item(), rel=1e-6)  # one worker: no scaling
+
+    def unit(text: int) -> np.ndarray:
+        ids, mask = corpus.batch(np.array([text]))
+        vector = _embed(model, ids, mask)[0]
+        return vector / np.linalg.norm(vector)
+
+    terms = []
+    for i, row in enumerate(rows):
+        anchor = unit(triplets.anchor[row])
+        slots = [triplets.positive[row], *[t for t in mined[row] if t >= 0]]
+        student = np.array([anchor @ unit(t) for t in slots])
+        scores = teacher[i, : len(slots)].astype(np.float64)
+        if len(slots) == 1:
+            continue  # no negative: no term (kl: the row is not counted; margin_mse: no margin)
+        if kind == "kl":
+            p = np.exp(scores / 0.05) / np.exp(scores / 0.05).sum()
+            log_q = student / 0.05 - np.log(np.exp(student / 0.05).sum())
+            terms.append((p * (np.log(p) - log_q)).sum() * 0.05**2)
+        else:
+            terms += list(((student[0] - student[1:]) - (scores[0] - scores[1:])) ** 2)
+    assert loss.item() == pytest.approx(infonce.item() + 2.0 * np.mean(terms), rel=1e-4)
+    assert abs(loss.item() - infonce.item()) > 1e-6

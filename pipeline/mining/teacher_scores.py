@@ -1,0 +1,87 @@
+"""The teacher in a pairs refresh: its scores of each row's positive and mined negatives, as a
+column beside the negatives (:func:`teacher_scores`), and the negatives it calls positives
+dropped (:func:`denoised`, RocketQA's denoising of mined negatives).
+
+The column is ``(rows, 1 + m)`` float32: the teacher's score of the row's anchor with its
+positive, then with each of its ``m`` negatives (NaN where a row has none in that slot). It
+travels with the negatives to the ranks (the distillation term of
+:class:`~pipeline.training.triplet_step.TripletStep`) and into ``jobs/mine.py``'s output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from pipeline.model.teacher import Teacher
+
+TextsAt = Callable[[np.ndarray], list[str]]
+"""The texts at corpus positions (:meth:`~pipeline.data.text_blocks.DistinctTexts.texts_at`)."""
+
+
+def teacher_scores(
+    teacher: Teacher,
+    texts_at: TextsAt,
+    *,
+    anchors: np.ndarray,
+    positives: np.ndarray,
+    negatives: np.ndarray,
+) -> np.ndarray:
+    """The teacher's score of every (anchor, candidate) pair of the rows.
+
+    Args:
+        teacher: the loaded teacher.
+        texts_at: the texts at corpus positions.
+        anchors, positives: ``(rows,)`` corpus positions.
+        negatives: ``(rows, m)`` corpus positions, -1 where absent.
+
+    Returns:
+        ``(rows, 1 + m)`` float32: column 0 the positive's score, then each negative's; NaN
+        where the negative is absent. A pair that occurs in several rows is scored once, and
+        each distinct text is read once.
+    """
+    candidates = np.concatenate([positives[:, None], negatives], axis=1).astype(np.int64)
+    present = candidates >= 0
+    left = np.broadcast_to(anchors[:, None], candidates.shape)[present].astype(np.int64)
+    right = candidates[present]
+    base = int(max(left.max(initial=0), right.max(initial=0))) + 1
+    pairs, at = np.unique(left * base + right, return_inverse=True)
+    positions, index = np.unique(np.concatenate([pairs // base, pairs % base]), return_inverse=True)
+    scored = teacher.score_indexed(texts_at(positions), index[: len(pairs)], index[len(pairs) :])
+    out = np.full(candidates.shape, np.nan, dtype=np.float32)
+    out[present] = scored[at.reshape(-1)]
+    return out
+
+
+def denoised(
+    negatives: np.ndarray, scores: np.ndarray, *, margin: float, mined: int, keep: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Drop the mined negatives the teacher scores at or above its positive less ``margin``.
+
+    Args:
+        negatives: ``(rows, mined + extra)`` corpus positions, -1 where absent: ``mined``
+            mined ones, nearest first, then any extra (random) ones, which are kept as they are.
+        scores: ``(rows, 1 + mined + extra)`` :func:`teacher_scores` of them.
+        margin: a negative within this of the positive's teacher score is a likely positive.
+        mined: how many leading columns were mined.
+        keep: mined negatives kept a row after the drop (the nearest survivors), at most ``mined``.
+
+    Returns:
+        ``(negatives, scores, dropped)``: ``(rows, keep + extra)`` and ``(rows, 1 + keep +
+        extra)``, each row's surviving mined negatives moved to the front in their order, -1
+        and NaN behind them; and how many negatives were dropped.
+    """
+    head, head_scores = negatives[:, :mined], scores[:, 1 : 1 + mined]
+    dropped = (head >= 0) & (head_scores >= scores[:, :1] - margin)
+    alive = (head >= 0) & ~dropped
+    # A stable sort of "not alive" moves the survivors to the front in their mined order.
+    order = np.argsort(~alive, axis=1, kind="stable")[:, :keep]
+    taken = np.take_along_axis(alive, order, axis=1)
+    kept = np.where(taken, np.take_along_axis(head, order, axis=1), -1)
+    kept_scores = np.where(taken, np.take_along_axis(head_scores, order, axis=1), np.nan)
+    return (
+        np.concatenate([kept, negatives[:, mined:]], axis=1),
+        np.concatenate([scores[:, :1], kept_scores, scores[:, 1 + mined :]], axis=1).astype(np.float32),
+        int(dropped.sum()),
+    )

@@ -1,0 +1,68 @@
+"""The teacher in a pairs refresh: its score column against the teacher scoring each pair on its
+own, and its denoising against a per-row reading of the rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.mining.teacher_scores import denoised, teacher_scores
+from pipeline.model.teacher import Teacher, TeacherSettings
+
+TEXTS = [
+    f"sentence number {i} about {topic}" for i, topic in enumerate(["cats", "dogs", "rain", "stocks"] * 5)
+]
+
+
+def test_the_column_is_the_teachers_score_of_each_pair_and_nan_where_a_slot_is_empty(tiny_model_dir):
+    teacher = Teacher(TeacherSettings(str(tiny_model_dir), max_seq_len=16, batch_size=4), device="cpu")
+    asked = []
+
+    def texts_at(positions: np.ndarray) -> list[str]:
+        asked.append(positions.copy())
+        return [TEXTS[p] for p in positions]
+
+    anchors = np.array([0, 1, 0, 7])  # anchor 0 twice: its pair with 3 is scored once
+    positives = np.array([3, 2, 3, 8])
+    negatives = np.array([[5, 6], [-1, -1], [5, 9], [10, -1]])
+    column = teacher_scores(teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives)
+    assert column.shape == (4, 3) and column.dtype == np.float32
+    # Each distinct text is fetched once, in one call.
+    (positions,) = asked
+    assert sorted(positions.tolist()) == sorted({0, 1, 7, 3, 2, 8, 5, 6, 9, 10})
+    for i in range(4):
+        for j, candidate in enumerate([positives[i], *negatives[i]]):
+            if candidate < 0:
+                assert np.isnan(column[i, j])
+            else:
+                alone = teacher.score([TEXTS[anchors[i]]], [TEXTS[candidate]])[0]
+                assert column[i, j] == pytest.approx(alone, abs=1e-5)
+
+
+def test_denoising_drops_what_the_teacher_scores_near_the_positive_and_refills_from_deeper_ranks():
+    rng = np.random.default_rng(0)
+    rows, mined, margin = 200, 6, 0.1
+    negatives = rng.integers(0, 1000, size=(rows, mined + 1))  # 6 mined, then a random one
+    negatives[rng.random((rows, mined + 1)) < 0.2] = -1
+    scores = rng.uniform(-1, 1, size=(rows, 1 + mined + 1)).astype(np.float32)
+    scores[:, 1:][negatives < 0] = np.nan
+    kept, kept_scores, dropped = denoised(negatives, scores, margin=margin, mined=mined, keep=3)
+    assert kept.shape == (rows, 3 + 1) and kept_scores.shape == (rows, 1 + 3 + 1)
+    total = 0
+    for i in range(rows):
+        # By the rule, row by row: mined survivors in mined order, the first 3 kept.
+        survivors = [
+            (negatives[i, j], scores[i, 1 + j])
+            for j in range(mined)
+            if negatives[i, j] >= 0 and not scores[i, 1 + j] >= scores[i, 0] - margin
+        ]
+        total += sum(1 for j in range(mined) if negatives[i, j] >= 0) - len(survivors)
+        expected = survivors[:3] + [(-1, np.nan)] * (3 - len(survivors[:3]))
+        assert kept[i, :3].tolist() == [n for n, _ in expected]
+        np.testing.assert_array_equal(
+            kept_scores[i, 1:4], np.array([s for _, s in expected], dtype=np.float32)
+        )
+        # The positive's score and the random negative ride along untouched.
+        assert kept[i, 3] == negatives[i, mined] and kept_scores[i, 0] == scores[i, 0]
+        np.testing.assert_array_equal(kept_scores[i, 4], scores[i, 1 + mined])
+    assert dropped == total > 0
