@@ -307,3 +307,84 @@ def _assert_the_mining_run_is_reviewable(
     sample = Path(client.download_artifacts(run.info.run_id, "review/sample_triplets.md", str(download_to)))
     assert f"| {rows[0]['anchor']} | {rows[0]['positive']} | {rows[0]['negative_1']} |" in sample.read_text()
     assert all(k.startswith("mining/") for k in run.data.metrics)
+
+
+@pytest.mark.job
+def test_a_teacher_scores_denoises_and_is_distilled_and_the_offline_job_writes_its_scores(
+    tmp_path, twitter_like, trained_tiny_model_dir, ray_local, capfd, monkeypatch
+):
+    """``mining.teacher``: the teacher's scores ride beside the negatives (each the teacher's
+    own score of that pair, computed here again), no kept negative is within the denoising
+    margin of its positive, the refresh logs what the teacher saw, the distillation term
+    trains, and ``jobs/mine.py`` writes the scores as sentence-transformers' MarginMSE labels
+    and FlagEmbedding's ``pos_scores``/``neg_scores``."""
+    from pipeline.model.teacher import Teacher, TeacherSettings
+
+    # The student's relative margin already drops what it scores within 5% of the positive; the
+    # teacher (the same weights, read with its folder's pooling) drops more within its wider margin.
+    teacher_dir, margin, window = str(trained_tiny_model_dir), 0.2, 8
+    teacher_keys = [
+        f"mining.teacher.model={teacher_dir}", f"mining.teacher.denoise_margin={margin}",
+        "mining.sampling=random", "mining.num_negatives=2", f"mining.range_max={window}",
+    ]  # fmt: skip
+    proc = _train_here(
+        tmp_path, twitter_like, trained_tiny_model_dir, "run.name=taught", "mining.refresh=once", "train.epochs=1",
+        "train.distill_weight=1.0", *teacher_keys, capfd=capfd, monkeypatch=monkeypatch,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, run = _run(tmp_path, "taught")
+    assert run.data.params["train.distill_weight"] == "1.0"
+    (row,) = read_refresh_table(client, run.info.run_id)
+    assert row["teacher_denoised"] > 0 and row["teacher_positive_score"] > row["teacher_negative_score"]
+    folders = [p for p in (tmp_path / "runs/taught").glob("checkpoint_*") if p.is_dir()]
+    state, _ = load_checkpoint(max(folders, key=lambda p: p.stat().st_mtime))
+    column = read_negatives(state.source)
+    rows = 2 * TRAIN_GROUPS
+    assert column.negatives.shape == (rows, window) and column.teacher_scores.shape == (rows, 1 + window)
+    present = column.negatives >= 0
+    assert present.any(axis=1).mean() > 0.5
+    assert np.array_equal(np.isnan(column.teacher_scores[:, 1:]), ~present)
+    # Denoised: every negative kept scores below its positive less the margin.
+    assert (
+        column.teacher_scores[:, 1:][present]
+        < np.repeat(column.teacher_scores[:, 0] - margin, present.sum(axis=1))
+    ).all()
+    # Each score is the teacher's own of that pair.
+    lines = [line.split("\t") for line in twitter_like["train"].read_text().splitlines()]
+    everything = [t for a, b, _ in lines for t in (a, b)] + twitter_like["pool"].read_text().splitlines()
+    table, _ = index_triplets(everything, everything, None)
+    texts = table.column("text").to_pylist()
+    pairs = [(a, b) for a, b, label in lines if label == "1"]
+    teacher = Teacher(TeacherSettings(teacher_dir, max_seq_len=32, batch_size=16), device="cpu")
+    sample = np.flatnonzero(present[:, 0])[:20]
+    anchors = [pairs[i][0] for i in sample]
+    np.testing.assert_allclose(
+        column.teacher_scores[sample, 0], teacher.score(anchors, [pairs[i][1] for i in sample]), atol=1e-4
+    )
+    np.testing.assert_allclose(
+        column.teacher_scores[sample, 1],
+        teacher.score(anchors, [texts[n] for n in column.negatives[sample, 0]]),
+        atol=1e-4,
+    )
+
+    output = tmp_path / "taught.jsonl"
+    mined = run_script_in_process(
+        "jobs/mine.py",
+        ["--config", RECIPE, "--model", teacher_dir, "--input", str(twitter_like["train"]), "--output", str(output),
+         "--set", f"data.pool={twitter_like['pool']}", "--set", "data.pool_format=text", "--set", "eval.retrieval=[]",
+         *set_flags(teacher_keys)],
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
+    )  # fmt: skip
+    assert mined.returncode == 0, mined.stderr[-3000:]
+    mined_rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert mined_rows and set(mined_rows[0]) == {
+        "anchor", "positive", "negative_1", "negative_2", "label", "pos_scores", "neg_scores",
+    }  # fmt: skip
+    assert_clean_negatives(mined_rows, 2)
+    some = mined_rows[:10]
+    positive = teacher.score([r["anchor"] for r in some], [r["positive"] for r in some])
+    first = teacher.score([r["anchor"] for r in some], [r["negative_1"] for r in some])
+    np.testing.assert_allclose([r["pos_scores"][0] for r in some], positive, atol=1e-4)
+    np.testing.assert_allclose([r["neg_scores"][0] for r in some], first, atol=1e-4)
+    np.testing.assert_allclose([r["label"][0] for r in some], positive - first, atol=1e-4)
+    assert all(r["neg_scores"][j] < r["pos_scores"][0] - margin for r in mined_rows for j in range(2))
