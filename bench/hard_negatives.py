@@ -92,6 +92,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -168,6 +169,19 @@ evaluates the recipe's dev set while it trains, and exports its best epoch), ``S
 with 3 and 7 mined negatives a row, ``S3R`` and ``S7R`` the same drawn anew every epoch from
 each anchor's survivors among its :data:`NEGATIVE_WINDOW` nearest (``mining.sampling=random``):
 issue 71's k ablation, resampling apart from refreshing."""
+TEACHER = os.environ.get("BENCH_TEACHER", "runs/teacher-mpnet-s1/model")
+"""The teacher of the ``T`` arms: all-mpnet-base-v2 fine-tuned by the recipe, seed 1 (docs/results.md,
+"A teacher for the pairs task"); ``BENCH_TEACHER`` names another folder."""
+TEACHER_MARGIN = 0.05
+"""``mining.teacher.denoise_margin`` of the denoising ``T`` arms: a negative the teacher scores
+within 0.05 of its positive is dropped (the student's own relative margin is 5%)."""
+RETRIEVAL_ARMS["TD"] = [
+    *RETRIEVAL_ARMS["S"], f"mining.teacher.model={TEACHER}", f"mining.teacher.denoise_margin={TEACHER_MARGIN}",
+]  # fmt: skip
+RETRIEVAL_ARMS["TK"] = [*RETRIEVAL_ARMS["S"], f"mining.teacher.model={TEACHER}", "train.distill_weight=1.0"]
+RETRIEVAL_ARMS["TDK"] = [*RETRIEVAL_ARMS["TD"], "train.distill_weight=1.0"]
+"""Issue 71's teacher arms, ``S`` with the teacher's scores: ``TD`` its denoising, ``TK`` its
+KL distillation at weight 1 (InfoNCE's scale), ``TDK`` both."""
 EVALUATING_ARMS = ("SE",)
 """Arms that keep the recipe's evaluation while they train (early stopping needs it); every
 other arm evaluates nothing while it trains (:data:`NO_TRAINING_EVAL`)."""

@@ -65,7 +65,8 @@ class TrainSection:
     (``distill_loss``). 0 turns it off."""
     distill_loss: Literal["kl", "margin_mse"] = "kl"
     """``kl``: KL between the teacher's and the student's softmax over a row's positive and
-    negatives, both at ``train.temperature`` (sentence-transformers' ``DistillKLDivLoss``): for a
+    negatives, both at ``train.temperature`` (sentence-transformers' ``DistillKLDivLoss`` without
+    its T², so that a weight of 1 is InfoNCE's scale): for a
     bi-encoder teacher, whose scores are cosines as the student's are; ``margin_mse``: the
     squared error of the student's positive-negative margins against the teacher's (its
     ``MarginMSELoss``), which a cross-encoder's logits suit."""

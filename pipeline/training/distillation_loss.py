@@ -30,9 +30,12 @@ def distillation_loss(
         teacher: ``(n, 1 + k)`` the teacher's scores of the same pairs (no gradient).
         present: ``(n, 1 + k)`` bool, False where a row has no negative in that slot (column
             0, the positive, is always True).
-        kind: ``kl``: KL(softmax(teacher / T) || softmax(student / T)) x T² a row, the
+        kind: ``kl``: KL(softmax(teacher / T) || softmax(student / T)) a row, the
             candidates a row lacks left out of both softmaxes, averaged over the rows with at
-            least one negative; ``margin_mse``: the squared error of the student's margins
+            least one negative: sentence-transformers' ``DistillKLDivLoss`` divided by its T².
+            Hinton's T² keeps the gradient's scale at T > 1; at InfoNCE's T = 0.05 it would
+            shrink the term 400-fold, so without it a weight of 1 puts the term's gradient on
+            InfoNCE's scale (both are cross-entropies over the same logits s / T); ``margin_mse``: the squared error of the student's margins
             (positive less negative) against the teacher's, averaged over the present
             negatives.
         temperature: ``T`` of ``kl`` (unused by ``margin_mse``).
@@ -54,7 +57,7 @@ def distillation_loss(
         # log-probability is only ever multiplied by that 0, so a finite stand-in keeps it from nan.
         teacher_probs = torch.softmax((teacher / temperature).masked_fill(~present, float("-inf")), dim=1)
         student_logs = torch.log_softmax((student / temperature).masked_fill(~present, -1e4), dim=1)
-        per_row = F.kl_div(student_logs, teacher_probs, reduction="none").sum(dim=1) * temperature**2
+        per_row = F.kl_div(student_logs, teacher_probs, reduction="none").sum(dim=1)
         counted = negatives.any(dim=1)
         local_sum, count = (per_row * counted).sum(), counted.sum()
     else:
