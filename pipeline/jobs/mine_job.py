@@ -78,6 +78,8 @@ def run_mine_job(cfg: Config, output: str, echo: Any = print, debug: bool = Fals
     check_corpus_path(cfg.data.path)
     check_corpus_columns(cfg.data, pairs=True)  # a text file is sentences: no columns
     check_model_path(cfg.model.name_or_path)
+    if cfg.mining.teacher.model:
+        check_model_path(cfg.mining.teacher.model, key="mining.teacher.model")
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri)
     run_name = cfg.run.name or datetime.now().strftime("mine-%Y%m%d-%H%M%S")
     tracked = start_or_resume_run(tracking_uri, cfg.tracking.experiment, run_name)

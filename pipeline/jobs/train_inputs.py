@@ -88,6 +88,10 @@ class InputRefs:
     texts: DistinctTexts | None = None
     """The distinct texts' blocks, kept for the miner's teacher (``mining.teacher.model``), which
     reads texts with its own tokenizer; None without a teacher (training reads tokens only)."""
+    teacher: Any = None
+    """The packed teacher folder, where ``mining.teacher.model`` is a local folder (the miner
+    may sit on a node that shares no disk with this one); None: no teacher, or a hub name the
+    miner fetches itself."""
 
 
 def load_training_data(
@@ -231,5 +235,10 @@ def put_inputs(
         retrieval_set = RetrievalEvalSet(retrieval_sets, inputs.tokenizer, cfg.data.max_seq_len)
         retrieval_ref = ray.put(retrieval_set)
         echo(f"[eval] retrieval {retrieval_set.describe()}: {retrieval_set.num_sentences} texts, {when}")
-    texts = data.texts if cfg.mining.teacher.model is not None and cfg.mines else None
-    return InputRefs(inputs.corpus, model_ref, triplets_ref, eval_ref, retrieval_ref, texts)
+    texts = teacher_ref = None
+    teacher = cfg.mining.teacher.model
+    if teacher is not None and cfg.mines:
+        texts = data.texts
+        if Path(teacher).expanduser().is_dir():
+            teacher_ref = ray.put(pack_dir(Path(teacher).expanduser()))
+    return InputRefs(inputs.corpus, model_ref, triplets_ref, eval_ref, retrieval_ref, texts, teacher_ref)

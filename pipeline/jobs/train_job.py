@@ -132,6 +132,8 @@ def check_train_inputs(cfg: Config) -> None:
         check_corpus_columns(cfg.data, pairs=cfg.pairs)
     if cfg.model.name_or_path:
         check_model_path(cfg.model.name_or_path)
+    if cfg.mining.teacher.model:
+        check_model_path(cfg.mining.teacher.model, key="mining.teacher.model")
     preflight_train(cfg)
 
 
@@ -355,7 +357,7 @@ def miner_actor(
     miner = start_miner_actor(settings)
     try:
         try:
-            inputs = miner_inputs(refs.corpus, refs.model, refs.triplets, refs.texts)
+            inputs = miner_inputs(refs.corpus, refs.model, refs.triplets, refs.texts, refs.teacher)
             timeout_s = cfg.train.placement_timeout_s
             deadline = time.monotonic() + timeout_s
             # A miner that dies while it loads (memory pressure on a busy node) is restarted by
@@ -417,6 +419,7 @@ def fit(
         corpus=refs.corpus,
         triplets_ref=refs.triplets,
         texts=refs.texts,
+        teacher_ref=refs.teacher,
         eval_ref=refs.eval,
         retrieval_ref=refs.retrieval,
         miner=miner,

@@ -34,7 +34,7 @@ from pipeline.mining.refresh_log import RefreshLog
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import dense_keys
 from pipeline.model.accel import compute_device, mining_dtype
-from pipeline.model.folders import quiet_libraries
+from pipeline.model.folders import quiet_libraries, unpack_dir
 from pipeline.model.teacher import Teacher, TeacherSettings
 from pipeline.tracking.metric_logger import MetricLogger
 from pipeline.training.plan_source import write_mined
@@ -60,6 +60,9 @@ class HardNegativeMiner:
         triplets: the pairs task's rows over the corpus' texts; None: the corpus task.
         texts: the distinct texts, which a teacher (``settings.teacher``) reads with its own
             tokenizer; None without one.
+        teacher_blob: the teacher's packed folder (:func:`pipeline.model.folders.pack_dir`),
+            where the driver packed a local one; None: ``settings.teacher.model`` is read here
+            (a folder of this node, or a hub name fetched here).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class HardNegativeMiner:
         settings: MinerSettings,
         triplets: Triplets | None = None,
         texts: DistinctTexts | None = None,
+        teacher_blob: bytes | None = None,
     ):
         quiet_libraries()
         keys, _ = block_columns(blocks.refs, ["text_key"], num_cpus=0)
@@ -84,9 +88,11 @@ class HardNegativeMiner:
         self.teacher = None
         if settings.teacher is not None and triplets is not None:
             assert texts is not None, "a teacher reads the texts: give the miner the DistinctTexts"
-            self.teacher = Teacher(
-                local_teacher(settings.teacher), device=compute_device(use_gpu=settings.use_gpu).type
-            )
+            teacher = settings.teacher
+            if teacher_blob is not None:
+                teacher = dataclasses.replace(teacher, model=str(unpack_dir(teacher_blob)))
+            device = compute_device(use_gpu=settings.use_gpu).type
+            self.teacher = Teacher(local_teacher(teacher), device=device)
         self.previous: RefreshReport | None = None
         """The last refresh's result: the next refresh's churn is measured against it."""
         self.log: RefreshLog | None = None

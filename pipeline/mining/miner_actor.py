@@ -31,9 +31,10 @@ class HardNegativeMinerActor:
 
     def _loaded(self, inputs: list[Any]) -> HardNegativeMiner:
         if self.miner is None:
-            corpus, model_ref, triplets_ref, texts = inputs
+            corpus, model_ref, triplets_ref, texts, teacher_ref = inputs
             triplets = ray.get(triplets_ref) if triplets_ref is not None else None
-            self.miner = HardNegativeMiner(corpus, model_ref, self.settings, triplets, texts)
+            teacher_blob = ray.get(teacher_ref) if teacher_ref is not None else None
+            self.miner = HardNegativeMiner(corpus, model_ref, self.settings, triplets, texts, teacher_blob)
         return self.miner
 
     def ready(self, inputs: list[Any]) -> int:

@@ -69,25 +69,26 @@ def _looks_local(name_or_path: str) -> bool:
     return "/" in name_or_path and Path(first).exists()
 
 
-def check_model_path(name_or_path: str) -> None:
-    """Fail fast, before Ray starts, when ``model.name_or_path`` names a local folder that is
-    not a model folder. Hub names pass: only the hub loader can tell whether they exist.
+def check_model_path(name_or_path: str, key: str = "model.name_or_path") -> None:
+    """Fail fast, before Ray starts, when ``key`` (``model.name_or_path``, or the teacher's
+    ``mining.teacher.model``) names a local folder that is not a model folder. Hub names pass:
+    only the hub loader can tell whether they exist.
 
     Raises:
-        ConfigError: naming ``model.name_or_path``.
+        ConfigError: naming ``key``.
     """
 
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ConfigError(
-                f"model.name_or_path: {name_or_path} is a folder without config.json, not a Hugging Face model folder"
+                f"{key}: {name_or_path} is a folder without config.json, not a Hugging Face model folder"
             )
         return
     if local.exists():
-        raise ConfigError(f"model.name_or_path: {name_or_path} is a file, not a model folder")
+        raise ConfigError(f"{key}: {name_or_path} is a file, not a model folder")
     if _looks_local(name_or_path):
-        raise ConfigError(f"model.name_or_path: model folder {name_or_path} does not exist")
+        raise ConfigError(f"{key}: model folder {name_or_path} does not exist")
 
 
 def fetch_pretrained_dir(name_or_path: str, out_dir: str | Path) -> Path:

@@ -39,6 +39,8 @@ class LoopConfig:
     texts: DistinctTexts | None = None
     """The distinct texts' blocks, which the miner's teacher reads (``mining.teacher.model``);
     None without a teacher."""
+    teacher_ref: Any = None
+    """Object ref of the packed teacher folder (a local ``mining.teacher.model``), or None."""
     miner: Any = None
     """The miner actor's handle, or None when no refresh runs."""
     miner_pid: int | None = None
@@ -55,13 +57,18 @@ class LoopConfig:
 
 
 def miner_inputs(
-    corpus: TokenizedBlocks, model_ref: Any, triplets_ref: Any = None, texts: DistinctTexts | None = None
+    corpus: TokenizedBlocks,
+    model_ref: Any,
+    triplets_ref: Any = None,
+    texts: DistinctTexts | None = None,
+    teacher_ref: Any = None,
 ) -> list[Any]:
     """What every call to the miner actor (:class:`pipeline.mining.miner_actor.HardNegativeMinerActor`)
     brings: the tokenized corpus' blocks, the object refs of the packed model folder and the
-    triplets (None in the corpus task), and the distinct texts a teacher reads (None without
-    one), in that order. A list, so that Ray hands them over unresolved."""
-    return [corpus, model_ref, triplets_ref, texts]
+    triplets (None in the corpus task), the distinct texts a teacher reads and the object ref
+    of its packed folder (None without a teacher, or for a hub name the miner fetches), in
+    that order. A list, so that Ray hands them over unresolved."""
+    return [corpus, model_ref, triplets_ref, texts, teacher_ref]
 
 
 def report_metrics(state: TrainState, epoch: float) -> dict[str, Any]:

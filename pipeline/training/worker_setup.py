@@ -264,7 +264,11 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
             restarts=state.history.miner_restarts,
             miner_pid=last_miner_pid(state.history.miner_seen, loop_config.miner_pid),
             inputs=miner_inputs(
-                loop_config.corpus, loop_config.model_ref, loop_config.triplets_ref, loop_config.texts
+                loop_config.corpus,
+                loop_config.model_ref,
+                loop_config.triplets_ref,
+                loop_config.texts,
+                loop_config.teacher_ref,
             ),
         )
     refresher = PlanRefresher(cfg, rank, world, plans, client)

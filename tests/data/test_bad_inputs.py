@@ -116,6 +116,9 @@ def _corpora_without_columns(tmp_path: Path) -> None:
     (tmp_path / "pairs.csv").write_text(
         "anchor,answer\n" + "".join(f"question {i},answer {i}\n" for i in range(50))
     )
+    (tmp_path / "good-pairs.csv").write_text(
+        "anchor,positive\n" + "".join(f"question {i},answer {i}\n" for i in range(50))
+    )
     (tmp_path / "questions.csv").write_text(
         "question,positive\n" + "".join(f"question {i},answer {i}\n" for i in range(50))
     )
@@ -172,6 +175,26 @@ PRE_RAY = {
         ["model.name_or_path=./no-such-model"],
         2,
         "error: model.name_or_path: model folder ./no-such-model does not exist",
+    ),
+    "teacher folder missing": (
+        [
+            "task=pairs",
+            "data.path={tmp}/good-pairs.csv",
+            "mining.batch_sampler=random",
+            "mining.teacher.model={tmp}/no-such-teacher",
+        ],
+        2,
+        "error: mining.teacher.model: model folder {tmp}/no-such-teacher does not exist",
+    ),
+    "distillation without a teacher": (
+        [
+            "task=pairs",
+            "data.path={tmp}/good-pairs.csv",
+            "mining.batch_sampler=random",
+            "train.distill_weight=1.0",
+        ],
+        2,
+        "error: train.distill_weight needs mining.teacher.model (the scores it distils) (got 1.0)",
     ),
     "STS score not a number": (
         ["eval.sts={tmp}/dev.csv"],
