@@ -70,8 +70,15 @@ epochs and seed, on ``NO_DUPLICATES`` batches: ``st`` (MNRL, in-batch negatives)
 num_negatives=1, relative_margin=0.05, sampling_strategy="top")`` with the starting model, its
 own defaults otherwise, then MNRL on (anchor, positive, negative) for the rows it found a
 negative for: fewer rows and steps, as its users get; ``mining_seconds`` and ``mined_anchors``
-in the results). ``start`` (the starting model) and ``bm25`` (the lexical floor: the
-``bm25s`` package, in the ``dev`` extra; the bench says so where it is missing) train nothing
+in the results), ``st-mined3`` and ``st-mined7`` the same with 3 and 7 negatives, and issue 71's
+peers given the teacher of the ``T`` arms (``TEACHER``, ``BENCH_TEACHER``): ``st-teacher-d``
+(``st-mined``, mined 4 deep, the negatives the teacher scores within ``TEACHER_MARGIN`` of its
+positive dropped and the nearest survivor kept: ``bench.st_mnrl_recipe --teacher DIR
+--teacher-denoise-margin 0.05``, as ``TD``), ``st-teacher-k`` (``st-mined`` on MNRL + 1.0 x
+``DistillKLDivLoss`` / T² of the teacher's scores, T 0.05 on cosines: ``--distill kl
+--distill-weight 1.0``, as ``TK``) and ``st-teacher-dk`` (both, as ``TDK``;
+``teacher_denoised``, ``teacher_seconds`` in the results). ``start`` (the starting model) and
+``bm25`` (the lexical floor: the ``bm25s`` package, in the ``dev`` extra; the bench says so where it is missing) train nothing
 and run once, with seed null, whatever ``--seeds``. Every arm's final model is scored by the
 same evaluator, ``jobs/evaluate.py --model DIR --retrieval DEV --max-seq-len <recipe's> --json``
 on the recipe's dev folder (``--dev``); ``bm25``'s scores go through its ranking metrics.
@@ -188,6 +195,17 @@ other arm evaluates nothing while it trains (:data:`NO_TRAINING_EVAL`)."""
 RETRIEVAL_PEERS = {"st": 0, "st-mined": 1, "st-mined3": 3, "st-mined7": 7}
 """A retrieval task's sentence-transformers arms: the negatives ``mine_hard_negatives`` gives
 each row first (0: it does not run), MNRL on the n-tuples after."""
+TEACHER_DENOISING = ["--teacher", TEACHER, "--teacher-denoise-margin", str(TEACHER_MARGIN)]
+TEACHER_DISTILLATION = ["--teacher", TEACHER, "--distill", "kl", "--distill-weight", "1.0"]
+TEACHER_PEERS = {
+    "st-teacher-d": TEACHER_DENOISING,
+    "st-teacher-k": TEACHER_DISTILLATION,
+    "st-teacher-dk": [*TEACHER_DENOISING, *TEACHER_DISTILLATION[2:]],
+}
+"""Issue 71's peer given the same teacher as ``TD``, ``TK`` and ``TDK``: ``st-mined`` (k = 1)
+plus ``bench.st_mnrl_recipe``'s teacher options, ``-d`` its denoising at :data:`TEACHER_MARGIN`,
+``-k`` MNRL + 1.0 x DistillKLDivLoss / T² (T 0.05 on cosines: the pipeline's KL), ``-dk`` both."""
+RETRIEVAL_PEERS.update(dict.fromkeys(TEACHER_PEERS, 1))
 
 
 def st_mined(num_negatives: int) -> list[str]:
@@ -572,8 +590,13 @@ def last_json_line(output: str, what: str) -> dict[str, Any]:
     raise RuntimeError(f"{what} printed no JSON line:\n{tail(output)}")
 
 
-PEER_MINING = ("mined_anchors", "mining_rows_in", "mining_seconds", "mining_settings", "mining_corpus")
-"""What ``bench.st_mnrl_recipe --mine-hard-negatives`` adds to its JSON line, kept in the results."""
+PEER_MINING = (
+    "mined_anchors", "mining_rows_in", "mining_seconds", "mining_settings", "mining_corpus",
+    "teacher", "teacher_denoise_margin", "teacher_denoised", "teacher_depth", "teacher_seconds",
+    "distill", "distill_weight",
+)  # fmt: skip
+"""What ``bench.st_mnrl_recipe --mine-hard-negatives`` (and its teacher options) add to its
+JSON line, kept in the results."""
 
 
 def train_peer(task: Task, name: str, seed: int, extra: list[str]) -> tuple[dict[str, Any], float, Path]:
@@ -704,6 +727,7 @@ def run_retrieval_arm(task: Task, variant: str, seed: int | None, keep_dir: bool
     else:
         extra = ["--warmup-ratio", str(task.warmup_ratio), "--no-duplicates"]
         extra += st_mined(RETRIEVAL_PEERS[variant]) if RETRIEVAL_PEERS[variant] else []
+        extra += TEACHER_PEERS.get(variant, [])
         result, wall, run_dir = train_peer(task, name, seed, extra)
         record = {**peer_record(name, wall, result), **score_retrieval(task, result["model_dir"], name)}
     if not keep_dir:

@@ -17,7 +17,7 @@ from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.mining_metrics import mining_metrics, random_pairs
 from pipeline.mining.random_negatives import random_pool_negatives
 from pipeline.mining.refresh_report import RefreshReport
-from pipeline.mining.teacher_scores import TextsAt, denoised, teacher_scores
+from pipeline.mining.teacher_scores import TextsAt, scored_by_teacher
 from pipeline.mining.text_keys import KnownPositives
 from pipeline.model.teacher import Teacher
 
@@ -99,18 +99,11 @@ def refresh_pairs(
     scores, teacher_metrics = None, {}
     if teacher is not None:
         assert texts_at is not None
-        started = time.perf_counter()
-        scores = teacher_scores(
-            teacher, texts_at, anchors=triplets.anchor, positives=triplets.positive, negatives=negatives
-        )
-        dropped = 0
-        if settings.denoise_margin is not None:
-            negatives, scores, dropped = denoised(
-                negatives, scores, margin=settings.denoise_margin, mined=mined.negatives.shape[1],
-                keep=settings.keep_negatives or mined.negatives.shape[1],
-            )  # fmt: skip
-        teacher_metrics = {**teacher_summary(scores), "mining/teacher_denoised": float(dropped),
-                           "mining/teacher_s": time.perf_counter() - started}  # fmt: skip
+        negatives, scores, teacher_metrics = scored_by_teacher(
+            teacher, texts_at, anchors=triplets.anchor, positives=triplets.positive, negatives=negatives,
+            denoise_margin=settings.denoise_margin, mined=mined.negatives.shape[1],
+            keep=settings.keep_negatives or mined.negatives.shape[1], version=version,
+        )  # fmt: skip
     sample, partners = random_pairs(len(triplets), len(pool), settings.seed)
     random_similarities = texts.pair_scores(triplets.anchor[sample], pool[partners])
     metrics = {
@@ -134,19 +127,3 @@ def refresh_pairs(
     return RefreshReport(
         version, metrics, negatives=negatives, teacher_scores=scores, similarities=similarities
     )
-
-
-def teacher_summary(scores: np.ndarray) -> dict[str, float]:
-    """What a run charts of the teacher's ``(rows, 1 + m)`` scores: its mean score of the
-    positives and of the negatives, and the median of each row's margin (positive less its
-    highest-scored negative; rows without a negative left out)."""
-    negatives = scores[:, 1:]
-    present = ~np.isnan(negatives)
-    with_negative = present.any(axis=1)
-    hardest = np.where(present, negatives, -np.inf).max(axis=1, initial=-np.inf)
-    margins = (scores[:, 0] - hardest)[with_negative]
-    return {
-        "mining/teacher_positive_score": float(scores[:, 0].mean()),
-        "mining/teacher_negative_score": float(negatives[present].mean()) if present.any() else float("nan"),
-        "mining/teacher_margin_p50": float(np.median(margins)) if len(margins) else float("nan"),
-    }

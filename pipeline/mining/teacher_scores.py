@@ -10,6 +10,7 @@ travels with the negatives to the ranks (the distillation term of
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -85,3 +86,57 @@ def denoised(
         np.concatenate([scores[:, :1], kept_scores, scores[:, 1 + mined :]], axis=1).astype(np.float32),
         int(dropped.sum()),
     )
+
+
+def scored_by_teacher(
+    teacher: Teacher,
+    texts_at: TextsAt,
+    *,
+    anchors: np.ndarray,
+    positives: np.ndarray,
+    negatives: np.ndarray,
+    denoise_margin: float | None,
+    mined: int,
+    keep: int,
+    version: int,
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """A refresh's teacher step: :func:`teacher_scores` of the rows' negatives, then (with a
+    ``denoise_margin``) :func:`denoised`, keeping ``keep`` of the ``mined`` leading columns.
+
+    Returns:
+        ``(negatives, scores, metrics)``: the column (denoised), the teacher's scores beside it,
+        and the refresh table's ``mining/teacher_*`` rows (:func:`teacher_summary`, the drops,
+        the seconds). One line says what it did.
+    """
+    started = time.perf_counter()
+    scores = teacher_scores(teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives)
+    scored, dropped = int(np.isfinite(scores).sum()), 0
+    if denoise_margin is not None:
+        negatives, scores, dropped = denoised(
+            negatives, scores, margin=denoise_margin, mined=mined, keep=keep
+        )
+    seconds = time.perf_counter() - started
+    said = f", {dropped} negatives dropped as likely positives" if denoise_margin is not None else ""
+    print(f"[mining] v{version}: the teacher scored {scored} pairs in {seconds:.1f}s{said}", flush=True)
+    metrics = {
+        **teacher_summary(scores),
+        "mining/teacher_denoised": float(dropped),
+        "mining/teacher_s": seconds,
+    }
+    return negatives, scores, metrics
+
+
+def teacher_summary(scores: np.ndarray) -> dict[str, float]:
+    """What a run charts of the teacher's ``(rows, 1 + m)`` scores: its mean score of the
+    positives and of the negatives, and the median of each row's margin (positive less its
+    highest-scored negative; rows without a negative left out)."""
+    negatives = scores[:, 1:]
+    present = ~np.isnan(negatives)
+    with_negative = present.any(axis=1)
+    hardest = np.where(present, negatives, -np.inf).max(axis=1, initial=-np.inf)
+    margins = (scores[:, 0] - hardest)[with_negative]
+    return {
+        "mining/teacher_positive_score": float(scores[:, 0].mean()),
+        "mining/teacher_negative_score": float(negatives[present].mean()) if present.any() else float("nan"),
+        "mining/teacher_margin_p50": float(np.median(margins)) if len(margins) else float("nan"),
+    }
