@@ -42,18 +42,36 @@ def draw_negatives(
         raise ValueError(f"cannot draw {keep} of {mined} mined negatives from a column of {column.shape[1]}")
     if keep == mined:
         return column, teacher_scores
-    head = column[:, :mined]
-    order, taken = uniform_draw(head >= 0, keep, np.random.default_rng([seed, DRAW_STREAM]))
+    order, taken = uniform_draw(column[:, :mined] >= 0, keep, np.random.default_rng([seed, DRAW_STREAM]))
     # Back in mined order (nearest first); a slot drawn from the absent ones sorts last, as -1.
     order = np.sort(np.where(taken, order, mined), axis=1)
-    drawn = order < mined
-    slots = np.minimum(order, mined - 1)
-    negatives = np.concatenate(
-        [np.where(drawn, np.take_along_axis(head, slots, axis=1), -1), column[:, mined:]], axis=1
-    )
+    return take_mined(column, teacher_scores, np.minimum(order, mined - 1), order < mined, mined=mined)
+
+
+def take_mined(
+    column: np.ndarray, teacher_scores: np.ndarray | None, slots: np.ndarray, taken: np.ndarray, *, mined: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each row's mined negatives at ``slots`` where ``taken``, then its extra columns as they are,
+    with the teacher's scores of the same slots beside them: what an epoch's draw
+    (:func:`draw_negatives`) and the teacher's denoising
+    (:func:`~pipeline.mining.teacher_scores.denoised`) keep of a column.
+
+    Args:
+        column: ``(rows, mined + extra)`` text positions, -1 where absent.
+        teacher_scores: ``(rows, 1 + mined + extra)``, the positive's first; None: none.
+        slots: ``(rows, j)`` column indices below ``mined``.
+        taken: ``(rows, j)`` bool, False where a slot is to be left empty.
+        mined: how many leading columns were mined.
+
+    Returns:
+        ``(rows, j + extra)`` positions, -1 where not taken; and ``(rows, 1 + j + extra)``
+        float32 scores, NaN where not taken (None without scores).
+    """
+    head = np.where(taken, np.take_along_axis(column[:, :mined], slots, axis=1), -1)
+    negatives = np.concatenate([head, column[:, mined:]], axis=1)
     if teacher_scores is None:
         return negatives, None
-    scored = np.where(drawn, np.take_along_axis(teacher_scores[:, 1 : 1 + mined], slots, axis=1), np.nan)
+    scored = np.where(taken, np.take_along_axis(teacher_scores[:, 1 : 1 + mined], slots, axis=1), np.nan)
     scores = np.concatenate([teacher_scores[:, :1], scored, teacher_scores[:, 1 + mined :]], axis=1)
     return negatives, scores.astype(np.float32)
 

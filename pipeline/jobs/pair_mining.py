@@ -191,13 +191,12 @@ def _complete_rows(
     for j in range(negatives.shape[1]):
         columns[f"negative_{j + 1}"] = strings.take(negatives[complete, j])
     if teacher_scores is not None:
-        scores = teacher_scores[complete].astype(np.float32)
-        n = negatives.shape[1]
+        scores = teacher_scores[complete].astype(np.float32)  # (rows, 1 + n): the positive's first
 
         def lists(values: np.ndarray) -> pa.Array:
             return pa.FixedSizeListArray.from_arrays(pa.array(values.ravel(), pa.float32()), values.shape[1])
 
-        columns["label"] = lists(scores[:, :1] - scores[:, 1 : 1 + n])
+        columns["label"] = lists(scores[:, :1] - scores[:, 1:])
         columns["pos_scores"] = lists(scores[:, :1])
-        columns["neg_scores"] = lists(scores[:, 1 : 1 + n])
+        columns["neg_scores"] = lists(scores[:, 1:])
     return pa.table(columns)

@@ -236,9 +236,8 @@ def put_inputs(
         retrieval_ref = ray.put(retrieval_set)
         echo(f"[eval] retrieval {retrieval_set.describe()}: {retrieval_set.num_sentences} texts, {when}")
     texts = teacher_ref = None
-    teacher = cfg.mining.teacher.model
-    if teacher is not None and cfg.mines:
+    if cfg.mining.teacher.model is not None and cfg.mines:
         texts = data.texts
-        if Path(teacher).expanduser().is_dir():
-            teacher_ref = ray.put(pack_dir(Path(teacher).expanduser()))
+        if (teacher := Path(cfg.mining.teacher.model).expanduser()).is_dir():
+            teacher_ref = ray.put(pack_dir(teacher))
     return InputRefs(inputs.corpus, model_ref, triplets_ref, eval_ref, retrieval_ref, texts, teacher_ref)

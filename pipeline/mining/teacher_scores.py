@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pipeline.batching.negative_draw import take_mined
 from pipeline.model.teacher import Teacher
 
 TextsAt = Callable[[np.ndarray], list[str]]
@@ -73,19 +74,16 @@ def denoised(
         extra)``, each row's surviving mined negatives moved to the front in their order, -1
         and NaN behind them; and how many negatives were dropped.
     """
-    head, head_scores = negatives[:, :mined], scores[:, 1 : 1 + mined]
-    dropped = (head >= 0) & (head_scores >= scores[:, :1] - margin)
-    alive = (head >= 0) & ~dropped
+    present = negatives[:, :mined] >= 0
+    dropped = present & (scores[:, 1 : 1 + mined] >= scores[:, :1] - margin)
+    alive = present & ~dropped
     # A stable sort of "not alive" moves the survivors to the front in their mined order.
     order = np.argsort(~alive, axis=1, kind="stable")[:, :keep]
-    taken = np.take_along_axis(alive, order, axis=1)
-    kept = np.where(taken, np.take_along_axis(head, order, axis=1), -1)
-    kept_scores = np.where(taken, np.take_along_axis(head_scores, order, axis=1), np.nan)
-    return (
-        np.concatenate([kept, negatives[:, mined:]], axis=1),
-        np.concatenate([scores[:, :1], kept_scores, scores[:, 1 + mined :]], axis=1).astype(np.float32),
-        int(dropped.sum()),
+    kept, kept_scores = take_mined(
+        negatives, scores, order, np.take_along_axis(alive, order, axis=1), mined=mined
     )
+    assert kept_scores is not None
+    return kept, kept_scores, int(dropped.sum())
 
 
 def scored_by_teacher(
