@@ -279,8 +279,8 @@ def unexpected_alarming_lines(text: str, killed_pids: tuple[int, ...] = ()) -> l
     longer causes; a busy machine sometimes makes a pooled Ray worker report an RPC meant
     for the worker process before it, which it ignores; and Ray 2.60 sometimes aborts a pooled
     worker that it is ending for being idle (a corrupt mutex in its shutdown, after its tasks
-    are done), whose fatal-signal report is accepted only where that worker's own Ray log shows
-    the idle exit (:func:`idle_exit_aborts`). Where a test killed a process, the raylet's one
+    are done, with SIGABRT or SIGSEGV), whose fatal-signal report is accepted only where that
+    worker's own Ray log shows the signal after the idle exit (:func:`idle_exit_aborts`). Where a test killed a process, the raylet's one
     report of that death (naming its pid) is expected, and so is its note that a reply to the
     dead worker found the connection reset."""
     alarming = [line for line in text.splitlines() if " E " in line or "ERROR" in line or "Traceback" in line]
@@ -316,7 +316,7 @@ _WORKER_LOG = re.compile(r"python-core-worker-\w+_(\d+)\.log")
 def idle_exit_aborts(lines: list[str], roots: tuple[Path, ...] = (Path("/tmp"),)) -> set[int]:
     """The pids among ``lines``' fatal-signal reports whose Ray worker log (any Ray session's
     ``python-core-worker-*_<pid>.log`` under ``roots``) shows it was ending as an idle pooled
-    worker when it aborted: Ray's own shutdown crash, not a task's. A report whose log cannot be
+    worker when it crashed: Ray's own shutdown crash, not a task's. A report whose log cannot be
     found stays alarming."""
     pids = {pid for pid in map(fatal_signal_pid, lines) if pid is not None}
     if not pids:
@@ -332,9 +332,17 @@ def idle_exit_aborts(lines: list[str], roots: tuple[Path, ...] = (Path("/tmp"),)
                 named = _WORKER_LOG.fullmatch(name)
                 if named and int(named[1]) in pids - found:
                     log = (Path(folder) / name).read_text(errors="replace")
-                    if "Worker exited because it was idle" in log and "SIGABRT received" in log:
+                    if _FATAL_AFTER_IDLE_EXIT.search(log):
                         found.add(int(named[1]))
     return found
+
+
+_FATAL_AFTER_IDLE_EXIT = re.compile(
+    r"Worker exited because it was idle.*\*\*\* SIG(ABRT|SEGV) received", re.DOTALL
+)
+"""Ray 2.60's shutdown crash of an idle pooled worker, after its exit began: an abort on a corrupt
+mutex, or (2026-12-02, CI) a segfault of its metrics harvester thread on a mutex already
+destroyed, after "Core worker is destructed". Any signal before the idle exit is a task's."""
 
 
 def assert_no_alarming_lines(proc: subprocess.CompletedProcess, killed_pids: tuple[int, ...] = ()) -> None:

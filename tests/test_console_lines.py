@@ -1,6 +1,6 @@
 """The suite's check of a job's console (``conftest.unexpected_alarming_lines``): Ray 2.60's
-abort of a pooled worker it ends for being idle is accepted only where that worker's own Ray
-log shows the idle exit."""
+crash of a pooled worker it ends for being idle is accepted only where that worker's own Ray
+log shows the crash after the idle exit."""
 
 from __future__ import annotations
 
@@ -31,3 +31,17 @@ def test_an_aborted_worker_counts_as_ray_s_idle_exit_crash_only_where_its_log_sh
     # A task name with parentheses of its own (Ray Data's shuffle): the same worker found.
     named = ABORT.replace("get_table_block_metadata_schema", "SortShuffleMap(partitions=1)").format(pid=17907)
     assert idle_exit_aborts([named], roots=(tmp_path,)) == {17907}
+
+
+def test_a_segfault_counts_only_after_the_idle_exit(tmp_path):
+    """Ray's metrics harvester thread segfaults on a mutex the ending worker already destroyed
+    (seen in CI, 2026-12-02); the same signal before the idle exit is a task's crash."""
+    idle_exit = (
+        "core_worker_shutdown_executor.cc:280: Executing handle exit: INTENDED_SYSTEM_EXIT - Worker exited "
+        "because it was idle for a long time (timeout: -1ms)\n"
+    )
+    segfault = "logging.cc:474: *** SIGSEGV received at time=1796212906 on cpu 1 ***\n"
+    _worker_log(tmp_path, 17935, idle_exit + "core_worker.cc:688: Core worker is destructed\n" + segfault)
+    _worker_log(tmp_path, 17936, segfault + idle_exit)
+    lines = [ABORT.replace("SIGABRT", "SIGSEGV").format(pid=pid) for pid in (17935, 17936)]
+    assert idle_exit_aborts(lines, roots=(tmp_path,)) == {17935}
