@@ -29,7 +29,7 @@ def teacher_scores(
     anchors: np.ndarray,
     positives: np.ndarray,
     negatives: np.ndarray,
-) -> np.ndarray:
+) -> tuple[np.ndarray, int]:
     """The teacher's score of every (anchor, candidate) pair of the rows.
 
     Args:
@@ -39,21 +39,97 @@ def teacher_scores(
         negatives: ``(rows, m)`` corpus positions, -1 where absent.
 
     Returns:
-        ``(rows, 1 + m)`` float32: column 0 the positive's score, then each negative's; NaN
-        where the negative is absent. A pair that occurs in several rows is scored once, and
-        each distinct text is read once.
+        ``(scores, pairs)``: ``(rows, 1 + m)`` float32, column 0 the positive's score, then each
+        negative's, NaN where the negative is absent; and how many distinct pairs the teacher
+        scored. A pair that occurs in several rows is scored once, and each distinct text is
+        read once.
     """
-    candidates = np.concatenate([positives[:, None], negatives], axis=1).astype(np.int64)
-    present = candidates >= 0
-    left = np.broadcast_to(anchors[:, None], candidates.shape)[present].astype(np.int64)
-    right = candidates[present]
+    candidates = _candidates(positives, negatives)
+    out = np.full(candidates.shape, np.nan, dtype=np.float32)
+    pairs = _score_cells(
+        teacher, texts_at, anchors=anchors, candidates=candidates, asked=candidates >= 0, into=out
+    )
+    return out, pairs
+
+
+def _candidates(positives: np.ndarray, negatives: np.ndarray) -> np.ndarray:
+    """``(rows, 1 + m)`` int64: each row's positive, then its negatives."""
+    return np.concatenate([positives[:, None], negatives], axis=1).astype(np.int64)
+
+
+def _score_cells(
+    teacher: Teacher,
+    texts_at: TextsAt,
+    *,
+    anchors: np.ndarray,
+    candidates: np.ndarray,
+    asked: np.ndarray,
+    into: np.ndarray,
+) -> int:
+    """Write the teacher's score of the pairs (``anchors[i]``, ``candidates[i, j]``) where
+    ``asked`` into ``into``; each distinct pair scored once, each distinct text read once.
+    Returns how many pairs the teacher scored."""
+    if not asked.any():
+        return 0
+    left = np.broadcast_to(anchors[:, None], candidates.shape)[asked].astype(np.int64)
+    right = candidates[asked]
     base = int(max(left.max(initial=0), right.max(initial=0))) + 1
     pairs, at = np.unique(left * base + right, return_inverse=True)
     positions, index = np.unique(np.concatenate([pairs // base, pairs % base]), return_inverse=True)
     scored = teacher.score_indexed(texts_at(positions), index[: len(pairs)], index[len(pairs) :])
-    out = np.full(candidates.shape, np.nan, dtype=np.float32)
-    out[present] = scored[at.reshape(-1)]
-    return out
+    into[asked] = scored[at.reshape(-1)]
+    return len(pairs)
+
+
+def denoised_in_steps(
+    teacher: Teacher,
+    texts_at: TextsAt,
+    *,
+    anchors: np.ndarray,
+    positives: np.ndarray,
+    negatives: np.ndarray,
+    margin: float,
+    mined: int,
+    keep: int,
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """:func:`teacher_scores` then :func:`denoised`, scoring no deeper than each row needs.
+
+    The teacher first scores each row's positive, its extra (random) negatives and its first
+    ``keep`` mined ones; a row with fewer than ``keep`` survivors then has its next mined
+    negatives scored, as many as it lacks, until it has ``keep`` or its window is spent. The
+    negatives kept and their scores equal those of scoring the whole window first; a window
+    scored to its end costs as much as before, but a teacher that drops few (0.2% of the
+    Twitter URL window, docs/results.md) reads about a third of the texts the whole window holds.
+
+    Returns:
+        :func:`denoised`'s ``(negatives, scores, dropped)``, and the pairs the teacher scored.
+    """
+    candidates = _candidates(positives, negatives)
+    present = candidates >= 0
+    scores = np.full(candidates.shape, np.nan, dtype=np.float32)
+    asked = present.copy()
+    asked[:, 1 + keep : 1 + mined] = False  # the positive, the extras and the first keep mined
+    window = np.arange(mined)[None, :]
+    scored_to = np.full(len(candidates), min(keep, mined))  # mined columns asked so far, per row
+    pairs = 0
+    while True:
+        pairs += _score_cells(
+            teacher, texts_at, anchors=anchors, candidates=candidates, asked=asked, into=scores
+        )
+        # Unscored and absent negatives are NaN, which no comparison counts as a survivor.
+        survivors = (scores[:, 1 : 1 + mined] < scores[:, :1] - margin).sum(axis=1)
+        lacking = np.where(scored_to < mined, np.maximum(keep - survivors, 0), 0)
+        if not lacking.any():
+            break
+        asked = np.zeros_like(present)
+        asked[:, 1 : 1 + mined] = (
+            (window >= scored_to[:, None])
+            & (window < (scored_to + lacking)[:, None])
+            & present[:, 1 : 1 + mined]
+        )
+        scored_to = np.minimum(scored_to + lacking, mined)
+    kept, kept_scores, dropped = denoised(negatives, scores, margin=margin, mined=mined, keep=keep)
+    return kept, kept_scores, dropped, pairs
 
 
 def denoised(
@@ -64,7 +140,8 @@ def denoised(
     Args:
         negatives: ``(rows, mined + extra)`` corpus positions, -1 where absent: ``mined``
             mined ones, nearest first, then any extra (random) ones, which are kept as they are.
-        scores: ``(rows, 1 + mined + extra)`` :func:`teacher_scores` of them.
+        scores: ``(rows, 1 + mined + extra)`` :func:`teacher_scores` of them; a mined negative
+            left unscored (NaN) is not kept.
         margin: a negative within this of the positive's teacher score is a likely positive.
         mined: how many leading columns were mined.
         keep: mined negatives kept a row after the drop (the nearest survivors), at most ``mined``.
@@ -74,9 +151,9 @@ def denoised(
         extra)``, each row's surviving mined negatives moved to the front in their order, -1
         and NaN behind them; and how many negatives were dropped.
     """
-    present = negatives[:, :mined] >= 0
-    dropped = present & (scores[:, 1 : 1 + mined] >= scores[:, :1] - margin)
-    alive = present & ~dropped
+    scored = ~np.isnan(scores[:, 1 : 1 + mined])  # present, and scored (denoised_in_steps)
+    dropped = scored & (scores[:, 1 : 1 + mined] >= scores[:, :1] - margin)
+    alive = scored & ~dropped
     # A stable sort of "not alive" moves the survivors to the front in their mined order.
     order = np.argsort(~alive, axis=1, kind="stable")[:, :keep]
     kept, kept_scores = take_mined(
@@ -98,8 +175,9 @@ def scored_by_teacher(
     keep: int,
     version: int,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-    """A refresh's teacher step: :func:`teacher_scores` of the rows' negatives, then (with a
-    ``denoise_margin``) :func:`denoised`, keeping ``keep`` of the ``mined`` leading columns.
+    """A refresh's teacher step: :func:`teacher_scores` of the rows' negatives or, with a
+    ``denoise_margin``, :func:`denoised_in_steps`, keeping ``keep`` of the ``mined`` leading
+    columns.
 
     Returns:
         ``(negatives, scores, metrics)``: the column (denoised), the teacher's scores beside it,
@@ -107,15 +185,21 @@ def scored_by_teacher(
         the seconds). One line says what it did.
     """
     started = time.perf_counter()
-    scores = teacher_scores(teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives)
-    scored, dropped = int(np.isfinite(scores).sum()), 0
-    if denoise_margin is not None:
-        negatives, scores, dropped = denoised(
-            negatives, scores, margin=denoise_margin, mined=mined, keep=keep
+    if denoise_margin is None:
+        scores, pairs = teacher_scores(
+            teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives
         )
+        dropped = 0
+    else:
+        negatives, scores, dropped, pairs = denoised_in_steps(
+            teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives,
+            margin=denoise_margin, mined=mined, keep=keep,
+        )  # fmt: skip
     seconds = time.perf_counter() - started
     said = f", {dropped} negatives dropped as likely positives" if denoise_margin is not None else ""
-    print(f"[mining] v{version}: the teacher scored {scored} pairs in {seconds:.1f}s{said}", flush=True)
+    print(
+        f"[mining] v{version}: the teacher scored {pairs} distinct pairs in {seconds:.1f}s{said}", flush=True
+    )
     metrics = {
         **teacher_summary(scores),
         "mining/teacher_denoised": float(dropped),

@@ -63,9 +63,9 @@ def mining_dtype(device: torch.device) -> str:
     return "bf16" if encodes_bf16(device) else "fp32"
 
 
-def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """Encoding's autocast, bf16 where :func:`encodes_bf16`, fp32 elsewhere."""
-    enabled = encodes_bf16(device)
+def autocast(device: torch.device, bf16: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+    """Encoding's autocast: bf16 where ``bf16``, by default where :func:`encodes_bf16`."""
+    enabled = encodes_bf16(device) if bf16 is None else bf16
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
 
 

@@ -53,6 +53,8 @@ def encode_rows(
     batch_size: int,
     device: torch.device,
     normalize: bool = True,
+    *,
+    bf16: bool | None = None,
 ) -> np.ndarray:
     """Float32 embeddings of corpus rows, in the order of ``rows``: L2-normalised, or the raw
     pooled output with ``normalize=False`` (what whitening is fitted on and export matches).
@@ -68,6 +70,8 @@ def encode_rows(
         batch_size: rows per forward pass.
         device: where the model is.
         normalize: L2-normalise the embeddings.
+        bf16: encode under bf16 autocast; None: where
+            :func:`~pipeline.model.accel.encodes_bf16` (the teacher chooses its own).
 
     Returns:
         ``(n, hidden_size)`` float32 embeddings, row ``i`` for ``rows[i]``.
@@ -79,28 +83,12 @@ def encode_rows(
     for start in range(0, len(rows), batch_size):
         chunk = order[start : start + batch_size]
         input_ids, mask = corpus.batch(rows[chunk])
-        with autocast(device):
+        with autocast(device, bf16):
             emb = model(to_device(input_ids, device), to_device(mask, device), train_head=False)
         emb = emb.float()
         out[chunk] = (torch.nn.functional.normalize(emb, dim=-1) if normalize else emb).cpu().numpy()
     model.train(was_training)
     return out
-
-
-def _encode_table(
-    model: SentenceEncoder,
-    table: Any,
-    pad_token_id: int,
-    batch_size: int,
-    device: torch.device,
-    normalize: bool = True,
-) -> np.ndarray:
-    """:func:`encode_rows` of every row of an Arrow table with an ``input_ids`` column, in
-    the table's order."""
-
-    corpus = TokenizedCorpus(table, pad_token_id)
-    rows = np.arange(table.num_rows)
-    return encode_rows(model, corpus, rows, batch_size, device, normalize)
 
 
 def encode_texts(
@@ -111,12 +99,14 @@ def encode_texts(
     batch_size: int,
     device: torch.device,
     normalize: bool = True,
+    *,
+    bf16: bool | None = None,
 ) -> np.ndarray:
     """Embeddings of raw texts (tokenized here, truncated to ``max_seq_len``, then
-    :func:`encode_rows`); row ``i`` for ``texts[i]``."""
+    :func:`encode_rows`, ``bf16`` as there); row ``i`` for ``texts[i]``."""
     table = tokenize_table(pa.table({"text": texts}), tokenizer, max_seq_len)
-    pad = tokenizer.pad_token_id
-    return _encode_table(model, table, pad, batch_size, device, normalize)
+    corpus = TokenizedCorpus(table, tokenizer.pad_token_id)
+    return encode_rows(model, corpus, np.arange(table.num_rows), batch_size, device, normalize, bf16=bf16)
 
 
 def sharded_encode(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.mining.teacher_scores import denoised, teacher_scores
+from pipeline.mining.teacher_scores import denoised, denoised_in_steps, teacher_scores
 from pipeline.model.teacher import Teacher, TeacherSettings
 
 TEXTS = [
@@ -25,7 +25,10 @@ def test_the_column_is_the_teachers_score_of_each_pair_and_nan_where_a_slot_is_e
     anchors = np.array([0, 1, 0, 7])  # anchor 0 twice: its pair with 3 is scored once
     positives = np.array([3, 2, 3, 8])
     negatives = np.array([[5, 6], [-1, -1], [5, 9], [10, -1]])
-    column = teacher_scores(teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives)
+    column, pairs = teacher_scores(
+        teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives
+    )
+    assert pairs == 7  # (0, 3) and (0, 5) once each, (0, 6), (0, 9), (1, 2), (7, 8), (7, 10)
     assert column.shape == (4, 3) and column.dtype == np.float32
     # Each distinct text is fetched once, in one call.
     (positions,) = asked
@@ -66,3 +69,39 @@ def test_denoising_drops_what_the_teacher_scores_near_the_positive_and_refills_f
         assert kept[i, 3] == negatives[i, mined] and kept_scores[i, 0] == scores[i, 0]
         np.testing.assert_array_equal(kept_scores[i, 4], scores[i, 1 + mined])
     assert dropped == total > 0
+
+
+def test_scoring_in_steps_keeps_what_scoring_the_whole_window_keeps_and_scores_fewer_pairs(tiny_model_dir):
+    teacher = Teacher(TeacherSettings(str(tiny_model_dir), max_seq_len=16, batch_size=4), device="cpu")
+    rng = np.random.default_rng(1)
+    rows, mined, keep = 60, 8, 2
+    anchors, positives = rng.integers(0, len(TEXTS), rows), rng.integers(0, len(TEXTS), rows)
+    negatives = rng.integers(0, len(TEXTS), size=(rows, mined + 1))  # 8 mined, then a random one
+    negatives[rng.random(negatives.shape) < 0.15] = -1
+
+    def texts_at(positions: np.ndarray) -> list[str]:
+        return [TEXTS[p] for p in positions]
+
+    whole, whole_pairs = teacher_scores(
+        teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives
+    )
+    # A margin that drops about a third of the mined negatives, far from any row's gap.
+    gaps = np.unique((whole[:, :1] - whole[:, 1 : 1 + mined])[negatives[:, :mined] >= 0])
+    lo = len(gaps) // 4
+    widest = lo + int(np.argmax(np.diff(gaps[lo : len(gaps) // 2 + 1])))
+    margin = float(gaps[widest] + gaps[widest + 1]) / 2
+    expected, expected_scores, dropped_in_window = denoised(
+        negatives, whole, margin=margin, mined=mined, keep=keep
+    )
+    kept, kept_scores, dropped, pairs = denoised_in_steps(
+        teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives,
+        margin=margin, mined=mined, keep=keep,
+    )  # fmt: skip
+    np.testing.assert_array_equal(kept, expected)
+    np.testing.assert_allclose(kept_scores, expected_scores, atol=1e-5)
+    # Some rows were refilled from deeper ranks (a step past their first two), and the window's
+    # tail of the rows that needed none was never scored.
+    first = whole[:, 1 : 1 + keep]
+    refilled = ((first >= whole[:, :1] - margin).any(axis=1) & (kept[:, :keep] >= 0).all(axis=1)).sum()
+    assert refilled > 0 and 0 < dropped < dropped_in_window
+    assert pairs < whole_pairs
