@@ -98,8 +98,9 @@ def denoised_in_steps(
     ``keep`` mined ones; a row with fewer than ``keep`` survivors then has its next mined
     negatives scored, as many as it lacks, until it has ``keep`` or its window is spent. The
     negatives kept and their scores equal those of scoring the whole window first; a window
-    scored to its end costs as much as before, but a teacher that drops few (0.2% of the
-    Twitter URL window, docs/results.md) reads about a third of the texts the whole window holds.
+    scored to its end costs as much as before, but a teacher that drops few scores far fewer
+    pairs: on the Twitter URL recipe (k = 1, 64-deep windows) 12,140 distinct pairs instead of
+    417,556, 186 s instead of about 600 s with bf16 alone (docs/results.md).
 
     Returns:
         :func:`denoised`'s ``(negatives, scores, dropped)``, and the pairs the teacher scored.
