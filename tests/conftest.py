@@ -280,9 +280,9 @@ def unexpected_alarming_lines(text: str, killed_pids: tuple[int, ...] = ()) -> l
     for the worker process before it, which it ignores; and Ray 2.60 sometimes aborts a pooled
     worker that it is ending for being idle (a corrupt mutex in its shutdown, after its tasks
     are done, with SIGABRT or SIGSEGV), whose fatal-signal report is accepted only where that
-    worker's own Ray log shows the signal after the idle exit (:func:`idle_exit_aborts`). Where a test killed a process, the raylet's one
-    report of that death (naming its pid) is expected, and so is its note that a reply to the
-    dead worker found the connection reset."""
+    worker's own Ray log shows the signal after the idle exit (:func:`idle_exit_aborts`). Where
+    a test killed a process, the raylet's one report of that death (naming its pid) is
+    expected, and so is its note that a reply to the dead worker found the connection reset."""
     alarming = [line for line in text.splitlines() if " E " in line or "ERROR" in line or "Traceback" in line]
     reported = [f"Worker PID: {pid} " for pid in killed_pids]
     idle_aborts = idle_exit_aborts(alarming)

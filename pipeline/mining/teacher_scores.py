@@ -109,26 +109,23 @@ def denoised_in_steps(
     present = candidates >= 0
     scores = np.full(candidates.shape, np.nan, dtype=np.float32)
     asked = present.copy()
-    asked[:, 1 + keep : 1 + mined] = False  # the positive, the extras and the first keep mined
+    asked[:, 1 : 1 + mined] = False  # the positive and the extras, then each step's band below
     window = np.arange(mined)[None, :]
-    scored_to = np.full(len(candidates), min(keep, mined))  # mined columns asked so far, per row
+    scored_to = np.zeros(len(candidates), dtype=np.int64)  # mined columns asked so far, per row
+    lacking = np.full(len(candidates), keep)
     pairs = 0
-    while True:
+    while True:  # at least once: the positive and the extras are scored whatever ``keep`` is
+        band = (window >= scored_to[:, None]) & (window < (scored_to + lacking)[:, None])
+        asked[:, 1 : 1 + mined] = band & present[:, 1 : 1 + mined]
+        scored_to = np.minimum(scored_to + lacking, mined)
         pairs += _score_cells(
             teacher, texts_at, anchors=anchors, candidates=candidates, asked=asked, into=scores
         )
-        # Unscored and absent negatives are NaN, which no comparison counts as a survivor.
-        survivors = (scores[:, 1 : 1 + mined] < scores[:, :1] - margin).sum(axis=1)
+        asked[:] = False
+        survivors = _survivors(scores, margin=margin, mined=mined)[0].sum(axis=1)
         lacking = np.where(scored_to < mined, np.maximum(keep - survivors, 0), 0)
         if not lacking.any():
             break
-        asked = np.zeros_like(present)
-        asked[:, 1 : 1 + mined] = (
-            (window >= scored_to[:, None])
-            & (window < (scored_to + lacking)[:, None])
-            & present[:, 1 : 1 + mined]
-        )
-        scored_to = np.minimum(scored_to + lacking, mined)
     kept, kept_scores, dropped = denoised(negatives, scores, margin=margin, mined=mined, keep=keep)
     return kept, kept_scores, dropped, pairs
 
@@ -152,9 +149,7 @@ def denoised(
         extra)``, each row's surviving mined negatives moved to the front in their order, -1
         and NaN behind them; and how many negatives were dropped.
     """
-    scored = ~np.isnan(scores[:, 1 : 1 + mined])  # present, and scored (denoised_in_steps)
-    dropped = scored & (scores[:, 1 : 1 + mined] >= scores[:, :1] - margin)
-    alive = scored & ~dropped
+    alive, dropped = _survivors(scores, margin=margin, mined=mined)
     # A stable sort of "not alive" moves the survivors to the front in their mined order.
     order = np.argsort(~alive, axis=1, kind="stable")[:, :keep]
     kept, kept_scores = take_mined(
@@ -162,6 +157,16 @@ def denoised(
     )
     assert kept_scores is not None
     return kept, kept_scores, int(dropped.sum())
+
+
+def _survivors(scores: np.ndarray, *, margin: float, mined: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(alive, dropped)``, ``(rows, mined)`` bool: the scored mined negatives below the
+    positive's score less ``margin``, and those at or above it. An absent or unscored one
+    (NaN, :func:`denoised_in_steps`) is neither."""
+    head = scores[:, 1 : 1 + mined]
+    scored = ~np.isnan(head)
+    dropped = scored & (head >= scores[:, :1] - margin)
+    return scored & ~dropped, dropped
 
 
 def scored_by_teacher(
