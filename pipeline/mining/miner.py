@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,8 +33,7 @@ from pipeline.mining.refresh_log import RefreshLog
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import dense_keys
 from pipeline.model.accel import compute_device, mining_dtype
-from pipeline.model.folders import quiet_libraries, unpack_dir
-from pipeline.model.teacher import Teacher, TeacherSettings
+from pipeline.model.folders import quiet_libraries
 from pipeline.tracking.metric_logger import MetricLogger
 from pipeline.training.plan_source import write_mined
 
@@ -60,9 +58,10 @@ class HardNegativeMiner:
         triplets: the pairs task's rows over the corpus' texts; None: the corpus task.
         texts: the distinct texts, which a teacher (``settings.teacher``) reads with its own
             tokenizer; None without one.
-        teacher_blob: the teacher's packed folder (:func:`pipeline.model.folders.pack_dir`),
-            where the driver packed a local one; None: ``settings.teacher.model`` is read here
-            (a folder of this node, or a hub name fetched here).
+        teacher_blob: the teacher's packed folder (:func:`pipeline.model.folders.pack_dir`), or
+            its object ref, where the driver packed a local one; None: ``settings.teacher.model``
+            is read where the shards run (a folder of their node, or a hub name fetched there).
+            The teacher scores where the shards encode (:meth:`MinerShards.score_indexed`).
     """
 
     def __init__(
@@ -72,27 +71,25 @@ class HardNegativeMiner:
         settings: MinerSettings,
         triplets: Triplets | None = None,
         texts: DistinctTexts | None = None,
-        teacher_blob: bytes | None = None,
+        teacher_blob: Any = None,
     ):
         quiet_libraries()
         keys, _ = block_columns(blocks.refs, ["text_key"], num_cpus=0)
         pool = triplets.candidate_pool() if triplets is not None else None
+        teacher = settings.teacher if triplets is not None else None
+        assert teacher is None or texts is not None, (
+            "a teacher reads the texts: give the miner the DistinctTexts"
+        )
         self.shards = MinerShards.start(
             blocks, model_blob, pooler=settings.pooler, candidates=pool, shards=settings.shards,
-            search=settings.search, actor_options=shard_actor_options(settings),
+            search=settings.search, actor_options=shard_actor_options(settings), teacher=teacher,
+            teacher_blob=teacher_blob,
         )  # fmt: skip
         self.settings = settings
         self.triplets = triplets
         self.text_keys = dense_keys(keys.column("text_key").to_numpy())
         self.texts = texts
-        self.teacher = None
-        if settings.teacher is not None and triplets is not None:
-            assert texts is not None, "a teacher reads the texts: give the miner the DistinctTexts"
-            teacher = settings.teacher
-            if teacher_blob is not None:
-                teacher = dataclasses.replace(teacher, model=str(unpack_dir(teacher_blob)))
-            device = compute_device(use_gpu=settings.use_gpu).type
-            self.teacher = Teacher(local_teacher(teacher), device=device)
+        self.teacher = self.shards if teacher is not None else None
         self.previous: RefreshReport | None = None
         """The last refresh's result: the next refresh's churn is measured against it."""
         self.log: RefreshLog | None = None
@@ -168,20 +165,3 @@ class HardNegativeMiner:
         return dataclasses.replace(
             report, plan=None, negatives=None, teacher_scores=None, mined=uri, similarities={}
         )
-
-
-def local_teacher(settings: TeacherSettings) -> TeacherSettings:
-    """The teacher with its model as a folder on this node: a folder as it is, a hub name
-    fetched here (the miner may sit on any node)."""
-    if Path(settings.model).expanduser().is_dir():
-        return settings
-    from huggingface_hub import snapshot_download
-
-    try:
-        folder = snapshot_download(settings.model)
-    except Exception as exc:  # noqa: BLE001 - any failure to fetch is the one line below
-        raise ValueError(
-            f"mining.teacher.model: {settings.model!r} is neither a model folder on this node nor a "
-            f"reachable hub model ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-        ) from None
-    return dataclasses.replace(settings, model=folder)

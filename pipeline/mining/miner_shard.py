@@ -28,6 +28,7 @@ from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
 from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.model.teacher import Teacher, TeacherSettings, load_teacher
 
 ASSIGN_CHUNK_ROWS = 65_536
 """Vectors assigned to their nearest centroid at once (:meth:`MinerShard.nearest_cells`)."""
@@ -70,6 +71,10 @@ class MinerShard:
         pooler: ``model.pooler``.
         span: the texts it holds and the candidates it indexes.
         search: the index kind and device (``mining.index``, ``mining.num_gpus``).
+        teacher: the pairs task's teacher (``mining.teacher``), loaded here on this shard's
+            device; None: none.
+        teacher_blob: the teacher's folder as the driver packed it; None: ``teacher.model`` is
+            read on this shard's node (:func:`~pipeline.model.teacher.load_teacher`).
     """
 
     def __init__(
@@ -80,6 +85,8 @@ class MinerShard:
         pooler: str,
         span: ShardRange,
         search: SearchSettings,
+        teacher: TeacherSettings | None = None,
+        teacher_blob: bytes | None = None,
     ):
         import ray  # deferred: the lengths travel as an object ref
 
@@ -99,6 +106,9 @@ class MinerShard:
         self.sample: tuple[int, np.ndarray, np.ndarray] | None = None
         """The refresh's seed, and this shard's rows of the shared IVF sample and their vectors,
         from :meth:`encode_sample` until :meth:`encode` adds them to its index."""
+        self.teacher: Teacher | None = None
+        if teacher is not None:
+            self.teacher = load_teacher(teacher, blob=teacher_blob, device=self.device.type)
 
     def ready(self) -> int:
         """This shard's process id: answering proves it was placed and took its texts."""
@@ -202,6 +212,13 @@ class MinerShard:
         """``(m,)`` float32 cosine of each held text at ``positions`` with the vector beside it
         in ``others`` (``(m, dim)``)."""
         return np.einsum("ij,ij->i", self.vectors_of(positions), others).astype(np.float32)
+
+    def teacher_scores(self, texts: list[str], left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """``(len(left),)`` float32: the teacher's score of each pair ``(texts[left[i]],
+        texts[right[i]])`` on this shard's device, where its student encodes
+        (:meth:`~pipeline.model.teacher.Teacher.score_indexed`)."""
+        assert self.teacher is not None, "MinerShard.teacher_scores without a teacher"
+        return self.teacher.score_indexed(texts, left, right)
 
     def nearest_cells(self, centroids: np.ndarray) -> np.ndarray:
         """``(texts held,)`` int32: each held text's most similar of the unit ``centroids``, on

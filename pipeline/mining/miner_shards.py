@@ -36,6 +36,7 @@ from pipeline.mining.index import (
 from pipeline.mining.ivf_training import spherical_kmeans
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.miner_shard import MinerShard, ShardRange, shard_ranges
+from pipeline.model.teacher import TeacherSettings
 
 
 class MinerShards:
@@ -80,6 +81,8 @@ class MinerShards:
         shards: int,
         search: SearchSettings,
         actor_options: dict[str, Any],
+        teacher: TeacherSettings | None = None,
+        teacher_blob: Any = None,
     ) -> MinerShards:
         """Start ``shards`` actors (each with ``actor_options``: CPUs, GPUs, node labels), each
         taking its range's rows from ``blocks``; one shard runs in this process, on what the
@@ -93,16 +96,34 @@ class MinerShards:
             shards: how many.
             search: the index kind and device.
             actor_options: Ray options of every shard actor.
+            teacher: the teacher every shard loads (:meth:`score_indexed`); None: none.
+            teacher_blob: its packed folder, or that folder's object ref; None: each shard
+                reads ``teacher.model`` on its node.
         """
         spans = shard_ranges(blocks.num_rows, candidates, shards)
         if shards == 1:
-            blob = ray.get(model_blob) if isinstance(model_blob, ray.ObjectRef) else model_blob
-            shard = MinerShard(blocks, blob, pooler=pooler, span=spans[0], search=search)
+            blob, teacher_blob = (
+                ray.get(b) if isinstance(b, ray.ObjectRef) else b for b in (model_blob, teacher_blob)
+            )
+            shard = MinerShard(
+                blocks,
+                blob,
+                pooler=pooler,
+                span=spans[0],
+                search=search,
+                teacher=teacher,
+                teacher_blob=teacher_blob,
+            )
             return cls([InProcessShard(shard)], spans, lambda span: None, search)
         actor = ray.remote(MinerShard).options(**actor_options)
+        if isinstance(teacher_blob, bytes):
+            teacher_blob = ray.put(teacher_blob)  # once in the object store, not once per shard
 
         def launch(span: ShardRange) -> Any:
-            return actor.remote(blocks, model_blob, pooler=pooler, span=span, search=search)
+            return actor.remote(
+                blocks, model_blob, pooler=pooler, span=span, search=search, teacher=teacher,
+                teacher_blob=teacher_blob,
+            )  # fmt: skip
 
         return cls([launch(span) for span in spans], spans, launch, search)
 
@@ -264,6 +285,27 @@ class MinerShards:
         scores = np.empty(len(left), dtype=np.float32)
         for (owner, _), (at, answer) in calls.items():
             (scores[at],) = self._gather({owner: answer})
+        return scores
+
+    def score_indexed(self, texts: list[str], left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """``(len(left),)`` float32: the teacher's score of each pair ``(texts[left[i]],
+        texts[right[i]])``, scored where the shards encode, on their GPUs where they have them
+        (:meth:`~pipeline.mining.miner_shard.MinerShard.teacher_scores`): the pairs in one
+        consecutive part a shard, each part sent with only the texts it reads. The miner's
+        pairs come sorted by anchor, so an anchor's pairs mostly meet in one part and a
+        bi-encoder teacher reads its text once."""
+        left, right = np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)
+        parts = {
+            s: at for s, at in enumerate(np.array_split(np.arange(len(left)), len(self.handles))) if len(at)
+        }
+        calls = {}
+        for s, at in parts.items():
+            read, local = np.unique(np.concatenate([left[at], right[at]]), return_inverse=True)
+            part_texts = [texts[i] for i in read]
+            calls[s] = self.handles[s].teacher_scores.remote(part_texts, local[: len(at)], local[len(at) :])
+        scores = np.empty(len(left), dtype=np.float32)
+        for at, part in zip(parts.values(), self._gather(calls), strict=True):
+            scores[at] = part
         return scores
 
     def nearest(self, centroids: np.ndarray) -> np.ndarray:

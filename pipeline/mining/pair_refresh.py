@@ -17,9 +17,8 @@ from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.mining_metrics import mining_metrics, random_pairs
 from pipeline.mining.random_negatives import random_pool_negatives
 from pipeline.mining.refresh_report import RefreshReport
-from pipeline.mining.teacher_scores import TextsAt, scored_by_teacher
+from pipeline.mining.teacher_scores import PairScorer, TextsAt, scored_by_teacher
 from pipeline.mining.text_keys import KnownPositives
-from pipeline.model.teacher import Teacher
 
 CHUNK_ROWS = 65_536
 """Rows searched and filtered at once: their ``rows x top_k`` candidates, scores and masks
@@ -34,7 +33,7 @@ def refresh_pairs(
     settings: MinerSettings,
     version: int,
     previous: RefreshReport | None,
-    teacher: Teacher | None = None,
+    teacher: PairScorer | None = None,
     texts_at: TextsAt | None = None,
     chunk_rows: int = CHUNK_ROWS,
 ) -> RefreshReport:

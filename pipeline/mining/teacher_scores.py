@@ -12,18 +12,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
 from pipeline.batching.negative_draw import take_mined
-from pipeline.model.teacher import Teacher
 
 TextsAt = Callable[[np.ndarray], list[str]]
 """The texts at corpus positions (:meth:`~pipeline.data.text_blocks.DistinctTexts.texts_at`)."""
 
 
+class PairScorer(Protocol):
+    """A teacher as a refresh asks it: one loaded here (:class:`~pipeline.model.teacher.Teacher`),
+    or the miner's shards, each scoring a part with its own
+    (:meth:`~pipeline.mining.miner_shards.MinerShards.score_indexed`)."""
+
+    def score_indexed(self, texts: list[str], left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """``(len(left),)`` float32: the score of each pair ``(texts[left[i]], texts[right[i]])``."""
+        ...
+
+
 def teacher_scores(
-    teacher: Teacher,
+    teacher: PairScorer,
     texts_at: TextsAt,
     *,
     anchors: np.ndarray,
@@ -58,7 +68,7 @@ def _candidates(positives: np.ndarray, negatives: np.ndarray) -> np.ndarray:
 
 
 def _score_cells(
-    teacher: Teacher,
+    teacher: PairScorer,
     texts_at: TextsAt,
     *,
     anchors: np.ndarray,
@@ -82,7 +92,7 @@ def _score_cells(
 
 
 def denoised_in_steps(
-    teacher: Teacher,
+    teacher: PairScorer,
     texts_at: TextsAt,
     *,
     anchors: np.ndarray,
@@ -170,7 +180,7 @@ def _survivors(scores: np.ndarray, *, margin: float, mined: int) -> tuple[np.nda
 
 
 def scored_by_teacher(
-    teacher: Teacher,
+    teacher: PairScorer,
     texts_at: TextsAt,
     *,
     anchors: np.ndarray,

@@ -6,7 +6,8 @@ with one label). The teacher reads the texts with its own tokenizer, not the stu
 
 :class:`Teacher` is a Ray Data callable class too (``map_batches(Teacher, fn_constructor_kwargs=
 ...)``): an actor pool loads it once per actor and scores batches of pair rows where the pool's
-resources put it, on a GPU where it is given one.
+resources put it, on a GPU where it is given one. In a refresh the miner's shards load it
+(:func:`load_teacher`), each on its own device.
 """
 
 from __future__ import annotations
@@ -142,3 +143,30 @@ def folder_kind(folder: Path) -> str:
         if any(a.endswith("ForSequenceClassification") for a in architectures)
         else "bi_encoder"
     )
+
+
+def load_teacher(settings: TeacherSettings, *, blob: bytes | None, device: str) -> Teacher:
+    """The teacher loaded on this node: from ``blob``, its folder as the driver packed it
+    (:func:`~pipeline.model.folders.pack_dir`, a folder of the driver's node), else from
+    ``settings.model`` read here: a folder of this node, or a hub name fetched here.
+
+    Raises:
+        ValueError: ``settings.model`` is neither a folder here nor a reachable hub model (one
+            line naming the key).
+    """
+    from pipeline.model.folders import unpack_dir
+
+    if blob is not None:
+        return Teacher(dataclasses.replace(settings, model=str(unpack_dir(blob))), device=device)
+    if Path(settings.model).expanduser().is_dir():
+        return Teacher(settings, device=device)
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(settings.model)
+    except Exception as exc:  # noqa: BLE001 - any failure to fetch is the one line below
+        raise ValueError(
+            f"mining.teacher.model: {settings.model!r} is neither a model folder on this node nor a "
+            f"reachable hub model ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from None
+    return Teacher(dataclasses.replace(settings, model=folder), device=device)

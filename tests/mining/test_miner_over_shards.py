@@ -59,3 +59,52 @@ def test_two_shards_refresh_as_one_miner(sorted_blocks, trained_tiny_model_dir, 
         )
     for key in ("mining/corpus_size", "mining/candidates"):
         assert two.metrics[key] == one.metrics[key], key
+
+
+def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, trained_tiny_model_dir):
+    """``mining.teacher`` with ``mining.shards: 2``: each shard actor loads the teacher where it
+    encodes and scores a part of the pairs, none in the miner's process, and the denoised
+    column and the teacher's scores are those of the one in-process shard (to bf16's rounding,
+    where the CPU computes bf16: the parts batch the texts otherwise)."""
+    import ray
+
+    from pipeline.data.text_blocks import DistinctTexts
+    from pipeline.data.triplets import Triplets
+    from pipeline.mining.miner_shards import InProcessShard
+    from pipeline.model.teacher import TeacherSettings
+
+    blocks, table, _ = sorted_blocks
+    n = blocks.num_rows
+    texts = DistinctTexts(ids=table.column("id").to_numpy(), blocks=[ray.put(table)])
+    weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
+    blob = pack_dir(trained_tiny_model_dir)
+    rows = np.arange(0, n - 1, 2)
+    triplets = Triplets(rows, rows + 1, np.full(len(rows), -1), pool=np.arange(1, n, 2))
+    # A margin wide enough that the teacher (the student's own weights) drops some negatives and
+    # rows are refilled from deeper in their window of 6.
+    settings = MinerSettings(
+        pooler="mean", batch_size=16, seed=0, search=SearchSettings(top_k=16, index=IndexSpec("flat")),
+        filters=NegativeFilters(range_min=1, num_negatives=6, relative_margin=None), plan=PlanSettings(),
+        num_cpus=0.1, teacher=TeacherSettings(str(trained_tiny_model_dir), max_seq_len=16, batch_size=16),
+        denoise_margin=0.2, keep_negatives=2,
+    )  # fmt: skip
+    local = HardNegativeMiner(blocks, blob, settings, triplets, texts)
+    (shard,) = local.shards.handles
+    assert isinstance(shard, InProcessShard) and shard.shard.teacher is not None
+    one = local.refresh(weights, version=1, step=0)
+    sharded = HardNegativeMiner(blocks, blob, replace(settings, shards=2), triplets, texts, ray.put(blob))
+    try:
+        two = sharded.refresh(weights, version=1, step=0)
+        # The teacher lives in the shard actors, where the vectors are, and each scored a part.
+        loaded = [h.__ray_call__.remote(lambda s: s.teacher is not None) for h in sharded.shards.handles]
+        assert ray.get(loaded) == [True, True]
+    finally:
+        sharded.shards.stop()
+    assert one.metrics["mining/teacher_denoised"] > 0
+    assert one.negatives.shape == two.negatives.shape == (len(rows), 2)
+    same = (two.negatives == one.negatives).all(axis=1)
+    assert same.mean() > 0.9
+    np.testing.assert_allclose(two.teacher_scores[same], one.teacher_scores[same], atol=3e-3)
+    assert two.metrics["mining/teacher_denoised"] == pytest.approx(
+        one.metrics["mining/teacher_denoised"], rel=0.1
+    )
