@@ -159,16 +159,18 @@ class PlanShare:
     def _bounds(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(rank_counts(self.sizes, self.world, self.rank))])
 
+    def _batch(self, index: int) -> slice:
+        """This rank's rows of batch ``index``, as a slice of :attr:`rows` and the columns beside it."""
+        return slice(self._bounds[index], self._bounds[index + 1])
+
     def local(self, index: int) -> tuple[np.ndarray, np.ndarray | None]:
         """This rank's rows of batch ``index`` and their negatives (None: none mined)."""
-        lo, hi = self._bounds[index], self._bounds[index + 1]
-        return self.rows[lo:hi], self.negatives[lo:hi] if self.negatives is not None else None
+        at = self._batch(index)
+        return self.rows[at], self.negatives[at] if self.negatives is not None else None
 
     def local_teacher_scores(self, index: int) -> np.ndarray | None:
         """The teacher's scores of this rank's rows of batch ``index`` (None: no teacher)."""
-        if self.teacher_scores is None:
-            return None
-        return self.teacher_scores[self._bounds[index] : self._bounds[index + 1]]
+        return self.teacher_scores[self._batch(index)] if self.teacher_scores is not None else None
 
 
 def balanced_batch_sizes(num_rows: int, batch_size: int) -> np.ndarray:
