@@ -188,10 +188,13 @@ RETRIEVAL_ARMS["TD"] = [
 RETRIEVAL_ARMS["TK"] = [*RETRIEVAL_ARMS["S"], f"mining.teacher.model={TEACHER}", "train.distill_weight=1.0"]
 RETRIEVAL_ARMS["TDK"] = [*RETRIEVAL_ARMS["TD"], "train.distill_weight=1.0"]
 RETRIEVAL_ARMS["TK7"] = [*RETRIEVAL_ARMS["S7"], f"mining.teacher.model={TEACHER}", "train.distill_weight=1.0"]
+RETRIEVAL_ARMS["CTDK"] = [*RETRIEVAL_ARMS["TDK"], "mining.refresh=every_epoch"]
 """Issue 71's teacher arms, ``S`` with the teacher's scores: ``TD`` its denoising, ``TK`` its
 KL distillation at weight 1 (InfoNCE's scale), ``TDK`` both; ``TK7`` the KL over the positive
 and 7 mined negatives (``S7``'s rows): listwise distillation has more of the teacher's ranking
-to pass on where a row holds more than one negative."""
+to pass on where a row holds more than one negative; ``CTDK`` is ``TDK`` refreshed every epoch
+(the teacher scoring each refresh's negatives): refreshing with the teacher against mining
+once with it."""
 EVALUATING_ARMS = ("SE",)
 """Arms that keep the recipe's evaluation while they train (early stopping needs it); every
 other arm evaluates nothing while it trains (:data:`NO_TRAINING_EVAL`)."""
