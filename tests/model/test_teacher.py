@@ -24,6 +24,7 @@ def test_a_bi_encoder_teacher_scores_the_cosine_sentence_transformers_gives(tiny
     # bf16 where the CPU computes it natively; fp32 for parity with the peer's fp32.
     assert teacher.bf16 == native_bf16(torch.device("cpu"))
     in_its_precision = teacher.score(ANCHORS, CANDIDATES)
+    teacher = Teacher(settings, device="cpu")
     teacher.bf16 = False
     scores = teacher.score(ANCHORS, CANDIDATES)
     peer = SentenceTransformer(str(tiny_model_dir), device="cpu")
@@ -33,6 +34,33 @@ def test_a_bi_encoder_teacher_scores_the_cosine_sentence_transformers_gives(tiny
     assert scores.dtype == in_its_precision.dtype == np.float32
     # bf16's rounding, within what the mpnet teacher measured (0.0026 at most, docs/results.md).
     np.testing.assert_allclose(in_its_precision, scores, atol=3e-3)
+
+
+def test_a_bi_encoder_teacher_reads_a_text_once_and_keeps_no_more_than_its_cache_holds(tiny_model_dir):
+    """A text scored again (an anchor in each denoising step, a positive at each refresh) comes
+    from the cache, with the score an uncached teacher gives; past the cache's bytes, texts are
+    encoded again."""
+    settings = TeacherSettings(str(tiny_model_dir), pooler="mean", max_seq_len=32, batch_size=3)
+    teacher, uncached = Teacher(settings, device="cpu"), Teacher(settings, device="cpu")
+    teacher.bf16 = uncached.bf16 = False
+    uncached.cache_bytes = 0
+    assert teacher.cache_bytes > 2**20
+    first = teacher.score(ANCHORS, CANDIDATES)
+    assert teacher.texts_encoded == len(set(ANCHORS + CANDIDATES)) == 7 and len(teacher.cached) == 7
+    again = ["a brand new headline", CANDIDATES[0]]
+    second = teacher.score(ANCHORS[:2], again)
+    assert teacher.texts_encoded == 8  # only the new text
+    np.testing.assert_allclose(first, uncached.score(ANCHORS, CANDIDATES), atol=1e-5)
+    np.testing.assert_allclose(second, uncached.score(ANCHORS[:2], again), atol=1e-5)
+    assert uncached.cached == {} and uncached.texts_encoded == 7 + 4
+
+    small = Teacher(settings, device="cpu")
+    entry = next(iter(teacher.cached.values())).nbytes + 100
+    small.cache_bytes = 2 * (entry + max(len(t) for t in ANCHORS + CANDIDATES))
+    small.score(ANCHORS, CANDIDATES)
+    assert len(small.cached) == 2 and small.texts_encoded == 7
+    small.score(ANCHORS, CANDIDATES)
+    assert small.texts_encoded == 7 + 5
 
 
 @pytest.fixture(scope="module")
