@@ -336,6 +336,10 @@ def test_a_teacher_scores_denoises_and_is_distilled_and_the_offline_job_writes_i
     assert run.data.params["train.distill_weight"] == "1.0"
     (row,) = read_refresh_table(client, run.info.run_id)
     assert row["teacher_denoised"] > 0 and row["teacher_positive_score"] > row["teacher_negative_score"]
+    # Where the margin cut falls, drawn beside the student's similarity histogram.
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "mining")} >= {
+        "mining/negative_similarity_v1.png", "mining/teacher_scores_v1.png",
+    }  # fmt: skip
     folders = [p for p in (tmp_path / "runs/taught").glob("checkpoint_*") if p.is_dir()]
     state, _ = load_checkpoint(max(folders, key=lambda p: p.stat().st_mtime))
     column = read_negatives(state.source)

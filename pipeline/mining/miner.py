@@ -163,5 +163,6 @@ class HardNegativeMiner:
             teacher_scores=report.teacher_scores,
         )  # fmt: skip
         return dataclasses.replace(
-            report, plan=None, negatives=None, teacher_scores=None, mined=uri, similarities={}
-        )
+            report, plan=None, negatives=None, teacher_scores=None, mined=uri, similarities={},
+            teacher_histogram={},
+        )  # fmt: skip

@@ -95,10 +95,10 @@ def refresh_pairs(
             keys, triplets.anchor, triplets.positive, pool, settings.random_negatives, seed
         )
         negatives = np.concatenate([negatives, drawn], axis=1)
-    scores, teacher_metrics = None, {}
+    scores, teacher_metrics, teacher_histogram = None, {}, {}
     if teacher is not None:
         assert texts_at is not None
-        negatives, scores, teacher_metrics = scored_by_teacher(
+        negatives, scores, teacher_metrics, teacher_histogram = scored_by_teacher(
             teacher, texts_at, anchors=triplets.anchor, positives=triplets.positive, negatives=negatives,
             denoise_margin=settings.denoise_margin, mined=mined.negatives.shape[1],
             keep=settings.keep_negatives or mined.negatives.shape[1], version=version,
@@ -124,5 +124,6 @@ def refresh_pairs(
         else {}
     )
     return RefreshReport(
-        version, metrics, negatives=negatives, teacher_scores=scores, similarities=similarities
-    )
+        version, metrics, negatives=negatives, teacher_scores=scores, similarities=similarities,
+        teacher_histogram=teacher_histogram,
+    )  # fmt: skip

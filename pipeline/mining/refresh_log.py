@@ -81,16 +81,16 @@ class RefreshLog:
             print(f"[mining] warning: uploads still under way after {timeout:g}s; going on", flush=True)
         return done
 
-    def histogram(self, similarities: dict[str, np.ndarray], version: int, pairs: bool) -> None:
-        """Similarity histogram of the negatives the loss will see, next to the random baseline
-        (``pairs``: the pairs task's negatives to their anchors, else the corpus task's in-batch
-        negatives)."""
+    def histogram(
+        self, series: dict[str, np.ndarray], name: str, xlabel: str, *, cosine: bool = True
+    ) -> None:
+        """``mining/<name>.png``: overlaid histograms of ``series`` (``label: values``;
+        ``cosine``: values in [-1, 1])."""
         folder = Path(tempfile.mkdtemp(prefix="simcse-hist-"))
-        path = folder / f"negative_similarity_v{version}.png"
-        xlabel = "cosine similarity to the anchor" if pairs else "cosine similarity of in-batch negatives"
-        similarity_histogram_png(similarities, xlabel, str(path))
+        path = folder / f"{name}.png"
+        similarity_histogram_png(series, xlabel, str(path), cosine=cosine)
         self.upload(
-            f"histogram v{version}",
+            name,
             lambda logger: logger.client.log_artifact(logger.run_id, str(path), "mining"),
             cleanup=lambda: shutil.rmtree(folder, ignore_errors=True),
         )
@@ -100,7 +100,17 @@ class RefreshLog:
         table (one column per refresh), and draw the report's similarity histogram."""
         version, metrics = report.version, report.metrics
         if report.similarities:
-            self.histogram(report.similarities, version, pairs)
+            # The negatives the loss will see, next to the random baseline: the pairs task's to
+            # their anchors, the corpus task's in-batch.
+            xlabel = "cosine similarity to the anchor" if pairs else "cosine similarity of in-batch negatives"
+            self.histogram(report.similarities, f"negative_similarity_v{version}", xlabel)
+        if report.teacher_histogram:
+            # Where the teacher puts the positives, the negatives kept and those its margin
+            # dropped: a cross-encoder's scores are logits, not cosines.
+            self.histogram(
+                report.teacher_histogram, f"teacher_scores_v{version}", "the teacher's score with the anchor",
+                cosine=False,
+            )  # fmt: skip
         self.logger.log(mining_charts(metrics), step)
         self.logger.flush()
         refresh = {"step": float(step), "plan_version": float(version)}

@@ -33,3 +33,6 @@ class RefreshReport:
     similarities: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """The histogram the refresh logs: ``label -> cosine similarities``, the random baseline
     first; empty: none drawn."""
+    teacher_histogram: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """The teacher's scores the refresh draws apart (``label -> scores``: the positives', the
+    negatives kept and dropped); empty: no teacher."""

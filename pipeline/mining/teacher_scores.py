@@ -157,7 +157,7 @@ def denoised(
     Returns:
         ``(negatives, scores, dropped)``: ``(rows, keep + extra)`` and ``(rows, 1 + keep +
         extra)``, each row's surviving mined negatives moved to the front in their order, -1
-        and NaN behind them; and how many negatives were dropped.
+        and NaN behind them; and the teacher's scores of the negatives dropped.
     """
     alive, dropped = _survivors(scores, margin=margin, mined=mined)
     # A stable sort of "not alive" moves the survivors to the front in their mined order.
@@ -166,7 +166,7 @@ def denoised(
         negatives, scores, order, np.take_along_axis(alive, order, axis=1), mined=mined
     )
     assert kept_scores is not None
-    return kept, kept_scores, int(dropped.sum())
+    return kept, kept_scores, scores[:, 1 : 1 + mined][dropped]
 
 
 def _survivors(scores: np.ndarray, *, margin: float, mined: int) -> tuple[np.ndarray, np.ndarray]:
@@ -190,38 +190,43 @@ def scored_by_teacher(
     mined: int,
     keep: int,
     version: int,
-) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, np.ndarray]]:
     """A refresh's teacher step: :func:`teacher_scores` of the rows' negatives or, with a
     ``denoise_margin``, :func:`denoised_in_steps`, keeping ``keep`` of the ``mined`` leading
     columns.
 
     Returns:
-        ``(negatives, scores, metrics)``: the column (denoised), the teacher's scores beside it,
-        and the refresh table's ``mining/teacher_*`` rows (:func:`teacher_summary`, the drops,
-        the seconds). One line says what it did.
+        ``(negatives, scores, metrics, histogram)``: the column (denoised), the teacher's scores
+        beside it, the refresh table's ``mining/teacher_*`` rows (:func:`teacher_summary`, the
+        drops, the seconds), and the teacher's scores of the positives, of the negatives kept and
+        of those dropped (``label: scores``), where a user sees the margin cut. One line says
+        what it did.
     """
     started = time.perf_counter()
     if denoise_margin is None:
         scores, pairs = teacher_scores(
             teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives
         )
-        dropped = 0
+        dropped = np.empty(0, dtype=np.float32)
     else:
         negatives, scores, dropped, pairs = denoised_in_steps(
             teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives,
             margin=denoise_margin, mined=mined, keep=keep,
         )  # fmt: skip
     seconds = time.perf_counter() - started
-    said = f", {dropped} negatives dropped as likely positives" if denoise_margin is not None else ""
+    said = f", {len(dropped)} negatives dropped as likely positives" if denoise_margin is not None else ""
     print(
         f"[mining] v{version}: the teacher scored {pairs} distinct pairs in {seconds:.1f}s{said}", flush=True
     )
     metrics = {
         **teacher_summary(scores),
-        "mining/teacher_denoised": float(dropped),
+        "mining/teacher_denoised": float(len(dropped)),
         "mining/teacher_s": seconds,
     }
-    return negatives, scores, metrics
+    histogram = {"positives": scores[:, 0], "negatives kept": scores[:, 1:][~np.isnan(scores[:, 1:])]}
+    if len(dropped):
+        histogram["negatives dropped as likely positives"] = dropped
+    return negatives, scores, metrics, {label: s[~np.isnan(s)] for label, s in histogram.items() if len(s)}
 
 
 def teacher_summary(scores: np.ndarray) -> dict[str, float]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.mining.teacher_scores import denoised, denoised_in_steps, teacher_scores
+from pipeline.mining.teacher_scores import denoised, denoised_in_steps, scored_by_teacher, teacher_scores
 from pipeline.model.teacher import Teacher, TeacherSettings
 
 TEXTS = [
@@ -68,7 +68,9 @@ def test_denoising_drops_what_the_teacher_scores_near_the_positive_and_refills_f
         # The positive's score and the random negative ride along untouched.
         assert kept[i, 3] == negatives[i, mined] and kept_scores[i, 0] == scores[i, 0]
         np.testing.assert_array_equal(kept_scores[i, 4], scores[i, 1 + mined])
-    assert dropped == total > 0
+    assert len(dropped) == total > 0
+    # The scores of those dropped, each at or above its row's positive less the margin.
+    assert np.isin(dropped, scores[:, 1 : 1 + mined]).all() and dropped.min() >= scores[:, 0].min() - margin
 
 
 def test_scoring_in_steps_keeps_what_scoring_the_whole_window_keeps_and_scores_fewer_pairs(tiny_model_dir):
@@ -103,5 +105,19 @@ def test_scoring_in_steps_keeps_what_scoring_the_whole_window_keeps_and_scores_f
     # tail of the rows that needed none was never scored.
     first = whole[:, 1 : 1 + keep]
     refilled = ((first >= whole[:, :1] - margin).any(axis=1) & (kept[:, :keep] >= 0).all(axis=1)).sum()
-    assert refilled > 0 and 0 < dropped < dropped_in_window
+    assert refilled > 0 and 0 < len(dropped) < len(dropped_in_window)
     assert pairs < whole_pairs
+    # The refresh's step draws the positives', the kept and the dropped negatives' scores apart.
+    _, _, metrics, histogram = scored_by_teacher(
+        teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives,
+        denoise_margin=margin, mined=mined, keep=keep, version=1,
+    )  # fmt: skip
+    np.testing.assert_allclose(histogram["positives"], kept_scores[:, 0], atol=1e-5)
+    np.testing.assert_allclose(
+        np.sort(histogram["negatives kept"]), np.sort(kept_scores[:, 1:][kept >= 0]), atol=1e-5
+    )
+    assert (
+        len(histogram["negatives dropped as likely positives"])
+        == metrics["mining/teacher_denoised"]
+        == len(dropped)
+    )
