@@ -89,6 +89,7 @@ class HardNegativeMiner:
         self.triplets = triplets
         self.text_keys = dense_keys(keys.column("text_key").to_numpy())
         self.texts = texts
+        # Each shard loaded the teacher where it encodes; the shards score the refresh's pairs.
         self.teacher = self.shards if teacher is not None else None
         self.previous: RefreshReport | None = None
         """The last refresh's result: the next refresh's churn is measured against it."""
