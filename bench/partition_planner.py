@@ -65,22 +65,17 @@ def neighbour_lists(rows: np.ndarray, corpus: int, k: int, rng: np.random.Genera
 
 
 def partitions_of(rows: int, settings: Any) -> list[Any]:
-    """The corpus' partitions as a refresh cuts them: the epoch's batches, consecutive ones
-    grouped until a partition holds ``settings.partition_rows`` rows (None: the refresh's
-    :func:`rows_per_partition`), over a random order of rows."""
+    """The corpus' partitions as a refresh cuts them (``ceil(rows / partition_rows)`` of them,
+    ``settings.partition_rows`` or the refresh's :func:`rows_per_partition`, their edges moved
+    to the epoch's batch bounds by the refresh's own
+    :func:`~pipeline.mining.corpus_partitions.cut_at_batch_bounds`), each row put in a random one
+    of even size instead of its nearest centroid's: no vectors here."""
     from pipeline.batching.plan import balanced_batch_sizes
-    from pipeline.mining.corpus_partitions import CorpusPartition, rows_per_partition
+    from pipeline.mining.corpus_partitions import cut_at_batch_bounds, rows_per_partition
 
-    sizes = balanced_batch_sizes(rows, settings.batch_size)
     most = settings.partition_rows or rows_per_partition(settings.search.top_k + 1)
-    order = np.random.default_rng(0).permutation(rows)
-    out, first, held, start = [], 0, 0, 0
-    for number, size in enumerate(sizes):
-        held += int(size)
-        if held >= most or number == len(sizes) - 1:
-            out.append(CorpusPartition(np.sort(order[start : start + held]), sizes[first : number + 1]))
-            first, start, held = number + 1, start + held, 0
-    return out
+    assignment = np.random.default_rng(0).permutation(rows) % -(-rows // most)
+    return cut_at_batch_bounds(assignment, balanced_batch_sizes(rows, settings.batch_size))
 
 
 def plan_all(

@@ -223,10 +223,12 @@ def scored_by_teacher(
         "mining/teacher_denoised": float(len(dropped)),
         "mining/teacher_s": seconds,
     }
-    histogram = {"positives": scores[:, 0], "negatives kept": scores[:, 1:][~np.isnan(scores[:, 1:])]}
-    if len(dropped):
-        histogram["negatives dropped as likely positives"] = dropped
-    return negatives, scores, metrics, {label: s[~np.isnan(s)] for label, s in histogram.items() if len(s)}
+    histogram = {
+        "positives": scores[:, 0],
+        "negatives kept": scores[:, 1:][~np.isnan(scores[:, 1:])],
+        "negatives dropped as likely positives": dropped,
+    }
+    return negatives, scores, metrics, {label: s for label, s in histogram.items() if len(s)}
 
 
 def teacher_summary(scores: np.ndarray) -> dict[str, float]:
