@@ -92,7 +92,7 @@ def plan_all(
         planner.submit(
             partition, **found, settings=settings, seed=partition_seed(settings.seed, number), version=1
         )
-    plans, _ = planner.planned()
+    plans = [plan for plan, _ in planner.finished(wait=True)]
     seconds = time.perf_counter() - started
     joined = BatchPlan(1, np.concatenate([p.rows for p in plans]), np.concatenate([p.sizes for p in plans]))
     return seconds, joined

@@ -153,17 +153,17 @@ class HardNegativeMiner:
 
     def _handed_back(self, report: RefreshReport) -> RefreshReport:
         """What goes back to training: with run storage (``settings.mined_dir``), the report with
-        its plan or negatives column written there and named by URI, so that the rank that
-        asked never receives every row; the histogram stays here too."""
+        its negatives column written there and named by URI (the corpus plan was written there
+        as it was planned), so that the rank that asked never receives every row; the
+        histograms and each row's batch stay here."""
+        report = dataclasses.replace(report, batch_of_row=None)
         folder = self.settings.mined_dir
-        if folder is None:
+        if folder is None or report.negatives is None:
             return report
-        kind = "plan.npz" if report.plan is not None else "negatives.npz"
         uri = write_mined(
-            folder, f"v{report.version}-{kind}", plan=report.plan, negatives=report.negatives,
+            folder, f"v{report.version}-negatives.npz", negatives=report.negatives,
             teacher_scores=report.teacher_scores,
         )  # fmt: skip
         return dataclasses.replace(
-            report, plan=None, negatives=None, teacher_scores=None, mined=uri, similarities={},
-            teacher_histogram={},
-        )  # fmt: skip
+            report, negatives=None, teacher_scores=None, mined=uri, similarities={}, teacher_histogram={}
+        )

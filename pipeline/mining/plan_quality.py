@@ -85,42 +85,78 @@ class CandidateTotals:
         }
 
 
-def plan_metrics(
-    texts: EncodedTexts, plan: BatchPlan, *, previous: BatchPlan | None, seed: int
-) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """What a corpus refresh logs of its whole plan, and the similarities its histogram draws.
+class PlanQuality:
+    """What a corpus refresh logs of its plan, measured partition after partition as each one's
+    batches are written, so that no step holds the whole plan: the churn against the last
+    plan's batches, and the in-batch similarities of a seeded sample of the batches, drawn from
+    the plan in its final order (``order``) as if it were whole.
 
     Args:
-        texts: the corpus the plan orders, under the weights it was planned with (the
-            vectors of the rows the samples of pairs name are fetched from it).
-        plan: the next epoch's batches.
-        previous: the last refresh's plan, for the churn (``None``: the first refresh).
-        seed: seeds the samples of pairs.
-
-    Returns:
-        ``mining/`` metrics, and ``{"random pairs": ..., "mined plan": ...}`` cosine similarities.
+        texts: the corpus the plan orders, under the weights it was planned with (the vectors
+            of the sampled batches' rows are fetched from it).
+        num_batches: the plan's batches.
+        order: ``(num_batches,)`` the batches' final order, as positions in the order they are
+            added (:meth:`~pipeline.batching.plan.BatchPlan.reordered`'s permutation).
+        previous_batches: ``(rows,)`` each row's batch in the last refresh's plan
+            (:attr:`batch_of_row`), for the churn; None: the first refresh.
+        seed: seeds the samples.
+        max_batches: most batches whose pairs are sampled.
     """
-    metrics = {}
-    if previous is not None:
-        metrics["mining/churn"] = plan_churn(previous, plan)
-    in_batch = in_batch_pair_similarities(texts, plan, seed)
-    # Random pairs of rows are what random batches hold: the baseline the plan is read against.
-    sample, partners = random_pairs(len(plan.rows), len(plan.rows), seed)
-    random_similarities = np.einsum("ij,ij->i", texts.vectors(sample), texts.vectors(partners))
-    metrics |= {f"mining/batch_similarity_{k}": v for k, v in similarity_percentiles(in_batch).items()}
-    metrics["mining/random_batch_similarity_mean"] = float(random_similarities.mean())
-    return metrics, {"random pairs": random_similarities, "mined plan": in_batch}
+
+    def __init__(
+        self,
+        texts: EncodedTexts,
+        *,
+        num_batches: int,
+        order: np.ndarray,
+        previous_batches: np.ndarray | None,
+        seed: int,
+        max_batches: int = 2000,
+    ):
+        self.texts, self.previous_batches, self.seed = texts, previous_batches, seed
+        picked = np.arange(num_batches)
+        if num_batches > max_batches:
+            picked = np.random.default_rng(seed).choice(num_batches, size=max_batches, replace=False)
+        self._slot_of = {int(order[p]): slot for slot, p in enumerate(picked)}
+        self._sampled: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(picked)
+        self.batch_of_row = np.full(texts.rows, -1, dtype=np.int32)
+        """Each row's batch (numbered as added): the next refresh's ``previous_batches``."""
+        self._added = self._kept_pairs = self._pairs = 0
+
+    def add(self, plan: BatchPlan) -> None:
+        """The next batches of the plan (a partition's, in corpus positions)."""
+        first = self._added
+        self._added += plan.num_batches
+        self.batch_of_row[plan.rows] = np.repeat(np.arange(first, self._added, dtype=np.int32), plan.sizes)
+        if self.previous_batches is not None:
+            kept, pairs = together_again(self.previous_batches, plan)
+            self._kept_pairs, self._pairs = self._kept_pairs + kept, self._pairs + pairs
+        starts = np.cumsum(plan.sizes) - plan.sizes
+        for number in range(first, self._added):
+            slot = self._slot_of.get(number)
+            if slot is not None:
+                start = starts[number - first]
+                self._sampled[slot] = plan.rows[start : start + plan.sizes[number - first]]
+
+    def metrics(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """``mining/`` metrics of every batch added, and ``{"random pairs": ..., "mined plan":
+        ...}`` cosine similarities."""
+        metrics = {}
+        if self.previous_batches is not None:
+            metrics["mining/churn"] = 1.0 - self._kept_pairs / max(self._pairs, 1)
+        in_batch = in_batch_pair_similarities(self.texts, self._sampled)
+        # Random pairs of rows are what random batches hold: the baseline the plan is read against.
+        n = self.texts.rows
+        sample, partners = random_pairs(n, n, self.seed)
+        random_similarities = np.einsum("ij,ij->i", self.texts.vectors(sample), self.texts.vectors(partners))
+        metrics |= {f"mining/batch_similarity_{k}": v for k, v in similarity_percentiles(in_batch).items()}
+        metrics["mining/random_batch_similarity_mean"] = float(random_similarities.mean())
+        return metrics, {"random pairs": random_similarities, "mined plan": in_batch}
 
 
-def in_batch_pair_similarities(
-    texts: EncodedTexts, plan: BatchPlan, seed: int, max_batches: int = 2000
-) -> np.ndarray:
-    """Cosine similarity of every distinct pair inside the plan's batches (a seeded sample
-    of at most ``max_batches`` batches): the similarity of the negatives the loss sees."""
-    batches = plan.batches()
-    if len(batches) > max_batches:
-        picked = np.random.default_rng(seed).choice(len(batches), size=max_batches, replace=False)
-        batches = [batches[i] for i in picked]
+def in_batch_pair_similarities(texts: EncodedTexts, batches: list[np.ndarray]) -> np.ndarray:
+    """Cosine similarity of every distinct pair inside each of ``batches`` (rows' corpus
+    positions): the similarity of the negatives the loss sees."""
     if not batches:
         return np.empty(0, dtype=np.float32)
     # One fetch for every sampled row: the rows may sit in the miner's shards.
@@ -132,25 +168,36 @@ def in_batch_pair_similarities(
     return np.concatenate(parts)
 
 
-def false_negative_pairs(plan: BatchPlan, false_negatives: np.ndarray) -> int:
-    """How many (row, flagged false negative) pairs ended up in the same batch."""
+def batch_of_rows(plan: BatchPlan) -> np.ndarray:
+    """``(rows,)`` each row's batch in ``plan`` (rows indexed by corpus position)."""
     batch_of = np.empty(len(plan.rows), dtype=np.int64)
     batch_of[plan.rows] = np.repeat(np.arange(plan.num_batches), plan.sizes)
+    return batch_of
+
+
+def false_negative_pairs(plan: BatchPlan, false_negatives: np.ndarray) -> int:
+    """How many (row, flagged false negative) pairs ended up in the same batch."""
+    batch_of = batch_of_rows(plan)
     valid = false_negatives >= 0
     rows = np.broadcast_to(np.arange(len(false_negatives))[:, None], false_negatives.shape)[valid]
     return int((batch_of[rows] == batch_of[false_negatives[valid]]).sum())
 
 
+def together_again(previous_batches: np.ndarray, plan: BatchPlan) -> tuple[int, int]:
+    """Of the ordered in-batch pairs of ``plan``'s batches, how many shared a batch before
+    (``previous_batches``: each row's earlier batch), and how many there are."""
+    batch = np.repeat(np.arange(plan.num_batches), plan.sizes)
+    earlier = previous_batches[plan.rows].astype(np.int64)
+    # Rows of one batch that were together before share (batch, earlier batch).
+    _, counts = np.unique(batch * (int(earlier.max(initial=0)) + 1) + earlier, return_counts=True)
+    sizes = np.asarray(plan.sizes, dtype=np.int64)
+    return int((counts * (counts - 1)).sum()), int((sizes * (sizes - 1)).sum())
+
+
 def plan_churn(previous: BatchPlan, current: BatchPlan) -> float:
     """Share of in-batch negative pairs in ``current`` that were not together in ``previous``."""
-    previous_batch = np.empty(len(previous.rows), dtype=np.int64)
-    previous_batch[previous.rows] = np.repeat(np.arange(previous.num_batches), previous.sizes)
-    kept_pairs = total_pairs = 0
-    for rows in current.batches():
-        _, counts = np.unique(previous_batch[rows], return_counts=True)
-        kept_pairs += int((counts * (counts - 1)).sum())
-        total_pairs += len(rows) * (len(rows) - 1)
-    return 1.0 - kept_pairs / max(total_pairs, 1)
+    kept, pairs = together_again(batch_of_rows(previous), current)
+    return 1.0 - kept / max(pairs, 1)
 
 
 def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ sampler is one entry in :mod:`pipeline.batching.registry` plus its function in
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +21,12 @@ import numpy as np
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
 from pipeline.batching.registry import build_plan
 from pipeline.batching.sampler_inputs import SamplerInputs
+from pipeline.data.plan_file import PlanFileWriter
 from pipeline.mining.corpus_partitions import CorpusPartition, partition_corpus, rows_per_partition
 from pipeline.mining.encoded_texts import EncodedTexts
 from pipeline.mining.index import estimate_index_bytes, index_summary
 from pipeline.mining.negatives import filter_candidates
-from pipeline.mining.plan_quality import CandidateTotals, plan_metrics
+from pipeline.mining.plan_quality import CandidateTotals, PlanQuality
 from pipeline.mining.refresh_report import RefreshReport
 from pipeline.mining.text_keys import duplicate_mask
 
@@ -59,16 +61,22 @@ def refresh_corpus(
     texts, then for each search its rows against the corpus, filter their neighbours and plan
     its batches; the batches of every partition, shuffled, are the next epoch's plan.
 
+    Each partition's batches are written out (``settings.mined_dir``'s ``v<N>-plan.parquet``,
+    :mod:`~pipeline.data.plan_file`) and measured as soon as they are planned; their shuffle
+    is drawn here and applied where the file is read, so this process never holds the whole
+    plan.
+
     Args:
         texts: the corpus under the newest weights, every text a candidate (the miner's
             shards).
         keys: ``(rows,)`` :func:`~pipeline.mining.text_keys.text_keys` of the rows.
-        settings: search, filters, sampler, batch size, partition size and seed.
+        settings: search, filters, sampler, batch size, partition size, seed, where to write.
         version: this refresh's version (it seeds the search and the plan).
-        previous: the last refresh's report, for the churn.
+        previous: the last refresh's report, for the churn (its ``batch_of_row``).
 
     Returns:
-        The report with ``plan``: the next order of rows.
+        The report with ``mined``, the plan's URI (without ``mined_dir``: ``plan``, the plan
+        itself), and ``batch_of_row`` for the next refresh.
     """
     s = settings
     n, seed = texts.rows, s.seed + version
@@ -78,10 +86,28 @@ def refresh_corpus(
     estimate = estimate_index_bytes(n, texts.dim, k, texts.kind, queries=min(n, partition_rows))
     print(f"[mining] v{version}: {index_summary(texts.kind, n, texts.dim, k, estimate)}", flush=True)
     started = time.perf_counter()
-    partitions = partition_corpus(
-        texts, sizes=balanced_batch_sizes(n, s.batch_size), partition_rows=partition_rows, seed=seed
-    )
+    sizes = balanced_batch_sizes(n, s.batch_size)
+    partitions = partition_corpus(texts, sizes=sizes, partition_rows=partition_rows, seed=seed)
     seconds = {"partition": time.perf_counter() - started, "search": 0.0, "plan": 0.0}
+    # One partition is the unpartitioned plan, in the sampler's order; more are shuffled together.
+    reorder = seed if len(partitions) > 1 else None
+    order = (
+        np.arange(len(sizes)) if reorder is None else np.random.default_rng(reorder).permutation(len(sizes))
+    )
+    quality = PlanQuality(
+        texts, num_batches=len(sizes), order=order, seed=s.seed,
+        previous_batches=previous.batch_of_row if previous is not None else None,
+    )  # fmt: skip
+    uri = f"{s.mined_dir.rstrip('/')}/v{version}-plan.parquet" if s.mined_dir else None
+    written = PlanFileWriter(uri, sampler=s.plan.batch_sampler, reorder=reorder)
+    totals = CandidateTotals()
+
+    def write(planned: Iterable[tuple[BatchPlan, CandidateTotals]]) -> None:
+        for plan, part in planned:
+            written.write(plan)
+            quality.add(plan)
+            totals.add_totals(part)
+
     planner = PartitionPlanner(ways=s.shards, label_selector=s.label_selector)
     for number, partition in enumerate(partitions):
         started = time.perf_counter()
@@ -93,19 +119,15 @@ def refresh_corpus(
             partition, scores=scores, indices=indices, duplicate=duplicate, settings=s,
             seed=partition_seed(seed, number), version=version,
         )  # fmt: skip
+        write(planner.finished(wait=False))
         seconds["plan"] += time.perf_counter() - started
         del scores, indices, duplicate
     started = time.perf_counter()
-    plans, totals = planner.planned()
+    write(planner.finished(wait=True))
+    mined = written.close(version)
     seconds["plan"] += time.perf_counter() - started
-    plan = plans[0] if len(plans) == 1 else BatchPlan(
-        version, np.concatenate([p.rows for p in plans]), np.concatenate([p.sizes for p in plans]),
-        sampler=s.plan.batch_sampler,
-    ).reordered(seed)  # fmt: skip
     # Measure: how hard and how safe the plan is, against random pairs of rows.
-    metrics, similarities = plan_metrics(
-        texts, plan, previous=previous.plan if previous is not None else None, seed=s.seed
-    )
+    metrics, similarities = quality.metrics()
     metrics = {
         "mining/index_s": texts.build_seconds,
         "mining/partition_s": seconds["partition"],
@@ -116,7 +138,11 @@ def refresh_corpus(
         **totals.metrics(),
         **metrics,
     }
-    return RefreshReport(version, metrics, plan=plan, similarities=similarities)
+    return RefreshReport(
+        version, metrics, plan=mined if isinstance(mined, BatchPlan) else None,
+        mined=mined if isinstance(mined, str) else None, similarities=similarities,
+        batch_of_row=quality.batch_of_row,
+    )  # fmt: skip
 
 
 def search_rows(texts: EncodedTexts, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,8 +163,9 @@ class PartitionPlanner:
 
     def __init__(self, ways: int, label_selector: dict[str, str]):
         self.ways = ways
-        self.results: list[Any] = []
-        """Each partition's plan and totals, or the object ref of the task making them."""
+        self._waiting: list[Any] = []
+        """The partitions not yet handed on: each one's plan and totals, or the object ref of
+        the task making them."""
         self._running: list[Any] = []
         """The refs of the tasks still planning, at most ``ways``."""
         if ways > 1:
@@ -150,25 +177,29 @@ class PartitionPlanner:
         """Plan ``partition`` (:func:`plan_partition`'s other arguments by keyword), once fewer
         than ``ways`` partitions are being planned."""
         if self.ways == 1:
-            self.results.append(plan_partition(partition, **kwargs))
+            self._waiting.append(plan_partition(partition, **kwargs))
             return
         import ray
 
         while len(self._running) >= self.ways:
             _, self._running = ray.wait(self._running, num_returns=1)
-        self.results.append(self._task.remote(partition, **kwargs))
-        self._running.append(self.results[-1])
+        self._waiting.append(self._task.remote(partition, **kwargs))
+        self._running.append(self._waiting[-1])
 
-    def planned(self) -> tuple[list[BatchPlan], CandidateTotals]:
-        """Every partition's plan, in partition order, and their totals added up in that order."""
-        if self.ways > 1:
-            import ray
+    def finished(self, *, wait: bool) -> Iterator[tuple[BatchPlan, CandidateTotals]]:
+        """The partitions planned since last asked, each plan and its totals, in partition
+        order: those done so far, or (``wait``) every one submitted. Each is handed on as it
+        comes, so that the caller holds one partition's plan at a time."""
+        while self._waiting:
+            head = self._waiting[0]
+            if self.ways > 1:
+                import ray
 
-            self.results = ray.get(self.results)
-        totals = CandidateTotals()
-        for _, part in self.results:
-            totals.add_totals(part)
-        return [plan for plan, _ in self.results], totals
+                if not wait and not ray.wait([head], timeout=0)[0]:
+                    return
+                head = ray.get(head)
+            self._waiting.pop(0)
+            yield head
 
 
 def plan_partition(

@@ -27,6 +27,7 @@ from pipeline.batching.samplers import random_plan
 from pipeline.config.schema import Config
 from pipeline.config.train_section import LENGTH_GROUP_BATCHES
 from pipeline.data.formats import filesystem_of
+from pipeline.data.plan_file import read_plan_file
 from pipeline.data.tokenized import padded_lengths, row_lengths
 from pipeline.data.triplets import Triplets
 
@@ -45,7 +46,7 @@ class PlanSource:
     seed: int | None = None
     """The random plan's seed (None where the plan was mined)."""
     mined_plan: str | None = None
-    """URI of the mined corpus plan (:func:`write_mined`); None: a random plan."""
+    """URI of the mined corpus plan (:mod:`~pipeline.data.plan_file`); None: a random plan."""
     reorders: tuple[int, ...] = ()
     """Seeds of :meth:`~pipeline.batching.plan.BatchPlan.reordered`, applied in turn to the mined plan."""
     negatives: str | None = None
@@ -110,8 +111,7 @@ def whole_plan(
             cfg, source.seed, row_lengths(text_lengths, triplets), same_text, given_negatives=given
         )
     else:
-        saved = np.load(io.BytesIO(read_bytes(source.mined_plan)))
-        plan = BatchPlan(source.version, saved["rows"], saved["sizes"], str(saved["sampler"]))
+        plan = read_plan_file(source.mined_plan, source.version)
         for seed in source.reorders:
             plan = plan.reordered(seed)
     return dataclasses.replace(plan, version=source.version), epoch_negatives(source, cfg)
@@ -224,22 +224,18 @@ def write_mined(
     folder: str,
     name: str,
     *,
-    plan: BatchPlan | None = None,
-    negatives: np.ndarray | None = None,
+    negatives: np.ndarray,
     teacher_scores: np.ndarray | None = None,
 ) -> str:
-    """Write what a refresh mined (a corpus ``plan``, or a pairs ``negatives`` column and the
-    teacher's scores beside it, if any) to ``folder/name`` (an ``.npz`` in a local folder or at
-    a URI every node reads: the run's storage); returns its URI."""
+    """Write what a pairs refresh mined (its ``negatives`` column and the teacher's scores
+    beside it, if any) to ``folder/name`` (an ``.npz`` in a local folder or at a URI every node
+    reads: the run's storage); returns its URI. (A corpus plan is written as it is planned:
+    :mod:`~pipeline.data.plan_file`.)"""
     buffer = io.BytesIO()
-    if plan is not None:
-        np.savez(buffer, rows=plan.rows, sizes=plan.sizes, sampler=np.array(plan.sampler))
-    else:
-        assert negatives is not None
-        arrays = {"negatives": np.asarray(negatives, dtype=np.int64)}
-        if teacher_scores is not None:
-            arrays["teacher_scores"] = np.asarray(teacher_scores, dtype=np.float32)
-        np.savez(buffer, **arrays)
+    arrays = {"negatives": np.asarray(negatives, dtype=np.int64)}
+    if teacher_scores is not None:
+        arrays["teacher_scores"] = np.asarray(teacher_scores, dtype=np.float32)
+    np.savez(buffer, **arrays)
     uri = f"{folder.rstrip('/')}/{name}"
     filesystem, path = filesystem_of(uri)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)

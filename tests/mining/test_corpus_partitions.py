@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from bench.embedded_texts import EmbeddedTexts
 from pipeline.batching.plan import balanced_batch_sizes
+from pipeline.data.plan_file import read_plan_file
 from pipeline.mining.corpus_partitions import cut_at_batch_bounds, partition_corpus
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
@@ -38,15 +40,21 @@ def clustered():
     return vectors.astype(np.float32), clusters
 
 
-def refresh(vectors: np.ndarray, partition_rows: int, sampler: str = "knn", seed: int = 0, shards: int = 1):
+def refresh(
+    vectors: np.ndarray, partition_rows: int, sampler: str = "knn", seed: int = 0, shards: int = 1, **given
+):
+    """A corpus refresh of ``vectors`` (``given``: ``mined_dir``, ``version``, ``previous``)."""
     search = SearchSettings(top_k=8, index=IndexSpec("flat"))
     settings = MinerSettings(
         pooler="mean", batch_size=BATCH, seed=seed, search=search, shards=shards,
         filters=NegativeFilters(range_min=0), plan=PlanSettings(sampler), partition_rows=partition_rows,
+        mined_dir=given.get("mined_dir"),
     )  # fmt: skip
     texts = EmbeddedTexts(vectors, None, search, seed)
     keys = np.arange(len(vectors))  # every text distinct
-    return refresh_corpus(texts, keys=keys, settings=settings, version=1, previous=None)
+    return refresh_corpus(
+        texts, keys=keys, settings=settings, version=given.get("version", 1), previous=given.get("previous")
+    )
 
 
 def one_cluster_share(plan, clusters: np.ndarray) -> float:
@@ -80,6 +88,48 @@ def test_partitions_plan_every_row_once_in_the_epochs_batches(clustered, sampler
     assert not np.array_equal(
         refresh(vectors, partition_rows=PER_CLUSTER, sampler=sampler, seed=1).plan.rows, parted.plan.rows
     )
+
+
+def test_the_plan_written_a_partition_at_a_time_is_the_whole_plan_and_measured_as_one(clustered, tmp_path):
+    """Given run storage, each partition's batches are written as they are planned and the
+    shuffle of every batch is applied where the file is read: the plan read back is the one
+    handed back without storage, and its churn and in-batch similarities, measured partition
+    by partition, are those of the whole plans (computed here pair by pair)."""
+    vectors, _ = clustered
+    first = refresh(vectors, partition_rows=PER_CLUSTER, sampler="random")
+    in_memory = refresh(vectors, partition_rows=PER_CLUSTER, sampler="random", version=2, previous=first)
+    stored = refresh(
+        vectors,
+        partition_rows=PER_CLUSTER,
+        sampler="random",
+        version=2,
+        previous=first,
+        mined_dir=str(tmp_path),
+    )
+    assert stored.plan is None and stored.mined == f"{tmp_path}/v2-plan.parquet"
+    assert in_memory.metrics["mining/partitions"] == CLUSTERS
+    read = read_plan_file(stored.mined, version=2)
+    np.testing.assert_array_equal(read.rows, in_memory.plan.rows)
+    np.testing.assert_array_equal(read.sizes, in_memory.plan.sizes)
+    assert read.sampler == "random" and read.version == 2
+    # The batches were shuffled together: the file holds them partition after partition.
+    assert pq.read_table(stored.mined).num_rows == read.num_batches
+    assert not np.array_equal(
+        pq.read_table(stored.mined).column("rows").combine_chunks().flatten(), read.rows
+    )
+
+    def pairs(plan) -> set[tuple[int, int]]:
+        return {(int(a), int(b)) for batch in plan.batches() for a in batch for b in batch if a != b}
+
+    new = pairs(read)
+    churn = len(new - pairs(first.plan)) / len(new)
+    assert stored.metrics["mining/churn"] == pytest.approx(churn) == in_memory.metrics["mining/churn"]
+    assert 0.0 < churn < 1.0
+    # Fewer batches than the sample's 2,000: every batch, in the plan's final order.
+    expected = np.concatenate(
+        [(vectors[b] @ vectors[b].T)[np.triu_indices(len(b), k=1)] for b in read.batches()]
+    )
+    np.testing.assert_allclose(stored.similarities["mined plan"], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_partitions_planned_as_tasks_where_the_shards_are_plan_the_same_epoch(clustered, ray_local):
