@@ -10,6 +10,7 @@ and the timed libraries are imported where they are used).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import shlex
@@ -104,8 +105,17 @@ def machine_info(packages: tuple[str, ...] = ()) -> dict[str, Any]:
         try:
             info[name] = version(name)
         except PackageNotFoundError:
-            info[name] = "not installed"
+            info[name] = module_version(name)
     return info
+
+
+def module_version(name: str) -> str:
+    """The ``__version__`` of module ``name``, for a module whose distribution has another name
+    (``faiss``: ``faiss-cpu`` or ``faiss-gpu-cu12``); "not installed" where it does not import."""
+    try:
+        return str(importlib.import_module(name).__version__)
+    except ImportError:
+        return "not installed"
 
 
 def machine_line(info: dict[str, Any]) -> str:

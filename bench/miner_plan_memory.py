@@ -4,7 +4,7 @@ heap one refresh adds at its peak, and what it keeps between refreshes, measured
 
     python -m bench.miner_plan_memory --rows 250000,500000
 
-``--rows`` unit vectors of ``--dim`` dimensions around 64 centres, every text distinct, flat
+``--rows`` unit vectors of ``--dim`` dimensions around 64 centres, every text distinct, IVF
 search, ``top_k`` 4 and partitions of ``--partition-rows`` rows: a partition's neighbour lists
 are small, so what grows with the corpus is what a refresh holds of every row. Two refreshes
 run as the miner runs them, the second measured: it holds the first's report for the churn,
@@ -45,7 +45,7 @@ def measure(rows: int, dim: int, partition_rows: int, folder: str) -> dict[str, 
     and what stays held after it (its report, as the miner keeps it), in bytes."""
     import pipeline.training.plan_source as plan_source
 
-    search = SearchSettings(top_k=4, index=IndexSpec("flat"))
+    search = SearchSettings(top_k=4, index=IndexSpec("ivf"))
     settings = MinerSettings(
         pooler="mean", batch_size=64, seed=0, search=search, filters=NegativeFilters(range_min=0),
         plan=PlanSettings("random"), partition_rows=partition_rows, mined_dir=folder,

@@ -109,3 +109,15 @@ def test_a_process_is_named_by_its_ray_title_script_or_executable(cmdline, name)
     from bench.common import process_name
 
     assert process_name(cmdline) == name
+
+
+def test_the_machine_report_names_faiss_by_its_module_whichever_wheel_installed_it():
+    """faiss' wheels are ``faiss-cpu`` and ``faiss-gpu-cu12``; the module's version is the one
+    a table records, and a package that is nowhere is said to be so."""
+    import faiss
+
+    from bench.common import machine_info
+
+    info = machine_info(("faiss", "no-such-package-here"))
+    assert info["faiss"] == faiss.__version__
+    assert info["no-such-package-here"] == "not installed"
