@@ -11,6 +11,7 @@ import time
 import numpy as np
 import torch
 
+from pipeline.mining.corpus_partitions import RankedRows
 from pipeline.mining.hard_negatives import MinedNegatives, Searched, SearchSettings, negatives_among
 from pipeline.mining.index import (
     IndexSpec,
@@ -39,12 +40,21 @@ class EmbeddedTexts:
             what a search returns. None: every text (the corpus task), with no copy.
         search: index kind, device and ``top_k``.
         seed: the IVF training sample.
+        keys: ``(texts,)`` their text keys (equal: the same sentence); None: every text distinct.
     """
 
     def __init__(
-        self, embeddings: np.ndarray, candidates: np.ndarray | None, search: SearchSettings, seed: int
+        self,
+        embeddings: np.ndarray,
+        candidates: np.ndarray | None,
+        search: SearchSettings,
+        seed: int,
+        keys: np.ndarray | None = None,
     ):
         self.embeddings = embeddings
+        self.keys = np.arange(len(embeddings)) if keys is None else np.asarray(keys, dtype=np.int64)
+        self.assignment: np.ndarray | None = None
+        self.ranked: RankedRows | None = None
         pool = embeddings if candidates is None else embeddings[candidates]
         kind = search.index_kind(len(pool), pool.shape[1])
         self.index = vector_index(pool, kind=kind, seed=seed, use_gpu=search.use_gpu, k=search.top_k)
@@ -67,8 +77,18 @@ class EmbeddedTexts:
     def pair_scores(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         return np.einsum("ij,ij->i", self.vectors(left), self.vectors(right)).astype(np.float32)
 
-    def nearest(self, centroids: np.ndarray) -> np.ndarray:
-        return nearest_cells(torch.from_numpy(self.embeddings), centroids)[0].numpy()
+    def keys_of(self, positions: np.ndarray) -> np.ndarray:
+        return self.keys[positions]
+
+    def cell_counts(self, centroids: np.ndarray) -> np.ndarray:
+        self.assignment = nearest_cells(torch.from_numpy(self.embeddings), centroids)[0].numpy()
+        return np.bincount(self.assignment, minlength=len(centroids))[None, :]
+
+    def order_by_cell(self, offsets: np.ndarray) -> None:
+        self.ranked = RankedRows(self.assignment, 0, offsets[0])
+
+    def rows_ranked(self, lo: int, hi: int) -> np.ndarray:
+        return self.ranked.between(lo, hi)
 
 
 def mine_hard_negatives(

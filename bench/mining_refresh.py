@@ -86,8 +86,8 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
     report = stage(
         "search+plan", results,
         lambda: refresh_corpus(
-            EmbeddedTexts(embeddings, None, settings.search, seed=settings.seed + 1),
-            keys=keys, settings=settings, version=1, previous=None,
+            EmbeddedTexts(embeddings, None, settings.search, seed=settings.seed + 1, keys=keys),
+            settings=settings, version=1, previous=None,
         ),
     )  # fmt: skip
     results["index_s"], results["search_s"] = (

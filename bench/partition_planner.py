@@ -71,11 +71,20 @@ def partitions_of(rows: int, settings: Any) -> list[Any]:
     :func:`~pipeline.mining.corpus_partitions.cut_at_batch_bounds`), each row put in a random one
     of even size instead of its nearest centroid's: no vectors here."""
     from pipeline.batching.plan import balanced_batch_sizes
-    from pipeline.mining.corpus_partitions import cut_at_batch_bounds, rows_per_partition
+    from pipeline.mining.corpus_partitions import (
+        CorpusPartitions,
+        RankedRows,
+        cut_at_batch_bounds,
+        rank_offsets,
+        rows_per_partition,
+    )
 
     most = settings.partition_rows or rows_per_partition(settings.search.top_k + 1)
     assignment = np.random.default_rng(0).permutation(rows) % -(-rows // most)
-    return cut_at_batch_bounds(assignment, balanced_batch_sizes(rows, settings.batch_size))
+    counts = np.bincount(assignment)
+    sizes = balanced_batch_sizes(rows, settings.batch_size)
+    ranked = RankedRows(assignment, 0, rank_offsets(counts[None, :])[0])
+    return list(CorpusPartitions(*cut_at_batch_bounds(counts, sizes), sizes, ranked.between))
 
 
 def plan_all(

@@ -32,8 +32,8 @@ def large_tokens(tokens: pa.Array | pa.ChunkedArray) -> pa.Array:
     return tokens.cast(pa.large_list(pa.int32()))
 
 
-def _take_rows(block: pa.Table, rows: np.ndarray) -> pa.Table:
-    return block.select(["input_ids"]).take(pa.array(rows))
+def _take_rows(block: pa.Table, rows: np.ndarray, columns: tuple[str, ...]) -> pa.Table:
+    return block.select(list(columns)).take(pa.array(rows))
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ class TokenizedBlocks:
         table = pa.concat_tables(tables)
         return table.set_column(1, "input_ids", large_tokens(table.column("input_ids"))).combine_chunks()
 
-    def take_refs(self, positions: np.ndarray) -> list[Any]:
-        """Object refs of ``(input_ids)`` tables of the sorted, distinct ``positions``: one per
+    def take_refs(self, positions: np.ndarray, columns: tuple[str, ...] = ("input_ids",)) -> list[Any]:
+        """Object refs of tables of ``columns`` of the sorted, distinct ``positions``: one per
         block that holds any of them, in position order.
 
         Each is a task that takes its rows where the block is (Ray places a task beside its
@@ -87,7 +87,7 @@ class TokenizedBlocks:
         bounds = np.searchsorted(positions, starts)
         take = ray.remote(num_cpus=0)(_take_rows)
         return [
-            take.remote(self.refs[k], positions[bounds[k] : bounds[k + 1]] - starts[k])
+            take.remote(self.refs[k], positions[bounds[k] : bounds[k + 1]] - starts[k], columns)
             for k in np.flatnonzero(np.diff(bounds))
         ]
 

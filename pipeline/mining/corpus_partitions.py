@@ -9,11 +9,17 @@ partition's neighbours at a time, about :data:`PLAN_BYTES`. Each partition is pl
 whole batches, so its edges are moved to the nearest batch bound: at most half a batch of rows
 of each partition is planned beside another partition's rows.
 
+The rows of each partition stay where their vectors are: every holder (a miner shard) assigns
+its own texts, only the cells' counts come to the miner, which cuts the partitions at batch
+bounds and asks the holders for one partition's rows when it plans it (:class:`RankedRows`), so
+no process holds every row's partition.
+
 A corpus of at most that many rows is one partition: the plan is exactly the unpartitioned one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,11 +56,39 @@ class CorpusPartition:
     """The global batches this partition fills: they sum to ``m``."""
 
 
+@dataclass(frozen=True)
+class CorpusPartitions:
+    """The corpus' partitions as ranges of its partition order (rows by partition, then by
+    position), each partition's rows fetched from their holders as it is reached.
+
+    Args:
+        row_bounds: ``(partitions + 1,)`` where each partition starts in that order, and the rows.
+        batch_bounds: ``(partitions + 1,)`` the same in batches of ``sizes``.
+        sizes: the epoch's batch sizes.
+        rows_between: the sorted positions of the rows ranked ``lo`` to ``hi - 1``.
+    """
+
+    row_bounds: np.ndarray
+    batch_bounds: np.ndarray
+    sizes: np.ndarray
+    rows_between: Callable[[int, int], np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.row_bounds) - 1
+
+    def __iter__(self) -> Iterator[CorpusPartition]:
+        for i in range(len(self)):
+            rows = self.rows_between(int(self.row_bounds[i]), int(self.row_bounds[i + 1]))
+            yield CorpusPartition(rows, self.sizes[self.batch_bounds[i] : self.batch_bounds[i + 1]])
+
+
 def partition_corpus(
     texts: EncodedTexts, *, sizes: np.ndarray, partition_rows: int, seed: int
-) -> list[CorpusPartition]:
+) -> CorpusPartitions:
     """The corpus in ``ceil(rows / partition_rows)`` partitions of near texts, with the epoch's
-    batch sizes dealt out to them.
+    batch sizes dealt out to them. The texts' holders assign and rank their own rows
+    (:meth:`~pipeline.mining.encoded_texts.EncodedTexts.cell_counts`, ``order_by_cell``); only
+    the cells' counts come here.
 
     Args:
         texts: the corpus under the newest weights.
@@ -63,53 +97,86 @@ def partition_corpus(
         seed: seeds the centroids' sample and training.
 
     Returns:
-        The partitions with rows, in the order of their centroids; one partition of every row
-        (and every batch size) when the corpus is no larger than ``partition_rows``.
+        The partitions, in the order of their centroids; one partition of every row (and every
+        batch size) when the corpus is no larger than ``partition_rows``.
     """
     n = texts.rows
+    sizes = np.asarray(sizes, dtype=np.int64)
     count = -(-n // partition_rows)
     if count <= 1:
-        return [CorpusPartition(np.arange(n, dtype=np.int64), np.asarray(sizes, dtype=np.int64))]
-    return cut_at_batch_bounds(nearest_centroids(texts, count=count, seed=seed), sizes)
+        return CorpusPartitions(
+            np.array([0, n]),
+            np.array([0, len(sizes)]),
+            sizes,
+            lambda lo, hi: np.arange(lo, hi, dtype=np.int64),
+        )
+    counts = texts.cell_counts(centroids_of(texts, count=count, seed=seed))
+    texts.order_by_cell(rank_offsets(counts))
+    row_bounds, batch_bounds = cut_at_batch_bounds(counts.sum(axis=0), sizes)
+    return CorpusPartitions(row_bounds, batch_bounds, sizes, texts.rows_ranked)
 
 
-def nearest_centroids(texts: EncodedTexts, *, count: int, seed: int) -> np.ndarray:
-    """``(rows,)``: each row's nearest of ``count`` spherical k-means centroids, trained on a
-    seeded sample of the vectors; every row is assigned where its vector is (the shards)."""
+def centroids_of(texts: EncodedTexts, *, count: int, seed: int) -> np.ndarray:
+    """``(count, dim)`` spherical k-means centroids, trained on a seeded sample of the vectors."""
     n = texts.rows
     size = min(n, count * TRAINING_ROWS_PER_CENTROID)
     sample = np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
     # The same k-means and assignment as an IVF index's cells (on the CPU: the miner plans there).
-    centroids = spherical_kmeans(SampleOnDevice(texts.vectors(sample), "cpu"), count, seed=seed)
-    return texts.nearest(centroids)
+    return spherical_kmeans(SampleOnDevice(texts.vectors(sample), "cpu"), count, seed=seed)
 
 
-def cut_at_batch_bounds(assignment: np.ndarray, sizes: np.ndarray) -> list[CorpusPartition]:
-    """Partitions of the rows by ``assignment``, each edge moved to the nearest bound of the
-    batches ``sizes`` cut, so that every partition is whole batches.
+def rank_offsets(counts: np.ndarray) -> np.ndarray:
+    """``(holders, cells)``: where each holder's rows of each cell start in the partition order,
+    from each holder's count of them (``counts``, holders in position order)."""
+    totals = counts.sum(axis=0)
+    before_cell = np.concatenate([[0], np.cumsum(totals)[:-1]])
+    return before_cell[None, :] + np.cumsum(counts, axis=0) - counts
 
-    Rows are taken partition after partition, each partition's in position order; a partition
-    whose edge moves forward takes the next partition's first rows, one whose edge moves back
-    gives its last rows to the next. A partition left with no batch is dropped.
+
+class RankedRows:
+    """One holder's texts in the corpus' partition order: sorted by cell, then by position.
 
     Args:
-        assignment: ``(n,)`` each row's partition.
-        sizes: ``(num_batches,)`` batch sizes summing to ``n``.
+        assignment: ``(texts held,)`` each held text's cell.
+        first: the corpus position of the first held text (a holder's texts are consecutive).
+        offsets: ``(cells,)`` where this holder's texts of each cell start in the order
+            (:func:`rank_offsets`).
+    """
+
+    def __init__(self, assignment: np.ndarray, first: int, offsets: np.ndarray):
+        order = np.argsort(assignment, kind="stable")
+        cells = assignment[order]
+        # A text's rank is its cell's offset plus how many of the cell's held texts come before it.
+        self.ranks = offsets[cells] + np.arange(len(cells)) - np.searchsorted(cells, cells)
+        order += first
+        self.positions = order
+
+    def between(self, lo: int, hi: int) -> np.ndarray:
+        """The sorted positions of the held texts ranked ``lo`` to ``hi - 1``."""
+        start, stop = np.searchsorted(self.ranks, [lo, hi])
+        return np.sort(self.positions[start:stop])
+
+
+def cut_at_batch_bounds(counts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The partitions' bounds in the partition order, each cell's edge moved to the nearest
+    bound of the batches ``sizes`` cut, so that every partition is whole batches.
+
+    A partition whose edge moves forward takes the next cell's first rows, one whose edge moves
+    back gives its last rows to the next. A partition left with no batch is dropped.
+
+    Args:
+        counts: ``(cells,)`` the rows of each cell.
+        sizes: ``(num_batches,)`` batch sizes summing to the rows.
 
     Returns:
-        The non-empty partitions, with their rows and their batches' sizes.
+        ``(partitions + 1,)`` bounds in rows and in batches.
     """
     sizes = np.asarray(sizes, dtype=np.int64)
-    order = np.argsort(assignment, kind="stable")
-    edges = np.cumsum(np.bincount(assignment))[:-1]
+    edges = np.cumsum(counts)[:-1]
     ends = np.concatenate([[0], np.cumsum(sizes)])  # rows before each batch, and n
     # The nearest batch bound to each edge: the one at or after it, or the one before when nearer.
     after = np.searchsorted(ends, edges)
     before = np.maximum(after - 1, 0)
     nearest = np.where(edges - ends[before] < ends[after] - edges, before, after)
     batch_bounds = np.unique(np.concatenate([[0], nearest, [len(sizes)]]))
-    row_bounds = ends[batch_bounds]
-    return [
-        CorpusPartition(np.sort(order[row_bounds[i] : row_bounds[i + 1]]), sizes[batch_bounds[i] : batch_bounds[i + 1]])
-        for i in range(len(batch_bounds) - 1)
-    ]  # fmt: skip
+    return ends[batch_bounds], batch_bounds

@@ -39,7 +39,25 @@ class EncodedTexts(NeighbourSearch, Protocol):
         the left texts are held."""
         ...
 
-    def nearest(self, centroids: np.ndarray) -> np.ndarray:
-        """``(texts,)`` int: each text's most similar of the unit ``(cells, dim)`` ``centroids``
-        (:func:`~pipeline.mining.ivf_training.nearest_cells`), found where its vector is."""
+    def keys_of(self, positions: np.ndarray) -> np.ndarray:
+        """``(len(positions),)`` int64 text keys (:func:`~pipeline.data.normalize.normalized_id`)
+        of the texts at any ``positions``, from their holders: equal keys, the same sentence."""
+        ...
+
+    def cell_counts(self, centroids: np.ndarray) -> np.ndarray:
+        """``(holders, cells)`` int64: every holder assigns its texts to their most similar of
+        the unit ``(cells, dim)`` ``centroids`` where their vectors are
+        (:func:`~pipeline.mining.ivf_training.nearest_cells`), keeps the assignment, and counts
+        each cell's texts; holders in position order."""
+        ...
+
+    def order_by_cell(self, offsets: np.ndarray) -> None:
+        """Every holder ranks its texts in the partition order from its row of ``offsets``
+        (``(holders, cells)``, :func:`~pipeline.mining.corpus_partitions.rank_offsets`), as a
+        :class:`~pipeline.mining.corpus_partitions.RankedRows`, after :meth:`cell_counts`."""
+        ...
+
+    def rows_ranked(self, lo: int, hi: int) -> np.ndarray:
+        """The sorted positions of the texts ranked ``lo`` to ``hi - 1`` in the partition order
+        (after :meth:`order_by_cell`), gathered from every holder."""
         ...

@@ -52,7 +52,8 @@ def nearest_cells(rows: torch.Tensor, centroids: np.ndarray) -> tuple[torch.Tens
     """``(m,)`` int64 index of each of ``rows`` (``(m, d)``) most similar unit centroid
     (``centroids`` normalised here) and ``(m,)`` its similarity, on the rows' device, a chunk
     of rows at a time (:data:`ASSIGN_SCORES_BYTES` of scores)."""
-    units = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32)).to(rows.device)
+    # A copy: centroids from the object store are read-only, which torch warns of.
+    units = torch.from_numpy(np.array(centroids, dtype=np.float32)).to(rows.device)
     units = torch.nn.functional.normalize(units, dim=1)
     chunk_rows = max(1, ASSIGN_SCORES_BYTES // (4 * len(units)))
     best = [(chunk @ units.T).max(dim=1) for chunk in rows.split(chunk_rows)]

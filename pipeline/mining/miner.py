@@ -48,7 +48,8 @@ class HardNegativeMiner:
 
     Its texts are encoded, indexed and searched by ``mining.shards`` shards
     (:class:`~pipeline.mining.miner_shards.MinerShards`: one runs in this process, more are
-    actors of their own); this process holds each text's key and the rows, and mines.
+    actors of their own); this process mines. For the pairs task it holds the rows and each
+    text's key; for the corpus task the shards hold the keys and each row's partition.
 
     Args:
         blocks: the tokenized corpus in the object store.
@@ -74,7 +75,6 @@ class HardNegativeMiner:
         teacher_blob: Any = None,
     ):
         quiet_libraries()
-        keys, _ = block_columns(blocks.refs, ["text_key"], num_cpus=0)
         pool = triplets.candidate_pool() if triplets is not None else None
         teacher = settings.teacher if triplets is not None else None
         assert teacher is None or texts is not None, (
@@ -87,7 +87,10 @@ class HardNegativeMiner:
         )  # fmt: skip
         self.settings = settings
         self.triplets = triplets
-        self.text_keys = dense_keys(keys.column("text_key").to_numpy())
+        self.text_keys = None
+        if triplets is not None:  # the corpus task's keys stay in the shards (MinerShards.keys_of)
+            keys, _ = block_columns(blocks.refs, ["text_key"], num_cpus=0)
+            self.text_keys = dense_keys(keys.column("text_key").to_numpy())
         self.texts = texts
         # Each shard loaded the teacher where it encodes; the shards score the refresh's pairs.
         self.teacher = self.shards if teacher is not None else None
@@ -131,13 +134,7 @@ class HardNegativeMiner:
                 texts_at=self.texts.texts_at if self.texts is not None else None,
             )  # fmt: skip
         else:
-            report = refresh_corpus(
-                texts,
-                keys=self.text_keys,
-                settings=self.settings,
-                version=version,
-                previous=self.previous,
-            )
+            report = refresh_corpus(texts, settings=self.settings, version=version, previous=self.previous)
         report.metrics.update(
             {
                 "mining/encode_s": encode_seconds,

@@ -21,6 +21,7 @@ import torch
 
 from pipeline.core.heap import release_free_heap
 from pipeline.data.tokenized import CorpusShare, TokenizedBlocks
+from pipeline.mining.corpus_partitions import RankedRows
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec, PretrainedIndex, VectorIndex, VectorSource
 from pipeline.mining.ivf_training import SampleOnDevice, nearest_cells
@@ -31,7 +32,7 @@ from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
 from pipeline.model.teacher import Teacher, TeacherSettings, load_teacher
 
 ASSIGN_CHUNK_ROWS = 65_536
-"""Vectors assigned to their nearest centroid at once (:meth:`MinerShard.nearest_cells`)."""
+"""Vectors assigned to their nearest centroid at once (:meth:`MinerShard.cell_counts`)."""
 
 
 @dataclass(frozen=True)
@@ -42,19 +43,35 @@ class ShardRange:
     """The corpus position of the shard's first text."""
     last: int
     """One past its last text's position."""
-    candidates: np.ndarray
+    pool: np.ndarray | None
     """Sorted corpus positions in ``first .. last - 1`` that searches may return (the pairs
-    task's pool; every text for the corpus task)."""
+    task's pool); None: every text of the range (the corpus task), with no array a row."""
     first_candidate: int
     """How many candidates the shards before this one index: a candidate is returned as its
     ordinal among all the shards' candidates (a position in the pool)."""
+
+    @property
+    def count(self) -> int:
+        """The candidates it indexes."""
+        return self.last - self.first if self.pool is None else len(self.pool)
+
+    def positions(self, numbers: np.ndarray) -> np.ndarray:
+        """The corpus positions of its candidates numbered ``numbers`` (from 0)."""
+        return np.asarray(numbers, dtype=np.int64) + self.first if self.pool is None else self.pool[numbers]
+
+    @property
+    def candidates(self) -> np.ndarray:
+        """Every candidate's corpus position."""
+        return self.positions(np.arange(self.count))
 
 
 def shard_ranges(num_texts: int, candidates: np.ndarray | None, shards: int) -> list[ShardRange]:
     """``shards`` consecutive ranges of the ``num_texts`` corpus positions, as even as whole
     texts allow, each with the ``candidates`` (sorted positions; None: every text) it indexes."""
     bounds = np.linspace(0, num_texts, shards + 1).round().astype(np.int64)
-    pool = np.arange(num_texts, dtype=np.int64) if candidates is None else np.asarray(candidates, np.int64)
+    if candidates is None or len(candidates) == num_texts:  # sorted distinct positions: all of them
+        return [ShardRange(int(bounds[s]), int(bounds[s + 1]), None, int(bounds[s])) for s in range(shards)]
+    pool = np.asarray(candidates, np.int64)
     at = np.searchsorted(pool, bounds)
     return [
         ShardRange(int(bounds[s]), int(bounds[s + 1]), pool[at[s] : at[s + 1]], int(at[s]))
@@ -106,6 +123,11 @@ class MinerShard:
         self.sample: tuple[int, np.ndarray, np.ndarray] | None = None
         """The refresh's seed, and this shard's rows of the shared IVF sample and their vectors,
         from :meth:`encode_sample` until :meth:`encode` adds them to its index."""
+        self.keys: np.ndarray | None = None
+        """The held texts' keys, once asked (:meth:`keys_of`)."""
+        self.assignment: np.ndarray | None = None
+        self.ranked: RankedRows | None = None
+        """The held texts in this refresh's partition order, from :meth:`order_by_cell`."""
         self.teacher: Teacher | None = None
         if teacher is not None:
             self.teacher = load_teacher(teacher, blob=teacher_blob, device=self.device.type)
@@ -118,7 +140,7 @@ class MinerShard:
         """The index kind this shard's candidates need, checked against the memory free where it
         runs (:meth:`~pipeline.mining.hard_negatives.SearchSettings.index_kind`); every shard
         builds the most compact kind any of them needs (:meth:`MinerShards.encode`)."""
-        return self.search_settings.index_kind(len(self.span.candidates), self.dim)
+        return self.search_settings.index_kind(self.span.count, self.dim)
 
     def encode_sample(
         self, encoder_state: dict[str, torch.Tensor] | None, seed: int, rows: np.ndarray | None
@@ -132,7 +154,7 @@ class MinerShard:
         release_free_heap()
         self._load(encoder_state)
         if rows is not None:
-            self.sample = (seed, rows, self._encode(self.span.candidates[rows] - self.span.first))
+            self.sample = (seed, rows, self._encode(self.span.positions(rows) - self.span.first))
         return {"dim": self.dim, "seconds": time.perf_counter() - started}
 
     def sample_assign(self, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -164,9 +186,10 @@ class MinerShard:
         self._load(encoder_state)
         held = self.texts.held
         self.index, self.vectors = None, None  # the old ones go before the new vectors arrive
+        self.ranked = None
         release_free_heap()
         span, dim = self.span, self.dim
-        every_text = len(span.candidates) == len(held)
+        every_text = span.pool is None
         if every_text:
             # Every text is a candidate: the index holds the only copy of the vectors, encoded
             # a chunk at a time as it is built.
@@ -182,7 +205,7 @@ class MinerShard:
             elif sampled is not None and sampled[0] == seed and np.array_equal(sampled[1], sample_rows):
                 vectors = sampled[2]
             else:
-                vectors = self._encode(span.candidates[sample_rows] - span.first)
+                vectors = self._encode(span.positions(sample_rows) - span.first)
             pretrained = PretrainedIndex(trained, sample_rows, vectors)
         self.sample = None
         s = self.search_settings
@@ -220,17 +243,43 @@ class MinerShard:
         assert self.teacher is not None, "MinerShard.teacher_scores without a teacher"
         return self.teacher.score_indexed(texts, left, right)
 
-    def nearest_cells(self, centroids: np.ndarray) -> np.ndarray:
-        """``(texts held,)`` int32: each held text's most similar of the unit ``centroids``, on
-        this shard's device, :data:`ASSIGN_CHUNK_ROWS` vectors at a time."""
-        assert self.index is not None, "MinerShard.nearest_cells before encode"
+    def cell_counts(self, centroids: np.ndarray) -> np.ndarray:
+        """``(cells,)`` int64: how many held texts have each of the unit ``centroids`` as their
+        most similar, found on this shard's device, :data:`ASSIGN_CHUNK_ROWS` vectors at a
+        time; each text's cell is kept for :meth:`order_by_cell`."""
+        assert self.index is not None, "MinerShard.cell_counts before encode"
         held = self.span.last - self.span.first
-        nearest = np.empty(held, dtype=np.int32)
+        self.assignment = np.empty(held, dtype=np.int32)
         for lo in range(0, held, ASSIGN_CHUNK_ROWS):
             rows = self.vectors_of(np.arange(lo, min(lo + ASSIGN_CHUNK_ROWS, held)) + self.span.first)
             cells, _ = nearest_cells(torch.from_numpy(np.ascontiguousarray(rows)).to(self.device), centroids)
-            nearest[lo : lo + len(rows)] = cells.cpu().numpy()
-        return nearest
+            self.assignment[lo : lo + len(rows)] = cells.cpu().numpy()
+        return np.bincount(self.assignment, minlength=len(centroids)).astype(np.int64)
+
+    def order_by_cell(self, offsets: np.ndarray) -> None:
+        """Rank the held texts in the corpus' partition order (:class:`~pipeline.mining.
+        corpus_partitions.RankedRows`), ``offsets`` this shard's row of
+        :func:`~pipeline.mining.corpus_partitions.rank_offsets`."""
+        assert self.assignment is not None, "MinerShard.order_by_cell before cell_counts"
+        self.ranked = RankedRows(self.assignment, self.span.first, offsets)
+        self.assignment = None
+
+    def rows_ranked(self, lo: int, hi: int) -> np.ndarray:
+        """The sorted positions of the held texts ranked ``lo`` to ``hi - 1``."""
+        assert self.ranked is not None, "MinerShard.rows_ranked before order_by_cell"
+        return self.ranked.between(lo, hi)
+
+    def keys_of(self, positions: np.ndarray) -> np.ndarray:
+        """``(len(positions),)`` int64 text keys of held texts, read from the corpus' blocks
+        at the first call."""
+        import ray  # deferred, as in __init__
+
+        if self.keys is None:
+            held = np.arange(self.span.first, self.span.last, dtype=np.int64)
+            parts = [ray.get(ref).column("text_key").to_numpy()
+                     for ref in self.texts.blocks.take_refs(held, columns=("text_key",))]  # fmt: skip
+            self.keys = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return self.keys[np.asarray(positions, dtype=np.int64) - self.span.first]
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each query's top ``k`` among this shard's candidates: scores, and the candidates'

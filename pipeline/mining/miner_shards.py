@@ -62,7 +62,7 @@ class MinerShards:
         self.in_process = isinstance(handles[0], InProcessShard)
         self.firsts = np.array([span.first for span in spans], dtype=np.int64)
         self.first_candidates = np.array([span.first_candidate for span in spans], dtype=np.int64)
-        self.rows = sum(len(span.candidates) for span in spans)
+        self.rows = sum(span.count for span in spans)
         self.backend, self.kind, self.dim = "", "", 0
         self.build_seconds = 0.0
         self.nprobe = 0
@@ -227,7 +227,7 @@ class MinerShards:
         positions = np.empty_like(ordinals)
         for s, span in enumerate(self.spans):
             mine = owner == s
-            positions[mine] = span.candidates[ordinals[mine] - span.first_candidate]
+            positions[mine] = span.positions(ordinals[mine] - span.first_candidate)
         return positions
 
     def vectors(self, positions: np.ndarray) -> np.ndarray:
@@ -238,7 +238,7 @@ class MinerShards:
         return self.rows_from_owners("vectors_of", owners, positions)
 
     def rows_from_owners(self, method: str, owners: np.ndarray, args: np.ndarray) -> np.ndarray:
-        """``(len(args), d)`` rows, in their order: shard ``owners[i]``'s ``method`` gives the
+        """``(len(args), ...)`` rows, in their order: shard ``owners[i]``'s ``method`` gives the
         row of ``args[i]`` (each shard asked once, for all of its own, all shards at once)."""
         asked = {s: at for s in range(len(self.handles)) if len(at := np.flatnonzero(owners == s))}
         parts = self._gather(
@@ -246,7 +246,7 @@ class MinerShards:
         )
         if not parts:
             return np.empty((0, 0), dtype=np.float32)
-        out = np.empty((len(args), parts[0].shape[1]), dtype=np.float32)
+        out = np.empty((len(args), *parts[0].shape[1:]), dtype=parts[0].dtype)
         for at, part in zip(asked.values(), parts, strict=True):
             out[at] = part
         return out
@@ -308,10 +308,26 @@ class MinerShards:
             scores[at] = part
         return scores
 
-    def nearest(self, centroids: np.ndarray) -> np.ndarray:
-        """Each text's nearest of the unit ``centroids``, every shard assigning its own texts
-        on its device; only the cells' numbers come back."""
-        return np.concatenate(self.ask_all("nearest_cells", self.to_every_shard(centroids)))
+    def cell_counts(self, centroids: np.ndarray) -> np.ndarray:
+        """``(shards, cells)``: each shard assigns its own texts to the unit ``centroids`` on its
+        device and keeps the assignment; only each cell's count comes back."""
+        return np.stack(self.ask_all("cell_counts", self.to_every_shard(centroids)))
+
+    def order_by_cell(self, offsets: np.ndarray) -> None:
+        """Each shard ranks its texts in the partition order from its row of ``offsets``."""
+        self._gather({s: h.order_by_cell.remote(offsets[s]) for s, h in enumerate(self.handles)})
+
+    def rows_ranked(self, lo: int, hi: int) -> np.ndarray:
+        """The sorted positions ranked ``lo`` to ``hi - 1``: each shard's, in shard order."""
+        return np.concatenate(self.ask_all("rows_ranked", lo, hi))
+
+    def keys_of(self, positions: np.ndarray) -> np.ndarray:
+        """The text keys of any positions, each from the shard that holds it."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if not len(positions):
+            return np.empty(0, dtype=np.int64)
+        owners = np.searchsorted(self.firsts, positions, side="right") - 1
+        return self.rows_from_owners("keys_of", owners, positions)
 
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search` from every candidate of every shard, whatever their indexes."""

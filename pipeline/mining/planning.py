@@ -28,7 +28,6 @@ from pipeline.mining.index import estimate_index_bytes, index_summary
 from pipeline.mining.negatives import filter_candidates
 from pipeline.mining.plan_quality import CandidateTotals, PlanQuality
 from pipeline.mining.refresh_report import RefreshReport
-from pipeline.mining.text_keys import duplicate_mask
 
 SEARCH_CHUNK_ROWS = 65_536
 """Queries searched at once (the shards answer a chunk at a time)."""
@@ -52,7 +51,6 @@ class PlanSettings:
 def refresh_corpus(
     texts: EncodedTexts,
     *,
-    keys: np.ndarray,
     settings: MinerSettings,
     version: int,
     previous: RefreshReport | None,
@@ -68,8 +66,7 @@ def refresh_corpus(
 
     Args:
         texts: the corpus under the newest weights, every text a candidate (the miner's
-            shards).
-        keys: ``(rows,)`` :func:`~pipeline.mining.text_keys.text_keys` of the rows.
+            shards, which hold each row's key and partition: this process holds neither).
         settings: search, filters, sampler, batch size, partition size, seed, where to write.
         version: this refresh's version (it seeds the search and the plan).
         previous: the last refresh's report, for the churn (its ``batch_of_row``).
@@ -112,7 +109,7 @@ def refresh_corpus(
     for number, partition in enumerate(partitions):
         started = time.perf_counter()
         scores, indices = search_rows(texts, partition.rows, k)
-        duplicate = duplicate_mask(indices, keys[partition.rows], keys[partition.rows], keys)
+        duplicate = same_text(texts, partition.rows, indices)
         seconds["search"] += time.perf_counter() - started
         started = time.perf_counter()
         planner.submit(
@@ -152,6 +149,15 @@ def search_rows(texts: EncodedTexts, rows: np.ndarray, k: int) -> tuple[np.ndarr
              for lo in range(0, len(rows), SEARCH_CHUNK_ROWS)]  # fmt: skip
     scores, positions = zip(*found, strict=True)
     return np.concatenate(scores), np.concatenate(positions)
+
+
+def same_text(texts: EncodedTexts, rows: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``(m, k)`` True where a found text (``indices``, -1: none) has the key of its row's
+    text, the keys asked of the texts' holders."""
+    found = indices >= 0
+    keys = np.zeros(indices.shape, dtype=np.int64)
+    keys[found] = texts.keys_of(indices[found])
+    return found & (keys == texts.keys_of(rows)[:, None])
 
 
 class PartitionPlanner:

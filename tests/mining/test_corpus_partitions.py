@@ -13,7 +13,13 @@ import pytest
 from bench.embedded_texts import EmbeddedTexts
 from pipeline.batching.plan import balanced_batch_sizes
 from pipeline.data.plan_file import read_plan_file
-from pipeline.mining.corpus_partitions import cut_at_batch_bounds, partition_corpus
+from pipeline.mining.corpus_partitions import (
+    CorpusPartitions,
+    RankedRows,
+    cut_at_batch_bounds,
+    partition_corpus,
+    rank_offsets,
+)
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner_settings import MinerSettings
@@ -43,17 +49,17 @@ def clustered():
 def refresh(
     vectors: np.ndarray, partition_rows: int, sampler: str = "knn", seed: int = 0, shards: int = 1, **given
 ):
-    """A corpus refresh of ``vectors`` (``given``: ``mined_dir``, ``version``, ``previous``)."""
+    """A corpus refresh of ``vectors`` (``given``: ``mined_dir``, ``version``, ``previous``,
+    ``keys``)."""
     search = SearchSettings(top_k=8, index=IndexSpec("flat"))
     settings = MinerSettings(
         pooler="mean", batch_size=BATCH, seed=seed, search=search, shards=shards,
         filters=NegativeFilters(range_min=0), plan=PlanSettings(sampler), partition_rows=partition_rows,
         mined_dir=given.get("mined_dir"),
     )  # fmt: skip
-    texts = EmbeddedTexts(vectors, None, search, seed)
-    keys = np.arange(len(vectors))  # every text distinct
+    texts = EmbeddedTexts(vectors, None, search, seed, keys=given.get("keys"))  # None: every text distinct
     return refresh_corpus(
-        texts, keys=keys, settings=settings, version=given.get("version", 1), previous=given.get("previous")
+        texts, settings=settings, version=given.get("version", 1), previous=given.get("previous")
     )
 
 
@@ -165,14 +171,30 @@ def test_partitions_keep_the_neighbourhoods_of_one_plan(clustered):
     )
 
 
-def test_partition_edges_move_to_the_nearest_batch_bound():
+def partitions_of(assignment: np.ndarray, sizes: np.ndarray, holders: int) -> list:
+    """The partitions cut from ``assignment``, the rows held by ``holders`` consecutive holders
+    that each rank their own (as the miner's shards do)."""
+    bounds = np.linspace(0, len(assignment), holders + 1).round().astype(int)
+    parts = [assignment[bounds[h] : bounds[h + 1]] for h in range(holders)]
+    counts = np.stack([np.bincount(part, minlength=7) for part in parts])
+    offsets = rank_offsets(counts)
+    ranked = [RankedRows(part, bounds[h], offsets[h]) for h, part in enumerate(parts)]
+
+    def rows_between(lo: int, hi: int) -> np.ndarray:
+        return np.concatenate([r.between(lo, hi) for r in ranked])
+
+    return list(CorpusPartitions(*cut_at_batch_bounds(counts.sum(axis=0), sizes), sizes, rows_between))
+
+
+@pytest.mark.parametrize("holders", [1, 3])
+def test_partition_edges_move_to_the_nearest_batch_bound(holders):
     rng = np.random.default_rng(3)
     assignment = rng.integers(0, 7, size=2_000).astype(np.int32)
     assignment[assignment == 5] = 4  # an empty cell
     assignment[:3] = 6  # and one of 3 rows: less than half a batch, it goes to its neighbour
     assignment[3:][assignment[3:] == 6] = 2
     sizes = balanced_batch_sizes(len(assignment), 50)
-    partitions = cut_at_batch_bounds(assignment, sizes)
+    partitions = partitions_of(assignment, sizes, holders)
     assert np.array_equal(np.sort(np.concatenate([p.rows for p in partitions])), np.arange(len(assignment)))
     assert np.array_equal(np.concatenate([p.sizes for p in partitions]), sizes)
     for p in partitions:
@@ -184,6 +206,13 @@ def test_partition_edges_move_to_the_nearest_batch_bound():
         strangers = int((assignment[p.rows] != cell).sum())
         missing = int((assignment == cell).sum()) - (len(p.rows) - strangers)
         assert strangers <= sizes.max() and missing <= sizes.max(), cell
+    # The rows taken partition after partition are the rows by cell, then by position: however
+    # many hold them, each partition is a consecutive run of that one order.
+    order = np.argsort(assignment, kind="stable")
+    at = 0
+    for p in partitions:
+        np.testing.assert_array_equal(p.rows, np.sort(order[at : at + len(p.rows)]))
+        at += len(p.rows)
 
 
 def test_a_corpus_of_one_partition_is_not_cut(clustered):
@@ -192,6 +221,29 @@ def test_a_corpus_of_one_partition_is_not_cut(clustered):
     texts = EmbeddedTexts(vectors, None, SearchSettings(top_k=8, index=IndexSpec("flat")), 0)
     (only,) = partition_corpus(texts, sizes=sizes, partition_rows=len(vectors), seed=0)
     assert np.array_equal(only.rows, np.arange(len(vectors))) and np.array_equal(only.sizes, sizes)
+
+
+def test_a_rows_copies_by_key_are_never_its_candidates(clustered):
+    """The keys the texts' holders give decide what is a row's own text: the near copies
+    (every 10th row) given their original's key are removed as duplicates (in both
+    directions), where distinct keys left them to the relative margin, and no copy is planned
+    beside its original."""
+    vectors, _ = clustered
+    distinct = refresh(vectors, partition_rows=PER_CLUSTER)
+    keys = np.arange(len(vectors))
+    copies = np.flatnonzero(np.einsum("ij,ij->i", vectors[1:], vectors[:-1]) > 0.99) + 1
+    keys[copies] = copies - 1
+    same = refresh(vectors, partition_rows=PER_CLUSTER, keys=keys)
+    removed = same.metrics["mining/removed_duplicate"] - distinct.metrics["mining/removed_duplicate"]
+    assert len(copies) > 10 and removed == 2 * len(copies)
+    margin = (
+        distinct.metrics["mining/removed_relative_margin"] - same.metrics["mining/removed_relative_margin"]
+    )
+    assert margin == removed
+    batch_of = np.empty(len(vectors), dtype=int)
+    for number, batch in enumerate(same.plan.batches()):
+        batch_of[batch] = number
+    assert not np.any(batch_of[copies] == batch_of[copies - 1])
 
 
 def test_sizes_that_do_not_cover_the_rows_are_refused():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.mining.corpus_partitions import rank_offsets
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import (
     IndexSpec,
@@ -101,12 +102,26 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
         np.testing.assert_allclose(
             miner_shards.pair_scores(left, right), (vectors[left] * vectors[right]).sum(axis=1), atol=1e-6
         )
-        # Every text assigned to its nearest centroid where its vector is.
+        # Every text assigned to its nearest centroid where its vector is; only the counts come
+        # back, and each cell's texts are then fetched from the shards as one run of ranks.
         centroids = vectors[pool][:7] * 2.0  # any 7 directions; they are normalised there
         units = centroids / np.linalg.norm(centroids, axis=1, keepdims=True)
-        nearest = miner_shards.nearest(centroids)
-        chosen = (vectors * units[nearest]).sum(axis=1)
-        np.testing.assert_allclose(chosen, (vectors @ units.T).max(axis=1), atol=1e-6)
+        counts = miner_shards.cell_counts(centroids)
+        assert counts.shape == (shards, 7) and counts.sum() == len(whole)
+        miner_shards.order_by_cell(rank_offsets(counts))
+        bounds = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+        cells = [miner_shards.rows_ranked(int(bounds[c]), int(bounds[c + 1])) for c in range(7)]
+        np.testing.assert_array_equal(np.sort(np.concatenate(cells)), np.arange(len(whole)))
+        for cell, rows in enumerate(cells):
+            assert np.all(np.diff(rows) > 0)
+            np.testing.assert_allclose(
+                vectors[rows] @ units[cell], (vectors[rows] @ units.T).max(axis=1), atol=1e-6
+            )
+        # Each text's key, from the shard that holds it, as the corpus' blocks give it.
+        asked = np.random.default_rng(0).integers(0, len(whole), 50)
+        np.testing.assert_array_equal(
+            miner_shards.keys_of(asked), blocks.table().column("text_key").to_numpy()[asked]
+        )
         assert miner_shards.backend == "faiss-cpu/flat" + (f" x{shards}" if shards > 1 else "")
         # One shard is the same code in this process (the miner's), more are actors of their own.
         pids = miner_shards.ask_all("ready")
