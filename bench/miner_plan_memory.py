@@ -134,7 +134,7 @@ def measure_miner(rows: int, shards: int, partition_rows: int, workdir: Path) ->
         "rows": float(blocks.num_rows),
         "start": start,
         "peak": peak - before,
-        "kept": after - before + (before - start),
+        "kept": after - start,
         "seconds": seconds,
         "partitions": report.metrics["mining/partitions"],
         "churn": report.metrics["mining/churn"],
@@ -172,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
         measure_miner(WARM_UP_ROWS, args.shards, WARM_UP_ROWS // 3, args.workdir)
     for rows in sizes:
         if args.shards >= 2:
-            args.workdir.mkdir(parents=True, exist_ok=True)
             results.append(measure_miner(rows, args.shards, args.partition_rows, args.workdir))
             continue
         with tempfile.TemporaryDirectory() as folder:

@@ -254,7 +254,7 @@ class MinerShard:
             rows = self.vectors_of(np.arange(lo, min(lo + ASSIGN_CHUNK_ROWS, held)) + self.span.first)
             cells, _ = nearest_cells(torch.from_numpy(np.ascontiguousarray(rows)).to(self.device), centroids)
             self.assignment[lo : lo + len(rows)] = cells.cpu().numpy()
-        return np.bincount(self.assignment, minlength=len(centroids)).astype(np.int64)
+        return np.bincount(self.assignment, minlength=len(centroids))
 
     def order_by_cell(self, offsets: np.ndarray) -> None:
         """Rank the held texts in the corpus' partition order (:class:`~pipeline.mining.

@@ -28,6 +28,7 @@ from pipeline.mining.index import estimate_index_bytes, index_summary
 from pipeline.mining.negatives import filter_candidates
 from pipeline.mining.plan_quality import CandidateTotals, PlanQuality
 from pipeline.mining.refresh_report import RefreshReport
+from pipeline.mining.text_keys import duplicate_mask
 
 SEARCH_CHUNK_ROWS = 65_536
 """Queries searched at once (the shards answer a chunk at a time)."""
@@ -153,11 +154,14 @@ def search_rows(texts: EncodedTexts, rows: np.ndarray, k: int) -> tuple[np.ndarr
 
 def same_text(texts: EncodedTexts, rows: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """``(m, k)`` True where a found text (``indices``, -1: none) has the key of its row's
-    text, the keys asked of the texts' holders."""
+    text (:func:`~pipeline.mining.text_keys.duplicate_mask`), the keys asked of the texts'
+    holders once for each distinct text found."""
     found = indices >= 0
-    keys = np.zeros(indices.shape, dtype=np.int64)
-    keys[found] = texts.keys_of(indices[found])
-    return found & (keys == texts.keys_of(rows)[:, None])
+    asked, slot = np.unique(indices[found], return_inverse=True)
+    candidates = np.full(indices.shape, -1, dtype=np.int64)
+    candidates[found] = slot
+    row_keys = texts.keys_of(rows)
+    return duplicate_mask(candidates, row_keys, row_keys, texts.keys_of(asked))
 
 
 class PartitionPlanner:
