@@ -55,6 +55,7 @@ class EmbeddedTexts:
         self.keys = np.arange(len(embeddings)) if keys is None else np.asarray(keys, dtype=np.int64)
         self.assignment: np.ndarray | None = None
         self.ranked: RankedRows | None = None
+        self.batches: dict[int, np.ndarray] = {}
         pool = embeddings if candidates is None else embeddings[candidates]
         kind = search.index_kind(len(pool), pool.shape[1])
         self.index = vector_index(pool, kind=kind, seed=seed, use_gpu=search.use_gpu, k=search.top_k)
@@ -89,6 +90,16 @@ class EmbeddedTexts:
 
     def rows_ranked(self, lo: int, hi: int) -> np.ndarray:
         return self.ranked.between(lo, hi)
+
+    def record_batches(
+        self, positions: np.ndarray, batches: np.ndarray, *, version: int, previous: int | None
+    ) -> np.ndarray:
+        if version not in self.batches:
+            self.batches = {v: b for v, b in self.batches.items() if v == previous}
+            self.batches[version] = np.full(len(self.embeddings), -1, dtype=np.int32)
+        self.batches[version][positions] = batches
+        earlier = self.batches.get(previous) if previous is not None else None
+        return earlier[positions] if earlier is not None else np.full(len(positions), -1, dtype=np.int32)
 
 
 def mine_hard_negatives(

@@ -61,3 +61,15 @@ class EncodedTexts(NeighbourSearch, Protocol):
         """The sorted positions of the texts ranked ``lo`` to ``hi - 1`` in the partition order
         (after :meth:`order_by_cell`), gathered from every holder."""
         ...
+
+    def record_batches(
+        self, positions: np.ndarray, batches: np.ndarray, *, version: int, previous: int | None
+    ) -> np.ndarray:
+        """Every holder keeps the batch (``batches[i]``, int32) of its text at ``positions[i]``
+        in refresh ``version``'s plan, and the refreshes' before ``previous`` are dropped.
+
+        Returns:
+            ``(len(positions),)`` int32: each text's batch in refresh ``previous``'s plan; -1
+            where its holder does not know it (``previous`` None, or a holder started since).
+        """
+        ...

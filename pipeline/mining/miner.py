@@ -152,8 +152,7 @@ class HardNegativeMiner:
         """What goes back to training: with run storage (``settings.mined_dir``), the report with
         its negatives column written there and named by URI (the corpus plan was written there
         as it was planned), so that the rank that asked never receives every row; the
-        histograms and each row's batch stay here."""
-        report = dataclasses.replace(report, batch_of_row=None)
+        histograms stay here."""
         folder = self.settings.mined_dir
         if folder is None or report.negatives is None:
             return report

@@ -128,6 +128,9 @@ class MinerShard:
         self.assignment: np.ndarray | None = None
         self.ranked: RankedRows | None = None
         """The held texts in this refresh's partition order, from :meth:`order_by_cell`."""
+        self.batches: dict[int, np.ndarray] = {}
+        """Refresh version -> ``(held,)`` int32 each held text's batch in its plan (-1: not yet
+        planned), for the churn (:meth:`record_batches`): this refresh's and the last."""
         self.teacher: Teacher | None = None
         if teacher is not None:
             self.teacher = load_teacher(teacher, blob=teacher_blob, device=self.device.type)
@@ -280,6 +283,20 @@ class MinerShard:
                      for ref in self.texts.blocks.take_refs(held, columns=("text_key",))]  # fmt: skip
             self.keys = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
         return self.keys[np.asarray(positions, dtype=np.int64) - self.span.first]
+
+    def record_batches(
+        self, positions: np.ndarray, batches: np.ndarray, *, version: int, previous: int | None
+    ) -> np.ndarray:
+        """Keep the held texts' (``positions``) ``batches`` in refresh ``version``'s plan, and
+        answer their batches in refresh ``previous``'s (-1: not known here); the first call of a
+        refresh drops every plan's but ``previous``'s."""
+        if version not in self.batches:
+            self.batches = {v: b for v, b in self.batches.items() if v == previous}
+            self.batches[version] = np.full(self.span.last - self.span.first, -1, dtype=np.int32)
+        at = np.asarray(positions, dtype=np.int64) - self.span.first
+        self.batches[version][at] = batches
+        earlier = self.batches.get(previous) if previous is not None else None
+        return earlier[at] if earlier is not None else np.full(len(at), -1, dtype=np.int32)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Each query's top ``k`` among this shard's candidates: scores, and the candidates'

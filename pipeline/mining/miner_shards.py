@@ -237,16 +237,20 @@ class MinerShards:
         owners = np.searchsorted(self.firsts, positions, side="right") - 1
         return self.rows_from_owners("vectors_of", owners, positions)
 
-    def rows_from_owners(self, method: str, owners: np.ndarray, args: np.ndarray) -> np.ndarray:
-        """``(len(args), ...)`` rows, in their order: shard ``owners[i]``'s ``method`` gives the
-        row of ``args[i]`` (each shard asked once, for all of its own, all shards at once)."""
+    def rows_from_owners(
+        self, method: str, owners: np.ndarray, *columns: np.ndarray, **options: Any
+    ) -> np.ndarray:
+        """``(len(owners), ...)`` rows, in their order: shard ``owners[i]``'s ``method`` gives the
+        row of ``columns``' ``i``-th values (each shard asked once, for all of its own, all
+        shards at once, with ``options`` by keyword)."""
         asked = {s: at for s in range(len(self.handles)) if len(at := np.flatnonzero(owners == s))}
         parts = self._gather(
-            {s: getattr(self.handles[s], method).remote(args[at]) for s, at in asked.items()}
-        )
+            {s: getattr(self.handles[s], method).remote(*(c[at] for c in columns), **options)
+             for s, at in asked.items()}
+        )  # fmt: skip
         if not parts:
             return np.empty((0, 0), dtype=np.float32)
-        out = np.empty((len(args), *parts[0].shape[1:]), dtype=parts[0].dtype)
+        out = np.empty((len(owners), *parts[0].shape[1:]), dtype=parts[0].dtype)
         for at, part in zip(asked.values(), parts, strict=True):
             out[at] = part
         return out
@@ -328,6 +332,18 @@ class MinerShards:
             return np.empty(0, dtype=np.int64)
         owners = np.searchsorted(self.firsts, positions, side="right") - 1
         return self.rows_from_owners("keys_of", owners, positions)
+
+    def record_batches(
+        self, positions: np.ndarray, batches: np.ndarray, *, version: int, previous: int | None
+    ) -> np.ndarray:
+        """Each shard keeps its own texts' batches in refresh ``version``'s plan and answers
+        their batches in ``previous``'s (-1 from a shard started since)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        owners = np.searchsorted(self.firsts, positions, side="right") - 1
+        return self.rows_from_owners(
+            "record_batches", owners, positions, np.asarray(batches, dtype=np.int32),
+            version=version, previous=previous,
+        )  # fmt: skip
 
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search` from every candidate of every shard, whatever their indexes."""

@@ -88,7 +88,7 @@ class CandidateTotals:
 class PlanQuality:
     """What a corpus refresh logs of its plan, measured partition after partition as each one's
     batches are written, so that no step holds the whole plan: the churn against the last
-    plan's batches, and the in-batch similarities of a seeded sample of the batches, drawn from
+    plan's batches (each row's batch kept by the row's holder, not here), and the in-batch similarities of a seeded sample of the batches, drawn from
     the plan in its final order (``order``) as if it were whole.
 
     Args:
@@ -97,8 +97,10 @@ class PlanQuality:
         num_batches: the plan's batches.
         order: ``(num_batches,)`` the batches' final order, as positions in the order they are
             added (:meth:`~pipeline.batching.plan.BatchPlan.reordered`'s permutation).
-        previous_batches: ``(rows,)`` each row's batch in the last refresh's plan
-            (:attr:`batch_of_row`), for the churn; None: the first refresh.
+        version: the refresh's: each row's batch is kept under it where the row is held
+            (:meth:`~pipeline.mining.encoded_texts.EncodedTexts.record_batches`).
+        previous: the last refresh's version, whose batches the churn is measured against;
+            None: the first refresh (or a restarted miner's).
         seed: seeds the samples.
         max_batches: most batches whose pairs are sampled.
     """
@@ -109,27 +111,30 @@ class PlanQuality:
         *,
         num_batches: int,
         order: np.ndarray,
-        previous_batches: np.ndarray | None,
+        version: int,
+        previous: int | None,
         seed: int,
         max_batches: int = 2000,
     ):
-        self.texts, self.previous_batches, self.seed = texts, previous_batches, seed
+        self.texts, self.version, self.previous, self.seed = texts, version, previous, seed
         picked = np.arange(num_batches)
         if num_batches > max_batches:
             picked = np.random.default_rng(seed).choice(num_batches, size=max_batches, replace=False)
         self._slot_of = {int(order[p]): slot for slot, p in enumerate(picked)}
         self._sampled: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(picked)
-        self.batch_of_row = np.full(texts.rows, -1, dtype=np.int32)
-        """Each row's batch (numbered as added): the next refresh's ``previous_batches``."""
         self._added = self._kept_pairs = self._pairs = 0
+        self._churn_known = previous is not None
 
     def add(self, plan: BatchPlan) -> None:
         """The next batches of the plan (a partition's, in corpus positions)."""
         first = self._added
         self._added += plan.num_batches
-        self.batch_of_row[plan.rows] = np.repeat(np.arange(first, self._added, dtype=np.int32), plan.sizes)
-        if self.previous_batches is not None:
-            kept, pairs = together_again(self.previous_batches, plan)
+        numbers = np.repeat(np.arange(first, self._added, dtype=np.int32), plan.sizes)
+        earlier = self.texts.record_batches(plan.rows, numbers, version=self.version, previous=self.previous)
+        # A holder replaced since the last refresh (its node lost) no longer knows its rows' batches.
+        self._churn_known &= bool((earlier >= 0).all())
+        if self._churn_known:
+            kept, pairs = together_again(earlier, plan)
             self._kept_pairs, self._pairs = self._kept_pairs + kept, self._pairs + pairs
         starts = np.cumsum(plan.sizes) - plan.sizes
         for number in range(first, self._added):
@@ -142,7 +147,7 @@ class PlanQuality:
         """``mining/`` metrics of every batch added, and ``{"random pairs": ..., "mined plan":
         ...}`` cosine similarities."""
         metrics = {}
-        if self.previous_batches is not None:
+        if self._churn_known:
             metrics["mining/churn"] = 1.0 - self._kept_pairs / max(self._pairs, 1)
         in_batch = in_batch_pair_similarities(self.texts, self._sampled)
         # Random pairs of rows are what random batches hold: the baseline the plan is read against.
@@ -183,11 +188,12 @@ def false_negative_pairs(plan: BatchPlan, false_negatives: np.ndarray) -> int:
     return int((batch_of[rows] == batch_of[false_negatives[valid]]).sum())
 
 
-def together_again(previous_batches: np.ndarray, plan: BatchPlan) -> tuple[int, int]:
+def together_again(earlier: np.ndarray, plan: BatchPlan) -> tuple[int, int]:
     """Of the ordered in-batch pairs of ``plan``'s batches, how many shared a batch before
-    (``previous_batches``: each row's earlier batch), and how many there are."""
+    (``earlier``: ``(len(plan.rows),)`` the batch of each of ``plan.rows`` in the earlier plan),
+    and how many there are."""
     batch = np.repeat(np.arange(plan.num_batches), plan.sizes)
-    earlier = previous_batches[plan.rows].astype(np.int64)
+    earlier = np.asarray(earlier, dtype=np.int64)
     # Rows of one batch that were together before share (batch, earlier batch).
     _, counts = np.unique(batch * (int(earlier.max(initial=0)) + 1) + earlier, return_counts=True)
     sizes = np.asarray(plan.sizes, dtype=np.int64)
@@ -196,7 +202,7 @@ def together_again(previous_batches: np.ndarray, plan: BatchPlan) -> tuple[int, 
 
 def plan_churn(previous: BatchPlan, current: BatchPlan) -> float:
     """Share of in-batch negative pairs in ``current`` that were not together in ``previous``."""
-    kept, pairs = together_again(batch_of_rows(previous), current)
+    kept, pairs = together_again(batch_of_rows(previous)[current.rows], current)
     return 1.0 - kept / max(pairs, 1)
 
 

@@ -70,11 +70,12 @@ def refresh_corpus(
             shards, which hold each row's key and partition: this process holds neither).
         settings: search, filters, sampler, batch size, partition size, seed, where to write.
         version: this refresh's version (it seeds the search and the plan).
-        previous: the last refresh's report, for the churn (its ``batch_of_row``).
+        previous: the last refresh's report, for the churn (the texts' holders keep each
+            row's batch under its version).
 
     Returns:
         The report with ``mined``, the plan's URI (without ``mined_dir``: ``plan``, the plan
-        itself), and ``batch_of_row`` for the next refresh.
+        itself).
     """
     s = settings
     n, seed = texts.rows, s.seed + version
@@ -93,8 +94,8 @@ def refresh_corpus(
         np.arange(len(sizes)) if reorder is None else np.random.default_rng(reorder).permutation(len(sizes))
     )
     quality = PlanQuality(
-        texts, num_batches=len(sizes), order=order, seed=s.seed,
-        previous_batches=previous.batch_of_row if previous is not None else None,
+        texts, num_batches=len(sizes), order=order, seed=s.seed, version=version,
+        previous=previous.version if previous is not None else None,
     )  # fmt: skip
     uri = f"{s.mined_dir.rstrip('/')}/v{version}-plan.parquet" if s.mined_dir else None
     written = PlanFileWriter(uri, sampler=s.plan.batch_sampler, reorder=reorder)
@@ -139,7 +140,6 @@ def refresh_corpus(
     return RefreshReport(
         version, metrics, plan=mined if isinstance(mined, BatchPlan) else None,
         mined=mined if isinstance(mined, str) else None, similarities=similarities,
-        batch_of_row=quality.batch_of_row,
     )  # fmt: skip
 
 

@@ -27,9 +27,6 @@ class RefreshReport:
     each row's positive, then of each negative (NaN where none)."""
     mined: str | None = None
     """URI of the plan or negatives column written to run storage; None: they are above."""
-    batch_of_row: np.ndarray | None = field(default=None, repr=False)
-    """The corpus task's ``(rows,)`` batch of each row in the plan: the next refresh's churn is
-    measured against it. It stays in the miner."""
     miner_pid: int | None = None
     """The process id of the miner that mined it: a new one tells rank 0 that Ray restarted the
     miner since the last refresh (it died between refreshes, e.g. with its node)."""

@@ -50,14 +50,14 @@ def refresh(
     vectors: np.ndarray, partition_rows: int, sampler: str = "knn", seed: int = 0, shards: int = 1, **given
 ):
     """A corpus refresh of ``vectors`` (``given``: ``mined_dir``, ``version``, ``previous``,
-    ``keys``)."""
+    ``keys``, and ``texts``: the holder of an earlier refresh's, which keeps its batches)."""
     search = SearchSettings(top_k=8, index=IndexSpec("flat"))
     settings = MinerSettings(
         pooler="mean", batch_size=BATCH, seed=seed, search=search, shards=shards,
         filters=NegativeFilters(range_min=0), plan=PlanSettings(sampler), partition_rows=partition_rows,
         mined_dir=given.get("mined_dir"),
     )  # fmt: skip
-    texts = EmbeddedTexts(vectors, None, search, seed, keys=given.get("keys"))  # None: every text distinct
+    texts = given.get("texts") or EmbeddedTexts(vectors, None, search, seed, keys=given.get("keys"))
     return refresh_corpus(
         texts, settings=settings, version=given.get("version", 1), previous=given.get("previous")
     )
@@ -102,16 +102,16 @@ def test_the_plan_written_a_partition_at_a_time_is_the_whole_plan_and_measured_a
     handed back without storage, and its churn and in-batch similarities, measured partition
     by partition, are those of the whole plans (computed here pair by pair)."""
     vectors, _ = clustered
-    first = refresh(vectors, partition_rows=PER_CLUSTER, sampler="random")
-    in_memory = refresh(vectors, partition_rows=PER_CLUSTER, sampler="random", version=2, previous=first)
-    stored = refresh(
-        vectors,
-        partition_rows=PER_CLUSTER,
-        sampler="random",
-        version=2,
-        previous=first,
-        mined_dir=str(tmp_path),
+    # One holder of the texts, as the miner's shards are: it keeps each row's batch for the churn.
+    held = EmbeddedTexts(vectors, None, SearchSettings(top_k=8, index=IndexSpec("flat")), 0)
+    first = refresh(vectors, partition_rows=PER_CLUSTER, sampler="random", texts=held)
+    in_memory = refresh(
+        vectors, partition_rows=PER_CLUSTER, sampler="random", version=2, previous=first, texts=held
     )
+    stored = refresh(
+        vectors, partition_rows=PER_CLUSTER, sampler="random", version=2, previous=first,
+        mined_dir=str(tmp_path), texts=held,
+    )  # fmt: skip
     assert stored.plan is None and stored.mined == f"{tmp_path}/v2-plan.parquet"
     assert in_memory.metrics["mining/partitions"] == CLUSTERS
     read = read_plan_file(stored.mined, version=2)
@@ -131,6 +131,14 @@ def test_the_plan_written_a_partition_at_a_time_is_the_whole_plan_and_measured_a
     churn = len(new - pairs(first.plan)) / len(new)
     assert stored.metrics["mining/churn"] == pytest.approx(churn) == in_memory.metrics["mining/churn"]
     assert 0.0 < churn < 1.0
+    # A holder that does not know the last plan's batches (a shard started since, its node
+    # lost) leaves the churn out rather than measure it against nothing.
+    assert (
+        "mining/churn"
+        not in refresh(
+            vectors, partition_rows=PER_CLUSTER, sampler="random", version=2, previous=first
+        ).metrics
+    )
     # Fewer batches than the sample's 2,000: every batch, in the plan's final order.
     expected = np.concatenate(
         [(vectors[b] @ vectors[b].T)[np.triu_indices(len(b), k=1)] for b in read.batches()]

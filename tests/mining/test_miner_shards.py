@@ -122,6 +122,23 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
         np.testing.assert_array_equal(
             miner_shards.keys_of(asked), blocks.table().column("text_key").to_numpy()[asked]
         )
+        # Each text's batch kept where it is held: a refresh's record answers the last one's.
+        rng = np.random.default_rng(1)
+        shuffled, half = rng.permutation(len(whole)), rng.permutation(len(whole))[: len(whole) // 2]
+        first, second = (rng.integers(0, 40, len(whole)).astype(np.int32) for _ in range(2))
+        unknown = miner_shards.record_batches(shuffled, first[shuffled], version=1, previous=None)
+        assert unknown.dtype == np.int32 and (unknown == -1).all()
+        np.testing.assert_array_equal(
+            miner_shards.record_batches(half, second[half], version=2, previous=1), first[half]
+        )
+        # The third refresh answers the second's (texts it has not planned: -1); the first's is gone.
+        everyone = np.arange(len(whole))
+        expected_second = np.full(len(whole), -1, dtype=np.int32)
+        expected_second[half] = second[half]
+        np.testing.assert_array_equal(
+            miner_shards.record_batches(everyone, first, version=3, previous=2), expected_second
+        )
+        assert (miner_shards.record_batches(everyone, first, version=4, previous=1) == -1).all()
         assert miner_shards.backend == "faiss-cpu/flat" + (f" x{shards}" if shards > 1 else "")
         # One shard is the same code in this process (the miner's), more are actors of their own.
         pids = miner_shards.ask_all("ready")
@@ -193,6 +210,9 @@ def test_a_lost_shard_is_replaced_at_the_next_encode(sorted_blocks, tiny_model_d
     try:
         miner_shards.encode(state, seed=0)
         before = miner_shards.vectors(np.arange(blocks.num_rows))
+        everyone = np.arange(blocks.num_rows)
+        batches = (everyone // 4).astype(np.int32)
+        miner_shards.record_batches(everyone, batches, version=1, previous=None)
         lost = miner_shards.handles[1]
         ray.kill(lost, no_restart=True)
         span = miner_shards.spans[1]
@@ -206,6 +226,11 @@ def test_a_lost_shard_is_replaced_at_the_next_encode(sorted_blocks, tiny_model_d
         miner_shards.encode(state, seed=0)
         assert miner_shards.handles[1] is not lost and miner_shards.handles[0] is not None
         np.testing.assert_allclose(miner_shards.vectors(np.arange(blocks.num_rows)), before, atol=1e-6)
+        # The new shard never knew the last plan: its rows' batches are unknown, the other's kept.
+        earlier = miner_shards.record_batches(everyone, batches, version=2, previous=1)
+        kept = everyone < span.first
+        np.testing.assert_array_equal(earlier[kept], batches[kept])
+        assert (earlier[~kept] == -1).all()
         assert f"[mining] shard 1 (rows {span.first}-{span.last - 1}) was lost" in capsys.readouterr().out
     finally:
         miner_shards.stop()
