@@ -88,8 +88,9 @@ class CandidateTotals:
 class PlanQuality:
     """What a corpus refresh logs of its plan, measured partition after partition as each one's
     batches are written, so that no step holds the whole plan: the churn against the last
-    plan's batches (each row's batch kept by the row's holder, not here), and the in-batch similarities of a seeded sample of the batches, drawn from
-    the plan in its final order (``order``) as if it were whole.
+    plan's batches (each row's batch kept by the row's holder, not here), and the in-batch
+    similarities of a seeded sample of the batches, drawn from the plan in its final order
+    (``order``) as if it were whole.
 
     Args:
         texts: the corpus the plan orders, under the weights it was planned with (the vectors
