@@ -25,6 +25,7 @@ what it keeps after it.
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import tempfile
 import time
@@ -63,9 +64,15 @@ def measure(rows: int, dim: int, partition_rows: int, folder: str) -> dict[str, 
     )  # fmt: skip
     vectors = clustered_vectors(rows, dim)
 
+    # Commits before 2026-12-03 (session 45) took the last report whole as ``previous``.
+    takes_version = "previous_version" in inspect.signature(refresh_corpus).parameters
+
     def refresh(version: int, previous):  # noqa: ANN001, ANN202
         texts = EmbeddedTexts(vectors, None, search, seed=version)
-        report = refresh_corpus(texts, settings=settings, version=version, previous=previous)
+        last = (
+            {"previous_version": previous and previous.version} if takes_version else {"previous": previous}
+        )
+        report = refresh_corpus(texts, settings=settings, version=version, **last)
         if report.plan is not None:  # the commit before: the miner wrote the whole plan after planning
             plan_source.write_mined(folder, f"v{version}-plan.npz", plan=report.plan)
         return report

@@ -87,7 +87,7 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
         "search+plan", results,
         lambda: refresh_corpus(
             EmbeddedTexts(embeddings, None, settings.search, seed=settings.seed + 1, keys=keys),
-            settings=settings, version=1, previous=None,
+            settings=settings, version=1, previous_version=None,
         ),
     )  # fmt: skip
     results["index_s"], results["search_s"] = (

@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from pipeline.core.seams import hold_once
@@ -94,8 +95,10 @@ class HardNegativeMiner:
         self.texts = texts
         # Each shard loaded the teacher where it encodes; the shards score the refresh's pairs.
         self.teacher = self.shards if teacher is not None else None
-        self.previous: RefreshReport | None = None
-        """The last refresh's result: the next refresh's churn is measured against it."""
+        # What the next refresh's churn is measured against, and nothing more of the last
+        # report: its teacher scores and histograms are as long as the rows.
+        self.previous_version: int | None = None
+        self.previous_negatives: np.ndarray | None = None
         self.log: RefreshLog | None = None
         if settings.tracking_uri and settings.run_id:
             logger = MetricLogger(settings.tracking_uri, settings.run_id, relay=settings.tracking_relay)
@@ -130,11 +133,13 @@ class HardNegativeMiner:
         if self.triplets is not None:
             report = refresh_pairs(
                 texts, triplets=self.triplets, keys=self.text_keys, settings=self.settings,
-                version=version, previous=self.previous, teacher=self.teacher,
+                version=version, previous_negatives=self.previous_negatives, teacher=self.teacher,
                 texts_at=self.texts.texts_at if self.texts is not None else None,
             )  # fmt: skip
         else:
-            report = refresh_corpus(texts, settings=self.settings, version=version, previous=self.previous)
+            report = refresh_corpus(
+                texts, settings=self.settings, version=version, previous_version=self.previous_version
+            )
         report.metrics.update(
             {
                 "mining/encode_s": encode_seconds,
@@ -143,7 +148,7 @@ class HardNegativeMiner:
             }
         )
         report.miner_pid = os.getpid()
-        self.previous = report
+        self.previous_version, self.previous_negatives = version, report.negatives
         if self.log is not None:
             self.log.refresh(report, step, pairs=self.triplets is not None)
         return self._handed_back(report)

@@ -32,7 +32,7 @@ def refresh_pairs(
     keys: np.ndarray,
     settings: MinerSettings,
     version: int,
-    previous: RefreshReport | None,
+    previous_negatives: np.ndarray | None,
     teacher: PairScorer | None = None,
     texts_at: TextsAt | None = None,
     chunk_rows: int = CHUNK_ROWS,
@@ -47,7 +47,7 @@ def refresh_pairs(
         keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.text_keys` of the texts.
         settings: filters, search, seed and ``random_negatives``.
         version: this refresh's version (it seeds the search and the draws).
-        previous: the last refresh's report, for the churn.
+        previous_negatives: the last refresh's negatives column, for the churn; None: none.
         teacher: scores each row's positive and negatives (``settings.teacher``), and drops
             the negatives it calls positives where ``settings.denoise_margin`` is set; None: none.
         texts_at: the texts at corpus positions, which the teacher reads (with ``teacher``).
@@ -110,10 +110,10 @@ def refresh_pairs(
         "mining/random_negatives": float(settings.random_negatives * len(triplets)),
         **teacher_metrics,
     }
-    if previous is not None and previous.negatives is not None:
+    if previous_negatives is not None:
         # The share of the rows' mined negatives this refresh replaced: near 0 says the model
         # barely moved and the refresh bought nothing.
-        metrics["mining/churn"] = float((previous.negatives != negatives).mean())
+        metrics["mining/churn"] = float((previous_negatives != negatives).mean())
     found = mined.scores[mined.negatives >= 0]
     # The mined negatives between the random baseline and the positives: near the positives,
     # false negatives are likely.

@@ -54,7 +54,7 @@ def refresh_corpus(
     *,
     settings: MinerSettings,
     version: int,
-    previous: RefreshReport | None,
+    previous_version: int | None,
 ) -> RefreshReport:
     """The corpus task's refresh, after the encode: cut the corpus into partitions of near
     texts, then for each search its rows against the corpus, filter their neighbours and plan
@@ -70,8 +70,8 @@ def refresh_corpus(
             shards, which hold each row's key and partition: this process holds neither).
         settings: search, filters, sampler, batch size, partition size, seed, where to write.
         version: this refresh's version (it seeds the search and the plan).
-        previous: the last refresh's report, for the churn (the texts' holders keep each
-            row's batch under its version).
+        previous_version: the last refresh's version, for the churn (the texts' holders keep
+            each row's batch under its version); None: no churn.
 
     Returns:
         The report with ``mined``, the plan's URI (without ``mined_dir``: ``plan``, the plan
@@ -95,7 +95,7 @@ def refresh_corpus(
     )
     quality = PlanQuality(
         texts, num_batches=len(sizes), order=order, seed=s.seed, version=version,
-        previous=previous.version if previous is not None else None,
+        previous=previous_version,
     )  # fmt: skip
     uri = f"{s.mined_dir.rstrip('/')}/v{version}-plan.parquet" if s.mined_dir else None
     written = PlanFileWriter(uri, sampler=s.plan.batch_sampler, reorder=reorder)

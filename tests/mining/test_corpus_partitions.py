@@ -58,9 +58,11 @@ def refresh(
         mined_dir=given.get("mined_dir"),
     )  # fmt: skip
     texts = given.get("texts") or EmbeddedTexts(vectors, None, search, seed, keys=given.get("keys"))
+    previous = given.get("previous")
     return refresh_corpus(
-        texts, settings=settings, version=given.get("version", 1), previous=given.get("previous")
-    )
+        texts, settings=settings, version=given.get("version", 1),
+        previous_version=previous.version if previous is not None else None,
+    )  # fmt: skip
 
 
 def one_cluster_share(plan, clusters: np.ndarray) -> float:

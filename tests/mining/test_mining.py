@@ -342,8 +342,16 @@ def test_triplet_refresh_mines_clean_negatives(
     assert same_group <= 0.05 * (negatives >= 0).sum()
     assert metrics["mining/anchors_short"] == int(((negatives >= 0).sum(axis=1) < 2).sum())
     assert metrics["mining/negative_similarity_mean"] > metrics["mining/random_pair_similarity_mean"]
-    again = miner.refresh(weights, version=2, step=9)
-    assert 0.0 <= again.metrics["mining/churn"] <= 1.0
+    # Weights that moved, as after an epoch: some rows' negatives change.
+    noise = torch.Generator().manual_seed(0)
+    moved = {
+        name: w + 0.05 * torch.randn(w.shape, generator=noise) if w.is_floating_point() else w
+        for name, w in weights.items()
+    }
+    again = miner.refresh(moved, version=2, step=9)
+    # The share of the rows' negatives replaced, against the column handed back last time.
+    churn = float((again.negatives != negatives).mean())
+    assert again.metrics["mining/churn"] == pytest.approx(churn) and 0.0 < churn < 1.0
     # Given run storage, the miner writes the column there and hands back only its URI: the
     # rank that asked never receives every row; a corpus plan goes the same way.
     stored_miner = HardNegativeMiner(
@@ -358,6 +366,6 @@ def test_triplet_refresh_mines_clean_negatives(
     np.testing.assert_array_equal(np.load(stored.mined)["negatives"], negatives)
     # It keeps the rows itself: the next refresh's churn is measured as without storage.
     assert (
-        stored_miner.refresh(weights, version=2, step=9).metrics["mining/churn"]
+        stored_miner.refresh(moved, version=2, step=9).metrics["mining/churn"]
         == again.metrics["mining/churn"]
     )

@@ -160,7 +160,7 @@ def test_a_pairs_refresh_in_chunks_and_over_shards_gives_the_one_index_column() 
 
     def column(source, chunk_rows: int) -> np.ndarray:  # noqa: ANN001
         report = refresh_pairs(source, triplets=triplets, keys=keys, settings=settings, version=1,
-                               previous=None, chunk_rows=chunk_rows)  # fmt: skip
+                               previous_negatives=None, chunk_rows=chunk_rows)  # fmt: skip
         return report.negatives
 
     whole = column(EmbeddedTexts(texts, pool, settings.search, seed=1), 10**6)
