@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,14 @@ from pipeline.model.accel import autocast, native_bf16
 
 TEACHER_KINDS = ("bi_encoder", "cross_encoder")
 CACHE_SHARE = 0.1
-"""Of the memory available where a bi-encoder teacher loads, what it may keep of the vectors of
-texts it has read (:attr:`Teacher.cached`): it does not change during a run, so a text read
-again (an anchor in each denoising step, every row's positive at every refresh) is not
-encoded again. At 768 dimensions a text takes about 3 KiB."""
+"""Of the memory available where a teacher loads, what it may keep of what it has computed
+(:attr:`Teacher.cached`): it does not change during a run, so a text (bi-encoder) or a pair
+(cross-encoder) read again is not computed again: an anchor in each denoising step, every row's
+positive and the candidates that stay among its neighbours at every refresh. At 768 dimensions a
+bi-encoder's text takes about 3 KiB; a cross-encoder's pair, its texts and about 200 bytes."""
+
+PAIR_ENTRY_BYTES = 200
+"""A cached pair's bytes beside its texts': the dict entry, the key's tuple and the score."""
 
 
 @dataclass(frozen=True)
@@ -93,12 +98,15 @@ class Teacher:
         # decision at margin 0.05 changed, and it encoded 1.9x faster on 2 AVX512-BF16 cores
         # (docs/results.md). A cross-encoder's logits, not measured so, follow encodes_bf16.
         self.bf16 = native_bf16(self.device) if settings.kind == "bi_encoder" else None
-        self.cached: dict[str, np.ndarray] = {}
-        """A bi-encoder's vectors of the texts it has read, by text, up to :attr:`cache_bytes`."""
-        self.cache_bytes = int(_available_bytes() * CACHE_SHARE) if settings.kind == "bi_encoder" else 0
+        self.cached: dict[Any, Any] = {}
+        """What it has computed, up to :attr:`cache_bytes`: a bi-encoder's vectors by text, a
+        cross-encoder's scores by ``(anchor, candidate)``."""
+        self.cache_bytes = int(_available_bytes() * CACHE_SHARE)
         self._cached_bytes = 0
         self.texts_encoded = 0
         """Texts a bi-encoder has encoded so far (those its cache held are not counted)."""
+        self.pairs_scored = 0
+        """Pairs a cross-encoder has scored so far (those its cache held are not counted)."""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch["teacher_score"] = self.score(list(batch["anchor"]), list(batch["candidate"]))
@@ -112,11 +120,20 @@ class Teacher:
 
     def score_indexed(self, texts: list[str], left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """``(n,)`` float32: the teacher's score of each pair ``(texts[left[i]], texts[right[i]])``
-        (a bi-encoder encodes each of ``texts`` once, however many pairs it is in)."""
+        (a bi-encoder encodes each of ``texts`` once, however many pairs it is in; a
+        cross-encoder scores each distinct pair once)."""
         if self.settings.kind == "bi_encoder":
             vectors = self._vectors(texts)
             return np.einsum("ij,ij->i", vectors[left], vectors[right]).astype(np.float32)
-        return self._logits([texts[i] for i in left], [texts[i] for i in right])
+        pairs = [(texts[i], texts[j]) for i, j in zip(left, right, strict=True)]
+        missing = [pair for pair in dict.fromkeys(pairs) if pair not in self.cached]
+        fresh: dict[tuple[str, str], np.float32] = {}
+        if missing:
+            anchors, candidates = zip(*missing, strict=True)
+            fresh = dict(zip(missing, self._logits(list(anchors), list(candidates)), strict=True))
+            self.pairs_scored += len(missing)
+        self._keep(fresh, lambda pair, _: len(pair[0]) + len(pair[1]) + PAIR_ENTRY_BYTES)
+        return np.array([fresh[p] if p in fresh else self.cached[p] for p in pairs], dtype=np.float32)
 
     def _vectors(self, texts: list[str]) -> np.ndarray:
         """``(len(texts), d)`` float32 unit vectors of ``texts``: those in the cache from it, the
@@ -130,17 +147,24 @@ class Teacher:
                 self.model, self.tokenizer, missing, self.settings.max_seq_len, self.settings.batch_size,
                 self.device, bf16=self.bf16,
             )  # fmt: skip
-            fresh = dict(zip(missing, encoded, strict=True))
+            # Rows of their own, not views that would keep the whole batch alive in the cache.
+            fresh = {text: vector.copy() for text, vector in zip(missing, encoded, strict=True)}
             self.texts_encoded += len(missing)
-        for text, vector in fresh.items():
-            size = vector.nbytes + len(text) + 100  # the dict entry and the text's own bytes
-            if self._cached_bytes + size > self.cache_bytes:
-                break
-            self.cached[text] = vector.copy()  # a row of its own, not a view that keeps the batch
-            self._cached_bytes += size
+        # The dict entry's and the text's own bytes beside the vector's.
+        self._keep(fresh, lambda text, vector: vector.nbytes + len(text) + 100)
         if not texts:
             return np.empty((0, 0), dtype=np.float32)
         return np.stack([fresh[text] if text in fresh else self.cached[text] for text in texts])
+
+    def _keep(self, fresh: dict[Any, Any], size: Callable[[Any, Any], int]) -> None:
+        """Keeps ``fresh``'s entries in :attr:`cached` in order while :attr:`cache_bytes` has
+        room for their ``size(key, value)``."""
+        for key, value in fresh.items():
+            entry = size(key, value)
+            if self._cached_bytes + entry > self.cache_bytes:
+                break
+            self.cached[key] = value
+            self._cached_bytes += entry
 
     @torch.inference_mode()
     def _logits(self, anchors: list[str], candidates: list[str]) -> np.ndarray:

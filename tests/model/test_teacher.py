@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.model.accel import native_bf16
-from pipeline.model.teacher import Teacher, TeacherSettings
+from pipeline.model.teacher import PAIR_ENTRY_BYTES, Teacher, TeacherSettings
 
 ANCHORS = ["a cat sat on the mat", "the stock market fell", "a cat sat on the mat", "rain again today"]
 CANDIDATES = ["a cat on a mat", "markets dropped sharply", "the weather is sunny", "it is raining"]
@@ -89,6 +89,37 @@ def test_a_cross_encoder_teacher_scores_the_logits_cross_encoder_predicts(tiny_c
     expected = peer.predict(list(zip(ANCHORS, CANDIDATES, strict=True)), activation_fn=torch.nn.Identity())
     np.testing.assert_allclose(scores, expected, atol=1e-5)
     assert len(set(np.round(scores, 6))) > 1  # the pairs score apart
+
+
+def test_a_cross_encoder_teacher_scores_a_pair_once_and_keeps_no_more_than_its_cache_holds(
+    tiny_cross_encoder_dir,
+):
+    """A pair scored again (a positive at each refresh, a candidate still among its anchor's
+    neighbours) comes from the cache, with the logit an uncached teacher gives; a pair repeated
+    in one call is scored once; past the cache's bytes, pairs are scored again."""
+    settings = TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32, batch_size=3)
+    teacher, uncached = Teacher(settings, device="cpu"), Teacher(settings, device="cpu")
+    uncached.cache_bytes = 0
+    assert teacher.cache_bytes > 2**20
+    # The first and third pairs of ANCHORS x CANDIDATES differ; a pair repeated is scored once.
+    first = teacher.score([*ANCHORS, ANCHORS[0]], [*CANDIDATES, CANDIDATES[0]])
+    assert teacher.pairs_scored == len(ANCHORS) == 4 and len(teacher.cached) == 4
+    anchors, candidates = [ANCHORS[1], ANCHORS[0]], [CANDIDATES[1], CANDIDATES[1]]
+    second = teacher.score(anchors, candidates)
+    assert teacher.pairs_scored == 5  # only the new pair: the same texts, paired anew
+    np.testing.assert_allclose(first[:4], uncached.score(ANCHORS, CANDIDATES), atol=1e-5)
+    assert first[4] == first[0]
+    np.testing.assert_allclose(second, uncached.score(anchors, candidates), atol=1e-5)
+    assert second[0] == first[1]
+    assert uncached.cached == {} and uncached.pairs_scored == 4 + 2
+
+    small = Teacher(settings, device="cpu")
+    longest = max(len(a) + len(c) for a, c in zip(ANCHORS, CANDIDATES, strict=True))
+    small.cache_bytes = 2 * (longest + PAIR_ENTRY_BYTES)
+    small.score(ANCHORS, CANDIDATES)
+    assert len(small.cached) == 2 and small.pairs_scored == 4
+    small.score(ANCHORS, CANDIDATES)
+    assert small.pairs_scored == 4 + 2
 
 
 def test_a_ray_data_batch_gets_a_teacher_score_column_and_a_bad_kind_is_named(tiny_model_dir):
