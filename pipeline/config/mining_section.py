@@ -29,6 +29,12 @@ class TeacherSection:
     """Drop a mined negative the teacher scores at or above its score of the row's positive
     less this margin (RocketQA's denoising; a drop is refilled from deeper ranks of the
     window). None: no denoising."""
+    temperature: float | None = None
+    """Where its scores are distilled (``train.distill_weight``), they are read as logits at
+    this temperature, as the student's cosines are at ``train.temperature``: ``kl`` takes the
+    softmax of score / temperature, ``margin_mse`` compares margins on one scale. None: the
+    job sets it from the teacher's kind: ``train.temperature`` for a bi-encoder (its scores are
+    cosines, as the student's are), 1 for a cross-encoder (its scores are logits already)."""
 
     def checks(self) -> list[Check]:
         """This section's rules (see :data:`Check`)."""
@@ -37,6 +43,11 @@ class TeacherSection:
                 "mining.teacher.denoise_margin",
                 self.denoise_margin is None or self.model is not None,
                 "needs mining.teacher.model",
+            ),
+            (
+                "mining.teacher.temperature",
+                self.temperature is None or (self.model is not None and self.temperature > 0),
+                "must be > 0, with mining.teacher.model",
             ),
         ]
 

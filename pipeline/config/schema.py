@@ -94,7 +94,8 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
     "pairs": (
         "data.anchor_column", "data.positive_column", "data.negative_column", "data.label_column",
         "data.given_negatives", "mining.random_negatives", "train.hard_negative_weight",
-        "mining.teacher.model", "mining.teacher.denoise_margin", "train.distill_weight",
+        "mining.teacher.model", "mining.teacher.denoise_margin", "mining.teacher.temperature",
+        "train.distill_weight",
     ),
     "corpus": ("mining.batch_sampler", "train.mlm_weight"),
 }  # fmt: skip

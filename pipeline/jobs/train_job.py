@@ -58,6 +58,7 @@ from pipeline.jobs.train_inputs import (
 from pipeline.mining.miner_actor import start_miner_actor
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.model.folders import check_model_path, quiet_libraries
+from pipeline.model.teacher import model_kind
 from pipeline.runtime.cluster import check_cluster_fits, miner_shards, ray_session
 from pipeline.runtime.nodes import (
     check_storage_on_every_node,
@@ -143,7 +144,8 @@ def resolve_config(cfg: Config) -> Config:
     ``run.name`` is set (a fresh ``simcse-<time>`` name when unset), and without
     ``data.path`` the generated corpus and STS file are written under the run folder now
     and named in ``data.path`` and (first) ``eval.sts``, so that the config written beside
-    the run and logged as its params names the files the run really used.
+    the run and logged as its params names the files the run really used; a distilled
+    teacher's ``mining.teacher.temperature``, unset, is set from its kind.
 
     The result is what ``resolved_config.yaml``, the MLflow params, the workers and the
     miner all get: read it, never assign to it (build another with ``dataclasses.replace``).
@@ -151,6 +153,7 @@ def resolve_config(cfg: Config) -> Config:
     resolved = copy.deepcopy(cfg)  # no section is shared with the caller's object
     name = cfg.run.name or datetime.now().strftime("simcse-%Y%m%d-%H%M%S")
     resolved = dataclasses.replace(resolved, run=dataclasses.replace(resolved.run, name=name))
+    resolved = _with_teacher_temperature(resolved)
     if cfg.data.path is not None:
         return _with_read_formats(resolved)
     run_dir = run_dir_of(resolved)
@@ -165,6 +168,18 @@ def resolve_config(cfg: Config) -> Config:
         write_generated_corpus(generated, gen.num_groups)
         resolved = dataclasses.replace(resolved, data=dataclasses.replace(resolved.data, path=str(generated)))
     return _with_read_formats(resolved)
+
+
+def _with_teacher_temperature(cfg: Config) -> Config:
+    """``cfg`` with ``mining.teacher.temperature`` set where a distilled teacher leaves it
+    unset: ``train.temperature`` for a bi-encoder (its scores are cosines, as the student's
+    are), 1 for a cross-encoder (its scores are logits already)."""
+    teacher = cfg.mining.teacher
+    if teacher.model is None or teacher.temperature is not None or cfg.train.distill_weight == 0:
+        return cfg
+    temperature = 1.0 if model_kind(teacher.model) == "cross_encoder" else cfg.train.temperature
+    teacher = dataclasses.replace(teacher, temperature=temperature)
+    return dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, teacher=teacher))
 
 
 def _with_read_formats(cfg: Config) -> Config:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.core.errors import ConfigError
 from pipeline.model.accel import autocast, native_bf16
 
 TEACHER_KINDS = ("bi_encoder", "cross_encoder")
@@ -192,6 +193,30 @@ def folder_kind(folder: Path) -> str:
         if any(a.endswith("ForSequenceClassification") for a in architectures)
         else "bi_encoder"
     )
+
+
+def model_kind(name_or_path: str) -> str:
+    """:func:`folder_kind` of a model folder here, or of a hub model (its ``config.json`` alone
+    fetched: the teacher itself is fetched where it runs).
+
+    Raises:
+        ConfigError: a hub model whose ``config.json`` cannot be read (one line naming
+            ``mining.teacher.temperature``, which makes the kind unneeded).
+    """
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return folder_kind(local)
+    from huggingface_hub import hf_hub_download
+
+    try:
+        config = Path(hf_hub_download(name_or_path, "config.json"))
+    except Exception as exc:  # noqa: BLE001 - any failure to fetch is the one line below
+        raise ConfigError(
+            f"mining.teacher.temperature: unset, and whether {name_or_path!r} is a cross-encoder "
+            f"(logits) or a bi-encoder (cosines) cannot be read from its config.json "
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); set it"
+        ) from None
+    return folder_kind(config.parent)
 
 
 def load_teacher(settings: TeacherSettings, *, blob: bytes | None, device: str) -> Teacher:

@@ -20,6 +20,7 @@ def distillation_loss(
     *,
     kind: str,
     temperature: float = 1.0,
+    teacher_temperature: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The student's scores of each row's candidates against the teacher's, averaged over the
     global batch.
@@ -30,15 +31,19 @@ def distillation_loss(
         teacher: ``(n, 1 + k)`` the teacher's scores of the same pairs (no gradient).
         present: ``(n, 1 + k)`` bool, False where a row has no negative in that slot (column
             0, the positive, is always True).
-        kind: ``kl``: KL(softmax(teacher / T) || softmax(student / T)) a row, the
+        kind: ``kl``: KL(softmax(teacher / T_t) || softmax(student / T)) a row, the
             candidates a row lacks left out of both softmaxes, averaged over the rows with at
             least one negative: sentence-transformers' ``DistillKLDivLoss`` divided by its T².
             Hinton's T² keeps the gradient's scale at T > 1; at InfoNCE's T = 0.05 it would
             shrink the term 400-fold, so without it a weight of 1 puts the term's gradient on
-            InfoNCE's scale (both are cross-entropies over the same logits s / T); ``margin_mse``: the squared error of the student's margins
-            (positive less negative) against the teacher's, averaged over the present
-            negatives.
-        temperature: ``T`` of ``kl`` (unused by ``margin_mse``).
+            InfoNCE's scale (both are cross-entropies over the same logits s / T);
+            ``margin_mse``: the squared error of the student's margins (positive less
+            negative) against the teacher's brought to the student's scale (x T / T_t: a
+            cross-encoder's logit margin m is the cosine margin m x T that InfoNCE reads as the
+            logit margin m), averaged over the present negatives.
+        temperature: ``T``, the student's (InfoNCE's ``train.temperature``).
+        teacher_temperature: ``T_t``, at which the teacher's scores are logits
+            (``mining.teacher.temperature``); None: ``T`` (scores on the student's scale).
 
     Returns:
         ``(loss, loss_to_backward)``: the mean over every rank's terms (rows for ``kl``,
@@ -51,6 +56,9 @@ def distillation_loss(
     if kind not in DISTILLATION_LOSSES:
         raise ValueError(f"distillation loss must be one of {', '.join(DISTILLATION_LOSSES)} (got {kind!r})")
     student, teacher = student.float(), teacher.detach().float()
+    # The teacher's scores as cosines on the student's scale: its logits (teacher / T_t) are the
+    # logits InfoNCE reads from those cosines (/ T).
+    teacher = teacher * (temperature / (teacher_temperature or temperature))
     negatives = present[:, 1:]
     if kind == "kl":
         # Absent slots: -inf gives the teacher's softmax an exact 0 there; the student's

@@ -73,7 +73,8 @@ def make_train_step(
             raise ValueError("task: pairs needs the triplet rows")
         return TripletStep(
             corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device,
-            distill_weight=cfg.train.distill_weight, distill_loss=cfg.train.distill_loss, bf16=bf16,
+            distill_weight=cfg.train.distill_weight, distill_loss=cfg.train.distill_loss,
+            teacher_temperature=cfg.mining.teacher.temperature, bf16=bf16,
         )  # fmt: skip
     if triplets is not None:
         raise ValueError(f"triplet rows given, but task: {cfg.task}")

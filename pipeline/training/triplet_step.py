@@ -46,6 +46,9 @@ class TripletStep:
     (``train.distill_weight``), where the batch carries them; 0: off."""
     distill_loss: str = "kl"
     """``train.distill_loss``: ``kl`` or ``margin_mse``."""
+    teacher_temperature: float | None = None
+    """``mining.teacher.temperature``: at which the teacher's scores are logits; None: the
+    student's ``temperature``."""
     bf16: bool | None = None
     """Forward passes under bf16 autocast (weights, gradients and loss stay fp32); None: where
     the device computes bf16 natively (:func:`~pipeline.model.accel.native_bf16`)."""
@@ -136,7 +139,7 @@ class TripletStep:
         teacher = to_device(np.where(slots, teacher_scores, 0.0).astype(np.float32), self.device)
         return distillation_loss(
             student, teacher, to_device(slots, self.device), kind=self.distill_loss,
-            temperature=self.temperature,
+            temperature=self.temperature, teacher_temperature=self.teacher_temperature,
         )  # fmt: skip
 
 

@@ -196,6 +196,16 @@ PRE_RAY = {
         2,
         "error: train.distill_weight needs mining.teacher.model (the scores it distils) (got 1.0)",
     ),
+    "a teacher's temperature not above 0": (
+        [
+            "task=pairs",
+            "data.path={tmp}/good-pairs.csv",
+            "mining.batch_sampler=random",
+            "mining.teacher.temperature=0",
+        ],
+        2,
+        "error: mining.teacher.temperature must be > 0, with mining.teacher.model (got 0.0)",
+    ),
     "STS score not a number": (
         ["eval.sts={tmp}/dev.csv"],
         1,

@@ -130,3 +130,27 @@ def test_a_ray_data_batch_gets_a_teacher_score_column_and_a_bad_kind_is_named(ti
     assert list(out["anchor"]) == ANCHORS
     with pytest.raises(ValueError, match="teacher kind must be one of bi_encoder, cross_encoder .got 'ce'"):
         Teacher(TeacherSettings(str(tiny_model_dir), kind="ce"), device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("folder", "overrides", "expected"),
+    [
+        ("cross", [], 1.0),  # a cross-encoder's scores are logits already
+        ("bi", [], 0.07),  # a bi-encoder's are cosines, read as the student's are
+        ("cross", ["mining.teacher.temperature=2.5"], 2.5),  # set: kept
+        ("cross", ["train.distill_weight=0"], None),  # not distilled: not needed
+    ],
+)
+def test_the_job_reads_a_distilled_teachers_scores_at_the_temperature_of_its_kind(
+    tiny_model_dir, tiny_cross_encoder_dir, folder, overrides, expected
+):
+    from pipeline.config.loading import load_config
+    from pipeline.jobs.train_job import resolve_config
+
+    teacher = tiny_cross_encoder_dir if folder == "cross" else tiny_model_dir
+    base = ["task=pairs", "data.path=rows.jsonl", "data.format=jsonl", "train.temperature=0.07"]
+    cfg = load_config(
+        None, [*base, f"mining.teacher.model={teacher}", "train.distill_weight=1.0", *overrides]
+    )
+    assert cfg.mining.teacher.temperature == (2.5 if overrides and "2.5" in overrides[0] else None)
+    assert resolve_config(cfg).mining.teacher.temperature == expected

@@ -55,12 +55,16 @@ def test_margin_mse_is_sentence_transformers_margin_mse_loss():
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
-def numpy_kl(student: np.ndarray, teacher: np.ndarray, present: np.ndarray, t: float) -> float:
-    """Each row with a negative: KL of its present candidates' softmaxes; their mean."""
+def numpy_kl(
+    student: np.ndarray, teacher: np.ndarray, present: np.ndarray, t: float, t_teacher: float | None = None
+) -> float:
+    """Each row with a negative: KL of its present candidates' softmaxes (the teacher's at
+    ``t_teacher``, else ``t``); their mean."""
     terms = []
+    t_teacher = t_teacher or t
     for s, q, keep in zip(student, teacher, present, strict=True):
         if keep[1:].any():
-            p = np.exp(q[keep] / t) / np.exp(q[keep] / t).sum()
+            p = np.exp(q[keep] / t_teacher) / np.exp(q[keep] / t_teacher).sum()
             log_r = s[keep] / t - np.log(np.exp(s[keep] / t).sum())
             terms.append((p * (np.log(p) - log_r)).sum())
     return float(np.mean(terms)) if terms else 0.0
@@ -81,6 +85,29 @@ def test_missing_negatives_are_left_out_of_both_losses():
     scores = torch.tensor(student, requires_grad=True)
     distillation_loss(scores, *args[1:], kind="kl", temperature=0.5)[1].backward()
     assert torch.isfinite(scores.grad).all() and scores.grad[2].abs().sum() == 0
+
+
+def test_a_teacher_whose_scores_are_logits_is_read_at_its_own_temperature():
+    """A cross-encoder's logits (T_t = 1) against the student's cosines (T = 0.05): the KL of
+    softmax(logits) and softmax(cosines / T); MarginMSE of the cosine margins against the logit
+    margins x T, i.e. (the student's logit margin - the teacher's)² x T²."""
+    rng = np.random.default_rng(3)
+    student, logits = rng.uniform(-1, 1, (5, 4)), rng.uniform(-8, 8, (5, 4))
+    present = np.ones((5, 4), dtype=bool)
+    present[1, 2:] = False
+    args = (torch.tensor(student), torch.tensor(logits), torch.tensor(present))
+    kl, _ = distillation_loss(*args, kind="kl", temperature=0.05, teacher_temperature=1.0)
+    assert kl.item() == pytest.approx(numpy_kl(student, logits, present, 0.05, 1.0), rel=1e-5)
+    # Read at the student's temperature instead, the logits make a near one-hot target.
+    assert kl.item() != pytest.approx(numpy_kl(student, logits, present, 0.05), rel=1e-2)
+    margins = (student[:, :1] - student[:, 1:]) / 0.05 - (logits[:, :1] - logits[:, 1:])
+    mse, _ = distillation_loss(*args, kind="margin_mse", temperature=0.05, teacher_temperature=1.0)
+    assert mse.item() == pytest.approx(float((margins[present[:, 1:]] ** 2).mean()) * 0.05**2, rel=1e-5)
+    # Unset, the teacher's temperature is the student's: its scores are on the student's scale.
+    for kind in ("kl", "margin_mse"):
+        same, _ = distillation_loss(*args, kind=kind, temperature=0.05, teacher_temperature=0.05)
+        unset, _ = distillation_loss(*args, kind=kind, temperature=0.05)
+        assert same.item() == pytest.approx(unset.item(), rel=1e-6)
 
 
 def test_no_negatives_anywhere_is_zero_and_an_unknown_kind_is_named():

@@ -340,11 +340,18 @@ def test_epoch_line_says_what_the_refresh_changed_and_when_the_model_barely_move
 
 
 @pytest.mark.parametrize("kind", ["kl", "margin_mse"])
-def test_triplet_step_adds_the_weighted_distillation_of_the_teachers_scores(model, corpus, kind):
+@pytest.mark.parametrize("teacher_temperature", [None, 2.0])
+def test_triplet_step_adds_the_weighted_distillation_of_the_teachers_scores(
+    model, corpus, kind, teacher_temperature
+):
     """InfoNCE + ``train.distill_weight`` x the distillation term, computed here in numpy from
     each text's own embedding: the student's cosines of each anchor with its positive and its
-    present mined negatives against the teacher's scores of the same pairs."""
+    present mined negatives against the teacher's scores of the same pairs, read as logits at
+    ``mining.teacher.temperature`` (unset: the student's)."""
     base = [*TRIPLET, "train.temperature=0.05", "mining.teacher.model=teacher"]
+    if teacher_temperature is not None:
+        base.append(f"mining.teacher.temperature={teacher_temperature}")
+    t_teacher = teacher_temperature or 0.05
     triplets = Triplets(
         anchor=np.array([0, 1, 2]), positive=np.array([4, 5, 6]), negative=np.array([7, -1, -1])
     )
@@ -376,10 +383,11 @@ def test_triplet_step_adds_the_weighted_distillation_of_the_teachers_scores(mode
         if len(slots) == 1:
             continue  # no negative: no term (kl: the row is not counted; margin_mse: no margin)
         if kind == "kl":
-            p = np.exp(scores / 0.05) / np.exp(scores / 0.05).sum()
+            p = np.exp(scores / t_teacher) / np.exp(scores / t_teacher).sum()
             log_q = student / 0.05 - np.log(np.exp(student / 0.05).sum())
             terms.append((p * (np.log(p) - log_q)).sum())
-        else:
-            terms += list(((student[0] - student[1:]) - (scores[0] - scores[1:])) ** 2)
+        else:  # the teacher's margins on the student's scale
+            margins = (scores[0] - scores[1:]) * 0.05 / t_teacher
+            terms += list(((student[0] - student[1:]) - margins) ** 2)
     assert loss.item() == pytest.approx(infonce.item() + 2.0 * np.mean(terms), rel=1e-4)
     assert abs(loss.item() - infonce.item()) > 1e-6
