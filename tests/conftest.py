@@ -174,6 +174,20 @@ def tiny_model_dir(tmp_path_factory, paraphrase_corpus):
 
 
 @pytest.fixture(scope="session")
+def tiny_cross_encoder_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny BERT as a one-label sequence classifier, its head seeded."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    out = tmp_path_factory.mktemp("tiny_cross_encoder")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tokenized_corpus(tiny_model_dir, paraphrase_corpus):
     """(arrow table with id/text/input_ids sorted by id, group label per row)."""
     import numpy as np

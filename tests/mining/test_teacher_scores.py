@@ -14,8 +14,13 @@ TEXTS = [
 ]
 
 
-def test_the_column_is_the_teachers_score_of_each_pair_and_nan_where_a_slot_is_empty(tiny_model_dir):
-    teacher = Teacher(TeacherSettings(str(tiny_model_dir), max_seq_len=16, batch_size=4), device="cpu")
+@pytest.mark.parametrize("kind", ["bi_encoder", "cross_encoder"])
+def test_the_column_is_the_teachers_score_of_each_pair_and_nan_where_a_slot_is_empty(
+    tiny_model_dir, tiny_cross_encoder_dir, kind
+):
+    folder = tiny_model_dir if kind == "bi_encoder" else tiny_cross_encoder_dir
+    teacher = Teacher(TeacherSettings(str(folder), max_seq_len=16, batch_size=4), device="cpu")
+    assert teacher.settings.kind == kind
     asked = []
 
     def texts_at(positions: np.ndarray) -> list[str]:
@@ -38,7 +43,9 @@ def test_the_column_is_the_teachers_score_of_each_pair_and_nan_where_a_slot_is_e
             if candidate < 0:
                 assert np.isnan(column[i, j])
             else:
-                alone = teacher.score([TEXTS[anchors[i]]], [TEXTS[candidate]])[0]
+                alone = Teacher(teacher.settings, device="cpu").score(
+                    [TEXTS[anchors[i]]], [TEXTS[candidate]]
+                )[0]
                 assert column[i, j] == pytest.approx(alone, abs=1e-5)
 
 

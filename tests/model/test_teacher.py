@@ -63,19 +63,6 @@ def test_a_bi_encoder_teacher_reads_a_text_once_and_keeps_no_more_than_its_cache
     assert small.texts_encoded == 7 + 5
 
 
-@pytest.fixture(scope="module")
-def tiny_cross_encoder_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny BERT as a one-label sequence classifier, its head seeded."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
-    out = tmp_path_factory.mktemp("tiny_cross_encoder")
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
-    return out
-
-
 def test_a_cross_encoder_teacher_scores_the_logits_cross_encoder_predicts(tiny_cross_encoder_dir):
     from sentence_transformers import CrossEncoder
 
