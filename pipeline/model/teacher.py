@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, first_line
 from pipeline.model.accel import autocast, native_bf16
 
 TEACHER_KINDS = ("bi_encoder", "cross_encoder")
@@ -214,7 +214,7 @@ def model_kind(name_or_path: str) -> str:
         raise ConfigError(
             f"mining.teacher.temperature: unset, and whether {name_or_path!r} is a cross-encoder "
             f"(logits) or a bi-encoder (cosines) cannot be read from its config.json "
-            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); set it"
+            f"({first_line(exc)}); set it"
         ) from None
     return folder_kind(config.parent)
 
@@ -241,7 +241,7 @@ def load_teacher(settings: TeacherSettings, *, blob: bytes | None, device: str) 
     except Exception as exc:  # noqa: BLE001 - any failure to fetch is the one line below
         raise ValueError(
             f"mining.teacher.model: {settings.model!r} is neither a model folder on this node nor a "
-            f"reachable hub model ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            f"reachable hub model ({first_line(exc)})"
         ) from None
     return Teacher(dataclasses.replace(settings, model=folder), device=device)
 
