@@ -59,7 +59,7 @@ def _compile(pattern: str) -> re.Pattern[str]:
 _TRAIN = [
     MetricSpec("train/loss", "chart", "InfoNCE loss of the step's global batch (rank 0's view)."),
     MetricSpec("train/learning_rate", "chart", "The scheduler's learning rate after the step."),
-    MetricSpec("train/sentences_per_s", "chart", "Texts encoded per second over all workers, data wait included."),
+    MetricSpec("train/sentences_per_s", "chart", "Rows trained per second, all workers, data wait included (pairs: a row is 2+k texts)."),
     MetricSpec("train/tokens_per_s", "chart", "Non-padding tokens per second over all workers."),
     MetricSpec("train/mfu", "chart", "Model FLOPs utilisation against the device's peak (GPU runs only)."),
     MetricSpec("train/epoch_loss", "chart", "Mean step loss of the epoch, logged at its last step."),

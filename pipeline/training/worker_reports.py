@@ -153,9 +153,12 @@ class ProgressLine:
         self.last = time.perf_counter()
         done = state.batches_done - segment_first_batch  # the rate of the segment's steps
         rate = done * self.batch_size / (self.last - segment_start + 1e-9)
+        # A pairs row is an anchor, its positive and its negatives: counting them as sentences
+        # would read as a rate 2 + k times lower than the texts encoded.
+        unit = "rows" if self.pairs else "sentences"
         print(
             f"[train] epoch {epoch + 1}/{self.epochs} step {state.batches_done}/{state.plan.num_batches}: "
-            f"loss {state.loss_sum / state.batches_done:.4f}, {rate:.0f} sentences/s",
+            f"loss {state.loss_sum / state.batches_done:.4f}, {rate:.0f} {unit}/s",
             flush=True,
         )
 

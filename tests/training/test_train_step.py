@@ -299,9 +299,11 @@ def test_a_mid_epoch_checkpoint_counts_in_neither_the_epoch_seconds_nor_the_prog
     assert worker.segment_first_batch == 2
 
 
-def test_progress_line_rate_counts_only_the_steps_since_its_timer_restarted(capsys, monkeypatch):
+@pytest.mark.parametrize("pairs, unit", [(False, "sentences"), (True, "rows")])
+def test_progress_line_rate_counts_only_the_steps_since_its_timer_restarted(capsys, monkeypatch, pairs, unit):
     """A mid-epoch checkpoint restarts the progress timer (checkpoint time is not training
-    time); the sentences/s printed after it must count only the steps since then."""
+    time); the rate printed after it must count only the steps since then. A pairs row is
+    2 + k texts, so its rate is named rows, not sentences."""
     import re
     import time
 
@@ -313,8 +315,10 @@ def test_progress_line_rate_counts_only_the_steps_since_its_timer_restarted(caps
     state = TrainState(plan=random_plan(400, 8, seed=3))
     state.batches_done, state.loss_sum = 30, 30.0
     # The epoch started at batch 0; a checkpoint at batch 10 restarted the timer 2 s ago.
-    reports.ProgressLine(epochs=1, batch_size=8).maybe_print(0, state, 10, time.perf_counter() - 2.0)
-    rate = float(re.search(r"([\d.]+) sentences/s", capsys.readouterr().out).group(1))
+    reports.ProgressLine(epochs=1, batch_size=8, pairs=pairs).maybe_print(
+        0, state, 10, time.perf_counter() - 2.0
+    )
+    rate = float(re.search(rf"([\d.]+) {unit}/s$", capsys.readouterr().out.strip()).group(1))
     assert rate == pytest.approx(20 * 8 / 2.0, rel=0.05)  # not 30 steps' worth
 
 
