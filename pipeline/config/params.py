@@ -20,12 +20,13 @@ Rule = tuple[str, Callable[[Config], bool]]
 INFRASTRUCTURE = (
     "run.name", "run.output_dir", "run.storage_path", "ray.", "tracking.",
     "train.cpus_per_worker", "train.gpus_per_worker", "train.max_failures", "train.placement_timeout_s",
-    "train.log_every", "train.compile", "train.label_selector.", "mining.num_cpus", "mining.num_gpus",
+    "train.log_every", "train.compile", "train.mini_batch_size", "train.label_selector.", "mining.num_cpus", "mining.num_gpus",
     "mining.shards", "mining.label_selector.",
     "mining.timeout_s", "data.tokenize_num_cpus", "data.format", "data.pool_format", "checkpoint.",
 )  # fmt: skip
 """Where and how the job runs, not what it trains: resources, timeouts, storage, logging,
-how a file is read, compilation (the same model, faster). They are in ``resolved_config.yaml``
+how a file is read, compilation (the same model, faster), a pass in pieces (the same gradient,
+less memory). They are in ``resolved_config.yaml``
 (logged beside the params), never params: a reviewer comparing runs reads the settings that
 change the model."""
 

@@ -88,6 +88,12 @@ class TrainSection:
     lowered mined-once training by 0.50 ± 0.33 (docs/results.md); the corpus task's one
     measurement (STS-B, 2 seeds, 1 epoch: docs/benchmarks.md, Length-grouped batches) showed
     no difference in quality, too little to change its default."""
+    mini_batch_size: int = 0
+    """Texts a worker's forward pass runs at once; more are run in pieces of this many, each
+    run again in the backward pass (activation checkpointing), so activation memory is one
+    piece's whatever ``batch_size`` and ``mining.num_negatives`` are, for one more forward pass
+    a step (sentence-transformers' ``mini_batch_size`` of its cached losses; the gradient is
+    unchanged). 0: the whole share at once."""
     compile: CompileMode = "off"
     """``torch.compile`` the model in each worker (in place) in this mode; ``off``: eager.
     Faster GPU steps for a compile at start, and each new batch width may compile again, so
@@ -130,6 +136,7 @@ class TrainSection:
             ("train.log_every", self.log_every >= 1, "must be >= 1"),
             ("train.dup_rate", 0 <= self.dup_rate <= 1, "must be in [0, 1]"),
             ("train.mlm_weight", self.mlm_weight >= 0, "must be >= 0"),
+            ("train.mini_batch_size", self.mini_batch_size >= 0, "must be >= 0 (0: no pieces)"),
             ("train.distill_weight", self.distill_weight >= 0, "must be >= 0"),
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModel
 
 from pipeline.model.mlm_head import MaskedLanguageHead
@@ -29,6 +30,10 @@ class SentenceEncoder(nn.Module):
     auxiliary objective (``train.mlm_weight``), through the same :meth:`forward` so that DDP
     sees one forward pass.
     """
+
+    mini_batch_size: int = 0
+    """A training forward pass over more texts than this runs in pieces of this many
+    (``train.mini_batch_size``; 0: in one): see :meth:`_pooled_in_pieces`."""
 
     def __init__(self, encoder: nn.Module, pooler: str, use_mlp: bool, use_mlm: bool = False):
         super().__init__()
@@ -62,7 +67,7 @@ class SentenceEncoder(nn.Module):
         rows are the masked positions in order, the rest padding up to a multiple of
         :data:`MLM_ROW_BUCKET`.
         """
-        embeddings = self._pooled(input_ids, attention_mask, train_head)
+        embeddings = self._pooled_in_pieces(input_ids, attention_mask, train_head)
         if masked is None:
             return embeddings
         if self.mlm_head is None:
@@ -76,6 +81,27 @@ class SentenceEncoder(nn.Module):
         # are reused.
         pad = -len(selected) % MLM_ROW_BUCKET
         return embeddings, self.mlm_head(torch.nn.functional.pad(selected, (0, 0, 0, pad)))
+
+    def _pooled_in_pieces(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, train_head: bool
+    ) -> torch.Tensor:
+        """:meth:`_pooled`, in pieces of :attr:`mini_batch_size` texts in a training pass
+        (grad enabled): each piece keeps only its inputs and its embeddings, and is
+        run again in the backward pass to rebuild its activations, with the dropout masks of its
+        first run (torch's checkpoint replays the random state). The gradient is the one pass's;
+        what it costs is one more forward pass, and activations are held one piece at a time, as
+        sentence-transformers' cached losses and GradCache hold them, whatever the batch and the
+        number of negatives. Inside the module's own forward, so that DDP sees one pass and
+        each parameter's gradient is accumulated once (non-reentrant checkpointing)."""
+        pieces = self.mini_batch_size
+        # A pass no longer than a piece is checkpointed too: the step's other pass (anchors
+        # beside positives and negatives) must not hold its activations meanwhile.
+        if not (pieces and self.training and torch.is_grad_enabled()):
+            return self._pooled(input_ids, attention_mask, train_head)
+        return torch.cat([
+            checkpoint(self._pooled, ids, mask, train_head, use_reentrant=False)
+            for ids, mask in zip(input_ids.split(pieces), attention_mask.split(pieces), strict=True)
+        ])  # fmt: skip
 
     def _pooled(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, train_head: bool

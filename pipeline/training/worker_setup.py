@@ -89,6 +89,7 @@ def build_model(cfg: Config, model_dir: Path, device: torch.device) -> SentenceE
     model = load_sentence_encoder(
         model_dir, pooler=pooler, use_mlp=use_mlp, dropout=cfg.model.dropout, use_mlm=cfg.train.mlm_weight > 0
     )
+    model.mini_batch_size = cfg.train.mini_batch_size
     model.to(device)
     enable_tf32(device)
     if cfg.train.compile != "off":
