@@ -89,10 +89,10 @@ class TrainSection:
     measurement (STS-B, 2 seeds, 1 epoch: docs/benchmarks.md, Length-grouped batches) showed
     no difference in quality, too little to change its default."""
     mini_batch_size: int = 0
-    """Texts a worker's forward pass runs at once; more are run in pieces of this many, each
-    run again in the backward pass (activation checkpointing), so activation memory is one
-    piece's whatever ``batch_size`` and ``mining.num_negatives`` are, for one more forward pass
-    a step (sentence-transformers' ``mini_batch_size`` of its cached losses; the gradient is
+    """Above 0, a worker's training passes run in pieces of this many texts, each run again in
+    the backward pass (activation checkpointing), so activation memory is one piece's whatever
+    ``batch_size`` and ``mining.num_negatives`` are, for one more forward pass a step
+    (sentence-transformers' ``mini_batch_size`` of its cached losses; the gradient is
     unchanged). 0: the whole share at once."""
     compile: CompileMode = "off"
     """``torch.compile`` the model in each worker (in place) in this mode; ``off``: eager.
