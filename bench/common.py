@@ -10,6 +10,7 @@ and the timed libraries are imported where they are used).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import platform
@@ -40,6 +41,19 @@ HEADER = (
 
 # ---------------------------------------------------------------------------------------
 # The model and the data the comparisons run on.
+
+
+FIRST_WORD_ID = 1000
+"""BERT's vocabulary: ids below are [PAD], [unused*] and special tokens; random token ids start here."""
+
+
+def status_bytes(pid: int, field: str) -> int:
+    """A ``/proc/PID/status`` memory field in bytes (0 once the process is gone)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def minilm_model_dir() -> Path | None:

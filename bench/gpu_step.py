@@ -65,6 +65,7 @@ from transformers import BertConfig, BertModel, get_linear_schedule_with_warmup
 # None of these imports Ray or MLflow at module level (faiss is imported inside the index;
 # pipeline.data.tokenized needs pyarrow).
 from bench.common import (
+    FIRST_WORD_ID,
     GIB,
     Benchmark,
     command_line,
@@ -95,7 +96,6 @@ SIZES = {
     "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
 }
 VOCAB_SIZE = 30522
-FIRST_WORD_ID = 1000  # BERT's vocabulary: ids below are [PAD], [unused*] and special tokens
 TEMPERATURE = 0.05
 LR = 3e-5
 MAX_GRAD_NORM = 1.0

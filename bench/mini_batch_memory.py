@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
 import time
@@ -37,20 +37,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import Benchmark, machine_report, model_label
+from bench.common import FIRST_WORD_ID, Benchmark, machine_report, model_label, status_bytes
 
 BENCHMARK = Benchmark(__spec__.name, "Activation memory in pieces (train.mini_batch_size)")
-FIRST_WORD_ID = 1000
 LR = 5e-5
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
-
-
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+def _mib(field: str) -> float:
+    """This process's ``VmRSS`` or ``VmHWM`` (its peak) in MiB."""
+    return status_bytes(os.getpid(), field) / 2**20
 
 
 def _tokens(rows: int, negatives: int, seq_len: int, vocab: int) -> np.ndarray:
@@ -128,14 +123,14 @@ def measure_one(side: str, model_dir: Path, tokens: np.ndarray, pieces: int, ste
     its median step seconds after an untimed first step."""
     torch.manual_seed(0)
     train_step = (_ours if side == "ours" else _peer)(model_dir, tokens, pieces)
-    loaded = _rss_mib()
+    loaded = _mib("VmRSS")
     seconds, losses = [], []
     for _ in range(steps + 1):
         started = time.perf_counter()
         losses.append(train_step())
         seconds.append(time.perf_counter() - started)
     return {
-        "side": side, "pieces": pieces, "loaded_mib": loaded, "peak_above_mib": _peak_mib() - loaded,
+        "side": side, "pieces": pieces, "loaded_mib": loaded, "peak_above_mib": _mib("VmHWM") - loaded,
         "step_s": float(np.median(seconds[1:])), "loss": losses[0],
     }  # fmt: skip
 
@@ -151,7 +146,7 @@ def report(results: list[dict], rows: int, texts: int) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     whole = ours.get(0)
-    for pieces in sorted(ours, key=lambda p: (p == 0, -p) if p else (0, 0)):
+    for pieces in sorted(ours, key=lambda p: (p != 0, -p)):  # one pass first, then larger pieces
         o, p = ours[pieces], peer.get(pieces)
         name = "0 (one pass; peer: MNRL)" if pieces == 0 else f"{pieces} (peer: cached MNRL)"
         cells = [name, f"{o['peak_above_mib']:,.0f}", f"{o['step_s']:.2f}"]
@@ -181,20 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = BENCHMARK.parse(parser, argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from transformers import AutoConfig
-
-    vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    tokens = _tokens(args.rows, args.negatives, args.max_seq_len, vocab)
     if args.one:  # a child: one configuration, its numbers as the last line
+        from transformers import AutoConfig
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        vocab = AutoConfig.from_pretrained(args.model).vocab_size
+        tokens = _tokens(args.rows, args.negatives, args.max_seq_len, vocab)
         side, pieces = args.one.split(":")
         print(json.dumps(measure_one(side, args.model, tokens, int(pieces), args.steps)), flush=True)
         return 0
     results = []
+    child = list(argv if argv is not None else sys.argv[1:])
     for pieces in [int(p) for p in args.pieces.split(",")]:
         for side in ("ours", "peer"):
-            child = list(argv if argv is not None else sys.argv[1:])
             done = subprocess.run(
                 [sys.executable, "-m", BENCHMARK.module, *child, "--one", f"{side}:{pieces}"],
                 capture_output=True, text=True, check=False,

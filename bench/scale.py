@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench.common import Benchmark, Sampler, machine_report
+from bench.common import Benchmark, Sampler, machine_report, status_bytes
 from bench.local_cluster import RayHead, RayWorkerNode
 from bench.running_job import JobWaitError, RunningJob, titled
 
@@ -63,15 +63,6 @@ train: {epochs: 1, batch_size: 64, cpus_per_worker: 1, label_selector: {role: tr
 mining: {refresh: never}
 tracking: {experiment: scale, system_metrics: false}
 """
-
-
-def status_bytes(pid: int, field: str) -> int:
-    """A ``/proc/PID/status`` memory field in bytes (0 once the process is gone)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def vm_hwm(process: psutil.Process) -> int:

@@ -57,10 +57,10 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench.common import Benchmark, Sampler, machine_report, model_label
+from bench.common import Benchmark, Sampler, machine_report, model_label, status_bytes
 from bench.local_cluster import PYTHON, RayHead, RayWorkerNode
 from bench.running_job import titled
-from bench.scale import AnonPeaks, ObjectStorePeak, prepare, status_bytes, vm_hwm
+from bench.scale import AnonPeaks, ObjectStorePeak, prepare, vm_hwm
 from pipeline.mining.index import exact_top_k
 from pipeline.mining.miner_actor import HardNegativeMinerActor
 
