@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 
-from bench.common import Benchmark, machine_report
+from bench.common import Benchmark, machine_report, status_bytes
 
 BENCHMARK = Benchmark("bench.index_heap", "Mining refresh over shards")
 ARMS = ("released", "kept")
@@ -29,9 +30,7 @@ QUERIES, TOP_K = 65_536, 64
 
 def status() -> dict[str, int]:
     """This process' ``RssAnon`` and ``VmHWM`` in bytes."""
-    with open("/proc/self/status") as lines:
-        fields = dict(line.split(":", 1) for line in lines)
-    return {key: int(fields[key].split()[0]) * 1024 for key in ("RssAnon", "VmHWM")}
+    return {key: status_bytes(os.getpid(), key) for key in ("RssAnon", "VmHWM")}
 
 
 def measure(arm: str, rows: int, dim: int) -> dict[str, dict[str, int]]:
