@@ -5,7 +5,7 @@ most one), so every epoch has the same number of optimizer steps whatever the pl
 with ``batch_size >= 2 x num_workers`` every worker gets rows in every batch.
 
 A plan is the order of the rows, nothing else a row carries: the pairs task's mined negatives
-are a column of the training rows (``TrainState.negatives``), not part of the plan.
+are a column of the training rows (each rank's :attr:`PlanShare.negatives`), not part of the plan.
 
 Epoch 1 uses :func:`~pipeline.batching.samplers.random_plan` (optionally grouped by length);
 after each refresh of a corpus the miner plans the next epoch with the sampler
