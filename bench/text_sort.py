@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Benchmark, Sampler, machine_report
+from bench.common import Benchmark, Sampler, machine_report, status_bytes
 
 BENCHMARK = Benchmark(__spec__.name, "Distinct texts into sorted ranges: by hand or Ray Data's sort")
 RESULT = "RESULT "
@@ -138,8 +138,7 @@ def run_arm(path: str, arm: str) -> dict[str, Any]:
                 )
                 out = list(sorted_ds.materialize().to_arrow_refs())
             seconds = time.perf_counter() - started
-        driver = int(next(line for line in Path("/proc/self/status").read_text().splitlines()
-                          if line.startswith("VmHWM:")).split()[1]) * 1024  # fmt: skip
+        driver = status_bytes(os.getpid(), "VmHWM")
         tables = ray.get(out)
         got = np.concatenate([t.column("id").to_numpy() for t in tables])
         firsts = [int(t.column("id")[0].as_py()) for t in tables if t.num_rows]
