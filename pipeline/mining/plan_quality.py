@@ -201,12 +201,6 @@ def together_again(earlier: np.ndarray, plan: BatchPlan) -> tuple[int, int]:
     return int((counts * (counts - 1)).sum()), int((sizes * (sizes - 1)).sum())
 
 
-def plan_churn(previous: BatchPlan, current: BatchPlan) -> float:
-    """Share of in-batch negative pairs in ``current`` that were not together in ``previous``."""
-    kept, pairs = together_again(batch_of_rows(previous)[current.rows], current)
-    return 1.0 - kept / max(pairs, 1)
-
-
 def _first_valid_scores(scores: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
     valid = cleaned >= 0
     has = valid.any(axis=1)

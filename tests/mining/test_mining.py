@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from types import SimpleNamespace
 
@@ -20,7 +21,7 @@ from pipeline.mining.index import IndexSpec, torch_top_k
 from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import NegativeFilters
-from pipeline.mining.plan_quality import false_negative_pairs, plan_churn
+from pipeline.mining.plan_quality import false_negative_pairs, together_again
 from pipeline.mining.planning import PlanSettings
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
@@ -190,7 +191,7 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
     # Deterministic for a fixed seed and weights; churn against the previous plan is logged.
     again = miner.refresh(weights, version=1, step=0)
     assert np.array_equal(plan.rows, again.plan.rows)
-    assert again.metrics["mining/churn"] == pytest.approx(plan_churn(plan, again.plan)) == 0.0
+    assert again.metrics["mining/churn"] == pytest.approx(_churn(plan, again.plan)) == 0.0
     # Embeddings reflect the weights given: zeroed word embeddings make every sentence alike.
     changed = {k: torch.zeros_like(v) if "word_embeddings" in k else v for k, v in weights.items()}
     assert miner.refresh(changed, version=2, step=0).metrics["mining/top1_similarity_mean"] > 0.999
@@ -206,14 +207,28 @@ def _embeddings(model_dir, table):
     return encode_rows(model, corpus, np.arange(table.num_rows), 64, torch.device("cpu"))
 
 
+def _churn(previous, current) -> float:
+    """Share of ``current``'s in-batch pairs that did not share a batch of ``previous``, by
+    listing every pair: the independent count that ``mining/churn`` is checked against."""
+
+    def pairs(plan) -> list[frozenset]:
+        return [frozenset(p) for batch in plan.batches() for p in itertools.combinations(batch.tolist(), 2)]
+
+    before = set(pairs(previous))
+    now = pairs(current)
+    return sum(p not in before for p in now) / max(len(now), 1)
+
+
 def test_churn_and_false_negative_pair_counts():
     from pipeline.batching.plan import BatchPlan
 
     a = BatchPlan(1, np.array([0, 1, 2, 3, 4, 5]), np.array([3, 3]))
     b = BatchPlan(2, np.array([0, 1, 3, 2, 4, 5]), np.array([3, 3]))
     # b's pairs: {0,1} kept, {0,3},{1,3} new; {2,4},{2,5} new, {4,5} kept -> 4 of 6 new
-    assert plan_churn(a, b) == pytest.approx(4 / 6)
-    assert plan_churn(a, a) == 0.0
+    assert _churn(a, b) == pytest.approx(4 / 6)
+    # The refresh's streamed count: ordered pairs, each batch's rows with their batch in a.
+    assert together_again(np.array([0, 0, 1, 0, 1, 1]), b) == (4, 12)
+    assert together_again(np.array([0, 0, 0, 1, 1, 1]), a) == (12, 12)
     flagged = np.array([[1, -1], [-1, -1], [3, 5], [-1, -1], [-1, -1], [-1, -1]])
     assert false_negative_pairs(a, flagged) == 1  # (0, 1) share a batch; 2 is apart from 3 and 5
 
