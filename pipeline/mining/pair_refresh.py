@@ -112,8 +112,11 @@ def refresh_pairs(
     }
     if previous_negatives is not None:
         # The share of the rows' mined negatives this refresh replaced: near 0 says the model
-        # barely moved and the refresh bought nothing.
-        metrics["mining/churn"] = float((previous_negatives != negatives).mean())
+        # barely moved and the refresh bought nothing. The random columns behind them are drawn
+        # anew at every version, so they would count as replaced even then.
+        mined_columns = negatives.shape[1] - settings.random_negatives
+        replaced = previous_negatives[:, :mined_columns] != negatives[:, :mined_columns]
+        metrics["mining/churn"] = float(replaced.mean())
     found = mined.scores[mined.negatives >= 0]
     # The mined negatives between the random baseline and the positives: near the positives,
     # false negatives are likely.

@@ -367,6 +367,16 @@ def test_triplet_refresh_mines_clean_negatives(
     # The share of the rows' negatives replaced, against the column handed back last time.
     churn = float((again.negatives != negatives).mean())
     assert again.metrics["mining/churn"] == pytest.approx(churn) and 0.0 < churn < 1.0
+    # With random negatives beside the mined ones, the same weights again change no mined
+    # negative: the churn stays 0 though the random column is drawn anew at each version.
+    with_random = HardNegativeMiner(
+        blocks, pack_dir(trained_tiny_model_dir), dataclasses.replace(settings, random_negatives=1), triplets
+    )
+    first = with_random.refresh(weights, version=1, step=7).negatives
+    second = with_random.refresh(weights, version=2, step=9)
+    np.testing.assert_array_equal(first[:, :2], negatives)
+    assert (second.negatives[:, 2] != first[:, 2]).any()
+    assert second.metrics["mining/churn"] == 0.0
     # Given run storage, the miner writes the column there and hands back only its URI: the
     # rank that asked never receives every row; a corpus plan goes the same way.
     stored_miner = HardNegativeMiner(
