@@ -23,6 +23,7 @@ import numpy as np
 from bench.common import GIB, Benchmark, PeakRss, machine_report
 from bench.embedded_texts import EmbeddedTexts
 from pipeline.config.data_section import GENERATED_GROUP_SIZE
+from pipeline.data.normalize import normalized_id
 from pipeline.data.synthetic import generate_paraphrase_corpus
 from pipeline.data.tokenize import tokenize_table
 from pipeline.data.tokenized import TokenizedCorpus
@@ -31,7 +32,7 @@ from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.planning import PlanSettings, refresh_corpus
-from pipeline.mining.text_keys import text_keys
+from pipeline.mining.text_keys import dense_keys
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import load_tokenizer
@@ -76,7 +77,7 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
         results,
         lambda: encode_rows(model, corpus, np.arange(rows), encode_batch, torch.device("cpu")),
     )
-    (keys,) = text_keys(texts)
+    keys = dense_keys(np.array([normalized_id(t) for t in texts]))  # as the miner keys them
     settings = MinerSettings(
         pooler="mean", batch_size=batch_size, seed=0,
         search=SearchSettings(top_k=top_k, index=IndexSpec(kind=index_kind)),

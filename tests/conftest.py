@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from crash_report import pytest_handlecrashitem, ray_session_noted  # noqa: F401 (registers the hook)
@@ -256,6 +257,18 @@ def run_on_two_ranks(work, *args, timeout: float = 120):
     for p in procs:
         p.join(timeout=60)
     return result
+
+
+def text_keys(*text_lists: list[str]) -> list[np.ndarray]:
+    """Integer keys, one per :func:`~pipeline.data.normalize.normalize_text` value, shared
+    across the given lists: the miner's keys (``dense_keys`` of hashed ones) computed apart."""
+    from pipeline.data.normalize import normalize_text
+
+    keys: dict[str, int] = {}
+    return [
+        np.array([keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64)
+        for texts in text_lists
+    ]
 
 
 def blocks_of(table: pa.Table):

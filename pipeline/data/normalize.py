@@ -13,7 +13,7 @@ from pipeline.data.utf8 import stable_row_id
 
 
 def normalize_text(text: str) -> str:
-    """Key for "the same sentence up to case, accents, whitespace and punctuation"."""
+    """Key for "the same sentence up to case, Unicode compatibility forms (NFKC), whitespace and punctuation; accents count"."""
     text = unicodedata.normalize("NFKC", text).casefold()
     text = re.sub(r"[^\w\s]", "", text)
     return " ".join(text.split())
@@ -21,7 +21,7 @@ def normalize_text(text: str) -> str:
 
 def normalized_id(text: str) -> int:
     """:func:`~pipeline.data.utf8.stable_row_id` of :func:`normalize_text`: equal for texts
-    that are the same sentence up to case, accents, whitespace and punctuation."""
+    that are the same sentence up to case, Unicode compatibility forms (NFKC), whitespace and punctuation; accents count."""
     return stable_row_id(normalize_text(text))
 
 

@@ -5,8 +5,7 @@ assigns its own rows to the centroids where it lives (:class:`SampleOnDevice`; a
 :class:`~pipeline.mining.miner_shards.SampleOverShards`), and only the centroids, the
 assignments and the cells' sums travel. The assignment runs in torch on the part's device, so
 a CUDA device trains its cells there whatever faiss build sits beside it (faiss-gpu wheels need
-CUDA 12, torch's are CUDA 13). Training at 1M rows took 68 s of a 440 s refresh on 2 CPU cores
-(docs/benchmarks.md, "Mining refresh at scale").
+CUDA 12, torch's are CUDA 13).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ KMEANS_ITERATIONS = 10
 
 ASSIGN_SCORES_BYTES = 64 * 2**20
 """The scores of one chunk of rows against every centroid: 1,352 rows at the 12,404 cells of
-10M rows (at a fixed 65,536 rows they were 3.25 GB, more than a shard's whole share)."""
+10M rows, where a fixed 65,536 rows would hold 3.25 GB, more than a shard's whole share."""
 
 
 class AssignableSample(Protocol):

@@ -53,7 +53,8 @@ class MinerSettings:
     num_cpus: float = 1.0
     """The miner actor's own CPUs, and each shard's (``mining.num_cpus``)."""
     num_gpus: float = 0.0
-    """The miner actor's own GPUs (``mining.num_gpus``); with one it encodes and searches there."""
+    """Each shard's GPUs (``mining.num_gpus``), where it encodes, searches and scores with the
+    teacher; with ``shards: 1`` the miner actor's own (:attr:`miner_num_gpus`)."""
     label_selector: dict[str, str] = field(default_factory=dict)
     """Ray node labels the miner and its shards must run on (``mining.label_selector``)."""
     max_restarts: int = 0

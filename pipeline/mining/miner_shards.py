@@ -66,7 +66,7 @@ class MinerShards:
         self.backend, self.kind, self.dim = "", "", 0
         self.build_seconds = 0.0
         self.nprobe = 0
-        """IVF cells every shard probes a query (0: the shards' own, or none)."""
+        """IVF cells every shard probes a query (0: a flat index)."""
         self.centroids: np.ndarray | None = None
         """The shared IVF cells of the last refresh that trained them: ``(cells, d)``."""
 

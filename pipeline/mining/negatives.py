@@ -86,9 +86,9 @@ class FilteredCandidates:
     removed: dict[str, int]
     candidates: int
     duplicate: np.ndarray
+    """``(n, k)`` bool: the duplicate mask the filters were given."""
     removed_per_row: dict[str, np.ndarray] = field(default_factory=dict)
     """``(n,)`` candidates each filter removed, per anchor."""
-    """``(n, k)`` bool: the duplicate mask the filters were given."""
 
 
 def filter_candidates(

@@ -44,7 +44,7 @@ def refresh_pairs(
         texts: the texts under the newest weights, searched over the pool
             (:meth:`~pipeline.data.triplets.Triplets.candidate_pool`).
         triplets: the training rows as positions into those texts.
-        keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.text_keys` of the texts.
+        keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.dense_keys` of the texts' ``text_key``.
         settings: filters, search, seed and ``random_negatives``.
         version: this refresh's version (it seeds the search and the draws).
         previous_negatives: the last refresh's negatives column, for the churn; None: none.

@@ -175,7 +175,7 @@ def in_batch_pair_similarities(texts: EncodedTexts, batches: list[np.ndarray]) -
 
 
 def batch_of_rows(plan: BatchPlan) -> np.ndarray:
-    """``(rows,)`` each row's batch in ``plan`` (rows indexed by corpus position)."""
+    """``(rows,)`` each row's batch in ``plan`` (``plan.rows`` a permutation of its positions)."""
     batch_of = np.empty(len(plan.rows), dtype=np.int64)
     batch_of[plan.rows] = np.repeat(np.arange(plan.num_batches), plan.sizes)
     return batch_of

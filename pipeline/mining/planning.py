@@ -1,4 +1,4 @@
-"""Neighbourhood mode's refresh: from the k-NN lists to the next epoch's plan.
+"""The corpus task's refresh: from the k-NN lists to the next epoch's plan.
 
 The miner filters every row's neighbours (duplicates and likely false negatives out) and groups
 the rows into batches, one partition of near texts at a time

@@ -19,9 +19,10 @@ def random_pool_negatives(
     row's positive for the same anchor text) is redrawn the same way.
 
     Args:
-        keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.text_keys` of the corpus texts.
+        keys: ``(texts,)`` :func:`~pipeline.mining.text_keys.dense_keys` of the texts' ``text_key``.
         anchor, positive: ``(n,)`` each row's anchor and positive text positions.
-        pool: positions of the candidate texts (the distinct positives).
+        pool: positions of the candidate texts (``data.pool``, else the distinct positives:
+            :meth:`~pipeline.data.triplets.Triplets.candidate_pool`).
         count: random negatives per anchor.
         seed: makes the draw deterministic.
 

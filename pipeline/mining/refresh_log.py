@@ -25,8 +25,8 @@ from pipeline.tracking.plots import similarity_histogram_png
 from pipeline.tracking.refresh_table import add_refresh
 
 UPLOAD_ATTEMPTS = 12
-"""Histogram and refresh-table uploads: with waits doubling from 1 s up to 60 s, about ten
-minutes of retries."""
+"""Histogram and refresh-table uploads: with waits doubling from 1 s up to 60 s, about 6
+minutes of waits (363 s) besides the calls' own time."""
 
 
 class RefreshLog:

@@ -43,7 +43,7 @@ def teacher_scores(
     """The teacher's score of every (anchor, candidate) pair of the rows.
 
     Args:
-        teacher: the loaded teacher.
+        teacher: a :class:`PairScorer` (in the miner, its shards: each scores a part).
         texts_at: the texts at corpus positions.
         anchors, positives: ``(rows,)`` corpus positions.
         negatives: ``(rows, m)`` corpus positions, -1 where absent.

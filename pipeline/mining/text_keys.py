@@ -1,6 +1,7 @@
-"""Which candidates are the same sentence as, or a known positive of, their anchor: one integer
-key per normalised text (:func:`text_keys`: the same up to case, accents, punctuation and
-whitespace), and the masks the negative filters are given, built from those keys.
+"""Which candidates are the same sentence as, or a known positive of, their anchor: one small
+integer key per normalised text (:func:`dense_keys` of the tokenized corpus' ``text_key``,
+:func:`~pipeline.data.normalize.normalized_id`), and the masks the negative filters are given,
+built from those keys.
 """
 
 from __future__ import annotations
@@ -12,17 +13,7 @@ import numpy as np
 from pipeline.core.distinct import sorted_distinct
 from pipeline.data.normalize import normalize_text
 
-__all__ = ["KnownPositives", "duplicate_mask", "known_positive_mask", "normalize_text", "text_keys"]
-
-
-def text_keys(*text_lists: list[str]) -> list[np.ndarray]:
-    """Integer keys, one per :func:`normalize_text` value, shared across the given lists:
-    equal keys mean the same sentence up to case, accents, punctuation and whitespace."""
-    keys: dict[str, int] = {}
-    return [
-        np.array([keys.setdefault(normalize_text(t), len(keys)) for t in texts], dtype=np.int64)
-        for texts in text_lists
-    ]
+__all__ = ["KnownPositives", "dense_keys", "duplicate_mask", "known_positive_mask", "normalize_text"]
 
 
 def duplicate_mask(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import text_keys
 
 from bench.embedded_texts import mine_hard_negatives
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters, select_negatives
-from pipeline.mining.text_keys import duplicate_mask, known_positive_mask, normalize_text, text_keys
+from pipeline.mining.text_keys import duplicate_mask, known_positive_mask, normalize_text
 
 
 def _reference(cands, scores, pos, dup, f: NegativeFilters, known=None):

@@ -84,10 +84,11 @@ def test_plan_settings_come_from_the_config():
 def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
     trained_tiny_model_dir, paraphrase_corpus, paraphrase_pairs, ray_local
 ):
+    from conftest import text_keys
+
     from pipeline.data.normalize import with_text_keys
     from pipeline.data.tokenize import tokenize_table
     from pipeline.data.triplets import index_triplets
-    from pipeline.mining.text_keys import text_keys
     from pipeline.model.folders import load_tokenizer
 
     anchors, positives = paraphrase_pairs
