@@ -13,7 +13,8 @@ from pipeline.data.utf8 import stable_row_id
 
 
 def normalize_text(text: str) -> str:
-    """Key for "the same sentence up to case, Unicode compatibility forms (NFKC), whitespace and punctuation; accents count"."""
+    """Key for "the same sentence up to case, Unicode compatibility forms (NFKC), whitespace
+    and punctuation". Accents count: "café" and "cafe" are two sentences."""
     text = unicodedata.normalize("NFKC", text).casefold()
     text = re.sub(r"[^\w\s]", "", text)
     return " ".join(text.split())
@@ -21,7 +22,7 @@ def normalize_text(text: str) -> str:
 
 def normalized_id(text: str) -> int:
     """:func:`~pipeline.data.utf8.stable_row_id` of :func:`normalize_text`: equal for texts
-    that are the same sentence up to case, Unicode compatibility forms (NFKC), whitespace and punctuation; accents count."""
+    that are the same sentence (:func:`normalize_text`)."""
     return stable_row_id(normalize_text(text))
 
 

@@ -129,7 +129,8 @@ def negatives_among(
         positive_scores: ``(n,)`` each anchor's cosine with its positive.
         anchor_keys, positive_keys, pool_keys: ``(n,)``, ``(n,)``, ``(p,)``
             :func:`~pipeline.mining.text_keys.dense_keys` of the anchors, positives and pool, in
-            one key space: equal keys are the same sentence (:func:`~pipeline.data.normalize.normalize_text`).
+            one key space: equal keys are the same sentence
+            (:func:`~pipeline.data.normalize.normalize_text`).
         filters: which candidates are acceptable negatives and how many to keep.
         seed: ``sampling: random`` (a list: numpy's seed sequence, for one chunk of a mining).
         exclude_known_positives: a candidate that is the positive of *any* row with the same

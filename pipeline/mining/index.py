@@ -1,8 +1,8 @@
 """Inner-product k-nearest-neighbour search behind one function.
 
-Index kinds: ``flat`` (exact), ``ivf`` (inverted lists over k-means cells, exact
-distances inside the ``nprobe`` cells searched, calibrated from :data:`NPROBE`) and ``ivfpq`` (the same with product-
-quantised vectors: ~:data:`PQ_BYTES` bytes a vector, approximate distances). ``auto`` is flat
+Index kinds: ``flat`` (exact), ``ivf`` (inverted lists over k-means cells, exact distances
+inside the ``nprobe`` cells searched, calibrated up from :data:`NPROBE`) and ``ivfpq`` (the same
+with product-quantised vectors: ~:data:`PQ_BYTES` bytes a vector, approximate distances). ``auto`` is flat
 up to :data:`FLAT_MAX_ROWS_CPU` vectors (:data:`FLAT_MAX_ROWS_GPU` where the search runs on a
 GPU) and IVF above: all-rows flat search grows as n^2, IVF's about as n^1.5. These settings
 are not config keys: the corpus size and the search device decide them, from the measurements
