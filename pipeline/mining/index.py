@@ -11,12 +11,15 @@ in docs/benchmarks.md (Mining refresh at scale; Per-worker compute).
 Backends, chosen by :func:`choose_backend`:
 
 * ``faiss-gpu``: FAISS on the GPUs, when faiss was built with GPU support: the index split
-  over the GPUs the process was given, IVF's cells trained there.
+  over the GPUs the process was given.
 * ``torch-cuda``: exact search as chunked matrix products and ``topk`` on a CUDA device,
   for GPU machines whose faiss build has no GPU support (faiss-gpu wheels need CUDA 12
-  while current torch wheels are CUDA 13). Flat only; IVF kinds train their cells on the
-  device in torch, then list and search the vectors with faiss on the CPU.
+  while current torch wheels are CUDA 13). Flat only; IVF kinds list and search the vectors
+  with faiss on the CPU.
 * ``faiss-cpu``: FAISS on the CPU.
+
+On every backend IVF's cells come from the one k-means (:mod:`~pipeline.mining.ivf_training`),
+whose assignments run in torch where the vectors are, a GPU included.
 
 Vectors must be L2-normalised, so inner product is cosine similarity.
 """

@@ -4,9 +4,11 @@ weights at each refresh, and an index over those of them that are candidates.
 A refresh at cluster scale does not fit one process (3 KB a row of vectors at 768 dimensions,
 and the index's own copy). With S shards, each holds about 1/S of the texts' tokens, vectors and
 index; a query is searched on every shard and the top lists are merged
-(:func:`~pipeline.mining.index.merge_top_k`), which with flat indexes is exactly one index's result.
+(:func:`~pipeline.mining.index.merge_top_k`): exactly one index's result with flat indexes, and
+with IVF ones too, whose cells every shard shares (:func:`~pipeline.mining.index.index_over_cells`).
 :class:`MinerShard` is plain Python, so it runs in a test or a bench as it is; the miner runs
-each as a Ray actor (:class:`~pipeline.mining.miner_shards.MinerShards`).
+each as a Ray actor, or in its own process with one shard
+(:class:`~pipeline.mining.miner_shards.MinerShards`).
 """
 
 from __future__ import annotations

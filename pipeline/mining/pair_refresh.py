@@ -1,6 +1,7 @@
 """The pairs task's refresh, after the encode: search (where the texts are) and filter
-(:func:`~pipeline.mining.hard_negatives.negatives_among`) chunk after chunk of rows, attach each anchor's negatives to its row as the rows' negatives
-column, describe it.
+(:func:`~pipeline.mining.hard_negatives.negatives_among`) chunk after chunk of rows, add any
+random pool negatives, let a teacher score (and denoise) them, and describe the rows'
+negatives column that results.
 """
 
 from __future__ import annotations
