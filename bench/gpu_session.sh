@@ -20,6 +20,12 @@
 #   peers     sentence-transformers MNRL training and mine_hard_negatives (torch path) next
 #             to ours, same GPU, model and sentences (random weights score every pair above
 #             0.95, so both sides mine with relative margin 0; the bundle brings `datasets`)
+#   teacher   issue 71: jobs/configs/gpu-teacher.yaml (its inputs first, $TEACHER_PAIRS (125,000)
+#             rows): a random MiniLM-size student trains on 0.5 GPU while the miner, on the other
+#             0.5, refreshes its 7 negatives a row and has a random BERT-base cross-encoder score
+#             every row's 8 pairs (1M) for distillation, before epoch 1 and beside it. The job's
+#             log, its MLflow store and the GPU's use every 5 s come back; $TEACHER_SET adds
+#             --set overrides (e.g. no GPUs, to try the part on a CPU)
 #   mine      jobs/mine.py on the generated sentences with mining.num_gpus=1: it must say it
 #             encoded on cuda (in bf16) and write its triplets; its summary goes to the log
 #   shards    bench.sharded_miner (issue 59): one corpus refresh of $SHARD_ROWS (500,000)
@@ -122,6 +128,29 @@ for part in "$@"; do
       fi
       grep -v "INFO" "$log" | tail -20
       ;;
+    teacher)
+      # Its own log and limit inside the command's, as `shards` (a kill loses no output).
+      [ -d "$INPUTS/teacher" ] || "$PY" -m bench.gpu_inputs --out "$INPUTS" \
+        --config jobs/configs/gpu-teacher.yaml --teacher-pairs "${TEACHER_PAIRS:-125000}"
+      read -ra extra <<<"${TEACHER_SET:-}"
+      log="$OUT/teacher.log"
+      gpu_use=""
+      if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >"$OUT/teacher-gpu.csv" &
+        gpu_use=$!
+      fi
+      status=0
+      timeout "${TEACHER_TIMEOUT_S:-480}" "$PY" jobs/train.py --config jobs/configs/gpu-teacher.yaml \
+        --set "tracking.uri=sqlite:///$OUT/teacher.db" --set run.output_dir=/tmp/gpu-session-runs \
+        "${extra[@]}" >"$log" 2>&1 || status=$?
+      [ -z "$gpu_use" ] || kill "$gpu_use" 2>/dev/null || true
+      grep -E '\[mining\]|\[train\] epoch|teacher|Error' "$log" | grep -v INFO | tail -40
+      if [ "$status" -ne 0 ]; then
+        tail -30 "$log" >&2
+        echo "teacher: the job failed or ran past ${TEACHER_TIMEOUT_S:-480} s (exit $status); its log is $log" >&2
+        exit 1
+      fi
+      ;;
     mine)
       log="$OUT/mine.log"
       "$PY" jobs/mine.py --model "$INPUTS/initial_model" --input "$INPUTS/wiki/wiki1m_for_simcse.first11914.txt" \
@@ -130,7 +159,7 @@ for part in "$@"; do
       grep -q 'encoded on cuda in bf16' "$log" || { echo "mine: did not encode on the GPU" >&2; exit 1; }
       ;;
     *)
-      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers, mine, shards)" >&2
+      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers, teacher, mine, shards)" >&2
       exit 2
       ;;
   esac

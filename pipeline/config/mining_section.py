@@ -17,7 +17,8 @@ class TeacherSection:
     every refresh, for denoising (``denoise_margin``) and distillation
     (``train.distill_weight``). Its scores ride beside the negatives as a column and are
     logged as ``mining/teacher_*`` metrics. It reads the texts with its own tokenizer, cut at
-    ``data.max_seq_len`` tokens a text (twice that a pair), ``train.batch_size`` at a time."""
+    ``data.max_seq_len`` tokens a text (twice that a pair), as many a forward pass as every encode
+    on its device (1,024 on a GPU, 64 on a CPU)."""
 
     model: str | None = None
     """A model folder every node reads, or a hub name (fetched by the miner on its node);

@@ -133,8 +133,9 @@ class MinerSettings:
 
 def teacher_settings(cfg: Config) -> TeacherSettings | None:
     """``mining.teacher`` as the teacher reads it (its kind and pooling the folder's; texts cut
-    at ``data.max_seq_len``, ``train.batch_size`` a forward pass); None: no teacher."""
+    at ``data.max_seq_len``, as many a forward pass as every encode on its device); None: no
+    teacher."""
     model = cfg.mining.teacher.model
     if model is None:
         return None
-    return TeacherSettings(model=model, max_seq_len=cfg.data.max_seq_len, batch_size=cfg.train.batch_size)
+    return TeacherSettings(model=model, max_seq_len=cfg.data.max_seq_len)

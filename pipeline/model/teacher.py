@@ -24,6 +24,7 @@ import torch
 
 from pipeline.core.errors import ConfigError, first_line
 from pipeline.model.accel import autocast, native_bf16
+from pipeline.model.encode import encode_batch_size, length_order
 
 TEACHER_KINDS = ("bi_encoder", "cross_encoder")
 CACHE_SHARE = 0.1
@@ -53,9 +54,12 @@ class TeacherSettings:
     """A bi-encoder's pooling, ``mean`` or ``cls``; None: the folder's own (as ``model.pooler``
     unset reads it: CLS for a plain Hugging Face folder)."""
     max_seq_len: int = 128
-    """Tokens a text (bi-encoder) or a pair (cross-encoder) is cut to."""
-    batch_size: int = 64
-    """Pairs (cross-encoder) or texts (bi-encoder) a forward pass."""
+    """Tokens a text is cut to; a cross-encoder's pair, twice that (each text keeps what a
+    bi-encoder would read of it: ``data.max_seq_len`` cuts a pair of two long texts no harder
+    than the student reads them)."""
+    batch_size: int | None = None
+    """Pairs (cross-encoder) or texts (bi-encoder) a forward pass; None: as every encode on its
+    device (:func:`~pipeline.model.encode.encode_batch_size`: 1,024 on a GPU, 64 on a CPU)."""
 
 
 class Teacher:
@@ -82,6 +86,7 @@ class Teacher:
             )
         self.settings = settings
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.batch_size = settings.batch_size or encode_batch_size(self.device)
         self.tokenizer = load_tokenizer(folder)
         if settings.kind == "bi_encoder":
             self.model: Any = load_sentence_encoder(folder, pooler=settings.pooler)
@@ -145,7 +150,7 @@ class Teacher:
         fresh: dict[str, np.ndarray] = {}
         if missing:
             encoded = encode_texts(
-                self.model, self.tokenizer, missing, self.settings.max_seq_len, self.settings.batch_size,
+                self.model, self.tokenizer, missing, self.settings.max_seq_len, self.batch_size,
                 self.device, bf16=self.bf16,
             )  # fmt: skip
             # Rows of their own, not views that would keep the whole batch alive in the cache.
@@ -170,15 +175,16 @@ class Teacher:
     @torch.inference_mode()
     def _logits(self, anchors: list[str], candidates: list[str]) -> np.ndarray:
         out = np.empty(len(anchors), dtype=np.float32)
-        step = self.settings.batch_size
-        for lo in range(0, len(anchors), step):
+        # Pairs of like length share a batch, so that each pads little (as every encode does).
+        order = length_order(np.array([len(a) + len(c) for a, c in zip(anchors, candidates, strict=True)]))
+        for at in np.array_split(order, max(1, -(-len(order) // self.batch_size))):
             encoded = self.tokenizer(
-                anchors[lo : lo + step], candidates[lo : lo + step], padding=True, truncation=True,
-                max_length=self.settings.max_seq_len, return_tensors="pt",
+                [anchors[i] for i in at], [candidates[i] for i in at], padding=True, truncation=True,
+                max_length=2 * self.settings.max_seq_len, return_tensors="pt",
             ).to(self.device)  # fmt: skip
             with autocast(self.device, self.bf16):
                 logits = self.model(**encoded).logits
-            out[lo : lo + step] = logits[:, 0].float().cpu().numpy()
+            out[at] = logits[:, 0].float().cpu().numpy()
         return out
 
 

@@ -72,10 +72,32 @@ def test_a_cross_encoder_teacher_scores_the_logits_cross_encoder_predicts(tiny_c
     )
     assert teacher.settings.kind == "cross_encoder"
     scores = teacher.score(ANCHORS, CANDIDATES)
-    peer = CrossEncoder(str(tiny_cross_encoder_dir), device="cpu", max_length=32)
+    peer = CrossEncoder(str(tiny_cross_encoder_dir), device="cpu", max_length=64)
     expected = peer.predict(list(zip(ANCHORS, CANDIDATES, strict=True)), activation_fn=torch.nn.Identity())
     np.testing.assert_allclose(scores, expected, atol=1e-5)
     assert len(set(np.round(scores, 6))) > 1  # the pairs score apart
+
+
+def test_a_cross_encoder_teacher_reads_a_pair_at_twice_a_texts_length(tiny_cross_encoder_dir):
+    """``max_seq_len`` is a text's: a pair of two texts of 20 tokens each is read whole at 32,
+    not cut to 32 tokens in all (which loses most of the candidate)."""
+    from sentence_transformers import CrossEncoder
+
+    teacher = Teacher(TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32), device="cpu")
+    anchor, candidate = " ".join(ANCHORS[:2]), " ".join(CANDIDATES[:2])
+    lengths = [len(teacher.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in (anchor, candidate)]
+    assert min(lengths) > 16 and sum(lengths) + 3 <= 64, lengths
+    score = teacher.score([anchor], [candidate])
+    pairs = [(anchor, candidate)]
+    whole, cut = (
+        CrossEncoder(str(tiny_cross_encoder_dir), device="cpu", max_length=n).predict(
+            pairs, activation_fn=torch.nn.Identity()
+        )
+        for n in (64, 32)
+    )
+    # A random tiny head's logits sit near 0: what tells the two readings apart is that the
+    # teacher's is ten times nearer the whole pair's than the cut pair's.
+    assert abs(float(score[0] - whole[0])) * 10 < abs(float(score[0] - cut[0]))
 
 
 def test_a_cross_encoder_teacher_scores_a_pair_once_and_keeps_no_more_than_its_cache_holds(
