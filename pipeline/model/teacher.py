@@ -13,8 +13,10 @@ resources put it, on a GPU where it is given one. In a refresh the miner's shard
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import ConfigError, first_line
-from pipeline.model.accel import autocast, native_bf16
+from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.model.accel import autocast, native_bf16, to_device
 from pipeline.model.encode import encode_batch_size, length_order
 
 TEACHER_KINDS = ("bi_encoder", "cross_encoder")
@@ -33,6 +36,10 @@ CACHE_SHARE = 0.1
 (cross-encoder) read again is not computed again: an anchor in each denoising step, every row's
 positive and the candidates that stay among its neighbours at every refresh. At 768 dimensions a
 bi-encoder's text takes about 3 KiB; a cross-encoder's pair, its texts and about 200 bytes."""
+
+PAIR_CHUNK = 65_536
+"""Pairs a cross-encoder tokenizes in one call: its tokens as Python lists stay under about
+100 MB, while a call still holds many forward passes' worth."""
 
 PAIR_ENTRY_BYTES = 200
 """A cached pair's bytes beside its texts': the dict entry, the key's tuple and the score."""
@@ -174,18 +181,64 @@ class Teacher:
 
     @torch.inference_mode()
     def _logits(self, anchors: list[str], candidates: list[str]) -> np.ndarray:
+        """``(n,)`` float32: the cross-encoder's logit of each ``(anchors[i], candidates[i])``.
+
+        Each chunk of :data:`PAIR_CHUNK` pairs is tokenized in one call, on a thread while the
+        chunk before it runs (the tokenizer releases the GIL), and padded a batch at a time as
+        every encode pads, in length order; the logits stay on the device to the chunk's end,
+        so the host pads the next batch while the device computes. One tokenizer call a forward
+        pass, padded by the tokenizer, took 2.4x the forward passes' time on an H200
+        (docs/benchmarks.md, "A teacher in the refresh")."""
         out = np.empty(len(anchors), dtype=np.float32)
-        # Pairs of like length share a batch, so that each pads little (as every encode does).
-        order = length_order(np.array([len(a) + len(c) for a, c in zip(anchors, candidates, strict=True)]))
-        for at in np.array_split(order, max(1, -(-len(order) // self.batch_size))):
-            encoded = self.tokenizer(
-                [anchors[i] for i in at], [candidates[i] for i in at], padding=True, truncation=True,
-                max_length=2 * self.settings.max_seq_len, return_tensors="pt",
-            ).to(self.device)  # fmt: skip
-            with autocast(self.device, self.bf16):
-                logits = self.model(**encoded).logits
-            out[at] = logits[:, 0].float().cpu().numpy()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="teacher-tokens") as tokenizing:
+
+            def tokenized(lo: int) -> Future:
+                return tokenizing.submit(
+                    self._pair_tokens, anchors[lo : lo + PAIR_CHUNK], candidates[lo : lo + PAIR_CHUNK]
+                )
+
+            ahead = tokenized(0)
+            for lo in range(0, len(anchors), PAIR_CHUNK):
+                tokens, token_types = ahead.result()
+                if lo + PAIR_CHUNK < len(anchors):
+                    ahead = tokenized(lo + PAIR_CHUNK)  # one chunk ahead, no more: its tokens wait in memory
+                out[lo : lo + len(tokens)] = self._chunk_logits(tokens, token_types)
         return out
+
+    def _chunk_logits(self, tokens: TokenizedCorpus, token_types: TokenizedCorpus | None) -> np.ndarray:
+        """``(len(tokens),)`` float32: the logit of each tokenized pair, batched in length order."""
+        batches = np.array_split(length_order(tokens.lengths), -(-len(tokens) // self.batch_size))
+        logits = []
+        for at in batches:
+            input_ids, mask = tokens.batch(at)
+            inputs = {"input_ids": input_ids, "attention_mask": mask}
+            if token_types is not None:
+                inputs["token_type_ids"] = token_types.batch(at)[0]
+            with autocast(self.device, self.bf16):
+                on_device = {name: to_device(array, self.device) for name, array in inputs.items()}
+                logits.append(self.model(**on_device).logits[:, 0].float())
+        out = np.empty(len(tokens), dtype=np.float32)
+        out[np.concatenate(batches)] = torch.cat(logits).cpu().numpy()
+        return out
+
+    def _pair_tokens(
+        self, anchors: list[str], candidates: list[str]
+    ) -> tuple[TokenizedCorpus, TokenizedCorpus | None]:
+        """The pairs' tokens (``[CLS] anchor [SEP] candidate [SEP]``, cut to twice
+        ``max_seq_len``), and their token types where the tokenizer gives them, row ``i`` for
+        pair ``i``."""
+        encoded = self.tokenizer(
+            anchors, candidates, truncation=True, max_length=2 * self.settings.max_seq_len
+        )
+        lengths = np.fromiter(map(len, encoded["input_ids"]), dtype=np.int64, count=len(anchors))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+
+        def flat(rows: list[list[int]]) -> np.ndarray:
+            return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(offsets[-1]))
+
+        tokens = TokenizedCorpus.of_arrays(offsets, flat(encoded["input_ids"]), self.tokenizer.pad_token_id)
+        types = encoded.get("token_type_ids")
+        return tokens, TokenizedCorpus.of_arrays(offsets, flat(types), 0) if types is not None else None
 
 
 def folder_kind(folder: Path) -> str:

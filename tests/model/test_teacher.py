@@ -78,6 +78,19 @@ def test_a_cross_encoder_teacher_scores_the_logits_cross_encoder_predicts(tiny_c
     assert len(set(np.round(scores, 6))) > 1  # the pairs score apart
 
 
+def test_a_cross_encoder_teacher_scores_in_chunks_what_it_scores_at_once(tiny_cross_encoder_dir, monkeypatch):
+    """Pairs tokenized a chunk at a time and batched in length order come back in the order asked."""
+    import pipeline.model.teacher as teacher_module
+
+    anchors, candidates = ANCHORS * 3, CANDIDATES[1:] * 4
+    at_once = Teacher(TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32), device="cpu")
+    expected = at_once.score(anchors, candidates)
+    monkeypatch.setattr(teacher_module, "PAIR_CHUNK", 5)
+    chunked = Teacher(TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32, batch_size=2), device="cpu")
+    np.testing.assert_allclose(chunked.score(anchors, candidates), expected, atol=1e-5)
+    assert chunked.pairs_scored == len(set(zip(anchors, candidates, strict=True))) == 9  # 2 chunks
+
+
 def test_a_cross_encoder_teacher_reads_a_pair_at_twice_a_texts_length(tiny_cross_encoder_dir):
     """``max_seq_len`` is a text's: a pair of two texts of 20 tokens each is read whole at 32,
     not cut to 32 tokens in all (which loses most of the candidate)."""
