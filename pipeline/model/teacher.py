@@ -188,7 +188,7 @@ class Teacher:
         every encode pads, in length order; the logits stay on the device to the chunk's end,
         so the host pads the next batch while the device computes. One tokenizer call a forward
         pass, padded by the tokenizer, took 2.4x the forward passes' time on an H200
-        (docs/benchmarks.md, "A teacher in the refresh")."""
+        (docs/benchmarks.md, the fifth session on one H200)."""
         out = np.empty(len(anchors), dtype=np.float32)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="teacher-tokens") as tokenizing:
 
