@@ -184,7 +184,8 @@ def tiny_cross_encoder_dir(tiny_model_dir, tmp_path_factory):
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
     out = tmp_path_factory.mktemp("tiny_cross_encoder")
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    # A pair's limit, as a cross-encoder's tokenizer states it (512 for BERT's).
+    AutoTokenizer.from_pretrained(tiny_model_dir, model_max_length=64).save_pretrained(out)
     return out
 
 

@@ -63,7 +63,7 @@ class TeacherSettings:
     max_seq_len: int = 128
     """Tokens a text is cut to; a cross-encoder's pair, twice that (each text keeps what a
     bi-encoder would read of it: ``data.max_seq_len`` cuts a pair of two long texts no harder
-    than the student reads them)."""
+    than the student reads them), or its tokenizer's limit where that is less (512 for BERT)."""
     batch_size: int | None = None
     """Pairs (cross-encoder) or texts (bi-encoder) a forward pass; None: as every encode on its
     device (:func:`~pipeline.model.encode.encode_batch_size`: 1,024 on a GPU, 64 on a CPU)."""
@@ -103,6 +103,13 @@ class Teacher:
                 raise ValueError(
                     f"teacher {folder}: a cross-encoder teacher has one label (got {self.model.config.num_labels})"
                 )
+            # Twice a text's tokens, but never past what the model reads (a tokenizer without a
+            # limit of its own says so with a huge sentinel; its positions are the limit then).
+            own_limit = self.tokenizer.model_max_length
+            self.pair_max_len = min(
+                2 * settings.max_seq_len,
+                own_limit if own_limit < 1_000_000 else self.model.config.max_position_embeddings,
+            )
         self.model.to(self.device).eval()
         # Unlike the student's mining (pipeline.model.accel.encodes_bf16), a bi-encoder teacher
         # encodes in bf16 wherever the device computes it natively: its scores are thresholds
@@ -225,11 +232,9 @@ class Teacher:
         self, anchors: list[str], candidates: list[str]
     ) -> tuple[TokenizedCorpus, TokenizedCorpus | None]:
         """The pairs' tokens (``[CLS] anchor [SEP] candidate [SEP]``, cut to twice
-        ``max_seq_len``), and their token types where the tokenizer gives them, row ``i`` for
+        ``max_seq_len`` or the model's limit), and their token types where the tokenizer gives them, row ``i`` for
         pair ``i``."""
-        encoded = self.tokenizer(
-            anchors, candidates, truncation=True, max_length=2 * self.settings.max_seq_len
-        )
+        encoded = self.tokenizer(anchors, candidates, truncation=True, max_length=self.pair_max_len)
         lengths = np.fromiter(map(len, encoded["input_ids"]), dtype=np.int64, count=len(anchors))
         offsets = np.concatenate([[0], np.cumsum(lengths)])
 

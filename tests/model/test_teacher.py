@@ -86,7 +86,9 @@ def test_a_cross_encoder_teacher_scores_in_chunks_what_it_scores_at_once(tiny_cr
     at_once = Teacher(TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32), device="cpu")
     expected = at_once.score(anchors, candidates)
     monkeypatch.setattr(teacher_module, "PAIR_CHUNK", 5)
-    chunked = Teacher(TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32, batch_size=2), device="cpu")
+    chunked = Teacher(
+        TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32, batch_size=2), device="cpu"
+    )
     np.testing.assert_allclose(chunked.score(anchors, candidates), expected, atol=1e-5)
     assert chunked.pairs_scored == len(set(zip(anchors, candidates, strict=True))) == 9  # 2 chunks
 
@@ -176,3 +178,17 @@ def test_the_job_reads_a_distilled_teachers_scores_at_the_temperature_of_its_kin
     )
     assert cfg.mining.teacher.temperature == (2.5 if overrides and "2.5" in overrides[0] else None)
     assert resolve_config(cfg).mining.teacher.temperature == expected
+
+
+def test_a_cross_encoder_teacher_reads_no_pair_past_its_tokenizers_limit(tiny_cross_encoder_dir):
+    """At ``max_seq_len`` 512 a pair is cut at the tokenizer's limit (64 here, as a real
+    cross-encoder's 512), not at 1,024 tokens past the model's positions."""
+    from sentence_transformers import CrossEncoder
+
+    teacher = Teacher(TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=512), device="cpu")
+    anchor, candidate = " ".join(ANCHORS), " ".join(CANDIDATES)  # 35 and 39 tokens
+    score = teacher.score([anchor], [candidate])
+    expected = CrossEncoder(str(tiny_cross_encoder_dir), device="cpu", max_length=64).predict(
+        [(anchor, candidate)], activation_fn=torch.nn.Identity()
+    )
+    np.testing.assert_allclose(score, expected, atol=1e-5)
