@@ -276,20 +276,36 @@ def check(bundle: Path, python312: str) -> None:
         print("check passed: the bundle imports and runs the demo job on Python 3.12")
 
 
+def python312() -> str:
+    """``$PYTHON312``, else the first Python 3.12 that runs: ``python3.12`` on the PATH, then
+    pyenv's (whose ``python3.12`` shim fails where 3.12 is installed but not selected)."""
+    if "PYTHON312" in os.environ:
+        return os.environ["PYTHON312"]
+    pyenv = sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"), reverse=True)
+    for candidate in ["python3.12", *map(str, pyenv)]:
+        try:
+            subprocess.run([candidate, "-m", "pip", "--version"], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return candidate
+    return "python3.12"  # the error names it
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argument_parser(__spec__.name, __doc__, whole_doc=True)
     parser.add_argument("--check", action="store_true", help="test the bundle in a clean Python 3.12 venv")
     parser.add_argument("--rebuild", action="store_true", help="build even when a bundle exists")
     parser.add_argument(
         "--python312",
-        default=os.environ.get("PYTHON312", "python3.12"),
-        help="a Python 3.12 interpreter with pip (default: $PYTHON312 or python3.12)",
+        default=None,
+        help="a Python 3.12 interpreter with pip (default: $PYTHON312, python3.12, or pyenv's 3.12)",
     )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.python312 = args.python312 or python312()
     bundle = BUNDLE_DIR / BUNDLE_NAME
     if args.rebuild or not bundle.exists():
         bundle = build(BUNDLE_DIR, args.python312)
