@@ -26,6 +26,8 @@
 #             every row's 8 pairs (1M) for distillation, before epoch 1 and beside it. The job's
 #             log, its MLflow store and the GPU's use every 5 s come back; $TEACHER_SET adds
 #             --set overrides (e.g. no GPUs, to try the part on a CPU)
+#   scoring   bench.teacher_scoring: the teacher part's cross-encoder scoring $SCORING_ROWS (200,000)
+#             of its pairs alone, against sentence-transformers' CrossEncoder.predict (bf16 both)
 #   mine      jobs/mine.py on the generated sentences with mining.num_gpus=1: it must say it
 #             encoded on cuda (in bf16) and write its triplets; its summary goes to the log
 #   shards    bench.sharded_miner (issue 59): one corpus refresh of $SHARD_ROWS (500,000)
@@ -151,6 +153,12 @@ for part in "$@"; do
         exit 1
       fi
       ;;
+    scoring)
+      [ -d "$INPUTS/teacher" ] || "$PY" -m bench.gpu_inputs --out "$INPUTS" \
+        --config jobs/configs/gpu-teacher.yaml --teacher-pairs "${TEACHER_PAIRS:-125000}"
+      "$PY" -m bench.teacher_scoring --cross-encoder "$INPUTS/teacher" --pairs "$INPUTS/pairs/train.tsv" \
+        --rows "${SCORING_ROWS:-200000}" --repeats 2 --append "$OUT/benchmarks.md"
+      ;;
     mine)
       log="$OUT/mine.log"
       "$PY" jobs/mine.py --model "$INPUTS/initial_model" --input "$INPUTS/wiki/wiki1m_for_simcse.first11914.txt" \
@@ -159,7 +167,7 @@ for part in "$@"; do
       grep -q 'encoded on cuda in bf16' "$log" || { echo "mine: did not encode on the GPU" >&2; exit 1; }
       ;;
     *)
-      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers, teacher, mine, shards)" >&2
+      echo "unknown part '$part' (setup, step, job, job1024, compile, workers2, peers, teacher, scoring, mine, shards)" >&2
       exit 2
       ;;
   esac
