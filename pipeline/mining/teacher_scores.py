@@ -216,7 +216,9 @@ def scored_by_teacher(
     seconds = time.perf_counter() - started
     said = f", {len(dropped)} negatives dropped as likely positives" if denoise_margin is not None else ""
     print(
-        f"[mining] v{version}: the teacher scored {pairs} distinct pairs in {seconds:.1f}s{said}", flush=True
+        f"[mining] v{version}: the teacher scored {pairs:,} distinct pairs in {seconds:.1f}s (what it had "
+        f"computed before from its cache){said}",
+        flush=True,
     )
     metrics = {
         **teacher_summary(scores),
