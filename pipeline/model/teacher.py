@@ -13,7 +13,6 @@ resources put it, on a GPU where it is given one. In a refresh the miner's shard
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from pipeline.core.errors import ConfigError, first_line
-from pipeline.data.tokenized import TokenizedCorpus
+from pipeline.data.tokenized import TokenizedCorpus, large_tokens
 from pipeline.model.accel import autocast, native_bf16, to_device
 from pipeline.model.encode import encode_batch_size, length_order
 
@@ -232,18 +232,20 @@ class Teacher:
         self, anchors: list[str], candidates: list[str]
     ) -> tuple[TokenizedCorpus, TokenizedCorpus | None]:
         """The pairs' tokens (``[CLS] anchor [SEP] candidate [SEP]``, cut to twice
-        ``max_seq_len`` or the model's limit), and their token types where the tokenizer gives them, row ``i`` for
-        pair ``i``."""
+        ``max_seq_len`` or the model's limit), and their token types where the tokenizer gives
+        them; row ``i`` for pair ``i``."""
         encoded = self.tokenizer(anchors, candidates, truncation=True, max_length=self.pair_max_len)
-        lengths = np.fromiter(map(len, encoded["input_ids"]), dtype=np.int64, count=len(anchors))
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
 
-        def flat(rows: list[list[int]]) -> np.ndarray:
-            return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(offsets[-1]))
+        def corpus(rows: list[list[int]], pad_id: int) -> TokenizedCorpus:
+            # The token lists as the corpus holds them (tokenize_table's Arrow lists).
+            tokens = large_tokens(pa.array(rows, type=pa.list_(pa.int32())))
+            return TokenizedCorpus.of_arrays(tokens.offsets.to_numpy(), tokens.values.to_numpy(), pad_id)
 
-        tokens = TokenizedCorpus.of_arrays(offsets, flat(encoded["input_ids"]), self.tokenizer.pad_token_id)
         types = encoded.get("token_type_ids")
-        return tokens, TokenizedCorpus.of_arrays(offsets, flat(types), 0) if types is not None else None
+        return (
+            corpus(encoded["input_ids"], self.tokenizer.pad_token_id),
+            corpus(types, 0) if types is not None else None,
+        )
 
 
 def folder_kind(folder: Path) -> str:
