@@ -56,6 +56,12 @@ if ! "$PY" -c "import ray" 2>/dev/null && [ -f .gpu-bundle/gpu-site.tar.xz ]; th
   export PYTHONPATH="$SITE:$PWD"
 fi
 
+# The pairs, student and cross-encoder teacher that gpu-teacher.yaml reads, written once.
+teacher_inputs() {
+  [ -d "$INPUTS/teacher" ] || "$PY" -m bench.gpu_inputs --out "$INPUTS" \
+    --config jobs/configs/gpu-teacher.yaml --teacher-pairs "${TEACHER_PAIRS:-125000}"
+}
+
 for part in "$@"; do
   echo "=== $part ($(date -u +%H:%M:%S))"
   case "$part" in
@@ -132,8 +138,7 @@ for part in "$@"; do
       ;;
     teacher)
       # Its own log and limit inside the command's, as `shards` (a kill loses no output).
-      [ -d "$INPUTS/teacher" ] || "$PY" -m bench.gpu_inputs --out "$INPUTS" \
-        --config jobs/configs/gpu-teacher.yaml --teacher-pairs "${TEACHER_PAIRS:-125000}"
+      teacher_inputs
       read -ra extra <<<"${TEACHER_SET:-}"
       log="$OUT/teacher.log"
       gpu_use=""
@@ -154,8 +159,7 @@ for part in "$@"; do
       fi
       ;;
     scoring)
-      [ -d "$INPUTS/teacher" ] || "$PY" -m bench.gpu_inputs --out "$INPUTS" \
-        --config jobs/configs/gpu-teacher.yaml --teacher-pairs "${TEACHER_PAIRS:-125000}"
+      teacher_inputs
       "$PY" -m bench.teacher_scoring --cross-encoder "$INPUTS/teacher" --pairs "$INPUTS/pairs/train.tsv" \
         --rows "${SCORING_ROWS:-200000}" --repeats 2 --append "$OUT/benchmarks.md"
       ;;
