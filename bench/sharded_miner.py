@@ -162,7 +162,7 @@ def index_recall(texts: Any, *, seed: int, k: int = 10) -> float:
     queries = np.sort(rng.choice(texts.rows, size=min(RECALL_QUERIES, texts.rows), replace=False))
     query_vectors = texts.vectors(queries)
     _, found = texts.search(query_vectors, k)
-    _, best_rows = exact_top_k(query_vectors, texts.vectors, texts.rows, k, chunk_rows=RECALL_CHUNK_ROWS)
+    _, best_rows = exact_top_k(query_vectors, texts.vectors, texts.rows, k, block_rows=RECALL_CHUNK_ROWS)
     hits = [len(set(a.tolist()) & set(b.tolist())) for a, b in zip(found, best_rows, strict=True)]
     return float(np.mean(hits)) / k
 

@@ -68,8 +68,8 @@ TRAIN_POINTS_PER_CELL = 64
 IVF_PROBE_BYTES = 64 * 2**20
 """What an IVF search's probed cells may take at once: queries are searched in blocks of
 this over ``nprobe x 12`` bytes."""
-EXACT_CHUNK_BYTES = 64 * 2**20
-"""What :func:`exact_top_k` holds of one chunk's scores and candidates."""
+EXACT_BLOCK_BYTES = 64 * 2**20
+"""The vectors of one block of :func:`exact_top_k` (held twice: fetched, and in its flat index)."""
 PQ_TRAIN_ROWS = 65_536
 """Sample rows IVF-PQ's codebooks train on where the cells were trained apart
 (:func:`index_over_cells`): faiss' own cap, 256 rows for each of a code's 256 values."""
@@ -561,25 +561,22 @@ def exact_top_k(
     vectors_of: Callable[[np.ndarray], np.ndarray],
     rows: int,
     k: int,
-    chunk_rows: int | None = None,
+    block_rows: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(len(queries), k)`` scores, best first, and positions among ``rows`` vectors with the
-    largest inner products with each query: faiss' ``ResultHeap`` over blocks of the vectors,
-    fetched ``chunk_rows`` positions at a time by ``vectors_of`` (an array's rows, or the
-    miner's shards: :meth:`EncodedTexts.vectors`); None: as many as keep a block's scores
-    within :data:`EXACT_CHUNK_BYTES`."""
+    largest inner products with each query: faiss' exact search over blocks of a database
+    (``faiss.contrib.exhaustive_search.knn_ground_truth``: a flat index a block, its answers
+    kept in a ``ResultHeap``), on the CPU, the blocks fetched ``block_rows`` positions at a
+    time by ``vectors_of`` (an array's rows, or the miner's shards:
+    :meth:`EncodedTexts.vectors`); None: as many as :data:`EXACT_BLOCK_BYTES` of vectors."""
     import faiss  # deferred, as in choose_backend
+    from faiss.contrib.exhaustive_search import knn_ground_truth
 
-    if chunk_rows is None:
-        chunk_rows = max(k, EXACT_CHUNK_BYTES // (4 * max(1, len(queries))))
-    heap = faiss.ResultHeap(len(queries), k, keep_max=True)
-    every_query = np.arange(len(queries))
-    for lo in range(0, rows, chunk_rows):
-        positions = np.arange(lo, min(lo + chunk_rows, rows))
-        # One row of ids for every query: the block's positions are each query's candidates.
-        heap.add_result_subset(every_query, queries @ vectors_of(positions).T, positions)
-    heap.finalize()
-    return heap.D, heap.I
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if block_rows is None:
+        block_rows = max(k, EXACT_BLOCK_BYTES // (4 * queries.shape[1]))
+    blocks = (vectors_of(np.arange(lo, min(lo + block_rows, rows))) for lo in range(0, rows, block_rows))
+    return knn_ground_truth(queries, blocks, k, metric_type=faiss.METRIC_INNER_PRODUCT, ngpu=0)
 
 
 def merge_top_k(parts: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:

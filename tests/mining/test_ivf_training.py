@@ -144,13 +144,14 @@ def test_ivf_probes_more_cells_where_the_vectors_all_point_one_way():
     assert vector_index(clustered(), kind="ivf", seed=0)._index.nprobe == NPROBE
 
 
-def test_exact_top_k_over_blocks_is_the_top_k_of_one_product_best_first():
+@pytest.mark.parametrize("block_rows", [64, 332])  # 332: the last block holds 4 rows, fewer than k
+def test_exact_top_k_over_blocks_is_the_top_k_of_one_product_best_first(block_rows):
     rng = np.random.default_rng(2)
     vectors, queries = (
         rng.normal(size=(1_000, 8)).astype(np.float32),
         rng.normal(size=(7, 8)).astype(np.float32),
     )
     expected = np.argsort(-(queries @ vectors.T), axis=1)[:, :5]
-    scores, rows = exact_top_k(queries, vectors.__getitem__, len(vectors), 5, chunk_rows=64)
+    scores, rows = exact_top_k(queries, vectors.__getitem__, len(vectors), 5, block_rows=block_rows)
     np.testing.assert_array_equal(rows, expected)
     np.testing.assert_allclose(scores, np.einsum("qkd,qd->qk", vectors[rows], queries), rtol=1e-5)
