@@ -109,6 +109,8 @@ _MINING_TABLE = [
     MetricSpec("mining/teacher_positive_score", "table", "Pairs task, mining.teacher: the teacher's mean score of the rows' positives."),
     MetricSpec("mining/teacher_negative_score", "table", "Pairs task, mining.teacher: its mean score of the negatives kept."),
     MetricSpec("mining/teacher_margin_p50", "table", "Pairs task, mining.teacher: median of positive less highest-scored negative, a row."),
+    MetricSpec("mining/teacher_pairs", "table", "Pairs task, mining.teacher: distinct (anchor, candidate) pairs it scored."),
+    MetricSpec("mining/teacher_computed", "table", "Pairs task, mining.teacher: texts (bi-encoder) or pairs it computed, not from its cache."),
     MetricSpec("mining/teacher_denoised", "table", "Pairs task, mining.teacher.denoise_margin: negatives dropped as likely positives."),
     MetricSpec("mining/top1_similarity_mean", "table", "Corpus task: mean cosine to the nearest kept neighbour."),
     MetricSpec("mining/batch_similarity_{stat}", "table", "Corpus task: in-batch pair cosine percentiles."),

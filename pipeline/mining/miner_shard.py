@@ -248,6 +248,12 @@ class MinerShard:
         assert self.teacher is not None, "MinerShard.teacher_scores without a teacher"
         return self.teacher.score_indexed(texts, left, right)
 
+    def teacher_computed(self) -> tuple[int, str]:
+        """What this shard's teacher has computed so far (:meth:`~pipeline.model.teacher.
+        Teacher.computed`)."""
+        assert self.teacher is not None, "MinerShard.teacher_computed without a teacher"
+        return self.teacher.computed()
+
     def cell_counts(self, centroids: np.ndarray) -> np.ndarray:
         """``(cells,)`` int64: how many held texts have each of the unit ``centroids`` as their
         most similar, found on this shard's device, :data:`ASSIGN_CHUNK_ROWS` vectors at a

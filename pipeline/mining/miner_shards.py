@@ -312,6 +312,12 @@ class MinerShards:
             scores[at] = part
         return scores
 
+    def computed(self) -> tuple[int, str]:
+        """What the shards' teachers have computed so far, in all (:meth:`~pipeline.mining.
+        miner_shard.MinerShard.teacher_computed`)."""
+        counts, units = zip(*self.ask_all("teacher_computed"), strict=True)
+        return sum(counts), units[0]
+
     def cell_counts(self, centroids: np.ndarray) -> np.ndarray:
         """``(shards, cells)``: each shard assigns its own texts to the unit ``centroids`` on its
         device and keeps the assignment; only each cell's count comes back."""

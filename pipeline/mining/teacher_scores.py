@@ -31,6 +31,11 @@ class PairScorer(Protocol):
         """``(len(left),)`` float32: the score of each pair ``(texts[left[i]], texts[right[i]])``."""
         ...
 
+    def computed(self) -> tuple[int, str]:
+        """What it has computed so far, and of what: a bi-encoder's texts encoded (``"texts"``),
+        a cross-encoder's pairs scored (``"pairs"``); what its cache answered is not counted."""
+        ...
+
 
 def teacher_scores(
     teacher: PairScorer,
@@ -203,6 +208,7 @@ def scored_by_teacher(
         what it did.
     """
     started = time.perf_counter()
+    computed_before, _ = teacher.computed()
     if denoise_margin is None:
         scores, pairs = teacher_scores(
             teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives
@@ -214,14 +220,18 @@ def scored_by_teacher(
             margin=denoise_margin, mined=mined, keep=keep,
         )  # fmt: skip
     seconds = time.perf_counter() - started
+    computed, unit = teacher.computed()
+    computed -= computed_before
     said = f", {len(dropped)} negatives dropped as likely positives" if denoise_margin is not None else ""
     print(
-        f"[mining] v{version}: the teacher scored {pairs:,} distinct pairs in {seconds:.1f}s (what it had "
-        f"computed before from its cache){said}",
+        f"[mining] v{version}: the teacher scored {pairs:,} distinct pairs in {seconds:.1f}s "
+        f"({computed:,} {unit} computed, the rest from its cache){said}",
         flush=True,
     )
     metrics = {
         **teacher_summary(scores),
+        "mining/teacher_pairs": float(pairs),
+        "mining/teacher_computed": float(computed),
         "mining/teacher_denoised": float(len(dropped)),
         "mining/teacher_s": seconds,
     }

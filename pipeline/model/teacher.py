@@ -155,6 +155,13 @@ class Teacher:
         self._keep(fresh, lambda pair, _: len(pair[0]) + len(pair[1]) + PAIR_ENTRY_BYTES)
         return np.array([fresh[p] if p in fresh else self.cached[p] for p in pairs], dtype=np.float32)
 
+    def computed(self) -> tuple[int, str]:
+        """:attr:`texts_encoded` of a bi-encoder (``"texts"``), :attr:`pairs_scored` of a
+        cross-encoder (``"pairs"``): what it has computed, not what its cache answered."""
+        if self.settings.kind == "bi_encoder":
+            return self.texts_encoded, "texts"
+        return self.pairs_scored, "pairs"
+
     def _vectors(self, texts: list[str]) -> np.ndarray:
         """``(len(texts), d)`` float32 unit vectors of ``texts``: those in the cache from it, the
         rest encoded here and kept while the cache has room."""

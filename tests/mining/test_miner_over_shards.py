@@ -92,6 +92,10 @@ def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, train
     (shard,) = local.shards.handles
     assert isinstance(shard, InProcessShard) and shard.shard.teacher is not None
     one = local.refresh(weights, version=1, step=0)
+    # The same weights again: the same pairs, every one answered by the teacher's cache.
+    again = local.refresh(weights, version=2, step=0)
+    assert again.metrics["mining/teacher_pairs"] == one.metrics["mining/teacher_pairs"] > 0
+    assert again.metrics["mining/teacher_computed"] == 0 < one.metrics["mining/teacher_computed"]
     sharded = HardNegativeMiner(blocks, blob, replace(settings, shards=2), triplets, texts, ray.put(blob))
     try:
         two = sharded.refresh(weights, version=1, step=0)
@@ -101,6 +105,8 @@ def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, train
     finally:
         sharded.shards.stop()
     assert one.metrics["mining/teacher_denoised"] > 0
+    # Each shard encodes the texts of its own part: a text in both parts is encoded by both.
+    assert two.metrics["mining/teacher_computed"] >= one.metrics["mining/teacher_computed"]
     assert one.negatives.shape == two.negatives.shape == (len(rows), 2)
     same = (two.negatives == one.negatives).all(axis=1)
     assert same.mean() > 0.9

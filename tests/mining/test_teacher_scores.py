@@ -34,6 +34,8 @@ def test_the_column_is_the_teachers_score_of_each_pair_and_nan_where_a_slot_is_e
         teacher, texts_at, anchors=anchors, positives=positives, negatives=negatives
     )
     assert pairs == 7  # (0, 3) and (0, 5) once each, (0, 6), (0, 9), (1, 2), (7, 8), (7, 10)
+    # A bi-encoder encodes each of the 10 distinct texts once; a cross-encoder scores each pair.
+    assert teacher.computed() == ((10, "texts") if kind == "bi_encoder" else (7, "pairs"))
     assert column.shape == (4, 3) and column.dtype == np.float32
     # Each distinct text is fetched once, in one call.
     (positions,) = asked
@@ -120,6 +122,8 @@ def test_scoring_in_steps_keeps_what_scoring_the_whole_window_keeps_and_scores_f
         denoise_margin=margin, mined=mined, keep=keep, version=1,
     )  # fmt: skip
     np.testing.assert_allclose(histogram["positives"], kept_scores[:, 0], atol=1e-5)
+    # Every text was encoded by the scoring above: the cache answers this step's every pair.
+    assert metrics["mining/teacher_pairs"] == pairs and metrics["mining/teacher_computed"] == 0
     np.testing.assert_allclose(
         np.sort(histogram["negatives kept"]), np.sort(kept_scores[:, 1:][kept >= 0]), atol=1e-5
     )
