@@ -62,17 +62,10 @@ class SelectedNegatives:
     """``(n, num_negatives)`` candidate positions, -1 where an anchor has too few."""
     scores: np.ndarray
     """``(n, num_negatives)`` anchor-negative similarity, NaN where missing."""
-    removed: dict[str, int] = field(default_factory=dict)
-    """Candidates removed by each filter (:data:`FILTERS`)."""
-    candidates: int = 0
-    """Candidates looked at, over all anchors (valid k-NN entries)."""
-    kept: int = 0
-    """Candidates that passed every filter, before sampling."""
-    anchors_short: int = 0
-    """Anchors left with fewer than ``num_negatives`` negatives (anchors, not negatives)."""
     per_row: dict[str, np.ndarray] = field(default_factory=dict)
-    """The same counts per anchor, ``(n,)`` int32 each: ``candidates``, ``kept`` and
-    ``removed_<filter>`` for every filter in :data:`FILTERS`."""
+    """Per anchor, ``(n,)`` int32 each: its ``candidates`` (valid k-NN entries), those ``kept``
+    by every filter before sampling, and ``removed_<filter>`` for every filter in
+    :data:`FILTERS` (a run's totals: :func:`~pipeline.mining.mining_metrics.mining_metrics`)."""
 
 
 @dataclass
@@ -162,7 +155,7 @@ def select_negatives(
             before any score filter.
 
     Returns:
-        The chosen negatives and how many candidates each filter removed.
+        The chosen negatives and, per anchor, how many candidates each filter removed.
     """
     if filters.sampling not in ("top", "random"):
         raise ValueError(f"mining.sampling must be top or random (got {filters.sampling!r})")
@@ -171,7 +164,6 @@ def select_negatives(
         candidates, candidate_scores, positive_scores, duplicate, filters, known_positive
     )
     alive = filtered.allowed
-    kept = int(alive.sum())
     m = filters.num_negatives
     if filters.sampling == "random":
         order, taken = uniform_draw(alive, m, np.random.default_rng(seed))
@@ -190,12 +182,9 @@ def select_negatives(
         pad = m - indices.shape[1]
         indices = np.pad(indices, ((0, 0), (0, pad)), constant_values=-1)
         scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=np.nan)
-    anchors_short = int(((indices >= 0).sum(axis=1) < m).sum())
     per_row = {
         "candidates": (candidates >= 0).sum(axis=1, dtype=np.int32),
         "kept": alive.sum(axis=1, dtype=np.int32),
         **{f"removed_{name}": counts for name, counts in filtered.removed_per_row.items()},
     }
-    return SelectedNegatives(
-        indices, scores, filtered.removed, filtered.candidates, kept, anchors_short, per_row=per_row
-    )
+    return SelectedNegatives(indices, scores, per_row=per_row)

@@ -77,11 +77,12 @@ def test_filters_match_reference(filters, low, with_known):
         known = (np.random.default_rng(1).random(cands.shape) < 0.1) & (cands >= 0)
     got = select_negatives(cands, scores, pos, dup, filters, known_positive=known)
     kept, removed, short = _reference(cands, scores, pos, dup, filters, known)
-    assert got.removed == removed
-    assert got.kept == sum(len(k) for k in kept)
-    assert got.candidates == int((cands >= 0).sum())
-    assert got.candidates == got.kept + sum(got.removed.values())
-    assert got.anchors_short == short  # counts anchors, not negatives
+    per_row = got.per_row
+    assert {name: int(per_row[f"removed_{name}"].sum()) for name in FILTERS} == removed
+    assert per_row["kept"].tolist() == [len(k) for k in kept]
+    assert per_row["candidates"].tolist() == (cands >= 0).sum(axis=1).tolist()
+    assert (per_row["candidates"] == per_row["kept"] + sum(per_row[f"removed_{n}"] for n in FILTERS)).all()
+    assert _anchors_short(got, filters) == short  # counts anchors, not negatives
     for i, anchor_kept in enumerate(kept):
         want = [c for c, _ in anchor_kept[: filters.num_negatives]]
         row = got.indices[i]
@@ -96,8 +97,8 @@ def test_range_min_counts_what_the_score_filters_left_as_sentence_transformers_d
     filters = NegativeFilters(range_min=1, relative_margin=0.05, num_negatives=1)
     got = select_negatives(cands, scores, np.array([0.84]), dup, filters)
     assert got.indices.tolist() == [[3]]
-    assert got.removed == {
-        "duplicate": 0, "known_positive": 0, "max_score": 0, "relative_margin": 2, "rank_window": 1
+    assert {name: got.per_row[f"removed_{name}"].tolist() for name in FILTERS} == {
+        "duplicate": [0], "known_positive": [0], "max_score": [0], "relative_margin": [2], "rank_window": [1]
     }  # fmt: skip
 
 
@@ -126,11 +127,16 @@ def test_random_sampling_draws_from_the_kept_set_uniformly():
         assert len(set(chosen)) == len(chosen)
         for c in chosen:
             counts_by_rank[allowed.index(c)] += 1
-    assert got.anchors_short == short
+    assert _anchors_short(got, filters) == short
     # Not just the top ones: later ranks are drawn about as often as the first.
     assert counts_by_rank[5] > 0.5 * counts_by_rank[0]
     again = select_negatives(cands, scores, pos, dup, filters, seed=3)
     assert np.array_equal(got.indices, again.indices)
+
+
+def _anchors_short(got, filters: NegativeFilters) -> int:
+    """Anchors left with fewer than ``num_negatives`` negatives, as a run counts them."""
+    return int(((got.indices >= 0).sum(axis=1) < filters.num_negatives).sum())
 
 
 def test_duplicates_by_normalized_text():
