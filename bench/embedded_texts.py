@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from pipeline.mining.corpus_partitions import RankedRows
+from pipeline.mining.encoded_texts import EncodedTexts
 from pipeline.mining.hard_negatives import MinedNegatives, Searched, SearchSettings, negatives_among
 from pipeline.mining.index import (
     IndexSpec,
-    NeighbourSearch,
     PretrainedIndex,
     VectorIndex,
     VectorSource,
@@ -106,7 +106,7 @@ def mine_hard_negatives(
     *,
     anchor_vectors: np.ndarray,
     positive_vectors: np.ndarray,
-    pool_vectors: np.ndarray | NeighbourSearch,
+    pool_vectors: np.ndarray | VectorIndex | EncodedTexts,
     anchor_keys: np.ndarray,
     positive_keys: np.ndarray,
     pool_keys: np.ndarray,
@@ -124,7 +124,7 @@ def mine_hard_negatives(
         anchor_vectors, positive_vectors: ``(n, dim)`` L2-normalised embeddings of each row's
             anchor and positive.
         pool_vectors: ``(p, dim)`` L2-normalised embeddings of the candidate texts, or an index
-            already built over them (:class:`~pipeline.mining.index.NeighbourSearch`).
+            already built over them (a :class:`~pipeline.mining.index.VectorIndex`, or shards of one).
         search: ``top_k``, index and device.
         seed: the IVF training sample, and as
             :func:`~pipeline.mining.hard_negatives.negatives_among`'s.

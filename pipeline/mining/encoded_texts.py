@@ -1,6 +1,5 @@
 """The corpus' texts under the newest weights, as a refresh reads them: the vectors of any
-positions, and a search over the candidates' (a
-:class:`~pipeline.mining.index.NeighbourSearch`).
+positions, and a search over the candidates'.
 
 The miner's shards answer (:class:`~pipeline.mining.miner_shards.MinerShards`), each holding a
 range; a refresh asks for a chunk of rows' vectors at a time, however many hold them. Tests
@@ -14,16 +13,25 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.mining.index import NeighbourSearch
 
-
-class EncodedTexts(NeighbourSearch, Protocol):
+class EncodedTexts(Protocol):
     """Vectors of any corpus positions, and a search whose rows are candidate ordinals."""
+
+    rows: int
+    """Candidates searched."""
+    backend: str
+    """Where the search runs and its index: ``<backend>/<kind>``, e.g. ``faiss-cpu/flat``."""
+    build_seconds: float
+    """What building the index took."""
 
     kind: str
     """The index kind searched (``flat``, ``ivf``, ``ivfpq``)."""
     dim: int
     """The vectors' dimension."""
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(m, min(k, rows))`` scores, best first, and candidate ordinals (-1: none)."""
+        ...
 
     def vectors(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` float32, L2-normalised, in the order of ``positions``."""

@@ -193,20 +193,6 @@ def choose_backend(use_gpu: bool) -> str:
     return "faiss-cpu"
 
 
-class NeighbourSearch(Protocol):
-    """A built index over ``rows`` vectors: one :class:`VectorIndex`, or shards of one merged
-    (:class:`~pipeline.mining.miner_shards.MinerShards`)."""
-
-    rows: int
-    backend: str
-    """``<backend>/<kind>``, e.g. ``faiss-cpu/flat``."""
-    build_seconds: float
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(m, min(k, rows))`` scores, best first, and row positions (-1: none)."""
-        ...
-
-
 @dataclass
 class VectorSource:
     """Vectors computed on demand (an encoder's): :class:`VectorIndex` adds them a chunk at a
@@ -467,10 +453,16 @@ def _set_nprobe(index: Any, nprobe: int, *, on_gpu: bool) -> None:
     space.set_index_parameter(index, "nprobe", nprobe)
 
 
-class ProbedIndex(NeighbourSearch, Protocol):
-    """An IVF index whose ``nprobe`` can be set and whose exact answer can be asked: one
-    :class:`VectorIndex`, or the miner's shards under shared cells
+class ProbedIndex(Protocol):
+    """An IVF index over ``rows`` vectors whose ``nprobe`` can be set and whose exact answer
+    can be asked: one :class:`VectorIndex`, or the miner's shards under shared cells
     (:class:`~pipeline.mining.miner_shards.MinerShards`)."""
+
+    rows: int
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(m, min(k, rows))`` scores, best first, and row positions (-1: none)."""
+        ...
 
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The top ``k`` from every row, whatever the index."""

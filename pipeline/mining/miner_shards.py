@@ -41,8 +41,9 @@ from pipeline.model.teacher import TeacherSettings
 
 class MinerShards:
     """Handles of :class:`~pipeline.mining.miner_shard.MinerShard` actors over consecutive
-    ranges of the corpus. After :meth:`encode`, a
-    :class:`~pipeline.mining.index.NeighbourSearch` over every shard's candidates.
+    ranges of the corpus. After :meth:`encode`, the
+    :class:`~pipeline.mining.encoded_texts.EncodedTexts` a refresh reads: the vectors of any
+    positions and a search over every shard's candidates.
 
     Args:
         handles: the shard actors (or the one :class:`InProcessShard`), in range order.
