@@ -1,0 +1,259 @@
+"""Is a cross-encoder a teacher worth having? Train one on the pairs task's labelled rows and
+score it as issue 71 asks: reranking a first-stage retriever's top 50 on a retrieval set.
+
+    python -m bench.cross_encoder_teacher --base /work/teacher/all-mpnet-base-v2 \\
+        [--train ../shared/data/twitter-url/train.tsv] [--mined mined.parquet] \\
+        [--epochs 1] [--batch-size 32] [--lr 2e-5] [--seed 1] \\
+        [--first-stage MODEL_DIR] [--dev ../shared/data/twitter-url/dev-distractors] \\
+        [--depth 50] [--out runs/cross-encoder-teacher] [--results FILE.jsonl]
+    python -m bench.cross_encoder_teacher --cross-encoder DIR ...   # score one already trained
+
+The teacher is sentence-transformers' ``CrossEncoder`` (one label, ``BinaryCrossEntropyLoss``,
+its ``CrossEncoderTrainer``) started from ``--base``'s encoder, trained on the headerless
+``sentence1<TAB>sentence2<TAB>label`` rows of ``--train`` (Twitter URL: label 0 marks a tweet
+about the same link that annotators judged no paraphrase, a natural hard negative) and, with
+``--mined``, on ``jobs/mine.py``'s negatives as label 0 too. Each pair is read at twice
+``--max-seq-len`` tokens, as the refresh's teacher reads it.
+
+The score: each query's ``--depth`` nearest documents under the first stage (default: the
+all-MiniLM-L6-v2 of the ``minilm`` extra), reordered by the teacher's logit, then the rest in the
+first stage's order, measured by the project's own ranking metrics
+(:func:`~pipeline.evaluation.retrieval_metrics.ranking_metrics`: nDCG@10, MRR@10, R@1/10/100,
+the query's own text never a candidate), so that the numbers read beside ``jobs/evaluate.py``'s.
+The first stage alone is scored the same way in the same run. One JSON row per run goes to
+``--results`` (the teacher rows of docs/results.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import DATA, argument_parser, default_model_dir
+from bench.hard_negatives import git_commit
+
+TWITTER = DATA / "twitter-url"
+RANK_ANGLES = (math.pi / 4, 3 * math.pi / 4)
+"""The angles a query's ranked documents are laid on, best first (:func:`ranked_vectors`): where
+the cosine falls steeply enough that consecutive ranks differ by far more than the metrics' tie
+tolerance, at 33,114 documents about 3e-5."""
+
+
+def labelled_pairs(path: Path) -> tuple[list[str], list[str], list[float]]:
+    """The ``sentence1<TAB>sentence2<TAB>label`` rows of a headerless file (label 0 or 1)."""
+    left, right, labels = [], [], []
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) >= 3 and fields[0] and fields[1] and fields[2] in ("0", "1"):
+                left.append(fields[0])
+                right.append(fields[1])
+                labels.append(float(fields[2]))
+    if not labels:
+        raise SystemExit(f"{path}: no sentence1<TAB>sentence2<TAB>label rows")
+    return left, right, labels
+
+
+def mined_negative_pairs(path: Path) -> tuple[list[str], list[str]]:
+    """Each (anchor, negative) of ``jobs/mine.py``'s output (``anchor``, ``negative_1`` ...)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    anchors = table.column("anchor").to_pylist()
+    left, right = [], []
+    for name in (c for c in table.column_names if c.startswith("negative_")):
+        for anchor, negative in zip(anchors, table.column(name).to_pylist(), strict=True):
+            if negative:
+                left.append(anchor)
+                right.append(negative)
+    return left, right
+
+
+def train_cross_encoder(args: Any, out: Path) -> tuple[Path, float, int]:
+    """Train the teacher into ``out``; returns its folder, the training seconds and the pairs."""
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import (
+        CrossEncoder,
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+    )
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+    left, right, labels = labelled_pairs(args.train)
+    if args.mined is not None:
+        mined_left, mined_right = mined_negative_pairs(args.mined)
+        left, right, labels = left + mined_left, right + mined_right, labels + [0.0] * len(mined_left)
+    model = CrossEncoder(str(args.base), num_labels=1, max_length=2 * args.max_seq_len)
+    rows = Dataset.from_dict({"sentence1": left, "sentence2": right, "label": labels})
+    training = CrossEncoderTrainingArguments(
+        output_dir=str(out / "trainer"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr, warmup_ratio=0.1, seed=args.seed, save_strategy="no", report_to="none",
+        logging_steps=100, dataloader_drop_last=False,
+    )  # fmt: skip
+    started = time.perf_counter()
+    CrossEncoderTrainer(
+        model=model, args=training, train_dataset=rows, loss=BinaryCrossEntropyLoss(model)
+    ).train()
+    seconds = time.perf_counter() - started
+    model.save_pretrained(str(out / "model"))
+    return out / "model", seconds, len(labels)
+
+
+def ranked_vectors(order: np.ndarray, docs: int) -> np.ndarray:
+    """``(docs, 2)`` unit vectors whose cosine with ``(1, 0)`` falls with the rank ``order``
+    gives each document (``order[r]``: the document at rank ``r``), all of them distinct: a
+    ranking that :func:`~pipeline.evaluation.retrieval_metrics.ranking_metrics` reads as it
+    reads a first stage's cosines."""
+    rank = np.empty(docs, dtype=np.float64)
+    rank[order] = np.arange(docs)
+    low, high = RANK_ANGLES
+    angle = low + (high - low) * (rank + 1) / (docs + 1)
+    return np.stack([np.cos(angle), np.sin(angle)], axis=1)
+
+
+def reranked_metrics(
+    *,
+    unit_queries: np.ndarray,
+    unit_docs: np.ndarray,
+    relevance: list[dict[int, float]],
+    excluded: list[list[int]],
+    rerank: Any,
+    depth: int,
+) -> tuple[dict[str, float], int]:
+    """The ranking metrics of the first stage's cosines (``unit_queries`` against ``unit_docs``)
+    with each query's ``depth`` best candidates (its ``excluded`` documents never one) reordered
+    by ``rerank(query index, document indices)`` (higher first; ties keep the first stage's
+    order). Returns the metrics averaged over the scored queries, and the pairs reranked."""
+    from pipeline.evaluation.retrieval_metrics import ranking_metrics
+
+    per_query, pairs = [], 0
+    for q in range(len(unit_queries)):
+        cosines = unit_docs @ unit_queries[q]
+        cosines[excluded[q]] = -np.inf
+        order = np.argsort(-cosines, kind="stable")
+        head = order[: min(depth, len(order) - len(excluded[q]))]
+        scores = np.asarray(rerank(q, head), dtype=np.float64)
+        pairs += len(head)
+        order[: len(head)] = head[np.argsort(-scores, kind="stable")]
+        got = ranking_metrics(
+            np.array([[1.0, 0.0]]), ranked_vectors(order, len(order)), [relevance[q]], [excluded[q]]
+        )
+        if got.queries:
+            per_query.append(asdict(got))
+    names = ("ndcg_at_10", "mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100")
+    return {name: float(np.mean([m[name] for m in per_query])) for name in names} | {
+        "queries": len(per_query)
+    }, pairs
+
+
+def first_stage_vectors(
+    model_dir: Path, spec: str, max_seq_len: int
+) -> tuple[Any, np.ndarray, np.ndarray, list]:
+    """The retrieval set, its queries' and documents' unit vectors under ``model_dir``, and each
+    query's own-text documents (never its candidates), as ``jobs/evaluate.py`` encodes them."""
+    from pipeline.evaluation.retrieval_scoring import RetrievalEvalSet
+    from pipeline.evaluation.retrieval_sets import read_retrieval_set
+    from pipeline.model.accel import compute_device
+    from pipeline.model.encode import encode_batch_size, encode_rows
+    from pipeline.model.encoder import load_sentence_encoder
+    from pipeline.model.folders import load_tokenizer
+
+    retrieval_set = read_retrieval_set(spec)
+    eval_set = RetrievalEvalSet([retrieval_set], load_tokenizer(model_dir), max_seq_len)
+    device = compute_device(use_gpu=True)
+    model = load_sentence_encoder(model_dir).to(device)
+    vectors = encode_rows(
+        model, eval_set.corpus(), np.arange(eval_set.num_sentences), encode_batch_size(device), device,
+        normalize=True,
+    )  # fmt: skip
+    ((query_rows, doc_rows),) = eval_set.rows
+    docs_of_row: dict[int, list[int]] = {}
+    for doc, row in enumerate(doc_rows.tolist()):
+        docs_of_row.setdefault(row, []).append(doc)
+    excluded = [docs_of_row.get(row, []) for row in query_rows.tolist()]
+    unit = np.asarray(vectors, dtype=np.float64)
+    return retrieval_set, unit[query_rows], unit[doc_rows], excluded
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argument_parser(__spec__.name, __doc__, whole_doc=True)
+    teacher = parser.add_mutually_exclusive_group(required=True)
+    teacher.add_argument("--base", type=Path, help="an encoder folder the cross-encoder starts from")
+    teacher.add_argument("--cross-encoder", type=Path, help="a trained one-label cross-encoder folder")
+    parser.add_argument("--train", type=Path, default=TWITTER / "train.tsv")
+    parser.add_argument("--mined", type=Path, default=None, help="jobs/mine.py output: more label-0 pairs")
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-seq-len", type=int, default=32, help="tokens a text; a pair reads twice that")
+    parser.add_argument("--first-stage", type=Path, default=None, help="default: the minilm extra's model")
+    parser.add_argument("--dev", default=str(TWITTER / "dev-distractors"))
+    parser.add_argument("--depth", type=int, default=50, help="first-stage candidates the teacher reorders")
+    parser.add_argument("--out", type=Path, default=Path("runs/cross-encoder-teacher"))
+    parser.add_argument("--results", type=Path, default=None, help="append the run's JSON row here")
+    args = parser.parse_args(argv)
+    from pipeline.model.folders import quiet_libraries
+
+    quiet_libraries()
+    first_stage = args.first_stage or default_model_dir()
+    train_s, pairs_trained = None, None
+    if args.cross_encoder is None:
+        model_dir, train_s, pairs_trained = train_cross_encoder(args, args.out)
+        print(f"[teacher] trained on {pairs_trained:,} pairs in {train_s:.0f}s -> {model_dir}", flush=True)
+    else:
+        model_dir = args.cross_encoder
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    cross_encoder = CrossEncoder(str(model_dir), max_length=2 * args.max_seq_len)
+    retrieval_set, queries, docs, excluded = first_stage_vectors(first_stage, args.dev, args.max_seq_len)
+    alone, _ = reranked_metrics(
+        unit_queries=queries, unit_docs=docs, relevance=retrieval_set.relevance, excluded=excluded,
+        rerank=lambda q, head: np.zeros(len(head)), depth=0,
+    )  # fmt: skip
+    import torch
+
+    def rerank(q: int, head: np.ndarray) -> np.ndarray:
+        pairs = [(retrieval_set.queries[q], retrieval_set.docs[d]) for d in head]
+        return cross_encoder.predict(
+            pairs, batch_size=64, activation_fn=torch.nn.Identity(), show_progress_bar=False
+        )
+
+    started = time.perf_counter()
+    reranked, pairs_scored = reranked_metrics(
+        unit_queries=queries, unit_docs=docs, relevance=retrieval_set.relevance, excluded=excluded,
+        rerank=rerank, depth=args.depth,
+    )  # fmt: skip
+    rerank_s = time.perf_counter() - started
+    header = "| ranking | nDCG@10 | MRR@10 | R@1 | R@10 | R@100 |"
+    lines = [header, "|---|---|---|---|---|---|"]
+    for label, m in (("first stage alone", alone), (f"teacher reranking its top {args.depth}", reranked)):
+        lines.append(
+            f"| {label} | {m['ndcg_at_10']:.2f} | {m['mrr_at_10']:.2f} | {m['recall_at_1']:.2f} | "
+            f"{m['recall_at_10']:.2f} | {m['recall_at_100']:.2f} |"
+        )
+    print("\n".join(lines))
+    print(
+        f"{pairs_scored:,} pairs reranked in {rerank_s:.0f}s; {retrieval_set.name}: {alone['queries']} queries"
+    )
+    if args.results is not None:
+        row = {
+            "arm": "teacher-cross-encoder", "seed": args.seed, "base": str(args.base or args.cross_encoder),
+            "first_stage": str(first_stage), "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
+            "train": {"pairs": pairs_trained, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                      "mined": str(args.mined) if args.mined else None, "seconds": train_s},
+            "depth": args.depth, "rerank_s": rerank_s, "set": args.dev, "first_stage_alone": alone,
+            "reranked": reranked,
+        }  # fmt: skip
+        with args.results.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

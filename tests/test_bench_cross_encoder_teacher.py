@@ -1,0 +1,75 @@
+"""bench.cross_encoder_teacher: a reranked ranking is scored as the project scores a first stage,
+and the teacher it trains loads as a cross-encoder."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from bench.cross_encoder_teacher import labelled_pairs, reranked_metrics, train_cross_encoder
+from pipeline.evaluation.retrieval_metrics import ranking_metrics
+
+METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100")
+
+
+def _retrieval(seed: int = 0, queries: int = 30, docs: int = 400):
+    rng = np.random.default_rng(seed)
+    unit_docs = rng.normal(size=(docs, 8))
+    unit_docs /= np.linalg.norm(unit_docs, axis=1, keepdims=True)
+    unit_queries = unit_docs[rng.choice(docs, queries, replace=False)] + 0.6 * rng.normal(size=(queries, 8))
+    unit_queries /= np.linalg.norm(unit_queries, axis=1, keepdims=True)
+    relevance = [
+        {int(d): float(rng.integers(1, 3)) for d in rng.choice(docs, rng.integers(1, 4), replace=False)}
+        for _ in range(queries)
+    ]
+    excluded = [[int(d)] if q % 5 == 0 else [] for q, d in enumerate(rng.integers(0, docs, queries))]
+    return unit_queries, unit_docs, relevance, excluded
+
+
+@pytest.mark.parametrize("depth", [0, 50, 400])
+def test_reranking_by_the_first_stages_own_scores_is_the_first_stage(depth):
+    unit_queries, unit_docs, relevance, excluded = _retrieval()
+    got, pairs = reranked_metrics(
+        unit_queries=unit_queries, unit_docs=unit_docs, relevance=relevance, excluded=excluded,
+        rerank=lambda q, head: unit_docs[head] @ unit_queries[q], depth=depth,
+    )  # fmt: skip
+    expected = ranking_metrics(unit_queries, unit_docs, relevance, excluded)
+    assert got["queries"] == expected.queries
+    for name in METRICS:
+        assert got[name] == pytest.approx(getattr(expected, name), abs=1e-9), name
+    assert pairs == sum(min(depth, len(unit_docs) - len(e)) for e in excluded)
+
+
+def test_an_oracle_reranker_over_every_document_ranks_each_query_perfectly():
+    unit_queries, unit_docs, relevance, excluded = _retrieval(seed=1)
+    first_stage = ranking_metrics(unit_queries, unit_docs, relevance, excluded)
+    got, _ = reranked_metrics(
+        unit_queries=unit_queries, unit_docs=unit_docs, relevance=relevance, excluded=excluded,
+        rerank=lambda q, head: np.array([relevance[q].get(int(d), 0.0) for d in head]), depth=len(unit_docs),
+    )  # fmt: skip
+    assert first_stage.ndcg_at_10 < 90
+    assert got["ndcg_at_10"] == pytest.approx(100.0) and got["mrr_at_10"] == pytest.approx(100.0)
+    assert got["recall_at_10"] == pytest.approx(100.0)
+
+
+def test_labelled_pairs_skip_rows_without_a_label(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("a\tb\t1\nc\td\t0\nno label\there\nx\ty\t2\n\tempty\t1\n", encoding="utf-8")
+    assert labelled_pairs(path) == (["a", "c"], ["b", "d"], [1.0, 0.0])
+
+
+def test_the_trained_teacher_loads_as_a_one_label_cross_encoder(tmp_path, tiny_model_dir):
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    rows = [f"headline {i}\ttweet {i}\t{i % 2}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    args = argparse.Namespace(
+        train=tmp_path / "train.tsv", mined=None, base=tiny_model_dir, max_seq_len=16, epochs=1.0,
+        batch_size=8, lr=1e-4, seed=0,
+    )  # fmt: skip
+    model_dir, seconds, pairs = train_cross_encoder(args, tmp_path / "out")
+    assert pairs == 40 and seconds > 0
+    scores = CrossEncoder(str(model_dir)).predict([("headline 1", "tweet 1"), ("headline 2", "tweet 3")])
+    assert np.asarray(scores).shape == (2,)
