@@ -93,7 +93,7 @@ def train_cross_encoder(args: Any, out: Path) -> tuple[Path, float, int]:
     rows = Dataset.from_dict({"sentence1": left, "sentence2": right, "label": labels})
     training = CrossEncoderTrainingArguments(
         output_dir=str(out / "trainer"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr, warmup_ratio=0.1, seed=args.seed, save_strategy="no", report_to="none",
+        learning_rate=args.lr, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",
         logging_steps=100, dataloader_drop_last=False,
     )  # fmt: skip
     started = time.perf_counter()
