@@ -128,19 +128,23 @@ def reranked_metrics(
 ) -> tuple[dict[str, float], int]:
     """The ranking metrics of the first stage's cosines (``unit_queries`` against ``unit_docs``)
     with each query's ``depth`` best candidates (its ``excluded`` documents never one) reordered
-    by ``rerank(query index, document indices)`` (higher first; ties keep the first stage's
+    by ``rerank(queries, documents)``: the scores of the pairs ``(queries[i], documents[i])``,
+    every query's candidates asked in one call (higher first; ties keep the first stage's
     order). Returns the metrics averaged over the scored queries, and the pairs reranked."""
     from pipeline.evaluation.retrieval_metrics import ranking_metrics
 
-    per_query, pairs = [], 0
+    orders, heads = [], []
     for q in range(len(unit_queries)):
         cosines = unit_docs @ unit_queries[q]
         cosines[excluded[q]] = -np.inf
-        order = np.argsort(-cosines, kind="stable")
-        head = order[: min(depth, len(order) - len(excluded[q]))]
-        scores = np.asarray(rerank(q, head), dtype=np.float64)
-        pairs += len(head)
-        order[: len(head)] = head[np.argsort(-scores, kind="stable")]
+        orders.append(np.argsort(-cosines, kind="stable"))
+        heads.append(orders[-1][: min(depth, len(cosines) - len(excluded[q]))])
+    asked = np.repeat(np.arange(len(heads)), [len(h) for h in heads])
+    scores = np.asarray(rerank(asked, np.concatenate(heads)), dtype=np.float64) if len(asked) else asked
+    per_query, at = [], 0
+    for q, (order, head) in enumerate(zip(orders, heads, strict=True)):
+        order[: len(head)] = head[np.argsort(-scores[at : at + len(head)], kind="stable")]
+        at += len(head)
         got = ranking_metrics(
             np.array([[1.0, 0.0]]), ranked_vectors(order, len(order)), [relevance[q]], [excluded[q]]
         )
@@ -149,7 +153,7 @@ def reranked_metrics(
     names = ("ndcg_at_10", "mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100")
     return {name: float(np.mean([m[name] for m in per_query])) for name in names} | {
         "queries": len(per_query)
-    }, pairs
+    }, len(asked)
 
 
 def first_stage_vectors(
@@ -170,14 +174,16 @@ def first_stage_vectors(
     model = load_sentence_encoder(model_dir).to(device)
     vectors = encode_rows(
         model, eval_set.corpus(), np.arange(eval_set.num_sentences), encode_batch_size(device), device,
-        normalize=True,
+        normalize=False,
     )  # fmt: skip
     ((query_rows, doc_rows),) = eval_set.rows
     docs_of_row: dict[int, list[int]] = {}
     for doc, row in enumerate(doc_rows.tolist()):
         docs_of_row.setdefault(row, []).append(doc)
     excluded = [docs_of_row.get(row, []) for row in query_rows.tolist()]
+    # Normalised in float64 after encoding, as jobs/evaluate.py scores (score_retrieval_embeddings).
     unit = np.asarray(vectors, dtype=np.float64)
+    unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)
     return retrieval_set, unit[query_rows], unit[doc_rows], excluded
 
 
@@ -215,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     retrieval_set, queries, docs, excluded = first_stage_vectors(first_stage, args.dev, args.max_seq_len)
     alone, _ = reranked_metrics(
         unit_queries=queries, unit_docs=docs, relevance=retrieval_set.relevance, excluded=excluded,
-        rerank=lambda q, head: np.zeros(len(head)), depth=0,
+        rerank=lambda queries, documents: np.zeros(len(queries)), depth=0,
     )  # fmt: skip
     import torch
 

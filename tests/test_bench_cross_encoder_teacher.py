@@ -33,7 +33,7 @@ def test_reranking_by_the_first_stages_own_scores_is_the_first_stage(depth):
     unit_queries, unit_docs, relevance, excluded = _retrieval()
     got, pairs = reranked_metrics(
         unit_queries=unit_queries, unit_docs=unit_docs, relevance=relevance, excluded=excluded,
-        rerank=lambda q, head: unit_docs[head] @ unit_queries[q], depth=depth,
+        rerank=lambda queries, docs: np.einsum("ij,ij->i", unit_docs[docs], unit_queries[queries]), depth=depth,
     )  # fmt: skip
     expected = ranking_metrics(unit_queries, unit_docs, relevance, excluded)
     assert got["queries"] == expected.queries
@@ -47,7 +47,8 @@ def test_an_oracle_reranker_over_every_document_ranks_each_query_perfectly():
     first_stage = ranking_metrics(unit_queries, unit_docs, relevance, excluded)
     got, _ = reranked_metrics(
         unit_queries=unit_queries, unit_docs=unit_docs, relevance=relevance, excluded=excluded,
-        rerank=lambda q, head: np.array([relevance[q].get(int(d), 0.0) for d in head]), depth=len(unit_docs),
+        rerank=lambda queries, docs: np.array([relevance[q].get(int(d), 0.0) for q, d in zip(queries, docs, strict=True)]),
+        depth=len(unit_docs),
     )  # fmt: skip
     assert first_stage.ndcg_at_10 < 90
     assert got["ndcg_at_10"] == pytest.approx(100.0) and got["mrr_at_10"] == pytest.approx(100.0)
