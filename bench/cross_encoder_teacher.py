@@ -105,15 +105,22 @@ def train_cross_encoder(args: Any, out: Path) -> tuple[Path, float, int]:
     return out / "model", seconds, len(labels)
 
 
-def ranked_vectors(order: np.ndarray, docs: int) -> np.ndarray:
-    """``(docs, 2)`` unit vectors whose cosine with ``(1, 0)`` falls with the rank ``order``
-    gives each document (``order[r]``: the document at rank ``r``), all of them distinct: a
-    ranking that :func:`~pipeline.evaluation.retrieval_metrics.ranking_metrics` reads as it
-    reads a first stage's cosines."""
-    rank = np.empty(docs, dtype=np.float64)
-    rank[order] = np.arange(docs)
+def ranked_vectors(tier: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """``(docs, 2)`` unit vectors whose cosine with ``(1, 0)`` orders the documents by ``tier``,
+    then ``value`` (both higher first), documents within the metrics' tie tolerance of each other
+    in a tier sharing one vector: a ranking that
+    :func:`~pipeline.evaluation.retrieval_metrics.ranking_metrics` reads as it reads a first
+    stage's cosines, its ties broken in expectation as there."""
+    from pipeline.evaluation.retrieval_metrics import TIE_TOLERANCE
+
+    value = np.where(np.isfinite(value), value, -1e300)  # an excluded document: last, never a candidate
+    order = np.lexsort((-value, -tier))
+    tiers, values = tier[order], value[order]
+    starts = np.concatenate([[True], (np.diff(tiers) != 0) | (np.abs(np.diff(values)) > TIE_TOLERANCE)])
+    rank = np.empty(len(order), dtype=np.float64)
+    rank[order] = np.cumsum(starts) - 1
     low, high = RANK_ANGLES
-    angle = low + (high - low) * (rank + 1) / (docs + 1)
+    angle = low + (high - low) * (rank + 1) / (rank.max(initial=0) + 2)
     return np.stack([np.cos(angle), np.sin(angle)], axis=1)
 
 
@@ -133,20 +140,22 @@ def reranked_metrics(
     order). Returns the metrics averaged over the scored queries, and the pairs reranked."""
     from pipeline.evaluation.retrieval_metrics import ranking_metrics
 
-    orders, heads = [], []
+    first_stage, heads = [], []
     for q in range(len(unit_queries)):
         cosines = unit_docs @ unit_queries[q]
         cosines[excluded[q]] = -np.inf
-        orders.append(np.argsort(-cosines, kind="stable"))
-        heads.append(orders[-1][: min(depth, len(cosines) - len(excluded[q]))])
+        first_stage.append(cosines)
+        heads.append(np.argsort(-cosines, kind="stable")[: min(depth, len(cosines) - len(excluded[q]))])
     asked = np.repeat(np.arange(len(heads)), [len(h) for h in heads])
     scores = np.asarray(rerank(asked, np.concatenate(heads)), dtype=np.float64) if len(asked) else asked
     per_query, at = [], 0
-    for q, (order, head) in enumerate(zip(orders, heads, strict=True)):
-        order[: len(head)] = head[np.argsort(-scores[at : at + len(head)], kind="stable")]
+    for q, (cosines, head) in enumerate(zip(first_stage, heads, strict=True)):
+        # The reranked head above every other document, in the teacher's order; the rest in the first stage's.
+        tier, value = np.zeros(len(cosines)), cosines.copy()
+        tier[head], value[head] = 1.0, scores[at : at + len(head)]
         at += len(head)
         got = ranking_metrics(
-            np.array([[1.0, 0.0]]), ranked_vectors(order, len(order)), [relevance[q]], [excluded[q]]
+            np.array([[1.0, 0.0]]), ranked_vectors(tier, value), [relevance[q]], [excluded[q]]
         )
         if got.queries:
             per_query.append(asdict(got))
@@ -218,22 +227,25 @@ def main(argv: list[str] | None = None) -> None:
     from sentence_transformers.cross_encoder import CrossEncoder
 
     cross_encoder = CrossEncoder(str(model_dir), max_length=2 * args.max_seq_len)
-    retrieval_set, queries, docs, excluded = first_stage_vectors(first_stage, args.dev, args.max_seq_len)
+    retrieval_set, query_vectors, doc_vectors, excluded = first_stage_vectors(
+        first_stage, args.dev, args.max_seq_len
+    )
     alone, _ = reranked_metrics(
-        unit_queries=queries, unit_docs=docs, relevance=retrieval_set.relevance, excluded=excluded,
-        rerank=lambda queries, documents: np.zeros(len(queries)), depth=0,
+        unit_queries=query_vectors, unit_docs=doc_vectors, relevance=retrieval_set.relevance, excluded=excluded,
+        rerank=lambda query_rows, doc_rows: np.zeros(len(query_rows)), depth=0,
     )  # fmt: skip
     import torch
 
-    def rerank(q: int, head: np.ndarray) -> np.ndarray:
-        pairs = [(retrieval_set.queries[q], retrieval_set.docs[d]) for d in head]
+    def rerank(query_rows: np.ndarray, doc_rows: np.ndarray) -> np.ndarray:
+        texts = retrieval_set.queries, retrieval_set.docs
+        pairs = [(texts[0][q], texts[1][d]) for q, d in zip(query_rows, doc_rows, strict=True)]
         return cross_encoder.predict(
             pairs, batch_size=64, activation_fn=torch.nn.Identity(), show_progress_bar=False
         )
 
     started = time.perf_counter()
     reranked, pairs_scored = reranked_metrics(
-        unit_queries=queries, unit_docs=docs, relevance=retrieval_set.relevance, excluded=excluded,
+        unit_queries=query_vectors, unit_docs=doc_vectors, relevance=retrieval_set.relevance, excluded=excluded,
         rerank=rerank, depth=args.depth,
     )  # fmt: skip
     rerank_s = time.perf_counter() - started

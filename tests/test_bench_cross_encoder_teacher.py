@@ -74,3 +74,46 @@ def test_the_trained_teacher_loads_as_a_one_label_cross_encoder(tmp_path, tiny_m
     assert pairs == 40 and seconds > 0
     scores = CrossEncoder(str(model_dir)).predict([("headline 1", "tweet 1"), ("headline 2", "tweet 3")])
     assert np.asarray(scores).shape == (2,)
+
+
+def test_the_run_scores_its_first_stage_as_the_evaluate_job_does(
+    tmp_path, paraphrase_corpus, trained_tiny_model_dir, tiny_cross_encoder_dir
+):
+    """The whole script on a small BEIR set: its first stage alone is jobs/evaluate.py's score of
+    that model, and the row it appends says what the teacher reranked."""
+    import json
+
+    from bench.cross_encoder_teacher import main
+    from pipeline.evaluation.retrieval_scoring import evaluate_retrieval_model_dir
+
+    texts, groups = paraphrase_corpus
+    members: dict[int, list[str]] = {}
+    for text, group in zip(texts, groups, strict=True):
+        members.setdefault(int(group), []).append(text)
+    dev = [g for g in members.values() if len(g) >= 3][:40]
+    beir = tmp_path / "dev"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": g[0]}) + "\n" for i, g in enumerate(dev))
+    )
+    (beir / "corpus.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": f"d{i}-{k}", "text": g[k]}) + "\n" for i, g in enumerate(dev) for k in (1, 2)
+        )
+    )
+    (beir / "qrels/dev.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}-1\t1\n" for i in range(len(dev)))
+    )
+    results = tmp_path / "rows.jsonl"
+    main([
+        "--cross-encoder", str(tiny_cross_encoder_dir), "--first-stage", str(trained_tiny_model_dir),
+        "--dev", str(beir), "--depth", "5", "--max-seq-len", "16", "--results", str(results),
+    ])  # fmt: skip
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    (expected,) = evaluate_retrieval_model_dir(trained_tiny_model_dir, [str(beir)], max_seq_len=16)
+    for name in METRICS:
+        assert row["first_stage_alone"][name] == pytest.approx(getattr(expected, name), abs=1e-6), name
+    assert row["reranked"]["queries"] == expected.queries == len(dev)
+    assert row["depth"] == 5 and row["train"]["pairs"] is None
+    # Reranking moves only the top 5: what lies below it is the first stage's.
+    assert row["reranked"]["recall_at_100"] == pytest.approx(row["first_stage_alone"]["recall_at_100"])
