@@ -136,8 +136,8 @@ def reranked_metrics(
     """The ranking metrics of the first stage's cosines (``unit_queries`` against ``unit_docs``)
     with each query's ``depth`` best candidates (its ``excluded`` documents never one) reordered
     by ``rerank(queries, documents)``: the scores of the pairs ``(queries[i], documents[i])``,
-    every query's candidates asked in one call (higher first; ties keep the first stage's
-    order). Returns the metrics averaged over the scored queries, and the pairs reranked."""
+    every query's candidates asked in one call (higher first; equal scores stay tied, as the
+    first stage's ties do). Returns the metrics averaged over the scored queries, and the pairs reranked."""
     from pipeline.evaluation.retrieval_metrics import ranking_metrics
 
     first_stage, heads = [], []
@@ -169,31 +169,13 @@ def first_stage_vectors(
     model_dir: Path, spec: str, max_seq_len: int
 ) -> tuple[Any, np.ndarray, np.ndarray, list]:
     """The retrieval set, its queries' and documents' unit vectors under ``model_dir``, and each
-    query's own-text documents (never its candidates), as ``jobs/evaluate.py`` encodes them."""
-    from pipeline.evaluation.retrieval_scoring import RetrievalEvalSet
-    from pipeline.evaluation.retrieval_sets import read_retrieval_set
-    from pipeline.model.accel import compute_device
-    from pipeline.model.encode import encode_batch_size, encode_rows
-    from pipeline.model.encoder import load_sentence_encoder
-    from pipeline.model.folders import load_tokenizer
+    query's own-text documents (never its candidates), as ``jobs/evaluate.py`` encodes them
+    (:func:`~pipeline.evaluation.retrieval_scoring.encoded_eval_set`, ``set_vectors``)."""
+    from pipeline.evaluation.retrieval_scoring import encoded_eval_set, set_vectors
 
-    retrieval_set = read_retrieval_set(spec)
-    eval_set = RetrievalEvalSet([retrieval_set], load_tokenizer(model_dir), max_seq_len)
-    device = compute_device(use_gpu=True)
-    model = load_sentence_encoder(model_dir).to(device)
-    vectors = encode_rows(
-        model, eval_set.corpus(), np.arange(eval_set.num_sentences), encode_batch_size(device), device,
-        normalize=False,
-    )  # fmt: skip
-    ((query_rows, doc_rows),) = eval_set.rows
-    docs_of_row: dict[int, list[int]] = {}
-    for doc, row in enumerate(doc_rows.tolist()):
-        docs_of_row.setdefault(row, []).append(doc)
-    excluded = [docs_of_row.get(row, []) for row in query_rows.tolist()]
-    # Normalised in float64 after encoding, as jobs/evaluate.py scores (score_retrieval_embeddings).
-    unit = np.asarray(vectors, dtype=np.float64)
-    unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)
-    return retrieval_set, unit[query_rows], unit[doc_rows], excluded
+    eval_set, embeddings = encoded_eval_set(model_dir, [spec], max_seq_len=max_seq_len)
+    ((queries, docs, excluded),) = set_vectors(eval_set, embeddings)
+    return eval_set.sets[0], queries, docs, excluded
 
 
 def main(argv: list[str] | None = None) -> None:

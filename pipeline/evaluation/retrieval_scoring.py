@@ -72,19 +72,31 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def score_retrieval_embeddings(eval_set: RetrievalEvalSet, embeddings: np.ndarray) -> list[RetrievalSetScore]:
-    """One score per set from raw (un-normalised) embeddings of ``eval_set``'s texts, row order
-    of ``eval_set.table``; ranked by cosine similarity."""
+def set_vectors(
+    eval_set: RetrievalEvalSet, embeddings: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray, list[list[int]]]]:
+    """Per set of ``eval_set``, from raw (un-normalised) embeddings of its texts (row order of
+    ``eval_set.table``): its queries' and documents' unit vectors (float64) and, for each query,
+    the documents with its own text, which are never its candidates."""
     if len(embeddings) != eval_set.num_sentences:
         raise ValueError(f"{len(embeddings)} embeddings for {eval_set.num_sentences} texts")
     unit = _normalise(embeddings)
-    scores = []
-    for item, (query_rows, doc_rows) in zip(eval_set.sets, eval_set.rows, strict=True):
+    out = []
+    for query_rows, doc_rows in eval_set.rows:
         docs_of_row: dict[int, list[int]] = {}
         for doc, row in enumerate(doc_rows.tolist()):
             docs_of_row.setdefault(row, []).append(doc)
         own_text = [docs_of_row.get(row, []) for row in query_rows.tolist()]
-        got = ranking_metrics(unit[query_rows], unit[doc_rows], item.relevance, own_text)
+        out.append((unit[query_rows], unit[doc_rows], own_text))
+    return out
+
+
+def score_retrieval_embeddings(eval_set: RetrievalEvalSet, embeddings: np.ndarray) -> list[RetrievalSetScore]:
+    """One score per set from raw (un-normalised) embeddings of ``eval_set``'s texts, row order
+    of ``eval_set.table``; ranked by cosine similarity."""
+    scores = []
+    for item, (queries, docs, own_text) in zip(eval_set.sets, set_vectors(eval_set, embeddings), strict=True):
+        got = ranking_metrics(queries, docs, item.relevance, own_text)
         scores.append(
             RetrievalSetScore(
                 **{**asdict(got), "skipped": got.skipped + item.unjudged}, name=item.name, path=item.path
@@ -93,15 +105,15 @@ def score_retrieval_embeddings(eval_set: RetrievalEvalSet, embeddings: np.ndarra
     return scores
 
 
-def evaluate_retrieval_model_dir(
+def encoded_eval_set(
     model_dir: str | Path,
     sets: list[RetrievalSet] | list[str],
     batch_size: int | None = None,
     max_seq_len: int | None = None,
-) -> list[RetrievalSetScore]:
-    """Evaluate a model folder on retrieval sets (read ones, or their paths: BEIR folders or
-    pair files), on CPU or the first GPU, ``batch_size`` sentences a batch (``None``:
-    :func:`~pipeline.model.encode.encode_batch_size` of the device)."""
+) -> tuple[RetrievalEvalSet, np.ndarray]:
+    """Retrieval sets (read ones, or their paths: BEIR folders or pair files) and the raw
+    embeddings of their texts under a model folder, on CPU or the first GPU, ``batch_size``
+    sentences a batch (``None``: :func:`~pipeline.model.encode.encode_batch_size` of the device)."""
     if any(isinstance(item, str) for item in sets):
         sets = read_retrieval_sets([str(item) for item in sets])
     tokenizer = load_tokenizer(model_dir)
@@ -112,7 +124,18 @@ def evaluate_retrieval_model_dir(
     embeddings = encode_rows(
         model, eval_set.corpus(), np.arange(eval_set.num_sentences), batch_size, device, normalize=False
     )
-    return score_retrieval_embeddings(eval_set, embeddings)
+    return eval_set, embeddings
+
+
+def evaluate_retrieval_model_dir(
+    model_dir: str | Path,
+    sets: list[RetrievalSet] | list[str],
+    batch_size: int | None = None,
+    max_seq_len: int | None = None,
+) -> list[RetrievalSetScore]:
+    """Evaluate a model folder on retrieval sets (:func:`encoded_eval_set`, then
+    :func:`score_retrieval_embeddings`)."""
+    return score_retrieval_embeddings(*encoded_eval_set(model_dir, sets, batch_size, max_seq_len))
 
 
 def format_retrieval_table(scores: list[RetrievalSetScore], title: str | None = None) -> str:
