@@ -285,6 +285,29 @@ def blocks_of(table: pa.Table):
     return TokenizedBlocks([ray.put(table)], (table.num_rows,), ray.put(lengths))
 
 
+def write_beir(
+    folder: Path,
+    queries: dict[str, str],
+    docs: dict[str, str],
+    qrels: list[tuple[str, str, int]],
+    split: str = "dev",
+) -> Path:
+    """A BEIR retrieval folder: ``queries.jsonl`` (id: text), ``corpus.jsonl`` (id: text, empty
+    titles) and ``qrels/<split>.tsv`` (query id, document id, grade) with its header row."""
+    import json
+
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items())
+    )
+    (folder / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items())
+    )
+    rows = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{grade}" for q, d, grade in qrels]
+    (folder / "qrels" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray started as a job starts its own (:func:`pipeline.runtime.cluster.ray_session`): on

@@ -83,6 +83,8 @@ def test_the_run_scores_its_first_stage_as_the_evaluate_job_does(
     that model, and the row it appends says what the teacher reranked."""
     import json
 
+    from conftest import write_beir
+
     from bench.cross_encoder_teacher import main
     from pipeline.evaluation.retrieval_scoring import evaluate_retrieval_model_dir
 
@@ -91,18 +93,11 @@ def test_the_run_scores_its_first_stage_as_the_evaluate_job_does(
     for text, group in zip(texts, groups, strict=True):
         members.setdefault(int(group), []).append(text)
     dev = [g for g in members.values() if len(g) >= 3][:40]
-    beir = tmp_path / "dev"
-    (beir / "qrels").mkdir(parents=True)
-    (beir / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": f"q{i}", "text": g[0]}) + "\n" for i, g in enumerate(dev))
-    )
-    (beir / "corpus.jsonl").write_text(
-        "".join(
-            json.dumps({"_id": f"d{i}-{k}", "text": g[k]}) + "\n" for i, g in enumerate(dev) for k in (1, 2)
-        )
-    )
-    (beir / "qrels/dev.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}-1\t1\n" for i in range(len(dev)))
+    beir = write_beir(
+        tmp_path / "dev",
+        queries={f"q{i}": g[0] for i, g in enumerate(dev)},
+        docs={f"d{i}-{k}": g[k] for i, g in enumerate(dev) for k in (1, 2)},
+        qrels=[(f"q{i}", f"d{i}-1", 1) for i in range(len(dev))],
     )
     results = tmp_path / "rows.jsonl"
     main([

@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+from conftest import write_beir
 
 import bench.hard_negatives
 from bench import st_mnrl_recipe
@@ -530,18 +531,10 @@ def test_bm25_is_scored_by_the_evaluators_ranking_metrics(hn, tmp_path):
     """A query whose own text is in the corpus does not find itself, and a relevant document
     BM25 ranks second counts 1/2 in MRR@10 and 1/log2(3) in nDCG@10."""
     pytest.importorskip("bm25s")
-    dev = tmp_path / "dev"
-    (dev / "qrels").mkdir(parents=True)
     queries = {"q0": "red apple pie recipe", "q1": "stock market crash", "q2": "sunny weather forecast"}
     docs = {"d0": "apple pie with red apples recipe", "d1": "market stocks crash today",
             "d2": "weather sunny", "d3": "stock market crash", "d4": "forecast rain"}  # fmt: skip
-    (dev / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in queries.items())
-    )
-    (dev / "corpus.jsonl").write_text(
-        "".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items())
-    )
-    (dev / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td1\t1\nq2\td4\t1\n")
+    dev = write_beir(tmp_path / "dev", queries, docs, [("q0", "d0", 1), ("q1", "d1", 1), ("q2", "d4", 1)])
     task = dataclasses.replace(retrieval_task(hn, tmp_path), dev=str(dev))
     record = hn.bm25_scores(task)
     assert record["recall_at_1"] == pytest.approx(200 / 3)

@@ -21,6 +21,7 @@ from conftest import (
     assert_clean_negatives,
     assert_no_alarming_lines,
     run_script_in_process,
+    write_beir,
 )
 from mlflow.tracking import MlflowClient
 
@@ -58,21 +59,11 @@ def twitter_like(tmp_path_factory, paraphrase_corpus) -> dict[str, Path]:
     (root / "train.tsv").write_text("".join(f"{a}\t{b}\t{label}\n" for a, b, label in rows))
     pool = [g[k] for g in train for k in (1, 2, 3)] + [t for g in distractors for t in g]
     (root / "pool.txt").write_text("".join(f"{t}\n" for t in pool))
-    beir = root / "dev"
-    (beir / "qrels").mkdir(parents=True)
-    (beir / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": f"q{i}", "text": g[0]}) + "\n" for i, g in enumerate(dev))
-    )
-    (beir / "corpus.jsonl").write_text(
-        "".join(
-            json.dumps({"_id": f"d{i}-{k}", "title": "", "text": g[k]}) + "\n"
-            for i, g in enumerate(dev)
-            for k in (1, 2, 3)
-        )
-    )
-    (beir / "qrels/dev.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n"
-        + "".join(f"q{i}\td{i}-{k}\t1\n" for i in range(len(dev)) for k in (1, 2))
+    beir = write_beir(
+        root / "dev",
+        queries={f"q{i}": g[0] for i, g in enumerate(dev)},
+        docs={f"d{i}-{k}": g[k] for i, g in enumerate(dev) for k in (1, 2, 3)},
+        qrels=[(f"q{i}", f"d{i}-{k}", 1) for i in range(len(dev)) for k in (1, 2)],
     )
     return {"train": root / "train.tsv", "pool": root / "pool.txt", "dev": beir}
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import load_script
+from conftest import load_script, write_beir
 
 from pipeline.core.errors import DataError
 from pipeline.evaluation.retrieval_metrics import ranking_metrics
@@ -44,19 +44,15 @@ def _write_pairs_tsv(path, rows=ROWS):
 def _write_beir(folder, rows=ROWS, split="dev"):
     """The same pairs as a BEIR folder: queries are the headlines with a label-1 row, the corpus
     every distinct tweet, qrels the label-1 rows."""
-    (folder / "qrels").mkdir(parents=True)
     queries = list(dict.fromkeys(a for a, _, label in rows if label == 1))
     docs = list(dict.fromkeys(b for _, b, _ in rows))
-    (folder / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": f"q{i}", "text": t}) + "\n" for i, t in enumerate(queries))
+    write_beir(
+        folder,
+        queries={f"q{i}": t for i, t in enumerate(queries)},
+        docs={f"d{i}": t for i, t in enumerate(docs)},
+        qrels=[(f"q{queries.index(a)}", f"d{docs.index(b)}", 1) for a, b, label in rows if label == 1],
+        split=split,
     )
-    (folder / "corpus.jsonl").write_text(
-        "".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(docs))
-    )
-    qrels = ["query-id\tcorpus-id\tscore"] + [
-        f"q{queries.index(a)}\td{docs.index(b)}\t1" for a, b, label in rows if label == 1
-    ]
-    (folder / "qrels" / f"{split}.tsv").write_text("\n".join(qrels) + "\n")
     return folder
 
 
