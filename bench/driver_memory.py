@@ -97,7 +97,10 @@ def run_stages(path: str, model: str, sets: list[str], workdir: Path) -> dict[st
         started = time.perf_counter()
         data = measured("read and index the pairs", lambda: load_training_data(cfg, tracked, print))
         inputs = measured("tokenize", lambda: tokenize_inputs(cfg, data, workdir / "run", tracked, print))
-        measured("put in the object store", lambda: put_inputs(cfg, data, inputs, [], print, []))
+        measured(
+            "put in the object store",
+            lambda: put_inputs(cfg, data, inputs, sts_files=[], echo=print, retrieval_sets=[]),
+        )
         seconds = time.perf_counter() - started
     tracked.finish()
     return {"rows": data.rows, "texts": len(data.texts) if hasattr(data, "texts") else inputs.corpus.num_rows, "rss_before_mib": before,

@@ -87,7 +87,9 @@ class Ours:
         table = tokenize_table(pa.table({"text": texts}), self.tokenizer, self.max_seq_len)
         corpus = TokenizedCorpus(table, self.tokenizer.pad_token_id)
         tokenized = time.perf_counter()
-        embeddings = encode_rows(self.model, corpus, np.arange(len(texts)), self.batch_size, self.device)
+        embeddings = encode_rows(
+            self.model, corpus, np.arange(len(texts)), batch_size=self.batch_size, device=self.device
+        )
         return embeddings, tokenized - started, time.perf_counter() - tokenized
 
     def corpus_tokenize_seconds(self, texts: list[str]) -> tuple[float, int]:

@@ -285,7 +285,7 @@ def bench_encode(
 
     def encode(rows: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return encode_rows(model, corpus, rows, args.encode_batch, device)
+            return encode_rows(model, corpus, rows, batch_size=args.encode_batch, device=device)
 
     # Warm-up on a random sample, so it meets every batch width the timed pass will.
     sample = np.random.default_rng(1).choice(

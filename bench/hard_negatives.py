@@ -368,6 +368,7 @@ def local_model(name: str) -> str:
 
 def resolve_task(
     name: str,
+    *,
     max_rows: int | None,
     epochs: int | None,
     experiment: str = EXPERIMENT,
@@ -845,7 +846,14 @@ def run_grid(args: argparse.Namespace) -> int:
     seeds = [int(s) for s in parse_list(args.seeds)]
     try:
         overrides = {v: variant_overrides(args.task, v) for v in variants}
-        task = resolve_task(args.task, args.max_rows, args.epochs, args.experiment, args.model, args.dev)
+        task = resolve_task(
+            args.task,
+            max_rows=args.max_rows,
+            epochs=args.epochs,
+            experiment=args.experiment,
+            model=args.model,
+            dev=args.dev,
+        )
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -1021,7 +1029,9 @@ def report(records: Iterable[dict[str, Any]]) -> str:
             cells = [variant, str(len({r["seed"] for r in runs}))]
             for score in SCORES:
                 # A peer is its own trainer: nothing in common with the baseline's seeds.
-                cells += score_cells(runs, baseline, score, variant == base, paired=variant not in PEERS)
+                cells += score_cells(
+                    runs, baseline, score, is_baseline=variant == base, paired=variant not in PEERS
+                )
             if triplet:
                 mined = [m for m in map(mined_count, runs) if m is not None]
                 cells.append(f"{statistics.fmean(mined):.0f}" if mined else "")
@@ -1047,6 +1057,7 @@ def score_cells(
     runs: list[dict[str, Any]],
     baseline: list[dict[str, Any]] | None,
     score: str,
+    *,
     is_baseline: bool,
     paired: bool,
     exact: bool = False,
@@ -1133,7 +1144,9 @@ def retrieval_section(
         for score in RETRIEVAL_TABLE:
             # A peer is its own trainer, a reference arm trains nothing: only the means compare.
             paired = arm in RETRIEVAL_ARMS
-            cells += score_cells(runs, baseline, score, arm == base, paired, exact=arm in REFERENCE_ARMS)
+            cells += score_cells(
+                runs, baseline, score, is_baseline=arm == base, paired=paired, exact=arm in REFERENCE_ARMS
+            )
         for key in ("rows", "steps", "mining_seconds", "wall_seconds"):
             values = list(by_seed(runs, key).values())
             cells.append(f"{statistics.fmean(values):.0f}" if values else "")

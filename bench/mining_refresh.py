@@ -50,7 +50,9 @@ def stage(name: str, results: dict, fn):
     return value
 
 
-def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path, encode_batch: int) -> dict:
+def run(
+    rows: int, *, index_kind: str, batch_size: int, top_k: int, model_dir: Path, encode_batch: int
+) -> dict:
     import pyarrow as pa
     import torch
 
@@ -75,7 +77,9 @@ def run(rows: int, index_kind: str, batch_size: int, top_k: int, model_dir: Path
     embeddings = stage(
         "encode",
         results,
-        lambda: encode_rows(model, corpus, np.arange(rows), encode_batch, torch.device("cpu")),
+        lambda: encode_rows(
+            model, corpus, np.arange(rows), batch_size=encode_batch, device=torch.device("cpu")
+        ),
     )
     keys = dense_keys(np.array([normalized_id(t) for t in texts]))  # as the miner keys them
     settings = MinerSettings(
@@ -127,7 +131,14 @@ def main() -> None:
         rows_out = []
         for rows in sizes:
             for kind in kinds:
-                r = run(rows, kind, args.batch_size, args.top_k, model_dir, args.encode_batch_size)
+                r = run(
+                    rows,
+                    index_kind=kind,
+                    batch_size=args.batch_size,
+                    top_k=args.top_k,
+                    model_dir=model_dir,
+                    encode_batch=args.encode_batch_size,
+                )
                 rows_out.append((rows, kind, r))
 
     header = (

@@ -274,6 +274,7 @@ def run_child(
 def reduce_run(
     name: str,
     result: dict[str, Any],
+    *,
     sampler: TreeCpuSampler,
     spawned: float,
     exited: float,
@@ -471,7 +472,7 @@ def main() -> None:
             for name in args.configs:
                 workdir = root / f"{name}-{repeat + 1}"
                 result, sampler, spawned, exited = run_child(name, args, workdir, ray_tmp)
-                reduced = reduce_run(name, result, sampler, spawned, exited, args)
+                reduced = reduce_run(name, result, sampler=sampler, spawned=spawned, exited=exited, args=args)
                 runs[name].append(reduced)
                 print(f"round {repeat + 1}: {describe(name, reduced)}", flush=True)
                 print(f"  steady, by process: {busiest_processes(sampler, result, args)}", flush=True)

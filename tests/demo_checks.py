@@ -253,8 +253,8 @@ def assert_the_demo_run(tmp_path: Path, out: str) -> None:
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer
 
-    raw = encode_texts(load_sentence_encoder(export), load_tokenizer(export), sentences, 32, 8,
-                       torch.device("cpu"), normalize=False)  # fmt: skip
+    raw = encode_texts(load_sentence_encoder(export), load_tokenizer(export), sentences, max_seq_len=32, batch_size=8,
+                       device=torch.device("cpu"), normalize=False)  # fmt: skip
     mlflow.set_tracking_uri(client.tracking_uri)  # models:/ URIs resolve against the global registry
     registered = mlflow.sentence_transformers.load_model(f"models:/demo-encoder/{version.version}")
     assert np.abs(registered.encode(sentences) - raw).max() < 1e-5

@@ -466,7 +466,7 @@ def test_the_grid_skips_what_is_done_and_runs_start_and_bm25_once(hn, tmp_path, 
         return {"run_name": None, "wall_seconds": 1.0, "steps": 0, "rows": 0,
                 **dict.fromkeys(hn.RETRIEVAL_SCORES, 50.0)}  # fmt: skip
 
-    monkeypatch.setattr(hn, "resolve_task", lambda *args: task)
+    monkeypatch.setattr(hn, "resolve_task", lambda *args, **kwargs: task)
     monkeypatch.setattr(hn, "missing_inputs", lambda task_: None)
     monkeypatch.setattr(hn, "run_retrieval_arm", fake_arm)
     results = tmp_path / "results.jsonl"

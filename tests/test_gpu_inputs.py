@@ -26,7 +26,9 @@ def test_inputs_load_as_one_model_in_ours_and_in_sentence_transformers(tmp_path)
 
     texts = lines[:16]
     model = load_sentence_encoder(model_dir, pooler="mean")
-    ours = encode_texts(model, load_tokenizer(model_dir), texts, 32, 8, torch.device("cpu"))
+    ours = encode_texts(
+        model, load_tokenizer(model_dir), texts, max_seq_len=32, batch_size=8, device=torch.device("cpu")
+    )
     peer = SentenceTransformer(str(model_dir), device="cpu")
     peer.max_seq_length = 32
     theirs = peer.encode(texts, normalize_embeddings=True)

@@ -30,7 +30,7 @@ SAMPLERS: dict[str, Sampler] = {
         Sampler(
             "random", "random batches, each row's flagged false negatives kept apart",
             lambda i: random_plan(
-                len(i.neighbours), i.batch_size, i.seed, i.version,
+                len(i.neighbours), i.batch_size, i.seed, version=i.version,
                 false_negatives=i.false_negatives, sizes=i.batch_sizes(),
             ),
         ),

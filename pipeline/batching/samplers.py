@@ -17,6 +17,7 @@ def random_plan(
     num_rows: int,
     batch_size: int,
     seed: int,
+    *,
     version: int = 0,
     lengths: np.ndarray | None = None,
     group_batches: int = 0,

@@ -18,6 +18,7 @@ def separate_false_negatives(
     batches: list[np.ndarray],
     false_negatives: np.ndarray | FalseNegativeGraph | None,
     rng: np.random.Generator,
+    *,
     like: np.ndarray | None = None,
     attempts: int = 48,
     passes: int = 3,

@@ -148,11 +148,13 @@ class TrainingEvaluator:
         embeddings = retrieval_embeddings = None
         if self.eval_set is not None:
             rows = np.arange(self.eval_set.num_sentences)
-            embeddings = sharded_encode(model, self.sts_corpus, rows, self.device, self.rank, self.world)
+            embeddings = sharded_encode(
+                model, self.sts_corpus, rows, device=self.device, rank=self.rank, world=self.world
+            )
         if self.retrieval_set is not None:
             rows = np.arange(self.retrieval_set.num_sentences)
             retrieval_embeddings = sharded_encode(
-                model, self.retrieval_corpus, rows, self.device, self.rank, self.world
+                model, self.retrieval_corpus, rows, device=self.device, rank=self.rank, world=self.world
             )
         if self.rank != 0:
             return None

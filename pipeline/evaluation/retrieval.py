@@ -53,6 +53,7 @@ class RetrievalScore:
 def paraphrase_retrieval(
     unit: np.ndarray,
     texts: Sequence[Hashable],
+    *,
     pool_rows: np.ndarray,
     query_rows: np.ndarray,
     answer_rows: np.ndarray,

@@ -21,6 +21,7 @@ from pipeline.evaluation.distinct_texts import DistinctTexts
 from pipeline.evaluation.retrieval_metrics import RankingMetrics, ranking_metrics
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.text_table import text_table
+from pipeline.evaluation.unit_rows import unit_rows
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import load_sentence_encoder
@@ -67,11 +68,6 @@ class RetrievalEvalSet(DistinctTexts):
         return ", ".join(f"{s.name} ({len(s.queries)} queries, {len(s.docs)} documents)" for s in self.sets)
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def set_vectors(
     eval_set: RetrievalEvalSet, embeddings: np.ndarray
 ) -> list[tuple[np.ndarray, np.ndarray, list[list[int]]]]:
@@ -80,7 +76,7 @@ def set_vectors(
     the documents with its own text, which are never its candidates."""
     if len(embeddings) != eval_set.num_sentences:
         raise ValueError(f"{len(embeddings)} embeddings for {eval_set.num_sentences} texts")
-    unit = _normalise(embeddings)
+    unit = unit_rows(embeddings)
     out = []
     for query_rows, doc_rows in eval_set.rows:
         docs_of_row: dict[int, list[int]] = {}
@@ -122,7 +118,12 @@ def encoded_eval_set(
     model = load_sentence_encoder(model_dir).to(device)
     batch_size = batch_size or encode_batch_size(device)
     embeddings = encode_rows(
-        model, eval_set.corpus(), np.arange(eval_set.num_sentences), batch_size, device, normalize=False
+        model,
+        eval_set.corpus(),
+        np.arange(eval_set.num_sentences),
+        batch_size=batch_size,
+        device=device,
+        normalize=False,
     )
     return eval_set, embeddings
 

@@ -23,6 +23,7 @@ from pipeline.evaluation.retrieval import nan_mean, paraphrase_retrieval
 from pipeline.evaluation.set_names import with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
 from pipeline.evaluation.text_table import text_table
+from pipeline.evaluation.unit_rows import unit_rows
 from pipeline.evaluation.whitening import Whitening, fit_whitening
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows, encode_texts
@@ -86,11 +87,6 @@ def read_sts_files(paths: list[str]) -> list[STSPairs]:
     return with_distinct_names([read_sts(path) for path in paths])
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def _cosine_spearman(pairs: STSPairs, unit: np.ndarray, left: np.ndarray, right: np.ndarray) -> float:
     """Spearman x 100 of the pairs' cosines, from L2-normalised rows ``unit``."""
     return 100.0 * spearman((unit[left] * unit[right]).sum(1), pairs.scores)
@@ -113,14 +109,16 @@ def score_embeddings(
     """
     if len(embeddings) != eval_set.num_sentences:
         raise ValueError(f"{len(embeddings)} embeddings for {eval_set.num_sentences} sentences")
-    unit = _normalise(embeddings)
-    unit_whitened = _normalise(whitening.apply(embeddings)) if whitening is not None else None
+    unit = unit_rows(embeddings)
+    unit_whitened = unit_rows(whitening.apply(embeddings)) if whitening is not None else None
     texts = eval_set.table.column("text").to_pylist()
     scores = []
     for pairs, (left, right) in zip(eval_set.files, eval_set.rows, strict=True):
         positive = pairs.scores >= pairs.positive_threshold
         file_rows = np.unique(np.concatenate([left, right]))
-        retrieval = paraphrase_retrieval(unit, texts, file_rows, left[positive], right[positive])
+        retrieval = paraphrase_retrieval(
+            unit, texts, pool_rows=file_rows, query_rows=left[positive], answer_rows=right[positive]
+        )
         scores.append(
             STSScore(
                 name=pairs.name,
@@ -142,6 +140,7 @@ def score_embeddings(
 def evaluate_model_dir(
     model_dir: str | Path,
     sts_paths: list[str],
+    *,
     batch_size: int | None = None,
     max_seq_len: int | None = None,
     whitening_texts: list[str] | None = None,
@@ -161,12 +160,23 @@ def evaluate_model_dir(
     model = load_sentence_encoder(model_dir).to(device)
     batch_size = batch_size or encode_batch_size(device)
     embeddings = encode_rows(
-        model, eval_set.corpus(), np.arange(eval_set.num_sentences), batch_size, device, normalize=False
+        model,
+        eval_set.corpus(),
+        np.arange(eval_set.num_sentences),
+        batch_size=batch_size,
+        device=device,
+        normalize=False,
     )
     whitening = None
     if whitening_texts:
         corpus_embeddings = encode_texts(
-            model, tokenizer, whitening_texts, max_seq_len, batch_size, device, normalize=False
+            model,
+            tokenizer,
+            whitening_texts,
+            max_seq_len=max_seq_len,
+            batch_size=batch_size,
+            device=device,
+            normalize=False,
         )
         whitening = fit_whitening(corpus_embeddings, whitening_dim)
     return score_embeddings(eval_set, embeddings, whitening)

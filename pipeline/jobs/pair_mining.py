@@ -145,7 +145,7 @@ def mine_pairs(
     settings = MinerSettings.from_config(cfg, shards=shards)
     if settings.denoise_margin is None:
         settings = dataclasses.replace(settings, filters=NegativeFilters.from_config(cfg))
-    miner = HardNegativeMiner(blocks, pack_dir(model_dir), settings, triplets, texts)
+    miner = HardNegativeMiner(blocks, pack_dir(model_dir), settings, triplets=triplets, texts=texts)
     try:
         mined = miner.refresh(None, version=FIRST_VERSION, step=0)
     finally:

@@ -85,7 +85,7 @@ def log_exported_model(cfg: Config, tracked: TrackedRun, summary: JobSummary, ru
     model_uri, version = log_sentence_transformers_model(
         tracked,
         Path(summary.model_dir),
-        cfg.tracking.register_as,
+        register_as=cfg.tracking.register_as,
         step=step,
         linked_metrics={
             **dict.fromkeys(exported_eval_metrics(evaluations, step), step),

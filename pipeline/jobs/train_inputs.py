@@ -213,6 +213,7 @@ def put_inputs(
     cfg: Config,
     data: TrainingData,
     inputs: TokenizedInputs,
+    *,
     sts_files: list[STSPairs],
     echo: Echo,
     retrieval_sets: list[RetrievalSet] | None = None,

@@ -121,7 +121,13 @@ def run_train_job(cfg: Config, echo: Echo = print, debug: bool = False) -> JobSu
     selected = selected_metric(resolved.eval, sts_names, retrieval_names)
     resolved = dataclasses.replace(resolved, eval=dataclasses.replace(resolved.eval, select_by=selected))
     return _run_resolved(
-        resolved, sts_files, started_at, echo, retrieval_sets, debug, generated_data=cfg.data.path is None
+        resolved,
+        sts_files=sts_files,
+        started_at=started_at,
+        echo=echo,
+        retrieval_sets=retrieval_sets,
+        debug=debug,
+        generated_data=cfg.data.path is None,
     )
 
 
@@ -197,12 +203,12 @@ def _with_read_formats(cfg: Config) -> Config:
 
 def _run_resolved(
     cfg: Config,
+    *,
     sts_files: list[STSPairs],
     started_at: float,
     echo: Echo,
     retrieval_sets: list[RetrievalSet] | None = None,
     debug: bool = False,
-    *,
     generated_data: bool = False,
 ) -> JobSummary:
     """Open the MLflow run, record the resolved ``cfg`` and train in a Ray session; the run
@@ -241,9 +247,9 @@ def _run_resolved(
             summary = train_in_ray(
                 cfg,
                 tracked,
-                storage_root,
-                sts_files,
-                echo,
+                storage_root=storage_root,
+                sts_files=sts_files,
+                echo=echo,
                 retrieval_sets=retrieval_sets,
                 debug=debug,
                 joined_cluster=not started_ray,
@@ -291,6 +297,7 @@ def driver_system_metrics(cfg: Config, tracked: TrackedRun) -> AbstractContextMa
 def train_in_ray(
     cfg: Config,
     tracked: TrackedRun,
+    *,
     storage_root: str,
     sts_files: list[STSPairs],
     echo: Echo,
@@ -312,7 +319,7 @@ def train_in_ray(
     if len(live_nodes()) > 1:  # one node is never lost without the job: nothing to rebuild
         stored = rebuildable_from_storage(inputs.corpus.refs, f"{storage_root}/{cfg.run.name}/tokenized")
         inputs = dataclasses.replace(inputs, corpus=dataclasses.replace(inputs.corpus, refs=stored))
-    refs = put_inputs(cfg, data, inputs, sts_files, echo, retrieval_sets)
+    refs = put_inputs(cfg, data, inputs, sts_files=sts_files, echo=echo, retrieval_sets=retrieval_sets)
     corpus_line = describe_corpus(data, inputs)
     # Training reads the tokens only: dropping the data lets the texts' blocks leave the object
     # store (a teacher keeps them: refs.texts).
@@ -322,7 +329,17 @@ def train_in_ray(
         tracking_relay(tracked, joined_cluster) as relay,
         miner_actor(cfg, tracked, refs, relay, mined_dir=mined_dir) as (miner, miner_pid),
     ):
-        result = fit(cfg, tracked, refs, miner, miner_pid, storage_root, echo, debug, relay=relay)
+        result = fit(
+            cfg,
+            tracked,
+            refs=refs,
+            miner=miner,
+            miner_pid=miner_pid,
+            storage_root=storage_root,
+            echo=echo,
+            debug=debug,
+            relay=relay,
+        )
         summary = export_and_summarise(cfg, tracked, result, corpus_line, run_dir)
         return log_exported_model(cfg, tracked, summary, run_dir)
 
@@ -408,13 +425,13 @@ def miner_actor(
 def fit(
     cfg: Config,
     tracked: TrackedRun,
+    *,
     refs: InputRefs,
     miner: Any,
     miner_pid: int | None,
     storage_root: str,
     echo: Echo,
     debug: bool = False,
-    *,
     relay: str | None = None,
 ) -> Any:
     """Train all epochs with one Ray Train ``fit()``, checkpointing under

@@ -153,7 +153,13 @@ def negatives_among(
         known = known_positive_mask(candidates, anchor_keys, pool_keys, anchor_keys, positive_keys)
     positive_scores = np.asarray(positive_scores, dtype=np.float32)
     chosen = select_negatives(
-        candidates, candidate_scores, positive_scores, duplicate, filters, seed=seed, known_positive=known
+        candidates,
+        candidate_scores,
+        positive_scores,
+        duplicate=duplicate,
+        filters=filters,
+        seed=seed,
+        known_positive=known,
     )
     m = chosen.indices.shape[1]
     table = pa.table(

@@ -406,7 +406,9 @@ def _faiss_index(
         options.shard = True
         index = faiss.index_cpu_to_all_gpus(index, co=options)
     for lo in range(0, n, ADD_CHUNK_ROWS):
-        chunk = _vectors_between(lo, min(lo + ADD_CHUNK_ROWS, n), dim, sample, sampled, vectors_of)
+        chunk = _vectors_between(
+            lo, min(lo + ADD_CHUNK_ROWS, n), dim, sample=sample, sampled=sampled, vectors_of=vectors_of
+        )
         index.add(chunk)
         del chunk
         release_free_heap()  # the chunk and its encoding's temporaries, between the growing lists
@@ -421,7 +423,12 @@ def _every_vector(source: VectorSource, pretrained: PretrainedIndex | None) -> n
     if pretrained is None:
         return source.vectors(np.arange(source.rows))
     return _vectors_between(
-        0, source.rows, source.dim, pretrained.sample_rows, pretrained.sample_vectors, source.vectors
+        0,
+        source.rows,
+        source.dim,
+        sample=pretrained.sample_rows,
+        sampled=pretrained.sample_vectors,
+        vectors_of=source.vectors,
     )
 
 
@@ -429,6 +436,7 @@ def _vectors_between(
     lo: int,
     hi: int,
     dim: int,
+    *,
     sample: np.ndarray,
     sampled: np.ndarray,
     vectors_of: Callable[[np.ndarray], np.ndarray],

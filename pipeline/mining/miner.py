@@ -71,6 +71,7 @@ class HardNegativeMiner:
         blocks: TokenizedBlocks,
         model_blob: Any,
         settings: MinerSettings,
+        *,
         triplets: Triplets | None = None,
         texts: DistinctTexts | None = None,
         teacher_blob: Any = None,

@@ -33,7 +33,9 @@ class HardNegativeMinerActor:
         if self.miner is None:
             corpus, model_ref, triplets_ref, texts, teacher_ref = inputs
             triplets = ray.get(triplets_ref) if triplets_ref is not None else None
-            self.miner = HardNegativeMiner(corpus, model_ref, self.settings, triplets, texts, teacher_ref)
+            self.miner = HardNegativeMiner(
+                corpus, model_ref, self.settings, triplets=triplets, texts=texts, teacher_blob=teacher_ref
+            )
         return self.miner
 
     def ready(self, inputs: list[Any]) -> int:

@@ -228,7 +228,9 @@ class MinerShard:
 
     def _encode(self, rows: np.ndarray) -> np.ndarray:
         """``(len(rows), dim)`` vectors of the held texts at ``rows`` under the loaded weights."""
-        return encode_rows(self.model, self.texts.held, rows, encode_batch_size(self.device), self.device)
+        return encode_rows(
+            self.model, self.texts.held, rows, batch_size=encode_batch_size(self.device), device=self.device
+        )
 
     def vectors_of(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` vectors of corpus positions this shard holds."""

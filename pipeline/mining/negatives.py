@@ -76,18 +76,18 @@ class FilteredCandidates:
     """``(n, k)`` bool: removed as a likely false negative (a duplicate, ranked above
     ``range_min``, above ``max_score`` or inside the relative margin). Candidates ranked at
     or past ``range_max`` are not false negatives, only too far."""
-    removed: dict[str, int]
-    candidates: int
     duplicate: np.ndarray
     """``(n, k)`` bool: the duplicate mask the filters were given."""
-    removed_per_row: dict[str, np.ndarray] = field(default_factory=dict)
-    """``(n,)`` candidates each filter removed, per anchor."""
+    removed: dict[str, np.ndarray]
+    """``(n,)`` int32 a filter of :data:`FILTERS`: the candidates it removed, per anchor (a
+    run's totals are their sums)."""
 
 
 def filter_candidates(
     candidates: np.ndarray,
     candidate_scores: np.ndarray,
     positive_scores: np.ndarray,
+    *,
     duplicate: np.ndarray,
     filters: NegativeFilters,
     known_positive: np.ndarray | None = None,
@@ -125,14 +125,14 @@ def filter_candidates(
     drop("rank_window", searched_rank >= upper, is_false_negative=False)
     # range_min skips the nearest of what is left, as sentence-transformers counts it.
     drop("rank_window", np.cumsum(alive, axis=1) - 1 < filters.range_min)
-    removed = {name: int(counts.sum()) for name, counts in per_row.items()}
-    return FilteredCandidates(alive, false_negative, removed, int(valid.sum()), duplicate, per_row)
+    return FilteredCandidates(alive, false_negative, duplicate, per_row)
 
 
 def select_negatives(
     candidates: np.ndarray,
     candidate_scores: np.ndarray,
     positive_scores: np.ndarray,
+    *,
     duplicate: np.ndarray,
     filters: NegativeFilters,
     seed: int | list[int] = 0,
@@ -161,7 +161,12 @@ def select_negatives(
         raise ValueError(f"mining.sampling must be top or random (got {filters.sampling!r})")
     n, k = candidates.shape
     filtered = filter_candidates(
-        candidates, candidate_scores, positive_scores, duplicate, filters, known_positive
+        candidates,
+        candidate_scores,
+        positive_scores,
+        duplicate=duplicate,
+        filters=filters,
+        known_positive=known_positive,
     )
     alive = filtered.allowed
     m = filters.num_negatives
@@ -185,6 +190,6 @@ def select_negatives(
     per_row = {
         "candidates": (candidates >= 0).sum(axis=1, dtype=np.int32),
         "kept": alive.sum(axis=1, dtype=np.int32),
-        **{f"removed_{name}": counts for name, counts in filtered.removed_per_row.items()},
+        **{f"removed_{name}": counts for name, counts in filtered.removed.items()},
     }
     return SelectedNegatives(indices, scores, per_row=per_row)

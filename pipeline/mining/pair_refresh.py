@@ -93,7 +93,7 @@ def refresh_pairs(
     negatives = np.where(mined.negatives >= 0, pool[np.maximum(mined.negatives, 0)], -1)  # text positions
     if settings.random_negatives:
         drawn = random_pool_negatives(
-            keys, triplets.anchor, triplets.positive, pool, settings.random_negatives, seed
+            keys, triplets.anchor, triplets.positive, pool=pool, count=settings.random_negatives, seed=seed
         )
         negatives = np.concatenate([negatives, drawn], axis=1)
     scores, teacher_metrics, teacher_histogram = None, {}, {}

@@ -47,10 +47,10 @@ class CandidateTotals:
         top1 = _first_valid_scores(scores, np.where(filtered.duplicate, -1, indices))
         self.top1_sum += float(top1.sum())
         self.top1_count += len(top1)
-        self.candidates += int(filtered.candidates)
+        self.candidates += int((indices >= 0).sum())
         self.kept += int(filtered.allowed.sum())
         for name, count in filtered.removed.items():
-            self.removed[name] = self.removed.get(name, 0) + int(count)
+            self.removed[name] = self.removed.get(name, 0) + int(count.sum())
         self.flagged += int((filtered.false_negative & (indices != rows[:, None])).sum())
         self.pairs_in_batches += false_negative_pairs(plan, false_negatives)
         # What the partitions cost: neighbours the plan could have used in one partition.

@@ -241,7 +241,9 @@ def plan_partition(
         The partition's batches, in corpus positions, and its counts.
     """
     rows, m = partition.rows, len(partition.rows)
-    filtered = filter_candidates(indices, scores, np.ones(m, dtype=np.float32), duplicate, settings.filters)
+    filtered = filter_candidates(
+        indices, scores, np.ones(m, dtype=np.float32), duplicate=duplicate, filters=settings.filters
+    )
     # The sampler numbers the partition's rows 0..m-1; a neighbour in another partition is dropped.
     local = np.minimum(np.searchsorted(rows, indices), m - 1)
     inside = (indices >= 0) & (rows[local] == indices)

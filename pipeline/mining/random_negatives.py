@@ -8,7 +8,7 @@ from pipeline.mining.text_keys import KnownPositives, duplicate_mask
 
 
 def random_pool_negatives(
-    keys: np.ndarray, anchor: np.ndarray, positive: np.ndarray, pool: np.ndarray, count: int, seed: int
+    keys: np.ndarray, anchor: np.ndarray, positive: np.ndarray, *, pool: np.ndarray, count: int, seed: int
 ) -> np.ndarray:
     """``count`` random pool texts per anchor, to mix with its mined negatives.
 

@@ -50,10 +50,10 @@ def encode_rows(
     model: SentenceEncoder,
     corpus: Any,
     rows: np.ndarray,
+    *,
     batch_size: int,
     device: torch.device,
     normalize: bool = True,
-    *,
     bf16: bool | None = None,
 ) -> np.ndarray:
     """Float32 embeddings of corpus rows, in the order of ``rows``: L2-normalised, or the raw
@@ -95,24 +95,33 @@ def encode_texts(
     model: SentenceEncoder,
     tokenizer: Any,
     texts: list[str],
+    *,
     max_seq_len: int,
     batch_size: int,
     device: torch.device,
     normalize: bool = True,
-    *,
     bf16: bool | None = None,
 ) -> np.ndarray:
     """Embeddings of raw texts (tokenized here, truncated to ``max_seq_len``, then
     :func:`encode_rows`, ``bf16`` as there); row ``i`` for ``texts[i]``."""
     table = tokenize_table(pa.table({"text": texts}), tokenizer, max_seq_len)
     corpus = TokenizedCorpus(table, tokenizer.pad_token_id)
-    return encode_rows(model, corpus, np.arange(table.num_rows), batch_size, device, normalize, bf16=bf16)
+    return encode_rows(
+        model,
+        corpus,
+        np.arange(table.num_rows),
+        batch_size=batch_size,
+        device=device,
+        normalize=normalize,
+        bf16=bf16,
+    )
 
 
 def sharded_encode(
     model: SentenceEncoder,
     corpus: Any,
     rows: np.ndarray,
+    *,
     device: torch.device,
     rank: int,
     world: int,
@@ -126,7 +135,9 @@ def sharded_encode(
         group), None on the other ranks.
     """
     mine = np.array_split(rows, world)[rank]
-    local = encode_rows(model, corpus, mine, encode_batch_size(device), device, normalize=False)
+    local = encode_rows(
+        model, corpus, mine, batch_size=encode_batch_size(device), device=device, normalize=False
+    )
     if world == 1 or not (dist.is_available() and dist.is_initialized()):
         return local
     gathered: list[Any] = [None] * world

@@ -171,8 +171,8 @@ class Teacher:
         fresh: dict[str, np.ndarray] = {}
         if missing:
             encoded = encode_texts(
-                self.model, self.tokenizer, missing, self.settings.max_seq_len, self.batch_size,
-                self.device, bf16=self.bf16,
+                self.model, self.tokenizer, missing, max_seq_len=self.settings.max_seq_len, batch_size=self.batch_size,
+                device=self.device, bf16=self.bf16,
             )  # fmt: skip
             # Rows of their own, not views that would keep the whole batch alive in the cache.
             fresh = {text: vector.copy() for text, vector in zip(missing, encoded, strict=True)}

@@ -18,6 +18,7 @@ from pipeline.tracking.run import TrackedRun
 def log_sentence_transformers_model(
     tracked: TrackedRun,
     export_dir: Path,
+    *,
     register_as: str | None,
     step: int,
     linked_metrics: dict[str, int],

@@ -36,6 +36,7 @@ def save_checkpoint(
     directory: Path,
     model: Any,
     tokenizer: Any,
+    *,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     state: TrainState,

@@ -24,7 +24,7 @@ def seed_dropout(seed: int, rank: int, epoch: int) -> None:
 
 
 def seed_epoch(
-    seed: int, rank: int, world: int, epoch: int, first_batch: int, saved: list[dict[str, Any]] | None
+    seed: int, *, rank: int, world: int, epoch: int, first_batch: int, saved: list[dict[str, Any]] | None
 ) -> np.random.Generator:
     """Seed dropout and Python's random for the part of epoch ``epoch`` this run trains (from
     ``first_batch``), and return its augmentation generator.

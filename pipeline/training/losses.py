@@ -14,6 +14,7 @@ def simcse_loss(
     anchors: torch.Tensor,
     positives: torch.Tensor,
     temperature: float = 0.05,
+    *,
     hard_negatives: torch.Tensor | None = None,
     hard_negative_weight: float = 0.0,
     row_ids: torch.Tensor | None = None,

@@ -32,6 +32,7 @@ class MinerClient:
         self,
         miner: Any,
         settings: RefreshSettings,
+        *,
         logger: Any = None,
         restarts: int = 0,
         miner_pid: int | None = None,

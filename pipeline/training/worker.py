@@ -156,7 +156,12 @@ class SimCSEWorker:
         assert plan.texts is not None and plan.text_lengths is not None
         self.share.hold(plan.texts, plan.text_lengths)
         self.augment_rng = seed_epoch(
-            self.cfg.run.seed, self.rank, self.world, epoch, self.first_batch, state.rng
+            self.cfg.run.seed,
+            rank=self.rank,
+            world=self.world,
+            epoch=epoch,
+            first_batch=self.first_batch,
+            saved=state.rng,
         )
         state.rng = None
         if self.logger is not None:
@@ -191,7 +196,7 @@ class SimCSEWorker:
         state.loss_sum += loss_value
         if self.logger is not None:
             lr = self.scheduler.get_last_lr()[0]
-            self.logger.log(step_metrics(loss_value, lr, len(batch.rows), tokens, flops, elapsed, self.peak_tflops),
+            self.logger.log(step_metrics(loss_value, lr, rows=len(batch.rows), tokens=tokens, flops=flops, seconds=elapsed, peak_tflops=self.peak_tflops),
                             state.step)  # fmt: skip
             if state.step % cfg.train.log_every == 0:
                 self.logger.flush()
@@ -248,7 +253,13 @@ class SimCSEWorker:
         state.batches_done, state.loss_sum, state.epoch_seconds = 0, 0.0, 0.0
         if self.logger is not None:
             log_epoch_end(
-                self.logger, epoch, epoch_loss, plan, epoch_seconds, state.step, padding=plan.padding
+                self.logger,
+                epoch,
+                epoch_loss,
+                plan=plan,
+                seconds=epoch_seconds,
+                step=state.step,
+                padding=plan.padding,
             )
         asks_miner = self.refresher.asks_miner(epoch) and not state.history.stopped_early
         if asks_miner:
@@ -264,7 +275,14 @@ class SimCSEWorker:
             assert state.plan is not None
             next_plan = None if state.history.stopped_early else state.plan
             print(
-                self.progress.epoch_line(epoch, epoch_loss, plan, epoch_seconds, next_plan, boundary),
+                self.progress.epoch_line(
+                    epoch,
+                    epoch_loss,
+                    plan=plan,
+                    seconds=epoch_seconds,
+                    next_plan=next_plan,
+                    boundary=boundary,
+                ),
                 flush=True,
             )
             if state.history.stopped_early:

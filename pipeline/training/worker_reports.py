@@ -37,6 +37,7 @@ class EvalRecorder:
         evaluator: TrainingEvaluator,
         model: SentenceEncoder,
         tokenizer: Any,
+        *,
         best_dir: Path,
         max_seq_len: int,
         logger: Any,
@@ -111,8 +112,8 @@ class CheckpointReporter:
                     self.logger.wait_sent(timeout=2.0)
                     state.unsent_metrics = self.logger.unsent()
                 save_checkpoint(
-                    Path(tmp), self.model, self.tokenizer, self.optimizer, self.scheduler, state,
-                    self.max_seq_len, best_dir=self.best_dir,
+                    Path(tmp), self.model, self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler, state=state,
+                    max_seq_len=self.max_seq_len, best_dir=self.best_dir,
                 )  # fmt: skip
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(report_metrics(state, epoch), checkpoint=ckpt)
@@ -166,6 +167,7 @@ class ProgressLine:
         self,
         epoch: int,
         loss: float,
+        *,
         plan: PlanShare,
         seconds: float,
         next_plan: PlanShare | None,
@@ -222,7 +224,7 @@ def log_epoch_start(logger: Any, epoch: int, plan: PlanShare) -> None:
 
 
 def log_epoch_end(
-    logger: Any, epoch: int, loss: float, plan: PlanShare, seconds: float, step: int, *, padding: float
+    logger: Any, epoch: int, loss: float, *, plan: PlanShare, seconds: float, step: int, padding: float
 ) -> None:
     """Rank 0, at the last step of epoch ``epoch`` (0-based): its mean loss, the plan version it
     trained on, its training time, the share of padding its batches carried and the epochs
@@ -234,6 +236,7 @@ def log_epoch_end(
 def step_metrics(
     loss: float,
     learning_rate: float,
+    *,
     rows: int,
     tokens: int,
     flops: float,

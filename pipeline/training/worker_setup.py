@@ -112,10 +112,10 @@ def initial_state(
     cfg: Config,
     plans: PlanInputs,
     resume: ResumePoint | None,
+    *,
     model: SentenceEncoder,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
-    *,
     rank: int,
     world: int,
 ) -> tuple[TrainState, Path]:
@@ -250,7 +250,9 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
     model = build_model(cfg, resume.model_dir if resume is not None else inputs.model_dir, device)
     optimizer, scheduler = build_optimizer(cfg, model, inputs.num_rows)
     plans = plan_inputs(loop_config)
-    state, best_dir = initial_state(cfg, plans, resume, model, optimizer, scheduler, rank=rank, world=world)
+    state, best_dir = initial_state(
+        cfg, plans, resume, model=model, optimizer=optimizer, scheduler=scheduler, rank=rank, world=world
+    )
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
     logger = open_logger(loop_config, rank, state, resumed=resume is not None)
     bf16 = native_bf16(device)  # the hardware decides, on a CPU as on a GPU: not a config key
@@ -261,7 +263,7 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
         client = MinerClient(
             loop_config.miner,
             RefreshSettings.from_config(cfg),
-            logger,
+            logger=logger,
             restarts=state.history.miner_restarts,
             miner_pid=last_miner_pid(state.history.miner_seen, loop_config.miner_pid),
             inputs=miner_inputs(
@@ -295,7 +297,9 @@ def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
         share=inputs.corpus,
         device=device,
         refresher=refresher,
-        evaluator=EvalRecorder(sts, model, inputs.tokenizer, best_dir, max_seq_len, logger)
+        evaluator=EvalRecorder(
+            sts, model, inputs.tokenizer, best_dir=best_dir, max_seq_len=max_seq_len, logger=logger
+        )
         if sts is not None
         else None,
         checkpoints=CheckpointReporter(

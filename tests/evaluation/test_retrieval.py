@@ -24,7 +24,9 @@ def test_answer_at_rank_two_scores_half_and_no_recall():
     # query at 0 degrees, a distractor at 10, the answer at 20, two more beyond it
     unit = _unit_at([0, 10, 20, 60, 90])
     texts = ["q", "near", "answer", "far", "farther"]
-    got = paraphrase_retrieval(unit, texts, np.arange(5), np.array([0]), np.array([2]))
+    got = paraphrase_retrieval(
+        unit, texts, pool_rows=np.arange(5), query_rows=np.array([0]), answer_rows=np.array([2])
+    )
     assert got.queries == 1
     assert got.mrr_at_10 == pytest.approx(50.0)
     assert got.recall_at_1 == pytest.approx(0.0)
@@ -35,12 +37,16 @@ def test_answer_first_and_beyond_the_cut_off():
     texts = ["q1", "a1", "x", "y", "q2"]
     # q1 -> a1: rank 1. q2 (50 deg) -> a1 (45 deg away): y (10 away) and x (20 away) come
     # first, q1 (50 away) after it: rank 3
-    got = paraphrase_retrieval(unit, texts, np.arange(5), np.array([0, 4]), np.array([1, 1]))
+    got = paraphrase_retrieval(
+        unit, texts, pool_rows=np.arange(5), query_rows=np.array([0, 4]), answer_rows=np.array([1, 1])
+    )
     assert got.queries == 2
     assert got.mrr_at_10 == pytest.approx(100 * (1 + 1 / 3) / 2)
     assert got.recall_at_1 == pytest.approx(50.0)
     # with k=2 the second query's rank 3 earns nothing
-    cut = paraphrase_retrieval(unit, texts, np.arange(5), np.array([0, 4]), np.array([1, 1]), k=2)
+    cut = paraphrase_retrieval(
+        unit, texts, pool_rows=np.arange(5), query_rows=np.array([0, 4]), answer_rows=np.array([1, 1]), k=2
+    )
     assert cut.mrr_at_10 == pytest.approx(50.0)
 
 
@@ -48,12 +54,16 @@ def test_ties_count_in_expectation():
     # two distractors at exactly the answer's angle: rank uniform on 1..3
     unit = _unit_at([0, 30, 30, 30, 80])
     texts = ["q", "answer", "twin-1", "twin-2", "far"]
-    got = paraphrase_retrieval(unit, texts, np.arange(5), np.array([0]), np.array([1]))
+    got = paraphrase_retrieval(
+        unit, texts, pool_rows=np.arange(5), query_rows=np.array([0]), answer_rows=np.array([1])
+    )
     assert got.mrr_at_10 == pytest.approx(100 * (1 + 1 / 2 + 1 / 3) / 3)
     assert got.recall_at_1 == pytest.approx(100 / 3)
     # a collapsed model (every embedding equal) scores chance, not 100
     flat = np.tile([[1.0, 0.0]], (5, 1))
-    chance = paraphrase_retrieval(flat, texts, np.arange(5), np.array([0]), np.array([1]))
+    chance = paraphrase_retrieval(
+        flat, texts, pool_rows=np.arange(5), query_rows=np.array([0]), answer_rows=np.array([1])
+    )
     assert chance.recall_at_1 == pytest.approx(100 / 4)  # four candidates besides the query
 
 
@@ -62,7 +72,9 @@ def test_duplicates_of_the_query_text_never_compete():
     # as different truncation or casing could); both would outrank the answer
     unit = _unit_at([0, 1, 2, 20, 40])
     texts = ["same", "same", "same", "answer", "other"]
-    got = paraphrase_retrieval(unit, texts, np.arange(5), np.array([0]), np.array([3]))
+    got = paraphrase_retrieval(
+        unit, texts, pool_rows=np.arange(5), query_rows=np.array([0]), answer_rows=np.array([3])
+    )
     assert got.mrr_at_10 == pytest.approx(100.0) and got.recall_at_1 == pytest.approx(100.0)
 
 
@@ -70,7 +82,9 @@ def test_other_answers_of_the_query_are_filtered_and_answer_copies_count_once():
     # q has two gold answers; each pair ranks its own answer against the rest of the pool only
     unit = _unit_at([0, 10, 20, 30, 25])
     texts = ["q", "a1", "a2", "x", "a2"]  # a2 held twice: row 4 ranks better than row 2
-    got = paraphrase_retrieval(unit, texts, np.arange(5), np.array([0, 0]), np.array([1, 2]))
+    got = paraphrase_retrieval(
+        unit, texts, pool_rows=np.arange(5), query_rows=np.array([0, 0]), answer_rows=np.array([1, 2])
+    )
     assert got.queries == 2
     # q->a1: a2 (both rows) filtered, x below -> rank 1. q->a2: a1 filtered, best copy (25 deg)
     # beats x (30 deg) -> rank 1
@@ -82,9 +96,13 @@ def test_identical_and_repeated_pairs():
     texts = ["q", "a", "q"]
     # row 2 is the query's text again: that pair has nothing to retrieve; the (0, 1) pair is
     # listed twice and counts once
-    got = paraphrase_retrieval(unit, texts, np.arange(3), np.array([0, 0, 0]), np.array([2, 1, 1]))
+    got = paraphrase_retrieval(
+        unit, texts, pool_rows=np.arange(3), query_rows=np.array([0, 0, 0]), answer_rows=np.array([2, 1, 1])
+    )
     assert got.queries == 1 and got.recall_at_1 == pytest.approx(100.0)
-    none = paraphrase_retrieval(unit, texts, np.arange(3), np.array([0]), np.array([2]))
+    none = paraphrase_retrieval(
+        unit, texts, pool_rows=np.arange(3), query_rows=np.array([0]), answer_rows=np.array([2])
+    )
     assert none.queries == 0 and math.isnan(none.mrr_at_10) and math.isnan(none.recall_at_1)
 
 
@@ -125,7 +143,9 @@ def test_matches_brute_force_with_ties_and_duplicate_texts(seed):
     query_rows, answer_rows = rng.integers(0, 7, size=4), rng.integers(0, 7, size=4)
     ranks = _brute_force_ranks(unit, texts, pool_rows, query_rows, answer_rows)
     for k in (1, 2, 10):
-        got = paraphrase_retrieval(unit, texts, pool_rows, query_rows, answer_rows, k=k)
+        got = paraphrase_retrieval(
+            unit, texts, pool_rows=pool_rows, query_rows=query_rows, answer_rows=answer_rows, k=k
+        )
         assert got.queries == len(ranks)
         if ranks:
             mrr = 100 * np.mean([np.mean([1 / r if r <= k else 0.0 for r in rs]) for rs in ranks])

@@ -40,8 +40,8 @@ def test_two_shards_refresh_as_one_miner(sorted_blocks, trained_tiny_model_dir, 
     if task == "pairs":  # every text's neighbour in position order as its positive; half the texts as pool
         rows = np.arange(0, n - 1, 2)
         triplets = Triplets(rows, rows + 1, np.full(len(rows), -1), pool=np.arange(1, n, 2))
-    one = HardNegativeMiner(blocks, blob, settings, triplets).refresh(weights, version=1, step=0)
-    sharded = HardNegativeMiner(blocks, blob, replace(settings, shards=2), triplets)
+    one = HardNegativeMiner(blocks, blob, settings, triplets=triplets).refresh(weights, version=1, step=0)
+    sharded = HardNegativeMiner(blocks, blob, replace(settings, shards=2), triplets=triplets)
     try:
         two = sharded.refresh(weights, version=1, step=0)
     finally:
@@ -88,7 +88,7 @@ def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, train
         num_cpus=0.1, teacher=TeacherSettings(str(trained_tiny_model_dir), max_seq_len=16, batch_size=16),
         denoise_margin=0.2, keep_negatives=2,
     )  # fmt: skip
-    local = HardNegativeMiner(blocks, blob, settings, triplets, texts)
+    local = HardNegativeMiner(blocks, blob, settings, triplets=triplets, texts=texts)
     (shard,) = local.shards.handles
     assert isinstance(shard, InProcessShard) and shard.shard.teacher is not None
     one = local.refresh(weights, version=1, step=0)
@@ -96,7 +96,9 @@ def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, train
     again = local.refresh(weights, version=2, step=0)
     assert again.metrics["mining/teacher_pairs"] == one.metrics["mining/teacher_pairs"] > 0
     assert again.metrics["mining/teacher_computed"] == 0 < one.metrics["mining/teacher_computed"]
-    sharded = HardNegativeMiner(blocks, blob, replace(settings, shards=2), triplets, texts, ray.put(blob))
+    sharded = HardNegativeMiner(
+        blocks, blob, replace(settings, shards=2), triplets=triplets, texts=texts, teacher_blob=ray.put(blob)
+    )
     try:
         two = sharded.refresh(weights, version=1, step=0)
         # The teacher lives in the shard actors, where the vectors are, and each scored a part.

@@ -74,7 +74,7 @@ def test_sharded_encode_and_search_equal_one_process_and_one_flat_index(
     whole = TokenizedCorpus(blocks.table(), tokenizer.pad_token_id)
     import torch
 
-    expected = encode_rows(model, whole, np.arange(len(whole)), 64, torch.device("cpu"))
+    expected = encode_rows(model, whole, np.arange(len(whole)), batch_size=64, device=torch.device("cpu"))
     pool = np.arange(0, blocks.num_rows, every)
     search = SearchSettings(top_k=10, index=IndexSpec("flat"))
     miner_shards = MinerShards.start(

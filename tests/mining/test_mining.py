@@ -204,7 +204,7 @@ def _embeddings(model_dir, table):
 
     corpus = TokenizedCorpus(table, load_tokenizer(model_dir).pad_token_id)
     model = load_sentence_encoder(model_dir, pooler="mean")
-    return encode_rows(model, corpus, np.arange(table.num_rows), 64, torch.device("cpu"))
+    return encode_rows(model, corpus, np.arange(table.num_rows), batch_size=64, device=torch.device("cpu"))
 
 
 def _churn(previous, current) -> float:
@@ -337,7 +337,7 @@ def test_triplet_refresh_mines_clean_negatives(
         filters=filters,
     )
     blocks = blocks_of(tokenized)
-    miner = HardNegativeMiner(blocks, pack_dir(trained_tiny_model_dir), settings, triplets)
+    miner = HardNegativeMiner(blocks, pack_dir(trained_tiny_model_dir), settings, triplets=triplets)
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=7)
     negatives, metrics = report.negatives, report.metrics
@@ -370,7 +370,10 @@ def test_triplet_refresh_mines_clean_negatives(
     # With random negatives beside the mined ones, the same weights again change no mined
     # negative: the churn stays 0 though the random column is drawn anew at each version.
     with_random = HardNegativeMiner(
-        blocks, pack_dir(trained_tiny_model_dir), dataclasses.replace(settings, random_negatives=1), triplets
+        blocks,
+        pack_dir(trained_tiny_model_dir),
+        dataclasses.replace(settings, random_negatives=1),
+        triplets=triplets,
     )
     first = with_random.refresh(weights, version=1, step=7).negatives
     second = with_random.refresh(weights, version=2, step=9)
@@ -383,7 +386,7 @@ def test_triplet_refresh_mines_clean_negatives(
         blocks,
         pack_dir(trained_tiny_model_dir),
         dataclasses.replace(settings, mined_dir=str(tmp_path)),
-        triplets,
+        triplets=triplets,
     )
     stored = stored_miner.refresh(weights, version=1, step=7)
     assert stored.negatives is None and stored.plan is None and stored.similarities == {}

@@ -75,7 +75,7 @@ def test_filters_match_reference(filters, low, with_known):
     known = None
     if with_known:
         known = (np.random.default_rng(1).random(cands.shape) < 0.1) & (cands >= 0)
-    got = select_negatives(cands, scores, pos, dup, filters, known_positive=known)
+    got = select_negatives(cands, scores, pos, duplicate=dup, filters=filters, known_positive=known)
     kept, removed, short = _reference(cands, scores, pos, dup, filters, known)
     per_row = got.per_row
     assert {name: int(per_row[f"removed_{name}"].sum()) for name in FILTERS} == removed
@@ -95,7 +95,7 @@ def test_range_min_counts_what_the_score_filters_left_as_sentence_transformers_d
     cands, scores = np.array([[0, 1, 2, 3, 4]]), np.array([[0.9, 0.8, 0.7, 0.6, 0.5]])
     dup = np.zeros_like(cands, dtype=bool)
     filters = NegativeFilters(range_min=1, relative_margin=0.05, num_negatives=1)
-    got = select_negatives(cands, scores, np.array([0.84]), dup, filters)
+    got = select_negatives(cands, scores, np.array([0.84]), duplicate=dup, filters=filters)
     assert got.indices.tolist() == [[3]]
     assert {name: got.per_row[f"removed_{name}"].tolist() for name in FILTERS} == {
         "duplicate": [0], "known_positive": [0], "max_score": [0], "relative_margin": [2], "rank_window": [1]
@@ -108,7 +108,7 @@ def test_relative_margin_below_a_negative_positive_score():
     cands, scores = np.array([[0, 1]]), np.array([[-0.205, -0.3]])
     dup = np.zeros_like(cands, dtype=bool)
     filters = NegativeFilters(range_min=0, relative_margin=0.05, num_negatives=1)
-    got = select_negatives(cands, scores, np.array([-0.2]), dup, filters)
+    got = select_negatives(cands, scores, np.array([-0.2]), duplicate=dup, filters=filters)
     assert got.indices.tolist() == [[1]]
 
 
@@ -118,7 +118,7 @@ def test_random_sampling_draws_from_the_kept_set_uniformly():
         range_min=0, range_max=10, relative_margin=None, num_negatives=2, sampling="random"
     )
     kept, _, short = _reference(cands, scores, pos, dup, filters)
-    got = select_negatives(cands, scores, pos, dup, filters, seed=3)
+    got = select_negatives(cands, scores, pos, duplicate=dup, filters=filters, seed=3)
     counts_by_rank = np.zeros(12)
     for i, anchor_kept in enumerate(kept):
         allowed = [c for c, _ in anchor_kept]
@@ -130,7 +130,7 @@ def test_random_sampling_draws_from_the_kept_set_uniformly():
     assert _anchors_short(got, filters) == short
     # Not just the top ones: later ranks are drawn about as often as the first.
     assert counts_by_rank[5] > 0.5 * counts_by_rank[0]
-    again = select_negatives(cands, scores, pos, dup, filters, seed=3)
+    again = select_negatives(cands, scores, pos, duplicate=dup, filters=filters, seed=3)
     assert np.array_equal(got.indices, again.indices)
 
 
@@ -153,7 +153,7 @@ def test_duplicates_by_normalized_text():
 def test_bad_sampling_is_rejected():
     cands, scores, pos, dup = _arrays()
     with pytest.raises(ValueError, match="sampling"):
-        select_negatives(cands, scores, pos, dup, NegativeFilters(sampling="best"))
+        select_negatives(cands, scores, pos, duplicate=dup, filters=NegativeFilters(sampling="best"))
 
 
 def test_config_defaults_are_the_filter_defaults():

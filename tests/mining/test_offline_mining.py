@@ -76,7 +76,7 @@ def test_mine_pairs_filters_and_counts(trained_tiny_model_dir, paraphrase_corpus
 def _random_pair_similarity(model, tokenizer, texts):
     from pipeline.model.encode import encode_texts
 
-    vectors = encode_texts(model, tokenizer, texts, 32, 64, torch.device("cpu"))
+    vectors = encode_texts(model, tokenizer, texts, max_seq_len=32, batch_size=64, device=torch.device("cpu"))
     rng = np.random.default_rng(0)
     a, b = rng.integers(len(texts), size=(2, 500))
     return float(np.einsum("ij,ij->i", vectors[a], vectors[b]).mean())

@@ -98,7 +98,9 @@ def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
         pooler="mean", batch_size=32, search=SearchSettings(top_k=32), seed=0,
         filters=NegativeFilters(num_negatives=2), random_negatives=1,
     )  # fmt: skip
-    miner = HardNegativeMiner(blocks_of(tokenized), pack_dir(trained_tiny_model_dir), settings, triplets)
+    miner = HardNegativeMiner(
+        blocks_of(tokenized), pack_dir(trained_tiny_model_dir), settings, triplets=triplets
+    )
     weights = load_sentence_encoder(trained_tiny_model_dir, pooler="mean").encoder.state_dict()
     report = miner.refresh(weights, version=1, step=0)
     negatives, metrics = report.negatives, report.metrics
@@ -123,9 +125,9 @@ def test_random_pool_negatives_avoid_the_anchor_and_positive_and_are_seeded():
     keys = np.array([0, 1, 2, 3, 4, 5, 0, 1])  # texts 6 and 7 repeat texts 0 and 1
     anchor, positive = np.array([0, 2, 4]), np.array([1, 3, 5])
     pool = np.array([1, 3, 5, 6, 7])
-    drawn = random_pool_negatives(keys, anchor, positive, pool, 4, seed=3)
+    drawn = random_pool_negatives(keys, anchor, positive, pool=pool, count=4, seed=3)
     assert drawn.shape == (3, 4)
     for i in range(3):
         for j in drawn[i]:
             assert j in pool and keys[j] not in (keys[anchor[i]], keys[positive[i]])
-    assert np.array_equal(drawn, random_pool_negatives(keys, anchor, positive, pool, 4, seed=3))
+    assert np.array_equal(drawn, random_pool_negatives(keys, anchor, positive, pool=pool, count=4, seed=3))

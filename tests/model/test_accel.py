@@ -58,7 +58,9 @@ def test_encoding_is_fp32_on_every_cpu_and_bf16_on_a_gpu(tiny_model_dir):
     # its fp32 residual stream); the encode must sit ten times closer to the fp32 forward.
     tolerance = np.abs(fp32 - bf16).max() / 10
     assert tolerance > 1e-7
-    np.testing.assert_allclose(encode_rows(model, corpus, rows, len(rows), cpu), fp32, rtol=0, atol=tolerance)
+    np.testing.assert_allclose(
+        encode_rows(model, corpus, rows, batch_size=len(rows), device=cpu), fp32, rtol=0, atol=tolerance
+    )
 
 
 def test_fused_adamw_decays_matrices_only_and_steps_like_the_loop_version(tiny_model_dir):

@@ -56,7 +56,9 @@ def test_an_unset_pooler_reads_a_sentence_transformers_folder_with_its_own_pooli
     assert declared_pooler(folder) == folder_pooler(folder) == "mean"
     model = load_sentence_encoder(folder, pooler=load_config(None).model.pooler).eval()
     assert model.pooler == "mean"
-    vectors = encode_texts(model, load_tokenizer(folder), SENTENCES, 32, 8, torch.device("cpu"))
+    vectors = encode_texts(
+        model, load_tokenizer(folder), SENTENCES, max_seq_len=32, batch_size=8, device=torch.device("cpu")
+    )
     np.testing.assert_allclose(vectors, _mean_pooled(folder, SENTENCES), atol=1e-5)
     # The same folder declaring cls pooling is read with cls.
     assert (

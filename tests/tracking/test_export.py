@@ -15,7 +15,15 @@ SENTENCES = ["Zonouku pai nabrou.", "Truvikai voze noura and more words here.", 
 def _pipeline_embeddings(model_dir, texts):
     """The embeddings the pipeline evaluates: the raw pooled output."""
     model = load_sentence_encoder(model_dir)
-    return encode_texts(model, load_tokenizer(model_dir), texts, 32, 3, torch.device("cpu"), normalize=False)
+    return encode_texts(
+        model,
+        load_tokenizer(model_dir),
+        texts,
+        max_seq_len=32,
+        batch_size=3,
+        device=torch.device("cpu"),
+        normalize=False,
+    )
 
 
 def test_export_loads_in_transformers_and_sentence_transformers(trained_tiny_model_dir):

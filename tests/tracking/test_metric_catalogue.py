@@ -93,7 +93,7 @@ def _refresh_twice(tmp_path, model_dir, tokenized, triplets=None):
         pooler="mean", batch_size=32, search=SearchSettings(top_k=16), seed=0,
         filters=NegativeFilters(num_negatives=1), tracking_uri=client.tracking_uri, run_id=run_id,
     )  # fmt: skip
-    miner = HardNegativeMiner(blocks_of(tokenized), pack_dir(model_dir), settings, triplets)
+    miner = HardNegativeMiner(blocks_of(tokenized), pack_dir(model_dir), settings, triplets=triplets)
     weights = load_sentence_encoder(model_dir, pooler="mean").encoder.state_dict()
     reports = [miner.refresh(weights, version=v, step=step) for v, step in ((1, 0), (2, 12))]
     miner.wait_logged(timeout=120)

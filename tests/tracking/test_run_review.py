@@ -185,6 +185,7 @@ def test_the_job_writes_logs_and_trains_on_one_resolved_config(tmp_path, monkeyp
     def train_in_ray(
         resolved,
         tracked,
+        *,
         storage_root,
         sts_files,
         echo,

@@ -46,7 +46,14 @@ def _saved(tmp_path, tiny_model_dir, best_step=None, name="ckpt"):
     directory = tmp_path / name
     directory.mkdir()
     save_checkpoint(
-        directory, model, load_tokenizer(tiny_model_dir), optimizer, scheduler, state, 32, best_dir=best_dir
+        directory,
+        model,
+        load_tokenizer(tiny_model_dir),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=state,
+        max_seq_len=32,
+        best_dir=best_dir,
     )
     return directory, state, model, optimizer
 
@@ -166,7 +173,15 @@ def test_the_mlm_head_is_checkpointed_without_the_shared_embeddings_and_restores
     scores.sum().backward()
     optimizer.step()  # the head moves away from its initial weights
     state = TrainState(source=PlanSource(0, seed=1), plan=random_plan(8, 4, seed=1).share(world=1, rank=0))
-    save_checkpoint(tmp_path, model, load_tokenizer(tiny_model_dir), optimizer, scheduler, state, 32)
+    save_checkpoint(
+        tmp_path,
+        model,
+        load_tokenizer(tiny_model_dir),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=state,
+        max_seq_len=32,
+    )
     _, extras = load_checkpoint(tmp_path)
     assert not any(key.startswith("word_embeddings") for key in extras["mlm_head"])
     fresh = load_sentence_encoder(tiny_model_dir, pooler="mean", use_mlm=True)

@@ -121,7 +121,13 @@ def test_several_negatives_per_row_with_absent_slots(weight):
     ).item()
     assert got == pytest.approx(_numpy_infonce(a, p, 0.07, h, weight, present=present), rel=1e-5)
     # (n, d) is the m = 1 case.
-    single = simcse_loss(torch.tensor(a), torch.tensor(p), 0.07, torch.tensor(h[:, 0]), weight).item()
+    single = simcse_loss(
+        torch.tensor(a),
+        torch.tensor(p),
+        0.07,
+        hard_negatives=torch.tensor(h[:, 0]),
+        hard_negative_weight=weight,
+    ).item()
     assert single == pytest.approx(_numpy_infonce(a, p, 0.07, h[:, 0], weight), rel=1e-5)
 
 

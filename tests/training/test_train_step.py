@@ -331,16 +331,22 @@ def test_epoch_line_says_what_the_refresh_changed_and_when_the_model_barely_move
 
     plan, next_plan = random_plan(64, 8, seed=1), random_plan(64, 8, seed=2, version=2)
     pairs = reports.ProgressLine(epochs=3, batch_size=8, pairs=True)
-    moved = pairs.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary(churn=0.49))
+    moved = pairs.epoch_line(
+        0, 0.5, plan=plan, seconds=1.0, next_plan=next_plan, boundary=Boundary(churn=0.49)
+    )
     assert moved.endswith("; the refresh changed 49% of the rows' mined negatives")
-    still = pairs.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary(churn=0.01))
+    still = pairs.epoch_line(
+        0, 0.5, plan=plan, seconds=1.0, next_plan=next_plan, boundary=Boundary(churn=0.01)
+    )
     assert "changed 1% of the rows' mined negatives (the model barely moved" in still
     corpus = reports.ProgressLine(epochs=3, batch_size=8)
-    assert corpus.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary(churn=0.3)).endswith(
-        "; the refresh changed 30% of the plan's batches"
-    )
+    assert corpus.epoch_line(
+        0, 0.5, plan=plan, seconds=1.0, next_plan=next_plan, boundary=Boundary(churn=0.3)
+    ).endswith("; the refresh changed 30% of the plan's batches")
     # The first mining has nothing to compare with: no note.
-    assert "refresh changed" not in pairs.epoch_line(0, 0.5, plan, 1.0, next_plan, Boundary())
+    assert "refresh changed" not in pairs.epoch_line(
+        0, 0.5, plan=plan, seconds=1.0, next_plan=next_plan, boundary=Boundary()
+    )
 
 
 @pytest.mark.parametrize("kind", ["kl", "margin_mse"])
