@@ -7,6 +7,15 @@ score it as issue 71 asks: reranking a first-stage retriever's top 50 on a retri
         [--first-stage MODEL_DIR] [--dev ../shared/data/twitter-url/dev-distractors] \\
         [--depth 50] [--out runs/cross-encoder-teacher] [--results FILE.jsonl]
     python -m bench.cross_encoder_teacher --cross-encoder DIR ...   # score one already trained
+    python -m bench.cross_encoder_teacher --base ... --max-minutes 60 --bf16   # train in slices
+
+A teacher that takes longer to train than one sitting allows (all-mpnet-base-v2 for one epoch on
+two CPU cores: hours) trains in slices: ``--max-minutes`` stops after the step that passes the
+limit and leaves a checkpoint in ``--out`` (weights, optimizer, scheduler, data order and random
+state, the Hugging Face trainer's own); the same command again goes on from it, and scores the
+teacher once the last step is done. The seconds of every slice add up in the row it writes.
+``--bf16`` trains and scores in bf16 autocast, where the device computes bf16 natively (1.75x
+the fp32 step of sentence-transformers' own trainer on this project's CPUs, docs/benchmarks.md).
 
 The teacher is sentence-transformers' ``CrossEncoder`` (one label, ``BinaryCrossEntropyLoss``,
 its ``CrossEncoderTrainer``) started from ``--base``'s encoder, trained on the headerless
@@ -28,12 +37,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from transformers import TrainerCallback
 
 from bench.common import DATA, argument_parser, default_model_dir
 from bench.hard_negatives import git_commit
@@ -75,8 +86,23 @@ def mined_negative_pairs(path: Path) -> tuple[list[str], list[str]]:
     return left, right
 
 
-def train_cross_encoder(args: Any, out: Path) -> tuple[Path, float, int]:
-    """Train the teacher into ``out``; returns its folder, the training seconds and the pairs."""
+@dataclass(frozen=True)
+class TeacherTraining:
+    """Where a training of the teacher stands after one call of :func:`train_cross_encoder`."""
+
+    model_dir: Path | None
+    """The trained teacher's folder; None while steps remain (a slice stopped by ``--max-minutes``)."""
+    seconds: float
+    """Training seconds over every slice so far."""
+    pairs: int
+    step: int
+    steps: int
+
+
+def train_cross_encoder(args: Any, out: Path) -> TeacherTraining:
+    """Train the teacher into ``out``, going on from the last checkpoint there if a slice left one;
+    with ``args.max_minutes`` set, stop (and checkpoint) after the step that passes it."""
+    import torch
     from datasets import Dataset
     from sentence_transformers.cross_encoder import (
         CrossEncoder,
@@ -84,25 +110,63 @@ def train_cross_encoder(args: Any, out: Path) -> tuple[Path, float, int]:
         CrossEncoderTrainingArguments,
     )
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+    from transformers import set_seed
+    from transformers.trainer_utils import get_last_checkpoint
 
     left, right, labels = labelled_pairs(args.train)
     if args.mined is not None:
         mined_left, mined_right = mined_negative_pairs(args.mined)
         left, right, labels = left + mined_left, right + mined_right, labels + [0.0] * len(mined_left)
+    # The new one-label head draws its weights from torch's global generator: seeded here, so that
+    # --seed decides them rather than whatever ran before in the process.
+    set_seed(args.seed)
     model = CrossEncoder(str(args.base), num_labels=1, max_length=2 * args.max_seq_len)
     rows = Dataset.from_dict({"sentence1": left, "sentence2": right, "label": labels})
+    folder = out / "trainer"
     training = CrossEncoderTrainingArguments(
-        output_dir=str(out / "trainer"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr, warmup_steps=0.1, seed=args.seed, save_strategy="no", report_to="none",
-        logging_steps=100, dataloader_drop_last=False,
+        output_dir=str(folder), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr, warmup_steps=0.1, seed=args.seed, save_strategy="no", save_total_limit=1,
+        report_to="none", logging_steps=100, dataloader_drop_last=False, bf16=args.bf16,
+        # Without a GPU, bf16 autocast on the CPU is asked for by name.
+        use_cpu=args.bf16 and not torch.cuda.is_available(),
     )  # fmt: skip
-    started = time.perf_counter()
-    CrossEncoderTrainer(
+    trainer = CrossEncoderTrainer(
         model=model, args=training, train_dataset=rows, loss=BinaryCrossEntropyLoss(model)
-    ).train()
-    seconds = time.perf_counter() - started
-    model.save_pretrained(str(out / "model"))
-    return out / "model", seconds, len(labels)
+    )
+    if args.max_minutes is not None:
+        trainer.add_callback(StopAfter(args.max_minutes * 60))
+    resume = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if resume is not None:
+        print(f"[teacher] going on from {resume}", flush=True)
+    slices = folder / "slice_seconds.json"
+    seconds = json.loads(slices.read_text()) if resume is not None and slices.is_file() else []
+    started = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume)
+    seconds.append(time.perf_counter() - started)
+    folder.mkdir(parents=True, exist_ok=True)
+    slices.write_text(json.dumps(seconds))
+    step, steps = trainer.state.global_step, trainer.state.max_steps
+    done = step >= steps
+    if done:
+        model.save_pretrained(str(out / "model"))
+        # The slices' checkpoints are spent: the same command again trains anew.
+        for checkpoint in folder.glob("checkpoint-*"):
+            shutil.rmtree(checkpoint)
+    return TeacherTraining(out / "model" if done else None, sum(seconds), len(labels), step, steps)
+
+
+class StopAfter(TrainerCallback):
+    """Ends training, with a checkpoint, after the first step past ``seconds`` (the trainer's own
+    checkpoint: :func:`train_cross_encoder` goes on from it)."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if time.monotonic() >= self.deadline and state.global_step < state.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
 
 
 def ranked_vectors(tier: np.ndarray, value: np.ndarray) -> np.ndarray:
@@ -195,6 +259,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--depth", type=int, default=50, help="first-stage candidates the teacher reorders")
     parser.add_argument("--out", type=Path, default=Path("runs/cross-encoder-teacher"))
     parser.add_argument("--results", type=Path, default=None, help="append the run's JSON row here")
+    parser.add_argument(
+        "--max-minutes", type=float, default=None,
+        help="train this long, then checkpoint in --out and stop; the same command goes on from there",
+    )  # fmt: skip
+    parser.add_argument("--bf16", action="store_true", help="train and score in bf16 autocast")
     args = parser.parse_args(argv)
     from pipeline.model.folders import quiet_libraries
 
@@ -202,8 +271,20 @@ def main(argv: list[str] | None = None) -> None:
     first_stage = args.first_stage or default_model_dir()
     train_s, pairs_trained = None, None
     if args.cross_encoder is None:
-        model_dir, train_s, pairs_trained = train_cross_encoder(args, args.out)
-        print(f"[teacher] trained on {pairs_trained:,} pairs in {train_s:.0f}s -> {model_dir}", flush=True)
+        trained = train_cross_encoder(args, args.out)
+        train_s, pairs_trained = trained.seconds, trained.pairs
+        if trained.model_dir is None:
+            print(
+                f"[teacher] step {trained.step:,} of {trained.steps:,} after {train_s:.0f}s of training; "
+                f"checkpoint in {args.out / 'trainer'}: run the same command again to go on",
+                flush=True,
+            )
+            return
+        print(
+            f"[teacher] trained on {pairs_trained:,} pairs in {train_s:.0f}s -> {trained.model_dir}",
+            flush=True,
+        )
+        model_dir = trained.model_dir
     else:
         model_dir = args.cross_encoder
     from sentence_transformers.cross_encoder import CrossEncoder
@@ -221,9 +302,13 @@ def main(argv: list[str] | None = None) -> None:
     def rerank(query_rows: np.ndarray, doc_rows: np.ndarray) -> np.ndarray:
         texts = retrieval_set.queries, retrieval_set.docs
         pairs = [(texts[0][q], texts[1][d]) for q, d in zip(query_rows, doc_rows, strict=True)]
-        return cross_encoder.predict(
-            pairs, batch_size=64, activation_fn=torch.nn.Identity(), show_progress_bar=False
-        )
+        device = torch.device(cross_encoder.device).type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=args.bf16):
+            scores = cross_encoder.predict(
+                pairs, batch_size=64, activation_fn=torch.nn.Identity(), show_progress_bar=False,
+                convert_to_tensor=True,
+            )  # fmt: skip
+        return scores.float().cpu().numpy()
 
     started = time.perf_counter()
     reranked, pairs_scored = reranked_metrics(
@@ -247,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
             "arm": "teacher-cross-encoder", "seed": args.seed, "base": str(args.base or args.cross_encoder),
             "first_stage": str(first_stage), "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
             "train": {"pairs": pairs_trained, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-                      "mined": str(args.mined) if args.mined else None, "seconds": train_s},
+                      "mined": str(args.mined) if args.mined else None, "seconds": train_s, "bf16": args.bf16},
             "depth": args.depth, "rerank_s": rerank_s, "set": args.dev, "first_stage_alone": alone,
             "reranked": reranked,
         }  # fmt: skip

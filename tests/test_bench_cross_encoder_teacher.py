@@ -4,6 +4,7 @@ and the teacher it trains loads as a cross-encoder."""
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import numpy as np
 import pytest
@@ -64,16 +65,47 @@ def test_labelled_pairs_skip_rows_without_a_label(tmp_path):
 def test_the_trained_teacher_loads_as_a_one_label_cross_encoder(tmp_path, tiny_model_dir):
     from sentence_transformers.cross_encoder import CrossEncoder
 
+    trained = train_cross_encoder(_training_args(tmp_path, tiny_model_dir), tmp_path / "out")
+    assert trained.pairs == 40 and trained.seconds > 0 and trained.step == trained.steps == 5
+    scores = CrossEncoder(str(trained.model_dir)).predict(
+        [("headline 1", "tweet 1"), ("headline 2", "tweet 3")]
+    )
+    assert np.asarray(scores).shape == (2,)
+
+
+def _training_args(tmp_path, base, **changes) -> argparse.Namespace:
     rows = [f"headline {i}\ttweet {i}\t{i % 2}" for i in range(40)]
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    args = argparse.Namespace(
-        train=tmp_path / "train.tsv", mined=None, base=tiny_model_dir, max_seq_len=16, epochs=1.0,
-        batch_size=8, lr=1e-4, seed=0,
+    settings = dict(
+        train=tmp_path / "train.tsv", mined=None, base=base, max_seq_len=16, epochs=1.0, batch_size=8,
+        lr=1e-4, seed=0, bf16=False, max_minutes=None,
     )  # fmt: skip
-    model_dir, seconds, pairs = train_cross_encoder(args, tmp_path / "out")
-    assert pairs == 40 and seconds > 0
-    scores = CrossEncoder(str(model_dir)).predict([("headline 1", "tweet 1"), ("headline 2", "tweet 3")])
-    assert np.asarray(scores).shape == (2,)
+    return argparse.Namespace(**(settings | changes))
+
+
+def test_a_teacher_trained_in_slices_is_the_teacher_trained_at_once(tmp_path, tiny_model_dir):
+    """--max-minutes 0 stops after every step with a checkpoint; calling again goes on from it, and
+    the last slice leaves the weights one uninterrupted training gives (same data order, dropout
+    and schedule), its checkpoints removed."""
+    import torch
+    from safetensors.torch import load_file
+
+    whole = train_cross_encoder(_training_args(tmp_path, tiny_model_dir, epochs=2.0), tmp_path / "whole")
+    sliced_args = _training_args(tmp_path, tiny_model_dir, epochs=2.0, max_minutes=0.0)
+    slices = []
+    while not slices or slices[-1].model_dir is None:
+        slices.append(train_cross_encoder(sliced_args, tmp_path / "sliced"))
+        assert len(slices) <= whole.steps
+    assert [s.step for s in slices] == list(range(1, whole.steps + 1)) and whole.steps == 10
+    assert all(s.model_dir is None for s in slices[:-1])
+    # The seconds add up over the slices.
+    assert all(later.seconds > earlier.seconds for earlier, later in itertools.pairwise(slices))
+    assert not list((tmp_path / "sliced" / "trainer").glob("checkpoint-*"))
+    at_once = load_file(str(whole.model_dir / "model.safetensors"))
+    in_slices = load_file(str(slices[-1].model_dir / "model.safetensors"))
+    assert at_once.keys() == in_slices.keys()
+    for name, weights in at_once.items():
+        torch.testing.assert_close(in_slices[name], weights, rtol=0, atol=1e-6, msg=name)
 
 
 def test_the_run_scores_its_first_stage_as_the_evaluate_job_does(
