@@ -18,14 +18,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.evaluation.distinct_texts import DistinctTexts
+from pipeline.evaluation.folder_encoder import FolderEncoder
 from pipeline.evaluation.retrieval_metrics import RankingMetrics, ranking_metrics
 from pipeline.evaluation.retrieval_sets import RetrievalSet, read_retrieval_sets
 from pipeline.evaluation.text_table import text_table
 from pipeline.evaluation.unit_rows import unit_rows
-from pipeline.model.accel import compute_device
-from pipeline.model.encode import encode_batch_size, encode_rows
-from pipeline.model.encoder import load_sentence_encoder
-from pipeline.model.folders import load_tokenizer, max_seq_len_of
 
 RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_1", "recall_at_10", "recall_at_100")
 """The per-set metrics, as they end the metric keys (``retrieval_<set>_ndcg_at_10`` ...)."""
@@ -108,23 +105,13 @@ def encoded_eval_set(
     max_seq_len: int | None = None,
 ) -> tuple[RetrievalEvalSet, np.ndarray]:
     """Retrieval sets (read ones, or their paths: BEIR folders or pair files) and the raw
-    embeddings of their texts under a model folder, on CPU or the first GPU, ``batch_size``
-    sentences a batch (``None``: :func:`~pipeline.model.encode.encode_batch_size` of the device)."""
+    embeddings of their texts under a model folder (:meth:`FolderEncoder.load
+    <pipeline.evaluation.folder_encoder.FolderEncoder.load>`: its device and batch size)."""
     if any(isinstance(item, str) for item in sets):
         sets = read_retrieval_sets([str(item) for item in sets])
-    tokenizer = load_tokenizer(model_dir)
-    eval_set = RetrievalEvalSet(sets, tokenizer, max_seq_len or max_seq_len_of(model_dir))
-    device = compute_device(use_gpu=True)
-    model = load_sentence_encoder(model_dir).to(device)
-    batch_size = batch_size or encode_batch_size(device)
-    embeddings = encode_rows(
-        model,
-        eval_set.corpus(),
-        np.arange(eval_set.num_sentences),
-        batch_size=batch_size,
-        device=device,
-        normalize=False,
-    )
+    encoder = FolderEncoder.load(model_dir, batch_size=batch_size, max_seq_len=max_seq_len)
+    eval_set = RetrievalEvalSet(sets, encoder.tokenizer, encoder.max_seq_len)
+    embeddings = encoder.encode_distinct(eval_set)
     return eval_set, embeddings
 
 

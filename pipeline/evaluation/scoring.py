@@ -19,16 +19,13 @@ import numpy as np
 from pipeline.core.errors import DataError
 from pipeline.evaluation.diagnostics import alignment, uniformity
 from pipeline.evaluation.distinct_texts import DistinctTexts
+from pipeline.evaluation.folder_encoder import FolderEncoder
 from pipeline.evaluation.retrieval import nan_mean, paraphrase_retrieval
 from pipeline.evaluation.set_names import with_distinct_names
 from pipeline.evaluation.sts import STSPairs, read_sts, spearman
 from pipeline.evaluation.text_table import text_table
 from pipeline.evaluation.unit_rows import unit_rows
 from pipeline.evaluation.whitening import Whitening, fit_whitening
-from pipeline.model.accel import compute_device
-from pipeline.model.encode import encode_batch_size, encode_rows, encode_texts
-from pipeline.model.encoder import load_sentence_encoder
-from pipeline.model.folders import load_tokenizer, max_seq_len_of
 
 
 @dataclass
@@ -146,39 +143,19 @@ def evaluate_model_dir(
     whitening_texts: list[str] | None = None,
     whitening_dim: int | None = None,
 ) -> list[STSScore]:
-    """Evaluate a model folder on STS files, on CPU or the first GPU, ``batch_size``
-    sentences a batch (``None``: :func:`~pipeline.model.encode.encode_batch_size` of the device).
+    """Evaluate a model folder on STS files (:meth:`FolderEncoder.load
+    <pipeline.evaluation.folder_encoder.FolderEncoder.load>`: its device and batch size).
 
     With ``whitening_texts``, a whitening fitted here on them (encoded like the STS sentences)
     is reported as ``spearman_whitened`` beside the plain score.
     """
     files = read_sts_files(sts_paths)
-    tokenizer = load_tokenizer(model_dir)
-    max_seq_len = max_seq_len or max_seq_len_of(model_dir)
-    eval_set = STSEvalSet(files, tokenizer, max_seq_len)
-    device = compute_device(use_gpu=True)
-    model = load_sentence_encoder(model_dir).to(device)
-    batch_size = batch_size or encode_batch_size(device)
-    embeddings = encode_rows(
-        model,
-        eval_set.corpus(),
-        np.arange(eval_set.num_sentences),
-        batch_size=batch_size,
-        device=device,
-        normalize=False,
-    )
+    encoder = FolderEncoder.load(model_dir, batch_size=batch_size, max_seq_len=max_seq_len)
+    eval_set = STSEvalSet(files, encoder.tokenizer, encoder.max_seq_len)
+    embeddings = encoder.encode_distinct(eval_set)
     whitening = None
     if whitening_texts:
-        corpus_embeddings = encode_texts(
-            model,
-            tokenizer,
-            whitening_texts,
-            max_seq_len=max_seq_len,
-            batch_size=batch_size,
-            device=device,
-            normalize=False,
-        )
-        whitening = fit_whitening(corpus_embeddings, whitening_dim)
+        whitening = fit_whitening(encoder.encode_texts(whitening_texts), whitening_dim)
     return score_embeddings(eval_set, embeddings, whitening)
 
 
