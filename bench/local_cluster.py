@@ -51,6 +51,10 @@ class RayHead:
         self.temp = ray_tmpdir or Path("/tmp") / f"rayt{os.getpid()}-{self.gcs_port}"
         self.env["RAY_TMPDIR"] = str(self.temp)
         tmp.mkdir(parents=True, exist_ok=True)
+        # The nodes' temp folder (the worker nodes share this env): what a process killed with
+        # its node leaves there (its model copies) stays with the caller's files, not in /tmp.
+        (tmp / "node-temp").mkdir(exist_ok=True)
+        self.env["TMPDIR"] = str(tmp / "node-temp")
         self.log = tmp / "ray-head.log"
         self.proc = subprocess.Popen(
             [

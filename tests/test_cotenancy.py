@@ -212,9 +212,10 @@ def jobs_beside_each_other(
             head, tmp_path / "blind", name="blind", submission_id=f"{submission}-blind",
             storage=tmp_path / "blind" / "runs",
         )  # fmt: skip
+        (tmp_path / "local-temp").mkdir()  # the local job's node's temp folder: what it leaves there
         jobs["local"] = _start(
             [PYTHON, str(REPO / "jobs/train.py"), "--config", DEMO, *_settings()],
-            tmp_path / "local", job_env({"RAY_TMPDIR": str(ray_tmp)}),
+            tmp_path / "local", job_env({"RAY_TMPDIR": str(ray_tmp), "TMPDIR": str(tmp_path / "local-temp")}),
         )  # fmt: skip
         jobs["mine"] = _start(
             [PYTHON, str(REPO / "jobs/mine.py"), "--model", str(trained_tiny_model_dir), "--input", str(sentences),
@@ -375,6 +376,9 @@ def test_the_demo_beside_a_submitted_copy_and_a_mining_job(
     _assert_placed_off_the_drivers_node(placements, outputs["submitted"])
     _assert_the_text_file_mined(tmp_path / "mine", outputs["mine"], paraphrase_corpus[0])
     assert_the_demo_run(tmp_path / "local", outputs["local"])
+    # Its train workers and miner shard each unpacked the model, and rank 0 kept the best one:
+    # none of those copies outlives the job.
+    assert not [p.name for p in (tmp_path / "local-temp").iterdir() if p.name.startswith("simcse-")]
 
 
 def _assert_storage_on_the_drivers_disk_only_stops_the_job(folder: Path, code: int, out: str) -> None:

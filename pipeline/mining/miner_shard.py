@@ -30,7 +30,7 @@ from pipeline.mining.ivf_training import SampleOnDevice, nearest_cells
 from pipeline.model.accel import compute_device
 from pipeline.model.encode import encode_batch_size, encode_rows
 from pipeline.model.encoder import SentenceEncoder, load_sentence_encoder
-from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.model.folders import load_tokenizer, quiet_libraries, unpacked_dir
 from pipeline.model.teacher import Teacher, TeacherSettings, load_teacher
 
 ASSIGN_CHUNK_ROWS = 65_536
@@ -110,14 +110,14 @@ class MinerShard:
         import ray  # deferred: the lengths travel as an object ref
 
         quiet_libraries()
-        model_dir = unpack_dir(model_blob)
         self.span, self.search_settings = span, search
-        tokenizer = load_tokenizer(model_dir)
+        self.device = compute_device(use_gpu=search.use_gpu)
+        with unpacked_dir(model_blob) as model_dir:
+            tokenizer = load_tokenizer(model_dir)
+            self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=pooler).to(self.device)
         self.texts = CorpusShare(blocks, tokenizer.pad_token_id, len(tokenizer))
         lengths = ray.get(blocks.lengths_ref)[span.first : span.last]
         self.texts.hold(np.arange(span.first, span.last, dtype=np.int64), lengths)
-        self.device = compute_device(use_gpu=search.use_gpu)
-        self.model: SentenceEncoder = load_sentence_encoder(model_dir, pooler=pooler).to(self.device)
         self.dim: int = self.model.encoder.config.hidden_size
         self.vectors: np.ndarray | None = None
         self.index: VectorIndex | None = None

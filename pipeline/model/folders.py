@@ -12,6 +12,8 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -182,15 +184,13 @@ def pack_dir(path: str | Path) -> bytes:
     return buffer.getvalue()
 
 
-_UNPACKED: dict[int, Path] = {}
-
-
-def unpack_dir(blob: bytes) -> Path:
-    """Extract a :func:`pack_dir` archive into a private temp folder (once per process)."""
-    key = hash(blob)
-    if key not in _UNPACKED or not _UNPACKED[key].exists():
-        target = Path(tempfile.mkdtemp(prefix="simcse-model-"))
+@contextmanager
+def unpacked_dir(blob: bytes) -> Iterator[Path]:
+    """A :func:`pack_dir` archive extracted into a private temp folder, removed when the block
+    ends: load the model and tokenizer inside it (neither reads its files once loaded). Every
+    train worker, miner shard and teacher of every job unpacks its model on its node; left
+    behind, those copies filled the nodes' ``/tmp`` (a base-size model is 420 MB a process)."""
+    with tempfile.TemporaryDirectory(prefix="simcse-model-") as folder:
         with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
-            tar.extractall(target, filter="data")
-        _UNPACKED[key] = target
-    return _UNPACKED[key]
+            tar.extractall(folder, filter="data")
+        yield Path(folder)

@@ -301,10 +301,11 @@ def load_teacher(settings: TeacherSettings, *, blob: bytes | None, device: str) 
         ValueError: ``settings.model`` is neither a folder here nor a reachable hub model (one
             line naming the key).
     """
-    from pipeline.model.folders import unpack_dir
+    from pipeline.model.folders import unpacked_dir
 
     if blob is not None:
-        return Teacher(dataclasses.replace(settings, model=str(unpack_dir(blob))), device=device)
+        with unpacked_dir(blob) as folder:
+            return Teacher(dataclasses.replace(settings, model=str(folder)), device=device)
     if Path(settings.model).expanduser().is_dir():
         return Teacher(settings, device=device)
     from huggingface_hub import snapshot_download

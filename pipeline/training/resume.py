@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ class ResumePoint:
     """Local copy of the best evaluated model, when the checkpoint names one."""
 
 
-def find_resume_point() -> ResumePoint | None:
-    """The newest reported checkpoint whose files are complete, copied to local folders.
+def find_resume_point(local: Path) -> ResumePoint | None:
+    """The newest reported checkpoint whose files are complete, its model folders copied under
+    ``local`` (a folder of the worker's own, created here).
 
     Ray Train hands the latest registered checkpoint; should its files not match their
     manifest, older reported checkpoints are tried newest first (each skip is printed).
@@ -46,7 +46,6 @@ def find_resume_point() -> ResumePoint | None:
                     print(f"[train] skipping checkpoint {checkpoint.path}: {problem}", flush=True)
                     continue
                 state, extras = load_checkpoint(folder)
-                local = Path(tempfile.mkdtemp(prefix="simcse-resume-"))
                 shutil.copytree(folder / MODEL_SUBDIR, local / MODEL_SUBDIR)
                 best_dir = None
                 if state.history.best is not None:

@@ -15,7 +15,9 @@ and loss in :mod:`pipeline.training.step`.
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,11 +49,15 @@ LOOP_CONFIG_KEY = "loop_config"
 def train_loop_per_worker(train_loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: runs on every worker, on the :class:`LoopConfig` whose object ref
     ``train_loop_config`` holds. The first worker on each node also logs the node's system
-    metrics (``tracking.system_metrics``) while it trains."""
+    metrics (``tracking.system_metrics``) while it trains. The worker's local files live in a
+    temp folder of its own, removed when it ends or fails (a killed process leaves it)."""
     loop_config: LoopConfig = ray.get(train_loop_config[LOOP_CONFIG_KEY])
     ctx = ray.train.get_context()
-    with system_metrics_monitor(loop_config, ctx):
-        worker = SimCSEWorker.setup(loop_config, ctx)
+    with (
+        system_metrics_monitor(loop_config, ctx),
+        tempfile.TemporaryDirectory(prefix="simcse-worker-") as scratch,
+    ):
+        worker = SimCSEWorker.setup(loop_config, ctx, scratch=Path(scratch))
         worker.start()
         while worker.trains_another_epoch():
             epoch = worker.state.epoch
@@ -98,10 +104,11 @@ class SimCSEWorker:
         self.first_batch = 0
 
     @classmethod
-    def setup(cls, loop_config: LoopConfig, ctx: Any) -> SimCSEWorker:
+    def setup(cls, loop_config: LoopConfig, ctx: Any, *, scratch: Path) -> SimCSEWorker:
         """Everything for this rank to train, from the driver's inputs and the Ray Train
-        context; from the latest complete checkpoint when the run resumes."""
-        return cls(worker_parts(loop_config, ctx))
+        context; from the latest complete checkpoint when the run resumes. Its local files go
+        in ``scratch``."""
+        return cls(worker_parts(loop_config, ctx, scratch=scratch))
 
     def start(self) -> None:
         """Before the first epoch: send the metrics the checkpoint carried unsent, redo the

@@ -9,7 +9,6 @@ before the model is).
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from pipeline.evaluation.in_training import TrainingEvaluator
 from pipeline.model.accel import enable_tf32, fused_adamw, native_bf16
 from pipeline.model.encoder import SentenceEncoder, folder_pooler, load_sentence_encoder
 from pipeline.model.flops import device_peak_tflops
-from pipeline.model.folders import load_tokenizer, quiet_libraries, unpack_dir
+from pipeline.model.folders import load_tokenizer, quiet_libraries, unpacked_dir
 from pipeline.tracking.metric_logger import MetricLogger
 from pipeline.tracking.system import system_metrics
 from pipeline.training.contract import LoopConfig, miner_inputs
@@ -44,10 +43,8 @@ from pipeline.training.worker_reports import CheckpointReporter, EvalRecorder
 
 @dataclass
 class WorkerInputs:
-    """The run's data and starting model, fetched from the object store."""
+    """The run's data and tokenizer, fetched from the object store."""
 
-    model_dir: Path
-    """Local folder of the initial model (also where the tokenizer comes from)."""
     tokenizer: Any
     corpus: CorpusShare
     """The rows this worker trains on, fetched epoch by epoch (empty until the first)."""
@@ -57,16 +54,14 @@ class WorkerInputs:
     """Training rows of an epoch: triplet rows, or corpus sentences."""
 
 
-def fetch_inputs(loop_config: LoopConfig) -> WorkerInputs:
-    """The initial model folder, tokenizer and triplets the driver put in the object store;
-    the corpus' rows are fetched epoch by epoch, this worker's only
-    (:class:`~pipeline.data.tokenized.CorpusShare`)."""
-    model_dir = unpack_dir(ray.get(loop_config.model_ref))
+def fetch_inputs(loop_config: LoopConfig, model_dir: Path) -> WorkerInputs:
+    """The tokenizer (from ``model_dir``, the starting model the driver put in the object
+    store, unpacked) and the triplets the driver put there; the corpus' rows are fetched epoch
+    by epoch, this worker's only (:class:`~pipeline.data.tokenized.CorpusShare`)."""
     tokenizer = load_tokenizer(model_dir)
     triplets = ray.get(loop_config.triplets_ref) if loop_config.triplets_ref is not None else None
     corpus = CorpusShare(loop_config.corpus, tokenizer.pad_token_id, len(tokenizer))
     return WorkerInputs(
-        model_dir=model_dir,
         tokenizer=tokenizer,
         corpus=corpus,
         triplets=triplets,
@@ -118,19 +113,17 @@ def initial_state(
     scheduler: Any,
     rank: int,
     world: int,
-) -> tuple[TrainState, Path]:
-    """The state to start from, and the folder holding rank 0's copy of the best evaluated model.
+) -> TrainState:
+    """The state to start from.
 
-    A fresh run starts at step 0 on a random plan (``run.seed``), with an empty best-model
-    folder. A resumed one takes the checkpoint's state, MLP head, optimizer, schedule and best
-    model (its encoder weights were loaded from the checkpoint by :func:`build_model`); either
-    way the rank's share of the plan is made from where the plan comes from. Rank 0 prints
-    where it resumes.
+    A fresh run starts at step 0 on a random plan (``run.seed``). A resumed one takes the
+    checkpoint's state, MLP head, optimizer and schedule (its encoder weights were loaded from
+    the checkpoint by :func:`build_model`); either way the rank's share of the plan is made
+    from where the plan comes from. Rank 0 prints where it resumes.
     """
-    best_dir = Path(tempfile.mkdtemp(prefix="simcse-best-")) / "model"
     if resume is None:
         source = PlanSource(version=0, seed=cfg.run.seed)
-        return TrainState(source=source, plan=share_of(source, plans, world=world, rank=rank)), best_dir
+        return TrainState(source=source, plan=share_of(source, plans, world=world, rank=rank))
     state = resume.state
     assert state.source is not None
     state.plan = share_of(state.source, plans, world=world, rank=rank)
@@ -140,8 +133,6 @@ def initial_state(
         model.mlm_head.load_own_state_dict(resume.extras["mlm_head"])
     optimizer.load_state_dict(resume.extras["optimizer"])
     scheduler.load_state_dict(resume.extras["scheduler"])
-    if resume.best_dir is not None:
-        best_dir = resume.best_dir
     if rank == 0:
         where = (
             f"in epoch {state.epoch + 1} after batch {state.batches_done}/{state.plan.num_batches}"
@@ -153,7 +144,7 @@ def initial_state(
             f"(plan v{state.plan.version}, fingerprint {state.plan.fingerprint})",
             flush=True,
         )
-    return state, best_dir
+    return state
 
 
 def open_logger(loop_config: LoopConfig, rank: int, state: TrainState, resumed: bool) -> Any:
@@ -237,20 +228,24 @@ def last_miner_pid(seen: list[str | int] | None, at_start: int | None) -> int | 
     return at_start
 
 
-def worker_parts(loop_config: LoopConfig, ctx: Any) -> WorkerParts:
+def worker_parts(loop_config: LoopConfig, ctx: Any, *, scratch: Path) -> WorkerParts:
     """What :class:`~pipeline.training.worker.SimCSEWorker` trains with on this rank, from the
     driver's inputs and the Ray Train context; from the latest complete checkpoint when the run
-    resumes."""
+    resumes. Its local files (the resumed checkpoint's copy, the best evaluated model) live in
+    ``scratch``, the worker's own folder, which goes with the worker."""
     cfg = loop_config.config
     quiet_libraries()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    inputs = fetch_inputs(loop_config)
-    resume = find_resume_point()
-    model = build_model(cfg, resume.model_dir if resume is not None else inputs.model_dir, device)
+    resume = find_resume_point(scratch / "resume")
+    with unpacked_dir(ray.get(loop_config.model_ref)) as start_dir:
+        inputs = fetch_inputs(loop_config, start_dir)
+        model = build_model(cfg, resume.model_dir if resume is not None else start_dir, device)
+    # Rank 0's copy of the best evaluated model: the checkpoint's, or empty until the first.
+    best_dir = resume.best_dir if resume is not None and resume.best_dir is not None else scratch / "best"
     optimizer, scheduler = build_optimizer(cfg, model, inputs.num_rows)
     plans = plan_inputs(loop_config)
-    state, best_dir = initial_state(
+    state = initial_state(
         cfg, plans, resume, model=model, optimizer=optimizer, scheduler=scheduler, rank=rank, world=world
     )
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)

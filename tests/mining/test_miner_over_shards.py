@@ -61,11 +61,12 @@ def test_two_shards_refresh_as_one_miner(sorted_blocks, trained_tiny_model_dir, 
         assert two.metrics[key] == one.metrics[key], key
 
 
-def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, trained_tiny_model_dir):
+def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, trained_tiny_model_dir, tmp_path):
     """``mining.teacher`` with ``mining.shards: 2``: each shard actor loads the teacher where it
     encodes and scores a part of the pairs, none in the miner's process, and the denoised
     column and the teacher's scores are those of the one in-process shard (to bf16's rounding,
-    where the CPU computes bf16: the parts batch the texts otherwise)."""
+    where the CPU computes bf16: the parts batch the texts otherwise). A shard leaves no copy
+    of the model it was sent in its node's temp folder."""
     import ray
 
     from pipeline.data.text_blocks import DistinctTexts
@@ -88,7 +89,12 @@ def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, train
         num_cpus=0.1, teacher=TeacherSettings(str(trained_tiny_model_dir), max_seq_len=16, batch_size=16),
         denoise_margin=0.2, keep_negatives=2,
     )  # fmt: skip
-    local = HardNegativeMiner(blocks, blob, settings, triplets=triplets, texts=texts)
+    node_temp = tmp_path / "temp"
+    node_temp.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("tempfile.tempdir", str(node_temp))
+        local = HardNegativeMiner(blocks, blob, settings, triplets=triplets, texts=texts)
+    assert list(node_temp.iterdir()) == []  # the shard loaded its model and removed the unpacked copy
     (shard,) = local.shards.handles
     assert isinstance(shard, InProcessShard) and shard.shard.teacher is not None
     one = local.refresh(weights, version=1, step=0)

@@ -78,6 +78,22 @@ def test_a_cross_encoder_teacher_scores_the_logits_cross_encoder_predicts(tiny_c
     assert len(set(np.round(scores, 6))) > 1  # the pairs score apart
 
 
+def test_a_teacher_sent_through_ray_leaves_no_copy_of_itself_on_the_node(
+    tiny_cross_encoder_dir, tmp_path, monkeypatch
+):
+    """A miner shard loads the teacher from the folder the driver packed: unpacked, loaded and
+    the folder removed, with the same scores as the folder itself gives."""
+    from pipeline.model.folders import pack_dir
+    from pipeline.model.teacher import load_teacher
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the node's temp folder
+    settings = TeacherSettings(str(tiny_cross_encoder_dir), max_seq_len=32)
+    sent = load_teacher(settings, blob=pack_dir(tiny_cross_encoder_dir), device="cpu")
+    assert list(tmp_path.iterdir()) == []
+    expected = Teacher(settings, device="cpu").score(ANCHORS, CANDIDATES)
+    np.testing.assert_allclose(sent.score(ANCHORS, CANDIDATES), expected, atol=1e-6)
+
+
 def test_a_cross_encoder_teacher_scores_in_chunks_what_it_scores_at_once(tiny_cross_encoder_dir, monkeypatch):
     """Pairs tokenized a chunk at a time and batched in length order come back in the order asked."""
     import pipeline.model.teacher as teacher_module

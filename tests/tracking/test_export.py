@@ -44,15 +44,26 @@ def test_export_loads_in_transformers_and_sentence_transformers(trained_tiny_mod
     assert np.abs(ours - st).max() < 1e-5
 
 
-def test_model_folder_behind_a_link_packs_its_files(tmp_path, trained_tiny_model_dir):
+def test_model_folder_behind_a_link_packs_its_files(tmp_path, trained_tiny_model_dir, monkeypatch):
     """Recipes point model.name_or_path at a link to an installed model; Hugging Face cache
-    snapshots are folders of links. Both must travel to workers as real files."""
-    from pipeline.model.folders import pack_dir, unpack_dir
+    snapshots are folders of links. Both must travel to workers as real files. What a worker
+    unpacks is gone once it has loaded the model, and the loaded model still encodes."""
+    from pipeline.model.folders import pack_dir, unpacked_dir
 
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(temp))  # where the worker's node keeps temp files
     link = tmp_path / "linked-model"
     link.symlink_to(trained_tiny_model_dir, target_is_directory=True)
-    unpacked = unpack_dir(pack_dir(link))
-    assert (unpacked / "config.json").is_file() and not (unpacked / "config.json").is_symlink()
-    assert (unpacked / "model.safetensors").read_bytes() == (
-        trained_tiny_model_dir / "model.safetensors"
-    ).read_bytes()
+    with unpacked_dir(pack_dir(link)) as unpacked:
+        assert unpacked.parent == temp
+        assert (unpacked / "config.json").is_file() and not (unpacked / "config.json").is_symlink()
+        assert (unpacked / "model.safetensors").read_bytes() == (
+            trained_tiny_model_dir / "model.safetensors"
+        ).read_bytes()
+        loaded = load_sentence_encoder(unpacked), load_tokenizer(unpacked)
+    assert list(temp.iterdir()) == []
+    after = encode_texts(
+        *loaded, SENTENCES, max_seq_len=32, batch_size=3, device=torch.device("cpu"), normalize=False
+    )
+    np.testing.assert_allclose(after, _pipeline_embeddings(trained_tiny_model_dir, SENTENCES), atol=1e-6)
