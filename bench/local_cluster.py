@@ -52,9 +52,10 @@ class RayHead:
         self.env["RAY_TMPDIR"] = str(self.temp)
         tmp.mkdir(parents=True, exist_ok=True)
         # The nodes' temp folder (the worker nodes share this env): what a process killed with
-        # its node leaves there (its model copies) stays with the caller's files, not in /tmp.
-        (tmp / "node-temp").mkdir(exist_ok=True)
-        self.env["TMPDIR"] = str(tmp / "node-temp")
+        # its node leaves there (its model copies) goes with the head's folder, not into /tmp.
+        # Short as well: under a pytest folder's long path Ray's client server failed to start.
+        (self.temp / "tmp").mkdir(parents=True, exist_ok=True)
+        self.env["TMPDIR"] = str(self.temp / "tmp")
         self.log = tmp / "ray-head.log"
         self.proc = subprocess.Popen(
             [
