@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ import transformers
 from transformers import AutoModel, AutoTokenizer
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.scratch import process_scratch
 from pipeline.model.encoder import POOLING_FILE, SentenceEncoder
 
 _TRAIN_CONTEXT_FILE = ("train", "v2", "_internal", "execution", "context.py")
@@ -189,8 +189,10 @@ def unpacked_dir(blob: bytes) -> Iterator[Path]:
     """A :func:`pack_dir` archive extracted into a private temp folder, removed when the block
     ends: load the model and tokenizer inside it (neither reads its files once loaded). Every
     train worker, miner shard and teacher of every job unpacks its model on its node; left
-    behind, those copies filled the nodes' ``/tmp`` (a base-size model is 420 MB a process)."""
-    with tempfile.TemporaryDirectory(prefix="simcse-model-") as folder:
+    behind, those copies filled the nodes' ``/tmp`` (a base-size model is 420 MB a process);
+    a killed process's copy is removed by the next one (:func:`~pipeline.core.scratch.
+    process_scratch`)."""
+    with process_scratch("simcse-model-") as folder:
         with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
             tar.extractall(folder, filter="data")
-        yield Path(folder)
+        yield folder

@@ -15,7 +15,6 @@ and loss in :mod:`pipeline.training.step`.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import ray
 import ray.train
 import torch.distributed as dist
 
+from pipeline.core.scratch import process_scratch
 from pipeline.core.seams import hold_once
 from pipeline.model.flops import CountingEncoder, EncoderFlops
 from pipeline.tracking.metric_logger import DRAIN_TIMEOUT_S
@@ -50,14 +50,15 @@ def train_loop_per_worker(train_loop_config: dict[str, Any]) -> None:
     """Ray Train entry point: runs on every worker, on the :class:`LoopConfig` whose object ref
     ``train_loop_config`` holds. The first worker on each node also logs the node's system
     metrics (``tracking.system_metrics``) while it trains. The worker's local files live in a
-    temp folder of its own, removed when it ends or fails (a killed process leaves it)."""
+    temp folder of its own, removed when it ends or fails (a killed process's, by the next
+    worker on its node: :func:`~pipeline.core.scratch.process_scratch`)."""
     loop_config: LoopConfig = ray.get(train_loop_config[LOOP_CONFIG_KEY])
     ctx = ray.train.get_context()
     with (
         system_metrics_monitor(loop_config, ctx),
-        tempfile.TemporaryDirectory(prefix="simcse-worker-") as scratch,
+        process_scratch("simcse-worker-") as scratch,
     ):
-        worker = SimCSEWorker.setup(loop_config, ctx, scratch=Path(scratch))
+        worker = SimCSEWorker.setup(loop_config, ctx, scratch=scratch)
         worker.start()
         while worker.trains_another_epoch():
             epoch = worker.state.epoch

@@ -1,0 +1,82 @@
+"""A process's private temp folder, and the ones that killed processes left behind.
+
+Every train worker, miner shard and teacher unpacks its model into a temp folder (420 MB for a
+base-size model) that is removed when its block ends or fails. A process killed outright (the
+OOM killer, the raylet ending a worker, ``ray kill``) runs no cleanup, and on a node that
+survives, its folder stays until the node reboots: a job that Ray Train restarts after each of
+several OOM kills leaves one model copy a kill. So each folder's name carries its owner's pid
+and host, and a process opening a new folder of the same prefix first removes those whose owner
+is gone.
+
+A folder is removed only where all of these hold: its name has this prefix and this host's
+name, the current user owns it, and no process of that pid exists. A live process of another
+user, a process of another host or container with its own hostname sharing the folder, and old
+folders without a pid in their name are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def owner_tag() -> str:
+    """``<pid>@<host>``: the part of a scratch folder's name that says whose it is."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+@contextmanager
+def process_scratch(prefix: str) -> Iterator[Path]:
+    """A new folder ``<prefix><pid>@<host>-<random>`` in the temp folder (``TMPDIR``, else
+    ``/tmp``), removed when the block ends or fails; those of the same prefix whose process was
+    killed are removed first (:func:`remove_orphaned_scratch`)."""
+    remove_orphaned_scratch(prefix)
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}{owner_tag()}-") as folder:
+        yield Path(folder)
+
+
+def remove_orphaned_scratch(prefix: str, root: str | Path | None = None) -> list[Path]:
+    """Remove the :func:`process_scratch` folders of ``prefix`` in ``root`` (default: the temp
+    folder) whose owning process, on this host and of this user, no longer exists.
+
+    Returns:
+        The folders removed.
+    """
+    root = Path(root if root is not None else tempfile.gettempdir())
+    host = socket.gethostname()
+    removed = []
+    for folder in root.glob(f"{prefix}*@*-*"):
+        pid = orphan_owner(folder.name[len(prefix) :], host)
+        try:
+            if pid is None or folder.stat().st_uid != os.getuid() or not folder.is_dir():
+                continue
+        except FileNotFoundError:  # another process removed it first
+            continue
+        if not process_exists(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def orphan_owner(tail: str, host: str) -> int | None:
+    """The pid in a scratch name's ``<pid>@<host>-<random>`` tail when its host is ``host``;
+    None for any other name."""
+    owner, _, _random = tail.rpartition("-")
+    pid, _, owner_host = owner.partition("@")
+    return int(pid) if pid.isdigit() and owner_host == host else None
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process of ``pid`` exists here (of any user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

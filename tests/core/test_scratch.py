@@ -1,0 +1,72 @@
+"""Scratch folders of processes killed outright (pipeline/core/scratch.py): the next process of
+the same kind removes them, and nothing that may still be in use."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.core.scratch import orphan_owner, process_scratch
+
+REPO = Path(__file__).resolve().parents[2]
+
+HOLDER = """
+import sys, time
+from pipeline.core.scratch import process_scratch
+with process_scratch(sys.argv[1]) as folder:
+    (folder / "model.safetensors").write_bytes(b"w" * 4096)
+    print(folder, flush=True)
+    time.sleep(600)
+"""
+
+
+def hold_scratch(prefix: str, temp: Path) -> tuple[subprocess.Popen, Path]:
+    """A process that opens a scratch folder of ``prefix`` in ``temp`` and keeps it open."""
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, prefix], env=env, stdout=subprocess.PIPE, text=True
+    )
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_killed_process_folder_goes_with_the_next_and_nothing_in_use(tmp_path, monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    killed, killed_folder = hold_scratch("simcse-model-", temp)
+    alive, alive_folder = hold_scratch("simcse-model-", temp)
+    other_kind, other_kind_folder = hold_scratch("simcse-worker-", temp)
+    try:
+        killed.kill()  # SIGKILL: no cleanup runs, as for the OOM killer
+        killed.wait()
+        other_kind.kill()
+        other_kind.wait()
+        assert (killed_folder / "model.safetensors").is_file()  # what a killed process leaves
+        other_host = temp / f"simcse-model-{killed.pid}@not-{socket.gethostname()}-abc_1234"
+        unnamed = temp / "simcse-model-k2x9_q7a"  # the name before pids were in it
+        for folder in (other_host, unnamed):
+            folder.mkdir()
+
+        monkeypatch.setattr("tempfile.tempdir", str(temp))
+        with process_scratch("simcse-model-") as mine:
+            assert mine.parent == temp and mine.is_dir()
+            assert not killed_folder.exists()
+            assert (alive_folder / "model.safetensors").is_file()  # its process still reads it
+            assert other_kind_folder.is_dir()  # another prefix's: that kind's next process removes it
+            assert other_host.is_dir() and unnamed.is_dir()
+        assert not mine.exists()
+        with process_scratch("simcse-worker-"):
+            assert not other_kind_folder.exists()
+    finally:
+        for proc in (killed, alive, other_kind):
+            proc.kill()
+            proc.wait()
+
+
+def test_the_owner_is_read_from_the_name_only_on_its_own_host():
+    assert orphan_owner("123@node-a-7-x_k2abcd", "node-a-7") == 123
+    assert orphan_owner("123@node-a-7-x_k2abcd", "node-b") is None
+    assert orphan_owner("k2x9_q7a", "node-a-7") is None
+    assert orphan_owner("12a@node-a-7-x_k2abcd", "node-a-7") is None
