@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,12 @@ def train_loss_history(client: MlflowClient, run_id: str):
 # one inside epoch 2 at step 30. Rank 0 is held before step 36 (steps 31-35 trained, and sent at
 # train.log_every=5) and killed there: the seam decides where the kill lands, not the clock.
 STEPS_PER_EPOCH, MID_EPOCH_CHECKPOINT, KILLED_BEFORE_STEP = 25, 30, 36
+
+
+def worker_scratch(pid: int) -> list[Path]:
+    """The local folders of train worker ``pid`` (``core/scratch.process_scratch``): the jobs
+    here run on this machine, in its temp folder."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"simcse-worker-{pid}@*"))
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +84,11 @@ def faulted_run(tmp_path_factory):
         rank0 = re.findall(r"RayTrainWorker pid=(\d+)\)", job.output)
         victims = [p for p in job.processes("RayTrainWorker") if str(p.pid) in set(rank0)]
         assert victims, "rank 0 of the train workers not found"
+        facts["scratch_of_the_killed_worker"] = worker_scratch(victims[0].pid)
         victims[0].kill()
         facts["checkpoint_step"] = MID_EPOCH_CHECKPOINT
         facts["returncode"] = job.wait(timeout=JOB_PATIENCE_S)
+        facts["scratch_left_by_the_killed_worker"] = worker_scratch(victims[0].pid)
     finally:
         job.kill_all()
     facts["output"] = job.output
@@ -110,6 +119,9 @@ def _worker_killed_mid_epoch_resumes_at_its_checkpoint(faulted_run: dict) -> Non
     ), out[-4000:]
     assert "Traceback" not in out
     assert f"[train] resumed at step {ckpt_step}, in epoch 2 after batch" in out
+    # The killed worker ran no cleanup; its restarted successor on the node removed its folder.
+    assert len(faulted_run["scratch_of_the_killed_worker"]) == 1
+    assert faulted_run["scratch_left_by_the_killed_worker"] == []
     runs = faulted_run["runs"]
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # the same MLflow run continued
     client, run_id = faulted_run["client"], runs[0].info.run_id
