@@ -40,17 +40,11 @@ def process_scratch(prefix: str) -> Iterator[Path]:
         yield Path(folder)
 
 
-def remove_orphaned_scratch(prefix: str, root: str | Path | None = None) -> list[Path]:
-    """Remove the :func:`process_scratch` folders of ``prefix`` in ``root`` (default: the temp
-    folder) whose owning process, on this host and of this user, no longer exists.
-
-    Returns:
-        The folders removed.
-    """
-    root = Path(root if root is not None else tempfile.gettempdir())
+def remove_orphaned_scratch(prefix: str) -> None:
+    """Remove the :func:`process_scratch` folders of ``prefix`` in the temp folder whose owning
+    process, on this host and of this user, no longer exists."""
     host = socket.gethostname()
-    removed = []
-    for folder in root.glob(f"{prefix}*@*-*"):
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*@*-*"):
         pid = orphan_owner(folder.name[len(prefix) :], host)
         try:
             if pid is None or folder.stat().st_uid != os.getuid() or not folder.is_dir():
@@ -59,8 +53,6 @@ def remove_orphaned_scratch(prefix: str, root: str | Path | None = None) -> list
             continue
         if not process_exists(pid):
             shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
 
 
 def orphan_owner(tail: str, host: str) -> int | None:

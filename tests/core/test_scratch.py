@@ -13,13 +13,14 @@ from pipeline.core.scratch import orphan_owner, process_scratch
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Holds its folder until the test closes its stdin or kills it: no clock decides when it ends.
 HOLDER = """
-import sys, time
+import sys
 from pipeline.core.scratch import process_scratch
 with process_scratch(sys.argv[1]) as folder:
     (folder / "model.safetensors").write_bytes(b"w" * 4096)
     print(folder, flush=True)
-    time.sleep(600)
+    sys.stdin.read()
 """
 
 
@@ -27,8 +28,9 @@ def hold_scratch(prefix: str, temp: Path) -> tuple[subprocess.Popen, Path]:
     """A process that opens a scratch folder of ``prefix`` in ``temp`` and keeps it open."""
     env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, prefix], env=env, stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", HOLDER, prefix],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     return proc, Path(proc.stdout.readline().strip())
 
 
