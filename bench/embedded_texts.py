@@ -128,8 +128,10 @@ def mine_hard_negatives(
         search: ``top_k``, index and device.
         seed: the IVF training sample, and as
             :func:`~pipeline.mining.hard_negatives.negatives_among`'s.
-        anchor_keys, positive_keys, pool_keys, filters, exclude_known_positives,
-            known_positives: as :func:`~pipeline.mining.hard_negatives.negatives_among`'s.
+        anchor_keys, positive_keys, pool_keys, filters, known_positives: as
+            :func:`~pipeline.mining.hard_negatives.negatives_among`'s.
+        exclude_known_positives: without ``known_positives``, exclude the given rows' own
+            known pairs (False: only each row's own positive).
 
     Returns:
         What :func:`~pipeline.mining.hard_negatives.negatives_among` returns.
@@ -143,10 +145,12 @@ def mine_hard_negatives(
     searched = Searched(*found, seconds=time.perf_counter() - started, backend=index.backend,
                         index_seconds=index.build_seconds)  # fmt: skip
     positive_scores = np.einsum("ij,ij->i", anchor_vectors, positive_vectors).astype(np.float32)
+    if known_positives is None and exclude_known_positives:
+        base = int(max(k.max(initial=0) for k in (anchor_keys, positive_keys, pool_keys))) + 1
+        known_positives = KnownPositives.of(anchor_keys, positive_keys, base)
     return negatives_among(
         searched, positive_scores=positive_scores, anchor_keys=anchor_keys, positive_keys=positive_keys,
-        pool_keys=pool_keys, filters=filters, seed=seed, exclude_known_positives=exclude_known_positives,
-        known_positives=known_positives,
+        pool_keys=pool_keys, filters=filters, seed=seed, known_positives=known_positives,
     )  # fmt: skip
 
 
@@ -165,7 +169,7 @@ def vector_index(
     the GPU where the search runs there, and calibrate ``nprobe`` on the seeded rows."""
     source = vectors if isinstance(vectors, VectorSource) else None
     rows, dim = (source.rows, source.dim) if source is not None else vectors.shape
-    kind = IndexSpec(kind).resolve(rows, choose_backend(use_gpu), dim=dim, k=k)
+    kind = IndexSpec(kind).resolve(rows, choose_backend(use_gpu), dim=dim)
     pretrained = None
     if kind != "flat":
         sample = training_rows(rows, kind, seed)

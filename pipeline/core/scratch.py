@@ -9,7 +9,8 @@ and host, and a process opening a new folder of the same prefix first removes th
 is gone.
 
 A folder is removed only where all of these hold: its name has this prefix and this host's
-name, the current user owns it, and no process of that pid exists. A live process of another
+name, the current user owns it, and no live process of that pid exists (a zombie, killed but
+not yet reaped by its parent, runs no code and counts as gone). A live process of another
 user, a process of another host or container with its own hostname sharing the folder, and old
 folders without a pid in their name are left alone.
 """
@@ -64,11 +65,19 @@ def orphan_owner(tail: str, host: str) -> int | None:
 
 
 def process_exists(pid: int) -> bool:
-    """Whether a process of ``pid`` exists here (of any user)."""
+    """Whether a live process of ``pid`` exists here (of any user): not a zombie, whose folder
+    would otherwise wait until its parent reaps it and a later process of its kind starts."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
+        pass
+    try:
+        # The state follows the command name, which is in parentheses and may hold spaces.
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # gone since the kill; or no /proc (not Linux)
+    except (OSError, IndexError):
         return True
-    return True
+    return state not in ("Z", "X")

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pipeline.config.schema import Config
 from pipeline.mining.index import IndexSpec, choose_backend, index_memory_budget
 from pipeline.mining.negatives import NegativeFilters, select_negatives
-from pipeline.mining.text_keys import KnownPositives, duplicate_mask, known_positive_mask
+from pipeline.mining.text_keys import KnownPositives, duplicate_mask
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class SearchSettings:
         fits)."""
         backend = choose_backend(self.use_gpu)
         budget = index_memory_budget(backend) if dim else None
-        return self.index.resolve(n, backend, dim=dim, k=self.top_k, budget=budget)
+        return self.index.resolve(n, backend, dim=dim, budget=budget)
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,7 @@ def negatives_among(
     pool_keys: np.ndarray,
     filters: NegativeFilters,
     seed: int | list[int],
-    exclude_known_positives: bool = True,
-    known_positives: KnownPositives | None = None,
+    known_positives: KnownPositives | None,
 ) -> MinedNegatives:
     """Mark the candidates that are the anchor's own text or a known positive, filter them,
     keep ``filters.num_negatives`` an anchor.
@@ -133,11 +132,11 @@ def negatives_among(
             (:func:`~pipeline.data.normalize.normalize_text`).
         filters: which candidates are acceptable negatives and how many to keep.
         seed: ``sampling: random`` (a list: numpy's seed sequence, for one chunk of a mining).
-        exclude_known_positives: a candidate that is the positive of *any* row with the same
-            anchor text is removed (retrieval pairs: several positives per anchor, texts that
-            are the positive of several anchors), not only the row's own positive.
-        known_positives: the known pairs of every row, where these anchors are one chunk of
-            them; None: the pairs of the rows given here.
+        known_positives: every row's (anchor, positive) pair, these anchors being one chunk of
+            the rows: a candidate that is the positive of *any* row with the same anchor text
+            is removed (retrieval pairs: several positives per anchor, texts that are the
+            positive of several anchors), not only the row's own positive; None: only the
+            row's own.
 
     Returns:
         One row per anchor: its negatives as pool positions, their scores, and what each
@@ -146,11 +145,7 @@ def negatives_among(
     candidate_scores, candidates = searched.scores, searched.candidates
     t0 = time.perf_counter()
     duplicate = duplicate_mask(candidates, anchor_keys, positive_keys, pool_keys)
-    known = None
-    if exclude_known_positives and known_positives is not None:
-        known = known_positives.mask(candidates, anchor_keys, pool_keys)
-    elif exclude_known_positives:
-        known = known_positive_mask(candidates, anchor_keys, pool_keys, anchor_keys, positive_keys)
+    known = known_positives.mask(candidates, anchor_keys, pool_keys) if known_positives is not None else None
     positive_scores = np.asarray(positive_scores, dtype=np.float32)
     chosen = select_negatives(
         candidates,

@@ -84,9 +84,7 @@ class IndexSpec:
     kind: str = "auto"
     """``mining.index``: ``auto``, ``flat``, ``ivf`` or ``ivfpq``."""
 
-    def resolve(
-        self, n: int, backend: str = "faiss-cpu", *, dim: int = 0, k: int = 0, budget: int | None = None
-    ) -> str:
+    def resolve(self, n: int, backend: str = "faiss-cpu", *, dim: int = 0, budget: int | None = None) -> str:
         """The index kind to build over ``n`` vectors searched by ``backend``
         (:func:`choose_backend`): ``auto`` is flat up to the device's limit, IVF above, and
         IVF-PQ where the flat or IVF vectors would not fit ``budget``.
@@ -94,7 +92,7 @@ class IndexSpec:
         Args:
             n: vectors indexed.
             backend: where the search runs.
-            dim, k: their dimension and the neighbours searched, for the memory check.
+            dim: their dimension, for the memory check.
             budget: bytes the index may take beside the vectors already held
                 (:func:`index_memory_budget`); None: no check.
 
@@ -247,8 +245,7 @@ class VectorIndex:
         query_chunk: queries per matrix product on the ``torch-cuda`` path (bounds its
             memory to ``chunk x n`` scores); None: sized from the GPU's free memory
             (:func:`query_chunk_for`).
-        k: the neighbours searched, and ``budget``: the bytes the index may take, for the
-            memory check before anything is built (:meth:`IndexSpec.resolve`); None: no check.
+        k: the neighbours searched, which size the ``torch-cuda`` path's query chunks.
         pretrained: for ``ivf`` and ``ivfpq``, the empty index whose cells were trained over
             every shard (:meth:`~pipeline.mining.miner_shards.MinerShards.encode`), for this
             index to fill; its ``nprobe`` is the caller's to set (:func:`calibrate_nprobe`).
@@ -262,14 +259,13 @@ class VectorIndex:
         spec: IndexSpec | None = None,
         query_chunk: int | None = None,
         k: int = 0,
-        budget: int | None = None,
         pretrained: PretrainedIndex | None = None,
     ):
         start = time.perf_counter()
         source = vectors if isinstance(vectors, VectorSource) else None
         self.rows, dim = (source.rows, source.dim) if source is not None else vectors.shape
         backend = choose_backend(use_gpu)
-        self.kind = (spec or IndexSpec()).resolve(self.rows, backend, dim=dim, k=k, budget=budget)
+        self.kind = (spec or IndexSpec()).resolve(self.rows, backend, dim=dim)
         self.query_chunk = query_chunk
         self._base: torch.Tensor | None = None
         self._index: Any = None

@@ -231,12 +231,15 @@ class MinerShards:
             positions[mine] = span.positions(ordinals[mine] - span.first_candidate)
         return positions
 
+    def holders(self, positions: np.ndarray) -> np.ndarray:
+        """The number of the shard that holds each of the corpus ``positions``."""
+        return np.searchsorted(self.firsts, positions, side="right") - 1
+
     def vectors(self, positions: np.ndarray) -> np.ndarray:
         """``(len(positions), dim)`` vectors of any corpus positions, in their order, each
         from the shard that holds it."""
         positions = np.asarray(positions, dtype=np.int64)
-        owners = np.searchsorted(self.firsts, positions, side="right") - 1
-        return self.rows_from_owners("vectors_of", owners, positions)
+        return self.rows_from_owners("vectors_of", self.holders(positions), positions)
 
     def rows_from_owners(
         self, method: str, owners: np.ndarray, *columns: np.ndarray, **options: Any
@@ -265,7 +268,7 @@ class MinerShards:
         from it to every shard as an object ref (Ray moves it node to node), so their vectors
         never come to the miner; only the merged top lists do."""
         positions = np.asarray(positions, dtype=np.int64)
-        owners = np.searchsorted(self.firsts, positions, side="right") - 1
+        owners = self.holders(positions)
         k = min(k, self.rows)
         scores = np.empty((len(positions), k), dtype=np.float32)
         found = np.empty((len(positions), k), dtype=np.int64)
@@ -280,8 +283,7 @@ class MinerShards:
         by the holder of its left text, the right texts' vectors sent there from their holders
         as object refs; only the scores come back."""
         left, right = np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)
-        left_owner = np.searchsorted(self.firsts, left, side="right") - 1
-        right_owner = np.searchsorted(self.firsts, right, side="right") - 1
+        left_owner, right_owner = self.holders(left), self.holders(right)
         calls = {}
         for pair in {(int(a), int(b)) for a, b in zip(left_owner, right_owner, strict=True)}:
             at = np.flatnonzero((left_owner == pair[0]) & (right_owner == pair[1]))
@@ -337,8 +339,7 @@ class MinerShards:
         positions = np.asarray(positions, dtype=np.int64)
         if not len(positions):
             return np.empty(0, dtype=np.int64)
-        owners = np.searchsorted(self.firsts, positions, side="right") - 1
-        return self.rows_from_owners("keys_of", owners, positions)
+        return self.rows_from_owners("keys_of", self.holders(positions), positions)
 
     def record_batches(
         self, positions: np.ndarray, batches: np.ndarray, *, version: int, previous: int | None
@@ -346,9 +347,8 @@ class MinerShards:
         """Each shard keeps its own texts' batches in refresh ``version``'s plan and answers
         their batches in ``previous``'s (-1 from a shard started since)."""
         positions = np.asarray(positions, dtype=np.int64)
-        owners = np.searchsorted(self.firsts, positions, side="right") - 1
         return self.rows_from_owners(
-            "record_batches", owners, positions, np.asarray(batches, dtype=np.int32),
+            "record_batches", self.holders(positions), positions, np.asarray(batches, dtype=np.int32),
             version=version, previous=previous,
         )  # fmt: skip
 

@@ -151,7 +151,7 @@ def select_negatives(
         filters: the settings.
         seed: for ``sampling="random"`` (an int, or a list: numpy's seed sequence).
         known_positive: optional ``(n, k)`` bool, True where the candidate is a known positive
-            of the anchor (:func:`~pipeline.mining.text_keys.known_positive_mask`); removed
+            of the anchor (:class:`~pipeline.mining.text_keys.KnownPositives`); removed
             before any score filter.
 
     Returns:

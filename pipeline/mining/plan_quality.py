@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+
 import numpy as np
 
 from pipeline.batching.plan import BatchPlan
@@ -10,19 +12,26 @@ from pipeline.mining.mining_metrics import random_pairs, similarity_percentiles
 from pipeline.mining.negatives import FilteredCandidates
 
 
+@dataclass
 class CandidateTotals:
-    """What a corpus refresh logs of its rows' neighbours and their fates, added up partition
-    after partition (:mod:`~pipeline.mining.corpus_partitions`), so that no step holds every
-    row's neighbours at once."""
+    """What a corpus refresh logs of its rows' neighbours and their fates, one partition's
+    (:meth:`of_partition`, where it was planned) added to the others' (:meth:`add`), so that no step
+    holds every row's neighbours at once."""
 
-    def __init__(self) -> None:
-        self.top1_sum, self.top1_count = 0.0, 0
-        self.candidates = self.kept = self.flagged = self.pairs_in_batches = self.outside = 0
-        self.removed: dict[str, int] = {}
-        self.partitions = 0
+    top1_sum: float = 0.0
+    top1_count: int = 0
+    candidates: int = 0
+    kept: int = 0
+    flagged: int = 0
+    pairs_in_batches: int = 0
+    outside: int = 0
+    """Neighbours the filters kept but in another partition: what the partitions cost."""
+    partitions: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
 
-    def add(
-        self,
+    @classmethod
+    def of_partition(
+        cls,
         *,
         rows: np.ndarray,
         scores: np.ndarray,
@@ -31,8 +40,8 @@ class CandidateTotals:
         inside: np.ndarray,
         false_negatives: np.ndarray,
         plan: BatchPlan,
-    ) -> None:
-        """One partition's share.
+    ) -> CandidateTotals:
+        """One partition's totals.
 
         Args:
             rows: ``(m,)`` the partition's corpus positions.
@@ -45,30 +54,24 @@ class CandidateTotals:
             plan: the partition's batches, in its own positions.
         """
         top1 = _first_valid_scores(scores, np.where(filtered.duplicate, -1, indices))
-        self.top1_sum += float(top1.sum())
-        self.top1_count += len(top1)
-        self.candidates += int((indices >= 0).sum())
-        self.kept += int(filtered.allowed.sum())
-        for name, count in filtered.removed.items():
-            self.removed[name] = self.removed.get(name, 0) + int(count.sum())
-        self.flagged += int((filtered.false_negative & (indices != rows[:, None])).sum())
-        self.pairs_in_batches += false_negative_pairs(plan, false_negatives)
-        # What the partitions cost: neighbours the plan could have used in one partition.
-        self.outside += int((filtered.allowed & ~inside).sum())
-        self.partitions += 1
+        return cls(
+            top1_sum=float(top1.sum()),
+            top1_count=len(top1),
+            candidates=int((indices >= 0).sum()),
+            kept=int(filtered.allowed.sum()),
+            flagged=int((filtered.false_negative & (indices != rows[:, None])).sum()),
+            pairs_in_batches=false_negative_pairs(plan, false_negatives),
+            outside=int((filtered.allowed & ~inside).sum()),
+            partitions=1,
+            removed={name: int(count.sum()) for name, count in filtered.removed.items()},
+        )
 
-    def add_totals(self, other: CandidateTotals) -> None:
-        """Another partition's totals, counted apart (where it was planned), added to these."""
-        self.top1_sum += other.top1_sum
-        self.top1_count += other.top1_count
-        self.candidates += other.candidates
-        self.kept += other.kept
+    def add(self, other: CandidateTotals) -> None:
+        """Another partition's totals, added to these."""
+        for name in (f.name for f in fields(self) if f.name != "removed"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         for name, count in other.removed.items():
             self.removed[name] = self.removed.get(name, 0) + count
-        self.flagged += other.flagged
-        self.pairs_in_batches += other.pairs_in_batches
-        self.outside += other.outside
-        self.partitions += other.partitions
 
     def metrics(self) -> dict[str, float]:
         """The ``mining/`` metrics of every partition added."""

@@ -105,7 +105,7 @@ def refresh_corpus(
         for plan, part in planned:
             written.write(plan)
             quality.add(plan)
-            totals.add_totals(part)
+            totals.add(part)
 
     planner = PartitionPlanner(ways=s.shards, label_selector=s.label_selector)
     for number, partition in enumerate(partitions):
@@ -254,8 +254,7 @@ def plan_partition(
         neighbours, scores, false_negatives, settings.batch_size, seed, version, sizes=partition.sizes
     )
     plan = build_plan(settings.plan.batch_sampler, inputs)
-    totals = CandidateTotals()
-    totals.add(
+    totals = CandidateTotals.of_partition(
         rows=rows, scores=scores, indices=indices, filtered=filtered, inside=inside,
         false_negatives=false_negatives, plan=plan,
     )  # fmt: skip

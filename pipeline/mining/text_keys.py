@@ -13,7 +13,7 @@ import numpy as np
 from pipeline.core.distinct import sorted_distinct
 from pipeline.data.normalize import normalize_text
 
-__all__ = ["KnownPositives", "dense_keys", "duplicate_mask", "known_positive_mask", "normalize_text"]
+__all__ = ["KnownPositives", "dense_keys", "duplicate_mask", "normalize_text"]
 
 
 def duplicate_mask(
@@ -31,38 +31,6 @@ def duplicate_mask(
     valid = candidates >= 0
     keys = np.where(valid, candidate_keys[np.where(valid, candidates, 0)], -1)
     return valid & ((keys == anchor_keys[:, None]) | (keys == positive_keys[:, None]))
-
-
-def known_positive_mask(
-    candidates: np.ndarray,
-    anchor_keys: np.ndarray,
-    candidate_keys: np.ndarray,
-    known_anchor_keys: np.ndarray,
-    known_positive_keys: np.ndarray,
-) -> np.ndarray:
-    """True where a candidate's text is a known positive of its anchor's text.
-
-    In retrieval pairs an anchor has several positives (one per row) and a text can be the
-    positive of several anchors: each row's own positive is not enough to exclude, every
-    positive any row gives the anchor's text is.
-
-    Args:
-        candidates: ``(n, k)`` positions in ``candidate_keys``, -1 for an empty slot.
-        anchor_keys: ``(n,)`` the text key of each row's anchor.
-        candidate_keys: text key of each candidate position.
-        known_anchor_keys, known_positive_keys: ``(m,)`` the (anchor, positive) text keys of
-            every known positive pair (all rows of the training data).
-
-    Returns:
-        ``(n, k)`` bool.
-    """
-    valid = candidates >= 0
-    if not len(known_anchor_keys) or not valid.any():
-        return np.zeros(candidates.shape, dtype=bool)
-    keys = candidate_keys[np.where(valid, candidates, 0)]
-    largest = max(keys.max(), anchor_keys.max(), known_anchor_keys.max(), known_positive_keys.max())
-    known = KnownPositives.of(known_anchor_keys, known_positive_keys, int(largest) + 1)
-    return known.mask(candidates, anchor_keys, candidate_keys)
 
 
 @dataclass(frozen=True)
@@ -99,5 +67,5 @@ class KnownPositives:
 def dense_keys(hashed: np.ndarray) -> np.ndarray:
     """Small integer keys (0, 1, ...) for hashed ones (the tokenized corpus' ``text_key``,
     :func:`~pipeline.data.normalize.normalized_id`): equal where the hashes are equal, and
-    small enough for :func:`known_positive_mask`'s pair codes."""
+    small enough for :class:`KnownPositives`' pair codes."""
     return np.unique(hashed, return_inverse=True)[1].astype(np.int64)

@@ -67,6 +67,24 @@ def test_a_killed_process_folder_goes_with_the_next_and_nothing_in_use(tmp_path,
             proc.wait()
 
 
+def test_a_killed_process_not_yet_reaped_counts_as_gone(tmp_path, monkeypatch):
+    """A zombie still answers ``kill(pid, 0)``, but runs no code: its folder goes too."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    zombie, zombie_folder = hold_scratch("simcse-model-", temp)
+    try:
+        zombie.kill()
+        # Wait for it to end without reaping it: it stays a zombie until zombie.wait() below.
+        os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)
+        assert Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+        monkeypatch.setattr("tempfile.tempdir", str(temp))
+        with process_scratch("simcse-model-"):
+            assert not zombie_folder.exists()
+    finally:
+        zombie.kill()
+        zombie.wait()
+
+
 def test_the_owner_is_read_from_the_name_only_on_its_own_host():
     assert orphan_owner("123@node-a-7-x_k2abcd", "node-a-7") == 123
     assert orphan_owner("123@node-a-7-x_k2abcd", "node-b") is None

@@ -9,7 +9,7 @@ from conftest import text_keys
 from bench.embedded_texts import mine_hard_negatives
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters, select_negatives
-from pipeline.mining.text_keys import duplicate_mask, known_positive_mask, normalize_text
+from pipeline.mining.text_keys import KnownPositives, duplicate_mask, normalize_text
 
 
 def _reference(cands, scores, pos, dup, f: NegativeFilters, known=None):
@@ -162,7 +162,7 @@ def test_config_defaults_are_the_filter_defaults():
     assert NegativeFilters.from_config(load_config(None)) == NegativeFilters()
 
 
-def test_known_positive_mask_matches_a_set_lookup():
+def test_known_positives_mask_matches_a_set_lookup():
     rng = np.random.default_rng(3)
     anchor_keys = rng.integers(0, 30, size=50)
     candidate_keys = rng.integers(0, 400, size=120)
@@ -176,7 +176,7 @@ def test_known_positive_mask_matches_a_set_lookup():
             for i, row in enumerate(cands)
         ]
     )
-    got = known_positive_mask(cands, anchor_keys, candidate_keys, known_a, known_p)
+    got = KnownPositives.of(known_a, known_p, 400).mask(cands, anchor_keys, candidate_keys)
     assert want.any() and (got == want).all()
 
 
