@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config.schema import Config
+from pipeline.core.positions import position_dtype
 from pipeline.mining.index import IndexSpec, choose_backend, index_memory_budget
 from pipeline.mining.negatives import NegativeFilters, select_negatives
 from pipeline.mining.text_keys import KnownPositives, duplicate_mask
@@ -68,7 +69,8 @@ class MinedNegatives:
 
     @property
     def negatives(self) -> np.ndarray:
-        """``(anchors, num_negatives)`` int64 pool positions, -1 where missing."""
+        """``(anchors, num_negatives)`` pool positions (int32 below 2^31 pool texts:
+        :func:`~pipeline.core.positions.position_dtype`), -1 where missing."""
         return _matrix(self.table.column("negatives"))
 
     @property
@@ -159,7 +161,9 @@ def negatives_among(
     m = chosen.indices.shape[1]
     table = pa.table(
         {
-            "negatives": pa.FixedSizeListArray.from_arrays(pa.array(chosen.indices.ravel(), pa.int64()), m),
+            "negatives": pa.FixedSizeListArray.from_arrays(
+                pa.array(chosen.indices.ravel().astype(position_dtype(len(pool_keys)))), m
+            ),
             "scores": pa.FixedSizeListArray.from_arrays(
                 pa.array(chosen.scores.ravel().astype(np.float32), pa.float32()), m
             ),

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from pipeline.core.positions import position_dtype
 from pipeline.data.triplets import Triplets
 from pipeline.mining.encoded_texts import EncodedTexts
 from pipeline.mining.hard_negatives import MinedNegatives, Searched, negatives_among
@@ -128,6 +129,6 @@ def refresh_pairs(
         else {}
     )
     return RefreshReport(
-        version, metrics, negatives=negatives, teacher_scores=scores, similarities=similarities,
-        teacher_histogram=teacher_histogram,
+        version, metrics, negatives=negatives.astype(position_dtype(len(keys)), copy=False),
+        teacher_scores=scores, similarities=similarities, teacher_histogram=teacher_histogram,
     )  # fmt: skip

@@ -232,7 +232,7 @@ def write_mined(
     reads: the run's storage); returns its URI. (A corpus plan is written as it is planned:
     :mod:`~pipeline.data.plan_file`.)"""
     buffer = io.BytesIO()
-    arrays = {"negatives": np.asarray(negatives, dtype=np.int64)}
+    arrays = {"negatives": np.asarray(negatives)}  # int32 or int64, as mined
     if teacher_scores is not None:
         arrays["teacher_scores"] = np.asarray(teacher_scores, dtype=np.float32)
     np.savez(buffer, **arrays)

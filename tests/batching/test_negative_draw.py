@@ -67,7 +67,7 @@ def test_a_ranks_share_trains_on_the_epochs_draw_and_the_next_epoch_draws_again(
     )  # fmt: skip
     rows = 16
     triplets = Triplets(np.arange(rows), np.arange(rows) + 100, np.full(rows, -1))
-    mined = 200 + np.arange(rows * 4).reshape(rows, 4)
+    mined = (200 + np.arange(rows * 4).reshape(rows, 4)).astype(np.int32)  # as a refresh mines it
     uri = write_mined(str(tmp_path), "v1-negatives.npz", negatives=mined)
     lengths = np.full(300, 5, dtype=np.int32)
     epochs = []
@@ -76,6 +76,7 @@ def test_a_ranks_share_trains_on_the_epochs_draw_and_the_next_epoch_draws_again(
         taken = {}
         for share in make_shares(source, cfg, lengths, triplets, world=2):
             assert share.negatives.shape == (len(share.rows), 2)
+            assert share.negatives.dtype == np.int32  # half of int64's bytes, all the way to the rank
             for row, negatives in zip(share.rows.tolist(), share.negatives.tolist(), strict=True):
                 assert set(negatives) <= set(mined[row].tolist())
                 taken[row] = negatives

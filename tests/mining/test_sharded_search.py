@@ -165,6 +165,7 @@ def test_a_pairs_refresh_in_chunks_and_over_shards_gives_the_one_index_column() 
 
     whole = column(EmbeddedTexts(texts, pool, settings.search, seed=1), 10**6)
     assert (whole >= 0).mean() > 0.9
+    assert whole.dtype == np.int32  # text positions below 2^31
     for got in (
         column(EmbeddedTexts(texts, pool, settings.search, seed=1), 37),
         column(ShardedTexts(texts, pool), 37),
