@@ -15,6 +15,6 @@ INT32_POSITIONS = int(np.iinfo(np.int32).max) + 1
 
 
 def position_dtype(count: int) -> np.dtype:
-    """The dtype of positions among ``count`` rows or texts: int32 below :data:`INT32_POSITIONS`,
-    int64 at or above it."""
+    """The dtype of positions among ``count`` rows or texts: int32 up to :data:`INT32_POSITIONS`
+    of them (positions 0 to 2^31 - 1), int64 above."""
     return np.dtype(np.int32) if count <= INT32_POSITIONS else np.dtype(np.int64)
