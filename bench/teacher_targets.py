@@ -16,23 +16,20 @@ A target near one-hot distils little beyond the label the student already trains
 from __future__ import annotations
 
 import argparse
-import io
 
 import numpy as np
 
-from pipeline.data.formats import filesystem_of
+from pipeline.training.plan_source import read_mined
 
 
 def read_scored_column(uri: str) -> tuple[np.ndarray, np.ndarray]:
     """The ``(rows, m)`` negatives and ``(rows, 1 + m)`` teacher scores a refresh wrote to ``uri``."""
-    filesystem, path = filesystem_of(uri)
-    with filesystem.open_input_stream(path) as stream:
-        saved = np.load(io.BytesIO(stream.read()))
-    if "teacher_scores" not in saved.files:
+    column = read_mined(uri)
+    if column.teacher_scores is None:
         raise SystemExit(
             f"{uri}: no teacher_scores beside its negatives (a refresh without mining.teacher.model)"
         )
-    return saved["negatives"], saved["teacher_scores"]
+    return column.negatives, column.teacher_scores
 
 
 def target_summary(scores: np.ndarray, present: np.ndarray, temperature: float) -> dict[str, float]:

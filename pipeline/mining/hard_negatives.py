@@ -69,7 +69,7 @@ class MinedNegatives:
 
     @property
     def negatives(self) -> np.ndarray:
-        """``(anchors, num_negatives)`` pool positions (int32 below 2^31 pool texts:
+        """``(anchors, num_negatives)`` pool positions (int32 up to 2^31 pool texts:
         :func:`~pipeline.core.positions.position_dtype`), -1 where missing."""
         return _matrix(self.table.column("negatives"))
 

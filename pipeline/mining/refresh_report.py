@@ -21,7 +21,7 @@ class RefreshReport:
     metrics: dict[str, float]
     plan: BatchPlan | None = None
     negatives: np.ndarray | None = None
-    """``(rows, m)`` text positions of each training row's negatives, -1 where none (int32 below
+    """``(rows, m)`` text positions of each training row's negatives, -1 where none (int32 up to
     2^31 texts: :func:`~pipeline.core.positions.position_dtype`)."""
     teacher_scores: np.ndarray | None = None
     """Beside ``negatives`` where a teacher scored them: ``(rows, 1 + m)`` float32, its score of

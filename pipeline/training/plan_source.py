@@ -150,9 +150,13 @@ def epoch_negatives(source: PlanSource, cfg: Config) -> MinedColumn:
 def read_negatives(source: PlanSource) -> MinedColumn:
     """The pairs task's whole mined-negatives column ``source`` names, and the teacher's scores
     beside it (both None: none mined)."""
-    if source.negatives is None:
-        return MinedColumn()
-    saved = np.load(io.BytesIO(read_bytes(source.negatives)))
+    return MinedColumn() if source.negatives is None else read_mined(source.negatives)
+
+
+def read_mined(uri: str) -> MinedColumn:
+    """What :func:`write_mined` wrote to ``uri``: the negatives column and the teacher's scores
+    beside it (None where there were none)."""
+    saved = np.load(io.BytesIO(read_bytes(uri)))
     if isinstance(saved, np.ndarray):  # a run checkpointed before the column became an .npz
         return MinedColumn(saved)
     scores = saved["teacher_scores"] if "teacher_scores" in saved.files else None
