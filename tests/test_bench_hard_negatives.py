@@ -226,7 +226,7 @@ def test_each_retrieval_arm_trains_the_recipe_with_its_overrides_and_no_in_train
         assert hn.variant_overrides("twitter-url", arm) is None
     assert hn.parse_list(hn.TASKS["twitter-url"].variants) == [
         "start", "bm25", "A", "G", "S", "C", "U", "GS", "AL", "SL", "CL", "SE", "S3", "S3R", "S7", "S7R",
-        "TD", "TK", "TDK", "TK7", "CTDK", "st", "st-mined", "st-mined3", "st-mined7", "st-teacher-d", "st-teacher-k", "st-teacher-dk",
+        "TD", "TK", "TDK", "TK7", "CTDK", "TKT", "st", "st-mined", "st-mined3", "st-mined7", "st-teacher-d", "st-teacher-k", "st-teacher-dk",
     ]  # fmt: skip
     assert hn.st_mined(3)[hn.st_mined(3).index("--num-negatives") + 1] == "3"
     with pytest.raises(ValueError, match="not one of task twitter-url's: start,bm25,A"):
@@ -250,10 +250,10 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
         "A": "never", "G": "never", "S": "once", "C": "every_epoch", "U": "every_epoch", "GS": "once",
         "AL": "never", "SL": "once", "CL": "every_epoch", "SE": "once",
         "S3": "once", "S3R": "once", "S7": "once", "S7R": "once", "TD": "once", "TK": "once", "TDK": "once",
-        "TK7": "once", "CTDK": "every_epoch",
+        "TK7": "once", "CTDK": "every_epoch", "TKT": "once",
     }  # fmt: skip
     # The teacher arms: S with the teacher's denoising (TD), its distillation (TK), or both;
-    # TK7 distils over 7 negatives, CTDK is TDK refreshed.
+    # TK7 distils over 7 negatives, CTDK is TDK refreshed, TKT reads the teacher softer.
     assert {
         arm: (c.mining.teacher.model, c.mining.teacher.denoise_margin, c.train.distill_weight)
         for arm, c in configs.items()
@@ -261,9 +261,12 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
     } == {
         "TD": (hn.TEACHER, hn.TEACHER_MARGIN, 0.0), "TK": (hn.TEACHER, None, 1.0),
         "TDK": (hn.TEACHER, hn.TEACHER_MARGIN, 1.0), "TK7": (hn.TEACHER, None, 1.0),
-        "CTDK": (hn.TEACHER, hn.TEACHER_MARGIN, 1.0),
+        "CTDK": (hn.TEACHER, hn.TEACHER_MARGIN, 1.0), "TKT": (hn.TEACHER, None, 1.0),
     }  # fmt: skip
     assert configs["TK7"].mining.num_negatives == 7
+    assert {arm: c.mining.teacher.temperature for arm, c in configs.items() if c.mining.teacher.model} == {
+        "TD": None, "TK": None, "TDK": None, "TK7": None, "CTDK": None, "TKT": hn.SOFT_TEACHER_TEMPERATURE,
+    }  # fmt: skip
     # The k ablation: k negatives an epoch; the R arms draw them anew from the window's survivors.
     assert {arm: (c.mining.num_negatives, c.negatives_mined) for arm, c in configs.items() if arm[1:2].isdigit()} == {
         "S3": (3, 3), "S3R": (3, hn.NEGATIVE_WINDOW), "S7": (7, 7), "S7R": (7, hn.NEGATIVE_WINDOW),
