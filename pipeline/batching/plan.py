@@ -26,7 +26,8 @@ class BatchPlan:
     version: int
     """0 for the random first epoch, then 1, 2, ... per refresh."""
     rows: np.ndarray
-    """``(n,)`` int64 corpus positions, batch after batch."""
+    """``(n,)`` corpus positions, batch after batch: int32 up to 2^31 rows
+    (:func:`~pipeline.core.positions.position_dtype`), int64 above."""
     sizes: np.ndarray
     """``(num_batches,)`` int64 rows per batch."""
     sampler: str = "random"

@@ -11,6 +11,7 @@ from pipeline.batching.false_negative_graph import FalseNegativeGraph
 from pipeline.batching.plan import BatchPlan, balanced_batch_sizes
 from pipeline.batching.sampler_inputs import SamplerInputs
 from pipeline.batching.separation import separate_false_negatives
+from pipeline.core.positions import position_dtype
 
 
 def random_plan(
@@ -51,7 +52,7 @@ def random_plan(
         The plan; its batch sizes are the same with and without grouping.
     """
     rng = np.random.default_rng(seed)
-    rows = rng.permutation(num_rows).astype(np.int64, copy=False)  # int64 already: no second copy
+    rows = rng.permutation(num_rows).astype(position_dtype(num_rows), copy=False)
     sizes = balanced_batch_sizes(num_rows, batch_size) if sizes is None else sizes
     if lengths is None or group_batches < 2:
         if false_negatives is None:

@@ -98,7 +98,7 @@ def refresh_corpus(
         previous=previous_version,
     )  # fmt: skip
     uri = f"{s.mined_dir.rstrip('/')}/v{version}-plan.parquet" if s.mined_dir else None
-    written = PlanFileWriter(uri, sampler=s.plan.batch_sampler, reorder=reorder)
+    written = PlanFileWriter(uri, sampler=s.plan.batch_sampler, reorder=reorder, corpus_rows=n)
     totals = CandidateTotals()
 
     def write(planned: Iterable[tuple[BatchPlan, CandidateTotals]]) -> None:
