@@ -60,7 +60,8 @@ def refresh_pairs(
         The report with ``negatives``: ``(rows, m)`` text positions, -1 where none, and with
         a teacher, ``teacher_scores`` beside them (:func:`~pipeline.mining.teacher_scores.teacher_scores`).
     """
-    pool = triplets.candidate_pool()
+    # The pool in the column's dtype: mapping pool numbers to text positions makes no int64 copy.
+    pool = triplets.candidate_pool().astype(position_dtype(len(keys)), copy=False)
     seed = settings.seed + version
     k = min(settings.search.top_k, len(pool))
     estimate = estimate_index_bytes(

@@ -27,7 +27,7 @@ def random_pool_negatives(
         seed: makes the draw deterministic.
 
     Returns:
-        ``(n, count)`` int64 text positions, -1 where no acceptable draw was found.
+        ``(n, count)`` text positions in ``pool``'s dtype, -1 where no acceptable draw was found.
     """
     rng = np.random.default_rng(seed)
     n = len(anchor)
@@ -46,4 +46,4 @@ def random_pool_negatives(
         if not clash.any():
             break
         drawn[clash] = pool[rng.integers(0, len(pool), size=int(clash.sum()))]
-    return np.where(clashes(), -1, drawn).astype(np.int64)
+    return np.where(clashes(), -1, drawn)
