@@ -182,6 +182,10 @@ TEACHER = os.environ.get("BENCH_TEACHER", "runs/teacher-mpnet-s1/model")
 TEACHER_MARGIN = 0.05
 """``mining.teacher.denoise_margin`` of the denoising ``T`` arms: a negative the teacher scores
 within 0.05 of its positive is dropped (the student's own relative margin is 5%)."""
+SOFT_TEACHER_TEMPERATURE = 0.1
+"""``mining.teacher.temperature`` of ``TKT``: at the student's 0.05 the teacher puts 0.971 of a
+row's mass on its positive and more than 0.95 on 90% of rows (``bench.teacher_targets``), nearly
+InfoNCE's one-hot label; at 0.1, 0.924 and 58%: its margins, not only its choice, reach the KL."""
 RETRIEVAL_ARMS["TD"] = [
     *RETRIEVAL_ARMS["S"], f"mining.teacher.model={TEACHER}", f"mining.teacher.denoise_margin={TEACHER_MARGIN}",
 ]  # fmt: skip
@@ -189,10 +193,6 @@ RETRIEVAL_ARMS["TK"] = [*RETRIEVAL_ARMS["S"], f"mining.teacher.model={TEACHER}",
 RETRIEVAL_ARMS["TDK"] = [*RETRIEVAL_ARMS["TD"], "train.distill_weight=1.0"]
 RETRIEVAL_ARMS["TK7"] = [*RETRIEVAL_ARMS["S7"], f"mining.teacher.model={TEACHER}", "train.distill_weight=1.0"]
 RETRIEVAL_ARMS["CTDK"] = [*RETRIEVAL_ARMS["TDK"], "mining.refresh=every_epoch"]
-SOFT_TEACHER_TEMPERATURE = 0.1
-"""``mining.teacher.temperature`` of ``TKT``: at the student's 0.05 the teacher puts 0.971 of a
-row's mass on its positive and more than 0.95 on 90% of rows (``bench.teacher_targets``), nearly
-InfoNCE's one-hot label; at 0.1, 0.924 and 58%: its margins, not only its choice, reach the KL."""
 RETRIEVAL_ARMS["TKT"] = [*RETRIEVAL_ARMS["TK"], f"mining.teacher.temperature={SOFT_TEACHER_TEMPERATURE}"]
 """Issue 71's teacher arms, ``S`` with the teacher's scores: ``TD`` its denoising, ``TK`` its
 KL distillation at weight 1 (InfoNCE's scale), ``TDK`` both; ``TK7`` the KL over the positive
