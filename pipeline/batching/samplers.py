@@ -52,7 +52,10 @@ def random_plan(
         The plan; its batch sizes are the same with and without grouping.
     """
     rng = np.random.default_rng(seed)
-    rows = rng.permutation(num_rows).astype(position_dtype(num_rows), copy=False)
+    # rng.permutation(num_rows) shuffles an int64 arange; shuffling one in the positions' dtype
+    # draws the same order (and leaves rng where it would) without an int64 copy of the plan.
+    rows = np.arange(num_rows, dtype=position_dtype(num_rows))
+    rng.shuffle(rows)
     sizes = balanced_batch_sizes(num_rows, batch_size) if sizes is None else sizes
     if lengths is None or group_batches < 2:
         if false_negatives is None:
