@@ -38,7 +38,7 @@ from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import NegativeFilters
-from pipeline.mining.planning import PlanSettings, refresh_corpus
+from pipeline.mining.planning import refresh_corpus
 
 MIB = 2**20
 WARM_UP_ROWS = 10_000
@@ -60,7 +60,7 @@ def measure(rows: int, dim: int, partition_rows: int, folder: str) -> dict[str, 
     search = SearchSettings(top_k=4, index=IndexSpec("ivf"))
     settings = MinerSettings(
         pooler="mean", batch_size=64, seed=0, search=search, filters=NegativeFilters(range_min=0),
-        plan=PlanSettings("random"), partition_rows=partition_rows, mined_dir=folder,
+        batch_sampler="random", partition_rows=partition_rows, mined_dir=folder,
     )  # fmt: skip
     vectors = clustered_vectors(rows, dim)
 
@@ -119,7 +119,7 @@ def measure_miner(rows: int, shards: int, partition_rows: int, workdir: Path) ->
         # at both sizes it is the same size and the slope is what grows with the rows.
         settings = MinerSettings(
             pooler="mean", batch_size=16, seed=0, search=SearchSettings(top_k=8, index=IndexSpec("flat")),
-            filters=NegativeFilters(range_min=0), plan=PlanSettings("random"), partition_rows=partition_rows,
+            filters=NegativeFilters(range_min=0), batch_sampler="random", partition_rows=partition_rows,
             shards=shards, num_cpus=0.5, mined_dir=str(workdir / "mined"),
         )  # fmt: skip
         model_blob = ray.put(pack_dir(model))

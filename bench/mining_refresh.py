@@ -31,7 +31,7 @@ from pipeline.data.utf8 import stable_row_id
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner_settings import MinerSettings
-from pipeline.mining.planning import PlanSettings, refresh_corpus
+from pipeline.mining.planning import refresh_corpus
 from pipeline.mining.text_keys import dense_keys
 from pipeline.model.encode import encode_rows
 from pipeline.model.encoder import load_sentence_encoder
@@ -85,7 +85,7 @@ def run(
     settings = MinerSettings(
         pooler="mean", batch_size=batch_size, seed=0,
         search=SearchSettings(top_k=top_k, index=IndexSpec(kind=index_kind)),
-        plan=PlanSettings(batch_sampler="knn"),  # the sampler docs/benchmarks.md measured
+        batch_sampler="knn",  # the sampler docs/benchmarks.md measured
     )  # fmt: skip
     # The refresh after its encode, as the miner runs it: search, filter, plan, measure.
     report = stage(

@@ -86,7 +86,6 @@ def drive(args: argparse.Namespace) -> None:
     from pipeline.mining.index import IndexSpec
     from pipeline.mining.miner_actor import miner_actor_options
     from pipeline.mining.miner_settings import MinerSettings
-    from pipeline.mining.planning import PlanSettings
     from pipeline.model.encoder import load_sentence_encoder
     from pipeline.model.folders import load_tokenizer, pack_dir
     from pipeline.training.contract import miner_inputs
@@ -100,7 +99,7 @@ def drive(args: argparse.Namespace) -> None:
     tokenize_seconds = time.perf_counter() - started
     settings = MinerSettings(
         pooler="mean", batch_size=BATCH_SIZE, seed=0,
-        search=SearchSettings(top_k=TOP_K, index=IndexSpec(args.index)), plan=PlanSettings("knn"),
+        search=SearchSettings(top_k=TOP_K, index=IndexSpec(args.index)), batch_sampler="knn",
         shards=args.shards, num_cpus=1.0, num_gpus=args.shard_gpus, label_selector={"role": "miner"},
     )  # fmt: skip
     triplets = None

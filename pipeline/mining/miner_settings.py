@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.negatives import NegativeFilters
-from pipeline.mining.planning import PlanSettings
 from pipeline.model.teacher import TeacherSettings
 
 if TYPE_CHECKING:
@@ -30,8 +29,9 @@ class MinerSettings:
     search: SearchSettings = field(default_factory=SearchSettings)
     """``mining.top_k``, the index and the device."""
     filters: NegativeFilters = field(default_factory=NegativeFilters)
-    plan: PlanSettings = field(default_factory=PlanSettings)
-    """Corpus task: the batch sampler (``mining.batch_sampler``)."""
+    batch_sampler: str = "random"
+    """Corpus task: how a refreshed epoch is grouped into batches (``mining.batch_sampler``,
+    a sampler of :mod:`pipeline.batching.registry`)."""
     partition_rows: int | None = None
     """Corpus task: most rows planned at once (:mod:`~pipeline.mining.corpus_partitions`);
     None: :func:`~pipeline.mining.corpus_partitions.rows_per_partition` of ``top_k``."""
@@ -117,7 +117,7 @@ class MinerSettings:
             teacher=teacher_settings(cfg),
             denoise_margin=mining.teacher.denoise_margin,
             keep_negatives=cfg.negatives_mined,
-            plan=PlanSettings.from_mining(mining),
+            batch_sampler=mining.batch_sampler,
             random_negatives=mining.random_negatives,
             shards=shards or mining.shards or 1,
             num_cpus=mining.num_cpus,

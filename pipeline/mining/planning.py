@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,19 +34,7 @@ SEARCH_CHUNK_ROWS = 65_536
 """Queries searched at once (the shards answer a chunk at a time)."""
 
 if TYPE_CHECKING:
-    from pipeline.config.mining_section import MiningSection
     from pipeline.mining.miner_settings import MinerSettings
-
-
-@dataclass(frozen=True)
-class PlanSettings:
-    """How the miner groups a refreshed epoch (the ``mining`` key of the same name)."""
-
-    batch_sampler: str = "random"
-
-    @classmethod
-    def from_mining(cls, mining: MiningSection) -> PlanSettings:
-        return cls(batch_sampler=mining.batch_sampler)
 
 
 def refresh_corpus(
@@ -98,7 +86,7 @@ def refresh_corpus(
         previous=previous_version,
     )  # fmt: skip
     uri = f"{s.mined_dir.rstrip('/')}/v{version}-plan.parquet" if s.mined_dir else None
-    written = PlanFileWriter(uri, sampler=s.plan.batch_sampler, reorder=reorder, corpus_rows=n)
+    written = PlanFileWriter(uri, sampler=s.batch_sampler, reorder=reorder, corpus_rows=n)
     totals = CandidateTotals()
 
     def write(planned: Iterable[tuple[BatchPlan, CandidateTotals]]) -> None:
@@ -253,7 +241,7 @@ def plan_partition(
     inputs = SamplerInputs(
         neighbours, scores, false_negatives, settings.batch_size, seed, version, sizes=partition.sizes
     )
-    plan = build_plan(settings.plan.batch_sampler, inputs)
+    plan = build_plan(settings.batch_sampler, inputs)
     totals = CandidateTotals.of_partition(
         rows=rows, scores=scores, indices=indices, filtered=filtered, inside=inside,
         false_negatives=false_negatives, plan=plan,

@@ -24,7 +24,7 @@ from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import NegativeFilters
-from pipeline.mining.planning import PlanSettings, refresh_corpus
+from pipeline.mining.planning import refresh_corpus
 
 CLUSTERS, PER_CLUSTER, BATCH = 4, 300, 16
 
@@ -54,7 +54,7 @@ def refresh(
     search = SearchSettings(top_k=8, index=IndexSpec("flat"))
     settings = MinerSettings(
         pooler="mean", batch_size=BATCH, seed=seed, search=search, shards=shards,
-        filters=NegativeFilters(range_min=0), plan=PlanSettings(sampler), partition_rows=partition_rows,
+        filters=NegativeFilters(range_min=0), batch_sampler=sampler, partition_rows=partition_rows,
         mined_dir=given.get("mined_dir"),
     )  # fmt: skip
     texts = given.get("texts") or EmbeddedTexts(vectors, None, search, seed, keys=given.get("keys"))

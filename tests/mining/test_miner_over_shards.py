@@ -15,7 +15,6 @@ from pipeline.mining.index import IndexSpec
 from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import NegativeFilters
-from pipeline.mining.planning import PlanSettings
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
 
@@ -33,7 +32,7 @@ def test_two_shards_refresh_as_one_miner(sorted_blocks, trained_tiny_model_dir, 
     settings = MinerSettings(
         pooler="mean", batch_size=16, seed=0, search=SearchSettings(top_k=16, index=IndexSpec("flat")),
         filters=NegativeFilters(range_min=1, num_negatives=2, relative_margin=None),
-        plan=PlanSettings(batch_sampler="knn"),
+        batch_sampler="knn",
         num_cpus=0.1,
     )  # fmt: skip
     triplets = None
@@ -85,7 +84,7 @@ def test_the_teacher_scores_in_each_shard_as_it_does_in_one(sorted_blocks, train
     # rows are refilled from deeper in their window of 6.
     settings = MinerSettings(
         pooler="mean", batch_size=16, seed=0, search=SearchSettings(top_k=16, index=IndexSpec("flat")),
-        filters=NegativeFilters(range_min=1, num_negatives=6, relative_margin=None), plan=PlanSettings(),
+        filters=NegativeFilters(range_min=1, num_negatives=6, relative_margin=None),
         num_cpus=0.1, teacher=TeacherSettings(str(trained_tiny_model_dir), max_seq_len=16, batch_size=16),
         denoise_margin=0.2, keep_negatives=2,
     )  # fmt: skip

@@ -22,7 +22,6 @@ from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import NegativeFilters
 from pipeline.mining.plan_quality import false_negative_pairs, together_again
-from pipeline.mining.planning import PlanSettings
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
 
@@ -156,7 +155,7 @@ def test_miner_keeps_paraphrases_out_of_batches(trained_tiny_model_dir, tokenize
     def refresh(filters, version=1):
         settings = MinerSettings(
             pooler="mean", batch_size=16, search=SearchSettings(top_k=64), seed=11, filters=filters,
-            plan=PlanSettings(batch_sampler="knn"),  # batches of near neighbours, paraphrases apart
+            batch_sampler="knn",  # batches of near neighbours, paraphrases apart
         )  # fmt: skip
         miner = HardNegativeMiner(blocks_of(table), pack_dir(trained_tiny_model_dir), settings)
         assert miner.ready() == os.getpid()  # its process: a restarted miner answers another

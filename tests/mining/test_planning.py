@@ -13,7 +13,6 @@ from pipeline.mining.hard_negatives import SearchSettings
 from pipeline.mining.miner import HardNegativeMiner
 from pipeline.mining.miner_settings import MinerSettings
 from pipeline.mining.negatives import FILTERS, NegativeFilters
-from pipeline.mining.planning import PlanSettings
 from pipeline.mining.random_negatives import random_pool_negatives
 from pipeline.model.encoder import load_sentence_encoder
 from pipeline.model.folders import pack_dir
@@ -27,13 +26,13 @@ def refresh(trained_tiny_model_dir, tokenized_corpus, ray_local):
     blob = pack_dir(trained_tiny_model_dir)
     blocks = blocks_of(table)
 
-    def run(plan: PlanSettings, seed: int = 11):
+    def run(batch_sampler: str, seed: int = 11):
         settings = MinerSettings(
             pooler="mean",
             batch_size=16,
             search=SearchSettings(top_k=32),
             seed=seed,
-            plan=plan,
+            batch_sampler=batch_sampler,
         )
         return HardNegativeMiner(blocks, blob, settings).refresh(weights, version=1, step=0)
 
@@ -54,7 +53,7 @@ def _same_group_share(plan, groups):
 def test_every_sampler_plans_a_safe_epoch_and_records_itself(refresh, tokenized_corpus, sampler):
     table, groups = tokenized_corpus
     n = table.num_rows
-    report = refresh(PlanSettings(batch_sampler=sampler))
+    report = refresh(sampler)
     plan, metrics = report.plan, report.metrics
     assert plan.sampler == sampler
     assert sorted(plan.rows.tolist()) == list(range(n))
@@ -72,13 +71,13 @@ def test_every_sampler_plans_a_safe_epoch_and_records_itself(refresh, tokenized_
     else:
         assert metrics["mining/batch_similarity_mean"] > metrics["mining/random_batch_similarity_mean"]
     # Deterministic for a seed, different for another.
-    assert np.array_equal(refresh(PlanSettings(batch_sampler=sampler)).plan.rows, plan.rows)
-    assert not np.array_equal(refresh(PlanSettings(batch_sampler=sampler), seed=12).plan.rows, plan.rows)
+    assert np.array_equal(refresh(sampler).plan.rows, plan.rows)
+    assert not np.array_equal(refresh(sampler, seed=12).plan.rows, plan.rows)
 
 
-def test_plan_settings_come_from_the_config():
+def test_the_batch_sampler_comes_from_the_config():
     cfg = load_config(overrides=["mining.batch_sampler=knn"])
-    assert MinerSettings.from_config(cfg).plan == PlanSettings(batch_sampler="knn")
+    assert MinerSettings.from_config(cfg).batch_sampler == "knn"
 
 
 def test_triplet_refresh_mixes_random_negatives_and_counts_each_filter(
