@@ -5,7 +5,8 @@ The KL term the recipe has (``train.distill_weight``) reads the teacher over a r
 and its mined negatives only; ``bench.teacher_targets`` shows that target is nearly InfoNCE's
 one-hot label. An in-batch term would read the teacher over every positive of the batch as well.
 This encodes the pairs (label-1 rows of a ``pairs_tsv`` file) with each model folder, cuts them
-into seeded batches as the sampler's ``random`` would (``--batch-size`` rows, the global batch),
+into seeded random batches of ``--batch-size`` rows, the global batch (a permutation cut into
+whole batches, not ``random_plan``'s balanced sizes: the last partial batch is left out),
 and reads each model's softmax(cos / T) over the batch's positives (columns of other rows with the
 same positive or the same anchor are left out: false negatives). For each model: the mean
 probability on the row's positive, the share of rows above 0.95, the mean normalised entropy of
