@@ -60,8 +60,9 @@ def refresh_pairs(
         The report with ``negatives``: ``(rows, m)`` text positions, -1 where none, and with
         a teacher, ``teacher_scores`` beside them (:func:`~pipeline.mining.teacher_scores.teacher_scores`).
     """
+    dtype = position_dtype(len(keys))
     # The pool in the column's dtype: mapping pool numbers to text positions makes no int64 copy.
-    pool = triplets.candidate_pool().astype(position_dtype(len(keys)), copy=False)
+    pool = triplets.candidate_pool().astype(dtype, copy=False)
     seed = settings.seed + version
     k = min(settings.search.top_k, len(pool))
     estimate = estimate_index_bytes(
@@ -130,6 +131,6 @@ def refresh_pairs(
         else {}
     )
     return RefreshReport(
-        version, metrics, negatives=negatives.astype(position_dtype(len(keys)), copy=False),
+        version, metrics, negatives=negatives.astype(dtype, copy=False),
         teacher_scores=scores, similarities=similarities, teacher_histogram=teacher_histogram,
     )  # fmt: skip
