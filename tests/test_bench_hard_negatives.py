@@ -250,7 +250,7 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
         "A": "never", "G": "never", "S": "once", "C": "every_epoch", "U": "every_epoch", "GS": "once",
         "AL": "never", "SL": "once", "CL": "every_epoch", "SE": "once",
         "S3": "once", "S3R": "once", "S7": "once", "S7R": "once", "TD": "once", "TK": "once", "TDK": "once",
-        "TK7": "once", "CTDK": "every_epoch", "TKT": "once",
+        "TK7": "once", "CTDK": "every_epoch", "TKT": "once", "TKx": "once",
     }  # fmt: skip
     # The teacher arms: S with the teacher's denoising (TD), its distillation (TK), or both;
     # TK7 distils over 7 negatives, CTDK is TDK refreshed, TKT reads the teacher softer.
@@ -262,11 +262,19 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
         "TD": (hn.TEACHER, hn.TEACHER_MARGIN, 0.0), "TK": (hn.TEACHER, None, 1.0),
         "TDK": (hn.TEACHER, hn.TEACHER_MARGIN, 1.0), "TK7": (hn.TEACHER, None, 1.0),
         "CTDK": (hn.TEACHER, hn.TEACHER_MARGIN, 1.0), "TKT": (hn.TEACHER, None, 1.0),
+        "TKx": (hn.CROSS_FIT_TEACHER, None, 1.0),
     }  # fmt: skip
     assert configs["TK7"].mining.num_negatives == 7
     assert {arm: c.mining.teacher.temperature for arm, c in configs.items() if c.mining.teacher.model} == {
         "TD": None, "TK": None, "TDK": None, "TK7": None, "CTDK": None, "TKT": hn.SOFT_TEACHER_TEMPERATURE,
+        "TKx": None,
     }  # fmt: skip
+    # TKx is TK with the cross-fitted teacher, and only on the fold it never saw: not a default arm.
+    assert hn.variant_overrides("twitter-url", "TKx") == [
+        *hn.variant_overrides("twitter-url", "TK")[:2], f"mining.teacher.model={hn.CROSS_FIT_TEACHER}",
+        *hn.variant_overrides("twitter-url", "TK")[3:],
+    ]  # fmt: skip
+    assert "TKx" not in hn.parse_list(hn.TASKS["twitter-url"].variants)
     # The k ablation: k negatives an epoch; the R arms draw them anew from the window's survivors.
     assert {arm: (c.mining.num_negatives, c.negatives_mined) for arm, c in configs.items() if arm[1:2].isdigit()} == {
         "S3": (3, 3), "S3R": (3, hn.NEGATIVE_WINDOW), "S7": (7, 7), "S7R": (7, hn.NEGATIVE_WINDOW),
@@ -367,6 +375,72 @@ def test_the_peers_train_on_the_recipes_settings_and_are_scored_by_the_evaluator
         calls[0].index("--model") + 1
     ] == task.model
     assert record["steps"] == 0 and record["wall_seconds"] is None and record["ndcg_at_10"] == 91.4
+
+
+def test_a_train_file_given_trains_every_arm_on_it_and_keeps_its_runs_and_lines_apart(
+    hn, tmp_path, monkeypatch
+):
+    """``--data-path``: the recipe's config with that train file, the pipeline's ``data.path``
+    and the peer's ``--train`` both it, run names of their own, and results lines that
+    ``--skip-done`` keeps apart from the recipe's rows."""
+    fold = tmp_path / "folds" / "fold1.tsv"
+    fold.parent.mkdir()
+    fold.write_text("a headline\ta tweet\t1\n", encoding="utf-8")
+    common = {
+        "max_rows": None,
+        "epochs": None,
+        "model": str(tmp_path / "minilm"),
+        "dev": str(tmp_path / "dev"),
+    }
+    recipe = hn.resolve_task("twitter-url", **common)
+    given = hn.resolve_task("twitter-url", **common, data_path=str(fold))
+    assert given.data_given and given.data_path == str(fold)
+    assert not recipe.data_given and recipe.data_path == str(load_config(hn.REPO / recipe.config).data.path)
+    assert (given.lr, given.batch_size, given.epochs) == (recipe.lr, recipe.batch_size, recipe.epochs)
+    assert hn.run_name(given, "TKx", 2) == hn.run_name(recipe, "TKx", 2) + "-dfold1"
+
+    task = dataclasses.replace(retrieval_task(hn, tmp_path), data_path=str(fold), data_given=True)
+    commands = []
+
+    def fake_run_logged(cmd, log):
+        commands.append(cmd)
+        return 0, 1.0, ""
+
+    monkeypatch.setattr(hn, "run_logged", fake_run_logged)
+    monkeypatch.setattr(hn, "finished_run", lambda task_, name: "run" if commands else None)
+    hn.train_pipeline(task, "TKx", 2, hn.variant_overrides("twitter-url", "TKx"))
+    (train,) = commands
+    sets = [train[i + 1] for i, flag in enumerate(train) if flag == "--set"]
+    assert f"data.path={fold}" in sets and f"mining.teacher.model={hn.CROSS_FIT_TEACHER}" in sets
+    assert "run.name=hn-twitter-url-TKx-rall-e3-s2-dfold1" in sets
+    peer = hn.peer_command(task, 2, tmp_path / "peer")
+    assert peer[peer.index("--train") + 1] == str(fold)
+
+    # The grid: a line of the recipe's rows does not count as done for the fold's, whose lines say so.
+    ran = []
+    monkeypatch.setattr(hn, "resolve_task", lambda *args, **kwargs: task)
+    monkeypatch.setattr(hn, "missing_inputs", lambda task_: None)
+    monkeypatch.setattr(hn, "run_retrieval_arm", lambda task_, arm, seed, keep: ran.append((arm, seed)) or {
+        "run_name": hn.run_name(task_, arm, seed), "steps": 180, **dict.fromkeys(hn.RETRIEVAL_SCORES, 82.0)
+    })  # fmt: skip
+    results = tmp_path / "results.jsonl"
+    write_results(results, [retrieval_record("TK", 1, 82.0)])
+    argv = ["--task", "twitter-url", "--arms", "TK", "--seeds", "1", "--results", str(results), "--skip-done"]
+    assert hn.main([*argv, "--data-path", str(fold)]) == 0 and ran == [("TK", 1)]
+    line = json.loads(results.read_text().splitlines()[-1])
+    assert line["data_path"] == str(fold) and line["run_name"].endswith("-dfold1")
+    assert hn.main([*argv, "--data-path", str(fold)]) == 0 and ran == [("TK", 1)]  # now done
+
+    # The report keeps the two files' rows apart, each compared with the baseline asked for.
+    write_results(results, [
+        retrieval_record("TK", 1, 82.0), retrieval_record("S", 1, 81.0),
+        retrieval_record("TK", 1, 82.5, data_path=str(fold)), retrieval_record("S", 1, 82.0, data_path=str(fold)),
+    ])  # fmt: skip
+    parts = {p.split("\n")[0]: p for p in hn.report(hn.read_results(results), baseline="S").split("### ")[1:]}
+    recipe_part = parts.pop("twitter-url: all rows, 3 epochs")
+    fold_part = parts.pop(f"twitter-url: all rows of {fold}, 3 epochs")
+    assert not parts and "Δ S" in recipe_part
+    assert "| TK | 1 | 82.00 | +1.00" in recipe_part and "| TK | 1 | 82.50 | +0.50" in fold_part
 
 
 def retrieval_record(arm, seed, ndcg, r10=96.0, wall=600.0, **extra):
