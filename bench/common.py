@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import importlib
 import os
 import platform
@@ -45,6 +46,33 @@ HEADER = (
 
 FIRST_WORD_ID = 1000
 """BERT's vocabulary: ids below are [PAD], [unused*] and special tokens; random token ids start here."""
+
+
+POSITIVE_LABEL = 1
+"""The label of a paraphrase (positive) row in a headerless pair file."""
+
+
+def read_pair_file(path: str | Path) -> list[tuple[str, str, int]]:
+    """A headerless tab-separated pair file as it is: ``(sentence1, sentence2, label)`` per
+    line, stripped, quoting off (a ``"`` is text); a line of two columns is a positive pair.
+
+    Raises:
+        ValueError: a line without two or three columns, or whose label is not an integer,
+            naming the line.
+    """
+    rows = []
+    with open(path, encoding="utf-8", newline="") as handle:
+        for number, fields in enumerate(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+            if not fields:
+                continue
+            if len(fields) not in (2, 3):
+                raise ValueError(f"{path}:{number}: {len(fields)} tab-separated columns, expected 2 or 3")
+            try:
+                label = int(fields[2]) if len(fields) == 3 else POSITIVE_LABEL
+            except ValueError:
+                raise ValueError(f"{path}:{number}: label {fields[2]!r} is not an integer") from None
+            rows.append((fields[0].strip(), fields[1].strip(), label))
+    return rows
 
 
 def status_bytes(pid: int, field: str) -> int:

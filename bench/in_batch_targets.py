@@ -21,23 +21,18 @@ The first model is the teacher.
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import POSITIVE_LABEL, read_pair_file
 from pipeline.evaluation.folder_encoder import FolderEncoder
 
 
 def read_pairs(path: Path) -> tuple[list[str], list[str]]:
     """The label-1 (anchor, positive) rows of a headerless ``anchor<TAB>positive<TAB>label`` file."""
-    anchors, positives = [], []
-    with path.open(newline="", encoding="utf-8") as f:
-        for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-            if len(row) >= 3 and row[2].strip() == "1":
-                anchors.append(row[0])
-                positives.append(row[1])
-    return anchors, positives
+    rows = [(anchor, positive) for anchor, positive, label in read_pair_file(path) if label == POSITIVE_LABEL]
+    return [anchor for anchor, _ in rows], [positive for _, positive in rows]
 
 
 def batch_distributions(

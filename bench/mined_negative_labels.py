@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from bench.common import POSITIVE_LABEL, read_pair_file
 from pipeline.mining.text_keys import normalize_text
 
 
@@ -45,13 +46,14 @@ class NegativeLabels:
 
 
 def negative_labels(
-    mined: Iterable[tuple[str, str | None]], pairs: Iterable[tuple[str, str, str]]
+    mined: Iterable[tuple[str, str | None]], pairs: Iterable[tuple[str, str, int]]
 ) -> NegativeLabels:
     """Count what the mined negatives are in the labelled pairs.
 
     Args:
         mined: ``(anchor, first negative or None)`` per mined row.
-        pairs: ``(sentence1, sentence2, label)`` rows, label ``"0"`` or ``"1"``.
+        pairs: ``(sentence1, sentence2, label)`` rows (:func:`~bench.common.read_pair_file`),
+            label 0 or 1.
 
     Returns:
         The counts over the rows with a negative.
@@ -59,7 +61,7 @@ def negative_labels(
     own_negatives: dict[str, set[str]] = defaultdict(set)
     positives_of: dict[str, set[str]] = defaultdict(set)
     for anchor, text, label in pairs:
-        target = own_negatives if label == "0" else positives_of
+        target = positives_of if label == POSITIVE_LABEL else own_negatives
         target[normalize_text(anchor)].add(normalize_text(text))
     every_positive = set().union(*positives_of.values())
     rows = own = other = 0
@@ -73,12 +75,6 @@ def negative_labels(
     return NegativeLabels(rows, own, other)
 
 
-def read_labelled_pairs(path: Path) -> list[tuple[str, str, str]]:
-    """The rows of a headerless ``sentence1<TAB>sentence2<TAB>label`` file."""
-    with path.open(encoding="utf-8") as lines:
-        return [tuple(line.rstrip("\n").split("\t")[:3]) for line in lines if line.strip()]  # type: ignore[misc]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mined", type=Path, required=True, help="jobs/mine.py's parquet output")
@@ -86,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     table = pq.read_table(args.mined, columns=["anchor", "negative_1"]).to_pydict()
     counts = negative_labels(
-        zip(table["anchor"], table["negative_1"], strict=True), read_labelled_pairs(args.pairs)
+        zip(table["anchor"], table["negative_1"], strict=True), read_pair_file(args.pairs)
     )
     print(counts.line())
 

@@ -78,10 +78,8 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.common import argument_parser
+from bench.common import POSITIVE_LABEL, argument_parser, read_pair_file
 
-POSITIVE_LABEL = 1
-"""The label of a paraphrase (positive) row in a headerless pair file."""
 ALL_ROWS = "all-rows"
 """``--mining-corpus``: the second column of every row of the ``--train`` pair file."""
 MNRL_SCALE = 20.0
@@ -92,31 +90,6 @@ DISTILL_KINDS = ("none", "kl", "margin_mse")
 DENOISE_DEPTH = 4
 """``--teacher-denoise-margin``: negatives mined a pair, as a multiple of ``--num-negatives``,
 for the teacher to drop from and the survivors to refill from."""
-
-
-def read_pair_file(path: str | Path) -> list[tuple[str, str, int]]:
-    """A headerless tab-separated pair file as it is: ``(sentence1, sentence2, label)`` per
-    line, stripped, quoting off (a ``"`` is text); a line of two columns is a positive pair.
-
-    Raises:
-        ValueError: a line without two or three columns, or whose label is not an integer,
-            naming the line.
-    """
-    import csv
-
-    rows = []
-    with open(path, encoding="utf-8", newline="") as handle:
-        for number, fields in enumerate(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
-            if not fields:
-                continue
-            if len(fields) not in (2, 3):
-                raise ValueError(f"{path}:{number}: {len(fields)} tab-separated columns, expected 2 or 3")
-            try:
-                label = int(fields[2]) if len(fields) == 3 else POSITIVE_LABEL
-            except ValueError:
-                raise ValueError(f"{path}:{number}: label {fields[2]!r} is not an integer") from None
-            rows.append((fields[0].strip(), fields[1].strip(), label))
-    return rows
 
 
 def mining_corpus(spec: str | None, train_path: str) -> list[str] | None:

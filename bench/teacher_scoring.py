@@ -31,21 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import DATA, Alternating, Benchmark, machine_report
+from bench.common import DATA, Alternating, Benchmark, machine_report, read_pair_file
 
 BENCHMARK = Benchmark(__spec__.name, "The teacher's pair scoring against sentence-transformers' CrossEncoder")
 TWITTER_TRAIN = DATA / "twitter-url" / "train.tsv"
 
 
 def read_pairs(path: Path, rows: int, seed: int = 0) -> tuple[list[str], list[str]]:
-    """``rows`` anchors from ``path`` and, for each, another row's positive."""
-    anchors, positives = [], []
-    with path.open(encoding="utf-8") as lines:
-        for line in lines:
-            fields = line.rstrip("\n").split("\t")
-            if len(fields) >= 2 and fields[0] and fields[1]:
-                anchors.append(fields[0])
-                positives.append(fields[1])
+    """``rows`` anchors from ``path`` (:func:`~bench.common.read_pair_file`, rows of any label
+    with both texts) and, for each, another row's second text."""
+    pairs = [(anchor, text) for anchor, text, _ in read_pair_file(path) if anchor and text]
+    anchors, positives = [anchor for anchor, _ in pairs], [text for _, text in pairs]
     if len(anchors) < 2:
         raise SystemExit(f"{path}: fewer than 2 (anchor, positive) rows")
     rng = np.random.default_rng(seed)

@@ -12,6 +12,7 @@ import math
 import pytest
 from conftest import write_beir
 
+import bench.common
 import bench.hard_negatives
 from bench import st_mnrl_recipe
 from pipeline.config.loading import load_config
@@ -648,4 +649,4 @@ def test_the_peer_reads_a_headerless_pair_file_as_it_is(tmp_path):
         st_mnrl_recipe.training_rows(str(path), None)
     path.write_text("a\tb\t1\tc\n", encoding="utf-8")
     with pytest.raises(ValueError, match="train.tsv:1: 4 tab-separated columns"):
-        st_mnrl_recipe.read_pair_file(path)
+        bench.common.read_pair_file(path)

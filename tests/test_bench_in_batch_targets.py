@@ -52,5 +52,8 @@ def test_summary_reads_the_own_column_of_each_batch_and_torchs_kl():
 
 def test_read_pairs_keeps_the_label_one_rows(tmp_path):
     path = tmp_path / "train.tsv"
-    path.write_text('a headline\ta tweet\t1\na headline\tanother "quoted" tweet\t0\nb\tc\t1\nshort row\n')
+    path.write_text('a headline\ta tweet\t1\na headline\tanother "quoted" tweet\t0\nb\tc\t1\n')
     assert read_pairs(path) == (["a headline", "b"], ["a tweet", "c"])
+    path.write_text("a headline\ta tweet\t1\nshort row\n")
+    with pytest.raises(ValueError, match="train.tsv:2: 1 tab-separated columns"):
+        read_pairs(path)

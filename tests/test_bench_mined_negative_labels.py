@@ -31,6 +31,6 @@ def test_negatives_are_counted_as_own_label_0_or_another_anchors_label_1(tmp_pat
     )
     # A label-1 text of the row's own anchor is not "another anchor's".
     counts = negative_labels(
-        [("Markets fall", "stocks slide on monday")], [("Markets fall", "stocks slide on Monday", "1")]
+        [("Markets fall", "stocks slide on monday")], [("Markets fall", "stocks slide on Monday", 1)]
     )
     assert (counts.rows, counts.own_label_0, counts.other_label_1) == (1, 0, 0)
