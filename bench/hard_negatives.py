@@ -232,6 +232,11 @@ TEACHER_PEERS = {
 plus ``bench.st_mnrl_recipe``'s teacher options, ``-d`` its denoising at :data:`TEACHER_MARGIN`,
 ``-k`` MNRL + 1.0 x DistillKLDivLoss / T² (T 0.05 on cosines: the pipeline's KL), ``-dk`` both."""
 RETRIEVAL_PEERS.update(dict.fromkeys(TEACHER_PEERS, 1))
+GIVEN_PEERS = {"st-given": ["--given-negatives"]}
+"""The peer of ``G``: MNRL on (anchor, positive, given negative), the file's label-0 texts dealt
+out to their anchor's rows as ``G`` deals them (``bench.st_mnrl_recipe --given-negatives``; the
+rows of an anchor without one, 109 of Twitter URL's 7,710, left out)."""
+RETRIEVAL_PEERS.update(dict.fromkeys(GIVEN_PEERS, 0))
 
 
 def st_mined(num_negatives: int) -> list[str]:
@@ -767,7 +772,7 @@ def run_retrieval_arm(task: Task, variant: str, seed: int | None, keep_dir: bool
     else:
         extra = ["--warmup-ratio", str(task.warmup_ratio), "--no-duplicates"]
         extra += st_mined(RETRIEVAL_PEERS[variant]) if RETRIEVAL_PEERS[variant] else []
-        extra += TEACHER_PEERS.get(variant, [])
+        extra += TEACHER_PEERS.get(variant, []) + GIVEN_PEERS.get(variant, [])
         result, wall, run_dir = train_peer(task, name, seed, extra)
         record = {**peer_record(name, wall, result), **score_retrieval(task, result["model_dir"], name)}
     if not keep_dir:

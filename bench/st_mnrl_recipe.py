@@ -10,7 +10,9 @@ A text file trains unsupervised (each sentence is its own positive, so only drop
 views apart: SimCSE as sentence-transformers does it); a jsonl with anchor/positive[/negative]
 trains supervised, and so does a ``.tsv`` pair file read as it is: headerless
 ``sentence1\tsentence2[\tlabel]``, quoting off (the twitter-url corpus), its label-1 rows (every
-row without a label column) as (anchor, positive). ``--max-rows`` picks the rows the pipeline picks (``data.max_rows``). MNRL's
+row without a label column) as (anchor, positive); with ``--given-negatives`` its label-0 rows'
+texts are negatives of their anchor's rows, dealt out as the pipeline's ``data.given_negatives``
+deals them, and the rows of an anchor without one are left out. ``--max-rows`` picks the rows the pipeline picks (``data.max_rows``). MNRL's
 scale 20 is SimCSE's temperature 0.05. ``--seed`` (default 42, as ``run.seed``) seeds the
 trainer: dropout, initialisation of anything new, and the order of the rows in batches (the
 rows themselves do not depend on it). ``--warmup-ratio`` (default 0) warms the learning rate up
@@ -109,17 +111,28 @@ def mining_corpus(spec: str | None, train_path: str) -> list[str] | None:
     return list(dict.fromkeys(t for t in texts if t))
 
 
-def training_rows(path: str, max_rows: int | None) -> dict[str, list[str]]:
+def training_rows(path: str, max_rows: int | None, *, given_negatives: bool = False) -> dict[str, list[str]]:
     """The rows ``data.max_rows`` selects: for text, distinct stripped sentences ordered by the
     pipeline's content hash; for jsonl, the first rows with a non-empty anchor and positive; for
     a ``.tsv`` pair file (:func:`read_pair_file`), the first label-1 rows with both texts
-    non-empty."""
+    non-empty, and with ``given_negatives`` each one's given negative (:func:`given_negative_texts`;
+    rows without one left out)."""
     from pipeline.data.utf8 import stable_row_id
 
     if path.endswith(".tsv"):
-        pairs = [(a, p) for a, p, label in read_pair_file(path) if label == POSITIVE_LABEL and a and p]
-        pairs = pairs[:max_rows] if max_rows else pairs
-        return {"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]}
+        rows = [(a, p, label) for a, p, label in read_pair_file(path) if a and p]
+        columns = {
+            "anchor": [a for a, _, label in rows if label == POSITIVE_LABEL],
+            "positive": [p for _, p, label in rows if label == POSITIVE_LABEL],
+        }
+        if given_negatives:
+            label_zero = [(a, text) for a, text, label in rows if label != POSITIVE_LABEL]
+            columns["negative"] = given_negative_texts(columns["anchor"], columns["positive"], label_zero)
+        columns = {name: values[:max_rows] if max_rows else values for name, values in columns.items()}
+        if given_negatives:  # MNRL needs the same columns in every row: those without one are left out
+            kept = [i for i, negative in enumerate(columns["negative"]) if negative is not None]
+            columns = {name: [values[i] for i in kept] for name, values in columns.items()}
+        return columns
     if path.endswith(".jsonl"):
         records = [
             json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()
@@ -137,6 +150,28 @@ def training_rows(path: str, max_rows: int | None) -> dict[str, list[str]]:
     ordered = sorted(lines, key=stable_row_id)
     ordered = ordered[:max_rows] if max_rows else ordered
     return {"anchor": ordered, "positive": list(ordered)}
+
+
+def given_negative_texts(
+    anchors: list[str], positives: list[str], label_zero: list[tuple[str, str]]
+) -> list[str | None]:
+    """Each (anchor, positive) row's given negative, one of its anchor's label-0 texts
+    (``label_zero``: (anchor, text) rows), dealt out as the pipeline's ``data.given_negatives``
+    deals them (:func:`~pipeline.data.pair_labels.round_robin_negatives` on the same text ids),
+    so both sides train on the same triplets; None where the anchor has none."""
+    import numpy as np
+
+    from pipeline.data.pair_labels import round_robin_negatives
+    from pipeline.data.utf8 import stable_row_id
+
+    def ids(texts: list[str]) -> np.ndarray:
+        return np.array([stable_row_id(t) for t in texts], dtype=np.int64)
+
+    negative_ids = round_robin_negatives(
+        ids(anchors), ids(positives), ids([a for a, _ in label_zero]), ids([t for _, t in label_zero])
+    )
+    text_of = {stable_row_id(t): t for _, t in label_zero}
+    return [text_of[n] if n >= 0 else None for n in negative_ids.tolist()]
 
 
 class PeerMining(NamedTuple):
@@ -506,6 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-duplicates", action="store_true", help="sentence-transformers' NO_DUPLICATES batch sampler"
     )
+    parser.add_argument(
+        "--given-negatives",
+        action="store_true",
+        help="a .tsv pair file's label-0 texts as negatives of their anchor's rows, dealt as the "
+        "pipeline's data.given_negatives deals them; rows without one are left out",
+    )
     defaults = PeerMining()
     mining = parser.add_argument_group(
         "hard-negative mining",
@@ -573,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.evaluation.scoring import evaluate_model_dir, score_summary
 
-    rows = training_rows(args.train, args.max_rows)
+    if args.given_negatives and not args.train.endswith(".tsv"):
+        parser.error("--given-negatives reads a .tsv pair file's label-0 rows")
+    rows = training_rows(args.train, args.max_rows, given_negatives=args.given_negatives)
     if args.distill != "none" and len(rows) < 3 and not args.mine_hard_negatives:
         parser.error("--distill needs negatives: --mine-hard-negatives, or a jsonl with a negative")
     scorer = None
@@ -627,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
             {k: f[k] for k in ("name", "spearman", "mrr_at_10", "recall_at_1")} for f in summary["files"]
         ]
     peer = "sentence-transformers MNRL" + (" on mine_hard_negatives" if mining_report else "")
+    if args.given_negatives:
+        peer += ", the file's label-0 negatives"
     if args.teacher_denoise_margin is not None:
         peer += ", denoised by the teacher"
     if args.distill != "none":

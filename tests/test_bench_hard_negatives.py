@@ -227,7 +227,7 @@ def test_each_retrieval_arm_trains_the_recipe_with_its_overrides_and_no_in_train
         assert hn.variant_overrides("twitter-url", arm) is None
     assert hn.parse_list(hn.TASKS["twitter-url"].variants) == [
         "start", "bm25", "A", "G", "S", "C", "U", "GS", "AL", "SL", "CL", "SE", "S3", "S3R", "S7", "S7R",
-        "TD", "TK", "TDK", "TK7", "CTDK", "TKT", "st", "st-mined", "st-mined3", "st-mined7", "st-teacher-d", "st-teacher-k", "st-teacher-dk",
+        "TD", "TK", "TDK", "TK7", "CTDK", "TKT", "st", "st-mined", "st-mined3", "st-mined7", "st-teacher-d", "st-teacher-k", "st-teacher-dk", "st-given",
     ]  # fmt: skip
     assert hn.st_mined(3)[hn.st_mined(3).index("--num-negatives") + 1] == "3"
     with pytest.raises(ValueError, match="not one of task twitter-url's: start,bm25,A"):
@@ -370,6 +370,10 @@ def test_the_peers_train_on_the_recipes_settings_and_are_scored_by_the_evaluator
     calls.clear()
     record = hn.run_retrieval_arm(task, "st", 1, keep_dir=True)
     assert "--no-duplicates" in calls[0] and "--mine-hard-negatives" not in calls[0]
+    assert "--given-negatives" not in calls[0]
+    calls.clear()
+    hn.run_retrieval_arm(task, "st-given", 1, keep_dir=True)
+    assert "--given-negatives" in calls[0] and "--mine-hard-negatives" not in calls[0]
     calls.clear()
     record = hn.run_retrieval_arm(task, "start", None, keep_dir=True)
     assert [c[1] for c in calls] == ["jobs/evaluate.py"] and calls[0][
@@ -619,6 +623,24 @@ def test_bm25_is_scored_by_the_evaluators_ranking_metrics(hn, tmp_path):
     assert record["mrr_at_10"] == pytest.approx(100 * (1 + 1 + 0.5) / 3)
     assert record["ndcg_at_10"] == pytest.approx(100 * (2 + 1 / math.log2(3)) / 3)
     assert record["recall_at_10"] == pytest.approx(100.0) and record["steps"] == 0
+
+
+def test_the_peer_given_the_files_negatives_deals_them_as_the_pipeline_does(tmp_path):
+    """``--given-negatives``: the j-th row of an anchor gets the (j mod n)-th of its n label-0
+    texts, in file order, never one of its own positives; rows of an anchor with none are left
+    out after ``--max-rows`` picked the rows, as ``G`` trains the same rows in-batch only."""
+    path = tmp_path / "train.tsv"
+    path.write_text(
+        "a\tp1\t1\na\tn1\t0\na\tp2\t1\na\tn2\t0\na\tp3\t1\n"
+        "a\tp1\t0\n"  # a label-0 text that is one of a's positives: not its negative
+        "b\tq\t1\nc\tr\t1\nc\tn1\t0\n",
+        encoding="utf-8",
+    )
+    assert st_mnrl_recipe.training_rows(str(path), None, given_negatives=True) == {
+        "anchor": ["a", "a", "a", "c"], "positive": ["p1", "p2", "p3", "r"], "negative": ["n1", "n2", "n1", "n1"],
+    }  # fmt: skip
+    assert st_mnrl_recipe.training_rows(str(path), 4, given_negatives=True)["positive"] == ["p1", "p2", "p3"]
+    assert "negative" not in st_mnrl_recipe.training_rows(str(path), None)
 
 
 def test_the_peer_reads_a_headerless_pair_file_as_it_is(tmp_path):
