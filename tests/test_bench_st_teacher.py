@@ -267,8 +267,9 @@ def test_the_teacher_peers_are_st_mined_with_the_t_arms_teacher_settings(tmp_pat
     assert commands["st-teacher-k"] == [*base, *teacher, *kl]
     assert commands["st-teacher-dk"] == [*base, *teacher, *margin, *kl]
     assert record["teacher_denoised"] == 900 and record["distill"] == "kl" and record["ndcg_at_10"] == 90.0
-    assert hn.parse_list(hn.TASKS["twitter-url"].variants)[-3:] == [
+    assert hn.parse_list(hn.TASKS["twitter-url"].variants)[-4:] == [
         "st-teacher-d",
         "st-teacher-k",
         "st-teacher-dk",
+        "st-given",
     ]
