@@ -197,6 +197,14 @@ RETRIEVAL_ARMS["TDK"] = [*RETRIEVAL_ARMS["TD"], "train.distill_weight=1.0"]
 RETRIEVAL_ARMS["TK7"] = [*RETRIEVAL_ARMS["S7"], f"mining.teacher.model={TEACHER}", "train.distill_weight=1.0"]
 RETRIEVAL_ARMS["CTDK"] = [*RETRIEVAL_ARMS["TDK"], "mining.refresh=every_epoch"]
 RETRIEVAL_ARMS["TKT"] = [*RETRIEVAL_ARMS["TK"], f"mining.teacher.temperature={SOFT_TEACHER_TEMPERATURE}"]
+"""Issue 71's teacher arms, ``S`` with the teacher's scores: ``TD`` its denoising, ``TK`` its
+KL distillation at weight 1 (InfoNCE's scale), ``TDK`` both; ``TK7`` the KL over the positive
+and 7 mined negatives (``S7``'s rows): listwise distillation has more of the teacher's ranking
+to pass on where a row holds more than one negative; ``CTDK`` is ``TDK`` refreshed every epoch
+(the teacher scoring each refresh's negatives): refreshing with the teacher against mining
+once with it; ``TKT`` is ``TK`` with the teacher's scores read at
+:data:`SOFT_TEACHER_TEMPERATURE` (a softer target than the student's temperature gives); ``TKx`` is ``TK`` distilling
+:data:`CROSS_FIT_TEACHER` instead."""
 CROSS_FIT_TEACHER = os.environ.get("BENCH_CROSS_FIT_TEACHER", "runs/teacher-mpnet-f0/model")
 """The teacher of ``TKx``: the recipe's teacher trained on fold 0 of the train pairs only
 (``bench.pair_folds``, ``bench/cross_fit_teacher.sh``), for students of fold 1 (``--data-path``):
@@ -207,14 +215,6 @@ RETRIEVAL_ARMS["TKx"] = [
 CROSS_FIT_ARMS = ("TKx",)
 """Arms the task's default grid leaves out: they mean something only on the fold their teacher
 never saw (``--data-path runs/folds/fold1.tsv``)."""
-"""Issue 71's teacher arms, ``S`` with the teacher's scores: ``TD`` its denoising, ``TK`` its
-KL distillation at weight 1 (InfoNCE's scale), ``TDK`` both; ``TK7`` the KL over the positive
-and 7 mined negatives (``S7``'s rows): listwise distillation has more of the teacher's ranking
-to pass on where a row holds more than one negative; ``CTDK`` is ``TDK`` refreshed every epoch
-(the teacher scoring each refresh's negatives): refreshing with the teacher against mining
-once with it; ``TKT`` is ``TK`` with the teacher's scores read at
-:data:`SOFT_TEACHER_TEMPERATURE` (a softer target than the student's temperature gives); ``TKx`` is ``TK`` distilling
-:data:`CROSS_FIT_TEACHER` instead."""
 EVALUATING_ARMS = ("SE",)
 """Arms that keep the recipe's evaluation while they train (early stopping needs it); every
 other arm evaluates nothing while it trains (:data:`NO_TRAINING_EVAL`)."""
