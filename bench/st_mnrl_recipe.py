@@ -167,10 +167,12 @@ def given_negative_texts(
     def ids(texts: list[str]) -> np.ndarray:
         return np.array([stable_row_id(t) for t in texts], dtype=np.int64)
 
+    zero_texts = [t for _, t in label_zero]
+    zero_ids = ids(zero_texts)
     negative_ids = round_robin_negatives(
-        ids(anchors), ids(positives), ids([a for a, _ in label_zero]), ids([t for _, t in label_zero])
+        ids(anchors), ids(positives), ids([a for a, _ in label_zero]), zero_ids
     )
-    text_of = {stable_row_id(t): t for _, t in label_zero}
+    text_of = dict(zip(zero_ids.tolist(), zero_texts, strict=True))
     return [text_of[n] if n >= 0 else None for n in negative_ids.tolist()]
 
 
