@@ -63,7 +63,7 @@ at every epoch boundary with the newest weights), ``U`` as ``C`` unfiltered (nai
 ``mining.relative_margin=null``, ``mining.range_min=0``, ``mining.max_score=null``), ``GS`` the
 given negatives and one mined as in ``S`` beside each (two hard negatives a row), ``AL``, ``SL``
 and ``CL`` as ``A``, ``S`` and ``C`` on length-grouped batches (``train.group_by_length=true``,
-issue 38). The peers
+issue 38), ``SH`` as ``S`` with its negative hardness-weighted (``train.hardness_strength``). The peers
 are ``bench.st_mnrl_recipe`` on the label-1 rows with the same batch size, lr, warm-up, max length,
 epochs and seed, on ``NO_DUPLICATES`` batches: ``st`` (MNRL, in-batch negatives) and
 ``st-mined`` (``mine_hard_negatives(dataset, model, corpus=<every distinct train tweet>,
@@ -77,7 +77,8 @@ positive dropped and the nearest survivor kept: ``bench.st_mnrl_recipe --teacher
 --teacher-denoise-margin 0.05``, as ``TD``), ``st-teacher-k`` (``st-mined`` on MNRL + 1.0 x
 ``DistillKLDivLoss`` / T² of the teacher's scores, T 0.05 on cosines: ``--distill kl
 --distill-weight 1.0``, as ``TK``) and ``st-teacher-dk`` (both, as ``TDK``;
-``teacher_denoised``, ``teacher_seconds`` in the results). ``start`` (the starting model) and
+``teacher_denoised``, ``teacher_seconds`` in the results), and ``st-mined-h`` (``st-mined`` with
+MNRL's hardness weighting at ``SH``'s strength: ``--hardness-strength``). ``start`` (the starting model) and
 ``bm25`` (the lexical floor: the ``bm25s`` package, in the ``dev`` extra; the bench says so where it is missing) train nothing
 and run once, with seed null, whatever ``--seeds``. ``--data-path`` trains every arm and peer on
 another train file of the recipe's format (issue 71's cross-fit: fold 1 of ``bench.pair_folds``,
@@ -179,6 +180,12 @@ evaluates the recipe's dev set while it trains, and exports its best epoch), ``S
 with 3 and 7 mined negatives a row, ``S3R`` and ``S7R`` the same drawn anew every epoch from
 each anchor's survivors among its :data:`NEGATIVE_WINDOW` nearest (``mining.sampling=random``):
 issue 71's k ablation, resampling apart from refreshing."""
+HARDNESS_STRENGTH = 2.0
+"""``train.hardness_strength`` of ``SH``: sentence-transformers' best measured setting (its
+PR #3667: ``hard_negatives`` mode at 2, +0.66 NanoBEIR nDCG@10 over 5 and over all-negatives)."""
+RETRIEVAL_ARMS["SH"] = [*RETRIEVAL_ARMS["S"], f"train.hardness_strength={HARDNESS_STRENGTH}"]
+"""``S`` with each row's mined negative hardness-weighted (Lan et al. 2025, Eq. 5): issue 71's
+"several negatives with hardness weighting" lever, on the one negative first."""
 TEACHER = os.environ.get("BENCH_TEACHER", "runs/teacher-mpnet-s1/model")
 """The teacher of the ``T`` arms: all-mpnet-base-v2 fine-tuned by the recipe, seed 1 (docs/results.md,
 "A teacher for the pairs task"); ``BENCH_TEACHER`` names another folder."""
@@ -237,6 +244,12 @@ GIVEN_PEERS = {"st-given": ["--given-negatives"]}
 out to their anchor's rows as ``G`` deals them (``bench.st_mnrl_recipe --given-negatives``; the
 rows of an anchor without one, 109 of Twitter URL's 7,710, left out)."""
 RETRIEVAL_PEERS.update(dict.fromkeys(GIVEN_PEERS, 0))
+HARDNESS_PEERS = {"st-mined-h": ["--hardness-strength", str(HARDNESS_STRENGTH)]}
+"""The peer of ``SH``: ``st-mined`` with MNRL's own hardness weighting at the same strength
+(``hardness_mode="hard_negatives"``)."""
+RETRIEVAL_PEERS.update(dict.fromkeys(HARDNESS_PEERS, 1))
+PEER_FLAGS = {**TEACHER_PEERS, **GIVEN_PEERS, **HARDNESS_PEERS}
+"""``bench.st_mnrl_recipe``'s flags of each peer beyond its mining."""
 
 
 def st_mined(num_negatives: int) -> list[str]:
@@ -772,7 +785,7 @@ def run_retrieval_arm(task: Task, variant: str, seed: int | None, keep_dir: bool
     else:
         extra = ["--warmup-ratio", str(task.warmup_ratio), "--no-duplicates"]
         extra += st_mined(RETRIEVAL_PEERS[variant]) if RETRIEVAL_PEERS[variant] else []
-        extra += TEACHER_PEERS.get(variant, []) + GIVEN_PEERS.get(variant, [])
+        extra += PEER_FLAGS.get(variant, [])
         result, wall, run_dir = train_peer(task, name, seed, extra)
         record = {**peer_record(name, wall, result), **score_retrieval(task, result["model_dir"], name)}
     if not keep_dir:

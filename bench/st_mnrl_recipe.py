@@ -379,10 +379,25 @@ def distillation_labels(scorer: TeacherScorer, rows: dict[str, list[str]], kind:
     return [[pos - neg for neg in negs] for pos, *negs in scores]
 
 
-def mnrl_with_distillation(model: Any, kind: str, weight: float) -> Any:
+def mnrl(model: Any, hardness_strength: float = 0.0) -> Any:
+    """``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05), with
+    ``--hardness-strength`` its hardness weighting of each row's own negatives
+    (``hardness_mode="hard_negatives"``, the pipeline's ``train.hardness_strength``)."""
+    try:
+        from sentence_transformers.sentence_transformer import losses
+    except ImportError:  # older releases: the package's losses module
+        from sentence_transformers import losses
+
+    hardness = {"hardness_mode": "hard_negatives", "hardness_strength": hardness_strength}
+    return losses.MultipleNegativesRankingLoss(
+        model, scale=MNRL_SCALE, **(hardness if hardness_strength else {})
+    )
+
+
+def mnrl_with_distillation(model: Any, kind: str, weight: float, hardness_strength: float = 0.0) -> Any:
     """The loss of ``--distill kind --distill-weight weight``: an ``MnrlWithDistillation``
     (:func:`mnrl_with_distillation_class`) of ``model``."""
-    return mnrl_with_distillation_class()(model, kind, weight)
+    return mnrl_with_distillation_class()(model, kind, weight, hardness_strength)
 
 
 @functools.cache
@@ -419,13 +434,13 @@ def mnrl_with_distillation_class() -> type:
         ``MarginMSELoss`` on cosines. The labels are the teacher's scores
         (:func:`distillation_labels`); MNRL ignores them."""
 
-        def __init__(self, model: Any, kind: str, weight: float):
+        def __init__(self, model: Any, kind: str, weight: float, hardness_strength: float = 0.0):
             super().__init__()
             if kind not in DISTILL_KINDS[1:]:
                 raise ValueError(f"distillation must be one of {', '.join(DISTILL_KINDS[1:])} (got {kind!r})")
             self.model = model
             self.kind, self.weight = kind, weight
-            self.mnrl = losses.MultipleNegativesRankingLoss(model, scale=MNRL_SCALE)
+            self.mnrl = mnrl(model, hardness_strength)
             if kind == "kl":
                 self.distill = losses.DistillKLDivLoss(
                     model, similarity_fct=pairwise_cos_sim, temperature=DISTILL_TEMPERATURE
@@ -465,6 +480,7 @@ def build_mnrl_trainer(
     bf16: bool | None = None,
     distill: str = "none",
     distill_weight: float = 1.0,
+    hardness_strength: float = 0.0,
 ) -> Any:
     """The peer every comparison here runs: ``SentenceTransformerTrainer`` with
     ``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05) on ``rows``
@@ -473,14 +489,14 @@ def build_mnrl_trainer(
     where ``no_duplicates`` (else its default sampler), no checkpoints, on :func:`peer_device`
     (on a GPU in bf16, as our workers' autocast; ``bf16`` asks for it on a CPU too). With
     ``distill`` (``kl`` or ``margin_mse``) the loss is :func:`mnrl_with_distillation` at
-    ``distill_weight``, and ``rows`` carry its ``label`` column (:func:`distillation_labels`)."""
+    ``distill_weight``, and ``rows`` carry its ``label`` column (:func:`distillation_labels`).
+    ``hardness_strength``: MNRL's hardness weighting of each row's own negatives (:func:`mnrl`)."""
     import datasets
     from sentence_transformers import (
         SentenceTransformer,
         SentenceTransformerTrainer,
         SentenceTransformerTrainingArguments,
     )
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
 
     device = peer_device()
     model = SentenceTransformer(str(model_dir), device=device)
@@ -506,9 +522,9 @@ def build_mnrl_trainer(
         model=model,
         args=train_args,
         train_dataset=datasets.Dataset.from_dict(rows),
-        loss=MultipleNegativesRankingLoss(model, scale=MNRL_SCALE)
+        loss=mnrl(model, hardness_strength)
         if distill == "none"
-        else mnrl_with_distillation(model, distill, distill_weight),
+        else mnrl_with_distillation(model, distill, distill_weight, hardness_strength),
         callbacks=callbacks,
     )
 
@@ -604,7 +620,16 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="weight of --distill beside MNRL (default: %(default)s)",
     )
+    parser.add_argument(
+        "--hardness-strength",
+        type=float,
+        default=0.0,
+        help="MNRL's hardness weighting of each row's own negatives (hardness_mode=hard_negatives), "
+        "as the pipeline's train.hardness_strength; 0: off (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
+    if args.hardness_strength < 0:
+        parser.error("--hardness-strength must be >= 0")
     uses_teacher = args.teacher_denoise_margin is not None or args.distill != "none"
     if uses_teacher and args.teacher is None:
         parser.error("--teacher-denoise-margin and --distill need --teacher")
@@ -656,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model, rows, Path(args.out) / "trainer", max_seq_len=args.max_seq_len,
         batch_size=args.batch_size, lr=args.lr, epochs=args.epochs, seed=args.seed,
         warmup_ratio=args.warmup_ratio, no_duplicates=args.no_duplicates,
-        distill=args.distill, distill_weight=args.distill_weight,
+        distill=args.distill, distill_weight=args.distill_weight, hardness_strength=args.hardness_strength,
     )  # fmt: skip
     model = trainer.model
     started = time.perf_counter()
@@ -676,6 +701,8 @@ def main(argv: list[str] | None = None) -> int:
         peer += ", the file's label-0 negatives"
     if args.teacher_denoise_margin is not None:
         peer += ", denoised by the teacher"
+    if args.hardness_strength:
+        peer += f", hardness-weighted negatives ({args.hardness_strength:g})"
     if args.distill != "none":
         peer += f", + {args.distill_weight:g} x " + (
             "DistillKLDivLoss / T^2" if args.distill == "kl" else "MarginMSELoss"
@@ -686,6 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": len(rows["anchor"]),
         **mining_report,
         **teacher_report,
+        **({"hardness_strength": args.hardness_strength} if args.hardness_strength else {}),
         "steps": trainer.state.global_step,
         "train_seconds": round(train_seconds, 1),
         "sentences_per_s": round(len(rows["anchor"]) * args.epochs / train_seconds, 1),

@@ -220,6 +220,35 @@ def test_a_tiny_peer_trains_with_the_teacher(
     assert (tmp_path / "out" / "model" / "config.json").exists()
 
 
+def test_a_tiny_peer_trains_with_hardness_weighted_negatives(
+    tmp_path, capsys, tiny_model_dir, paraphrase_pairs
+):
+    """``--hardness-strength``: MNRL's own hardness weighting (``hard_negatives`` mode) on mined
+    triplets, reported in the result line; a negative strength stops at the parser."""
+    anchors, positives = paraphrase_pairs
+    train = tmp_path / "train.jsonl"
+    train.write_text(
+        "".join(
+            json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(anchors, positives, strict=True)
+        ),
+        encoding="utf-8",
+    )
+    base = ["--model", str(tiny_model_dir), "--train", str(train), "--out", str(tmp_path / "out")]
+    argv = [
+        *base, "--max-rows", "96", "--batch-size", "16", "--no-duplicates", "--mine-hard-negatives",
+        "--range-min", "0", "--range-max", "16", "--relative-margin", "-1", "--hardness-strength", "2",
+    ]  # fmt: skip
+    assert st.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (
+        result["hardness_strength"] == 2.0 and "hardness-weighted" in result["peer"] and result["steps"] > 0
+    )
+    loss = st.mnrl(None, 2.0)
+    assert (loss.hardness_mode, loss.hardness_strength) == ("hard_negatives", 2.0)
+    with pytest.raises(SystemExit):
+        st.main([*base, "--hardness-strength", "-1"])
+
+
 def test_the_teacher_options_need_each_other(tmp_path):
     base = ["--model", "m", "--train", "t.txt", "--out", str(tmp_path)]
     for extra in (
@@ -252,7 +281,7 @@ def test_the_teacher_peers_are_st_mined_with_the_t_arms_teacher_settings(tmp_pat
 
     monkeypatch.setattr(hn, "run_logged", fake_run_logged)
     commands = {}
-    for arm in ("st-mined", "st-teacher-d", "st-teacher-k", "st-teacher-dk"):
+    for arm in ("st-mined", "st-teacher-d", "st-teacher-k", "st-teacher-dk", "st-mined-h"):
         assert hn.variant_overrides("twitter-url", arm) is None
         calls.clear()
         record = hn.run_retrieval_arm(task, arm, 1, keep_dir=True)
@@ -266,10 +295,12 @@ def test_the_teacher_peers_are_st_mined_with_the_t_arms_teacher_settings(tmp_pat
     assert commands["st-teacher-d"] == [*base, *teacher, *margin]
     assert commands["st-teacher-k"] == [*base, *teacher, *kl]
     assert commands["st-teacher-dk"] == [*base, *teacher, *margin, *kl]
+    assert commands["st-mined-h"] == [*base, "--hardness-strength", str(hn.HARDNESS_STRENGTH)]  # as SH
     assert record["teacher_denoised"] == 900 and record["distill"] == "kl" and record["ndcg_at_10"] == 90.0
-    assert hn.parse_list(hn.TASKS["twitter-url"].variants)[-4:] == [
+    assert hn.parse_list(hn.TASKS["twitter-url"].variants)[-5:] == [
         "st-teacher-d",
         "st-teacher-k",
         "st-teacher-dk",
         "st-given",
+        "st-mined-h",
     ]

@@ -95,7 +95,7 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
         "data.anchor_column", "data.positive_column", "data.negative_column", "data.label_column",
         "data.given_negatives", "mining.random_negatives", "train.hard_negative_weight",
         "mining.teacher.model", "mining.teacher.denoise_margin", "mining.teacher.temperature",
-        "train.distill_weight",
+        "train.distill_weight", "train.hardness_strength",
     ),
     "corpus": ("mining.batch_sampler", "train.mlm_weight"),
 }  # fmt: skip

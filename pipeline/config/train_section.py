@@ -52,6 +52,12 @@ class TrainSection:
     """Steps between MLflow metric flushes from rank 0."""
     hard_negative_weight: float = 0.0
     """Pairs task: added to the logit of a row's own hard negatives (SimCSE's weight)."""
+    hardness_strength: float = 0.0
+    """Pairs task: hardness weighting of a row's own hard negatives (Lan et al. 2025, Eq. 5,
+    as EmbeddingGemma applies it; sentence-transformers' ``hardness_strength`` with
+    ``hardness_mode="hard_negatives"``): ``hardness_strength`` x each negative's cosine
+    (no gradient through it) is added to its logit, so the harder of them weigh more. 0
+    turns it off; sentence-transformers measured 2 best (EmbeddingGemma uses 5)."""
     dup_rate: float = 0.0
     """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
     mlm_weight: float = 0.0
@@ -138,6 +144,7 @@ class TrainSection:
             ("train.mlm_weight", self.mlm_weight >= 0, "must be >= 0"),
             ("train.mini_batch_size", self.mini_batch_size >= 0, "must be >= 0 (0: no pieces)"),
             ("train.distill_weight", self.distill_weight >= 0, "must be >= 0"),
+            ("train.hardness_strength", self.hardness_strength >= 0, "must be >= 0"),
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
             (

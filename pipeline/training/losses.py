@@ -17,6 +17,7 @@ def simcse_loss(
     *,
     hard_negatives: torch.Tensor | None = None,
     hard_negative_weight: float = 0.0,
+    hardness_strength: float = 0.0,
     row_ids: torch.Tensor | None = None,
     hard_negative_mask: torch.Tensor | None = None,
     false_negative_mask: torch.Tensor | None = None,
@@ -32,6 +33,11 @@ def simcse_loss(
             negatives are also candidates for every other row.
         hard_negative_weight: added to the logits (after dividing by the temperature) of
             row i's own hard negatives, SimCSE's formulation; 0.0 adds no extra weight.
+        hardness_strength: ``alpha`` of hardness weighting (Lan et al. 2025, Eq. 5, on a row's
+            own hard negatives as EmbeddingGemma applies it; sentence-transformers'
+            ``hardness_mode="hard_negatives"``): ``alpha * stop_grad(cos(a_i, h_ik))`` is added
+            to the logit of each of row i's own hard negatives (after dividing by the
+            temperature), so a harder one weighs more in the softmax; 0.0: off.
         row_ids: optional ``(n,)`` integer corpus ids. Candidate ``positives[j]`` with
             ``row_ids[j] == row_ids[i]`` and ``j != i`` is masked out of row i's softmax, so a
             sentence that occurs twice in a batch is never its own negative.
@@ -76,10 +82,15 @@ def simcse_loss(
             )
         m = negatives.shape[1]
         flat = F.normalize(negatives.float().reshape(n * m, -1), dim=-1)
-        negative_logits = a @ flat.T / temperature  # column j*m + k: row j's k-th negative
-        if hard_negative_weight:
+        negative_cosines = a @ flat.T  # column j*m + k: row j's k-th negative
+        negative_logits = negative_cosines / temperature
+        if hard_negative_weight or hardness_strength:
             own = torch.arange(n * m, device=a.device) // m == torch.arange(n, device=a.device)[:, None]
-            negative_logits = negative_logits + hard_negative_weight * own.to(negative_logits.dtype)
+            # A row's own negatives: SimCSE's constant weight, and the hardness weight, which
+            # grows with the cosine so the harder negatives take more of the softmax; detached,
+            # it reweights the candidates without a gradient of its own.
+            bonus = hard_negative_weight + hardness_strength * negative_cosines.detach()
+            negative_logits = negative_logits + bonus * own
         if hard_negative_mask is not None:
             absent = ~hard_negative_mask.reshape(1, n * m).to(torch.bool)
             negative_logits = negative_logits.masked_fill(absent, float("-inf"))

@@ -75,6 +75,7 @@ def make_train_step(
             corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device,
             distill_weight=cfg.train.distill_weight, distill_loss=cfg.train.distill_loss,
             teacher_temperature=cfg.mining.teacher.temperature, bf16=bf16,
+            hardness_strength=cfg.train.hardness_strength,
         )  # fmt: skip
     if triplets is not None:
         raise ValueError(f"triplet rows given, but task: {cfg.task}")

@@ -49,6 +49,9 @@ class TripletStep:
     teacher_temperature: float | None = None
     """``mining.teacher.temperature``: at which the teacher's scores are logits; None: the
     student's ``temperature``."""
+    hardness_strength: float = 0.0
+    """``train.hardness_strength``: the hardness weight of each row's own hard negatives
+    (:func:`~pipeline.training.losses.simcse_loss`); 0: off."""
     bf16: bool | None = None
     """Forward passes under bf16 autocast (weights, gradients and loss stay fp32); None: where
     the device computes bf16 natively (:func:`~pipeline.model.accel.native_bf16`)."""
@@ -101,6 +104,7 @@ class TripletStep:
             temperature=self.temperature,
             hard_negatives=gather_across_workers(negative_embeddings, sizes),
             hard_negative_weight=self.hard_negative_weight,
+            hardness_strength=self.hardness_strength,
             # Positions stand for ids: one position is one distinct text.
             row_ids=to_device(triplets.positive[batch.rows], device),
             hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,

@@ -6,7 +6,7 @@ from pipeline.config.loading import load_config
 from pipeline.config.schema import REMOVED_KEYS, Config
 from pipeline.core.errors import ConfigError
 
-MOST_KEYS = 77
+MOST_KEYS = 78
 """Issue 37's bound on the whole config (70), and issue 71's ``train.mlm_weight`` (SimCSE's
 auxiliary objective, a loss option by request) and its teacher: ``mining.teacher.model``,
 ``mining.teacher.denoise_margin``, ``train.distill_weight`` and ``train.distill_loss``, the
@@ -15,10 +15,12 @@ which a user's own cross-encoder sets (its default follows the kind; the teacher
 pooling are its folder's, its text length and batch the run's); and ``train.mini_batch_size``,
 activation memory traded for one more forward pass, which only the user can weigh (what else
 shares the device, how large a batch and how many negatives they want), as sentence-transformers'
-cached losses leave it to theirs. Knobs a measurement or the hardware decides are not keys."""
+cached losses leave it to theirs; and ``train.hardness_strength``, the hardness weighting of
+issue 71's table, which sentence-transformers' MNRL offers its users as ``hardness_strength``.
+Knobs a measurement or the hardware decides are not keys."""
 
 
-def test_the_whole_config_has_at_most_77_keys():
+def test_the_whole_config_has_at_most_78_keys():
     keys = Config().flat()
     assert len(keys) <= MOST_KEYS, f"{len(keys)} config keys: {sorted(keys)}"
 
@@ -42,6 +44,7 @@ def test_a_removed_key_stops_with_one_line_that_says_what_decides_it_now(key):
         ("corpus", "data.anchor_column=query", "pairs"),
         ("corpus", "data.label_column=label", "pairs"),
         ("corpus", "train.hard_negative_weight=1.0", "pairs"),
+        ("corpus", "train.hardness_strength=2.0", "pairs"),
         ("pairs", "mining.batch_sampler=knn", "corpus"),
     ],
 )

@@ -265,3 +265,42 @@ def test_known_positives_of_an_anchor_are_never_its_in_batch_negatives():
     want[0, 4 + 3] = want[1, 4 + 3] = True  # row 3's negative (text 21) too
     want[2, 2] = want[3, 3] = True  # their own positives, which the loss never masks
     assert (got == want).all()
+
+
+@pytest.mark.parametrize(
+    ("m", "strength", "weight"), [(1, 2.0, 0.0), (3, 5.0, 0.0), (3, 2.0, 0.8), (2, 0.0, 0.0)]
+)
+def test_hardness_weighting_is_sentence_transformers_mnrl_hard_negatives_mode(m, strength, weight):
+    """``hardness_strength`` against sentence-transformers' own implementation
+    (``MultipleNegativesRankingLoss(hardness_mode="hard_negatives")``, Lan et al. 2025 Eq. 5):
+    the same loss and the same gradients on the same embeddings. Its columns are the positives,
+    then each negative slot for every row; ours interleave a row's slots. A softmax does not
+    care. SimCSE's constant weight has no counterpart there; it is added by hand to its
+    logits here through a bias on the own-negative cosines (w x t, since they are scaled by 1/t)."""
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    t, n, d = 0.05, 6, 8
+    rng = np.random.default_rng(11)
+    a, p, h = (torch.tensor(rng.normal(size=s), dtype=torch.float32, requires_grad=True)
+               for s in ((n, d), (n, d), (n, m, d)))  # fmt: skip
+    ours = simcse_loss(a, p, t, hard_negatives=h, hardness_strength=strength, hard_negative_weight=weight)
+    ours_grads = torch.autograd.grad(ours, (a, p, h))
+
+    def cos_with_simcse_weight(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        sims = F.normalize(x, dim=-1) @ F.normalize(y, dim=-1).T
+        own = (torch.arange(len(y)) % n)[None, :] == torch.arange(len(x))[:, None]
+        own[:, :n] = False  # the positives' columns
+        # The hardness term reads the cosine without the bias, as ours reads it before the weight.
+        return sims + (weight * t) * own / (1 + strength * t)
+
+    mode = {"hardness_mode": "hard_negatives", "hardness_strength": strength} if strength else {}
+    loss = MultipleNegativesRankingLoss(None, scale=1 / t, similarity_fct=cos_with_simcse_weight, **mode)
+    theirs = loss.compute_loss_from_embeddings([a, p, *h.unbind(dim=1)], None)
+    theirs_grads = torch.autograd.grad(theirs, (a, p, h))
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+    for mine, reference in zip(ours_grads, theirs_grads, strict=True):
+        assert torch.allclose(mine, reference, atol=1e-6)
+    if strength:  # and it is not the loss without it
+        assert ours.item() != pytest.approx(
+            simcse_loss(a, p, t, hard_negatives=h, hard_negative_weight=weight).item()
+        )

@@ -122,6 +122,39 @@ def test_triplet_step_uses_exactly_the_present_given_and_mined_negatives(model, 
     assert abs(without_mined.item() - loss.item()) > 1e-3
 
 
+def test_triplet_step_weights_each_rows_own_negatives_by_hardness(model, corpus):
+    """``train.hardness_strength`` reaches the loss: the step's loss is
+    :func:`simcse_loss` (checked against sentence-transformers' MNRL in test_losses) with that
+    strength on each text's own embedding, and not the loss without it."""
+    base = [*TRIPLET, "train.temperature=0.05"]
+    triplets = Triplets(
+        anchor=np.array([0, 1, 2]), positive=np.array([4, 5, 6]), negative=np.array([-1, -1, -1])
+    )
+    mined = np.array([[9, 8], [10, -1], [11, 12]])
+    model.eval()
+    batch = GlobalBatch(np.arange(3), [3], 0, mined)
+    weighted, _ = make_train_step(load_config(None, [*base, "train.hardness_strength=2.0"]), corpus, triplets, CPU,
+                                  bf16=False)(model, batch, None)  # fmt: skip
+    plain, _ = make_train_step(load_config(None, base), corpus, triplets, CPU, bf16=False)(model, batch, None)
+
+    def embedded(texts: np.ndarray) -> torch.Tensor:
+        rows = [
+            _embed(model, *corpus.batch(np.array([t])))[0]
+            if t >= 0
+            else np.zeros(model.encoder.config.hidden_size)
+            for t in texts.ravel()
+        ]
+        return torch.tensor(np.stack(rows), dtype=torch.float32).reshape(*texts.shape, -1)
+
+    slots = np.concatenate([triplets.negative[:, None], mined], axis=1)
+    expected = simcse_loss(
+        embedded(triplets.anchor), embedded(triplets.positive), 0.05, hard_negatives=embedded(slots),
+        hardness_strength=2.0, hard_negative_mask=torch.from_numpy(slots >= 0),
+    )  # fmt: skip
+    assert weighted.item() == pytest.approx(expected.item(), rel=1e-4)
+    assert abs(weighted.item() - plain.item()) > 1e-4
+
+
 def test_triplet_step_pads_anchors_apart_from_positives_and_negatives(model, corpus):
     """Short queries are not padded to the longest document (sentence-transformers pads each
     column on its own): the encoder sees the anchors at their own longest width."""
