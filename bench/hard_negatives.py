@@ -523,7 +523,8 @@ def run_facts(task: Task, run: Any) -> dict[str, Any]:
     """What a finished pipeline run says besides its scores: rows, steps (the exported model's),
     training and run seconds, the mining seconds summed over its refreshes (``mining/total_s``)
     and what training waited for them (``mining/refresh_wait_s``), the latest ``mining/``
-    metrics and the MLflow run id."""
+    metrics, the MLflow run id and the forward passes' precision (``bf16`` where the machine
+    computes it natively, else ``fp32``: runs of one arm on two machines can differ by it)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=task.tracking_uri)
@@ -546,6 +547,7 @@ def run_facts(task: Task, run: Any) -> dict[str, Any]:
         out["run_seconds"] = round((run.info.end_time - run.info.start_time) / 1000, 1)
     out["mining"] = {k: v for k, v in sorted(metrics.items()) if k.startswith("mining/")}
     out["mlflow_run_id"] = run.info.run_id
+    out["forward_dtype"] = run.data.tags.get("simcse.forward_dtype")
     return out
 
 

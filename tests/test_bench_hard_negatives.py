@@ -310,6 +310,28 @@ def retrieval_task(hn, tmp_path):
     )  # fmt: skip
 
 
+def test_a_runs_facts_come_from_its_mlflow_run_precision_included(hn, tmp_path):
+    """What a result line says besides its scores is read from the run as the job logged it
+    (a real sqlite store): rows, the exported step, the epochs' and refreshes' seconds summed,
+    and the forward passes' precision, which differs between machines with and without bf16."""
+    from mlflow.tracking import MlflowClient
+
+    task = retrieval_task(hn, tmp_path)
+    client = MlflowClient(tracking_uri=task.tracking_uri)
+    run_id = client.create_run(client.create_experiment("bench")).info.run_id
+    client.log_param(run_id, "data/rows", "7710")
+    client.set_tag(run_id, "simcse.exported_step", "363")
+    client.set_tag(run_id, "simcse.forward_dtype", "fp32")
+    for step, seconds in enumerate((600.0, 550.5, 549.5)):
+        client.log_metric(run_id, "train/epoch_seconds", seconds, step=step)
+    client.log_metric(run_id, "mining/total_s", 240.0)
+    client.set_terminated(run_id)
+    facts = hn.run_facts(task, client.get_run(run_id))
+    assert facts["rows"] == 7710 and facts["steps"] == 363 and facts["forward_dtype"] == "fp32"
+    assert facts["train_seconds"] == 1700.0 and facts["mining_seconds"] == 240.0
+    assert facts["mining"] == {"mining/total_s": 240.0} and facts["mlflow_run_id"] == run_id
+
+
 def evaluator_json(ndcg, **extra):
     """``jobs/evaluate.py --retrieval DEV --json``'s object for one BEIR set."""
     scores = {
