@@ -383,15 +383,19 @@ def mnrl(model: Any, hardness_strength: float = 0.0) -> Any:
     """``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05), with
     ``--hardness-strength`` its hardness weighting of each row's own negatives
     (``hardness_mode="hard_negatives"``, the pipeline's ``train.hardness_strength``)."""
+    hardness = {"hardness_mode": "hard_negatives", "hardness_strength": hardness_strength}
+    return st_losses().MultipleNegativesRankingLoss(
+        model, scale=MNRL_SCALE, **(hardness if hardness_strength else {})
+    )
+
+
+def st_losses() -> Any:
+    """sentence-transformers' losses module, where this release keeps it."""
     try:
         from sentence_transformers.sentence_transformer import losses
     except ImportError:  # older releases: the package's losses module
         from sentence_transformers import losses
-
-    hardness = {"hardness_mode": "hard_negatives", "hardness_strength": hardness_strength}
-    return losses.MultipleNegativesRankingLoss(
-        model, scale=MNRL_SCALE, **(hardness if hardness_strength else {})
-    )
+    return losses
 
 
 def mnrl_with_distillation(model: Any, kind: str, weight: float, hardness_strength: float = 0.0) -> Any:
@@ -407,10 +411,7 @@ def mnrl_with_distillation_class() -> type:
     import torch
     from sentence_transformers.util import pairwise_cos_sim
 
-    try:
-        from sentence_transformers.sentence_transformer import losses
-    except ImportError:  # older releases: the package's losses module
-        from sentence_transformers import losses
+    losses = st_losses()
     try:
         from sentence_transformers.base.losses.merged_forward import embed_columns
     except ImportError:  # older releases: one forward a column, as their losses did
