@@ -188,6 +188,25 @@ def test_mining_with_the_teacher_keeps_each_pairs_nearest_survivors(tiny_model_d
     assert len(labels[0]) == 2 and len(scorer._row) == encoded
 
 
+def tiny_mined_peer_argv(tmp_path, tiny_model_dir, paraphrase_pairs) -> list[str]:
+    """``bench.st_mnrl_recipe``'s arguments for a tiny peer on ``paraphrase_pairs`` (written to
+    a jsonl under ``tmp_path``), its negatives mined: 96 rows in batches of 16, the 16 nearest,
+    no margin."""
+    anchors, positives = paraphrase_pairs
+    train = tmp_path / "train.jsonl"
+    train.write_text(
+        "".join(
+            json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(anchors, positives, strict=True)
+        ),
+        encoding="utf-8",
+    )
+    return [
+        "--model", str(tiny_model_dir), "--train", str(train), "--max-rows", "96", "--batch-size", "16",
+        "--out", str(tmp_path / "out"), "--no-duplicates", "--mine-hard-negatives", "--range-min", "0",
+        "--range-max", "16", "--relative-margin", "-1",
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("teacher_args", "distill"),
     [
@@ -198,18 +217,8 @@ def test_mining_with_the_teacher_keeps_each_pairs_nearest_survivors(tiny_model_d
 def test_a_tiny_peer_trains_with_the_teacher(
     tmp_path, capsys, tiny_model_dir, paraphrase_pairs, teacher_args, distill
 ):
-    anchors, positives = paraphrase_pairs
-    train = tmp_path / "train.jsonl"
-    train.write_text(
-        "".join(
-            json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(anchors, positives, strict=True)
-        ),
-        encoding="utf-8",
-    )
     argv = [
-        "--model", str(tiny_model_dir), "--train", str(train), "--max-rows", "96", "--batch-size", "16",
-        "--out", str(tmp_path / "out"), "--no-duplicates", "--mine-hard-negatives", "--range-min", "0",
-        "--range-max", "16", "--relative-margin", "-1", "--teacher", str(tiny_model_dir),
+        *tiny_mined_peer_argv(tmp_path, tiny_model_dir, paraphrase_pairs), "--teacher", str(tiny_model_dir),
         *teacher_args, "--distill-weight", "0.5",
     ]  # fmt: skip
     assert st.main(argv) == 0
@@ -225,20 +234,8 @@ def test_a_tiny_peer_trains_with_hardness_weighted_negatives(
 ):
     """``--hardness-strength``: MNRL's own hardness weighting (``hard_negatives`` mode) on mined
     triplets, reported in the result line; a negative strength stops at the parser."""
-    anchors, positives = paraphrase_pairs
-    train = tmp_path / "train.jsonl"
-    train.write_text(
-        "".join(
-            json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in zip(anchors, positives, strict=True)
-        ),
-        encoding="utf-8",
-    )
-    base = ["--model", str(tiny_model_dir), "--train", str(train), "--out", str(tmp_path / "out")]
-    argv = [
-        *base, "--max-rows", "96", "--batch-size", "16", "--no-duplicates", "--mine-hard-negatives",
-        "--range-min", "0", "--range-max", "16", "--relative-margin", "-1", "--hardness-strength", "2",
-    ]  # fmt: skip
-    assert st.main(argv) == 0
+    argv = tiny_mined_peer_argv(tmp_path, tiny_model_dir, paraphrase_pairs)
+    assert st.main([*argv, "--hardness-strength", "2"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (
         result["hardness_strength"] == 2.0 and "hardness-weighted" in result["peer"] and result["steps"] > 0
@@ -246,7 +243,7 @@ def test_a_tiny_peer_trains_with_hardness_weighted_negatives(
     loss = st.mnrl(None, 2.0)
     assert (loss.hardness_mode, loss.hardness_strength) == ("hard_negatives", 2.0)
     with pytest.raises(SystemExit):
-        st.main([*base, "--hardness-strength", "-1"])
+        st.main([*argv, "--hardness-strength", "-1"])
 
 
 def test_the_teacher_options_need_each_other(tmp_path):
