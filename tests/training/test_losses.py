@@ -275,8 +275,9 @@ def test_hardness_weighting_is_sentence_transformers_mnrl_hard_negatives_mode(m,
     (``MultipleNegativesRankingLoss(hardness_mode="hard_negatives")``, Lan et al. 2025 Eq. 5):
     the same loss and the same gradients on the same embeddings. Its columns are the positives,
     then each negative slot for every row; ours interleave a row's slots. A softmax does not
-    care. SimCSE's constant weight has no counterpart there; it is added by hand to its
-    logits here through a bias on the own-negative cosines (w x t, since they are scaled by 1/t)."""
+    care. SimCSE's constant weight has no counterpart there; it reaches its logits here as a bias
+    b on the own-negative cosines, which both its scale (1/t) and its hardness term (alpha)
+    multiply: b = w / (1/t + alpha) adds exactly w to each such logit."""
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     t, n, d = 0.05, 6, 8
@@ -290,8 +291,7 @@ def test_hardness_weighting_is_sentence_transformers_mnrl_hard_negatives_mode(m,
         sims = F.normalize(x, dim=-1) @ F.normalize(y, dim=-1).T
         own = (torch.arange(len(y)) % n)[None, :] == torch.arange(len(x))[:, None]
         own[:, :n] = False  # the positives' columns
-        # The hardness term reads the cosine without the bias, as ours reads it before the weight.
-        return sims + (weight * t) * own / (1 + strength * t)
+        return sims + weight / (1 / t + strength) * own
 
     mode = {"hardness_mode": "hard_negatives", "hardness_strength": strength} if strength else {}
     loss = MultipleNegativesRankingLoss(None, scale=1 / t, similarity_fct=cos_with_simcse_weight, **mode)
