@@ -63,7 +63,8 @@ at every epoch boundary with the newest weights), ``U`` as ``C`` unfiltered (nai
 ``mining.relative_margin=null``, ``mining.range_min=0``, ``mining.max_score=null``), ``GS`` the
 given negatives and one mined as in ``S`` beside each (two hard negatives a row), ``AL``, ``SL``
 and ``CL`` as ``A``, ``S`` and ``C`` on length-grouped batches (``train.group_by_length=true``,
-issue 38), ``SH`` as ``S`` with its negative hardness-weighted (``train.hardness_strength``). The peers
+issue 38), ``SH`` as ``S`` with its negative hardness-weighted (``train.hardness_strength``), ``SG``
+as ``S`` with GTE's four-term loss (``train.directions``). The peers
 are ``bench.st_mnrl_recipe`` on the label-1 rows with the same batch size, lr, warm-up, max length,
 epochs and seed, on ``NO_DUPLICATES`` batches: ``st`` (MNRL, in-batch negatives) and
 ``st-mined`` (``mine_hard_negatives(dataset, model, corpus=<every distinct train tweet>,
@@ -78,7 +79,8 @@ positive dropped and the nearest survivor kept: ``bench.st_mnrl_recipe --teacher
 ``DistillKLDivLoss`` / T² of the teacher's scores, T 0.05 on cosines: ``--distill kl
 --distill-weight 1.0``, as ``TK``) and ``st-teacher-dk`` (both, as ``TDK``;
 ``teacher_denoised``, ``teacher_seconds`` in the results), and ``st-mined-h`` (``st-mined`` with
-MNRL's hardness weighting at ``SH``'s strength: ``--hardness-strength``). ``start`` (the starting model) and
+MNRL's hardness weighting at ``SH``'s strength: ``--hardness-strength``), ``st-mined-gte``
+(``st-mined`` with MNRL's ``directions`` as ``SG``'s: ``--directions``). ``start`` (the starting model) and
 ``bm25`` (the lexical floor: the ``bm25s`` package, in the ``dev`` extra; the bench says so where it is missing) train nothing
 and run once, with seed null, whatever ``--seeds``. ``--data-path`` trains every arm and peer on
 another train file of the recipe's format (issue 71's cross-fit: fold 1 of ``bench.pair_folds``,
@@ -187,6 +189,12 @@ weighting a row's own negatives beat weighting every negative)."""
 RETRIEVAL_ARMS["SH"] = [*RETRIEVAL_ARMS["S"], f"train.hardness_strength={HARDNESS_STRENGTH}"]
 """``S`` with each row's mined negative hardness-weighted (Lan et al. 2025, Eq. 5): issue 71's
 "several negatives with hardness weighting" lever, on the one negative first."""
+GTE_DIRECTIONS = "query_to_doc,query_to_query,doc_to_query,doc_to_doc"
+"""``train.directions`` of ``SG``: GTE's improved contrastive loss (Li et al. 2023), every term in
+one softmax, as sentence-transformers' MNRL offers it (``partition_mode="joint"``)."""
+RETRIEVAL_ARMS["SG"] = [*RETRIEVAL_ARMS["S"], f"train.directions=[{GTE_DIRECTIONS}]"]
+"""``S`` with GTE's loss: each row's positive also scored against the batch's anchors, and
+anchors and documents against their own kind."""
 TEACHER = os.environ.get("BENCH_TEACHER", "runs/teacher-mpnet-s1/model")
 """The teacher of the ``T`` arms: all-mpnet-base-v2 fine-tuned by the recipe, seed 1 (docs/results.md,
 "A teacher for the pairs task"); ``BENCH_TEACHER`` names another folder."""
@@ -249,7 +257,10 @@ HARDNESS_PEERS = {"st-mined-h": ["--hardness-strength", str(HARDNESS_STRENGTH)]}
 """The peer of ``SH``: ``st-mined`` with MNRL's own hardness weighting at the same strength
 (``hardness_mode="hard_negatives"``)."""
 RETRIEVAL_PEERS.update(dict.fromkeys(HARDNESS_PEERS, 1))
-PEER_FLAGS = {**TEACHER_PEERS, **GIVEN_PEERS, **HARDNESS_PEERS}
+DIRECTIONS_PEERS = {"st-mined-gte": ["--directions", GTE_DIRECTIONS]}
+"""The peer of ``SG``: ``st-mined`` with MNRL's own ``directions`` (the same four, joint)."""
+RETRIEVAL_PEERS.update(dict.fromkeys(DIRECTIONS_PEERS, 1))
+PEER_FLAGS = {**TEACHER_PEERS, **GIVEN_PEERS, **HARDNESS_PEERS, **DIRECTIONS_PEERS}
 """``bench.st_mnrl_recipe``'s flags of each peer beyond its mining."""
 
 

@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench.common import POSITIVE_LABEL, argument_parser, read_pair_file
+from pipeline.config.train_section import CONTRASTIVE_DIRECTIONS
 
 ALL_ROWS = "all-rows"
 """``--mining-corpus``: the second column of every row of the ``--train`` pair file."""
@@ -379,14 +380,16 @@ def distillation_labels(scorer: TeacherScorer, rows: dict[str, list[str]], kind:
     return [[pos - neg for neg in negs] for pos, *negs in scores]
 
 
-def mnrl(model: Any, hardness_strength: float = 0.0) -> Any:
+def mnrl(model: Any, hardness_strength: float = 0.0, directions: tuple[str, ...] = ("query_to_doc",)) -> Any:
     """``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05), with
     ``--hardness-strength`` its hardness weighting of each row's own negatives
-    (``hardness_mode="hard_negatives"``, the pipeline's ``train.hardness_strength``)."""
+    (``hardness_mode="hard_negatives"``, the pipeline's ``train.hardness_strength``) and
+    ``--directions`` its terms in one joint softmax (the pipeline's ``train.directions``)."""
     hardness = {"hardness_mode": "hard_negatives", "hardness_strength": hardness_strength}
     return st_losses().MultipleNegativesRankingLoss(
-        model, scale=MNRL_SCALE, **(hardness if hardness_strength else {})
-    )
+        model, scale=MNRL_SCALE, directions=directions, partition_mode="joint",
+        **(hardness if hardness_strength else {}),
+    )  # fmt: skip
 
 
 def st_losses() -> Any:
@@ -398,10 +401,10 @@ def st_losses() -> Any:
     return losses
 
 
-def mnrl_with_distillation(model: Any, kind: str, weight: float, hardness_strength: float = 0.0) -> Any:
+def mnrl_with_distillation(model: Any, kind: str, weight: float, mnrl_loss: Any) -> Any:
     """The loss of ``--distill kind --distill-weight weight``: an ``MnrlWithDistillation``
-    (:func:`mnrl_with_distillation_class`) of ``model``."""
-    return mnrl_with_distillation_class()(model, kind, weight, hardness_strength)
+    (:func:`mnrl_with_distillation_class`) of ``model`` beside ``mnrl_loss`` (:func:`mnrl`)."""
+    return mnrl_with_distillation_class()(model, kind, weight, mnrl_loss)
 
 
 @functools.cache
@@ -435,13 +438,13 @@ def mnrl_with_distillation_class() -> type:
         ``MarginMSELoss`` on cosines. The labels are the teacher's scores
         (:func:`distillation_labels`); MNRL ignores them."""
 
-        def __init__(self, model: Any, kind: str, weight: float, hardness_strength: float = 0.0):
+        def __init__(self, model: Any, kind: str, weight: float, mnrl_loss: Any):
             super().__init__()
             if kind not in DISTILL_KINDS[1:]:
                 raise ValueError(f"distillation must be one of {', '.join(DISTILL_KINDS[1:])} (got {kind!r})")
             self.model = model
             self.kind, self.weight = kind, weight
-            self.mnrl = mnrl(model, hardness_strength)
+            self.mnrl = mnrl_loss
             if kind == "kl":
                 self.distill = losses.DistillKLDivLoss(
                     model, similarity_fct=pairwise_cos_sim, temperature=DISTILL_TEMPERATURE
@@ -482,6 +485,7 @@ def build_mnrl_trainer(
     distill: str = "none",
     distill_weight: float = 1.0,
     hardness_strength: float = 0.0,
+    directions: tuple[str, ...] = ("query_to_doc",),
 ) -> Any:
     """The peer every comparison here runs: ``SentenceTransformerTrainer`` with
     ``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05) on ``rows``
@@ -491,7 +495,8 @@ def build_mnrl_trainer(
     (on a GPU in bf16, as our workers' autocast; ``bf16`` asks for it on a CPU too). With
     ``distill`` (``kl`` or ``margin_mse``) the loss is :func:`mnrl_with_distillation` at
     ``distill_weight``, and ``rows`` carry its ``label`` column (:func:`distillation_labels`).
-    ``hardness_strength``: MNRL's hardness weighting of each row's own negatives (:func:`mnrl`)."""
+    ``hardness_strength`` and ``directions``: MNRL's hardness weighting of each row's own
+    negatives and its terms (:func:`mnrl`)."""
     import datasets
     from sentence_transformers import (
         SentenceTransformer,
@@ -502,6 +507,7 @@ def build_mnrl_trainer(
     device = peer_device()
     model = SentenceTransformer(str(model_dir), device=device)
     model.max_seq_length = max_seq_len
+    contrastive = mnrl(model, hardness_strength, directions)
     train_args = SentenceTransformerTrainingArguments(
         output_dir=str(out_dir),
         num_train_epochs=epochs,
@@ -523,9 +529,9 @@ def build_mnrl_trainer(
         model=model,
         args=train_args,
         train_dataset=datasets.Dataset.from_dict(rows),
-        loss=mnrl(model, hardness_strength)
+        loss=contrastive
         if distill == "none"
-        else mnrl_with_distillation(model, distill, distill_weight, hardness_strength),
+        else mnrl_with_distillation(model, distill, distill_weight, contrastive),
         callbacks=callbacks,
     )
 
@@ -628,9 +634,18 @@ def main(argv: list[str] | None = None) -> int:
         help="MNRL's hardness weighting of each row's own negatives (hardness_mode=hard_negatives), "
         "as the pipeline's train.hardness_strength; 0: off (default: %(default)s)",
     )
+    parser.add_argument(
+        "--directions",
+        type=lambda value: tuple(value.split(",")),
+        default=("query_to_doc",),
+        help="MNRL's terms in one joint softmax, comma-separated (query_to_doc, query_to_query, "
+        "doc_to_query, doc_to_doc), as the pipeline's train.directions (default: query_to_doc)",
+    )
     args = parser.parse_args(argv)
     if args.hardness_strength < 0:
         parser.error("--hardness-strength must be >= 0")
+    if "query_to_doc" not in args.directions or not set(args.directions) <= set(CONTRASTIVE_DIRECTIONS):
+        parser.error(f"--directions must include query_to_doc and be of {', '.join(CONTRASTIVE_DIRECTIONS)}")
     uses_teacher = args.teacher_denoise_margin is not None or args.distill != "none"
     if uses_teacher and args.teacher is None:
         parser.error("--teacher-denoise-margin and --distill need --teacher")
@@ -683,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size, lr=args.lr, epochs=args.epochs, seed=args.seed,
         warmup_ratio=args.warmup_ratio, no_duplicates=args.no_duplicates,
         distill=args.distill, distill_weight=args.distill_weight, hardness_strength=args.hardness_strength,
+        directions=args.directions,
     )  # fmt: skip
     model = trainer.model
     started = time.perf_counter()
@@ -704,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
         peer += ", denoised by the teacher"
     if args.hardness_strength:
         peer += f", hardness-weighted negatives ({args.hardness_strength:g})"
+    if args.directions != ("query_to_doc",):
+        peer += f", directions {'+'.join(args.directions)}"
     if args.distill != "none":
         peer += f", + {args.distill_weight:g} x " + (
             "DistillKLDivLoss / T^2" if args.distill == "kl" else "MarginMSELoss"
@@ -715,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         **mining_report,
         **teacher_report,
         **({"hardness_strength": args.hardness_strength} if args.hardness_strength else {}),
+        **({"directions": list(args.directions)} if args.directions != ("query_to_doc",) else {}),
         "steps": trainer.state.global_step,
         "train_seconds": round(train_seconds, 1),
         "sentences_per_s": round(len(rows["anchor"]) * args.epochs / train_seconds, 1),

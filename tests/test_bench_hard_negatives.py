@@ -226,9 +226,9 @@ def test_each_retrieval_arm_trains_the_recipe_with_its_overrides_and_no_in_train
     for arm in ("st", "st-mined", "start", "bm25"):
         assert hn.variant_overrides("twitter-url", arm) is None
     assert hn.parse_list(hn.TASKS["twitter-url"].variants) == [
-        "start", "bm25", "A", "G", "S", "C", "U", "GS", "AL", "SL", "CL", "SE", "S3", "S3R", "S7", "S7R", "SH",
+        "start", "bm25", "A", "G", "S", "C", "U", "GS", "AL", "SL", "CL", "SE", "S3", "S3R", "S7", "S7R", "SH", "SG",
         "TD", "TK", "TDK", "TK7", "CTDK", "TKT", "st", "st-mined", "st-mined3", "st-mined7", "st-teacher-d", "st-teacher-k", "st-teacher-dk", "st-given",
-        "st-mined-h",
+        "st-mined-h", "st-mined-gte",
     ]  # fmt: skip
     assert hn.st_mined(3)[hn.st_mined(3).index("--num-negatives") + 1] == "3"
     with pytest.raises(ValueError, match="not one of task twitter-url's: start,bm25,A"):
@@ -251,7 +251,7 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
     assert {arm: c.mining.refresh for arm, c in configs.items()} == {
         "A": "never", "G": "never", "S": "once", "C": "every_epoch", "U": "every_epoch", "GS": "once",
         "AL": "never", "SL": "once", "CL": "every_epoch", "SE": "once",
-        "S3": "once", "S3R": "once", "S7": "once", "S7R": "once", "SH": "once", "TD": "once", "TK": "once", "TDK": "once",
+        "S3": "once", "S3R": "once", "S7": "once", "S7R": "once", "SH": "once", "SG": "once", "TD": "once", "TK": "once", "TDK": "once",
         "TK7": "once", "CTDK": "every_epoch", "TKT": "once", "TKx": "once",
     }  # fmt: skip
     # The teacher arms: S with the teacher's denoising (TD), its distillation (TK), or both;
@@ -290,6 +290,13 @@ def test_the_retrieval_arms_overrides_are_valid_settings_of_a_pair_mode_config(h
         *hn.variant_overrides("twitter-url", "S")[:-2],
         f"train.hardness_strength={hn.HARDNESS_STRENGTH}",
     ]
+    # SG is S with GTE's four-term loss, and the only arm that changes the loss's terms.
+    assert {
+        arm: c.train.directions for arm, c in configs.items() if c.train.directions != ["query_to_doc"]
+    } == {"SG": hn.GTE_DIRECTIONS.split(",")}
+    assert hn.variant_overrides("twitter-url", "SG")[:-2] == [
+        *hn.variant_overrides("twitter-url", "S")[:-2], f"train.directions=[{hn.GTE_DIRECTIONS}]",
+    ]  # fmt: skip
     # A is the ungrouped in-batch arm of the earlier records; unset, such rows are grouped (AL).
     assert configs["A"].train.group_by_length is False
     assert [arm for arm, c in configs.items() if c.data.given_negatives] == ["G", "GS"]

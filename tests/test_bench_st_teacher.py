@@ -56,7 +56,7 @@ def test_the_combined_loss_is_mnrl_plus_the_weighted_distillation(tiny_model_dir
     teacher = np.array([[0.9, 0.3, 0.1], [0.8, 0.6, 0.2], [0.7, 0.65, 0.0], [0.95, 0.2, 0.4]], np.float32)
     labels = teacher if kind == "kl" else teacher[:, :1] - teacher[:, 1:]
     weight = 0.7
-    loss = st.mnrl_with_distillation(model, kind, weight)
+    loss = st.mnrl_with_distillation(model, kind, weight, st.mnrl(model))
     with torch.no_grad():
         combined = float(loss(features_of(model, columns), torch.tensor(labels)))
         plain_mnrl = float(MultipleNegativesRankingLoss(model, scale=20.0)(features_of(model, columns), None))
@@ -229,21 +229,30 @@ def test_a_tiny_peer_trains_with_the_teacher(
     assert (tmp_path / "out" / "model" / "config.json").exists()
 
 
-def test_a_tiny_peer_trains_with_hardness_weighted_negatives(
+def test_a_tiny_peer_trains_with_hardness_weighted_negatives_and_gtes_directions(
     tmp_path, capsys, tiny_model_dir, paraphrase_pairs
 ):
-    """``--hardness-strength``: MNRL's own hardness weighting (``hard_negatives`` mode) on mined
-    triplets, reported in the result line; a negative strength stops at the parser."""
+    """``--hardness-strength``: MNRL's own hardness weighting (``hard_negatives`` mode), and
+    ``--directions``: its terms in one joint softmax, on mined triplets, both reported in the
+    result line; a negative strength or an unknown direction stops at the parser."""
     argv = tiny_mined_peer_argv(tmp_path, tiny_model_dir, paraphrase_pairs)
-    assert st.main([*argv, "--hardness-strength", "2"]) == 0
+    gte = "query_to_doc,query_to_query,doc_to_query,doc_to_doc"
+    assert st.main([*argv, "--hardness-strength", "2", "--directions", gte]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (
         result["hardness_strength"] == 2.0 and "hardness-weighted" in result["peer"] and result["steps"] > 0
     )
-    loss = st.mnrl(None, 2.0)
+    assert result["directions"] == gte.split(",") and "directions" in result["peer"]
+    loss = st.mnrl(None, 2.0, tuple(gte.split(",")))
     assert (loss.hardness_mode, loss.hardness_strength) == ("hard_negatives", 2.0)
-    with pytest.raises(SystemExit):
-        st.main([*argv, "--hardness-strength", "-1"])
+    assert (loss.directions, loss.partition_mode) == (tuple(gte.split(",")), "joint")
+    for bad in (
+        ["--hardness-strength", "-1"],
+        ["--directions", "doc_to_query"],
+        ["--directions", "query_to_doc,x"],
+    ):
+        with pytest.raises(SystemExit):
+            st.main([*argv, *bad])
 
 
 def test_the_teacher_options_need_each_other(tmp_path):

@@ -10,6 +10,11 @@ from pipeline.config.check import Check
 
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
+CONTRASTIVE_DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")
+"""The interaction terms the contrastive loss can put in one softmax (``train.directions``), in
+sentence-transformers' names (``MultipleNegativesRankingLoss(directions=...)``);
+``query_to_doc`` is InfoNCE's own."""
+
 LENGTH_GROUP_BATCHES = 50
 """Batches per length-sorted group with ``train.group_by_length``: Hugging Face's megabatch
 (``LengthGroupedSampler``). Larger groups mean less padding but narrower length ranges inside
@@ -58,6 +63,13 @@ class TrainSection:
     ``hardness_mode="hard_negatives"``): ``hardness_strength`` x each negative's cosine
     (no gradient through it) is added to its logit, so the harder of them weigh more. 0
     turns it off; sentence-transformers measured 2 best (EmbeddingGemma uses 5)."""
+    directions: list[str] = field(default_factory=lambda: ["query_to_doc"])
+    """The contrastive loss's terms, one softmax a row (:data:`CONTRASTIVE_DIRECTIONS`;
+    sentence-transformers' ``directions`` with ``partition_mode="joint"``): ``query_to_doc``
+    (InfoNCE, always), ``doc_to_query`` (each positive against every anchor: the symmetric
+    term), ``query_to_query`` and ``doc_to_doc`` (anchors against anchors, positives against
+    positives and negatives); all four are GTE's improved contrastive loss (Li et al. 2023). In
+    the corpus task the anchor and positive are a sentence's two views."""
     dup_rate: float = 0.0
     """ESimCSE word repetition on the second view (0.32 in ESimCSE); 0 turns it off."""
     mlm_weight: float = 0.0
@@ -145,6 +157,13 @@ class TrainSection:
             ("train.mini_batch_size", self.mini_batch_size >= 0, "must be >= 0 (0: no pieces)"),
             ("train.distill_weight", self.distill_weight >= 0, "must be >= 0"),
             ("train.hardness_strength", self.hardness_strength >= 0, "must be >= 0"),
+            (
+                "train.directions",
+                "query_to_doc" in self.directions
+                and set(self.directions) <= set(CONTRASTIVE_DIRECTIONS)
+                and len(set(self.directions)) == len(self.directions),
+                f"must include query_to_doc and be distinct names of {', '.join(CONTRASTIVE_DIRECTIONS)}",
+            ),
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
             (

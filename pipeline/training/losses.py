@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from pipeline.config.train_section import CONTRASTIVE_DIRECTIONS as DIRECTIONS
+
 
 def simcse_loss(
     anchors: torch.Tensor,
@@ -21,6 +23,7 @@ def simcse_loss(
     row_ids: torch.Tensor | None = None,
     hard_negative_mask: torch.Tensor | None = None,
     false_negative_mask: torch.Tensor | None = None,
+    directions: tuple[str, ...] = ("query_to_doc",),
 ) -> torch.Tensor:
     """InfoNCE over cosine similarities, as in SimCSE.
 
@@ -52,27 +55,47 @@ def simcse_loss(
             pairs task: :func:`pipeline.training.triplet_step.known_positive_candidates`).
             The diagonal (each row's own positive) is ignored. A constant: no gradient flows
             through it.
+        directions: which interaction terms share row i's softmax (``train.directions``:
+            :data:`~pipeline.config.train_section.CONTRASTIVE_DIRECTIONS`, joint
+            partition: sentence-transformers' ``MultipleNegativesRankingLoss`` with these
+            ``directions`` and ``partition_mode="joint"``): ``query_to_doc``, always, the
+            candidates above; ``doc_to_query``, ``cos(p_i, a_j)`` for all j (the symmetric
+            term); ``query_to_query``, ``cos(a_i, a_j)``, j != i; ``doc_to_doc``,
+            ``cos(p_i, p_j)``, j != i, and ``cos(p_i, h_jk)``, j != i. All four are GTE's
+            improved contrastive loss (Li et al. 2023). In the added terms a pair the masks
+            relate is no negative: in-batch j is row i's *partner* when ``positives[j]`` is
+            masked out of row i's candidates above (a ``row_ids`` duplicate or a known
+            positive); ``doc_to_query`` leaves out the anchors j whose partner row i is,
+            ``query_to_query`` and ``doc_to_doc`` the rows partnered either way, and
+            ``doc_to_doc`` the hard negatives flagged for row i. Hardness and SimCSE's weight
+            apply to ``query_to_doc`` alone, as in sentence-transformers.
 
     Returns:
         Scalar tensor: the mean over the n rows of ``-log softmax(logits_i)[i]`` where
         ``logits_i = [cos(a_i, p_j) / t for all j] ++ [cos(a_i, h_jk) / t for all j, k]``,
         without the candidates flagged for row i and the ``row_ids``-duplicates of row i
-        (never ``j == i``).
+        (never ``j == i``), followed by the other ``directions``' terms.
 
     Raises:
-        ValueError: a non-positive temperature or mismatched shapes.
+        ValueError: a non-positive temperature, mismatched shapes or an unknown direction.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if "query_to_doc" not in directions or not set(directions) <= set(DIRECTIONS):
+        raise ValueError(
+            f"directions must include query_to_doc and be of {', '.join(DIRECTIONS)}, got {directions}"
+        )
     if anchors.shape != positives.shape:
         raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ")
     n = anchors.shape[0]
     a = F.normalize(anchors.float(), dim=-1)
-    logits = a @ F.normalize(positives.float(), dim=-1).T / temperature
+    p = F.normalize(positives.float(), dim=-1)
+    logits = a @ p.T / temperature
     if row_ids is not None:
         same = row_ids.view(-1, 1) == row_ids.view(1, -1)
         same.fill_diagonal_(False)
         logits = logits.masked_fill(same, float("-inf"))
+    flat = None
     if hard_negatives is not None:
         negatives = hard_negatives.unsqueeze(1) if hard_negatives.dim() == 2 else hard_negatives
         if negatives.shape[0] != n or negatives.shape[-1] != anchors.shape[-1]:
@@ -97,8 +120,53 @@ def simcse_loss(
         logits = torch.cat([logits, negative_logits], dim=1)
     if false_negative_mask is not None:
         logits = _without_false_negatives(logits, false_negative_mask)
+    if set(directions) != {"query_to_doc"}:
+        # What the masks took out of row i's query_to_doc softmax is -inf there: in-batch
+        # partners and flagged hard negatives, never row i's own positive.
+        removed = torch.isinf(logits.detach())
+        logits = torch.cat(
+            [logits, *_other_directions(a, p, flat, removed, directions=directions, temperature=temperature)],
+            dim=1,
+        )
     targets = torch.arange(n, device=anchors.device)
     return F.cross_entropy(logits, targets)
+
+
+def _other_directions(
+    a: torch.Tensor,
+    p: torch.Tensor,
+    negatives: torch.Tensor | None,
+    removed: torch.Tensor,
+    *,
+    directions: tuple[str, ...],
+    temperature: float,
+) -> list[torch.Tensor]:
+    """The logits of :func:`simcse_loss`'s terms other than ``query_to_doc``, row i's in row i.
+
+    ``a``, ``p``: ``(n, d)`` unit anchors and positives; ``negatives``: ``(n*m, d)`` unit hard
+    negatives or None; ``removed``: ``(n, n + n*m)`` bool, True where ``query_to_doc`` left
+    the candidate out of row i's softmax."""
+    n = a.shape[0]
+    eye = torch.eye(n, dtype=torch.bool, device=a.device)
+    partner = removed[:, :n]
+    either = partner | partner.T
+    terms = []
+    if "query_to_query" in directions:
+        terms.append((a @ a.T).masked_fill(eye | either, float("-inf")))
+    if "doc_to_query" in directions:
+        # Row i's document against every anchor, its own included (sentence-transformers' joint
+        # softmax counts the positive pair there too); an anchor that row i's document is a known
+        # positive of is no negative of it.
+        terms.append((p @ a.T).masked_fill(partner.T, float("-inf")))
+    if "doc_to_doc" in directions:
+        terms.append((p @ p.T).masked_fill(eye | either, float("-inf")))
+        if negatives is not None:
+            m = negatives.shape[0] // n
+            own = torch.arange(n * m, device=a.device) // m == torch.arange(n, device=a.device)[:, None]
+            # A row's own negatives belong to its query, as in sentence-transformers; absent and
+            # flagged ones are no candidates here either.
+            terms.append((p @ negatives.T).masked_fill(own | removed[:, n:], float("-inf")))
+    return [term / temperature for term in terms]
 
 
 def _without_false_negatives(logits: torch.Tensor, false_negative_mask: torch.Tensor) -> torch.Tensor:
@@ -178,6 +246,8 @@ def global_batch_simcse_loss(
     sizes: list[int],
     global_row_ids: torch.Tensor | None,
     temperature: float,
+    *,
+    directions: tuple[str, ...] = ("query_to_doc",),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unsupervised SimCSE loss over the global batch of all DDP workers.
 
@@ -186,6 +256,7 @@ def global_batch_simcse_loss(
         sizes: rows per rank of this global batch.
         global_row_ids: ``(sum(sizes),)`` corpus ids of the global batch, rank order.
         temperature: InfoNCE temperature.
+        directions: :func:`simcse_loss`'s terms, the first view as the anchor.
 
     Returns:
         ``(loss, loss_to_backward)``: the global-batch loss (the same value on every rank),
@@ -193,5 +264,7 @@ def global_batch_simcse_loss(
         of one process computing ``loss`` on the concatenated batch.
     """
     views = gather_across_workers(torch.stack([local_view1, local_view2], dim=1), sizes)
-    loss = simcse_loss(views[:, 0], views[:, 1], temperature=temperature, row_ids=global_row_ids)
+    loss = simcse_loss(
+        views[:, 0], views[:, 1], temperature=temperature, row_ids=global_row_ids, directions=directions
+    )
     return loss, loss * len(sizes)

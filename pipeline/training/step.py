@@ -75,7 +75,7 @@ def make_train_step(
             corpus, triplets, cfg.train.temperature, cfg.train.hard_negative_weight, device,
             distill_weight=cfg.train.distill_weight, distill_loss=cfg.train.distill_loss,
             teacher_temperature=cfg.mining.teacher.temperature, bf16=bf16,
-            hardness_strength=cfg.train.hardness_strength,
+            hardness_strength=cfg.train.hardness_strength, directions=tuple(cfg.train.directions),
         )  # fmt: skip
     if triplets is not None:
         raise ValueError(f"triplet rows given, but task: {cfg.task}")
@@ -83,7 +83,7 @@ def make_train_step(
         raise ValueError("train.mlm_weight needs the tokenizer's masking spec")
     return UnsupervisedStep(
         corpus, cfg.train.temperature, cfg.train.dup_rate, device, bf16=bf16,
-        mlm_weight=cfg.train.mlm_weight, masking=masking,
+        mlm_weight=cfg.train.mlm_weight, masking=masking, directions=tuple(cfg.train.directions),
     )  # fmt: skip
 
 

@@ -52,6 +52,8 @@ class TripletStep:
     hardness_strength: float = 0.0
     """``train.hardness_strength``: the hardness weight of each row's own hard negatives
     (:func:`~pipeline.training.losses.simcse_loss`); 0: off."""
+    directions: tuple[str, ...] = ("query_to_doc",)
+    """``train.directions``: the loss's terms (:func:`~pipeline.training.losses.simcse_loss`)."""
     bf16: bool | None = None
     """Forward passes under bf16 autocast (weights, gradients and loss stay fp32); None: where
     the device computes bf16 natively (:func:`~pipeline.model.accel.native_bf16`)."""
@@ -105,6 +107,7 @@ class TripletStep:
             hard_negatives=gather_across_workers(negative_embeddings, sizes),
             hard_negative_weight=self.hard_negative_weight,
             hardness_strength=self.hardness_strength,
+            directions=self.directions,
             # Positions stand for ids: one position is one distinct text.
             row_ids=to_device(triplets.positive[batch.rows], device),
             hard_negative_mask=gather_across_workers(present_t.float(), sizes) > 0.5,

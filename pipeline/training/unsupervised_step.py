@@ -62,6 +62,9 @@ class UnsupervisedStep:
     tokens' cross-entropy (the reference's ``do_mlm`` with ``mlm_weight``; 0: off)."""
     masking: MaskingSpec | None = None
     """How the MLM copies are masked; needed when ``mlm_weight`` > 0 (the model then has an MLM head)."""
+    directions: tuple[str, ...] = ("query_to_doc",)
+    """``train.directions``: the loss's terms, the first view as the anchor
+    (:func:`~pipeline.training.losses.simcse_loss`)."""
 
     def __call__(
         self, model: Any, batch: GlobalBatch, augment_rng: np.random.Generator
@@ -137,7 +140,9 @@ class UnsupervisedStep:
         Returns:
             ``(loss, loss_to_backward)``, as :class:`~pipeline.training.step.TrainStep`.
         """
-        return global_batch_simcse_loss(view1, view2, list(sizes), global_ids, self.temperature)
+        return global_batch_simcse_loss(
+            view1, view2, list(sizes), global_ids, self.temperature, directions=self.directions
+        )
 
 
 def two_views(

@@ -50,6 +50,9 @@ def test_defaults_follow_simcse():
         ("run.name=a/b", "run.name"),
         ("train.label_selector=gpu", "train.label_selector"),  # a mapping of labels
         ("mining.label_selector.role=3", "mining.label_selector.role"),  # values are strings
+        ("train.directions=[doc_to_query]", "train.directions"),  # InfoNCE's own term is kept
+        ("train.directions=[query_to_doc,docs_to_query]", "train.directions"),
+        ("train.directions=[query_to_doc,query_to_doc]", "train.directions"),
     ],
 )
 def test_bad_values_name_the_key(override, key):

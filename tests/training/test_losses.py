@@ -304,3 +304,114 @@ def test_hardness_weighting_is_sentence_transformers_mnrl_hard_negatives_mode(m,
         assert ours.item() != pytest.approx(
             simcse_loss(a, p, t, hard_negatives=h, hard_negative_weight=weight).item()
         )
+
+
+GTE = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")
+
+
+@pytest.mark.parametrize(
+    ("directions", "m", "strength"),
+    [
+        (("query_to_doc", "doc_to_query"), 0, 0.0),
+        (("query_to_doc", "doc_to_query"), 2, 0.0),
+        (("query_to_doc", "query_to_query"), 1, 0.0),
+        (("query_to_doc", "doc_to_doc"), 3, 0.0),
+        (GTE, 0, 0.0),
+        (GTE, 2, 2.0),
+    ],
+)
+def test_directions_are_sentence_transformers_mnrl_joint_directions(directions, m, strength):
+    """``directions`` against sentence-transformers' ``MultipleNegativesRankingLoss(directions=...,
+    partition_mode="joint")`` on the same embeddings, with and without hard negatives and with
+    its hardness weighting: the same loss and the same gradients. All four are GTE's improved
+    contrastive loss; with one direction more the loss differs from InfoNCE's."""
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    t, n, d = 0.05, 6, 8
+    rng = np.random.default_rng(12)
+    a, p = (torch.tensor(rng.normal(size=(n, d)), dtype=torch.float32, requires_grad=True) for _ in range(2))
+    h = torch.tensor(rng.normal(size=(n, m, d)), dtype=torch.float32, requires_grad=True) if m else None
+    inputs = (a, p) if h is None else (a, p, h)
+    ours = simcse_loss(a, p, t, hard_negatives=h, hardness_strength=strength, directions=directions)
+    ours_grads = torch.autograd.grad(ours, inputs)
+    mode = {"hardness_mode": "hard_negatives", "hardness_strength": strength} if strength else {}
+    loss = MultipleNegativesRankingLoss(
+        None, scale=1 / t, directions=directions, partition_mode="joint", **mode
+    )
+    theirs = loss.compute_loss_from_embeddings([a, p, *([] if h is None else h.unbind(dim=1))], None)
+    theirs_grads = torch.autograd.grad(theirs, inputs)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+    for mine, reference in zip(ours_grads, theirs_grads, strict=True):
+        assert torch.allclose(mine, reference, atol=1e-6)
+    infonce = simcse_loss(a, p, t, hard_negatives=h, hardness_strength=strength).item()
+    assert ours.item() != pytest.approx(infonce)
+
+
+def _numpy_gte(a, p, t, h, ids, flagged, flagged_negatives, present):
+    """Independent reference of the four directions in one softmax a row, float64, with the
+    masks' rule written out: in-batch j is row i's partner where ``ids`` match or ``flagged[i,
+    j]``; query_to_query and doc_to_doc leave out partners either way, doc_to_query the anchors
+    j that row i is a partner of, doc_to_doc also row i's own, absent and flagged negatives."""
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    a, p, h = unit(a), unit(p), unit(h)
+    n, m = h.shape[:2]
+    partner = np.array([[j != i and (ids[i] == ids[j] or flagged[i, j]) for j in range(n)] for i in range(n)])
+    total = 0.0
+    for i in range(n):
+        logits = [a[i] @ p[j] for j in range(n) if not partner[i, j]]
+        logits += [
+            a[i] @ h[j, k]
+            for j in range(n)
+            for k in range(m)
+            if present[j, k] and not flagged_negatives[i, j, k]
+        ]
+        logits += [a[i] @ a[j] for j in range(n) if j != i and not (partner[i, j] or partner[j, i])]
+        logits += [p[i] @ a[j] for j in range(n) if not partner[j, i]]
+        logits += [p[i] @ p[j] for j in range(n) if j != i and not (partner[i, j] or partner[j, i])]
+        logits += [
+            p[i] @ h[j, k]
+            for j in range(n)
+            for k in range(m)
+            if j != i and present[j, k] and not flagged_negatives[i, j, k]
+        ]
+        logits = np.array(logits) / t
+        total += np.log(np.exp(logits - logits.max()).sum()) + logits.max() - a[i] @ p[i] / t
+    return total / n
+
+
+def test_directions_leave_out_what_the_masks_relate_in_every_term():
+    """With duplicates (``row_ids``), known positives (``false_negative_mask`` over in-batch
+    candidates and hard negatives) and absent negative slots, GTE's four directions equal the
+    reference that writes the rule out row by row: a sentence the masks call row i's positive
+    is no negative of its anchor or its document in any term."""
+    t, n, m, d = 0.05, 6, 2, 8
+    rng = np.random.default_rng(13)
+    a, p = rng.normal(size=(n, d)), rng.normal(size=(n, d))
+    h = rng.normal(size=(n, m, d))
+    ids = np.array([0, 1, 1, 2, 3, 4])  # rows 1 and 2 share a positive text
+    present = np.ones((n, m), dtype=bool)
+    present[4, 1] = False
+    flagged = np.zeros((n, n), dtype=bool)
+    flagged[0, 3] = True  # row 3's positive is a known positive of anchor 0 (not the reverse)
+    flagged_negatives = np.zeros((n, n, m), dtype=bool)
+    flagged_negatives[5, 0, 1] = True  # row 0's second negative is a known positive of anchor 5
+    mask = np.concatenate([flagged, flagged_negatives.reshape(n, n * m)], axis=1)
+    ours = simcse_loss(
+        *(torch.tensor(x, dtype=torch.float32) for x in (a, p)), t,
+        hard_negatives=torch.tensor(h, dtype=torch.float32), row_ids=torch.tensor(ids),
+        hard_negative_mask=torch.tensor(present), false_negative_mask=torch.tensor(mask), directions=GTE,
+    )  # fmt: skip
+    want = _numpy_gte(a, p, t, h, ids, flagged, flagged_negatives, present)
+    assert ours.item() == pytest.approx(want, rel=1e-5)
+    unmasked = simcse_loss(
+        *(torch.tensor(x, dtype=torch.float32) for x in (a, p)), t,
+        hard_negatives=torch.tensor(h, dtype=torch.float32), directions=GTE,
+    )  # fmt: skip
+    assert unmasked.item() != pytest.approx(want, rel=1e-3)
+
+
+def test_an_unknown_direction_or_one_without_query_to_doc_is_refused():
+    x = torch.randn(4, 8)
+    for directions in (("doc_to_query",), ("query_to_doc", "docs_to_query")):
+        with pytest.raises(ValueError, match="directions must include query_to_doc"):
+            simcse_loss(x, x, 0.05, directions=directions)

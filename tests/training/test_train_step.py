@@ -71,6 +71,25 @@ def test_unsupervised_step_is_infonce_over_two_dropout_views(model, corpus):
     assert loss.item() == pytest.approx(_numpy_infonce(view1, view2, 0.05, ids=row_ids), rel=1e-5)
 
 
+def test_unsupervised_step_takes_the_configs_directions_with_the_first_view_as_anchor(model, corpus):
+    """``train.directions`` in the corpus task: the symmetric term over the two views, a
+    duplicated sentence still no negative of itself (the loss is checked against
+    sentence-transformers and a written-out reference in test_losses)."""
+    override = ["train.temperature=0.05", "train.directions=[query_to_doc,doc_to_query]"]
+    step = make_train_step(load_config(None, override), corpus, None, CPU, bf16=False)
+    rows = np.array([5, 17, 5, 40, 99, 3])
+    model.train()
+    torch.manual_seed(1)
+    loss, _ = step(model, GlobalBatch(rows, [len(rows)], 0), np.random.default_rng(0))
+    ids, mask = corpus.batch(rows)
+    torch.manual_seed(1)
+    embeddings = torch.tensor(_embed(model, np.concatenate([ids, ids]), np.concatenate([mask, mask])))
+    views, row_ids = embeddings.split(len(rows)), torch.from_numpy(corpus.ids[rows])
+    symmetric = simcse_loss(*views, 0.05, row_ids=row_ids, directions=("query_to_doc", "doc_to_query"))
+    assert loss.item() == pytest.approx(symmetric.item(), rel=1e-5)
+    assert loss.item() != pytest.approx(simcse_loss(*views, 0.05, row_ids=row_ids).item(), rel=1e-3)
+
+
 def test_unsupervised_step_repeats_words_in_the_second_view(model, corpus):
     step = UnsupervisedStep(corpus, temperature=0.05, dup_rate=0.32, device=CPU, bf16=False)
     rows = np.arange(8)
@@ -122,10 +141,20 @@ def test_triplet_step_uses_exactly_the_present_given_and_mined_negatives(model, 
     assert abs(without_mined.item() - loss.item()) > 1e-3
 
 
-def test_triplet_step_weights_each_rows_own_negatives_by_hardness(model, corpus):
-    """``train.hardness_strength`` reaches the loss: the step's loss is
+@pytest.mark.parametrize(
+    ("override", "loss_settings"),
+    [
+        ("train.hardness_strength=2.0", {"hardness_strength": 2.0}),
+        (
+            "train.directions=[query_to_doc,query_to_query,doc_to_query,doc_to_doc]",
+            {"directions": ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")},
+        ),
+    ],
+)
+def test_triplet_step_passes_the_loss_settings_through(model, corpus, override, loss_settings):
+    """``train.hardness_strength`` and ``train.directions`` reach the loss: the step's loss is
     :func:`simcse_loss` (checked against sentence-transformers' MNRL in test_losses) with that
-    strength on each text's own embedding, and not the loss without it."""
+    setting on each text's own embedding, and not the loss without it."""
     base = [*TRIPLET, "train.temperature=0.05"]
     triplets = Triplets(
         anchor=np.array([0, 1, 2]), positive=np.array([4, 5, 6]), negative=np.array([-1, -1, -1])
@@ -133,7 +162,7 @@ def test_triplet_step_weights_each_rows_own_negatives_by_hardness(model, corpus)
     mined = np.array([[9, 8], [10, -1], [11, 12]])
     model.eval()
     batch = GlobalBatch(np.arange(3), [3], 0, mined)
-    weighted, _ = make_train_step(load_config(None, [*base, "train.hardness_strength=2.0"]), corpus, triplets, CPU,
+    weighted, _ = make_train_step(load_config(None, [*base, override]), corpus, triplets, CPU,
                                   bf16=False)(model, batch, None)  # fmt: skip
     plain, _ = make_train_step(load_config(None, base), corpus, triplets, CPU, bf16=False)(model, batch, None)
 
@@ -149,7 +178,7 @@ def test_triplet_step_weights_each_rows_own_negatives_by_hardness(model, corpus)
     slots = np.concatenate([triplets.negative[:, None], mined], axis=1)
     expected = simcse_loss(
         embedded(triplets.anchor), embedded(triplets.positive), 0.05, hard_negatives=embedded(slots),
-        hardness_strength=2.0, hard_negative_mask=torch.from_numpy(slots >= 0),
+        hard_negative_mask=torch.from_numpy(slots >= 0), **loss_settings,
     )  # fmt: skip
     assert weighted.item() == pytest.approx(expected.item(), rel=1e-4)
     assert abs(weighted.item() - plain.item()) > 1e-4
