@@ -287,7 +287,7 @@ def test_the_teacher_peers_are_st_mined_with_the_t_arms_teacher_settings(tmp_pat
 
     monkeypatch.setattr(hn, "run_logged", fake_run_logged)
     commands = {}
-    for arm in ("st-mined", "st-teacher-d", "st-teacher-k", "st-teacher-dk", "st-mined-h"):
+    for arm in ("st-mined", "st-teacher-d", "st-teacher-k", "st-teacher-dk", "st-mined-h", "st-mined-gte"):
         assert hn.variant_overrides("twitter-url", arm) is None
         calls.clear()
         record = hn.run_retrieval_arm(task, arm, 1, keep_dir=True)
@@ -302,11 +302,13 @@ def test_the_teacher_peers_are_st_mined_with_the_t_arms_teacher_settings(tmp_pat
     assert commands["st-teacher-k"] == [*base, *teacher, *kl]
     assert commands["st-teacher-dk"] == [*base, *teacher, *margin, *kl]
     assert commands["st-mined-h"] == [*base, "--hardness-strength", str(hn.HARDNESS_STRENGTH)]  # as SH
+    assert commands["st-mined-gte"] == [*base, "--directions", hn.GTE_DIRECTIONS]  # as SG
     assert record["teacher_denoised"] == 900 and record["distill"] == "kl" and record["ndcg_at_10"] == 90.0
-    assert hn.parse_list(hn.TASKS["twitter-url"].variants)[-5:] == [
+    assert hn.parse_list(hn.TASKS["twitter-url"].variants)[-6:] == [
         "st-teacher-d",
         "st-teacher-k",
         "st-teacher-dk",
         "st-given",
         "st-mined-h",
+        "st-mined-gte",
     ]
