@@ -386,9 +386,11 @@ def mnrl(model: Any, hardness_strength: float = 0.0, directions: tuple[str, ...]
     (``hardness_mode="hard_negatives"``, the pipeline's ``train.hardness_strength``) and
     ``--directions`` its terms in one joint softmax (the pipeline's ``train.directions``)."""
     hardness = {"hardness_mode": "hard_negatives", "hardness_strength": hardness_strength}
+    terms = {"directions": directions, "partition_mode": "joint"}
+    # Each option is passed only when set, so the plain peer builds on releases without them.
     return st_losses().MultipleNegativesRankingLoss(
-        model, scale=MNRL_SCALE, directions=directions, partition_mode="joint",
-        **(hardness if hardness_strength else {}),
+        model, scale=MNRL_SCALE, **(hardness if hardness_strength else {}),
+        **(terms if directions != ("query_to_doc",) else {}),
     )  # fmt: skip
 
 
