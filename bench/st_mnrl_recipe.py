@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench.common import POSITIVE_LABEL, argument_parser, read_pair_file
-from pipeline.config.train_section import CONTRASTIVE_DIRECTIONS
+from pipeline.config.train_section import DIRECTIONS_RULE, INFONCE_DIRECTIONS, valid_directions
 
 ALL_ROWS = "all-rows"
 """``--mining-corpus``: the second column of every row of the ``--train`` pair file."""
@@ -380,7 +380,7 @@ def distillation_labels(scorer: TeacherScorer, rows: dict[str, list[str]], kind:
     return [[pos - neg for neg in negs] for pos, *negs in scores]
 
 
-def mnrl(model: Any, hardness_strength: float = 0.0, directions: tuple[str, ...] = ("query_to_doc",)) -> Any:
+def mnrl(model: Any, hardness_strength: float = 0.0, directions: tuple[str, ...] = INFONCE_DIRECTIONS) -> Any:
     """``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05), with
     ``--hardness-strength`` its hardness weighting of each row's own negatives
     (``hardness_mode="hard_negatives"``, the pipeline's ``train.hardness_strength``) and
@@ -390,7 +390,7 @@ def mnrl(model: Any, hardness_strength: float = 0.0, directions: tuple[str, ...]
     # Each option is passed only when set, so the plain peer builds on releases without them.
     return st_losses().MultipleNegativesRankingLoss(
         model, scale=MNRL_SCALE, **(hardness if hardness_strength else {}),
-        **(terms if directions != ("query_to_doc",) else {}),
+        **(terms if directions != INFONCE_DIRECTIONS else {}),
     )  # fmt: skip
 
 
@@ -487,7 +487,7 @@ def build_mnrl_trainer(
     distill: str = "none",
     distill_weight: float = 1.0,
     hardness_strength: float = 0.0,
-    directions: tuple[str, ...] = ("query_to_doc",),
+    directions: tuple[str, ...] = INFONCE_DIRECTIONS,
 ) -> Any:
     """The peer every comparison here runs: ``SentenceTransformerTrainer`` with
     ``MultipleNegativesRankingLoss(scale=20)`` (SimCSE's temperature 0.05) on ``rows``
@@ -639,15 +639,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--directions",
         type=lambda value: tuple(value.split(",")),
-        default=("query_to_doc",),
+        default=INFONCE_DIRECTIONS,
         help="MNRL's terms in one joint softmax, comma-separated (query_to_doc, query_to_query, "
         "doc_to_query, doc_to_doc), as the pipeline's train.directions (default: query_to_doc)",
     )
     args = parser.parse_args(argv)
     if args.hardness_strength < 0:
         parser.error("--hardness-strength must be >= 0")
-    if "query_to_doc" not in args.directions or not set(args.directions) <= set(CONTRASTIVE_DIRECTIONS):
-        parser.error(f"--directions must include query_to_doc and be of {', '.join(CONTRASTIVE_DIRECTIONS)}")
+    if not valid_directions(args.directions):
+        parser.error(f"--directions {DIRECTIONS_RULE}")
     uses_teacher = args.teacher_denoise_margin is not None or args.distill != "none"
     if uses_teacher and args.teacher is None:
         parser.error("--teacher-denoise-margin and --distill need --teacher")
@@ -722,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         peer += ", denoised by the teacher"
     if args.hardness_strength:
         peer += f", hardness-weighted negatives ({args.hardness_strength:g})"
-    if args.directions != ("query_to_doc",):
+    if args.directions != INFONCE_DIRECTIONS:
         peer += f", directions {'+'.join(args.directions)}"
     if args.distill != "none":
         peer += f", + {args.distill_weight:g} x " + (
@@ -735,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         **mining_report,
         **teacher_report,
         **({"hardness_strength": args.hardness_strength} if args.hardness_strength else {}),
-        **({"directions": list(args.directions)} if args.directions != ("query_to_doc",) else {}),
+        **({"directions": list(args.directions)} if args.directions != INFONCE_DIRECTIONS else {}),
         "steps": trainer.state.global_step,
         "train_seconds": round(train_seconds, 1),
         "sentences_per_s": round(len(rows["anchor"]) * args.epochs / train_seconds, 1),

@@ -15,6 +15,23 @@ CONTRASTIVE_DIRECTIONS = ("query_to_doc", "query_to_query", "doc_to_query", "doc
 sentence-transformers' names (``MultipleNegativesRankingLoss(directions=...)``);
 ``query_to_doc`` is InfoNCE's own."""
 
+INFONCE_DIRECTIONS = ("query_to_doc",)
+"""``train.directions``' default: InfoNCE's term alone."""
+
+DIRECTIONS_RULE = f"must include query_to_doc and be distinct names of {', '.join(CONTRASTIVE_DIRECTIONS)}"
+"""What :func:`valid_directions` asks, as the config, the loss and the bench's peer say it."""
+
+
+def valid_directions(directions: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``directions`` are distinct names of :data:`CONTRASTIVE_DIRECTIONS` including
+    ``query_to_doc`` (:data:`DIRECTIONS_RULE`)."""
+    return (
+        "query_to_doc" in directions
+        and set(directions) <= set(CONTRASTIVE_DIRECTIONS)
+        and len(set(directions)) == len(directions)
+    )
+
+
 LENGTH_GROUP_BATCHES = 50
 """Batches per length-sorted group with ``train.group_by_length``: Hugging Face's megabatch
 (``LengthGroupedSampler``). Larger groups mean less padding but narrower length ranges inside
@@ -63,7 +80,7 @@ class TrainSection:
     ``hardness_mode="hard_negatives"``): ``hardness_strength`` x each negative's cosine
     (no gradient through it) is added to its logit, so the harder of them weigh more. 0
     turns it off; sentence-transformers measured 2 best (EmbeddingGemma uses 5)."""
-    directions: list[str] = field(default_factory=lambda: ["query_to_doc"])
+    directions: list[str] = field(default_factory=lambda: list(INFONCE_DIRECTIONS))
     """The contrastive loss's terms, one softmax a row (:data:`CONTRASTIVE_DIRECTIONS`;
     sentence-transformers' ``directions`` with ``partition_mode="joint"``): ``query_to_doc``
     (InfoNCE, always), ``doc_to_query`` (each positive against every anchor: the symmetric
@@ -157,13 +174,7 @@ class TrainSection:
             ("train.mini_batch_size", self.mini_batch_size >= 0, "must be >= 0 (0: no pieces)"),
             ("train.distill_weight", self.distill_weight >= 0, "must be >= 0"),
             ("train.hardness_strength", self.hardness_strength >= 0, "must be >= 0"),
-            (
-                "train.directions",
-                "query_to_doc" in self.directions
-                and set(self.directions) <= set(CONTRASTIVE_DIRECTIONS)
-                and len(set(self.directions)) == len(self.directions),
-                f"must include query_to_doc and be distinct names of {', '.join(CONTRASTIVE_DIRECTIONS)}",
-            ),
+            ("train.directions", valid_directions(self.directions), DIRECTIONS_RULE),
             ("train.max_failures", self.max_failures >= -1, "must be >= -1 (-1: no limit)"),
             ("train.placement_timeout_s", self.placement_timeout_s > 0, "must be > 0"),
             (

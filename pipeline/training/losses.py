@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipeline.config.train_section import CONTRASTIVE_DIRECTIONS as DIRECTIONS
+from pipeline.config.train_section import DIRECTIONS_RULE, INFONCE_DIRECTIONS, valid_directions
 
 
 def simcse_loss(
@@ -23,7 +23,7 @@ def simcse_loss(
     row_ids: torch.Tensor | None = None,
     hard_negative_mask: torch.Tensor | None = None,
     false_negative_mask: torch.Tensor | None = None,
-    directions: tuple[str, ...] = ("query_to_doc",),
+    directions: tuple[str, ...] = INFONCE_DIRECTIONS,
 ) -> torch.Tensor:
     """InfoNCE over cosine similarities, as in SimCSE.
 
@@ -77,14 +77,13 @@ def simcse_loss(
         (never ``j == i``), followed by the other ``directions``' terms.
 
     Raises:
-        ValueError: a non-positive temperature, mismatched shapes or an unknown direction.
+        ValueError: a non-positive temperature, mismatched shapes or directions that break
+            :data:`~pipeline.config.train_section.DIRECTIONS_RULE`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if "query_to_doc" not in directions or not set(directions) <= set(DIRECTIONS):
-        raise ValueError(
-            f"directions must include query_to_doc and be of {', '.join(DIRECTIONS)}, got {directions}"
-        )
+    if not valid_directions(directions):
+        raise ValueError(f"directions {DIRECTIONS_RULE}, got {directions}")
     if anchors.shape != positives.shape:
         raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ")
     n = anchors.shape[0]
@@ -108,7 +107,7 @@ def simcse_loss(
         negative_cosines = a @ flat.T  # column j*m + k: row j's k-th negative
         negative_logits = negative_cosines / temperature
         if hard_negative_weight or hardness_strength:
-            own = torch.arange(n * m, device=a.device) // m == torch.arange(n, device=a.device)[:, None]
+            own = _own_negatives(n, m, a.device)
             # A row's own negatives: SimCSE's constant weight, and the hardness weight, which
             # grows with the cosine so the harder negatives take more of the softmax; detached,
             # it reweights the candidates without a gradient of its own.
@@ -161,12 +160,16 @@ def _other_directions(
     if "doc_to_doc" in directions:
         terms.append((p @ p.T).masked_fill(eye | either, float("-inf")))
         if negatives is not None:
-            m = negatives.shape[0] // n
-            own = torch.arange(n * m, device=a.device) // m == torch.arange(n, device=a.device)[:, None]
+            own = _own_negatives(n, negatives.shape[0] // n, a.device)
             # A row's own negatives belong to its query, as in sentence-transformers; absent and
             # flagged ones are no candidates here either.
             terms.append((p @ negatives.T).masked_fill(own | removed[:, n:], float("-inf")))
     return [term / temperature for term in terms]
+
+
+def _own_negatives(n: int, m: int, device: torch.device) -> torch.Tensor:
+    """``(n, n*m)`` bool: True where hard-negative column ``j*m + k`` is row i's own (j == i)."""
+    return torch.arange(n * m, device=device) // m == torch.arange(n, device=device)[:, None]
 
 
 def _without_false_negatives(logits: torch.Tensor, false_negative_mask: torch.Tensor) -> torch.Tensor:
@@ -247,7 +250,7 @@ def global_batch_simcse_loss(
     global_row_ids: torch.Tensor | None,
     temperature: float,
     *,
-    directions: tuple[str, ...] = ("query_to_doc",),
+    directions: tuple[str, ...] = INFONCE_DIRECTIONS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unsupervised SimCSE loss over the global batch of all DDP workers.
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.config.train_section import INFONCE_DIRECTIONS
 from pipeline.data.tokenized import CorpusShare, TokenizedCorpus
 from pipeline.data.triplets import Triplets
 from pipeline.model.accel import to_device, train_autocast
@@ -52,7 +53,7 @@ class TripletStep:
     hardness_strength: float = 0.0
     """``train.hardness_strength``: the hardness weight of each row's own hard negatives
     (:func:`~pipeline.training.losses.simcse_loss`); 0: off."""
-    directions: tuple[str, ...] = ("query_to_doc",)
+    directions: tuple[str, ...] = INFONCE_DIRECTIONS
     """``train.directions``: the loss's terms (:func:`~pipeline.training.losses.simcse_loss`)."""
     bf16: bool | None = None
     """Forward passes under bf16 autocast (weights, gradients and loss stay fp32); None: where

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.config.train_section import INFONCE_DIRECTIONS
 from pipeline.data.tokenized import CorpusShare, TokenizedCorpus
 from pipeline.model.accel import to_device, train_autocast
 from pipeline.training.augment import repeat_words
@@ -62,7 +63,7 @@ class UnsupervisedStep:
     tokens' cross-entropy (the reference's ``do_mlm`` with ``mlm_weight``; 0: off)."""
     masking: MaskingSpec | None = None
     """How the MLM copies are masked; needed when ``mlm_weight`` > 0 (the model then has an MLM head)."""
-    directions: tuple[str, ...] = ("query_to_doc",)
+    directions: tuple[str, ...] = INFONCE_DIRECTIONS
     """``train.directions``: the loss's terms, the first view as the anchor
     (:func:`~pipeline.training.losses.simcse_loss`)."""
 
