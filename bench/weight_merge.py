@@ -39,23 +39,25 @@ def merged_state(
     fine_tuned: dict[str, torch.Tensor], start: dict[str, torch.Tensor], start_weight: float
 ) -> dict[str, torch.Tensor]:
     """``(1 - start_weight) * fine_tuned + start_weight * start`` for every floating tensor, in
-    float32 and cast back to the fine-tuned tensor's dtype; integer tensors (BERT's
-    ``position_ids``) are the fine-tuned model's. Raises ``ValueError`` naming the first weight
-    only one side has, or whose shapes differ."""
+    float32 and cast back to the fine-tuned tensor's dtype; integer buffers (BERT's
+    ``position_ids``, which older transformers saved and newer ones do not) are the fine-tuned
+    model's, or left out where it has none. Raises ``ValueError`` naming the first weight only
+    one side has, or whose shapes differ."""
     if not 0.0 <= start_weight <= 1.0:
         raise ValueError(f"start weight {start_weight}: must be within [0, 1]")
     for name in sorted(set(fine_tuned) ^ set(start)):
-        side = "fine-tuned" if name in fine_tuned else "start"
-        raise ValueError(f"weight {name!r} is only in the {side} model: not the same architecture")
+        side, tensor = ("fine-tuned", fine_tuned[name]) if name in fine_tuned else ("start", start[name])
+        if tensor.is_floating_point():
+            raise ValueError(f"weight {name!r} is only in the {side} model: not the same architecture")
     merged = {}
     for name, tuned in fine_tuned.items():
+        if not tuned.is_floating_point():
+            merged[name] = tuned.clone()
+            continue
         if tuned.shape != start[name].shape:
             raise ValueError(
                 f"weight {name!r}: shape {tuple(tuned.shape)} against {tuple(start[name].shape)}"
             )
-        if not tuned.is_floating_point():
-            merged[name] = tuned.clone()
-            continue
         blend = torch.lerp(tuned.float(), start[name].float(), start_weight)
         merged[name] = blend.to(tuned.dtype)
     return merged
@@ -88,6 +90,13 @@ def weight_deltas(rows: list[dict]) -> dict[float, tuple[float, float, int]]:
     }
 
 
+def read_rows(path: Path | None) -> list[dict]:
+    """The rows a ``--results`` file already holds (none where it is unset or absent)."""
+    if path is None or not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.strip(), formatter_class=argparse.RawDescriptionHelpFormatter
@@ -100,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         "--max-seq-len", type=int, default=None, help="tokens per text (default: the folder's)"
     )
     parser.add_argument(
-        "--results", type=Path, default=None, help="JSON lines appended, one a (model, weight)"
+        "--results",
+        type=Path,
+        default=None,
+        help="JSON lines, one a (model, weight), appended; a (model, weight) already there for the "
+        "same start and set is read, not scored again",
     )
     args = parser.parse_args(argv)
     weights = sorted({float(w) for w in args.start_weights.split(",")} | {0.0})
@@ -111,27 +124,41 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.model.folders import quiet_libraries
 
     quiet_libraries()
+    done = {
+        (row["model"], row["start_weight"]): row
+        for row in read_rows(args.results)
+        if row["start"] == str(args.start) and row["path"] == args.retrieval
+    }
     rows = []
     print(f"{'model':<60} {'w':>5} {'nDCG@10':>8} {'MRR@10':>7} {'R@10':>6} {'R@100':>6}")
     for model in models:
         for weight in weights:
-            with tempfile.TemporaryDirectory(prefix="weight-merge-") as tmp:
-                folder = (
-                    model if weight == 0.0 else write_merged_dir(model, args.start, weight, Path(tmp) / "m")
-                )
-                (score,) = evaluate_retrieval_model_dir(
-                    folder, [args.retrieval], max_seq_len=args.max_seq_len
-                )
-            row = {"model": str(model), "start": str(args.start), "start_weight": weight, **score.as_dict()}
+            row = done.get((str(model), weight))
+            if row is None:
+                with tempfile.TemporaryDirectory(prefix="weight-merge-") as tmp:
+                    folder = (
+                        model
+                        if weight == 0.0
+                        else write_merged_dir(model, args.start, weight, Path(tmp) / "m")
+                    )
+                    (score,) = evaluate_retrieval_model_dir(
+                        folder, [args.retrieval], max_seq_len=args.max_seq_len
+                    )
+                row = {
+                    "model": str(model),
+                    "start": str(args.start),
+                    "start_weight": weight,
+                    **score.as_dict(),
+                }
+                if args.results:
+                    with args.results.open("a") as out:
+                        out.write(json.dumps(row) + "\n")
             rows.append(row)
             print(
-                f"{str(model)[-60:]:<60} {weight:>5.2f} {score.ndcg_at_10:>8.2f} {score.mrr_at_10:>7.2f} "
-                f"{score.recall_at_10:>6.2f} {score.recall_at_100:>6.2f}",
+                f"{str(model)[-60:]:<60} {weight:>5.2f} {row['ndcg_at_10']:>8.2f} {row['mrr_at_10']:>7.2f} "
+                f"{row['recall_at_10']:>6.2f} {row['recall_at_100']:>6.2f}",
                 flush=True,
             )
-            if args.results:
-                with args.results.open("a") as out:
-                    out.write(json.dumps(row) + "\n")
     print(f"\n{'w':>5} {'nDCG@10 minus unmerged, mean ± sd':>36} {'models':>7}")
     for weight, (mean, spread, count) in weight_deltas(rows).items():
         print(f"{weight:>5.2f} {f'{mean:+.2f} ± {spread:.2f}':>36} {count:>7}")

@@ -47,6 +47,9 @@ def test_models_that_do_not_match_are_named():
         merged_state({"a": torch.zeros(2)}, {"a": torch.zeros(3)}, 0.1)
     with pytest.raises(ValueError, match="must be within"):
         merged_state(tuned, tuned, 1.5)
+    # An integer buffer one side saved (older transformers kept BERT's position_ids) is no weight.
+    got = merged_state({"a": torch.ones(2)}, {"a": torch.zeros(2), "ids": torch.arange(3)}, 0.5)
+    assert list(got) == ["a"] and torch.equal(got["a"], torch.full((2,), 0.5))
 
 
 def test_merged_folder_loads_with_the_blended_weights_and_encodes(two_models, tmp_path):
@@ -120,3 +123,12 @@ def test_main_scores_each_model_at_each_weight_and_w0_is_the_model_itself(two_mo
     # The start merged with itself is the start: the same score.
     assert rows[3]["ndcg_at_10"] == pytest.approx(rows[2]["ndcg_at_10"])
     assert "minus unmerged" in capsys.readouterr().out
+    # Run again with one more weight: the rows there are read, only the new weight is scored.
+    assert main([*argv, "--start-weights", "0.5,1", "--retrieval", str(beir), "--results", str(results)]) == 0
+    again = [json.loads(line) for line in results.read_text().splitlines()]
+    assert again[:4] == rows and [(Path(r["model"]).name, r["start_weight"]) for r in again[4:]] == [
+        ("tuned", 1.0),
+        ("start", 1.0),
+    ]
+    # All the way to the start is the start.
+    assert again[4]["ndcg_at_10"] == pytest.approx(rows[2]["ndcg_at_10"])
