@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import csv
 import importlib
+import json
 import os
 import platform
 import shlex
@@ -73,6 +74,15 @@ def read_pair_file(path: str | Path) -> list[tuple[str, str, int]]:
                 raise ValueError(f"{path}:{number}: label {fields[2]!r} is not an integer") from None
             rows.append((fields[0].strip(), fields[1].strip(), label))
     return rows
+
+
+def read_json_lines(path: str | Path, *, missing_ok: bool = False) -> list[dict[str, Any]]:
+    """One JSON object a non-blank line of a UTF-8 file: a bench's results, or a jsonl data
+    file. ``missing_ok``: an absent file holds no rows (results not yet written)."""
+    path = Path(path)
+    if missing_ok and not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def status_bytes(pid: int, field: str) -> int:

@@ -116,7 +116,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, argument_parser, job_env, machine_report, minilm_model_dir, set_flags
+from bench.common import (
+    REPO,
+    argument_parser,
+    job_env,
+    machine_report,
+    minilm_model_dir,
+    read_json_lines,
+    set_flags,
+)
 from pipeline.batching.registry import SAMPLERS  # the samplers the miner knows
 
 EXPERIMENT = "hard-negatives-bench"
@@ -858,9 +866,7 @@ def tail(text: str, lines: int = 25) -> str:
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_json_lines(path, missing_ok=True)
 
 
 def done_key(record: dict[str, Any]) -> tuple[Any, ...]:

@@ -80,7 +80,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.common import POSITIVE_LABEL, argument_parser, read_pair_file
+from bench.common import POSITIVE_LABEL, argument_parser, read_json_lines, read_pair_file
 from pipeline.config.train_section import DIRECTIONS_RULE, INFONCE_DIRECTIONS, valid_directions
 
 ALL_ROWS = "all-rows"
@@ -135,9 +135,7 @@ def training_rows(path: str, max_rows: int | None, *, given_negatives: bool = Fa
             columns = {name: [values[i] for i in kept] for name, values in columns.items()}
         return columns
     if path.endswith(".jsonl"):
-        records = [
-            json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()
-        ]
+        records = read_json_lines(path)
         records = [r for r in records if r.get("anchor", "").strip() and r.get("positive", "").strip()]
         records = records[:max_rows] if max_rows else records
         columns = {

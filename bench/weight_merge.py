@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from bench.common import read_json_lines
+
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -90,13 +92,6 @@ def weight_deltas(rows: list[dict]) -> dict[float, tuple[float, float, int]]:
     }
 
 
-def read_rows(path: Path | None) -> list[dict]:
-    """The rows a ``--results`` file already holds (none where it is unset or absent)."""
-    if path is None or not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.strip(), formatter_class=argparse.RawDescriptionHelpFormatter
@@ -126,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     done = {
         (row["model"], row["start_weight"]): row
-        for row in read_rows(args.results)
+        for row in (read_json_lines(args.results, missing_ok=True) if args.results else [])
         if row["start"] == str(args.start) and row["path"] == args.retrieval
     }
     rows = []
