@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
 import subprocess
 import sys
@@ -121,3 +122,49 @@ def test_the_machine_report_names_faiss_by_its_module_whichever_wheel_installed_
     info = machine_info(("faiss", "no-such-package-here"))
     assert info["faiss"] == faiss.__version__
     assert info["no-such-package-here"] == "not installed"
+
+
+def _fake_ray_start(tmp_path, outcomes: list[str]) -> list[str]:
+    """A stand-in for Ray's command line whose n-th start prints ``outcomes[n]``: Ray's line for
+    a raylet that did not register in time (and exits), or for one that joined (and stays)."""
+    script = tmp_path / "fake_ray.py"
+    script.write_text(
+        "import pathlib, sys, time\n"
+        f"count = pathlib.Path({str(tmp_path / 'starts')!r})\n"
+        "n = int(count.read_text()) if count.exists() else 0\n"
+        "count.write_text(str(n + 1))\n"
+        f"outcome = {outcomes!r}[min(n, {len(outcomes) - 1})]\n"
+        "print(outcome, flush=True)\n"
+        "if outcome.startswith('Exception'):\n"
+        "    sys.exit(1)\n"
+        "time.sleep(60)\n"
+    )
+    return [sys.executable, str(script)]
+
+
+def test_a_worker_node_whose_raylet_registered_late_is_started_again(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import bench.local_cluster as lc
+
+    timed_out = "Exception: The current node timed out during startup. This could happen ..."
+    monkeypatch.setattr(lc, "RAY_CLI", _fake_ray_start(tmp_path, [timed_out, "Ray runtime started."]))
+    head = SimpleNamespace(address="127.0.0.1:1", log=tmp_path / "head.log", env=dict(os.environ))
+    node = lc.RayWorkerNode(head, "b", num_cpus=1, timeout=60)
+    try:
+        assert (tmp_path / "starts").read_text() == "2"
+        assert timed_out in node.log.read_text() and "Ray runtime started" in node.log.read_text()
+    finally:
+        node.stop()
+    # A start that keeps timing out ends after NODE_STARTS tries, with Ray's own line.
+    (tmp_path / "starts").unlink()
+    monkeypatch.setattr(lc, "RAY_CLI", _fake_ray_start(tmp_path, [timed_out]))
+    with pytest.raises(RuntimeError, match="(?s)worker node c did not join.*timed out during startup"):
+        lc.RayWorkerNode(head, "c", num_cpus=1, timeout=60)
+    assert (tmp_path / "starts").read_text() == str(lc.NODE_STARTS)
+    # Any other exit is not started again.
+    (tmp_path / "starts").unlink()
+    monkeypatch.setattr(lc, "RAY_CLI", _fake_ray_start(tmp_path, ["Exception: could not connect"]))
+    with pytest.raises(RuntimeError, match="worker node d did not join"):
+        lc.RayWorkerNode(head, "d", num_cpus=1, timeout=60)
+    assert (tmp_path / "starts").read_text() == "1"
