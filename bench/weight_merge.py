@@ -21,7 +21,6 @@ two must share every weight's name and shape.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from bench.common import read_json_lines
+from bench.common import argument_parser, read_json_lines
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -93,9 +92,7 @@ def weight_deltas(rows: list[dict]) -> dict[float, tuple[float, float, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.strip(), formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__spec__.name, __doc__, whole_doc=True)
     parser.add_argument("--start", required=True, type=Path, help="the model folder the runs started from")
     parser.add_argument("--models", required=True, help="comma-separated fine-tuned model folders")
     parser.add_argument("--start-weights", default="0,0.1,0.2,0.3", help="comma-separated w in [0, 1]")
