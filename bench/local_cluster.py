@@ -251,12 +251,14 @@ class RayWorkerNode:
         # ray start says so once its raylet has joined: its log, no call to the head needed.
         while "Ray runtime started" not in self.log.read_text():
             exited = self.proc.poll() is not None
-            if exited and RAY_START_TIMED_OUT in self.log.read_text() and self._starts < NODE_STARTS:
+            in_time = time.monotonic() <= self._deadline
+            # The log read after the exit is seen, so it holds the start's last line.
+            timed_out = exited and RAY_START_TIMED_OUT in self.log.read_text()
+            if timed_out and in_time and self._starts < NODE_STARTS:
                 self.stop()
-                if time.monotonic() < self._deadline:
-                    self._launch()
-                    continue
-            if exited or time.monotonic() > self._deadline:
+                self._launch()
+                continue
+            if exited or not in_time:
                 self.stop()
                 raise RuntimeError(f"worker node {self.name} did not join: {self.log.read_text()[-3000:]}")
             time.sleep(0.5)

@@ -126,10 +126,11 @@ def test_the_machine_report_names_faiss_by_its_module_whichever_wheel_installed_
 
 def _fake_ray_start(tmp_path, outcomes: list[str]) -> list[str]:
     """A stand-in for Ray's command line whose n-th start prints ``outcomes[n]``: Ray's line for
-    a raylet that did not register in time (and exits), or for one that joined (and stays)."""
+    a raylet that did not register in time (and exits), or for one that joined (and stays until
+    stopped)."""
     script = tmp_path / "fake_ray.py"
     script.write_text(
-        "import pathlib, sys, time\n"
+        "import pathlib, signal, sys\n"
         f"count = pathlib.Path({str(tmp_path / 'starts')!r})\n"
         "n = int(count.read_text()) if count.exists() else 0\n"
         "count.write_text(str(n + 1))\n"
@@ -137,7 +138,7 @@ def _fake_ray_start(tmp_path, outcomes: list[str]) -> list[str]:
         "print(outcome, flush=True)\n"
         "if outcome.startswith('Exception'):\n"
         "    sys.exit(1)\n"
-        "time.sleep(60)\n"
+        "signal.pause()  # stays, as ray start --block does, until the node is stopped\n"
     )
     return [sys.executable, str(script)]
 
